@@ -1,0 +1,48 @@
+"""dmath: distributed dense linear algebra with a master-worker runtime over MPI.
+
+    import dmath
+    dmath.init()                       # on ranks > 0 this never returns: they serve commands
+    A = dmath.random.rand((1000, 500), layout=dmath.RowBlock())
+    B = A.remap(dmath.ColBlock(), dtype='float16')
+    print((B.astype('float32') - A).norm())
+
+See docs/ARCHITECTURE.md for the layers and how to add an operation.
+"""
+from . import memory, random
+from .backend import DTYPES
+from .errors import (DMathError, DTypeError, LayoutError, OutOfMemoryError, RuntimeStateError,
+                     ShapeError, WorkerError)
+from .layout import Block2D, BlockCyclic, ColBlock, Layout, Partial, Replicated, RowBlock, Tiles
+from .matrix import (Matrix, abs, eye, exp, from_numpy, full, log, maximum, minimum, ones, pow,
+                     relu, sigmoid, sqrt, tanh, where, zeros)
+from .runtime import finalize, init, is_initialized
+from .runtime import runtime as _runtime
+from .ops.base import dispatch as _dispatch
+
+
+def num_workers():
+    """P, the number of workers (the MPI world size; 1 without mpiexec)."""
+    return _runtime().nworkers
+
+
+def device():
+    """'cpu' or 'gpu': the backend chosen by init."""
+    return _runtime().backend.name
+
+
+def stats():
+    """Per-worker counters since init or the last reset_stats(), a list indexed by rank."""
+    return _dispatch("stats")[1]
+
+
+def reset_stats():
+    """Zero every worker's counters."""
+    _dispatch("reset_stats")
+
+
+__all__ = ["init", "finalize", "is_initialized", "num_workers", "device", "stats", "reset_stats",
+           "Matrix", "zeros", "ones", "full", "eye", "from_numpy", "random", "memory",
+           "exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "pow", "maximum", "minimum", "where",
+           "Layout", "Replicated", "Partial", "RowBlock", "ColBlock", "Block2D", "BlockCyclic", "Tiles",
+           "DMathError", "ShapeError", "LayoutError", "DTypeError", "WorkerError", "OutOfMemoryError",
+           "RuntimeStateError", "DTYPES"]

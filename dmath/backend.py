@@ -1,0 +1,103 @@
+"""The array-module switch: NumPy on the CPU backend, CuPy on GPUs.
+
+Kernels never branch on numpy versus cupy: they ask `current()` for the
+backend and use its `xp` module and the few helpers below (host transfer,
+synchronisation). One GPU per worker is chosen from the node-local rank.
+"""
+import os
+
+import numpy as np
+
+from .errors import DMathError, DTypeError
+
+#: the dtypes dmath stores; float16 arithmetic accumulates in float32 where it matters
+DTYPES = ("float16", "float32", "float64")
+
+
+def canonical_dtype(dtype):
+    """Return the dtype's name ('float16', 'float32' or 'float64') or raise DTypeError."""
+    try:
+        name = np.dtype(dtype).name
+    except TypeError as exc:
+        raise DTypeError(f"unknown dtype {dtype!r}; expected one of {DTYPES}") from exc
+    if name not in DTYPES:
+        raise DTypeError(f"dtype {name} is not supported; expected one of {DTYPES}")
+    return name
+
+
+def itemsize(dtype):
+    return np.dtype(dtype).itemsize
+
+
+class Backend:
+    """The array module of this process and the helpers that hide numpy versus cupy."""
+
+    def __init__(self, name, xp, device_id=None):
+        self.name = name            # 'cpu' or 'gpu'
+        self.xp = xp
+        self.device_id = device_id
+        self.is_gpu = name == "gpu"
+
+    def asnumpy(self, a):
+        """A host (numpy) copy or view of `a`."""
+        return self.xp.asnumpy(a) if self.is_gpu else np.asarray(a)
+
+    def asarray(self, a, dtype=None):
+        """`a` (host or device) as an array of this backend."""
+        return self.xp.asarray(a, dtype=dtype)
+
+    def synchronize(self):
+        if self.is_gpu:
+            self.xp.cuda.get_current_stream().synchronize()
+
+    def stream_done(self):
+        """True when every queued device operation has finished (always True on the CPU)."""
+        return self.xp.cuda.get_current_stream().done if self.is_gpu else True
+
+    def __repr__(self):
+        dev = f", device {self.device_id}" if self.device_id is not None else ""
+        return f"Backend({self.name}{dev})"
+
+
+_current = Backend("cpu", np)
+
+
+def current():
+    """The backend chosen by `select` (the CPU backend before init)."""
+    return _current
+
+
+def gpu_available():
+    try:
+        import cupy
+        return cupy.cuda.runtime.getDeviceCount() > 0
+    except Exception:  # no cupy, no driver, or no device: all mean "no GPU"
+        return False
+
+
+def select(device, local_rank=0):
+    """Choose the backend for this process: 'cpu', 'gpu' or None (GPU when one is visible).
+
+    The `DMATH_DEVICE` environment variable overrides None. On 'gpu' the
+    process binds to GPU `local_rank % device_count`.
+    """
+    global _current
+    device = device or os.environ.get("DMATH_DEVICE") or None
+    if device not in (None, "cpu", "gpu"):
+        raise DMathError(f"device must be 'cpu', 'gpu' or None, got {device!r}")
+    if device is None:
+        device = "gpu" if gpu_available() else "cpu"
+    if device == "cpu":
+        _current = Backend("cpu", np)
+        return _current
+    try:
+        import cupy
+        count = cupy.cuda.runtime.getDeviceCount()
+    except Exception as exc:
+        raise DMathError(f"device='gpu' asked for, but CuPy cannot see a GPU: {exc}") from exc
+    if count == 0:
+        raise DMathError("device='gpu' asked for, but no GPU is visible")
+    dev = local_rank % count
+    cupy.cuda.Device(dev).use()
+    _current = Backend("gpu", cupy, dev)
+    return _current

@@ -1,0 +1,188 @@
+"""Data collectives among workers: MPI for host arrays, NCCL for device arrays.
+
+Every function takes a `Group` (see world.py) and arrays of the current
+backend, and counts the payload it moves in `counters`. Counts are in
+elements of the array's dtype. Host arrays travel as bytes, so float16 needs
+no MPI datatype; reductions of host arrays are done locally in the array's
+own dtype after a byte exchange, so that MPI never has to add half floats.
+"""
+import numpy as np
+
+from .. import backend
+from . import counters
+from .world import poll, wait
+
+_OPS = {"sum": "add", "max": "maximum", "min": "minimum"}
+
+
+def _nccl_dtype(dtype):
+    from cupy.cuda import nccl
+    return {"float16": nccl.NCCL_FLOAT16, "float32": nccl.NCCL_FLOAT32,
+            "float64": nccl.NCCL_FLOAT64}[np.dtype(dtype).name]
+
+
+def _nccl_op(op):
+    from cupy.cuda import nccl
+    return {"sum": nccl.NCCL_SUM, "max": nccl.NCCL_MAX, "min": nccl.NCCL_MIN}[op]
+
+
+def _stream_ptr():
+    return backend.current().xp.cuda.get_current_stream().ptr
+
+
+def _displs(counts):
+    return np.concatenate([[0], np.cumsum(counts)[:-1]]).astype(np.int64) if len(counts) else []
+
+
+def _bytes(a):
+    return a.reshape(-1).view(np.uint8)
+
+
+def _count_exchange(group, send_counts, recv_counts, isz):
+    me = group.rank
+    counters.count_send(isz * sum(c for k, c in enumerate(send_counts) if k != me),
+                        sum(1 for k, c in enumerate(send_counts) if c and k != me))
+    counters.count_recv(isz * sum(c for k, c in enumerate(recv_counts) if k != me),
+                        sum(1 for k, c in enumerate(recv_counts) if c and k != me))
+
+
+def exchange(group, sendbuf, send_counts, recvbuf, recv_counts):
+    """All-to-all-v: send_counts[k] elements of `sendbuf` (in group order) go to member k.
+
+    The part for this rank itself must be 0 (callers copy it locally).
+    """
+    if group.size == 1:
+        return
+    isz = sendbuf.dtype.itemsize
+    _count_exchange(group, send_counts, recv_counts, isz)
+    if backend.current().is_gpu:
+        from cupy.cuda import nccl
+        dt, stream = _nccl_dtype(sendbuf.dtype), _stream_ptr()
+        sd, rd = _displs(send_counts), _displs(recv_counts)
+        nccl.groupStart()
+        for k in range(group.size):
+            if send_counts[k]:
+                group.nccl.send(sendbuf[sd[k]:].data.ptr, int(send_counts[k]), dt, k, stream)
+            if recv_counts[k]:
+                group.nccl.recv(recvbuf[rd[k]:].data.ptr, int(recv_counts[k]), dt, k, stream)
+        nccl.groupEnd()
+        return
+    sc = np.asarray(send_counts, dtype=np.int64) * isz
+    rc = np.asarray(recv_counts, dtype=np.int64) * isz
+    MPI = group.world.mpi_module
+    req = group.mpi.Ialltoallv([_bytes(sendbuf), (sc, _displs(sc)), MPI.BYTE],
+                               [_bytes(recvbuf), (rc, _displs(rc)), MPI.BYTE])
+    wait(req)
+
+
+def allgatherv(group, sendbuf, recvbuf, counts):
+    """Member k contributes counts[k] elements; every member receives the concatenation."""
+    if group.size == 1:
+        recvbuf[:counts[0]] = sendbuf[:counts[0]]
+        return
+    isz = recvbuf.dtype.itemsize
+    mine = counts[group.rank]
+    counters.count_send(isz * mine * (group.size - 1), group.size - 1 if mine else 0)
+    counters.count_recv(isz * (sum(counts) - mine), sum(1 for k, c in enumerate(counts) if c and k != group.rank))
+    if backend.current().is_gpu:
+        from cupy.cuda import nccl
+        dt, stream = _nccl_dtype(recvbuf.dtype), _stream_ptr()
+        if len(set(counts)) == 1:
+            group.nccl.allGather(sendbuf.data.ptr, recvbuf.data.ptr, int(mine), dt, stream)
+            return
+        d = _displs(counts)
+        nccl.groupStart()
+        for k in range(group.size):
+            if k != group.rank:
+                if mine:
+                    group.nccl.send(sendbuf.data.ptr, int(mine), dt, k, stream)
+                if counts[k]:
+                    group.nccl.recv(recvbuf[d[k]:].data.ptr, int(counts[k]), dt, k, stream)
+        nccl.groupEnd()
+        recvbuf[d[group.rank]:d[group.rank] + mine] = sendbuf[:mine]
+        return
+    MPI = group.world.mpi_module
+    bc = np.asarray(counts, dtype=np.int64) * isz
+    req = group.mpi.Iallgatherv([_bytes(sendbuf[:mine]), MPI.BYTE],
+                                [_bytes(recvbuf), (bc, _displs(bc)), MPI.BYTE])
+    wait(req)
+
+
+def reduce_scatter(group, sendbuf, recvbuf, counts, op="sum"):
+    """Reduce `sendbuf` (sum(counts) elements) over the group; member k keeps part k (counts[k])."""
+    xp = backend.current().xp
+    mine = counts[group.rank]
+    if group.size == 1:
+        recvbuf[:mine] = sendbuf[:mine]
+        return
+    isz = sendbuf.dtype.itemsize
+    if backend.current().is_gpu and len(set(counts)) == 1:
+        counters.count_send(isz * (sum(counts) - mine), group.size - 1)
+        counters.count_recv(isz * mine * (group.size - 1), group.size - 1)
+        group.nccl.reduceScatter(sendbuf.data.ptr, recvbuf.data.ptr, int(mine),
+                                 _nccl_dtype(sendbuf.dtype), _nccl_op(op), _stream_ptr())
+        return
+    # direct reduce-scatter: an exchange of the parts, then a local reduction
+    d = _displs(counts)
+    send_counts = [0 if k == group.rank else counts[k] for k in range(group.size)]
+    packed = xp.concatenate([sendbuf[d[k]:d[k] + counts[k]] for k in range(group.size) if k != group.rank]) \
+        if group.size > 1 else sendbuf[:0]
+    incoming = xp.empty(mine * (group.size - 1), dtype=sendbuf.dtype)
+    recv_counts = [0 if k == group.rank else mine for k in range(group.size)]
+    exchange(group, packed, send_counts, incoming, recv_counts)
+    acc = sendbuf[d[group.rank]:d[group.rank] + mine].copy()
+    combine = getattr(xp, _OPS[op])
+    for k in range(group.size - 1):
+        combine(acc, incoming[k * mine:(k + 1) * mine], out=acc)
+    recvbuf[:mine] = acc
+
+
+def allreduce(group, buf, op="sum"):
+    """Reduce `buf` (1-D, contiguous) over the group, in place on every member."""
+    if group.size == 1:
+        return
+    n, p = buf.size, group.size
+    if backend.current().is_gpu:
+        isz = buf.dtype.itemsize
+        moved = isz * n * 2 * (p - 1) // p
+        counters.count_send(moved, 2 * (p - 1))
+        counters.count_recv(moved, 2 * (p - 1))
+        group.nccl.allReduce(buf.data.ptr, buf.data.ptr, n, _nccl_dtype(buf.dtype), _nccl_op(op), _stream_ptr())
+        return
+    counts = [n // p + (1 if k < n % p else 0) for k in range(p)]
+    part = backend.current().xp.empty(counts[group.rank], dtype=buf.dtype)
+    reduce_scatter(group, buf, part, counts, op)
+    allgatherv(group, part, buf, counts)
+
+
+def bcast(group, buf, root=0):
+    """Broadcast `buf` from group member `root` (group index) to the others, in place."""
+    if group.size == 1:
+        return
+    isz = buf.dtype.itemsize
+    if group.rank == root:
+        counters.count_send(isz * buf.size * (group.size - 1), group.size - 1)
+    else:
+        counters.count_recv(isz * buf.size, 1)
+    if backend.current().is_gpu:
+        group.nccl.bcast(buf.data.ptr, buf.size, _nccl_dtype(buf.dtype), root, _stream_ptr())
+        return
+    MPI = group.world.mpi_module
+    wait(group.mpi.Ibcast([_bytes(buf), MPI.BYTE], root=root))
+
+
+def send_host(world, array, dest, tag=7):
+    """Send a host (numpy) array to world rank `dest` (scatter and gather with the master)."""
+    counters.count_send(array.nbytes, 1)
+    wait(world.data.Isend([_bytes(np.ascontiguousarray(array)), world.mpi_module.BYTE], dest, tag))
+
+
+def recv_host(world, array, source, tag=7):
+    """Receive into the host (numpy) array `array` from world rank `source`."""
+    counters.count_recv(array.nbytes, 1)
+    wait(world.data.Irecv([_bytes(array), world.mpi_module.BYTE], source, tag))
+
+
+def device_done():
+    """Wait for the device work queued so far, polling so that failures elsewhere surface."""
+    poll(backend.current().stream_done)

@@ -1,0 +1,26 @@
+"""Per-process traffic counters, reported by dmath.stats()."""
+
+KEYS = ("data_bytes_sent", "data_bytes_recv", "data_msgs_sent", "data_msgs_recv",
+        "control_msgs", "control_bytes")
+
+counters = dict.fromkeys(KEYS, 0)
+
+
+def reset():
+    for k in KEYS:
+        counters[k] = 0
+
+
+def count_send(nbytes, msgs=1):
+    counters["data_bytes_sent"] += int(nbytes)
+    counters["data_msgs_sent"] += int(msgs)
+
+
+def count_recv(nbytes, msgs=1):
+    counters["data_bytes_recv"] += int(nbytes)
+    counters["data_msgs_recv"] += int(msgs)
+
+
+def count_control(nbytes):
+    counters["control_msgs"] += 1
+    counters["control_bytes"] += int(nbytes)

@@ -1,0 +1,112 @@
+"""The process world: MPI when launched by mpiexec, a single process otherwise.
+
+Owns every communicator: the control channel's, the error channel's, the
+data communicator and the cached communicators of worker subgroups. Waiting
+is done by polling so that a waiting process neither spins a core (several
+ranks share few cores) nor misses a failure report from another worker.
+"""
+import os
+import time
+
+_LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
+                  "MPI_LOCALRANKID", "HYDRA_CONTROL_FD")
+
+#: called on every polling round while waiting (the runtime raises worker failures from it)
+_progress_hook = None
+
+
+def set_progress_hook(fn):
+    global _progress_hook
+    _progress_hook = fn
+
+
+def launched_by_mpi():
+    return any(v in os.environ for v in _LAUNCHER_VARS)
+
+
+def poll(done, what="a collective"):
+    """Wait until `done()` is true, sleeping progressively and running the progress hook."""
+    spins = 0
+    while not done():
+        spins += 1
+        if _progress_hook is not None:
+            _progress_hook()
+        if spins > 200:
+            # back off from a busy wait to at most 1 ms sleeps: idle ranks
+            # must leave the cores to the ranks that compute
+            time.sleep(min(1e-3, 1e-6 * (spins - 200)))
+
+
+def wait(req):
+    """Complete an MPI request by polling (see `poll`)."""
+    poll(req.Test)
+
+
+class Group:
+    """A communicator over a sorted tuple of world ranks (MPI, plus NCCL on demand)."""
+
+    def __init__(self, world, ranks, mpi_comm):
+        self.world = world
+        self.ranks = ranks
+        self.size = len(ranks)
+        self.rank = ranks.index(world.rank)
+        self.mpi = mpi_comm
+        self._nccl = None
+
+    def index(self, world_rank):
+        return self.ranks.index(world_rank)
+
+    @property
+    def nccl(self):
+        """This group's NCCL communicator, created on first use (unique id sent over MPI)."""
+        if self._nccl is None:
+            from cupy.cuda import nccl
+            uid = nccl.get_unique_id() if self.rank == 0 else None
+            uid = self.mpi.bcast(uid, root=0)
+            self._nccl = nccl.NcclCommunicator(self.size, uid, self.rank)
+        return self._nccl
+
+
+class World:
+    """rank, size, local rank and the communicators of this process."""
+
+    def __init__(self):
+        self.mpi_module = None
+        self.rank, self.size, self.local_rank = 0, 1, 0
+        self._groups = {}
+        if launched_by_mpi():
+            from mpi4py import MPI
+            self.mpi_module = MPI
+            world = MPI.COMM_WORLD
+            self.rank, self.size = world.Get_rank(), world.Get_size()
+            # separate communicators so control, error and data traffic never match each other
+            self.ctl = world.Dup()
+            self.err = world.Dup()
+            self.data = world.Dup()
+            node = world.Split_type(MPI.COMM_TYPE_SHARED)
+            self.local_rank = node.Get_rank()
+            node.Free()
+
+    @property
+    def is_mpi(self):
+        return self.mpi_module is not None and self.size > 1
+
+    def group(self, ranks):
+        """The cached `Group` over `ranks` (this rank must be a member); collective over its members."""
+        ranks = tuple(sorted(ranks))
+        g = self._groups.get(ranks)
+        if g is None:
+            if ranks == tuple(range(self.size)) or not self.is_mpi:
+                comm = self.data if self.is_mpi else None
+            else:
+                MPI = self.mpi_module
+                mgroup = self.data.Get_group().Incl(list(ranks))
+                comm = self.data.Create_group(mgroup)
+                mgroup.Free()
+            g = self._groups[ranks] = Group(self, ranks, comm)
+        return g
+
+    def abort(self, code=1):
+        if self.is_mpi:
+            self.mpi_module.COMM_WORLD.Abort(code)
+        os._exit(code)

@@ -1,0 +1,373 @@
+"""Matrix: the master-side handle of a distributed matrix, and the functions that make them.
+
+Every method validates on the master (raising ShapeError, LayoutError, ...
+before anything is sent), aligns operands by remapping where layouts differ,
+and dispatches one command per kernel.
+"""
+import numbers
+
+import numpy as np
+
+from .backend import canonical_dtype
+from .errors import DMathError, LayoutError, ShapeError
+from .layout import ColBlock, Partial, Replicated, RowBlock, Tiles
+from .ops import base, elementwise
+from .ops.base import dispatch, dist_of, meta, new_meta
+from .runtime import Meta, runtime
+
+
+class Matrix:
+    """A distributed 2-D matrix; its blocks stay on the workers until `to_numpy()`."""
+
+    __slots__ = ("_handle", "shape", "dtype", "layout", "__weakref__")
+
+    def __init__(self, handle, m):
+        self._handle = handle
+        self.layout, self.shape, self.dtype = m.layout, m.shape, m.dtype
+
+    def __del__(self):
+        try:
+            runtime().release(self._handle)
+        except Exception:  # interpreter shutdown or dmath finalized: nothing left to free
+            pass
+
+    # ---- metadata -----------------------------------------------------------
+    @property
+    def nbytes(self):
+        return self.shape[0] * self.shape[1] * np.dtype(self.dtype).itemsize
+
+    @property
+    def ndim(self):
+        return 2
+
+    @property
+    def size(self):
+        return self.shape[0] * self.shape[1]
+
+    def __repr__(self):
+        return f"dmath.Matrix(shape={self.shape}, dtype={self.dtype}, layout={self.layout})"
+
+    def __len__(self):
+        return self.shape[0]
+
+    # ---- movement -----------------------------------------------------------
+    def to_numpy(self):
+        """Gather the whole matrix on the master as a numpy array."""
+        return dispatch("gather", [self])[1]
+
+    def remap(self, layout, dtype=None):
+        """A new Matrix with the same values in `layout` (and `dtype`, converted on the narrower side)."""
+        return _remap(self, layout, dtype)
+
+    def astype(self, dtype):
+        return _remap(self, self.layout, dtype)
+
+    def copy(self):
+        return _remap(self, self.layout, None)
+
+    @property
+    def T(self):
+        """The transpose; every piece stays on its worker, transposed locally."""
+        lay = self.layout.transposed(runtime().nworkers)
+        return dispatch("transpose", [self], [new_meta(lay, self.shape[::-1], self.dtype)])[0][0]
+
+    def __getitem__(self, key):
+        rows, cols = _parse_key(key, self.shape)
+        if isinstance(rows, int) and isinstance(cols, int):
+            return self.get((rows, cols))
+        rows = slice(rows, rows + 1) if isinstance(rows, int) else rows
+        cols = slice(cols, cols + 1) if isinstance(cols, int) else cols
+        shape = (rows.stop - rows.start, cols.stop - cols.start)
+        return _remap(self, _slice_layout(self.layout), None, offset=(rows.start, cols.start), shape=shape)
+
+    def get(self, index):
+        """The element at (i, j) as a Python float."""
+        i, j = _check_index(index, self.shape)
+        return dispatch("get", [self], scalars=(i, j))[1]
+
+    def set(self, index, value):
+        """Write one element (i, j) = value in place."""
+        i, j = _check_index(index, self.shape)
+        dispatch("set", [self], [0], scalars=(i, j, _check_scalar(value)))
+
+    # ---- arithmetic ---------------------------------------------------------
+    def __add__(self, o): return _ewise("add", self, o)
+    def __radd__(self, o): return _ewise("add", o, self)
+    def __sub__(self, o): return _ewise("sub", self, o)
+    def __rsub__(self, o): return _ewise("sub", o, self)
+    def __mul__(self, o): return _ewise("mul", self, o)
+    def __rmul__(self, o): return _ewise("mul", o, self)
+    def __truediv__(self, o): return _ewise("div", self, o)
+    def __rtruediv__(self, o): return _ewise("div", o, self)
+    def __pow__(self, o): return _ewise("pow", self, o)
+    def __neg__(self): return _ewise("neg", self)
+    def __pos__(self): return self
+    def __iadd__(self, o): return _ewise("add", self, o, inplace=True)
+    def __isub__(self, o): return _ewise("sub", self, o, inplace=True)
+    def __imul__(self, o): return _ewise("mul", self, o, inplace=True)
+    def __itruediv__(self, o): return _ewise("div", self, o, inplace=True)
+    def __abs__(self): return _ewise("abs", self)
+
+    # ---- reductions ---------------------------------------------------------
+    def sum(self, axis=None):
+        """Sum over everything (a float) or along axis 0 / 1 (a (1, n) / (m, 1) Matrix)."""
+        return _reduce(self, "sum", axis)
+
+    def mean(self, axis=None):
+        return _reduce(self, "mean", axis)
+
+    def max(self, axis=None):
+        return _reduce(self, "max", axis)
+
+    def min(self, axis=None):
+        return _reduce(self, "min", axis)
+
+    def norm(self):
+        """The Frobenius norm (a float)."""
+        return float(np.sqrt(_reduce(self, "sumsq", None)))
+
+
+def _make(handle, m):
+    return Matrix(handle, m)
+
+
+base.set_matrix_factory(_make)
+
+
+# ---- validation helpers ------------------------------------------------------
+def _check_scalar(v):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise DMathError(f"expected a real number, got {v!r}")
+    return float(v)
+
+
+def _check_index(index, shape):
+    try:
+        i, j = index
+    except (TypeError, ValueError) as exc:
+        raise ShapeError(f"an element index is a pair (i, j), got {index!r}") from exc
+    i, j = base.as_int(i, "row index"), base.as_int(j, "column index")
+    if i < 0:
+        i += shape[0]
+    if j < 0:
+        j += shape[1]
+    if not (0 <= i < shape[0] and 0 <= j < shape[1]):
+        raise ShapeError(f"index {index} is out of bounds for a matrix of shape {shape}")
+    return i, j
+
+
+def _parse_axis_key(k, n, what):
+    if isinstance(k, slice):
+        start, stop, step = k.indices(n)
+        if step != 1:
+            raise ShapeError(f"{what} slice step must be 1, got {k.step}")
+        return slice(start, max(start, stop))
+    i = base.as_int(k, f"{what} index")
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise ShapeError(f"{what} index {k} is out of bounds for size {n}")
+    return i
+
+
+def _parse_key(key, shape):
+    if not isinstance(key, tuple):
+        key = (key, slice(None))
+    if len(key) != 2:
+        raise ShapeError(f"a Matrix takes two indices (rows, cols), got {len(key)}")
+    return _parse_axis_key(key[0], shape[0], "row"), _parse_axis_key(key[1], shape[1], "column")
+
+
+def _slice_layout(lay):
+    """The layout of a submatrix: the source's kind; split sizes and tile grids refer to the old shape."""
+    if isinstance(lay, (RowBlock, ColBlock)):
+        return type(lay)(lay.group)
+    if isinstance(lay, Tiles):
+        return RowBlock()
+    return lay
+
+
+def _is_matrix(x):
+    return isinstance(x, Matrix)
+
+
+# ---- remap --------------------------------------------------------------------
+def _remap(m, layout, dtype, offset=(0, 0), shape=None):
+    _require_matrix(m, "remap")
+    out = new_meta(layout, shape or m.shape, m.dtype if dtype is None else dtype)
+    return dispatch("remap", [m], [out], static=(tuple(offset),))[0][0]
+
+
+def _require_matrix(m, what):
+    if not _is_matrix(m):
+        raise DMathError(f"{what} needs a dmath.Matrix, got {type(m).__name__}")
+
+
+def _resolve_partial(m):
+    """A Partial matrix as the RowBlock of its sums over the same workers (a reduce-scatter)."""
+    return _remap(m, RowBlock(m.layout.group), None) if m.layout.partial else m
+
+
+# ---- elementwise ----------------------------------------------------------------
+def _ewise(fn, *operands, inplace=False):
+    f, arity = elementwise.FUNCTIONS[fn]
+    if len(operands) != arity:
+        raise DMathError(f"{fn} takes {arity} operands, got {len(operands)}")
+    mats = [x for x in operands if _is_matrix(x)]
+    for x in operands:
+        if not _is_matrix(x):
+            if isinstance(x, np.ndarray):
+                raise DMathError(f"{fn}: numpy arrays must be made Matrices first (dmath.from_numpy)")
+            _check_scalar(x)
+    if not mats:
+        raise DMathError(f"{fn} needs at least one dmath.Matrix operand")
+    try:
+        shape = tuple(np.broadcast_shapes(*[m.shape for m in mats]))
+    except ValueError as exc:
+        raise ShapeError(f"{fn}: shapes {[m.shape for m in mats]} do not broadcast "
+                         f"(a (1, n) row or (m, 1) column vector broadcasts against (m, n))") from exc
+    if inplace and operands[0].shape != shape:
+        raise ShapeError(f"in-place {fn}: the result shape {shape} differs from the target's {operands[0].shape}")
+    dtype = np.result_type(*[m.dtype for m in mats]).name
+    if inplace:
+        target = operands[0]
+        dtype = target.dtype
+    primary = operands[0] if inplace else next(m for m in mats if m.shape == shape)
+
+    partial_ok = all(m.layout.partial and m.shape == shape and m.layout == primary.layout for m in mats) and \
+        (fn in elementwise.LINEAR or (fn in ("mul", "div") and len(mats) == 1 and _is_matrix(operands[0])))
+    if primary.layout.partial and not partial_ok:
+        if inplace:
+            raise LayoutError(f"in-place {fn} on a Partial matrix is not linear in its addends; "
+                              f"remap it first (M = M.remap(dmath.RowBlock()))")
+        primary = _resolve_partial(primary)
+    lay = primary.layout
+    pdist = dist_of(primary)
+    rep = Replicated(tuple(r for r in range(pdist.nworkers) if pdist.pieces[r]) or (0,))
+
+    inputs, pattern, scalars = [], [], []
+    for x in operands:
+        if not _is_matrix(x):
+            pattern.append(("scalar", len(scalars)))
+            scalars.append(float(x))
+            continue
+        if x is operands[0] and inplace:
+            aligned = x
+        elif x.shape == shape:
+            aligned = x if (x is primary or dist_of(x).same_placement(pdist)) else \
+                _remap(_resolve_partial(x) if not partial_ok else x, lay, None)
+        else:
+            aligned = x if dist_of(x).same_placement(dist_of_like(x, rep)) else _remap(x, rep, None)
+        kind = "full" if x.shape == shape else ("one" if x.shape == (1, 1) else ("row" if x.shape[0] == 1 else "col"))
+        pattern.append((kind, len(inputs)))
+        inputs.append(aligned)
+    if inplace:
+        dispatch("ewise", inputs, [0], static=(fn, tuple(pattern), 0), scalars=scalars)
+        return target
+    return dispatch("ewise", inputs, [new_meta(lay, shape, dtype)], static=(fn, tuple(pattern), None),
+                    scalars=scalars)[0][0]
+
+
+def dist_of_like(m, layout):
+    from .layout import distribution
+    return distribution(layout, m.shape, runtime().nworkers)
+
+
+# ---- reductions -------------------------------------------------------------------
+def _reduce(m, op, axis):
+    _require_matrix(m, op)
+    if axis not in (None, 0, 1):
+        raise ShapeError(f"axis must be None, 0 or 1, got {axis!r}")
+    if op in ("max", "min") and m.size == 0:
+        raise ShapeError(f"{op} of an empty {m.shape} matrix has no value")
+    if op not in ("sum", "mean") and m.layout.partial:
+        m = _resolve_partial(m)
+    if axis is None:
+        kind = "sum" if op == "mean" else op
+        value = dispatch("reduce_all", [m], static=(kind,))[1]
+        if op == "mean":
+            value = value / m.size if m.size else float("nan")
+        return value
+    kind = "sum" if op == "mean" else op
+    count = m.shape[axis]
+    scale = 1.0 / count if op == "mean" and count else 1.0
+    shape = (1, m.shape[1]) if axis == 0 else (m.shape[0], 1)
+    lay = m.layout
+    local = (lay.replicated or (lay.partial and kind == "sum")
+             or (axis == 0 and type(lay) is ColBlock) or (axis == 1 and type(lay) is RowBlock))
+    if local:
+        mode, out_layout = "local", lay
+    elif kind == "sum":
+        mode, out_layout = "partial", Partial(dist_of(m).group)
+    else:
+        mode, out_layout = "allreduce", Replicated(dist_of(m).group)
+    return dispatch("reduce_axis", [m], [new_meta(out_layout, shape, m.dtype)],
+                    static=(kind, axis, mode, scale))[0][0]
+
+
+# ---- functions of the public API -------------------------------------------------
+def exp(m): return _ewise("exp", m)
+def log(m): return _ewise("log", m)
+def sqrt(m): return _ewise("sqrt", m)
+def abs(m): return _ewise("abs", m)            # noqa: A001 - the numpy name, on purpose
+def tanh(m): return _ewise("tanh", m)
+def sigmoid(m): return _ewise("sigmoid", m)
+def relu(m): return _ewise("relu", m)
+def pow(m, p): return _ewise("pow", m, p)      # noqa: A001
+def maximum(a, b): return _ewise("maximum", a, b)
+def minimum(a, b): return _ewise("minimum", a, b)
+
+
+def where(cond, a, b):
+    """Elementwise `a` where `cond` is non-zero, else `b` (matrices or scalars)."""
+    return _ewise("where", cond, a, b)
+
+
+def _creation(op, shape, dtype, layout, static=(), scalars=()):
+    out = new_meta(layout, shape, dtype)
+    return dispatch(op, [], [out], static=static, scalars=scalars)[0][0]
+
+
+def zeros(shape, dtype="float32", layout=None, memory=None):
+    """A matrix of zeros (layout None means RowBlock())."""
+    return full(shape, 0.0, dtype, layout, memory)
+
+
+def ones(shape, dtype="float32", layout=None, memory=None):
+    return full(shape, 1.0, dtype, layout, memory)
+
+
+def full(shape, value, dtype="float32", layout=None, memory=None):
+    _check_memory(memory)
+    return _creation("fill", shape, dtype, layout, scalars=(_check_scalar(value),))
+
+
+def eye(n, dtype="float32", layout=None, memory=None):
+    _check_memory(memory)
+    n = base.as_int(n, "n")
+    return _creation("eye", (n, n), dtype, layout)
+
+
+def _check_memory(memory):
+    if memory not in (None, "device", "host", "managed", "cuda_managed"):
+        raise DMathError(f"memory must be 'device', 'host', 'managed' or 'cuda_managed', got {memory!r}")
+
+
+def from_numpy(array, layout=None, dtype=None, memory=None):
+    """Scatter a 2-D numpy array (1-D arrays become one row) from the master."""
+    _check_memory(memory)
+    a = np.asarray(array)
+    if a.ndim == 1:
+        a = a[None, :]
+    if a.ndim != 2:
+        raise ShapeError(f"from_numpy needs a 1-D or 2-D array, got {a.ndim}-D of shape {a.shape}")
+    if not np.issubdtype(a.dtype, np.number):
+        raise DMathError(f"from_numpy needs a numeric array, got dtype {a.dtype}")
+    dtype = canonical_dtype(dtype if dtype is not None else
+                            (a.dtype if a.dtype.name in ("float16", "float32", "float64") else "float64"))
+    out = new_meta(layout, a.shape, dtype)
+    return dispatch("scatter", [], [out], payload=np.ascontiguousarray(a, dtype=dtype))[0][0]
+
+
+__all__ = ["Matrix", "zeros", "ones", "full", "eye", "from_numpy", "exp", "log", "sqrt", "abs",
+           "tanh", "sigmoid", "relu", "pow", "maximum", "minimum", "where", "Meta"]

@@ -1,0 +1,51 @@
+"""Master-side helpers shared by the operations: metadata, validation, dispatch."""
+import numpy as np
+
+from ..backend import canonical_dtype
+from ..errors import DMathError, LayoutError
+from ..layout import Layout, RowBlock, distribution, check_shape
+from ..runtime import Meta, runtime
+
+_make_matrix = None
+
+
+def set_matrix_factory(fn):
+    """matrix.py registers how a (handle, Meta) pair becomes a Matrix (keeps imports one-way)."""
+    global _make_matrix
+    _make_matrix = fn
+
+
+def meta(m):
+    return Meta(m.layout, m.shape, m.dtype)
+
+
+def new_meta(layout, shape, dtype):
+    """Validated metadata for a new matrix: explicit layout defaults, canonical dtype."""
+    rt = runtime()
+    shape = check_shape(shape)
+    if layout is None:
+        layout = RowBlock()
+    if not isinstance(layout, Layout):
+        raise LayoutError(f"layout must be a dmath layout (RowBlock(), Replicated(), ...), got {layout!r}")
+    layout = layout.resolved(rt.nworkers)
+    distribution(layout, shape, rt.nworkers)   # raises LayoutError if it does not fit
+    return Meta(layout, shape, canonical_dtype(dtype))
+
+
+def dist_of(m):
+    return distribution(m.layout, m.shape, runtime().nworkers)
+
+
+def dispatch(op, inputs=(), outputs=(), static=(), scalars=(), payload=None):
+    """Run `op`; returns (new Matrix objects for the Meta outputs, the master's kernel result)."""
+    rt = runtime()
+    handles, result = rt.call(op, [(m._handle, meta(m)) for m in inputs], outputs, static,
+                              [float(s) for s in scalars], payload)
+    made = [_make_matrix(h, o) for h, o in zip(handles, outputs) if isinstance(o, Meta)]
+    return made, result
+
+
+def as_int(value, what):
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise DMathError(f"{what} must be an integer, got {value!r}")
+    return int(value)

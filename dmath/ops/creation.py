@@ -1,0 +1,89 @@
+"""Creation kernels: constant fill, identity, and counter-based random numbers.
+
+Random values are a hash of (seed, stream, global linear index), so a matrix
+drawn with the same seed is the same for any layout and any worker count.
+"""
+import numpy as np
+
+from .. import backend, memory
+from ..layout import indexset as ix
+from ..runtime import Shard, kernel
+
+_U = np.uint64
+
+
+def _out(call):
+    dist, dtype = call.entry.out_dists[0], call.entry.outputs[0].dtype
+    return dist, dtype, dist.pieces[call.rank]
+
+
+@kernel("fill")
+def _fill(call):
+    dist, dtype, pieces = _out(call)
+    arrays = []
+    for p in pieces:
+        a = memory.empty(p.shape, dtype)
+        a.fill(call.scalars[0])
+        arrays.append(a)
+    return [Shard(arrays, dist, dtype)]
+
+
+def _grid(xp, piece):
+    return xp.asarray(ix.to_array(piece.rows))[:, None], xp.asarray(ix.to_array(piece.cols))[None, :]
+
+
+@kernel("eye")
+def _eye(call):
+    xp = backend.current().xp
+    dist, dtype, pieces = _out(call)
+    arrays = []
+    for p in pieces:
+        r, c = _grid(xp, p)
+        a = memory.empty(p.shape, dtype)
+        a[...] = r == c
+        arrays.append(a)
+    return [Shard(arrays, dist, dtype)]
+
+
+def _mix(z):
+    # splitmix64 finaliser: a bijection on 64-bit words with good avalanche
+    z = (z ^ (z >> _U(30))) * _U(0xBF58476D1CE4E5B9)
+    z = (z ^ (z >> _U(27))) * _U(0x94D049BB133111EB)
+    return z ^ (z >> _U(31))
+
+
+def _uniform(xp, index, key):
+    """Uniform [0, 1) doubles from 64-bit counters and a key."""
+    z = _mix(index * _U(0x9E3779B97F4A7C15) + key)
+    return (z >> _U(11)).astype(xp.float64) * (1.0 / 9007199254740992.0)
+
+
+def stream_key(seed, stream, lane):
+    """The 64-bit key of (seed, stream, lane); pure Python so master and workers agree."""
+    mask = (1 << 64) - 1
+    x = (int(seed) * 0x9E3779B97F4A7C15 + int(stream) * 0xD1B54A32D192ED03 + lane * 0x8CB92BA72F3D8DD7) & mask
+    for shift, mul in ((30, 0xBF58476D1CE4E5B9), (27, 0x94D049BB133111EB)):
+        x = ((x ^ (x >> shift)) * mul) & mask
+    return x ^ (x >> 31)
+
+
+@kernel("random")
+def _random(call):
+    xp = backend.current().xp
+    dist, dtype, pieces = _out(call)
+    kind = call.entry.static[0]
+    seed, stream = int(call.scalars[0]), int(call.scalars[1])
+    n = dist.shape[1]
+    arrays = []
+    with np.errstate(over="ignore"):
+        for p in pieces:
+            r, c = _grid(xp, p)
+            index = r.astype(xp.uint64) * _U(n) + c.astype(xp.uint64)
+            u = _uniform(xp, index, _U(stream_key(seed, stream, 0)))
+            if kind == "normal":
+                v = _uniform(xp, index, _U(stream_key(seed, stream, 1)))
+                u = xp.sqrt(-2.0 * xp.log1p(-u)) * xp.cos(2.0 * np.pi * v)
+            a = memory.empty(p.shape, dtype)
+            a[...] = u
+            arrays.append(a)
+    return [Shard(arrays, dist, dtype)]

@@ -1,0 +1,83 @@
+"""Moving whole matrices between the master's host memory and the workers: scatter and gather."""
+import numpy as np
+
+from .. import backend
+from ..comm import collectives
+from ..layout import indexset as ix
+from ..runtime import Shard, kernel
+
+
+def _region(piece):
+    return ix.selection(piece.rows), ix.selection(piece.cols)
+
+
+def host_block(array, piece):
+    """The host sub-array of `array` that `piece` covers (contiguous copy)."""
+    r, c = _region(piece)
+    if isinstance(r, slice) or isinstance(c, slice):
+        return np.ascontiguousarray(array[r, c])
+    return array[np.ix_(r, c)]
+
+
+def _put_block(array, piece, block):
+    r, c = _region(piece)
+    if isinstance(r, slice) or isinstance(c, slice):
+        array[r, c] = block
+    else:
+        array[np.ix_(r, c)] = block
+
+
+@kernel("scatter")
+def _scatter(call):
+    """Master sends every worker its pieces of the host array it holds (call.payload)."""
+    be, world = backend.current(), call.world
+    dist, dtype = call.entry.out_dists[0], call.entry.outputs[0].dtype
+    if call.rank == 0:
+        src = call.payload
+        for r in range(1, dist.nworkers):
+            for p in dist.pieces[r]:
+                collectives.send_host(world, host_block(src, p), r)
+        pieces = [be.asarray(host_block(src, p)) for p in dist.pieces[0]]
+    else:
+        pieces = []
+        for p in dist.pieces[call.rank]:
+            buf = np.empty(p.shape, dtype=dtype)
+            collectives.recv_host(world, buf, 0)
+            pieces.append(be.asarray(buf))
+    return [Shard(pieces, dist, dtype)]
+
+
+def senders(dist):
+    """Ranks whose pieces the master needs: one holder of a replicated matrix, every member otherwise."""
+    if dist.replicated:
+        return (dist.group[0],)
+    return tuple(r for r in range(dist.nworkers) if dist.pieces[r])
+
+
+@kernel("gather")
+def _gather(call):
+    """Every sender ships its pieces to the master, which assembles (and sums, for Partial) them."""
+    be, world = backend.current(), call.world
+    shard = call.inputs[0]
+    dist, dtype = shard.dist, shard.dtype
+    who = senders(dist)
+    if call.rank != 0:
+        if call.rank in who:
+            for a in shard.pieces:
+                collectives.send_host(world, np.ascontiguousarray(be.asnumpy(a)), 0)
+        return []
+    acc_dtype = np.float64 if dist.partial else dtype
+    out = np.zeros(dist.shape, dtype=acc_dtype)
+    for r in who:
+        for k, p in enumerate(dist.pieces[r]):
+            if r == 0:
+                block = be.asnumpy(shard.pieces[k])
+            else:
+                block = np.empty(p.shape, dtype=dtype)
+                collectives.recv_host(world, block, r)
+            if dist.partial:
+                out += block
+            else:
+                _put_block(out, p, block)
+    call.result = out.astype(dtype, copy=False)
+    return []

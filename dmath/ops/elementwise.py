@@ -1,0 +1,103 @@
+"""Elementwise kernels: n-ary functions over aligned pieces, with row/column-vector broadcasting.
+
+The master aligns the operands before dispatch: full-size operands are
+remapped to the result's layout, vectors to Replicated, so that a kernel only
+ever combines local pieces (and slices of replicated vectors).
+"""
+import numpy as np
+
+from .. import backend, memory
+from ..layout import indexset as ix
+from ..runtime import Shard, kernel
+
+
+def _sigmoid(xp, a):
+    # tanh form: no overflow for large |a|
+    return 0.5 * (xp.tanh(0.5 * a) + 1.0)
+
+
+#: name -> (function of (xp, *args), number of operands)
+FUNCTIONS = {
+    "add": (lambda xp, a, b: a + b, 2),
+    "sub": (lambda xp, a, b: a - b, 2),
+    "mul": (lambda xp, a, b: a * b, 2),
+    "div": (lambda xp, a, b: a / b, 2),
+    "pow": (lambda xp, a, b: a ** b, 2),
+    "maximum": (lambda xp, a, b: xp.maximum(a, b), 2),
+    "minimum": (lambda xp, a, b: xp.minimum(a, b), 2),
+    "where": (lambda xp, c, a, b: xp.where(c != 0, a, b), 3),
+    "neg": (lambda xp, a: -a, 1),
+    "exp": (lambda xp, a: xp.exp(a), 1),
+    "log": (lambda xp, a: xp.log(a), 1),
+    "sqrt": (lambda xp, a: xp.sqrt(a), 1),
+    "abs": (lambda xp, a: xp.abs(a), 1),
+    "tanh": (lambda xp, a: xp.tanh(a), 1),
+    "sigmoid": (lambda xp, a: _sigmoid(xp, a), 1),
+    "relu": (lambda xp, a: xp.maximum(a, 0), 1),
+}
+
+#: functions for which a Partial (sum of addends) operand can stay Partial
+LINEAR = {"add", "sub", "neg"}
+
+
+def _operand_selections(call):
+    """Per output piece, per operand: how to read it (piece index, vector slice, or scalar)."""
+    sel = call.entry.cache.get("sel")
+    if sel is not None:
+        return sel
+    xp = backend.current().xp
+    fn, pattern, out_index = call.entry.static
+    dist = call.entry.out_dists[0] if out_index is None else call.entry.in_dists[out_index]
+    to_dev = (lambda s: s if isinstance(s, slice) else xp.asarray(s))
+    sel = []
+    for k, p in enumerate(dist.pieces[call.rank]):
+        row = []
+        for kind, idx in pattern:
+            if kind == "full":
+                row.append(("piece", idx, k))
+            elif kind == "row":        # (1, n): columns of this piece
+                row.append(("cols", idx, to_dev(ix.selection(p.cols))))
+            elif kind == "col":        # (m, 1): rows of this piece
+                row.append(("rows", idx, to_dev(ix.selection(p.rows))))
+            elif kind == "one":        # (1, 1)
+                row.append(("one", idx, None))
+            else:                      # a dynamic scalar
+                row.append(("scalar", idx, None))
+        sel.append(row)
+    call.entry.cache["sel"] = sel
+    return sel
+
+
+@kernel("ewise")
+def _ewise(call):
+    """static = (function, operand pattern, index of the input overwritten in place or None)."""
+    xp = backend.current().xp
+    fn, pattern, out_index = call.entry.static
+    f = FUNCTIONS[fn][0]
+    if out_index is None:
+        out_meta, dist = call.entry.outputs[0], call.entry.out_dists[0]
+        dtype = out_meta.dtype
+        out = [memory.empty(p.shape, dtype) for p in dist.pieces[call.rank]]
+    else:
+        target = call.inputs[out_index]
+        dtype, out = target.dtype, target.pieces
+    ins = call.inputs
+    with np.errstate(all="ignore"):
+        for k, row in enumerate(_operand_selections(call)):
+            args = []
+            for what, idx, s in row:
+                if what == "piece":
+                    args.append(ins[idx].pieces[s])
+                elif what == "cols":
+                    args.append(ins[idx].pieces[0][:, s])
+                elif what == "rows":
+                    args.append(ins[idx].pieces[0][s, :])
+                elif what == "one":
+                    args.append(ins[idx].pieces[0])
+                else:
+                    args.append(xp.asarray(call.scalars[idx], dtype=dtype))
+            out[k][...] = f(xp, *args)
+    if out_index is not None:
+        target.version += 1
+        return [target]
+    return [Shard(out, dist, dtype)]

@@ -1,0 +1,19 @@
+"""Statistics kernels: gather every worker's counters on the master, or reset them."""
+from .. import memory
+from ..comm import counters
+from ..comm.control import gather_objects
+from ..runtime import kernel
+
+
+@kernel("stats")
+def _stats(call):
+    call.result = gather_objects(call.world, call.rt.local_stats())
+    return []
+
+
+@kernel("reset_stats")
+def _reset_stats(call):
+    counters.reset()
+    memory.reset_stats()
+    call.rt.commands = 0
+    return []

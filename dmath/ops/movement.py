@@ -1,0 +1,64 @@
+"""Kernels that move or reinterpret data: remap (with window and dtype change), transpose, get, set."""
+import numpy as np
+
+from .. import backend, remap as _remap
+from ..comm.control import gather_objects
+from ..runtime import Shard, kernel
+
+
+@kernel("remap")
+def _remap_kernel(call):
+    """Redistribute input 0 (read from window `static[0]`) into the output's layout and dtype."""
+    src = call.inputs[0]
+    dst, dtype = call.entry.out_dists[0], call.entry.outputs[0].dtype
+    pieces = _remap.run(call.world, call.entry.cache, src.pieces, src.dist, dst, src.dtype, dtype,
+                        call.entry.static[0])
+    return [Shard(pieces, dst, dtype)]
+
+
+@kernel("transpose")
+def _transpose(call):
+    """Each local piece transposed; the transposed layout puts it on the same worker."""
+    xp = backend.current().xp
+    src = call.inputs[0]
+    dst = call.entry.out_dists[0]
+    order = call.entry.cache.get("order")
+    if order is None:
+        # piece k of the result is the transpose of the source piece with rows and cols swapped
+        mine = src.dist.pieces[call.rank]
+        order = call.entry.cache["order"] = [
+            next(i for i, q in enumerate(mine) if (q.cols, q.rows) == (p.rows, p.cols))
+            for p in dst.pieces[call.rank]]
+    return [Shard([xp.ascontiguousarray(src.pieces[k].T) for k in order], dst, src.dtype)]
+
+
+def designated(dist, locs):
+    """The stored copy of an element that speaks for it: the first, or all of them for Partial."""
+    return locs if dist.partial else locs[:1]
+
+
+@kernel("get")
+def _get(call):
+    shard = call.inputs[0]
+    i, j = int(call.scalars[0]), int(call.scalars[1])
+    value = 0.0
+    for r, k, li, lj in designated(shard.dist, shard.dist.locate(i, j)):
+        if r == call.rank:
+            value += float(backend.current().asnumpy(shard.pieces[k][li, lj]))
+    values = gather_objects(call.world, value)
+    if call.rank == 0:
+        call.result = float(np.dtype(shard.dtype).type(sum(values)))
+    return []
+
+
+@kernel("set")
+def _set(call):
+    shard = call.inputs[0]
+    i, j, v = int(call.scalars[0]), int(call.scalars[1]), call.scalars[2]
+    locs = shard.dist.locate(i, j)
+    for n, (r, k, li, lj) in enumerate(locs):
+        if r == call.rank:
+            # a Partial matrix: the first addend takes the value, the others zero
+            shard.pieces[k][li, lj] = 0.0 if (shard.dist.partial and n > 0) else v
+    shard.version += 1
+    return [shard]

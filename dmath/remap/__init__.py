@@ -1,0 +1,6 @@
+"""Remapping between layouts: pure plans (plan.py) and their execution (execute.py)."""
+from .plan import plan, localize, moved_elements, involved, send_dtype, Exchange, AllReduce, Transfer
+from .execute import run, sub, put
+
+__all__ = ["plan", "localize", "moved_elements", "involved", "send_dtype", "Exchange",
+           "AllReduce", "Transfer", "run", "sub", "put"]

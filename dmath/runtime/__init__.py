@@ -1,0 +1,7 @@
+"""The master-worker runtime: command protocol, handle table, metadata-ID cache, worker loop."""
+from .core import Runtime, runtime, init, finalize, is_initialized, Call
+from .registry import kernel, KERNELS
+from .shard import Shard, Meta
+
+__all__ = ["Runtime", "runtime", "init", "finalize", "is_initialized", "Call", "kernel",
+           "KERNELS", "Shard", "Meta"]

@@ -1,0 +1,279 @@
+"""The master-worker runtime: command dispatch, handle table, metadata-ID cache, worker loop.
+
+Rank 0 runs the user's program and is also worker 0: it validates a call,
+broadcasts the command, then runs its own share. Ranks 1..P-1 run `serve`,
+executing commands until the master shuts them down.
+
+A command is (signature, handles, scalars). The signature (operation, static
+arguments, input and output layouts, shapes and dtypes) is sent once and
+registered on every rank under an integer ID, together with whatever the
+kernel derives from it (remap plans, index arrays); afterwards only the ID,
+the handle numbers and the dynamic scalars travel.
+"""
+import atexit
+import os
+import sys
+import time
+import traceback
+
+from .. import backend
+from ..comm import World, counters, set_progress_hook
+from ..comm.control import ControlChannel, gather_objects, pending_failure, report_failure
+from ..errors import RuntimeStateError, WorkerError
+from ..layout import distribution
+from . import protocol
+from .registry import KERNELS
+from .shard import Meta
+
+#: how long a failed worker waits for the master to end the job before ending it itself
+FAILED_WORKER_GRACE_S = float(os.environ.get("DMATH_FAILED_WORKER_GRACE_S", "120"))
+
+
+class Entry:
+    """A registered signature, prepared on every rank; `cache` keeps what kernels derive from it."""
+    __slots__ = ("op", "static", "inputs", "outputs", "in_dists", "out_dists", "kernel", "cache")
+
+    def __init__(self, signature, nworkers):
+        self.op, self.static, self.inputs, self.outputs = signature
+        self.kernel = KERNELS[self.op]
+        self.in_dists = tuple(distribution(m.layout, m.shape, nworkers) for m in self.inputs)
+        self.out_dists = tuple(distribution(m.layout, m.shape, nworkers) if isinstance(m, Meta) else None
+                               for m in self.outputs)
+        self.cache = {}
+
+
+class Call:
+    """What a kernel sees: its entry, input shards, dynamic scalars and the runtime."""
+    __slots__ = ("rt", "entry", "inputs", "scalars", "payload", "result")
+
+    def __init__(self, rt, entry, inputs, scalars, payload):
+        self.rt, self.entry, self.inputs, self.scalars, self.payload = rt, entry, inputs, scalars, payload
+        self.result = None
+
+    @property
+    def rank(self):
+        return self.rt.world.rank
+
+    @property
+    def world(self):
+        return self.rt.world
+
+
+class Runtime:
+    """One per process; `runtime()` returns it after `init`."""
+
+    def __init__(self, world, be):
+        self.world = world
+        self.backend = be
+        self.ctl = ControlChannel(world)
+        self.table = {}            # handle -> Shard
+        self.entries = {}          # signature id -> Entry
+        self.sig_ids = {}          # master: signature -> id
+        self.next_handle = 1
+        self.pending_frees = []
+        self.commands = 0
+        self.broken = None         # set to the WorkerError that broke the runtime
+        self.closed = False
+
+    # ---- master side -------------------------------------------------------
+    @property
+    def nworkers(self):
+        return self.world.size
+
+    def check_usable(self):
+        if self.closed:
+            raise RuntimeStateError("dmath has been finalized")
+        if self.broken is not None:
+            raise RuntimeStateError(f"dmath cannot continue after a worker failure: {self.broken}")
+
+    def check_failures(self):
+        """Raise a pending worker failure as WorkerError (the progress hook of every wait)."""
+        if self.broken is not None:
+            return
+        report = pending_failure(self.world)
+        if report is not None:
+            rank, text = report
+            self.broken = WorkerError(rank, text)
+            raise self.broken
+
+    def new_handles(self, n):
+        first = self.next_handle
+        self.next_handle += n
+        return list(range(first, first + n))
+
+    def release(self, handle):
+        """Called when a master-side Matrix is collected; freed with the next command."""
+        self.pending_frees.append(handle)
+
+    def call(self, op, inputs=(), outputs=(), static=(), scalars=(), payload=None):
+        """Run operation `op` on every worker.
+
+        inputs: master-side handles (ints) with their Meta, as (handle, Meta) pairs.
+        outputs: a Meta per new matrix, or an int k meaning "overwrite input k in place".
+        Returns (output handles, the master's kernel result).
+        """
+        self.check_usable()
+        self.check_failures()
+        in_handles = [h for h, _ in inputs]
+        signature = (op, tuple(static), tuple(m for _, m in inputs), tuple(outputs))
+        new_outs = [m for m in outputs if isinstance(m, Meta)]
+        out_handles_new = self.new_handles(len(new_outs))
+        it = iter(out_handles_new)
+        out_handles = [next(it) if isinstance(m, Meta) else in_handles[m] for m in outputs]
+        frees, self.pending_frees = self.pending_frees[:protocol.MAX_FREES], self.pending_frees[protocol.MAX_FREES:]
+        sig_id = self.sig_ids.get(signature)
+        kind = protocol.EXEC
+        if sig_id is None:
+            sig_id = self.sig_ids[signature] = len(self.sig_ids) + 1
+            self.entries[sig_id] = Entry(signature, self.nworkers)
+            kind = protocol.REGISTER
+        message, total = protocol.encode(kind, sig_id, in_handles + out_handles, scalars, frees,
+                                         signature if kind == protocol.REGISTER else None)
+        self.ctl.send(message, total)
+        self._free(frees)
+        try:
+            result = self._execute(self.entries[sig_id], in_handles, out_handles, scalars, payload)
+        except WorkerError:
+            raise
+        except Exception as exc:
+            # the master's own share failed: the other workers may be inside a
+            # collective waiting for it, so the runtime cannot go on
+            self.broken = WorkerError(0, traceback.format_exc())
+            raise self.broken from exc
+        return out_handles, result
+
+    def gather_objects(self, obj):
+        return gather_objects(self.world, obj)
+
+    # ---- both sides --------------------------------------------------------
+    def _execute(self, entry, in_handles, out_handles, scalars, payload=None):
+        table = self.table
+        call = Call(self, entry, [table[h] for h in in_handles], scalars, payload)
+        self.commands += 1
+        shards = entry.kernel(call)
+        for h, s in zip(out_handles, shards):
+            table[h] = s
+        return call.result
+
+    def _free(self, handles):
+        for h in handles:
+            self.table.pop(h, None)
+
+    def local_stats(self):
+        from .. import memory
+        d = dict(counters.counters)
+        d.update(commands=self.commands, cache_hits=0, cache_misses=0, pool=memory.stats(),
+                 signatures=len(self.entries), handles=len(self.table))
+        return d
+
+    # ---- worker side -------------------------------------------------------
+    def serve(self):
+        """Worker loop: execute commands until the master shuts down. Never returns."""
+        while True:
+            message = self.ctl.recv(protocol.total_length)
+            try:
+                kind, sig_id, handles, scalars, frees, signature = protocol.decode(message)
+                self._free(frees)
+                if kind == protocol.SHUTDOWN:
+                    break
+                if kind == protocol.REGISTER:
+                    self.entries[sig_id] = Entry(signature, self.nworkers)
+                if kind in (protocol.EXEC, protocol.REGISTER):
+                    entry = self.entries[sig_id]
+                    n_in = len(entry.inputs)
+                    self._execute(entry, handles[:n_in], handles[n_in:], scalars)
+            except BaseException:  # noqa: B036 - any failure must reach the master
+                self._fail(traceback.format_exc())
+        _exit_worker(self.world, 0)
+
+    def _fail(self, text):
+        req = report_failure(self.world, self.world.rank, text)
+        # the master raises WorkerError and ends the job; if it never does
+        # (it is stuck outside dmath), end the job ourselves after a grace period
+        deadline = time.monotonic() + FAILED_WORKER_GRACE_S
+        while time.monotonic() < deadline:
+            req.Test()
+            time.sleep(0.01)
+        sys.stderr.write(f"dmath worker {self.world.rank}: the master did not end the job "
+                         f"{FAILED_WORKER_GRACE_S:.0f} s after this failure; aborting\n{text}")
+        self.world.abort(1)
+
+    # ---- shutdown ----------------------------------------------------------
+    def shutdown(self):
+        """Master: end the workers (normally), or abort the job after a worker failure."""
+        if self.closed:
+            return
+        self.closed = True
+        if self.broken is not None or self._failure_pending():
+            sys.stdout.flush()
+            sys.stderr.write("dmath: ending the job after a worker failure\n")
+            sys.stderr.flush()
+            self.world.abort(1)
+        message, total = protocol.encode(protocol.SHUTDOWN, frees=self.pending_frees[:protocol.MAX_FREES])
+        self.ctl.send(message, total)
+
+    def _failure_pending(self):
+        try:
+            self.check_failures()
+        except WorkerError:
+            return True
+        return False
+
+
+def _exit_worker(world, code):
+    sys.stdout.flush()
+    sys.stderr.flush()
+    if world.is_mpi:
+        world.mpi_module.Finalize()
+    os._exit(code)
+
+
+_runtime = None
+
+
+def runtime():
+    """The process's Runtime; raises if dmath.init() has not been called."""
+    if _runtime is None:
+        raise RuntimeStateError("dmath is not initialised: call dmath.init() first")
+    return _runtime
+
+
+def is_initialized():
+    return _runtime is not None and not _runtime.closed
+
+
+def init(device=None):
+    """Start dmath (idempotent). On ranks other than 0 this call never returns."""
+    global _runtime
+    if _runtime is not None:
+        if _runtime.closed:
+            raise RuntimeStateError("dmath was finalized in this process and cannot start again")
+        return _runtime
+    world = World()
+    be = backend.select(device, world.local_rank)
+    rt = _runtime = Runtime(world, be)
+    if world.rank != 0:
+        rt.serve()
+    set_progress_hook(rt.check_failures)
+    atexit.register(finalize)
+    if world.is_mpi:
+        _install_excepthook(rt)
+    return rt
+
+
+def finalize():
+    """Shut the workers down (also runs at exit). After a worker failure the job exits non-zero."""
+    if _runtime is not None and not _runtime.closed and _runtime.world.rank == 0:
+        _runtime.shutdown()
+
+
+def _install_excepthook(rt):
+    previous = sys.excepthook
+
+    def hook(kind, value, tb):
+        # an uncaught exception on the master: report it, then end every process
+        previous(kind, value, tb)
+        sys.stderr.write("dmath: uncaught exception on the master; ending all workers\n")
+        sys.stderr.flush()
+        rt.world.abort(1)
+    sys.excepthook = hook
