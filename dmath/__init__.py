@@ -35,12 +35,17 @@ def stats():
     return _dispatch("stats")[1]
 
 
+def synchronize():
+    """Wait until every worker has finished the work queued so far (for timing)."""
+    _dispatch("sync")
+
+
 def reset_stats():
     """Zero every worker's counters."""
     _dispatch("reset_stats")
 
 
-__all__ = ["init", "finalize", "is_initialized", "num_workers", "device", "stats", "reset_stats",
+__all__ = ["init", "finalize", "is_initialized", "num_workers", "device", "stats", "reset_stats", "synchronize",
            "Matrix", "zeros", "ones", "full", "eye", "from_numpy", "random", "memory",
            "exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "pow", "maximum", "minimum", "where",
            "Layout", "Replicated", "Partial", "RowBlock", "ColBlock", "Block2D", "BlockCyclic", "Tiles",

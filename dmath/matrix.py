@@ -4,13 +4,14 @@ Every method validates on the master (raising ShapeError, LayoutError, ...
 before anything is sent), aligns operands by remapping where layouts differ,
 and dispatches one command per kernel.
 """
+import functools
 import numbers
 
 import numpy as np
 
 from .backend import canonical_dtype
 from .errors import DMathError, LayoutError, ShapeError
-from .layout import ColBlock, Partial, Replicated, RowBlock, Tiles
+from .layout import ColBlock, Partial, Replicated, RowBlock, Tiles, distribution
 from .ops import base, elementwise
 from .ops.base import dispatch, dist_of, meta, new_meta
 from .runtime import Meta, runtime
@@ -210,15 +211,42 @@ def _resolve_partial(m):
 
 # ---- elementwise ----------------------------------------------------------------
 def _ewise(fn, *operands, inplace=False):
-    f, arity = elementwise.FUNCTIONS[fn]
-    if len(operands) != arity:
-        raise DMathError(f"{fn} takes {arity} operands, got {len(operands)}")
-    mats = [x for x in operands if _is_matrix(x)]
+    """Validate, align and dispatch an elementwise function of matrices and scalars."""
+    metas = []
     for x in operands:
-        if not _is_matrix(x):
-            if isinstance(x, np.ndarray):
-                raise DMathError(f"{fn}: numpy arrays must be made Matrices first (dmath.from_numpy)")
+        if _is_matrix(x):
+            metas.append(meta(x))
+        elif isinstance(x, np.ndarray):
+            raise DMathError(f"{fn}: numpy arrays must be made Matrices first (dmath.from_numpy)")
+        else:
             _check_scalar(x)
+            metas.append(None)
+    # the whole decision is a pure function of the metadata, cached: a repeated
+    # operation costs a dictionary lookup before its command is sent
+    aligns, pattern, out = _ewise_plan(fn, tuple(metas), inplace, runtime().nworkers)
+    inputs = []
+    for x, (how, target) in zip(operands, aligns):
+        if how == "scalar":
+            continue
+        if how == "resolve":
+            x = _resolve_partial(x)
+        elif how == "remap":
+            x = _remap(x, target, None)      # a Partial operand reduces straight into place
+        inputs.append(x)
+    scalars = [float(x) for x in operands if not _is_matrix(x)]
+    if inplace:
+        dispatch("ewise", inputs, [0], static=(fn, pattern, 0), scalars=scalars)
+        return operands[0]
+    return dispatch("ewise", inputs, [out], static=(fn, pattern, None), scalars=scalars)[0][0]
+
+
+@functools.lru_cache(maxsize=4096)
+def _ewise_plan(fn, metas, inplace, nworkers):
+    """(per-operand alignment, operand pattern, output Meta) for an elementwise call."""
+    arity = elementwise.FUNCTIONS[fn][1]
+    if len(metas) != arity:
+        raise DMathError(f"{fn} takes {arity} operands, got {len(metas)}")
+    mats = [m for m in metas if m is not None]
     if not mats:
         raise DMathError(f"{fn} needs at least one dmath.Matrix operand")
     try:
@@ -226,51 +254,47 @@ def _ewise(fn, *operands, inplace=False):
     except ValueError as exc:
         raise ShapeError(f"{fn}: shapes {[m.shape for m in mats]} do not broadcast "
                          f"(a (1, n) row or (m, 1) column vector broadcasts against (m, n))") from exc
-    if inplace and operands[0].shape != shape:
-        raise ShapeError(f"in-place {fn}: the result shape {shape} differs from the target's {operands[0].shape}")
-    dtype = np.result_type(*[m.dtype for m in mats]).name
-    if inplace:
-        target = operands[0]
-        dtype = target.dtype
-    primary = operands[0] if inplace else next(m for m in mats if m.shape == shape)
-
-    partial_ok = all(m.layout.partial and m.shape == shape and m.layout == primary.layout for m in mats) and \
-        (fn in elementwise.LINEAR or (fn in ("mul", "div") and len(mats) == 1 and _is_matrix(operands[0])))
-    if primary.layout.partial and not partial_ok:
+    if inplace and metas[0].shape != shape:
+        raise ShapeError(f"in-place {fn}: the result shape {shape} differs from the target's {metas[0].shape}")
+    dtype = metas[0].dtype if inplace else np.result_type(*[m.dtype for m in mats]).name
+    primary = 0 if inplace else next(k for k, m in enumerate(metas) if m is not None and m.shape == shape)
+    lay = metas[primary].layout
+    # a Partial result is only right for functions linear in the addends
+    partial_ok = lay.partial and (
+        (fn in elementwise.LINEAR and all(m.layout == lay and m.shape == shape for m in mats))
+        or (fn in ("mul", "div") and len(mats) == 1 and metas[0] is not None))
+    if lay.partial and not partial_ok:
         if inplace:
             raise LayoutError(f"in-place {fn} on a Partial matrix is not linear in its addends; "
                               f"remap it first (M = M.remap(dmath.RowBlock()))")
-        primary = _resolve_partial(primary)
-    lay = primary.layout
-    pdist = dist_of(primary)
-    rep = Replicated(tuple(r for r in range(pdist.nworkers) if pdist.pieces[r]) or (0,))
-
-    inputs, pattern, scalars = [], [], []
-    for x in operands:
-        if not _is_matrix(x):
-            pattern.append(("scalar", len(scalars)))
-            scalars.append(float(x))
+        lay = RowBlock(lay.group)
+    pdist = distribution(lay, shape, nworkers)
+    rep = Replicated(tuple(r for r in range(nworkers) if pdist.pieces[r]) or (0,))
+    aligns, pattern, n_in, n_sc = [], [], 0, 0
+    for k, m in enumerate(metas):
+        if m is None:
+            aligns.append(("scalar", None))
+            pattern.append(("scalar", n_sc))
+            n_sc += 1
             continue
-        if x is operands[0] and inplace:
-            aligned = x
-        elif x.shape == shape:
-            aligned = x if (x is primary or dist_of(x).same_placement(pdist)) else \
-                _remap(_resolve_partial(x) if not partial_ok else x, lay, None)
+        if m.shape == shape:
+            here = distribution(m.layout, shape, nworkers)
+            if here.same_placement(pdist):
+                aligns.append(("as-is", None))
+            elif k == primary and m.layout.partial and lay == RowBlock(m.layout.group):
+                aligns.append(("resolve", None))
+            else:
+                aligns.append(("remap", lay))
+            kind = "full"
         else:
-            aligned = x if dist_of(x).same_placement(dist_of_like(x, rep)) else _remap(x, rep, None)
-        kind = "full" if x.shape == shape else ("one" if x.shape == (1, 1) else ("row" if x.shape[0] == 1 else "col"))
-        pattern.append((kind, len(inputs)))
-        inputs.append(aligned)
-    if inplace:
-        dispatch("ewise", inputs, [0], static=(fn, tuple(pattern), 0), scalars=scalars)
-        return target
-    return dispatch("ewise", inputs, [new_meta(lay, shape, dtype)], static=(fn, tuple(pattern), None),
-                    scalars=scalars)[0][0]
-
-
-def dist_of_like(m, layout):
-    from .layout import distribution
-    return distribution(layout, m.shape, runtime().nworkers)
+            here = distribution(m.layout, m.shape, nworkers)
+            same = here.same_placement(distribution(rep, m.shape, nworkers))
+            aligns.append(("as-is", None) if same else ("remap", rep))
+            kind = "one" if m.shape == (1, 1) else ("row" if m.shape[0] == 1 else "col")
+        pattern.append((kind, n_in))
+        n_in += 1
+    out = None if inplace else Meta(lay.resolved(nworkers), shape, dtype)
+    return tuple(aligns), tuple(pattern), out
 
 
 # ---- reductions -------------------------------------------------------------------

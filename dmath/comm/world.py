@@ -24,17 +24,29 @@ def launched_by_mpi():
     return any(v in os.environ for v in _LAUNCHER_VARS)
 
 
-def poll(done, what="a collective"):
-    """Wait until `done()` is true, sleeping progressively and running the progress hook."""
-    spins = 0
+#: seconds a wait polls without sleeping (MPI progresses large transfers only inside Test)
+SPIN_S = float(os.environ.get("DMATH_SPIN_S", "0.005"))
+
+
+def poll(done):
+    """Wait until `done()` is true, running the progress hook on every round.
+
+    The first SPIN_S seconds poll continuously (yielding the core between
+    tests), then the wait backs off to sleeps of at most 1 ms: an idle rank
+    must leave the cores to the ranks that compute.
+    """
+    if done():
+        return
+    start = time.perf_counter()
+    nap = 0.0
     while not done():
-        spins += 1
         if _progress_hook is not None:
             _progress_hook()
-        if spins > 200:
-            # back off from a busy wait to at most 1 ms sleeps: idle ranks
-            # must leave the cores to the ranks that compute
-            time.sleep(min(1e-3, 1e-6 * (spins - 200)))
+        if time.perf_counter() - start < SPIN_S:
+            os.sched_yield()
+        else:
+            nap = min(1e-3, nap + 2e-5)
+            time.sleep(nap)
 
 
 def wait(req):

@@ -17,3 +17,12 @@ def _reset_stats(call):
     memory.reset_stats()
     call.rt.commands = 0
     return []
+
+
+@kernel("sync")
+def _sync(call):
+    """Every worker finishes its queued device work, then checks in with the master."""
+    from ..comm.collectives import device_done
+    device_done()
+    gather_objects(call.world, None)
+    return []

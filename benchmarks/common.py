@@ -1,0 +1,33 @@
+"""Shared helpers of the benchmark scripts: timing, JSON output, environment description."""
+import json
+import os
+import platform
+import statistics
+import time
+
+
+def median_time(fn, reps, warmup=2):
+    """Median seconds of fn() over reps runs after warmup runs (fn must synchronise itself)."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def environment(dmath):
+    return {"workers": dmath.num_workers(), "device": dmath.device(), "python": platform.python_version(),
+            "machine": platform.machine(), "node": platform.node(),
+            "date": time.strftime("%Y-%m-%d %H:%M:%S")}
+
+
+def write_json(path, payload):
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(payload, f, indent=2)
+    os.replace(tmp, path)
+    print(f"wrote {path}")
