@@ -1,0 +1,43 @@
+"""Setup for the tests that run at every worker count.
+
+`pytest tests/dist` runs as is (P = 1) and under `mpiexec -n P python -m
+pytest -p no:cacheprovider tests/dist`. dmath.init() is called here, at import
+time, so that on ranks > 0 it never returns: those ranks become workers while
+pytest collects, and only rank 0 runs the tests. Test modules may therefore
+use dmath.num_workers() at import time to parametrize.
+"""
+import os
+
+import pytest
+
+import dmath
+
+# the CPU backend unless DMATH_DEVICE says otherwise (tools/gpu_check.sh runs this suite on GPUs)
+dmath.init(device=os.environ.get("DMATH_DEVICE", "cpu"))
+
+from _cases import layout_cases  # noqa: E402  (after init: workers never get here)
+
+
+@pytest.fixture(scope="session")
+def P():
+    """The number of workers."""
+    return dmath.num_workers()
+
+
+@pytest.fixture(scope="session")
+def layouts(P):
+    """[(name, factory)] covering every layout kind at this P; factory(shape) -> layout."""
+    return layout_cases(P)
+
+
+#: a test that runs longer than this is taken for a deadlock: dump every
+#: thread's stack and exit, so that mpiexec ends the job instead of hanging
+HANG_S = 120
+
+
+@pytest.fixture(autouse=True)
+def _hang_watchdog():
+    import faulthandler
+    faulthandler.dump_traceback_later(HANG_S, exit=True)
+    yield
+    faulthandler.cancel_dump_traceback_later()

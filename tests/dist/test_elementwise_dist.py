@@ -1,0 +1,242 @@
+"""Elementwise operations against NumPy, with operands in different layouts and broadcasting."""
+import numpy as np
+import pytest
+
+import dmath
+
+from _cases import case_names, layout, make, tol, values
+
+P = dmath.num_workers()
+NAMES = case_names(P)
+SHAPE = (7, 5)
+ROW, COL = (1, SHAPE[1]), (SHAPE[0], 1)
+
+
+def _sigmoid(a):
+    return 1.0 / (1.0 + np.exp(-a))
+
+
+BINARY = {
+    "add": (lambda a, b: a + b, lambda a, b: a + b),
+    "sub": (lambda a, b: a - b, lambda a, b: a - b),
+    "mul": (lambda a, b: a * b, lambda a, b: a * b),
+    "div": (lambda a, b: a / b, lambda a, b: a / b),
+    "pow_op": (lambda a, b: a ** b, lambda a, b: a ** b),
+    "pow_fn": (lambda a, b: dmath.pow(a, b), lambda a, b: np.power(a, b)),
+    "maximum": (dmath.maximum, np.maximum),
+    "minimum": (dmath.minimum, np.minimum),
+}
+
+UNARY = {
+    "neg": (lambda a: -a, lambda a: -a),
+    "pos": (lambda a: +a, lambda a: +a),
+    "exp": (dmath.exp, np.exp),
+    "log": (lambda a: dmath.log(dmath.abs(a) + 0.5), lambda a: np.log(np.abs(a) + 0.5)),
+    "sqrt": (lambda a: dmath.sqrt(abs(a)), lambda a: np.sqrt(np.abs(a))),
+    "abs": (dmath.abs, np.abs),
+    "tanh": (dmath.tanh, np.tanh),
+    "sigmoid": (dmath.sigmoid, _sigmoid),
+    "relu": (dmath.relu, lambda a: np.maximum(a, 0)),
+}
+
+
+def _check_all(cases, dtype="float32"):
+    """Run (label, dmath thunk, expected) cases; report every mismatch at once."""
+    failures = []
+    for label, got, want in cases:
+        try:
+            r = got()
+            assert isinstance(r, dmath.Matrix), type(r)
+            assert r.shape == want.shape, (r.shape, want.shape)
+            np.testing.assert_allclose(r.to_numpy(), want.astype(dtype), **tol(dtype))
+        except Exception as exc:  # noqa: BLE001 - collect every failing case
+            failures.append(f"{label}: {type(exc).__name__}: {exc}")
+    assert not failures, "\n".join(failures)
+
+
+def _pair(i, stride=7, shift=3):
+    return NAMES[i], NAMES[(i * stride + shift) % len(NAMES)]
+
+
+@pytest.mark.parametrize("i", range(len(NAMES)), ids=lambda i: "-".join(_pair(i)))
+def test_binary_ops_mixed_layouts(i):
+    la, lb = _pair(i)
+    x = values(SHAPE, 10, 0.5, 1.5).astype("float32")
+    y = values(SHAPE, 11, 0.5, 1.5).astype("float32")
+    a, b = make(x, layout(la, SHAPE, P)), make(y, layout(lb, SHAPE, P))
+    cases = [(name, (lambda f=f: f(a, b)), g(x, y)) for name, (f, g) in BINARY.items()]
+    cond = (values(SHAPE, 12) > 0).astype("float32")
+    c = make(cond, layout(NAMES[(i + 1) % len(NAMES)], SHAPE, P))
+    cases += [("where", lambda: dmath.where(c, a, b), np.where(cond != 0, x, y)),
+              ("where_scalar", lambda: dmath.where(c, a, -1.0), np.where(cond != 0, x, -1.0)),
+              ("chain", lambda: (a - b) * (a + b) / b, (x - y) * (x + y) / y)]
+    _check_all(cases)
+    # the operands are unchanged and the result takes the first full operand's layout
+    np.testing.assert_array_equal(a.to_numpy(), x)
+    np.testing.assert_array_equal(b.to_numpy(), y)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_unary_ops(name):
+    x = values(SHAPE, 13, -2.0, 2.0).astype("float32")
+    a = make(x, layout(name, SHAPE, P))
+    _check_all([(op, (lambda f=f: f(a)), g(x)) for op, (f, g) in UNARY.items()])
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_scalar_operands_both_sides(name):
+    x = values(SHAPE, 14, 0.5, 1.5).astype("float32")
+    a = make(x, layout(name, SHAPE, P))
+    _check_all([
+        ("m+s", lambda: a + 2.0, x + 2.0), ("s+m", lambda: 2 + a, 2 + x),
+        ("m-s", lambda: a - 2.0, x - 2.0), ("s-m", lambda: 2.0 - a, 2.0 - x),
+        ("m*s", lambda: a * 3.0, x * 3.0), ("s*m", lambda: 3 * a, 3 * x),
+        ("m/s", lambda: a / 4.0, x / 4.0), ("s/m", lambda: 4.0 / a, 4.0 / x),
+        ("m**s", lambda: a ** 2, x ** 2), ("pow", lambda: dmath.pow(a, 0.5), np.power(x, 0.5)),
+        ("max_s", lambda: dmath.maximum(a, 1.0), np.maximum(x, 1.0)),
+        ("min_s", lambda: dmath.minimum(1.0, a), np.minimum(1.0, x)),
+        ("where_ss", lambda: dmath.where(a - 1.0, 1.0, -1.0), np.where(x - 1.0 != 0, 1.0, -1.0)),
+        ("np_scalar", lambda: a * np.float64(1.5) + np.int64(2), x * 1.5 + 2),
+        # a numpy scalar on the left must not try to convert the Matrix
+        ("np_left", lambda: np.float32(2.0) * a - np.float64(1.0), 2 * x - 1),
+        ("np_left_div", lambda: np.float64(4.0) / a, 4.0 / x),
+    ])
+
+
+@pytest.mark.parametrize("i", range(len(NAMES)), ids=lambda i: NAMES[i])
+def test_vector_broadcasting_mixed_layouts(i):
+    """(1, n) rows and (m, 1) columns in layouts other than the matrix's."""
+    lm, lr = _pair(i, 5, 1)
+    lc = NAMES[(i * 3 + 2) % len(NAMES)]
+    x = values(SHAPE, 15, 0.5, 1.5).astype("float32")
+    r = values(ROW, 16, 0.5, 1.5).astype("float32")
+    c = values(COL, 17, 0.5, 1.5).astype("float32")
+    one = np.array([[1.25]], dtype="float32")
+    m = make(x, layout(lm, SHAPE, P))
+    mr = make(r, layout(lr, ROW, P))
+    mc = make(c, layout(lc, COL, P))
+    m1 = make(one, layout(lr, (1, 1), P))
+    _check_all([
+        ("m+r", lambda: m + mr, x + r), ("r+m", lambda: mr + m, r + x),
+        ("m-c", lambda: m - mc, x - c), ("c-m", lambda: mc - m, c - x),
+        ("m*r", lambda: m * mr, x * r), ("c*m", lambda: mc * m, c * x),
+        ("m/r", lambda: m / mr, x / r), ("r/m", lambda: mr / m, r / x),
+        ("m/c", lambda: m / mc, x / c), ("m**c", lambda: m ** mc, x ** c),
+        ("max_mr", lambda: dmath.maximum(m, mr), np.maximum(x, r)),
+        ("min_cm", lambda: dmath.minimum(mc, m), np.minimum(c, x)),
+        ("where_rc", lambda: dmath.where(m - 1.0, mr, mc), np.where(x - 1.0 != 0, r, c)),
+        ("m+1x1", lambda: m + m1, x + one), ("1x1*m", lambda: m1 * m, one * x),
+        ("r+r", lambda: mr + mr, r + r), ("c*2", lambda: mc * 2.0, c * 2.0),
+        ("m-r-c", lambda: m - mr - mc, x - r - c),
+        # outer broadcasts: no operand has the result's shape
+        ("r+c", lambda: mr + mc, r + c), ("c*r", lambda: mc * mr, c * r),
+        ("max_rc", lambda: dmath.maximum(mr, mc), np.maximum(r, c)),
+        ("1x1+r", lambda: m1 + mr, one + r),
+    ])
+
+
+@pytest.mark.parametrize("i", range(len(NAMES)), ids=lambda i: NAMES[i])
+def test_inplace_ops(i):
+    lm, ln = _pair(i, 3, 2)
+    if dmath.Partial in (type(layout(lm, SHAPE, P)),):
+        lm = "row"  # in-place non-linear ops on Partial are refused (tested in test_errors)
+    x = values(SHAPE, 18, 0.5, 1.5)
+    y = values(SHAPE, 19, 0.5, 1.5)
+    r = values(ROW, 20, 0.5, 1.5)
+    c = values(COL, 21, 0.5, 1.5)
+    m = make(x, layout(lm, SHAPE, P), "float64")
+    keep = m.copy()
+    lay = m.layout
+    n = make(y, layout(ln, SHAPE, P), "float64")
+    mr = make(r, layout(NAMES[(i + 4) % len(NAMES)], ROW, P), "float64")
+    mc = make(c, layout(NAMES[(i + 5) % len(NAMES)], COL, P), "float64")
+    same = m
+    want = x.copy()
+    steps = [("+= n", lambda: n, np.add, y), ("-= r", lambda: mr, np.subtract, r),
+             ("*= c", lambda: mc, np.multiply, c), ("/= n", lambda: n, np.divide, y),
+             ("+= s", lambda: 1.5, np.add, 1.5), ("-= s", lambda: 0.25, np.subtract, 0.25),
+             ("*= s", lambda: 3.0, np.multiply, 3.0), ("/= s", lambda: 2.0, np.divide, 2.0)]
+    for label, operand, g, v in steps:
+        o = operand()
+        if label.startswith("+="):
+            m += o
+        elif label.startswith("-="):
+            m -= o
+        elif label.startswith("*="):
+            m *= o
+        else:
+            m /= o
+        want = g(want, v)
+        assert m is same, label
+        assert m.layout == lay and m.dtype == "float64", label
+        np.testing.assert_allclose(m.to_numpy(), want, **tol("float64"), err_msg=label)
+    np.testing.assert_array_equal(keep.to_numpy(), x)
+    np.testing.assert_array_equal(n.to_numpy(), y)
+
+
+@pytest.mark.parametrize("name", ["partial", "partial_g"] if P > 1 else ["partial"])
+def test_linear_ops_on_partial(name):
+    """Ops that keep a Partial matrix Partial must still give the right value."""
+    lay = layout(name, SHAPE, P)
+    x, y = values(SHAPE, 22), values(SHAPE, 23)
+    a, b = make(x, lay, "float64"), make(y, lay, "float64")
+    s = a + b
+    assert s.layout.partial
+    _check_all([
+        ("a+b", lambda: a + b, x + y), ("a-b", lambda: a - b, x - y), ("-a", lambda: -a, -x),
+        ("a*2", lambda: a * 2.0, x * 2), ("a/4", lambda: a / 4.0, x / 4),
+        ("a+1", lambda: a + 1.0, x + 1), ("1-a", lambda: 1.0 - a, 1 - x),
+        ("a*b", lambda: a * b, x * y), ("2/a", lambda: 2.0 / (dmath.abs(a) + 1.0), 2 / (np.abs(x) + 1)),
+    ], "float64")
+    a += b
+    np.testing.assert_allclose(a.to_numpy(), x + y, **tol("float64"))
+    a *= 0.5
+    np.testing.assert_allclose(a.to_numpy(), (x + y) * 0.5, **tol("float64"))
+    a -= b
+    np.testing.assert_allclose(a.to_numpy(), (x + y) * 0.5 - y, **tol("float64"))
+    assert a.layout == lay.resolved(P)
+    # adding a scalar to every addend would count it once per member: refused in place
+    with pytest.raises(dmath.LayoutError):
+        a += 1.0
+    np.testing.assert_allclose(a.to_numpy(), (x + y) * 0.5 - y, **tol("float64"))
+
+
+@pytest.mark.parametrize("da,db", [("float16", "float32"), ("float32", "float64"), ("float16", "float64")])
+def test_mixed_dtypes_promote(da, db):
+    x, y = values(SHAPE, 24), values(SHAPE, 25)
+    a = make(x, layout("row", SHAPE, P), da)
+    b = make(y, layout(NAMES[-1], SHAPE, P), db)
+    for r in (a + b, b * a):
+        assert r.dtype == db
+    np.testing.assert_allclose((a + b).to_numpy(), x.astype(da) + y.astype(db), **tol(db))
+    h = a * 2.0
+    assert h.dtype == da
+    np.testing.assert_allclose(h.to_numpy(), x.astype(da) * 2, **tol(da))
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_ops_in_other_dtypes(dtype):
+    x = values(SHAPE, 26, 0.5, 1.5)
+    y = values(SHAPE, 27, 0.5, 1.5)
+    lay = layout("bc23", SHAPE, P)
+    a, b = make(x, lay, dtype), make(y, layout("col", SHAPE, P), dtype)
+    xa, ya = x.astype(dtype), y.astype(dtype)
+    _check_all([
+        ("add", lambda: a + b, xa + ya), ("mul", lambda: a * b, xa * ya),
+        ("div", lambda: a / b, xa / ya), ("exp", lambda: dmath.exp(a), np.exp(xa)),
+        ("sigmoid", lambda: dmath.sigmoid(-a), _sigmoid(-xa)), ("s-m", lambda: 1.0 - a, 1.0 - xa),
+    ], dtype)
+
+
+@pytest.mark.parametrize("shape", [(0, 4), (4, 0)], ids=["0x4", "4x0"])
+def test_empty_matrices(shape):
+    x = np.zeros(shape)
+    for name in NAMES:
+        m = make(x, layout(name, shape, P), "float64")
+        r = dmath.exp(m * 2.0 + m) - 1.0
+        assert r.shape == shape, name
+        np.testing.assert_array_equal(r.to_numpy(), x, err_msg=name)
+        assert m.T.shape == shape[::-1]
+        assert m.sum() == 0.0
+        np.testing.assert_array_equal(m.sum(axis=0).to_numpy(), np.zeros((1, shape[1])), err_msg=name)
+        np.testing.assert_array_equal(m.sum(axis=1).to_numpy(), np.zeros((shape[0], 1)), err_msg=name)

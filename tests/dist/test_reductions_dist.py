@@ -1,0 +1,84 @@
+"""sum / mean / max / min over everything and along each axis, and norm, in every layout."""
+import numpy as np
+import pytest
+
+import dmath
+
+from _cases import case_names, layout, make, tol, values
+
+P = dmath.num_workers()
+NAMES = case_names(P)
+
+OPS = {"sum": np.sum, "mean": np.mean, "max": np.max, "min": np.min}
+
+
+def _check_reductions(m, x, dtype):
+    # float16 data accumulates in float32 (and the scalar results are float64)
+    t = tol("float32") if dtype == "float16" else tol(dtype)
+    acc = x.astype(dtype).astype(np.float64)
+    failures = []
+    for op, g in OPS.items():
+        try:
+            v = getattr(m, op)()
+            assert isinstance(v, float), type(v)
+            rt = dict(rtol=1e-3, atol=1e-2) if dtype == "float16" and op in ("sum", "mean") else t
+            np.testing.assert_allclose(v, g(acc), **rt)
+            for axis in (0, 1):
+                r = getattr(m, op)(axis=axis)
+                want = g(acc, axis=axis, keepdims=True)
+                assert isinstance(r, dmath.Matrix)
+                assert r.shape == want.shape and r.dtype == dtype, (r.shape, r.dtype)
+                np.testing.assert_allclose(r.to_numpy().astype(np.float64), want.astype(dtype),
+                                           **tol(dtype), err_msg=f"{op} axis={axis}")
+        except Exception as exc:  # noqa: BLE001 - report every failing reduction
+            failures.append(f"{op}: {type(exc).__name__}: {exc}")
+    try:
+        np.testing.assert_allclose(m.norm(), np.linalg.norm(acc), **t)
+    except AssertionError as exc:
+        failures.append(f"norm: {exc}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("shape", [(7, 5), (2, 9)], ids=["7x5", "2x9"])
+@pytest.mark.parametrize("name", NAMES)
+def test_reductions(name, shape):
+    x = values(shape, 30, -2.0, 2.0)
+    m = make(x, layout(name, shape, P), "float64")
+    _check_reductions(m, x, "float64")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("name", ["row", "b2d", "bc23", "partial", "tiles"])
+def test_reductions_low_precision(name, dtype):
+    shape = (9, 6)
+    x = values(shape, 31, -2.0, 2.0)
+    _check_reductions(make(x, layout(name, shape, P), dtype), x, dtype)
+
+
+@pytest.mark.parametrize("shape", [(1, 8), (8, 1)], ids=["row", "col"])
+def test_reductions_of_vectors(shape):
+    x = values(shape, 32)
+    for name in ("row", "col", "rep", "b2d_g_rev"):
+        _check_reductions(make(x, layout(name, shape, P), "float64"), x, "float64")
+
+
+def test_reduction_results_compose():
+    """An axis reduction (possibly Partial) feeds further operations correctly."""
+    x = values((7, 5), 33)
+    for name in NAMES:
+        m = make(x, layout(name, (7, 5), P), "float64")
+        centred = m - m.mean(axis=0)
+        np.testing.assert_allclose(centred.to_numpy(), x - x.mean(axis=0), **tol("float64"), err_msg=name)
+        np.testing.assert_allclose(m.sum(axis=1).sum(), x.sum(), **tol("float64"), err_msg=name)
+        np.testing.assert_allclose((m / m.max(axis=1)).to_numpy(), x / x.max(axis=1, keepdims=True),
+                                   **tol("float64"), err_msg=name)
+
+
+def test_empty_matrix_reductions():
+    m = dmath.zeros((0, 4), dtype="float64")
+    assert m.sum() == 0.0
+    np.testing.assert_array_equal(m.sum(axis=0).to_numpy(), np.zeros((1, 4)))
+    with pytest.raises(dmath.ShapeError):
+        m.max()
+    # still usable afterwards
+    assert dmath.ones((2, 2)).sum() == 4.0

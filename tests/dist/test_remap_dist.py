@@ -1,0 +1,129 @@
+"""Remap between every pair of layouts, with dtype changes, and the bytes it moves."""
+import numpy as np
+import pytest
+
+import dmath
+from dmath.layout import distribution
+
+from _cases import case_names, expected_recv, layout, make, tol, values
+
+P = dmath.num_workers()
+NAMES = case_names(P)
+SHAPE = (7, 5)
+
+
+def _recv_by_worker(stats):
+    return [s["data_bytes_recv"] for s in stats]
+
+
+def _check_bytes(stats, src_m, dst_m, itemsize, offset=(0, 0)):
+    """The bytes received, summed and per worker, equal the owner-mask minimum."""
+    src = distribution(src_m.layout, src_m.shape, P)
+    dst = distribution(dst_m.layout, dst_m.shape, P)
+    per, total = expected_recv(src, dst, offset)
+    got = _recv_by_worker(stats)
+    assert sum(got) == total * itemsize, (got, per, total)
+    if per is not None:
+        assert got == [e * itemsize for e in per]
+    assert sum(s["data_bytes_sent"] for s in stats) == sum(got)
+
+
+@pytest.mark.parametrize("dst", NAMES)
+@pytest.mark.parametrize("src", NAMES)
+def test_remap_every_pair(src, dst):
+    x = values(SHAPE, seed=1).astype("float32")
+    a = make(x, layout(src, SHAPE, P), "float32")
+    target = layout(dst, SHAPE, P)
+    dmath.reset_stats()
+    b = a.remap(target)
+    stats = dmath.stats()
+    assert b.layout == target.resolved(P)
+    assert (b.shape, b.dtype) == (SHAPE, "float32")
+    np.testing.assert_array_equal(b.to_numpy(), x)
+    _check_bytes(stats, a, b, 4)
+    back = b.remap(a.layout)
+    np.testing.assert_array_equal(back.to_numpy(), x)
+    # the source is untouched
+    np.testing.assert_array_equal(a.to_numpy(), x)
+
+
+@pytest.mark.parametrize("dst", NAMES)
+@pytest.mark.parametrize("src", NAMES)
+def test_remap_every_pair_to_half_and_back(src, dst):
+    """float64 -> float16 on the way (the wire carries float16), then back to float64."""
+    x = values(SHAPE, seed=7)
+    a = make(x, layout(src, SHAPE, P), "float64")
+    dmath.reset_stats()
+    b = a.remap(layout(dst, SHAPE, P), dtype="float16")
+    stats = dmath.stats()
+    assert b.dtype == "float16"
+    want = x.astype("float16")
+    np.testing.assert_array_equal(b.to_numpy(), want)
+    _check_bytes(stats, a, b, 2)
+    back = b.remap(a.layout, dtype="float64")
+    assert back.dtype == "float64"
+    np.testing.assert_array_equal(back.to_numpy(), want.astype("float64"))
+
+
+DTYPE_PAIRS = [("float16", "float32"), ("float32", "float16"), ("float64", "float16"),
+               ("float16", "float64"), ("float32", "float64"), ("float64", "float32")]
+SHAPES = [(1, 9), (9, 1), (2, 9), (13, 11), (0, 4)]
+
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}x{s[1]}")
+@pytest.mark.parametrize("d1,d2", DTYPE_PAIRS)
+def test_remap_dtype_change(shape, d1, d2):
+    """Each layout into another one (a rotation that differs per shape), changing dtype on the way."""
+    x = values(shape, seed=2)
+    x1 = x.astype(d1)
+    x2 = x1.astype(d2)
+    narrow = min(np.dtype(d1).itemsize, np.dtype(d2).itemsize)
+    k = SHAPES.index(shape) + 1
+    failures = []
+    for i, src in enumerate(NAMES):
+        dst = NAMES[(i * 5 + k) % len(NAMES)]
+        a = make(x, layout(src, shape, P), d1)
+        dmath.reset_stats()
+        b = a.remap(layout(dst, shape, P), dtype=d2)
+        stats = dmath.stats()
+        try:
+            assert b.dtype == d2 and b.shape == shape
+            np.testing.assert_allclose(b.to_numpy(), x2, **tol(d1, d2))
+            _check_bytes(stats, a, b, narrow)
+            c = b.remap(a.layout, dtype=d1)
+            assert c.dtype == d1
+            np.testing.assert_allclose(c.to_numpy(), x2.astype(d1), **tol(d1, d2))
+        except AssertionError as exc:
+            failures.append(f"{src} -> {dst}: {exc}")
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_remap_through_partial_sums_addends(name):
+    """A Partial matrix whose addends overlap (a sum of two Partial matrices) remaps to its value."""
+    lay = layout(name, SHAPE, P)
+    x, y = values(SHAPE, seed=3), values(SHAPE, seed=4)
+    part = dmath.Partial(group=[P - 1] + list(range(P - 1)))
+    s = make(x, part, "float64") + make(y, part, "float64")
+    assert s.layout.partial
+    out = s.remap(lay)
+    np.testing.assert_allclose(out.to_numpy(), x + y, **tol("float64"))
+
+
+def test_remap_chain_through_every_layout():
+    """One matrix through every layout in turn, ending where it started."""
+    x = values((6, 10), seed=5).astype("float32")
+    m = make(x, layout(NAMES[0], (6, 10), P), "float32")
+    for name in NAMES[1:] + NAMES[:1]:
+        m = m.remap(layout(name, (6, 10), P))
+        np.testing.assert_array_equal(m.to_numpy(), x, err_msg=name)
+
+
+def test_remap_same_layout_moves_nothing():
+    x = values(SHAPE, seed=6)
+    for name in NAMES:
+        a = make(x, layout(name, SHAPE, P), "float64")
+        dmath.reset_stats()
+        b = a.remap(a.layout)
+        assert sum(_recv_by_worker(dmath.stats())) == 0, name
+        np.testing.assert_array_equal(b.to_numpy(), x)

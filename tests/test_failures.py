@@ -1,0 +1,164 @@
+"""Failures end the job: each case launches its own 3-worker job with mpiexec.
+
+These run once, in the plain `pytest tests` stage (they are not under
+tests/dist), and need an mpiexec: the one next to this Python (the venv's
+MPICH) or else one on PATH.
+"""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORKERS = 3
+TIMEOUT_S = 60
+#: "within seconds": startup of 3 Python ranks plus the failure handling
+PROMPT_S = 30
+
+
+def _mpiexec():
+    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
+    if os.access(here, os.X_OK):
+        return here
+    return shutil.which("mpiexec")
+
+
+MPIEXEC = _mpiexec()
+pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec found")
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env.setdefault("HYDRA_LAUNCHER", "fork")         # MPICH: no ssh in containers
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")     # Open MPI as root (device machines)
+    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
+    env["DMATH_DEVICE"] = "cpu"
+    env["OMP_NUM_THREADS"] = "1"
+    env["PYTHONUNBUFFERED"] = "1"
+    # a failed worker ends the job itself if the master never does: keep that short
+    env["DMATH_FAILED_WORKER_GRACE_S"] = "20"
+    return env
+
+
+def run_job(tmp_path, source, n=WORKERS):
+    """Run `source` as a script under mpiexec -n n; returns (returncode, stdout, stderr, seconds)."""
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(source))
+    cmd = [MPIEXEC, "-n", str(n), sys.executable, str(script)]
+    t0 = time.monotonic()
+    try:
+        p = subprocess.run(cmd, cwd=str(tmp_path), env=_env(), capture_output=True, text=True,
+                           timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired as exc:
+        pytest.fail(f"the job hung for {TIMEOUT_S} s:\nstdout:\n{exc.stdout}\nstderr:\n{exc.stderr}")
+    return p.returncode, p.stdout, p.stderr, time.monotonic() - t0
+
+
+FAILING_KERNEL = """
+    import sys, time
+    import dmath
+    from dmath.runtime import kernel
+    from dmath.ops.base import dispatch
+    from dmath.comm.control import gather_objects
+
+    # registered before init, so every rank (workers never return from init) has it
+    @kernel("test_fail_on_rank1")
+    def _fail(call):
+        if call.rank == 1:
+            raise ValueError("injected failure on rank 1")
+        if call.entry.static == ("wait",):
+            gather_objects(call.world, call.rank)   # the master waits for rank 1 here
+        return []
+
+    dmath.init(device="cpu")
+    a = dmath.ones((6, 4), layout=dmath.ColBlock())
+    assert a.sum() == 24.0
+    t0 = time.monotonic()
+    try:
+        dispatch("test_fail_on_rank1", static=({mode!r},))
+        for _ in range(10000):            # the failure surfaces at the next wait at the latest
+            a.sum()
+        print("NO ERROR RAISED", flush=True)
+        sys.exit(3)
+    except dmath.WorkerError as e:
+        assert e.rank == 1, e.rank
+        assert "injected failure on rank 1" in e.traceback, e.traceback
+        assert "ValueError" in e.traceback
+        assert "injected failure on rank 1" in str(e)
+        print(f"WORKER_ERROR_CAUGHT rank={{e.rank}} after {{time.monotonic() - t0:.2f}}s", flush=True)
+    try:
+        a.sum()
+        print("RUNTIME STILL ACCEPTS COMMANDS", flush=True)
+    except dmath.RuntimeStateError:
+        print("RUNTIME_REFUSES_OK", flush=True)
+    # falling off the end: finalize must end the job with a non-zero status
+"""
+
+
+@pytest.mark.parametrize("mode", ["after", "wait"], ids=["fails_between_waits", "fails_while_master_waits"])
+def test_worker_failure_reaches_master_and_job_exits_nonzero(tmp_path, mode):
+    rc, out, err, seconds = run_job(tmp_path, FAILING_KERNEL.format(mode=mode))
+    assert "WORKER_ERROR_CAUGHT rank=1" in out, f"stdout:\n{out}\nstderr:\n{err}"
+    assert "RUNTIME_REFUSES_OK" in out, out
+    assert "NO ERROR RAISED" not in out
+    assert rc != 0, f"the job exited 0 after a worker failure\n{out}\n{err}"
+    assert seconds < PROMPT_S, f"the job took {seconds:.1f} s to end"
+
+
+def test_uncaught_master_exception_ends_the_job(tmp_path):
+    rc, out, err, seconds = run_job(tmp_path, """
+        import dmath
+        dmath.init(device="cpu")
+        a = dmath.random.rand((40, 30), layout=dmath.Block2D())
+        b = a.remap(dmath.ColBlock())
+        print("WORK_DONE", round((a - b).norm(), 6), flush=True)
+        raise RuntimeError("master failure on purpose")
+    """)
+    assert "WORK_DONE 0.0" in out, f"stdout:\n{out}\nstderr:\n{err}"
+    assert "master failure on purpose" in err
+    assert rc != 0
+    assert seconds < PROMPT_S, f"the job took {seconds:.1f} s to end"
+
+
+NORMAL = """
+    import numpy as np
+    import dmath
+    dmath.init(device="cpu")
+    assert dmath.num_workers() == {n}
+    x = np.arange(35.0).reshape(7, 5)
+    a = dmath.from_numpy(x, dmath.RowBlock())
+    b = (a.remap(dmath.BlockCyclic((2, 2))) * 2.0).remap(dmath.Replicated())
+    assert np.array_equal(b.to_numpy(), 2 * x)
+    print("NORMAL_DONE", flush=True)
+"""
+
+
+@pytest.mark.parametrize("attempt", [1, 2, 3])
+def test_normal_job_exits_zero(tmp_path, attempt):
+    # repeated: a clean shutdown must exit 0 every time (the exit path once raced
+    # with MPICH's process manager and sometimes ended in SIGKILL)
+    rc, out, err, seconds = run_job(tmp_path, NORMAL.format(n=WORKERS))
+    assert "NORMAL_DONE" in out, f"stdout:\n{out}\nstderr:\n{err}"
+    assert rc == 0, f"exit {rc}\nstdout:\n{out}\nstderr:\n{err}"
+    assert "BAD TERMINATION" not in out + err
+
+
+def test_explicit_finalize_then_exit(tmp_path):
+    rc, out, err, _ = run_job(tmp_path, """
+        import dmath
+        dmath.init(device="cpu")
+        s = dmath.ones((5, 5)).sum()
+        dmath.finalize()
+        dmath.finalize()          # idempotent
+        try:
+            dmath.ones((2, 2))
+        except dmath.RuntimeStateError:
+            print("FINALIZED_OK", s, flush=True)
+    """)
+    assert "FINALIZED_OK 25.0" in out, f"stdout:\n{out}\nstderr:\n{err}"
+    assert rc == 0, err

@@ -1,0 +1,59 @@
+"""The control-channel command encoding: round trips and frame sizes."""
+import numpy as np
+import pytest
+
+from dmath.comm.control import FRAME
+from dmath.layout import BlockCyclic, Partial, RowBlock, Tiles
+from dmath.runtime import Meta, protocol
+
+
+@pytest.mark.parametrize("kind", [protocol.EXEC, protocol.REGISTER, protocol.SHUTDOWN, protocol.FREE,
+                                  protocol.REPLAY])
+def test_round_trip(kind):
+    signature = ("remap", ((0, 0),), (Meta(RowBlock(), (7, 5), "float32"),),
+                 (Meta(Tiles((0, 3, 7), (0, 5), [[0], [1]]), (7, 5), "float16"),))
+    handles = [1, 2, 2 ** 31 - 1]
+    scalars = [0.5, -1e300, float("inf"), 3.0]
+    frees = [7, 8, 9]
+    sig = signature if kind == protocol.REGISTER else None
+    message, total = protocol.encode(kind, 42, handles, scalars, frees, sig)
+    assert len(message) == total
+    assert protocol.total_length(np.frombuffer(message[:FRAME].ljust(FRAME, b"\0"), np.uint8)) == total
+    k, sig_id, h, s, f, got = protocol.decode(message)
+    assert (k, sig_id, h, s, f) == (kind, 42, handles, scalars, frees)
+    assert got == sig
+    if sig is not None:
+        # layouts survive the trip as equal, hashable values
+        assert got[3][0].layout == signature[3][0].layout
+        assert hash(got[2][0].layout) == hash(RowBlock())
+
+
+def test_decode_ignores_trailing_bytes():
+    message, total = protocol.encode(protocol.EXEC, 3, [1, 2, 3])
+    k, sig_id, h, s, f, sig = protocol.decode(message + b"\0" * 20)
+    assert (k, sig_id, h, s, f, sig) == (protocol.EXEC, 3, [1, 2, 3], [], [], None)
+
+
+def test_cached_binary_op_fits_one_frame():
+    """A cached binary op (two inputs, one output), even with a few handles to free, is one frame."""
+    for frees in ([], [5], [5, 6, 7, 8]):
+        message, total = protocol.encode(protocol.EXEC, 123456, [10, 11, 12], [], frees)
+        assert total <= FRAME, (frees, total)
+    # with a scalar operand too (M * s)
+    _, total = protocol.encode(protocol.EXEC, 9, [10, 12], [2.5], [11])
+    assert total <= FRAME
+
+
+def test_register_carries_the_signature():
+    sig = ("ewise", ("add", (("full", 0), ("full", 1)), None),
+           (Meta(BlockCyclic((2, 3)), (9, 9), "float64"), Meta(Partial((0, 2)), (9, 9), "float64")),
+           (Meta(RowBlock(), (9, 9), "float64"),))
+    message, total = protocol.encode(protocol.REGISTER, 1, [1, 2, 3], [], [], sig)
+    assert total > FRAME                       # signatures travel once, in a longer message
+    assert protocol.decode(message)[5] == sig
+    assert protocol.decode(protocol.encode(protocol.EXEC, 1, [1, 2, 3])[0])[5] is None
+
+
+def test_max_frees_fit_the_header():
+    message, total = protocol.encode(protocol.EXEC, 1, [], [], list(range(protocol.MAX_FREES)))
+    assert protocol.decode(message)[4] == list(range(protocol.MAX_FREES))

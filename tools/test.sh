@@ -1,0 +1,70 @@
+#!/usr/bin/env bash
+# The whole test suite: `tests` at 1 worker (plain python, no mpiexec), then
+# `tests/dist` under mpiexec at 2, 3 and 4 workers. Worker counts come from
+# DMATH_TEST_WORKERS (default "1 2 3 4"; 1 is the plain run). Extra arguments
+# go to every pytest call. All stages run; the exit status is non-zero if any
+# stage failed.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# shellcheck source=SCRIPTDIR/env.sh
+source tools/env.sh
+
+cap=${DMATH_TEST_TIMEOUT:-900}  # seconds per mpiexec run, so a hang fails
+
+# mpiexec's exit status is not reliable: when a rank leaves with os._exit()
+# (with or without MPI_Finalize), hydra may return 0 although rank 0's pytest
+# failed, or 9 although every rank exited 0. So every rank runs pytest through
+# this stub (same as `python -m pytest`) and rank 0 writes its exit status to
+# a file, which decides the stage; a non-zero mpiexec status still fails it.
+export DMATH_RANK0_RC
+DMATH_RANK0_RC=$(mktemp)
+trap 'rm -f "$DMATH_RANK0_RC"' EXIT
+pytest_rank0='import os, sys, pytest
+rc = int(pytest.main(sys.argv[1:]))
+if os.environ.get("PMI_RANK", "0") == "0":
+    with open(os.environ["DMATH_RANK0_RC"], "w") as f:
+        f.write(str(rc))
+sys.exit(rc)'
+
+summary=()
+failed=0
+for p in ${DMATH_TEST_WORKERS:-1 2 3 4}; do
+    echo "== tests at $p workers =="
+    rc=0
+    note=
+    if [ "$p" = 1 ]; then
+        python -m pytest -q tests "$@" || rc=$?
+    else
+        : > "$DMATH_RANK0_RC"
+        # No cache plugin: all ranks run pytest and would race on .pytest_cache.
+        # -k: SIGKILL if mpiexec ignores the TERM.
+        timeout -k 30 "$cap" mpiexec -n "$p" python -c "$pytest_rank0" \
+            -q -p no:cacheprovider tests/dist "$@" || rc=$?
+        r0=$(cat "$DMATH_RANK0_RC")
+        if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
+            :  # timed out
+        elif [ -z "$r0" ]; then
+            note=" (rank 0 did not finish pytest)"
+            if [ "$rc" = 0 ]; then rc=1; fi
+        elif [ "$r0" != 0 ]; then
+            rc=$r0
+        elif [ "$rc" != 0 ]; then
+            note=" (rank 0 passed; another rank failed or was killed)"
+        fi
+    fi
+    case $rc in
+        0) result=passed ;;
+        # No tests collected fails only the plain run (it holds the whole
+        # suite); in tests/dist it is fine (e.g. -k selected none there).
+        5) if [ "$p" = 1 ]; then result="FAILED (no tests collected)"; else
+               result="no tests collected"; rc=0; fi ;;
+        124 | 137) result="TIMED OUT after ${cap}s" ;;
+        *) result="FAILED (exit $rc)$note" ;;
+    esac
+    if [ "$rc" != 0 ]; then failed=1; fi
+    summary+=("tests at $p workers: $result")
+done
+
+echo "== summary =="
+printf '%s\n' "${summary[@]}"
+exit "$failed"
