@@ -21,6 +21,9 @@ class Matrix:
     """A distributed 2-D matrix; its blocks stay on the workers until `to_numpy()`."""
 
     __slots__ = ("_handle", "shape", "dtype", "layout", "__weakref__")
+    # numpy scalars on the left (np.float32(2) * M) must defer to our reflected
+    # operators instead of treating the Matrix as a sequence to convert
+    __array_ufunc__ = None
 
     def __init__(self, handle, m):
         self._handle = handle
@@ -257,11 +260,16 @@ def _ewise_plan(fn, metas, inplace, nworkers):
     if inplace and metas[0].shape != shape:
         raise ShapeError(f"in-place {fn}: the result shape {shape} differs from the target's {metas[0].shape}")
     dtype = metas[0].dtype if inplace else np.result_type(*[m.dtype for m in mats]).name
-    primary = 0 if inplace else next(k for k, m in enumerate(metas) if m is not None and m.shape == shape)
-    lay = metas[primary].layout
-    # a Partial result is only right for functions linear in the addends
+    # the result takes the layout of the first operand of its shape; a row
+    # vector against a column vector (an outer broadcast) has none: RowBlock
+    primary = 0 if inplace else next((k for k, m in enumerate(metas) if m is not None and m.shape == shape),
+                                     None)
+    lay = metas[primary].layout if primary is not None else RowBlock()
+    # a Partial result is only right for functions linear in the addends; a
+    # scalar term is not (every member would add it: P times in the sum)
     partial_ok = lay.partial and (
-        (fn in elementwise.LINEAR and all(m.layout == lay and m.shape == shape for m in mats))
+        (fn in elementwise.LINEAR and len(mats) == len(metas)
+         and all(m.layout == lay and m.shape == shape for m in mats))
         or (fn in ("mul", "div") and len(mats) == 1 and metas[0] is not None))
     if lay.partial and not partial_ok:
         if inplace:

@@ -59,12 +59,13 @@ def exchange(group, sendbuf, send_counts, recvbuf, recv_counts):
         from cupy.cuda import nccl
         dt, stream = _nccl_dtype(sendbuf.dtype), _stream_ptr()
         sd, rd = _displs(send_counts), _displs(recv_counts)
+        comm = group.nccl   # created outside the group call: an init inside it completes only at groupEnd
         nccl.groupStart()
         for k in range(group.size):
             if send_counts[k]:
-                group.nccl.send(sendbuf[sd[k]:].data.ptr, int(send_counts[k]), dt, k, stream)
+                comm.send(sendbuf[sd[k]:].data.ptr, int(send_counts[k]), dt, k, stream)
             if recv_counts[k]:
-                group.nccl.recv(recvbuf[rd[k]:].data.ptr, int(recv_counts[k]), dt, k, stream)
+                comm.recv(recvbuf[rd[k]:].data.ptr, int(recv_counts[k]), dt, k, stream)
         nccl.groupEnd()
         return
     sc = np.asarray(send_counts, dtype=np.int64) * isz
@@ -91,13 +92,14 @@ def allgatherv(group, sendbuf, recvbuf, counts):
             group.nccl.allGather(sendbuf.data.ptr, recvbuf.data.ptr, int(mine), dt, stream)
             return
         d = _displs(counts)
+        comm = group.nccl
         nccl.groupStart()
         for k in range(group.size):
             if k != group.rank:
                 if mine:
-                    group.nccl.send(sendbuf.data.ptr, int(mine), dt, k, stream)
+                    comm.send(sendbuf.data.ptr, int(mine), dt, k, stream)
                 if counts[k]:
-                    group.nccl.recv(recvbuf[d[k]:].data.ptr, int(counts[k]), dt, k, stream)
+                    comm.recv(recvbuf[d[k]:].data.ptr, int(counts[k]), dt, k, stream)
         nccl.groupEnd()
         recvbuf[d[group.rank]:d[group.rank] + mine] = sendbuf[:mine]
         return

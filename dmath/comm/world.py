@@ -118,7 +118,23 @@ class World:
             g = self._groups[ranks] = Group(self, ranks, comm)
         return g
 
+    def close(self):
+        """Release the NCCL communicators (before MPI_Finalize, on every rank at shutdown)."""
+        for g in self._groups.values():
+            if g._nccl is not None:
+                from .. import backend
+                backend.current().synchronize()
+                g._nccl.destroy()
+                g._nccl = None
+
     def abort(self, code=1):
+        """End every process of the job with exit status `code`."""
         if self.is_mpi:
+            import sys
+            sys.stdout.flush()
+            sys.stderr.flush()
+            # the process manager forwards output asynchronously and kills
+            # every rank on abort: give it a moment to pass on what was printed
+            time.sleep(0.5)
             self.mpi_module.COMM_WORLD.Abort(code)
         os._exit(code)

@@ -17,9 +17,24 @@ def _out(call):
     return dist, dtype, dist.pieces[call.rank]
 
 
+def holds_value(dist, rank):
+    """False on the members of a Partial layout other than the first: their addends are zero.
+
+    (A Partial value is the sum of the addends, so creating one with every
+    member holding the value would make it P times too large.)
+    """
+    return not dist.partial or rank == dist.group[0]
+
+
+def _zeros(pieces, dtype):
+    return [memory.zeros(p.shape, dtype) for p in pieces]
+
+
 @kernel("fill")
 def _fill(call):
     dist, dtype, pieces = _out(call)
+    if not holds_value(dist, call.rank):
+        return [Shard(_zeros(pieces, dtype), dist, dtype)]
     arrays = []
     for p in pieces:
         a = memory.empty(p.shape, dtype)
@@ -36,6 +51,8 @@ def _grid(xp, piece):
 def _eye(call):
     xp = backend.current().xp
     dist, dtype, pieces = _out(call)
+    if not holds_value(dist, call.rank):
+        return [Shard(_zeros(pieces, dtype), dist, dtype)]
     arrays = []
     for p in pieces:
         r, c = _grid(xp, p)
@@ -71,6 +88,8 @@ def stream_key(seed, stream, lane):
 def _random(call):
     xp = backend.current().xp
     dist, dtype, pieces = _out(call)
+    if not holds_value(dist, call.rank):
+        return [Shard(_zeros(pieces, dtype), dist, dtype)]
     kind = call.entry.static[0]
     seed, stream = int(call.scalars[0]), int(call.scalars[1])
     n = dist.shape[1]

@@ -1,10 +1,11 @@
 """Moving whole matrices between the master's host memory and the workers: scatter and gather."""
 import numpy as np
 
-from .. import backend
+from .. import backend, memory
 from ..comm import collectives
 from ..layout import indexset as ix
 from ..runtime import Shard, kernel
+from .creation import holds_value
 
 
 def _region(piece):
@@ -29,18 +30,29 @@ def _put_block(array, piece, block):
 
 @kernel("scatter")
 def _scatter(call):
-    """Master sends every worker its pieces of the host array it holds (call.payload)."""
+    """Master sends every worker its pieces of the host array it holds (call.payload).
+
+    A Partial matrix: the first member's addend is the array, the others are
+    zeros (so the sum is the array, not a multiple of it); only it is sent.
+    """
     be, world = backend.current(), call.world
     dist, dtype = call.entry.out_dists[0], call.entry.outputs[0].dtype
+    mine = dist.pieces[call.rank]
     if call.rank == 0:
         src = call.payload
         for r in range(1, dist.nworkers):
-            for p in dist.pieces[r]:
-                collectives.send_host(world, host_block(src, p), r)
-        pieces = [be.asarray(host_block(src, p)) for p in dist.pieces[0]]
+            if holds_value(dist, r):
+                for p in dist.pieces[r]:
+                    collectives.send_host(world, host_block(src, p), r)
+    if not holds_value(dist, call.rank):
+        return [Shard([memory.zeros(p.shape, dtype) for p in mine], dist, dtype)]
+    if call.rank == 0:
+        # xp.array copies: a contiguous block of the user's array is a view of
+        # it, and the shard must not alias it (in-place ops would write through)
+        pieces = [be.xp.array(host_block(src, p)) for p in mine]
     else:
         pieces = []
-        for p in dist.pieces[call.rank]:
+        for p in mine:
             buf = np.empty(p.shape, dtype=dtype)
             collectives.recv_host(world, buf, 0)
             pieces.append(be.asarray(buf))

@@ -95,7 +95,7 @@ def _ewise(call):
                 elif what == "one":
                     args.append(ins[idx].pieces[0])
                 else:
-                    args.append(xp.asarray(call.scalars[idx], dtype=dtype))
+                    args.append(call.scalars[idx])   # a Python float: no device transfer
             out[k][...] = f(xp, *args)
     if out_index is not None:
         target.version += 1

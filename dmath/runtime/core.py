@@ -211,6 +211,7 @@ class Runtime:
             self.world.abort(1)
         message, total = protocol.encode(protocol.SHUTDOWN, frees=self.pending_frees[:protocol.MAX_FREES])
         self.ctl.send(message, total)
+        self.world.close()
 
     def _failure_pending(self):
         try:
@@ -223,8 +224,21 @@ class Runtime:
 def _exit_worker(world, code):
     sys.stdout.flush()
     sys.stderr.flush()
+    world.close()
     if world.is_mpi:
         world.mpi_module.Finalize()
+        # Leave through the C library's exit(), not os._exit(): MPICH (4.x and
+        # later, which allows MPI to be initialised again) tells the process
+        # manager "finalize" from a C atexit handler, not from MPI_Finalize.
+        # _exit() skips that handler, and Hydra's proxy, seeing the PMI socket
+        # close without a finalize, SIGKILLs every rank (a race: the job then
+        # exits 9 at random after a clean shutdown). exit() still skips
+        # Python's own teardown, so the user's script does not run on.
+        try:
+            import ctypes
+            ctypes.CDLL(None).exit(code)
+        except (OSError, AttributeError):  # no C library to call: the old way
+            pass
     os._exit(code)
 
 
@@ -250,6 +264,11 @@ def init(device=None):
             raise RuntimeStateError("dmath was finalized in this process and cannot start again")
         return _runtime
     world = World()
+    watchdog = float(os.environ.get("DMATH_WATCHDOG_S", "0"))
+    if watchdog > 0:
+        # hang diagnosis: every rank prints its Python stack every `watchdog` seconds
+        import faulthandler
+        faulthandler.dump_traceback_later(watchdog, repeat=True)
     be = backend.select(device, world.local_rank)
     rt = _runtime = Runtime(world, be)
     if world.rank != 0:
