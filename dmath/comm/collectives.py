@@ -144,14 +144,17 @@ def allreduce(group, buf, op="sum"):
     if group.size == 1:
         return
     n, p = buf.size, group.size
+    counts = [n // p + (1 if k < n % p else 0) for k in range(p)]
     if backend.current().is_gpu:
-        isz = buf.dtype.itemsize
-        moved = isz * n * 2 * (p - 1) // p
+        # counted as the reduce-scatter + all-gather below moves it (member k
+        # owns counts[k]): exact totals, 2 (p - 1) n over the group, with no
+        # rounding that would make the bytes differ between backends
+        mine = counts[group.rank]
+        moved = buf.dtype.itemsize * (n + (p - 2) * mine)
         counters.count_send(moved, 2 * (p - 1))
         counters.count_recv(moved, 2 * (p - 1))
         group.nccl.allReduce(buf.data.ptr, buf.data.ptr, n, _nccl_dtype(buf.dtype), _nccl_op(op), _stream_ptr())
         return
-    counts = [n // p + (1 if k < n % p else 0) for k in range(p)]
     part = backend.current().xp.empty(counts[group.rank], dtype=buf.dtype)
     reduce_scatter(group, buf, part, counts, op)
     allgatherv(group, part, buf, counts)
