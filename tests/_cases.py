@@ -66,6 +66,7 @@ def layout_cases(p):
     if p > 1:
         cases += [
             ("rep_g", lambda s: dmath.Replicated(group=[0, last])),
+            ("rep_last", lambda s: dmath.Replicated(group=[last])),
             ("partial_g", lambda s: dmath.Partial(group=[last, 0])),
             ("col_g", lambda s: dmath.ColBlock(group=[last, 0], sizes=None)),
             ("tiles_g", lambda s: _tiles_subset(s, p)),

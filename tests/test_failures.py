@@ -4,8 +4,6 @@ These run once, in the plain `pytest tests` stage (they are not under
 tests/dist), and need an mpiexec: the one next to this Python (the venv's
 MPICH) or else one on PATH.
 """
-import os
-import shutil
 import subprocess
 import sys
 import textwrap
@@ -13,46 +11,24 @@ import time
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from _jobs import MPIEXEC, job_env
+
 WORKERS = 3
 TIMEOUT_S = 60
 #: "within seconds": startup of 3 Python ranks plus the failure handling
 PROMPT_S = 30
 
-
-def _mpiexec():
-    here = os.path.join(os.path.dirname(sys.executable), "mpiexec")
-    if os.access(here, os.X_OK):
-        return here
-    return shutil.which("mpiexec")
-
-
-MPIEXEC = _mpiexec()
 pytestmark = pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec found")
 
 
-def _env():
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    env.setdefault("HYDRA_LAUNCHER", "fork")         # MPICH: no ssh in containers
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT", "1")     # Open MPI as root (device machines)
-    env.setdefault("OMPI_ALLOW_RUN_AS_ROOT_CONFIRM", "1")
-    env["DMATH_DEVICE"] = "cpu"
-    env["OMP_NUM_THREADS"] = "1"
-    env["PYTHONUNBUFFERED"] = "1"
-    # a failed worker ends the job itself if the master never does: keep that short
-    env["DMATH_FAILED_WORKER_GRACE_S"] = "20"
-    return env
-
-
-def run_job(tmp_path, source, n=WORKERS):
+def run_job(tmp_path, source, n=WORKERS, **env):
     """Run `source` as a script under mpiexec -n n; returns (returncode, stdout, stderr, seconds)."""
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(source))
     cmd = [MPIEXEC, "-n", str(n), sys.executable, str(script)]
     t0 = time.monotonic()
     try:
-        p = subprocess.run(cmd, cwd=str(tmp_path), env=_env(), capture_output=True, text=True,
+        p = subprocess.run(cmd, cwd=str(tmp_path), env=job_env(**env), capture_output=True, text=True,
                            timeout=TIMEOUT_S)
     except subprocess.TimeoutExpired as exc:
         pytest.fail(f"the job hung for {TIMEOUT_S} s:\nstdout:\n{exc.stdout}\nstderr:\n{exc.stderr}")
@@ -66,13 +42,15 @@ FAILING_KERNEL = """
     from dmath.ops.base import dispatch
     from dmath.comm.control import gather_objects
 
+    FAILING = {failing}
+
     # registered before init, so every rank (workers never return from init) has it
     @kernel("test_fail_on_rank1")
     def _fail(call):
-        if call.rank == 1:
-            raise ValueError("injected failure on rank 1")
+        if call.rank == FAILING:
+            raise ValueError(f"injected failure on rank {{FAILING}}")
         if call.entry.static == ("wait",):
-            gather_objects(call.world, call.rank)   # the master waits for rank 1 here
+            gather_objects(call.world, call.rank)   # the master waits for the failed rank here
         return []
 
     dmath.init(device="cpu")
@@ -86,10 +64,10 @@ FAILING_KERNEL = """
         print("NO ERROR RAISED", flush=True)
         sys.exit(3)
     except dmath.WorkerError as e:
-        assert e.rank == 1, e.rank
-        assert "injected failure on rank 1" in e.traceback, e.traceback
+        assert e.rank == FAILING, e.rank
+        assert f"injected failure on rank {{FAILING}}" in e.traceback, e.traceback
         assert "ValueError" in e.traceback
-        assert "injected failure on rank 1" in str(e)
+        assert f"injected failure on rank {{FAILING}}" in str(e)
         print(f"WORKER_ERROR_CAUGHT rank={{e.rank}} after {{time.monotonic() - t0:.2f}}s", flush=True)
     try:
         a.sum()
@@ -100,13 +78,41 @@ FAILING_KERNEL = """
 """
 
 
-@pytest.mark.parametrize("mode", ["after", "wait"], ids=["fails_between_waits", "fails_while_master_waits"])
-def test_worker_failure_reaches_master_and_job_exits_nonzero(tmp_path, mode):
-    rc, out, err, seconds = run_job(tmp_path, FAILING_KERNEL.format(mode=mode))
-    assert "WORKER_ERROR_CAUGHT rank=1" in out, f"stdout:\n{out}\nstderr:\n{err}"
+@pytest.mark.parametrize("mode,failing", [("after", 1), ("wait", 1), ("after", 0)],
+                         ids=["fails_between_waits", "fails_while_master_waits", "masters_own_share_fails"])
+def test_worker_failure_reaches_master_and_job_exits_nonzero(tmp_path, mode, failing):
+    rc, out, err, seconds = run_job(tmp_path, FAILING_KERNEL.format(mode=mode, failing=failing))
+    assert f"WORKER_ERROR_CAUGHT rank={failing}" in out, f"stdout:\n{out}\nstderr:\n{err}"
     assert "RUNTIME_REFUSES_OK" in out, out
     assert "NO ERROR RAISED" not in out
     assert rc != 0, f"the job exited 0 after a worker failure\n{out}\n{err}"
+    assert seconds < PROMPT_S, f"the job took {seconds:.1f} s to end"
+
+
+def test_failed_worker_ends_the_job_when_the_master_never_looks(tmp_path):
+    """A master stuck outside dmath: the failed worker ends the job after its grace period."""
+    rc, out, err, seconds = run_job(tmp_path, """
+        import time
+        import dmath
+        from dmath.runtime import kernel
+        from dmath.ops.base import dispatch
+
+        @kernel("test_fail_quietly")
+        def _fail(call):
+            if call.rank == 2:
+                raise ValueError("injected failure on rank 2")
+            return []
+
+        dmath.init(device="cpu")
+        dispatch("test_fail_quietly")
+        print("DISPATCHED", flush=True)
+        time.sleep(45)                    # never calls dmath again
+        print("MASTER_WOKE", flush=True)
+    """, DMATH_FAILED_WORKER_GRACE_S="2")
+    assert "DISPATCHED" in out, f"stdout:\n{out}\nstderr:\n{err}"
+    assert "MASTER_WOKE" not in out
+    assert rc != 0
+    assert "injected failure on rank 2" in err
     assert seconds < PROMPT_S, f"the job took {seconds:.1f} s to end"
 
 

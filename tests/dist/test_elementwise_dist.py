@@ -240,3 +240,30 @@ def test_empty_matrices(shape):
         assert m.sum() == 0.0
         np.testing.assert_array_equal(m.sum(axis=0).to_numpy(), np.zeros((1, shape[1])), err_msg=name)
         np.testing.assert_array_equal(m.sum(axis=1).to_numpy(), np.zeros((shape[0], 1)), err_msg=name)
+
+
+@pytest.mark.parametrize("shape", [(1, 9), (9, 1), (2, 9), (3, 1)], ids=lambda s: f"{s[0]}x{s[1]}")
+def test_awkward_shapes(shape):
+    """Vectors, fewer rows than workers; operands in different layouts."""
+    x, y = values(shape, 28), values(shape, 29)
+    failures = []
+    for i, name in enumerate(NAMES):
+        other = NAMES[(i * 3 + 1) % len(NAMES)]
+        a = make(x, layout(name, shape, P), "float64")
+        b = make(y, layout(other, shape, P), "float64")
+        for label, got, want in [("a*b+1", lambda: a * b + 1.0, x * y + 1),
+                                 ("exp(a)-b", lambda: dmath.exp(a) - b, np.exp(x) - y),
+                                 ("a/(|b|+1)", lambda: a / (abs(b) + 1.0), x / (np.abs(y) + 1)),
+                                 ("max(a,b)", lambda: dmath.maximum(a, b), np.maximum(x, y))]:
+            try:
+                np.testing.assert_allclose(got().to_numpy(), want, **tol("float64"))
+            except Exception as exc:  # noqa: BLE001
+                failures.append(f"{name}, {other}: {label}: {exc}")
+        if a.layout.partial:
+            continue   # in place, a Partial target only takes Partial operands of its layout
+        a += b
+        try:
+            np.testing.assert_allclose(a.to_numpy(), x + y, **tol("float64"))
+        except AssertionError as exc:
+            failures.append(f"{name}, {other}: +=: {exc}")
+    assert not failures, "\n".join(failures)
