@@ -12,7 +12,6 @@ collective).
 import argparse
 import os
 import sys
-import time
 
 import numpy as np
 
@@ -77,15 +76,9 @@ def _raw_alltoall(call):
         if world.is_mpi:
             world.data.Barrier()
 
-    for _ in range(2):
-        timed()
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        timed()
-        times.append(time.perf_counter() - t0)
+    seconds = median_time(timed, reps)
     gather_objects(world, None)
-    call.result = float(np.median(times))
+    call.result = seconds
     return []
 
 

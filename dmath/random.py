@@ -3,6 +3,7 @@
 Each call draws from a new stream (the master counts calls since the last
 `seed`), so a program draws the same matrices at any layout or worker count.
 """
+from .matrix import _check_memory
 from .ops.base import dispatch, new_meta
 
 _state = {"seed": 0, "stream": 0}
@@ -15,7 +16,8 @@ def seed(s):
     _state["seed"], _state["stream"] = s, 0
 
 
-def _draw(kind, shape, dtype, layout):
+def _draw(kind, shape, dtype, layout, memory):
+    _check_memory(memory)
     out = new_meta(layout, shape, dtype)
     _state["stream"] += 1
     return dispatch("random", [], [out], static=(kind,), scalars=(_state["seed"], _state["stream"]))[0][0]
@@ -23,9 +25,9 @@ def _draw(kind, shape, dtype, layout):
 
 def rand(shape, dtype="float32", layout=None, memory=None):
     """Uniform [0, 1) values."""
-    return _draw("uniform", shape, dtype, layout)
+    return _draw("uniform", shape, dtype, layout, memory)
 
 
 def randn(shape, dtype="float32", layout=None, memory=None):
     """Standard normal values."""
-    return _draw("normal", shape, dtype, layout)
+    return _draw("normal", shape, dtype, layout, memory)
