@@ -21,6 +21,7 @@ from ..comm import World, counters, set_progress_hook
 from ..comm.control import ControlChannel, gather_objects, pending_failure, report_failure
 from ..errors import RuntimeStateError, WorkerError
 from ..layout import distribution
+from ..memory import replicas
 from . import protocol
 from .registry import KERNELS
 from .shard import Meta
@@ -72,6 +73,7 @@ class Runtime:
         self.next_handle = 1
         self.pending_frees = []
         self.commands = 0
+        self.next_version = 1      # shard versions, unique in this process (see _execute)
         self.broken = None         # set to the WorkerError that broke the runtime
         self.closed = False
 
@@ -152,18 +154,23 @@ class Runtime:
         self.commands += 1
         shards = entry.kernel(call)
         for h, s in zip(out_handles, shards):
+            # every write makes a new version: replica-cache keys of the old one go stale
+            s.version = self.next_version
+            self.next_version += 1
             table[h] = s
         return call.result
 
     def _free(self, handles):
         for h in handles:
             self.table.pop(h, None)
+            replicas.cache.drop(h)
 
     def local_stats(self):
         from .. import memory
         d = dict(counters.counters)
-        d.update(commands=self.commands, cache_hits=0, cache_misses=0, pool=memory.stats(),
+        d.update(commands=self.commands, pool=memory.stats(),
                  signatures=len(self.entries), handles=len(self.table))
+        d.update(replicas.cache.stats())
         return d
 
     # ---- worker side -------------------------------------------------------

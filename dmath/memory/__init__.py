@@ -7,8 +7,8 @@ import weakref
 
 import numpy as np
 
-from . import backend
-from .errors import OutOfMemoryError
+from .. import backend
+from ..errors import OutOfMemoryError
 
 _stats = {"in_use": 0, "cached": 0, "high_water": 0, "new_allocs": 0, "reused_allocs": 0}
 _limit = None
