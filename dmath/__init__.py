@@ -10,12 +10,12 @@ See docs/ARCHITECTURE.md for the layers and how to add an operation.
 """
 from . import memory, random
 from .backend import DTYPES
-from .errors import (DMathError, DTypeError, LayoutError, OutOfMemoryError, RuntimeStateError,
+from .errors import (DMathError, DTypeError, LayoutError, OutOfMemoryError, PlanError, RuntimeStateError,
                      ShapeError, WorkerError)
 from .layout import Block2D, BlockCyclic, ColBlock, Layout, Partial, Replicated, RowBlock, Tiles
 from .matrix import (Matrix, abs, eye, exp, from_numpy, full, log, maximum, minimum, ones, pow,
                      relu, sigmoid, sqrt, tanh, where, zeros)
-from .runtime import finalize, init, is_initialized
+from .runtime import Plan, finalize, init, is_initialized, record
 from .runtime import runtime as _runtime
 from .ops.base import dispatch as _dispatch
 
@@ -50,4 +50,4 @@ __all__ = ["init", "finalize", "is_initialized", "num_workers", "device", "stats
            "exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "pow", "maximum", "minimum", "where",
            "Layout", "Replicated", "Partial", "RowBlock", "ColBlock", "Block2D", "BlockCyclic", "Tiles",
            "DMathError", "ShapeError", "LayoutError", "DTypeError", "WorkerError", "OutOfMemoryError",
-           "RuntimeStateError", "DTYPES"]
+           "RuntimeStateError", "PlanError", "record", "Plan", "DTYPES"]

@@ -45,6 +45,11 @@ class RuntimeStateError(DMathError, RuntimeError):
     """The runtime is not in a state that allows the call (not initialised, broken)."""
 
 
+class PlanError(DMathError, RuntimeError):
+    """A recorded plan cannot be made or replayed (nested record, data from the master inside
+    the block, an input freed before a replay, a discarded or closed plan)."""
+
+
 def _last_line(text):
     lines = [ln for ln in str(text).strip().splitlines() if ln.strip()]
     return lines[-1] if lines else "unknown error"

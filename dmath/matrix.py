@@ -10,7 +10,7 @@ import numbers
 import numpy as np
 
 from .backend import canonical_dtype
-from .errors import DMathError, LayoutError, ShapeError
+from .errors import DMathError, DTypeError, LayoutError, ShapeError
 from .layout import ColBlock, Partial, Replicated, RowBlock, Tiles, distribution
 from .ops import base, elementwise
 from .ops.base import dispatch, dist_of, meta, new_meta
@@ -94,6 +94,28 @@ class Matrix:
         i, j = _check_index(index, self.shape)
         dispatch("set", [self], [0], scalars=(i, j, _check_scalar(value)))
 
+    def assign(self, value):
+        """Overwrite every value in place (same handle and buffers, a new version); returns self.
+
+        value: a numpy array of this matrix's shape (scattered from the master,
+        converted to this dtype), or a dmath.Matrix of the same shape
+        (redistributed into this matrix's layout and dtype). This is how new
+        data enters a recorded plan: assign the next batch, then replay.
+        """
+        if _is_matrix(value):
+            if value.shape != self.shape:
+                raise ShapeError(f"assign: the source matrix has shape {value.shape}, this matrix {self.shape}")
+            dispatch("remap_into", [self, value], [0])
+            return self
+        if not isinstance(value, np.ndarray):
+            raise DMathError(f"assign needs a numpy array or a dmath.Matrix, got {type(value).__name__}")
+        if value.shape != self.shape:
+            raise ShapeError(f"assign: the array has shape {value.shape}, this matrix {self.shape}")
+        if value.dtype.kind not in "iuf":
+            raise DTypeError(f"assign needs a real numeric array, got dtype {value.dtype}")
+        dispatch("scatter_into", [self], [0], payload=np.ascontiguousarray(value, dtype=self.dtype))
+        return self
+
     # ---- arithmetic ---------------------------------------------------------
     def __add__(self, o): return _ewise("add", self, o)
     def __radd__(self, o): return _ewise("add", o, self)
@@ -128,7 +150,7 @@ class Matrix:
 
     def norm(self):
         """The Frobenius norm (a float)."""
-        return float(np.sqrt(_reduce(self, "sumsq", None)))
+        return _reduce(self, "norm", None)
 
 
 def _make(handle, m):
@@ -315,11 +337,8 @@ def _reduce(m, op, axis):
     if op not in ("sum", "mean") and m.layout.partial:
         m = _resolve_partial(m)
     if axis is None:
-        kind = "sum" if op == "mean" else op
-        value = dispatch("reduce_all", [m], static=(kind,))[1]
-        if op == "mean":
-            value = value / m.size if m.size else float("nan")
-        return value
+        kind, finish = {"mean": ("sum", "mean"), "norm": ("sumsq", "sqrt")}.get(op, (op, None))
+        return dispatch("reduce_all", [m], static=(kind, finish))[1]
     kind = "sum" if op == "mean" else op
     count = m.shape[axis]
     scale = 1.0 / count if op == "mean" and count else 1.0

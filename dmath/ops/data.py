@@ -28,35 +28,65 @@ def _put_block(array, piece, block):
         array[np.ix_(r, c)] = block
 
 
-@kernel("scatter")
-def _scatter(call):
-    """Master sends every worker its pieces of the host array it holds (call.payload).
+def _host_blocks(call, dist, dtype):
+    """This rank's pieces of the master's host array (call.payload, already in `dtype`).
 
-    A Partial matrix: the first member's addend is the array, the others are
-    zeros (so the sum is the array, not a multiple of it); only it is sent.
+    The master first sends every other worker its pieces. A Partial matrix:
+    the first member's addend is the array, the others are zeros (so the sum
+    is the array, not a multiple of it); only it is sent, and the others get
+    None (their pieces are zeros).
     """
-    be, world = backend.current(), call.world
-    dist, dtype = call.entry.out_dists[0], call.entry.outputs[0].dtype
-    mine = dist.pieces[call.rank]
+    world, mine = call.world, dist.pieces[call.rank]
     if call.rank == 0:
         src = call.payload
         for r in range(1, dist.nworkers):
             if holds_value(dist, r):
                 for p in dist.pieces[r]:
                     collectives.send_host(world, host_block(src, p), r)
+        return [host_block(src, p) for p in mine] if holds_value(dist, 0) else None
     if not holds_value(dist, call.rank):
+        return None
+    blocks = []
+    for p in mine:
+        buf = np.empty(p.shape, dtype=dtype)
+        collectives.recv_host(world, buf, 0)
+        blocks.append(buf)
+    return blocks
+
+
+@kernel("scatter")
+def _scatter(call):
+    """Master sends every worker its pieces of the host array it holds (call.payload)."""
+    be = backend.current()
+    dist, dtype = call.entry.out_dists[0], call.entry.outputs[0].dtype
+    mine = dist.pieces[call.rank]
+    blocks = _host_blocks(call, dist, dtype)
+    if blocks is None:
         return [Shard([memory.zeros(p.shape, dtype) for p in mine], dist, dtype)]
-    if call.rank == 0:
-        # xp.array copies: a contiguous block of the user's array is a view of
+    pieces = []
+    for p, b in zip(mine, blocks):
+        # a copy: on the master a block of the user's array may be a view of
         # it, and the shard must not alias it (in-place ops would write through)
-        pieces = [be.xp.array(host_block(src, p)) for p in mine]
-    else:
-        pieces = []
-        for p in mine:
-            buf = np.empty(p.shape, dtype=dtype)
-            collectives.recv_host(world, buf, 0)
-            pieces.append(be.asarray(buf))
+        a = memory.empty(p.shape, dtype)
+        a[...] = be.asarray(b)
+        pieces.append(a)
     return [Shard(pieces, dist, dtype)]
+
+
+@kernel("scatter_into")
+def _scatter_into(call):
+    """Overwrite input 0 in place with the master's host array (call.payload, in its dtype).
+
+    The matrix keeps its handle and its buffers; the runtime gives it a new version.
+    """
+    be, target = backend.current(), call.inputs[0]
+    blocks = _host_blocks(call, target.dist, target.dtype)
+    for k, a in enumerate(target.pieces):
+        if blocks is None:
+            a.fill(0)
+        else:
+            a[...] = be.asarray(blocks[k])
+    return [target]
 
 
 def senders(dist):

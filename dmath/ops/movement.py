@@ -16,6 +16,22 @@ def _remap_kernel(call):
     return [Shard(pieces, dst, dtype)]
 
 
+@kernel("remap_into")
+def _remap_into(call):
+    """Overwrite input 0 in place with input 1 redistributed into input 0's layout and dtype.
+
+    The target keeps its handle and its buffers (the remap's result is copied
+    into them); the runtime gives it a new version.
+    """
+    target, src = call.inputs
+    pieces = _remap.run(call.world, call.entry.cache, src.pieces, src.dist, target.dist, src.dtype,
+                        target.dtype)
+    for t, p in zip(target.pieces, pieces):
+        if t is not p:
+            t[...] = p
+    return [target]
+
+
 @kernel("transpose")
 def _transpose(call):
     """Each local piece transposed; the transposed layout puts it on the same worker."""

@@ -70,9 +70,15 @@ def _reduce_axis(call):
 
 @kernel("reduce_all")
 def _reduce_all(call):
-    """static = (op,) with op in sum, max, min, sumsq; the master gets a float."""
+    """static = (op, finish) with op in sum, max, min, sumsq; the master gets a float.
+
+    finish ('mean', 'sqrt' or None) completes the value on the master inside
+    the kernel, so that the kernel's result is what the user sees (a
+    recorded plan's replay returns kernel results).
+    """
     xp = backend.current().xp
     op = call.entry.static[0]
+    finish = call.entry.static[1] if len(call.entry.static) > 1 else None
     src = call.inputs[0]
     dist = src.dist
     contributes = call.rank in dist.group[:1] if dist.replicated else True
@@ -90,5 +96,11 @@ def _reduce_all(call):
             value = value + v if op in ("sum", "sumsq") else (max(value, v) if op == "max" else min(value, v))
     values = gather_objects(call.world, value)
     if call.rank == 0:
-        call.result = sum(values) if op in ("sum", "sumsq") else (max(values) if op == "max" else min(values))
+        value = sum(values) if op in ("sum", "sumsq") else (max(values) if op == "max" else min(values))
+        if finish == "mean":
+            size = dist.shape[0] * dist.shape[1]
+            value = value / size if size else float("nan")
+        elif finish == "sqrt":
+            value = float(np.sqrt(value))
+        call.result = value
     return []

@@ -2,6 +2,7 @@
 from .core import Runtime, runtime, init, finalize, is_initialized, Call
 from .registry import kernel, KERNELS
 from .shard import Shard, Meta
+from .plans import Plan, record
 
 __all__ = ["Runtime", "runtime", "init", "finalize", "is_initialized", "Call", "kernel",
-           "KERNELS", "Shard", "Meta"]
+           "KERNELS", "Shard", "Meta", "Plan", "record"]

@@ -9,17 +9,22 @@ arguments, input and output layouts, shapes and dtypes) is sent once and
 registered on every rank under an integer ID, together with whatever the
 kernel derives from it (remap plans, index arrays); afterwards only the ID,
 the handle numbers and the dynamic scalars travel.
+
+A recorded plan (plans.py) is a program of such commands stored on every rank
+under a plan ID; a replay is one REPLAY frame and every rank runs the program
+through the same entries (`_run_program`).
 """
 import atexit
 import os
 import sys
 import time
 import traceback
+import weakref
 
 from .. import backend
 from ..comm import World, counters, set_progress_hook
 from ..comm.control import ControlChannel, gather_objects, pending_failure, report_failure
-from ..errors import RuntimeStateError, WorkerError
+from ..errors import PlanError, RuntimeStateError, WorkerError
 from ..layout import distribution
 from ..memory import replicas
 from . import protocol
@@ -76,6 +81,10 @@ class Runtime:
         self.next_version = 1      # shard versions, unique in this process (see _execute)
         self.broken = None         # set to the WorkerError that broke the runtime
         self.closed = False
+        self.programs = {}         # plan id -> protocol.Program (every rank)
+        self.next_plan = 1
+        self.recorder = None       # master: the plans.Recorder of an open record block
+        self.watchers = {}         # master: handle -> plans to tell when it is released
 
     # ---- master side -------------------------------------------------------
     @property
@@ -106,6 +115,25 @@ class Runtime:
     def release(self, handle):
         """Called when a master-side Matrix is collected; freed with the next command."""
         self.pending_frees.append(handle)
+        plans = self.watchers.pop(handle, None)
+        if plans:
+            for plan in list(plans):
+                plan.handle_released(handle)
+
+    def watch(self, handle, plan):
+        """Have `plan.handle_released(handle)` called when `handle` is released (weakly held)."""
+        self.watchers.setdefault(handle, weakref.WeakSet()).add(plan)
+
+    def unwatch(self, handle, plan):
+        plans = self.watchers.get(handle)
+        if plans is not None:
+            plans.discard(plan)
+            if not plans:
+                del self.watchers[handle]
+
+    def _take_frees(self):
+        frees, self.pending_frees = self.pending_frees[:protocol.MAX_FREES], self.pending_frees[protocol.MAX_FREES:]
+        return frees
 
     def call(self, op, inputs=(), outputs=(), static=(), scalars=(), payload=None):
         """Run operation `op` on every worker.
@@ -116,13 +144,19 @@ class Runtime:
         """
         self.check_usable()
         self.check_failures()
+        recorder = self.recorder
+        if recorder is not None and payload is not None:
+            raise PlanError(f"{op}: a command that carries data from the master (from_numpy, assign of a "
+                            f"numpy array) cannot be recorded: a replay sends no data. Write new values "
+                            f"into an existing matrix with Matrix.assign() outside the record block, then "
+                            f"replay")
         in_handles = [h for h, _ in inputs]
         signature = (op, tuple(static), tuple(m for _, m in inputs), tuple(outputs))
         new_outs = [m for m in outputs if isinstance(m, Meta)]
         out_handles_new = self.new_handles(len(new_outs))
         it = iter(out_handles_new)
         out_handles = [next(it) if isinstance(m, Meta) else in_handles[m] for m in outputs]
-        frees, self.pending_frees = self.pending_frees[:protocol.MAX_FREES], self.pending_frees[protocol.MAX_FREES:]
+        frees = self._take_frees()
         sig_id = self.sig_ids.get(signature)
         kind = protocol.EXEC
         if sig_id is None:
@@ -133,8 +167,14 @@ class Runtime:
                                          signature if kind == protocol.REGISTER else None)
         self.ctl.send(message, total)
         self._free(frees)
+        result = self._own_share(self._execute, self.entries[sig_id], in_handles, out_handles, scalars, payload)
+        if recorder is not None:
+            recorder.command(sig_id, inputs, out_handles, out_handles_new, scalars, frees, result is not None)
+        return out_handles, result
+
+    def _own_share(self, fn, *args):
         try:
-            result = self._execute(self.entries[sig_id], in_handles, out_handles, scalars, payload)
+            return fn(*args)
         except WorkerError:
             raise
         except Exception as exc:
@@ -142,7 +182,43 @@ class Runtime:
             # collective waiting for it, so the runtime cannot go on
             self.broken = WorkerError(0, traceback.format_exc())
             raise self.broken from exc
-        return out_handles, result
+
+    # ---- recorded plans (master side) ----------------------------------------
+    def define_plan(self, program):
+        """Send a recorded program to every worker (one DEFINE message); returns its plan ID.
+
+        The program's tail (temporaries of the block still pending a free) is
+        taken out of the pending frees: every rank frees it now, and again at
+        the end of each replay.
+        """
+        self.check_usable()
+        tail = set(program.tail)
+        self.pending_frees = [h for h in self.pending_frees if h not in tail]
+        plan_id, self.next_plan = self.next_plan, self.next_plan + 1
+        frees = self._take_frees()
+        message, total = protocol.encode(protocol.DEFINE, plan_id, frees=frees, program=program)
+        self.ctl.send(message, total)
+        self._free(frees)
+        self._define(plan_id, program)
+        return plan_id
+
+    def replay_plan(self, plan_id):
+        """Run plan `plan_id` on every rank: one REPLAY frame. Returns the master's result of every step."""
+        self.check_usable()
+        self.check_failures()
+        if self.recorder is not None:
+            raise PlanError("a plan cannot be replayed inside a dmath.record() block")
+        if plan_id not in self.programs:
+            raise PlanError(f"plan {plan_id} is not defined (closed?)")
+        frees = self._take_frees()
+        message, total = protocol.encode(protocol.REPLAY, plan_id, frees=frees)
+        self.ctl.send(message, total)
+        self._free(frees)
+        return self._own_share(self._run_program, self.programs[plan_id])
+
+    def drop_plan(self, plan_id):
+        """Forget plan `plan_id` on every rank, with the next command (safe from a finalizer)."""
+        self.pending_frees.append(-plan_id)
 
     def gather_objects(self, obj):
         return gather_objects(self.world, obj)
@@ -162,14 +238,32 @@ class Runtime:
 
     def _free(self, handles):
         for h in handles:
+            if h < 0:                       # -k drops plan k (protocol.py)
+                self.programs.pop(-h, None)
+                continue
             self.table.pop(h, None)
             replicas.cache.drop(h)
+
+    def _define(self, plan_id, program):
+        self.programs[plan_id] = program
+        self._free(program.tail)            # the recording's temporaries still held at its end
+
+    def _run_program(self, program):
+        """Execute a recorded program as its commands ran: same entries, frees, fresh versions."""
+        results = []
+        for step in program.steps:
+            self._free(step.frees)
+            entry = self.entries[step.sig_id]
+            n_in = len(entry.inputs)
+            results.append(self._execute(entry, step.handles[:n_in], step.handles[n_in:], step.scalars))
+        self._free(program.tail)
+        return results
 
     def local_stats(self):
         from .. import memory
         d = dict(counters.counters)
         d.update(commands=self.commands, pool=memory.stats(),
-                 signatures=len(self.entries), handles=len(self.table))
+                 signatures=len(self.entries), handles=len(self.table), plans=len(self.programs))
         d.update(replicas.cache.stats())
         return d
 
@@ -179,16 +273,20 @@ class Runtime:
         while True:
             message = self.ctl.recv(protocol.total_length)
             try:
-                kind, sig_id, handles, scalars, frees, signature = protocol.decode(message)
+                kind, sig_id, handles, scalars, frees, extra = protocol.decode(message)
                 self._free(frees)
                 if kind == protocol.SHUTDOWN:
                     break
                 if kind == protocol.REGISTER:
-                    self.entries[sig_id] = Entry(signature, self.nworkers)
+                    self.entries[sig_id] = Entry(extra, self.nworkers)
                 if kind in (protocol.EXEC, protocol.REGISTER):
                     entry = self.entries[sig_id]
                     n_in = len(entry.inputs)
                     self._execute(entry, handles[:n_in], handles[n_in:], scalars)
+                elif kind == protocol.DEFINE:
+                    self._define(sig_id, extra)
+                elif kind == protocol.REPLAY:
+                    self._run_program(self.programs[sig_id])
             except BaseException:  # noqa: B036 - any failure must reach the master
                 self._fail(traceback.format_exc())
         _exit_worker(self.world, 0)

@@ -4,19 +4,68 @@ A message is a 12-byte header, then int32 handle numbers, float64 scalars,
 int32 handles to free and, for a first send only, the command signature.
 After its first send a signature travels as its integer ID alone, so a cached
 binary operation is 24 bytes of payload in one frame.
+
+Recorded plans: a DEFINE message (its `sig_id` field holds the plan ID)
+carries a whole program, the recorded steps each encoded as an EXEC message
+and the frees after the last step as FREE messages, concatenated; a REPLAY
+message is the header alone (12 bytes, plus any pending frees). A negative
+entry -k among the frees drops plan k.
 """
 import pickle
 import struct
+from typing import NamedTuple
 
 import numpy as np
 
-EXEC, REGISTER, SHUTDOWN, FREE, REPLAY = 1, 2, 3, 4, 5
+EXEC, REGISTER, SHUTDOWN, FREE, REPLAY, DEFINE = 1, 2, 3, 4, 5, 6
 HEADER = struct.Struct("<BBBBII")   # kind, n_handles, n_scalars, n_frees, sig_id, total_len
 MAX_FREES = 255
 
 
-def encode(kind, sig_id=0, handles=(), scalars=(), frees=(), signature=None):
-    blob = pickle.dumps(signature, protocol=pickle.HIGHEST_PROTOCOL) if signature is not None else b""
+class Step(NamedTuple):
+    """One recorded command: its signature ID, handles (inputs then outputs), scalars, frees before it."""
+    sig_id: int
+    handles: tuple
+    scalars: tuple
+    frees: tuple
+
+
+class Program(NamedTuple):
+    """A recorded plan as every rank stores it: the steps, then the handles freed after the last one."""
+    steps: tuple
+    tail: tuple
+
+
+def encode_program(program):
+    """The bytes of a Program: every step as an EXEC message, the tail as FREE messages."""
+    parts = [encode(EXEC, s.sig_id, s.handles, s.scalars, s.frees)[0] for s in program.steps]
+    tail = list(program.tail)
+    for k in range(0, len(tail), MAX_FREES):
+        parts.append(encode(FREE, frees=tail[k:k + MAX_FREES])[0])
+    return b"".join(parts)
+
+
+def decode_program(blob):
+    steps, tail, o = [], [], 0
+    while o < len(blob):
+        n = total_length(blob[o:o + HEADER.size])
+        kind, sig_id, handles, scalars, frees, _ = decode(blob[o:o + n])
+        if kind == EXEC:
+            steps.append(Step(sig_id, tuple(handles), tuple(scalars), tuple(frees)))
+        else:
+            tail.extend(frees)
+        o += n
+    return Program(tuple(steps), tuple(tail))
+
+
+def encode(kind, sig_id=0, handles=(), scalars=(), frees=(), signature=None, program=None):
+    """(message bytes, total length); `signature` goes with REGISTER, `program` with DEFINE."""
+    if signature is not None:
+        blob = pickle.dumps(signature, protocol=pickle.HIGHEST_PROTOCOL)
+    elif program is not None:
+        blob = encode_program(program)
+    else:
+        blob = b""
     body = (np.asarray(handles, dtype="<i4").tobytes() + np.asarray(scalars, dtype="<f8").tobytes()
             + np.asarray(frees, dtype="<i4").tobytes() + blob)
     total = HEADER.size + len(body)
@@ -28,7 +77,8 @@ def total_length(frame):
 
 
 def decode(message):
-    """(kind, sig_id, handles, scalars, frees, signature or None)."""
+    """(kind, sig_id, handles, scalars, frees, extra): extra is the signature of a REGISTER,
+    the Program of a DEFINE, else None."""
     kind, nh, ns, nf, sig_id, total = HEADER.unpack_from(message)
     o = HEADER.size
     handles = np.frombuffer(message, "<i4", nh, o).tolist()
@@ -37,6 +87,9 @@ def decode(message):
     o += 8 * ns
     frees = np.frombuffer(message, "<i4", nf, o).tolist()
     o += 4 * nf
-    # the signature comes from our own master over MPI, never from a file
-    signature = pickle.loads(message[o:total]) if kind == REGISTER else None
-    return kind, sig_id, handles, scalars, frees, signature
+    if kind == REGISTER:
+        # the signature comes from our own master over MPI, never from a file
+        return kind, sig_id, handles, scalars, frees, pickle.loads(message[o:total])
+    if kind == DEFINE:
+        return kind, sig_id, handles, scalars, frees, decode_program(bytes(message[o:total]))
+    return kind, sig_id, handles, scalars, frees, None

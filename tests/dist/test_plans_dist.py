@@ -1,0 +1,299 @@
+"""Recorded plans: a replay recomputes the block on current values with one control frame."""
+import gc
+
+import numpy as np
+import pytest
+
+import dmath
+from dmath.comm.control import FRAME
+from dmath.runtime import protocol
+
+from _cases import layout, make, tol, values
+
+P = dmath.num_workers()
+SHAPE = (7, 5)
+#: a spread of layout kinds (every kind is covered by the assign tests)
+LAYOUTS = ["row", "col", "b2d", "bc23", "tiles", "rep", "partial"] + (["rep_g", "col_g"] if P > 1 else [])
+
+
+def _handles():
+    return dmath.stats()[0]["handles"]
+
+
+def _block(x, y):
+    """A few operations of several kinds: elementwise, broadcasting, remap, reductions."""
+    z = x * y + 1.0
+    w = dmath.relu(z - x.sum(axis=0))
+    t = w.remap(dmath.ColBlock(), dtype="float32")
+    total = t.sum()
+    return z, w, t, total
+
+
+def _oracle(x, y):
+    z = x * y + 1.0
+    w = np.maximum(z - x.sum(axis=0, keepdims=True), 0)
+    return z, w, w.astype("float32"), float(w.astype("float32").sum())
+
+
+@pytest.mark.parametrize("name", LAYOUTS)
+def test_replay_equals_recompute(name):
+    lay = layout(name, SHAPE, P)
+    xv, yv = values(SHAPE, 1), values(SHAPE, 2)
+    x, y = make(xv, lay, "float64"), make(yv, dmath.RowBlock(), "float64")
+    with dmath.record() as plan:
+        z, w, t, total = _block(x, y)
+    for got, want in zip((z, w, t), _oracle(xv, yv)):
+        np.testing.assert_allclose(got.to_numpy(), want, **tol(got.dtype))
+    for k in range(2):
+        xv, yv = values(SHAPE, 10 + k), values(SHAPE, 20 + k)
+        x.assign(xv)
+        y.assign(yv)
+        (replayed_total,) = plan.replay()
+        want = _oracle(xv, yv)
+        for got, w_ in zip((z, w, t), want):
+            np.testing.assert_allclose(got.to_numpy(), w_, **tol(got.dtype))
+        np.testing.assert_allclose(replayed_total, want[3], rtol=1e-5)
+        # the same as running the block again eagerly
+        eager = _block(x, y)
+        np.testing.assert_array_equal(t.to_numpy(), eager[2].to_numpy())
+
+
+def test_replay_is_one_control_frame():
+    x = make(values(SHAPE, 3), dmath.Block2D(), "float32")
+    y = make(values(SHAPE, 4), dmath.ColBlock(), "float32")
+    with dmath.record() as plan:
+        a = x + y                  # y is remapped to Block2D: a temporary
+        b = dmath.exp(a) * 0.5
+        a = None                   # a temporary released inside the block
+        c = b.sum(axis=1)
+    assert plan.steps >= 4
+    rt = dmath._runtime()
+    dmath.stats()                  # flush pending frees so that the replay frame carries none
+    sent = []
+    original = rt.ctl.send
+
+    def spy(message, total):
+        sent.append(total)
+        return original(message, total)
+
+    s0 = dmath.stats()
+    rt.ctl.send = spy
+    try:
+        plan.replay()
+    finally:
+        rt.ctl.send = original
+    s1 = dmath.stats()
+    assert sent == [protocol.HEADER.size] and sent[0] <= FRAME
+    for r in range(P):
+        # the replay and the second stats call, one frame each
+        assert s1[r]["control_msgs"] - s0[r]["control_msgs"] == 2
+        assert s1[r]["control_bytes"] - s0[r]["control_bytes"] == 2 * FRAME
+        assert s1[r]["commands"] - s0[r]["commands"] == plan.steps + 1
+    xv, yv = x.to_numpy().astype("f8"), y.to_numpy().astype("f8")
+    np.testing.assert_allclose(c.to_numpy(), (np.exp(xv + yv) * 0.5).sum(axis=1, keepdims=True), rtol=1e-5)
+    assert a is None and b.shape == SHAPE
+
+
+def test_results_of_the_block_are_returned_in_order():
+    xv = values(SHAPE, 5, lo=0.5, hi=2.0)
+    x = make(xv, dmath.BlockCyclic((2, 2)), "float64")
+    with dmath.record() as plan:
+        first = [x.sum(), x.mean(), x.max(), x.min(), x.norm(), x.get((3, 2))]
+        y = x * 3.0
+        second = [y.to_numpy(), y.sum(axis=0)]      # a Matrix result is not a returned value
+    assert len(first) == 6
+    for k in range(2):
+        xv = values(SHAPE, 50 + k, lo=0.5, hi=2.0)
+        x.assign(xv)
+        got = plan.replay()
+        want = [xv.sum(), xv.mean(), xv.max(), xv.min(), np.linalg.norm(xv), xv[3, 2]]
+        assert len(got) == 7
+        np.testing.assert_allclose(got[:6], want, rtol=1e-12)
+        np.testing.assert_allclose(got[6], 3 * xv, rtol=1e-12)
+        np.testing.assert_allclose(second[1].to_numpy(), 3 * xv.sum(axis=0, keepdims=True), rtol=1e-12)
+
+
+def test_in_place_updates_accumulate_over_replays():
+    xv = values(SHAPE, 6)
+    x = make(xv, dmath.RowBlock(), "float64")
+    acc = dmath.zeros(SHAPE, "float64", dmath.ColBlock())
+    with dmath.record() as plan:
+        acc += x * 2.0
+    for _ in range(3):
+        plan.replay()
+    np.testing.assert_allclose(acc.to_numpy(), 8 * xv, rtol=1e-12)
+
+
+def test_replay_makes_new_versions():
+    """Every write of a replay is a new shard version (the replica cache is keyed by it)."""
+    rt = dmath._runtime()
+    x = make(values(SHAPE, 7), dmath.RowBlock(), "float64")
+    with dmath.record() as plan:
+        y = x + 1.0
+        x *= 0.5
+    v_y, v_x = rt.table[y._handle].version, rt.table[x._handle].version
+    plan.replay()
+    assert rt.table[y._handle].version > v_y and rt.table[x._handle].version > v_x
+    assert rt.table[y._handle].version != rt.table[x._handle].version
+
+
+def test_temporaries_and_dropped_outputs_do_not_pile_up():
+    x = make(values(SHAPE, 8), dmath.ColBlock(), "float64")
+    with dmath.record() as plan:
+        y = dmath.tanh(x.remap(dmath.RowBlock()) * 2.0) + x
+        z = y * y
+    before = _handles()
+    for _ in range(5):
+        plan.replay()
+    assert _handles() == before
+    del y                      # an output dropped after the block: each replay writes it, then frees it
+    gc.collect()
+    for _ in range(5):
+        plan.replay()
+    after = _handles()
+    assert after == before - 1, (before, after)
+    xv = x.to_numpy()
+    yv = np.tanh(xv * 2.0) + xv
+    np.testing.assert_allclose(z.to_numpy(), yv * yv, rtol=1e-12)
+    plans = dmath.stats()[0]["plans"]
+    plan.close()
+    dmath.stats()
+    assert dmath.stats()[0]["plans"] == plans - 1
+    with pytest.raises(dmath.PlanError, match="closed"):
+        plan.replay()
+
+
+def test_freed_input_raises_and_runtime_stays_usable():
+    xv, yv = values(SHAPE, 9), values(SHAPE, 10)
+    x, y = make(xv, dmath.RowBlock(), "float64"), make(yv, dmath.Block2D(), "float64")
+    with dmath.record() as plan:
+        z = x - y
+    del y
+    gc.collect()
+    s0 = dmath.stats()
+    with pytest.raises(dmath.PlanError, match="freed"):
+        plan.replay()
+    s1 = dmath.stats()
+    # nothing was sent for the failed replay: only the second stats call
+    assert s1[0]["control_msgs"] - s0[0]["control_msgs"] == 1
+    np.testing.assert_allclose(z.to_numpy(), xv - yv, rtol=1e-12)
+    np.testing.assert_allclose((x * 2.0).to_numpy(), 2 * xv, rtol=1e-12)
+
+
+def test_input_freed_inside_the_block_raises_on_replay():
+    x = make(values(SHAPE, 11), dmath.RowBlock(), "float64")
+    with dmath.record() as plan:
+        x = x + 1.0            # the input is rebound: the plan's input is gone
+    with pytest.raises(dmath.PlanError, match="freed"):
+        plan.replay()
+    np.testing.assert_allclose(x.to_numpy(), values(SHAPE, 11) + 1.0, rtol=1e-12)
+
+
+def test_nested_record_raises():
+    x = make(values(SHAPE, 12), dmath.RowBlock(), "float64")
+    with pytest.raises(dmath.PlanError, match="nested"):
+        with dmath.record() as outer:
+            y = x * 2.0
+            with dmath.record():
+                pass
+    with pytest.raises(dmath.PlanError, match="discarded"):
+        outer.replay()
+    np.testing.assert_allclose(y.to_numpy(), 2 * values(SHAPE, 12), rtol=1e-12)
+    with dmath.record() as again:       # recording works again
+        y = x * 3.0
+    again.replay()
+    np.testing.assert_allclose(y.to_numpy(), 3 * values(SHAPE, 12), rtol=1e-12)
+
+
+@pytest.mark.parametrize("error", ["python", "shape", "payload"])
+def test_error_inside_the_block_discards_the_plan(error):
+    xv = values(SHAPE, 13)
+    x = make(xv, dmath.ColBlock(), "float64")
+    expected = {"python": KeyError, "shape": dmath.ShapeError, "payload": dmath.PlanError}[error]
+    with pytest.raises(expected):
+        with dmath.record() as plan:
+            y = x + 1.0
+            if error == "python":
+                raise KeyError("user code")
+            if error == "shape":
+                y + dmath.ones((3, 3), "float64")
+            dmath.from_numpy(xv)      # data from the master cannot be recorded
+    with pytest.raises(dmath.PlanError, match="discarded"):
+        plan.replay()
+    # the block ran as usual up to the error, and the runtime goes on
+    np.testing.assert_allclose(y.to_numpy(), xv + 1.0, rtol=1e-12)
+    with dmath.record() as plan:
+        z = x * y
+    plan.replay()
+    np.testing.assert_allclose(z.to_numpy(), xv * (xv + 1.0), rtol=1e-12)
+
+
+def test_assign_numpy_inside_the_block_raises():
+    x = make(values(SHAPE, 14), dmath.RowBlock(), "float64")
+    with pytest.raises(dmath.PlanError, match="assign"):
+        with dmath.record():
+            x.assign(values(SHAPE, 15))
+    np.testing.assert_allclose(x.to_numpy(), values(SHAPE, 14), rtol=1e-12)
+
+
+def test_assign_of_a_matrix_is_recorded():
+    x = make(values(SHAPE, 16), dmath.RowBlock(), "float64")
+    buf = dmath.zeros(SHAPE, "float32", dmath.Block2D())
+    with dmath.record() as plan:
+        buf.assign(x * 2.0)
+    x.assign(values(SHAPE, 17))
+    plan.replay()
+    np.testing.assert_allclose(buf.to_numpy(), 2 * values(SHAPE, 17), **tol("float32"))
+
+
+def test_replay_inside_a_record_block_raises():
+    x = make(values(SHAPE, 18), dmath.RowBlock(), "float64")
+    with dmath.record() as plan:
+        y = x + 1.0
+    with pytest.raises(dmath.PlanError):
+        with dmath.record():
+            plan.replay()
+    plan.replay()
+    np.testing.assert_allclose(y.to_numpy(), values(SHAPE, 18) + 1.0, rtol=1e-12)
+
+
+def test_empty_plan():
+    with dmath.record() as plan:
+        pass
+    assert plan.replay() == []
+
+
+def test_training_loop_pattern():
+    """Linear regression by SGD: assign each batch, replay the recorded step, compare with NumPy."""
+    n, f, lr = 12, 4, 0.1
+    rng = np.random.default_rng(19)
+    w_true = rng.normal(size=(1, f))
+    batches = []
+    for _ in range(4):
+        xb = rng.normal(size=(n, f))
+        batches.append((xb, (xb * w_true).sum(axis=1, keepdims=True)))
+    X = dmath.zeros((n, f), "float64", dmath.RowBlock())       # data-parallel batch
+    Y = dmath.zeros((n, 1), "float64", dmath.RowBlock())
+    W = dmath.zeros((1, f), "float64", dmath.Replicated())     # replicated weights
+    X.assign(batches[0][0])
+    Y.assign(batches[0][1])
+    with dmath.record() as step:
+        err = (X * W).sum(axis=1) - Y
+        grad = (X * err).mean(axis=0)
+        W -= lr * grad
+        loss = (err * err).mean()
+    w = np.zeros((1, f))
+    losses = []
+    for k, (xb, yb) in enumerate(batches):
+        e = (xb * w).sum(axis=1, keepdims=True) - yb
+        losses.append(float((e * e).mean()))
+        w = w - lr * (xb * e).mean(axis=0, keepdims=True)
+        if k == 0:
+            got = loss
+        else:
+            X.assign(xb)
+            Y.assign(yb)
+            (got,) = step.replay()
+        np.testing.assert_allclose(got, losses[-1], rtol=1e-12)
+    np.testing.assert_allclose(W.to_numpy(), w, rtol=1e-12, atol=1e-14)
+    assert losses[-1] < losses[0]
