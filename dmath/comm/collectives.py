@@ -46,19 +46,24 @@ def _count_exchange(group, send_counts, recv_counts, isz):
                         sum(1 for k, c in enumerate(recv_counts) if c and k != me))
 
 
-def exchange(group, sendbuf, send_counts, recvbuf, recv_counts):
+def exchange(group, sendbuf, send_counts, recvbuf, recv_counts, send_displs=None, recv_displs=None):
     """All-to-all-v: send_counts[k] elements of `sendbuf` (in group order) go to member k.
 
     The part for this rank itself must be 0 (callers copy it locally).
+    `send_displs` / `recv_displs` (element offsets per member) place the parts
+    anywhere in the 1-D buffers; by default they follow each other in group
+    order. Explicit offsets let a caller send from, or receive into, its
+    arrays directly when every part is one contiguous range of them.
     """
     if group.size == 1:
         return
     isz = sendbuf.dtype.itemsize
     _count_exchange(group, send_counts, recv_counts, isz)
+    sd = _displs(send_counts) if send_displs is None else np.asarray(send_displs, dtype=np.int64)
+    rd = _displs(recv_counts) if recv_displs is None else np.asarray(recv_displs, dtype=np.int64)
     if backend.current().is_gpu:
         from cupy.cuda import nccl
         dt, stream = _nccl_dtype(sendbuf.dtype), _stream_ptr()
-        sd, rd = _displs(send_counts), _displs(recv_counts)
         comm = group.nccl   # created outside the group call: an init inside it completes only at groupEnd
         nccl.groupStart()
         for k in range(group.size):
@@ -71,8 +76,8 @@ def exchange(group, sendbuf, send_counts, recvbuf, recv_counts):
     sc = np.asarray(send_counts, dtype=np.int64) * isz
     rc = np.asarray(recv_counts, dtype=np.int64) * isz
     MPI = group.world.mpi_module
-    req = group.mpi.Ialltoallv([_bytes(sendbuf), (sc, _displs(sc)), MPI.BYTE],
-                               [_bytes(recvbuf), (rc, _displs(rc)), MPI.BYTE])
+    req = group.mpi.Ialltoallv([_bytes(sendbuf), (sc, sd * isz), MPI.BYTE],
+                               [_bytes(recvbuf), (rc, rd * isz), MPI.BYTE])
     wait(req)
 
 

@@ -3,7 +3,14 @@
 An index set is a tuple of (start, stop) pairs: hashable, so plans built from
 them can be cached, and compact for block-cyclic layouts (one interval per
 block instead of one entry per index).
+
+Local positions (where a subset sits inside a worker's local array) are
+described as `Runs`: equal-length runs at a fixed stride, the shape of a
+block-cyclic selection. Executors turn a `Runs` into a strided view of the
+local array (a slice, a reshape and a slice), never an index array.
 """
+from typing import NamedTuple
+
 import numpy as np
 
 
@@ -43,30 +50,118 @@ def to_array(s):
     return np.concatenate([np.arange(a, b, dtype=np.int64) for a, b in s])
 
 
+def local_intervals(sub, s):
+    """Local positions of the indices of `sub` (a subset of `s`) inside `s`, as merged intervals.
+
+    Position k is the k-th smallest index of `s` (a worker stores its indices
+    in increasing order); adjacent runs of positions are merged. One walk
+    over both sets (both sorted).
+    """
+    merged = []
+    k = base = 0                    # s[k] is the interval at local position `base`
+    for a, b in sub:
+        while a < b:
+            while s[k][1] <= a:
+                base += s[k][1] - s[k][0]
+                k += 1
+            end = min(b, s[k][1])
+            lo = base + a - s[k][0]
+            if merged and merged[-1][1] == lo:
+                merged[-1][1] = lo + end - a
+            else:
+                merged.append([lo, lo + end - a])
+            a = end
+    return tuple((lo, hi) for lo, hi in merged)
+
+
 def positions(sub, s):
     """Local positions of the indices of `sub` (a subset of `s`) inside `s`.
 
     Returns a `slice` when they are contiguous (the common case: no copy is
     needed to address them) and an int64 array otherwise.
     """
-    if not sub:
+    merged = local_intervals(sub, s)
+    if not merged:
         return slice(0, 0)
-    starts = np.array([a for a, _ in s], dtype=np.int64)
-    offsets = np.concatenate([[0], np.cumsum([b - a for a, b in s])])
-    pieces = []
-    for a, b in sub:
-        k = int(np.searchsorted(starts, a, side="right")) - 1
-        lo = int(offsets[k] + (a - starts[k]))
-        pieces.append((lo, lo + (b - a)))
-    merged = [list(pieces[0])]
-    for lo, hi in pieces[1:]:
-        if lo == merged[-1][1]:
-            merged[-1][1] = hi
-        else:
-            merged.append([lo, hi])
     if len(merged) == 1:
-        return slice(merged[0][0], merged[0][1])
-    return np.concatenate([np.arange(lo, hi, dtype=np.int64) for lo, hi in merged])
+        return slice(*merged[0])
+    return to_array(merged)
+
+
+class Runs(NamedTuple):
+    """`count` runs of `length` consecutive positions, one run every `stride` positions.
+
+    Run i covers positions base + i * stride + offset + [0, length). The
+    window [base, base + count * stride) lies inside the axis and
+    offset + length <= stride, so the selection is the view
+    `axis[base:base + count * stride].reshape(count, stride)[:, offset:offset + length]`
+    (a slice, a reshape that splits one axis, a slice: never a copy).
+    """
+    base: int
+    count: int
+    stride: int
+    offset: int
+    length: int
+
+    @property
+    def size(self):
+        return self.count * self.length
+
+    def intervals(self):
+        """The positions as intervals (for checks and tests)."""
+        first = self.base + self.offset
+        return tuple((first + i * self.stride, first + i * self.stride + self.length) for i in range(self.count))
+
+
+def contiguous(start, size):
+    """Runs of the single interval [start, start + size)."""
+    return Runs(start, 1, size, 0, size)
+
+
+def strided_runs(intervals, extent):
+    """Cover sorted disjoint `intervals` of positions in [0, extent) with few `Runs`, in order.
+
+    Greedy from the left: a group takes the following intervals while they
+    have its length and keep its stride (a cyclic selection of blocks of b is
+    one group, plus one for a shorter last block). The group's window must
+    fit inside the axis; it is aligned to the first run, or shifted left by
+    at most the gap between runs, else the last run starts the next group.
+    """
+    out, i, n = [], 0, len(intervals)
+    while i < n:
+        lo, hi = intervals[i]
+        length = hi - lo
+        j = i + 1
+        if j < n and intervals[j][1] - intervals[j][0] == length:
+            stride = intervals[j][0] - lo
+            while (j < n and intervals[j][1] - intervals[j][0] == length
+                   and intervals[j][0] - intervals[j - 1][0] == stride):
+                j += 1
+        count = j - i
+        while count > 1:
+            base = min(lo, extent - count * stride)
+            if base >= max(0, lo - (stride - length)):
+                out.append(Runs(base, count, stride, lo - base, length))
+                break
+            count -= 1
+        if count == 1:
+            out.append(contiguous(lo, length))
+        i += count
+    return tuple(out)
+
+
+def split_like(start, template):
+    """The contiguous positions [start, start + total) cut into the runs of `template`, in order.
+
+    Run group g of the result has the count and length of template[g] and
+    stride = length, so the two selections pair up view by view (the same
+    4-D shapes) for a direct copy from one to the other.
+    """
+    out = []
+    for r in template:
+        out.append(Runs(start, r.count, r.length, 0, r.length))
+        start += r.size
+    return tuple(out)
 
 
 def split_even(n, parts):

@@ -1,35 +1,52 @@
-"""Running a remap plan on one worker: pack, one exchange, local copies, unpack."""
+"""Running a remap plan on one worker: pack, one exchange, local copies, unpack.
+
+Every selection is a strided view (see `plan.Segment` and `ix.Runs`), never
+an index array: packing and unpacking are copies between views of the same
+4-D shape, which convert the dtype on the way. Data moves straight from the
+source pieces into the send buffer and straight from the receive buffer into
+the target pieces; a part that is one contiguous range of a piece skips the
+buffer altogether (the piece is the buffer). The same code runs on NumPy and
+CuPy through the backend's `xp`; every allocation goes through
+`dmath.memory`.
+"""
+from typing import NamedTuple
+
 import numpy as np
 
-from .. import backend, memory
+from .. import memory
 from ..comm import collectives
 from .plan import AllReduce, localize, plan, send_dtype
 
 
-def sub(a, rows, cols):
-    """a[rows, cols] for selections that are slices or index arrays (an outer product of them)."""
-    if isinstance(rows, slice) or isinstance(cols, slice):
-        return a[rows, cols]
-    return a[backend.current().xp.ix_(rows, cols)]
+def view(a, rows, cols):
+    """The strided 4-D view of 2-D `a` at `rows` x `cols` (ix.Runs): (rows.count, rows.length, cols.count, cols.length).
+
+    A slice, a reshape that only splits each axis in two (always a view, on
+    NumPy and CuPy), and a slice: writing to it writes to `a`.
+    """
+    w = a[rows.base:rows.base + rows.count * rows.stride, cols.base:cols.base + cols.count * cols.stride]
+    w = w.reshape(rows.count, rows.stride, cols.count, cols.stride)
+    return w[:, rows.offset:rows.offset + rows.length, :, cols.offset:cols.offset + cols.length]
 
 
-def put(a, rows, cols, value, accumulate):
-    if not isinstance(rows, slice) and not isinstance(cols, slice):
-        rows, cols = backend.current().xp.ix_(rows, cols)
+def _store(dst, src, accumulate):
+    # in-place on a view: the ufunc and the assignment convert the dtype as they go
     if accumulate:
-        a[rows, cols] += value
+        dst += src
     else:
-        a[rows, cols] = value
+        dst[...] = src
 
 
-def _to_device(loc):
-    """Move a LocalExchange's index arrays to the device once (cached with the plan)."""
-    xp = backend.current().xp
-    conv = lambda s: s if isinstance(s, slice) else xp.asarray(s)
-    loc.local = [(sp, conv(r), conv(c), dp, conv(dr), conv(dc)) for sp, r, c, dp, dr, dc in loc.local]
-    loc.sends = [[(sp, conv(r), conv(c), shp) for sp, r, c, shp in seg] for seg in loc.sends]
-    loc.recvs = [[(dp, conv(r), conv(c), shp) for dp, r, c, shp in seg] for seg in loc.recvs]
-    return loc
+def pack(seg, piece, block):
+    """Copy the selection `seg` of `piece` into `block`, its packed (h, w) form."""
+    for (pr, pc), (br, bc) in seg.views:
+        view(block, br, bc)[...] = view(piece, pr, pc)
+
+
+def unpack(seg, block, piece, accumulate):
+    """Write (or add) the packed `block` into the selection `seg` of `piece`."""
+    for (pr, pc), (br, bc) in seg.views:
+        _store(view(piece, pr, pc), view(block, br, bc), accumulate)
 
 
 def new_pieces(dist, rank, dtype, zero):
@@ -41,14 +58,8 @@ def prepared_steps(cache, src, dst, offset, rank):
     """The plan's steps with this rank's part localised; cached in the command's entry."""
     steps = cache.get("remap")
     if steps is None:
-        gpu = backend.current().is_gpu
-        steps = []
-        for step in plan(src, dst, offset):
-            if isinstance(step, AllReduce):
-                steps.append((step, None))
-            else:
-                loc = localize(step, rank)
-                steps.append((step, _to_device(loc) if gpu else loc))
+        steps = [(step, None if isinstance(step, AllReduce) else localize(step, rank))
+                 for step in plan(src, dst, offset)]
         cache["remap"] = steps
     return steps
 
@@ -74,33 +85,97 @@ def _allreduce(world, step, pieces, rank, wire, dtype, offset):
     buf = memory.empty((m * n,), wire)
     buf.reshape(m, n)[...] = pieces[0][offset[0]:offset[0] + m, offset[1]:offset[1] + n]
     collectives.allreduce(world.group(step.src.group), buf)
-    out = buf.reshape(m, n)
-    return [out if np.dtype(dtype) == np.dtype(wire) else out.astype(dtype)]
+    if np.dtype(dtype) == np.dtype(wire):
+        return [buf.reshape(m, n)]
+    out = memory.empty((m, n), dtype)
+    out[...] = buf.reshape(m, n)
+    return [out]
+
+
+def _flat(a):
+    """`a` as a 1-D view (None when it is not contiguous, so that a reshape would copy)."""
+    return a.reshape(-1) if a.flags.c_contiguous else None
+
+
+class Buffers(NamedTuple):
+    """What one worker hands to the all-to-all-v: each buffer with its per-member offsets (None: packed)."""
+    send: object
+    send_displs: object
+    recv: object
+    recv_displs: object
+
+
+def prepare(loc, pieces, out, wire, accumulate):
+    """Pack this worker's sends and choose the receive buffer (before the exchange).
+
+    A source piece is the send buffer, and a target piece the receive buffer,
+    when the plan says every part is one range of it and no conversion (nor
+    accumulation) is due; else parts are packed into, or received in, a
+    buffer in the wire dtype. The choice never changes what is exchanged.
+    """
+    send = recv = None
+    if loc.send_displs is not None and pieces[loc.send_piece].dtype == np.dtype(wire):
+        send = _flat(pieces[loc.send_piece])
+    sdispls = loc.send_displs if send is not None else None
+    if send is None:
+        send = memory.empty((sum(loc.send_counts),), wire)
+        _pack_all(loc.sends, pieces, send)
+    if loc.recv_displs is not None and not accumulate and out[loc.recv_piece].dtype == np.dtype(wire):
+        recv = _flat(out[loc.recv_piece])
+    rdispls = loc.recv_displs if recv is not None else None
+    if recv is None:
+        recv = memory.empty((sum(loc.recv_counts),), wire)
+    return Buffers(send, sdispls, recv, rdispls)
+
+
+def finish(loc, pieces, out, bufs, accumulate):
+    """Local copies, then the received parts into the target pieces (after the exchange).
+
+    Contributions are applied in this order (own part, then members in group
+    order), which fixes the summation order of a Partial source.
+    """
+    _local_copies(loc, pieces, out, accumulate)
+    if bufs is not None and bufs.recv_displs is None:
+        _unpack_all(loc.recvs, bufs.recv, out, accumulate)
 
 
 def _exchange(world, step, loc, pieces, rank, wire, dtype):
     out = new_pieces(step.dst, rank, dtype, step.zero_init)
-    acc = step.accumulate
+    bufs = None
     if rank in loc.group:
-        sendbuf = memory.empty((sum(loc.send_counts),), wire)
-        o = 0
-        for segs in loc.sends:
-            for sp, r, c, (h, w) in segs:
-                sendbuf[o:o + h * w].reshape(h, w)[...] = sub(pieces[sp], r, c)
-                o += h * w
-        recvbuf = memory.empty((sum(loc.recv_counts),), wire)
-        collectives.exchange(world.group(loc.group), sendbuf, loc.send_counts, recvbuf, loc.recv_counts)
-        _local_copies(loc, pieces, out, acc)
-        o = 0
-        for segs in loc.recvs:
-            for dp, r, c, (h, w) in segs:
-                put(out[dp], r, c, recvbuf[o:o + h * w].reshape(h, w), acc)
-                o += h * w
-    else:
-        _local_copies(loc, pieces, out, acc)
+        bufs = prepare(loc, pieces, out, wire, step.accumulate)
+        collectives.exchange(world.group(loc.group), bufs.send, loc.send_counts, bufs.recv, loc.recv_counts,
+                             bufs.send_displs, bufs.recv_displs)
+    finish(loc, pieces, out, bufs, step.accumulate)
     return out
 
 
+def _pack_all(segs_per_member, pieces, buf):
+    o = 0
+    for segs in segs_per_member:
+        for seg in segs:
+            h, w = seg.shape
+            pack(seg, pieces[seg.piece], buf[o:o + h * w].reshape(h, w))
+            o += h * w
+
+
+def _unpack_all(segs_per_member, buf, out, acc):
+    o = 0
+    for segs in segs_per_member:
+        for seg in segs:
+            h, w = seg.shape
+            unpack(seg, buf[o:o + h * w].reshape(h, w), out[seg.piece], acc)
+            o += h * w
+
+
 def _local_copies(loc, pieces, out, acc):
-    for sp, r, c, dp, dr, dc in loc.local:
-        put(out[dp], dr, dc, sub(pieces[sp], r, c), acc)
+    for lc in loc.local:
+        src, dst = pieces[lc.src.piece], out[lc.dst.piece]
+        if lc.direct is not None:
+            for (sr, sc), (dr, dc) in lc.direct:
+                _store(view(dst, dr, dc), view(src, sr, sc), acc)
+        else:
+            # selections that do not pair view by view meet in their packed form
+            block = memory.empty(lc.src.shape, src.dtype)
+            pack(lc.src, src, block)
+            unpack(lc.dst, block, dst, acc)

@@ -123,19 +123,118 @@ def involved(step):
     return tuple(sorted({r for t in step.transfers if t.src != t.dst for r in (t.src, t.dst)}))
 
 
+@dataclass(frozen=True)
+class Segment:
+    """One transfer as seen from one end: a strided selection of a local piece and its packed form.
+
+    The selection is `rows` x `cols` of piece `piece` (each an `ix.Runs`
+    tuple); its packed form is a row-major block of `shape`, as it travels.
+    `views` pairs them up 4-D view by 4-D view: ((piece rows, piece cols),
+    (packed rows, packed cols)). `flat` is the offset of the selection in the
+    piece's flat (row-major) memory when it is one contiguous range there,
+    else None: such a segment can travel straight from or into the piece.
+    """
+    piece: int
+    shape: tuple
+    rows: tuple
+    cols: tuple
+    views: tuple
+    flat: object
+
+
+@dataclass(frozen=True)
+class LocalCopy:
+    """A transfer that stays on this worker: source segment -> target segment.
+
+    `direct` pairs source views with target views of the same 4-D shapes (one
+    copy each); it is None when the two selections do not pair up (both
+    irregular in different ways), and the copy goes through the packed form.
+    """
+    src: Segment
+    dst: Segment
+    direct: object
+
+
 @dataclass
 class LocalExchange:
-    """One worker's part of an Exchange: what it copies, sends and receives."""
+    """One worker's part of an Exchange: what it copies, sends and receives.
+
+    `send_displs` / `recv_displs` are the element offsets of each member's
+    part inside one local piece (`send_piece` / `recv_piece`) when every part
+    is one contiguous range of it: the piece itself is then the send or
+    receive buffer, with no packing. Else they are None and parts are packed
+    in group order into one buffer.
+    """
     group: tuple            # involved ranks (sorted)
-    local: list             # (spiece, srows, scols, dpiece, drows, dcols)
-    sends: list             # per group index: [(spiece, srows, scols, shape)]
-    recvs: list             # per group index: [(dpiece, drows, dcols, shape)]
+    local: list             # [LocalCopy]
+    sends: list             # per group index: [Segment]
+    recvs: list             # per group index: [Segment]
     send_counts: list
     recv_counts: list
+    send_piece: object = None
+    send_displs: object = None
+    recv_piece: object = None
+    recv_displs: object = None
+
+
+def _segment(piece_index, piece, rows, cols):
+    """The Segment of global rows x cols inside `piece` (a layout Piece)."""
+    rl, cl = ix.local_intervals(rows, piece.rows), ix.local_intervals(cols, piece.cols)
+    rr, cr = ix.strided_runs(rl, ix.size(piece.rows)), ix.strided_runs(cl, ix.size(piece.cols))
+    h, w = ix.size(rows), ix.size(cols)
+    width = ix.size(piece.cols)
+    flat = None
+    if len(rl) == 1 and len(cl) == 1 and (h == 1 or w == width):
+        flat = rl[0][0] * width + cl[0][0]
+    views = tuple(((r, c), (pr, pc)) for r, pr in zip(rr, ix.split_like(0, rr))
+                  for c, pc in zip(cr, ix.split_like(0, cr)))
+    return Segment(piece_index, (h, w), rr, cr, views, flat)
+
+
+def _pair_axis(a, b):
+    """Pair two selections of one axis (Runs tuples, same total) group by group, or None.
+
+    Equal run shapes pair as they are; a contiguous selection is cut like the
+    other one; two irregular selections of different shapes do not pair.
+    """
+    shape = lambda runs: tuple((r.count, r.length) for r in runs)
+    if shape(a) == shape(b):
+        return tuple(zip(a, b))
+    if len(a) == 1 and a[0].count == 1:
+        return tuple(zip(ix.split_like(a[0].base + a[0].offset, b), b))
+    if len(b) == 1 and b[0].count == 1:
+        return tuple(zip(a, ix.split_like(b[0].base + b[0].offset, a)))
+    return None
+
+
+def _local_copy(src_seg, dst_seg):
+    rows = _pair_axis(src_seg.rows, dst_seg.rows)
+    cols = _pair_axis(src_seg.cols, dst_seg.cols)
+    direct = None
+    if rows is not None and cols is not None:
+        direct = tuple(((sr, sc), (dr, dc)) for sr, dr in rows for sc, dc in cols)
+    return LocalCopy(src_seg, dst_seg, direct)
+
+
+def _direct_displs(segs_per_member):
+    """(piece, element offset per member) when each member's segments are one contiguous range of one piece."""
+    piece, displs = None, []
+    for segs in segs_per_member:
+        if not segs:
+            displs.append(0)
+            continue
+        for k, seg in enumerate(segs):
+            if seg.flat is None or (piece is not None and seg.piece != piece):
+                return None, None
+            piece = seg.piece
+            if k and seg.flat != segs[k - 1].flat + segs[k - 1].shape[0] * segs[k - 1].shape[1]:
+                return None, None
+        displs.append(segs[0].flat)
+    return (piece, displs) if piece is not None else (None, None)
 
 
 def localize(step, rank):
-    """This rank's `LocalExchange` for an Exchange step (selections are slices or index arrays)."""
+    """This rank's `LocalExchange` for an Exchange step: every selection as strided views."""
     group = involved(step)
     pos = {r: k for k, r in enumerate(group)}
     local, sends, recvs = [], [[] for _ in group], [[] for _ in group]
@@ -143,21 +242,21 @@ def localize(step, rank):
     for t in step.transfers:
         if t.src != rank and t.dst != rank:
             continue
-        shape = (ix.size(t.rows), ix.size(t.cols))
         if t.src == rank:
-            sp = step.src.pieces[rank][t.spiece]
-            ssel = (ix.positions(ix.shift(t.rows, off[0]), sp.rows), ix.positions(ix.shift(t.cols, off[1]), sp.cols))
+            ss = _segment(t.spiece, step.src.pieces[rank][t.spiece], ix.shift(t.rows, off[0]), ix.shift(t.cols, off[1]))
         if t.dst == rank:
-            dp = step.dst.pieces[rank][t.dpiece]
-            dsel = (ix.positions(t.rows, dp.rows), ix.positions(t.cols, dp.cols))
+            ds = _segment(t.dpiece, step.dst.pieces[rank][t.dpiece], t.rows, t.cols)
         if t.src == rank and t.dst == rank:
-            local.append((t.spiece, *ssel, t.dpiece, *dsel))
+            local.append(_local_copy(ss, ds))
         elif t.src == rank:
-            sends[pos[t.dst]].append((t.spiece, *ssel, shape))
+            sends[pos[t.dst]].append(ss)
         else:
-            recvs[pos[t.src]].append((t.dpiece, *dsel, shape))
-    count = lambda segs: sum(s[-1][0] * s[-1][1] for s in segs)
-    return LocalExchange(group, local, sends, recvs, [count(s) for s in sends], [count(r) for r in recvs])
+            recvs[pos[t.src]].append(ds)
+    count = lambda segs: sum(s.shape[0] * s.shape[1] for s in segs)
+    send_piece, send_displs = _direct_displs(sends)
+    recv_piece, recv_displs = _direct_displs(recvs)
+    return LocalExchange(group, local, sends, recvs, [count(s) for s in sends], [count(r) for r in recvs],
+                         send_piece, send_displs, recv_piece, recv_displs)
 
 
 def moved_elements(step, rank):

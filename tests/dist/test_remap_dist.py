@@ -127,3 +127,17 @@ def test_remap_same_layout_moves_nothing():
         b = a.remap(a.layout)
         assert sum(_recv_by_worker(dmath.stats())) == 0, name
         np.testing.assert_array_equal(b.to_numpy(), x)
+
+
+@pytest.mark.parametrize("blocks", [((2, 2), (3, 3)), ((3, 1), (2, 4))], ids=str)
+def test_remap_between_block_cyclic_block_sizes(blocks):
+    """Block sizes that do not divide each other: a worker's own part meets in packed form."""
+    grid = (2, P // 2) if P % 2 == 0 else (P, 1)
+    shape = (13, 11)
+    x = values(shape, seed=8)
+    a = make(x, dmath.BlockCyclic(blocks[0], grid=grid), "float64")
+    dmath.reset_stats()
+    b = a.remap(dmath.BlockCyclic(blocks[1], grid=grid), dtype="float32")
+    _check_bytes(dmath.stats(), a, b, 4)
+    np.testing.assert_array_equal(b.to_numpy(), x.astype("float32"))
+    np.testing.assert_array_equal(b.remap(a.layout, dtype="float64").to_numpy(), x.astype("float32"))
