@@ -68,7 +68,7 @@ def _operand_selections(call):
     return sel
 
 
-@kernel("ewise")
+@kernel("ewise", capturable=True)
 def _ewise(call):
     """static = (function, operand pattern, index of the input overwritten in place or None)."""
     xp = backend.current().xp

@@ -6,7 +6,27 @@ from ..comm.control import gather_objects
 from ..runtime import Shard, kernel
 
 
-@kernel("remap")
+def _stays_local(src, dst, offset=(0, 0)):
+    """True when no element of the remap moves between workers (every step is local copies)."""
+    for step in _remap.plan(src, dst, offset):
+        if isinstance(step, _remap.AllReduce):
+            if len(step.src.group) > 1:
+                return False
+        elif _remap.involved(step):
+            return False
+    return True
+
+
+def _remap_capturable(entry):
+    # a remap that communicates would put NCCL calls in the graph: not validated yet (graphs.py)
+    return _stays_local(entry.in_dists[0], entry.out_dists[0], entry.static[0])
+
+
+def _remap_into_capturable(entry):
+    return _stays_local(entry.in_dists[1], entry.in_dists[0])
+
+
+@kernel("remap", capturable=_remap_capturable)
 def _remap_kernel(call):
     """Redistribute input 0 (read from window `static[0]`) into the output's layout and dtype."""
     src = call.inputs[0]
@@ -16,7 +36,7 @@ def _remap_kernel(call):
     return [Shard(pieces, dst, dtype)]
 
 
-@kernel("remap_into")
+@kernel("remap_into", capturable=_remap_into_capturable)
 def _remap_into(call):
     """Overwrite input 0 in place with input 1 redistributed into input 0's layout and dtype.
 
@@ -32,7 +52,7 @@ def _remap_into(call):
     return [target]
 
 
-@kernel("transpose")
+@kernel("transpose", capturable=True)
 def _transpose(call):
     """Each local piece transposed; the transposed layout puts it on the same worker."""
     xp = backend.current().xp

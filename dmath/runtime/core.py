@@ -12,7 +12,8 @@ the handle numbers and the dynamic scalars travel.
 
 A recorded plan (plans.py) is a program of such commands stored on every rank
 under a plan ID; a replay is one REPLAY frame and every rank runs the program
-through the same entries (`_run_program`).
+through the same entries (`_run_program`), or launches the CUDA graph it
+captured of them (graphs.py).
 """
 import atexit
 import os
@@ -28,6 +29,7 @@ from ..errors import PlanError, RuntimeStateError, WorkerError
 from ..layout import distribution
 from ..memory import replicas
 from . import protocol
+from .graphs import Replayer
 from .registry import KERNELS
 from .shard import Meta
 
@@ -81,7 +83,7 @@ class Runtime:
         self.next_version = 1      # shard versions, unique in this process (see _execute)
         self.broken = None         # set to the WorkerError that broke the runtime
         self.closed = False
-        self.programs = {}         # plan id -> protocol.Program (every rank)
+        self.programs = {}         # plan id -> graphs.Replayer of its protocol.Program (every rank)
         self.next_plan = 1
         self.recorder = None       # master: the plans.Recorder of an open record block
         self.watchers = {}         # master: handle -> plans to tell when it is released
@@ -214,7 +216,7 @@ class Runtime:
         message, total = protocol.encode(protocol.REPLAY, plan_id, frees=frees)
         self.ctl.send(message, total)
         self._free(frees)
-        return self._own_share(self._run_program, self.programs[plan_id])
+        return self._own_share(self.programs[plan_id].replay)
 
     def drop_plan(self, plan_id):
         """Forget plan `plan_id` on every rank, with the next command (safe from a finalizer)."""
@@ -245,7 +247,7 @@ class Runtime:
             replicas.cache.drop(h)
 
     def _define(self, plan_id, program):
-        self.programs[plan_id] = program
+        self.programs[plan_id] = Replayer(self, program)
         self._free(program.tail)            # the recording's temporaries still held at its end
 
     def _run_program(self, program):
@@ -263,7 +265,8 @@ class Runtime:
         from .. import memory
         d = dict(counters.counters)
         d.update(commands=self.commands, pool=memory.stats(),
-                 signatures=len(self.entries), handles=len(self.table), plans=len(self.programs))
+                 signatures=len(self.entries), handles=len(self.table), plans=len(self.programs),
+                 plan_graphs=sum(1 for r in self.programs.values() if r.graph is not None))
         d.update(replicas.cache.stats())
         return d
 
@@ -286,7 +289,7 @@ class Runtime:
                 elif kind == protocol.DEFINE:
                     self._define(sig_id, extra)
                 elif kind == protocol.REPLAY:
-                    self._run_program(self.programs[sig_id])
+                    self.programs[sig_id].replay()
             except BaseException:  # noqa: B036 - any failure must reach the master
                 self._fail(traceback.format_exc())
         _exit_worker(self.world, 0)

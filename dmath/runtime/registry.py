@@ -2,12 +2,31 @@
 
 KERNELS = {}
 
+#: name -> False, True or a predicate of the command's Entry: whether a recorded plan
+#: may capture the kernel into a CUDA graph (see graphs.py for what that requires)
+CAPTURABLE = {}
 
-def kernel(name):
-    """Register `fn(call)` as the worker-side kernel of operation `name`."""
+
+def kernel(name, capturable=False):
+    """Register `fn(call)` as the worker-side kernel of operation `name`.
+
+    capturable: True (or a function of the command's Entry returning True)
+    when the kernel, on the GPU backend, only enqueues device work on the
+    current stream: CuPy kernels and copies, no host synchronisation, no
+    host-device transfer, no MPI, no cuBLAS (CuPy refuses it during capture),
+    no replica-cache use, and every allocation through the array module. Such
+    kernels may be replayed from a CUDA graph (graphs.py).
+    """
     def register(fn):
         if name in KERNELS:
             raise ValueError(f"kernel {name!r} registered twice")
         KERNELS[name] = fn
+        CAPTURABLE[name] = capturable
         return fn
     return register
+
+
+def capturable(entry):
+    """Whether `entry`'s kernel may be captured into a CUDA graph (the same answer on every rank)."""
+    rule = CAPTURABLE.get(entry.op, False)
+    return bool(rule(entry)) if callable(rule) else bool(rule)

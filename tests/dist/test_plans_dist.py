@@ -297,3 +297,73 @@ def test_training_loop_pattern():
         np.testing.assert_allclose(got, losses[-1], rtol=1e-12)
     np.testing.assert_allclose(W.to_numpy(), w, rtol=1e-12, atol=1e-14)
     assert losses[-1] < losses[0]
+
+
+def _graphs():
+    return dmath.stats()[0]["plan_graphs"]
+
+
+@pytest.mark.skipif(dmath.device() != "gpu", reason="CUDA graphs need the GPU backend")
+def test_cuda_graph_replay():
+    """From the second replay on, a plan of capturable kernels is launched as one CUDA graph per worker."""
+    gc.collect()
+    dmath.stats()                              # earlier tests' plans are dropped before the count
+    lay = dmath.RowBlock()
+    xv, yv = values(SHAPE, 60), values(SHAPE, 61)
+    x, y = make(xv, lay, "float32"), make(yv, lay, "float32")
+    acc = dmath.zeros(SHAPE, "float32", lay)
+    with dmath.record() as plan:
+        t = dmath.tanh(x * 2.0 - y)            # temporaries in the graph's own pool
+        z = t.T.T + dmath.sigmoid(y)           # transposes: local on every worker
+        acc += z                               # an input written in place
+        h = z.remap(lay, dtype="float16")      # a local remap with a dtype change
+    graphs = _graphs()
+    expect_acc = np.tanh(2 * xv - yv) + 1 / (1 + np.exp(-yv))
+    for k in range(4):
+        xv, yv = values(SHAPE, 62 + k), values(SHAPE, 70 + k)
+        x.assign(xv)
+        y.assign(yv)
+        v0 = dmath._runtime().table[z._handle].version if P == 1 else None
+        assert plan.replay() == []
+        want = np.tanh(2 * xv - yv) + 1 / (1 + np.exp(-yv))
+        expect_acc = expect_acc + want
+        np.testing.assert_allclose(z.to_numpy(), want, **tol("float32"))
+        np.testing.assert_allclose(h.to_numpy().astype("f8"), want, **tol("float16"))
+        np.testing.assert_allclose(acc.to_numpy(), expect_acc, rtol=1e-5, atol=1e-5)
+        if P == 1:
+            assert dmath._runtime().table[z._handle].version > v0
+        # the first replay runs step by step, the second captures, later ones launch
+        assert _graphs() == graphs + (1 if k >= 1 else 0)
+    before = dmath.stats()[0]["pool"]["new_allocs"]
+    plan.replay()
+    assert dmath.stats()[0]["pool"]["new_allocs"] == before       # a launch allocates nothing
+
+
+@pytest.mark.skipif(dmath.device() != "gpu" or P != 1, reason="one GPU worker (replaces a shard by hand)")
+def test_cuda_graph_recaptured_when_an_input_shard_is_replaced():
+    from dmath.runtime import Shard
+    rt = dmath._runtime()
+    xv = values(SHAPE, 80)
+    x = make(xv, dmath.RowBlock(), "float64")
+    with dmath.record() as plan:
+        y = x * 3.0
+    plan.replay()
+    plan.replay()
+    old = rt.table[x._handle]
+    new = Shard([p.copy() + 1.0 for p in old.pieces], old.dist, old.dtype)
+    rt.table[x._handle] = new            # what an operation replacing x's buffers would leave
+    plan.replay()
+    np.testing.assert_allclose(y.to_numpy(), 3 * (xv + 1.0), rtol=1e-12)
+
+
+@pytest.mark.skipif(dmath.device() != "gpu", reason="CUDA graphs need the GPU backend")
+def test_no_graph_for_plans_with_uncapturable_steps():
+    gc.collect()
+    x = make(values(SHAPE, 81), dmath.RowBlock(), "float32")
+    with dmath.record() as plan:
+        s = (x * 2.0).sum()                  # a value for the master: a host synchronisation
+    graphs = _graphs()
+    for _ in range(3):
+        (got,) = plan.replay()
+    assert _graphs() == graphs
+    np.testing.assert_allclose(got, s, rtol=1e-5)
