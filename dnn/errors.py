@@ -1,0 +1,27 @@
+"""Exceptions raised by dnn.
+
+Every mistake a user can make (a shape that does not fit a layer, an unknown
+activation, a bad optimizer setting, a corrupt model file) is detected on the
+master, before any command reaches the workers, and raised as one of these.
+Errors of the matrices underneath are dmath's own (dmath.ShapeError, ...).
+"""
+
+
+class DNNError(Exception):
+    """Base class of every dnn error."""
+
+
+class ShapeError(DNNError, ValueError):
+    """A node's or a layer's input shape does not fit the operation."""
+
+
+class ConfigError(DNNError, ValueError):
+    """An argument outside what the layer, optimizer, loss or model accepts."""
+
+
+class GraphError(DNNError, RuntimeError):
+    """The compute graph cannot do what was asked (no value fed, no path to the loss, ...)."""
+
+
+class ModelFileError(DNNError, OSError):
+    """A model file is not a dnn model file, is truncated or corrupt, or does not match the model."""

@@ -1,0 +1,89 @@
+"""Running a graph: topological order, forward evaluation, reverse-mode gradients."""
+import dmath
+
+from ..errors import GraphError
+from .node import Node, Placeholder
+
+
+def topological_order(outputs):
+    """Every node the `outputs` depend on, each after all of its inputs (iterative: deep graphs are fine)."""
+    order, state = [], {}          # state: 1 = on the stack, 2 = done
+    for root in outputs:
+        if not isinstance(root, Node):
+            raise GraphError(f"expected graph nodes, got {type(root).__name__}")
+        stack = [(root, iter(root.inputs))]
+        if state.get(root.id) == 2:
+            continue
+        state[root.id] = 1
+        while stack:
+            node, children = stack[-1]
+            child = next(children, None)
+            if child is None:
+                stack.pop()
+                state[node.id] = 2
+                order.append(node)
+            elif state.get(child.id) is None:
+                state[child.id] = 1
+                stack.append((child, iter(child.inputs)))
+    return order
+
+
+def forward(outputs, order=None):
+    """Evaluate `outputs` (and everything before them); `order` may be a cached topological order."""
+    for node in order if order is not None else topological_order(outputs):
+        if node.fn is None:
+            if node.value is None:
+                kind = "fed (Placeholder.feed)" if isinstance(node, Placeholder) else "given"
+                raise GraphError(f"{node.name} has no value: it must be {kind} before evaluation")
+            continue
+        node.value = node.fn.forward(*[x.value for x in node.inputs])
+    return [node.value for node in outputs]
+
+
+def backward(loss, wrt, seed=None, order=None):
+    """Gradients of `loss` with respect to the nodes `wrt` (a list of matrices, None where no path).
+
+    seed: the gradient of `loss` itself (a dmath.Matrix of its shape); None
+    means ones. A node read by several consumers gets the sum of their
+    gradients. Only nodes on a path from some `wrt` to `loss` are visited,
+    and a function is asked only for the input gradients that are needed
+    (so the first layer never computes a gradient for the data).
+    """
+    order = order if order is not None else topological_order([loss])
+    if loss.value is None:
+        raise GraphError(f"{loss.name} has not been evaluated: run forward (or node.eval()) first")
+    targets = {n.id for n in wrt}
+    needed = set()
+    for node in order:
+        if node.id in targets or (node.fn is not None and any(x.id in needed for x in node.inputs)):
+            needed.add(node.id)
+    if seed is None:
+        seed = dmath.ones(loss.shape, dtype=loss.dtype, layout=_plain_layout(loss.value))
+    elif tuple(seed.shape) != loss.shape:
+        raise GraphError(f"the seed gradient must have the loss's shape {loss.shape}, got {tuple(seed.shape)}")
+    grads = {loss.id: seed}
+    for node in reversed(order):
+        gy = grads.get(node.id)
+        if gy is None or node.fn is None or node.id not in needed:
+            continue
+        if node.id not in targets:
+            del grads[node.id]      # drop intermediate gradients as soon as they are used
+        needs = tuple(x.id in needed for x in node.inputs)
+        gxs = node.fn.backward([x.value for x in node.inputs], node.value, gy, needs)
+        if len(gxs) != len(node.inputs):
+            raise GraphError(f"{node.fn.name}.backward returned {len(gxs)} gradients for "
+                             f"{len(node.inputs)} inputs")
+        for x, gx, need in zip(node.inputs, gxs, needs):
+            if not need or gx is None:
+                continue
+            if gx.dtype != x.dtype:
+                gx = gx.astype(x.dtype)     # a gradient has its node's precision
+            prev = grads.get(x.id)
+            grads[x.id] = gx if prev is None else prev + gx
+    return [grads.get(n.id) for n in wrt]
+
+
+def _plain_layout(m):
+    """m's layout, or the row blocks of its group where m is Partial (a new matrix cannot be a sum)."""
+    lay = m.layout
+    return dmath.RowBlock(lay.group) if lay.partial else lay

@@ -1,0 +1,46 @@
+"""Function: one differentiable operation of the graph (Chainer's FunctionNode).
+
+A Function instance belongs to one node. `infer` checks the input nodes and
+gives the output's shape, dtype and sample shape when the graph is built;
+`forward` computes the output matrix from the input matrices (keeping on
+`self` what `backward` needs); `backward` turns the output's gradient into
+one gradient per input. Everything runs as dmath commands, so a whole
+training step (forward, backward, update) is a fixed sequence of commands on
+fixed matrices: it can be recorded once and replayed.
+"""
+from ..errors import GraphError
+from .node import Node
+
+
+class Function:
+    """Base of the differentiable operations in dnn.ops.
+
+    Subclasses set `name` and implement:
+        infer(*inputs)              -> (shape, dtype, sample_shape or None); raise ShapeError on misfit
+        forward(*xs)                -> the output dmath.Matrix
+        backward(xs, y, gy, needs)  -> a tuple with one gradient (Matrix) or None per input;
+                                       needs[i] says whether input i's gradient is wanted
+    """
+
+    name = "function"
+    #: False when a recorded replay would repeat a value the master chooses per step
+    replayable = True
+
+    def infer(self, *inputs):
+        first = inputs[0]
+        return first.shape, first.dtype, first.sample_shape
+
+    def forward(self, *xs):
+        raise NotImplementedError
+
+    def backward(self, xs, y, gy, needs):
+        raise NotImplementedError
+
+    def apply(self, *inputs, name=None):
+        """Build the node that computes this function of `inputs` (nodes)."""
+        for x in inputs:
+            if not isinstance(x, Node):
+                raise GraphError(f"{self.name}: inputs must be graph nodes, got {type(x).__name__} "
+                                 f"(wrap matrices with dnn.graph.constant or dnn.graph.var)")
+        shape, dtype, sample_shape = self.infer(*inputs)
+        return Node(shape, dtype, fn=self, inputs=inputs, name=name, sample_shape=sample_shape)

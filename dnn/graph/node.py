@@ -1,0 +1,144 @@
+"""Nodes of the compute graph: leaves that hold matrices, and outputs of functions.
+
+A graph is built first (define, then run, as MagmaDNN's `op::` API): building
+a node checks shapes and dtypes at once, so a network that does not fit
+together fails where it is written, before anything runs. Evaluating a node
+computes the values of everything it depends on, in topological order, as
+dmath matrices on the workers.
+
+Every node evaluates to a 2-D matrix. `sample_shape` says what one row is:
+(features,) for a flat batch, (C, H, W) for an image batch stored as
+(N, C*H*W) rows in NCHW order; reshaping between the two moves no data.
+"""
+import itertools
+import math
+
+import numpy as np
+
+import dmath
+
+from ..errors import ConfigError, GraphError, ShapeError
+
+_ids = itertools.count(1)
+
+DTYPES = ("float16", "float32", "float64")
+
+
+def canonical_dtype(dtype):
+    """'float16' | 'float32' | 'float64' from any spelling numpy accepts; ConfigError otherwise."""
+    try:
+        name = np.dtype(dtype).name
+    except TypeError as exc:
+        raise ConfigError(f"unknown dtype {dtype!r}; expected one of {DTYPES}") from exc
+    if name not in DTYPES:
+        raise ConfigError(f"dtype {name} is not supported; expected one of {DTYPES}")
+    return name
+
+
+def check_shape(shape, what="shape"):
+    """A (rows, cols) pair of non-negative ints; an int n or a 1-tuple (n,) means a (1, n) row."""
+    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
+        shape = (1, int(shape))
+    try:
+        dims = tuple(int(d) for d in shape)
+    except (TypeError, ValueError) as exc:
+        raise ShapeError(f"{what} must be a pair (rows, cols) of integers, got {shape!r}") from exc
+    if len(dims) == 1:
+        dims = (1, dims[0])
+    if len(dims) != 2 or min(dims) < 0:
+        raise ShapeError(f"{what} must be a pair (rows, cols) of non-negative integers, got {shape!r}")
+    return dims
+
+
+class Node:
+    """A value in the compute graph.
+
+    Attributes:
+        shape: (rows, cols) of the matrix the node evaluates to.
+        dtype: 'float16', 'float32' or 'float64'.
+        sample_shape: the shape of one row: (cols,) or an image (C, H, W).
+        fn: the `Function` that computes it (None for a leaf).
+        inputs: the nodes `fn` reads.
+        value: the dmath.Matrix of the last evaluation (None before).
+    """
+
+    trainable = False
+
+    def __init__(self, shape, dtype, fn=None, inputs=(), name=None, sample_shape=None):
+        self.shape = check_shape(shape)
+        self.dtype = canonical_dtype(dtype)
+        self.fn = fn
+        self.inputs = tuple(inputs)
+        self.id = next(_ids)
+        self.name = name or (f"{fn.name}_{self.id}" if fn is not None else f"node_{self.id}")
+        if sample_shape is None:
+            sample_shape = (self.shape[1],)
+        sample_shape = tuple(int(d) for d in sample_shape)
+        if math.prod(sample_shape) != self.shape[1]:
+            raise ShapeError(f"{self.name}: a sample of shape {sample_shape} does not fill a row of "
+                             f"{self.shape[1]} columns")
+        self.sample_shape = sample_shape
+        self.value = None
+
+    @property
+    def is_leaf(self):
+        return self.fn is None
+
+    def eval(self):
+        """Evaluate the graph up to this node; returns its value, a dmath.Matrix."""
+        from .execute import forward
+        forward([self])
+        return self.value
+
+    def numpy(self):
+        """Evaluate and gather the value on the master as a numpy array."""
+        return self.eval().to_numpy()
+
+    def __repr__(self):
+        kind = type(self).__name__
+        return f"<{kind} {self.name} shape={self.shape} dtype={self.dtype}>"
+
+    # Arithmetic operators build nodes through dnn.ops (installed there, as
+    # Chainer does, so that this module does not import the ops above it).
+
+
+class Leaf(Node):
+    """A node whose value is given, not computed: a Variable, a Constant or a Placeholder."""
+
+    def __init__(self, value, name=None, sample_shape=None):
+        if not isinstance(value, dmath.Matrix):
+            raise GraphError(f"a leaf holds a dmath.Matrix, got {type(value).__name__}")
+        super().__init__(value.shape, value.dtype, name=name, sample_shape=sample_shape)
+        self.value = value
+
+    def assign(self, value):
+        """Replace the value by a matrix of the same shape and dtype (a new handle)."""
+        _check_fits(self, value)
+        self.value = value
+
+
+class Variable(Leaf):
+    """A trainable parameter: its matrix persists and optimizers update it in place."""
+
+    trainable = True
+
+
+class Constant(Leaf):
+    """A fixed matrix (no gradient is ever computed for it)."""
+
+
+class Placeholder(Node):
+    """An input whose matrix is fed before each evaluation (`feed`)."""
+
+    def feed(self, value):
+        """Use `value` (a dmath.Matrix of this node's shape and dtype) in the next evaluations."""
+        _check_fits(self, value)
+        self.value = value
+
+
+def _check_fits(node, value):
+    if not isinstance(value, dmath.Matrix):
+        raise GraphError(f"{node.name}: expected a dmath.Matrix, got {type(value).__name__}")
+    if tuple(value.shape) != node.shape or value.dtype != node.dtype:
+        raise ShapeError(f"{node.name}: expected a {node.shape} {node.dtype} matrix, "
+                         f"got {tuple(value.shape)} {value.dtype}")

@@ -1,0 +1,188 @@
+"""Parameter initializers: constant, uniform, normal, Glorot (Xavier) and He (Kaiming).
+
+An initializer makes a dmath matrix of a given shape, dtype and layout from
+dmath.random, whose values depend only on the seed and the global index: a
+program initializes the same weights at any worker count and layout.
+`fans=(fan_in, fan_out)` defaults to (rows, cols), right for a Dense kernel
+(in, out); a Conv2D kernel (K, C*kh*kw) passes (C*kh*kw, K*kh*kw).
+"""
+import math
+import numbers
+
+import numpy as np
+
+import dmath
+
+from .errors import ConfigError
+
+
+class Initializer:
+    """Base: `init(shape, dtype, layout, fans=None)` returns a new dmath.Matrix."""
+
+    def __call__(self, shape, dtype="float32", layout=None, fans=None):
+        fan_in, fan_out = fans if fans is not None else shape
+        return self.make(tuple(shape), dtype, layout, max(int(fan_in), 1), max(int(fan_out), 1))
+
+    def make(self, shape, dtype, layout, fan_in, fan_out):
+        raise NotImplementedError
+
+    def get_config(self):
+        """A JSON-able description (`get` rebuilds the initializer from it)."""
+        return {"name": NAMES[type(self)], **self.__dict__}
+
+    def __repr__(self):
+        args = ", ".join(f"{k}={v!r}" for k, v in self.__dict__.items())
+        return f"{type(self).__name__}({args})"
+
+
+class Constant(Initializer):
+    def __init__(self, value=0.0):
+        self.value = _real(value, "constant value")
+
+    def make(self, shape, dtype, layout, fan_in, fan_out):
+        return dmath.full(shape, self.value, dtype=dtype, layout=layout)
+
+
+class Zeros(Constant):
+    def __init__(self):
+        super().__init__(0.0)
+
+    def get_config(self):
+        return {"name": "zeros"}
+
+
+class Ones(Constant):
+    def __init__(self):
+        super().__init__(1.0)
+
+    def get_config(self):
+        return {"name": "ones"}
+
+
+class Uniform(Initializer):
+    """Uniform on [low, high)."""
+
+    def __init__(self, low=-0.05, high=0.05):
+        self.low, self.high = _real(low, "low"), _real(high, "high")
+        if not self.low < self.high:
+            raise ConfigError(f"uniform: low must be below high, got [{low}, {high})")
+
+    def make(self, shape, dtype, layout, fan_in, fan_out):
+        return _uniform(shape, dtype, layout, self.low, self.high)
+
+
+class Normal(Initializer):
+    """Normal with mean and standard deviation std."""
+
+    def __init__(self, mean=0.0, std=0.05):
+        self.mean, self.std = _real(mean, "mean"), _real(std, "std")
+        if self.std < 0:
+            raise ConfigError(f"normal: std must be non-negative, got {std}")
+
+    def make(self, shape, dtype, layout, fan_in, fan_out):
+        return _normal(shape, dtype, layout, self.mean, self.std)
+
+
+class GlorotUniform(Initializer):
+    """Uniform on +-sqrt(6 / (fan_in + fan_out)) (Glorot & Bengio 2010)."""
+
+    def __init__(self, gain=1.0):
+        self.gain = _real(gain, "gain")
+
+    def make(self, shape, dtype, layout, fan_in, fan_out):
+        limit = self.gain * math.sqrt(6.0 / (fan_in + fan_out))
+        return _uniform(shape, dtype, layout, -limit, limit)
+
+
+class GlorotNormal(GlorotUniform):
+    """Normal with std sqrt(2 / (fan_in + fan_out))."""
+
+    def make(self, shape, dtype, layout, fan_in, fan_out):
+        return _normal(shape, dtype, layout, 0.0, self.gain * math.sqrt(2.0 / (fan_in + fan_out)))
+
+
+class HeUniform(GlorotUniform):
+    """Uniform on +-sqrt(6 / fan_in) (He et al. 2015, for ReLU networks)."""
+
+    def make(self, shape, dtype, layout, fan_in, fan_out):
+        limit = self.gain * math.sqrt(6.0 / fan_in)
+        return _uniform(shape, dtype, layout, -limit, limit)
+
+
+class HeNormal(GlorotUniform):
+    """Normal with std sqrt(2 / fan_in)."""
+
+    def make(self, shape, dtype, layout, fan_in, fan_out):
+        return _normal(shape, dtype, layout, 0.0, self.gain * math.sqrt(2.0 / fan_in))
+
+
+class FromArray(Initializer):
+    """Given values (a numpy array of the parameter's shape)."""
+
+    def __init__(self, array):
+        self.array = np.asarray(array)
+
+    def make(self, shape, dtype, layout, fan_in, fan_out):
+        a = self.array.reshape(shape) if self.array.size == shape[0] * shape[1] else None
+        if a is None:
+            raise ConfigError(f"initial values of shape {self.array.shape} do not fit a parameter of shape {shape}")
+        return dmath.from_numpy(a, layout=layout, dtype=dtype)
+
+    def get_config(self):
+        raise ConfigError("an initializer from an array has no JSON form (save the model's weights instead)")
+
+
+def _real(v, what):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
+        raise ConfigError(f"{what} must be a finite real number, got {v!r}")
+    return float(v)
+
+
+def _uniform(shape, dtype, layout, low, high):
+    u = dmath.random.rand(shape, dtype=dtype, layout=layout)
+    if (low, high) == (0.0, 1.0):
+        return u
+    u *= high - low
+    u += low
+    return u
+
+
+def _normal(shape, dtype, layout, mean, std):
+    z = dmath.random.randn(shape, dtype=dtype, layout=layout)
+    z *= std
+    if mean:
+        z += mean
+    return z
+
+
+NAMES = {Constant: "constant", Zeros: "zeros", Ones: "ones", Uniform: "uniform", Normal: "normal",
+         GlorotUniform: "glorot_uniform", GlorotNormal: "glorot_normal", HeUniform: "he_uniform",
+         HeNormal: "he_normal", FromArray: "array"}
+_BY_NAME = {v: k for k, v in NAMES.items() if k is not FromArray}
+_BY_NAME.update(glorot=GlorotUniform, xavier=GlorotUniform, he=HeNormal, kaiming=HeNormal)
+
+
+def get(spec):
+    """An Initializer from a name ('glorot_uniform', 'he_normal', 'zeros', ...), a number (a constant),
+    a numpy array (the values), a config dict ({'name': 'uniform', 'low': -1, 'high': 1}) or an Initializer."""
+    if isinstance(spec, Initializer):
+        return spec
+    if isinstance(spec, numbers.Real) and not isinstance(spec, bool):
+        return Constant(spec)
+    if isinstance(spec, np.ndarray):
+        return FromArray(spec)
+    if isinstance(spec, dict):
+        args = dict(spec)
+        name = args.pop("name", None)
+        if name not in _BY_NAME:
+            raise ConfigError(f"unknown initializer {name!r}; expected one of {sorted(_BY_NAME)}")
+        try:
+            return _BY_NAME[name](**args)
+        except TypeError as exc:
+            raise ConfigError(f"initializer {name!r}: bad arguments {args}: {exc}") from exc
+    if isinstance(spec, str):
+        if spec not in _BY_NAME:
+            raise ConfigError(f"unknown initializer {spec!r}; expected one of {sorted(_BY_NAME)}")
+        return _BY_NAME[spec]()
+    raise ConfigError(f"an initializer is a name, a number, an array, a config dict or an Initializer, "
+                      f"got {spec!r}")

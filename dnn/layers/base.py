@@ -1,0 +1,180 @@
+"""Layer: a builder of graph nodes that owns its parameters.
+
+A layer is built once for the per-sample input shape (`build`), creating its
+weights as dmath matrices in the layouts of its parallel strategy; after that
+it can add its nodes to any number of graphs (`__call__`): one per batch size
+and mode (training or evaluation), all sharing the same parameters.
+
+Weights are listed trainable first (kernel, then bias), then the buffers
+that are not trained (BatchNorm's running statistics); `get_weights` returns
+them as numpy arrays of their public shapes (a Conv2D kernel as
+(K, C, kh, kw), a bias as (out,)).
+"""
+import math
+
+import numpy as np
+
+from ..errors import ConfigError, ShapeError
+from ..graph.node import Variable
+from ..ops import Cast
+
+
+class Weight:
+    """One weight of a layer: a trainable Variable or a buffer matrix, with its public shape."""
+
+    def __init__(self, name, value, public_shape, trainable=True):
+        self.name = name
+        self.public_shape = tuple(public_shape)
+        self.trainable = trainable
+        self.var = Variable(value, name=name) if trainable else None
+        self._buffer = None if trainable else value
+
+    @property
+    def value(self):
+        return self.var.value if self.trainable else self._buffer
+
+    def numpy(self):
+        return self.value.to_numpy().reshape(self.public_shape)
+
+    def write(self, array):
+        """Overwrite the values in place (the matrix keeps its handle, so recorded steps stay valid)."""
+        a = np.asarray(array)
+        if a.shape != self.public_shape:
+            raise ShapeError(f"weight {self.name}: expected shape {self.public_shape}, got {a.shape}")
+        m = self.value
+        overwrite(m, a.reshape(m.shape))
+
+    def relayout(self, layout):
+        """Move the weight to another layout (a new matrix)."""
+        if self.trainable:
+            self.var.value = self.var.value.remap(layout)
+        else:
+            self._buffer = self._buffer.remap(layout)
+
+
+def overwrite(m, array):
+    """Write a numpy array into the existing matrix `m` in place (recorded steps keep reading it)."""
+    m.assign(np.ascontiguousarray(array, dtype=m.dtype))
+
+
+class Context:
+    """What a layer needs to know while adding its nodes to a graph.
+
+    training: training or evaluation mode (dropout, batch statistics).
+    dtype: the precision of the activations; param_dtype: of the stored
+    (master) weights. With float16 activations the weights stay float32 and
+    enter the graph through one cast node per weight and graph.
+    """
+
+    def __init__(self, training, dtype, param_dtype):
+        self.training, self.dtype, self.param_dtype = bool(training), dtype, param_dtype
+        self._casts = {}
+
+    def param(self, weight):
+        """The node through which the graph reads a trainable weight (a cast in mixed precision)."""
+        var = weight.var
+        if var.dtype == self.dtype:
+            return var
+        node = self._casts.get(id(var))
+        if node is None:
+            node = self._casts[id(var)] = Cast(self.dtype).apply(var)
+        return node
+
+
+class Layer:
+    """Base of the layers.
+
+    Subclasses implement `output_shape(sample_shape)`, `_create(sample_shape, dtype)`
+    (make the weights with `self._add_weight`), `forward(x, ctx)` (add nodes) and
+    `get_config()`.
+    """
+
+    #: strategies this layer accepts
+    strategies = ("data",)
+
+    def __init__(self, name=None, parallel="data"):
+        self.name = name
+        if parallel not in self.strategies:
+            raise ConfigError(f"{type(self).__name__}: parallel must be one of {self.strategies}, got {parallel!r}")
+        self.parallel = parallel          # as asked
+        self.strategy = parallel if parallel != "auto" else None   # as decided
+        self.weights = []
+        self.input_shape = None
+        self.built = False
+
+    # ---- shapes and building -------------------------------------------------
+    def output_shape(self, sample_shape):
+        return sample_shape
+
+    def build(self, sample_shape, param_dtype):
+        """Create the weights for samples of `sample_shape` (once)."""
+        if self.built:
+            if tuple(sample_shape) != self.input_shape:
+                raise ShapeError(f"{self.name} was built for samples of shape {self.input_shape}, "
+                                 f"now given {tuple(sample_shape)}")
+            return self.output_shape(sample_shape)
+        out = self.output_shape(tuple(sample_shape))
+        self.input_shape = tuple(sample_shape)
+        self._create(self.input_shape, param_dtype)
+        self.built = True
+        return out
+
+    def _create(self, sample_shape, dtype):
+        """Make the weights (none by default)."""
+
+    def _add_weight(self, name, init, shape, dtype, layout, public_shape=None, fans=None, trainable=True):
+        from .. import initializers
+        value = initializers.get(init)(shape, dtype=dtype, layout=layout, fans=fans)
+        w = Weight(f"{self.name}/{name}", value, public_shape or shape, trainable)
+        self.weights.append(w)
+        return w
+
+    def decide(self, batch, nworkers):
+        """Resolve parallel='auto' for a batch size (called before the first training graph)."""
+        if self.strategy is None:
+            self.strategy = "data"
+
+    # ---- graph building ----------------------------------------------------------
+    def forward(self, x, ctx):
+        raise NotImplementedError
+
+    def __call__(self, x, ctx):
+        if not self.built:
+            raise ConfigError(f"{self.name} is not built: build it for an input shape first")
+        return self.forward(x, ctx)
+
+    # ---- weights -------------------------------------------------------------------
+    @property
+    def params(self):
+        """The trainable Variables (kernel, then bias)."""
+        return [w.var for w in self.weights if w.trainable]
+
+    def count_params(self):
+        return sum(math.prod(w.public_shape) for w in self.weights if w.trainable)
+
+    def get_weights(self):
+        return [w.numpy() for w in self.weights]
+
+    def set_weights(self, arrays):
+        if len(arrays) != len(self.weights):
+            raise ShapeError(f"{self.name} has {len(self.weights)} weights "
+                             f"({', '.join(w.name for w in self.weights) or 'none'}), got {len(arrays)} arrays")
+        for w, a in zip(self.weights, arrays):
+            w.write(a)
+
+    def get_config(self):
+        return {"class": type(self).__name__, "name": self.name}
+
+    def describe(self):
+        """The parallel strategy and weight layouts, for Model.summary()."""
+        if not self.weights:
+            return "-"
+        lays = ", ".join(_short(w.value.layout) for w in self.weights if w.trainable)
+        return f"{self.strategy or 'auto'}: {lays}"
+
+    def __repr__(self):
+        return f"<{type(self).__name__} {self.name}>"
+
+
+def _short(layout):
+    return type(layout).__name__

@@ -1,0 +1,121 @@
+"""Convolution and pooling layers over image batches (samples (C, H, W)); always data parallel."""
+import numbers
+
+import dmath
+
+
+from ..errors import ConfigError, ShapeError
+from ..ops import Conv2D as ConvFn, Pool2D as PoolFn, activation as make_activation
+from ..ops.conv import pair, window_output
+from .base import Layer
+from .core import _check_activation, _init_config
+
+
+
+class Conv2D(Layer):
+    """2-D convolution (cross-correlation, as PyTorch) with K = filters output channels.
+
+    Args:
+        filters: output channels K.
+        kernel: kh or (kh, kw).
+        stride, dilation: int or pair.
+        padding: int, pair, 'valid' (0) or 'same' (output as large as the
+            input; stride 1 and an odd dilated kernel, as PyTorch).
+        activation: optional activation applied after.
+        kernel_init, bias_init: initializers; the kernel's fans are
+            (C*kh*kw, K*kh*kw).
+    The kernel is stored as a (K, C*kh*kw) matrix; get_weights gives (K, C, kh, kw).
+    """
+
+    def __init__(self, filters, kernel, stride=1, padding=0, dilation=1, activation=None, use_bias=True,
+                 kernel_init="glorot_uniform", bias_init="zeros", parallel="data", name=None):
+        super().__init__(name, parallel)
+        if isinstance(filters, bool) or not isinstance(filters, numbers.Integral) or filters < 1:
+            raise ConfigError(f"Conv2D: filters must be a positive integer, got {filters!r}")
+        self.filters = int(filters)
+        self.kernel_hw = pair(kernel, "kernel")
+        self.stride = pair(stride, "stride")
+        self.dilation = pair(dilation, "dilation")
+        if min(self.kernel_hw + self.stride + self.dilation) < 1:
+            raise ConfigError("Conv2D: kernel, stride and dilation must be at least 1")
+        self.padding_spec = padding
+        self.padding = self._padding(padding)
+        self.activation = _check_activation(activation)
+        self.use_bias = bool(use_bias)
+        self.kernel_init, self.bias_init = kernel_init, bias_init
+
+    def _padding(self, padding):
+        if padding == "valid":
+            return (0, 0)
+        if padding == "same":
+            if self.stride != (1, 1):
+                raise ConfigError("Conv2D: padding='same' needs stride 1 (as PyTorch)")
+            span = [d * (k - 1) for d, k in zip(self.dilation, self.kernel_hw)]
+            if any(s % 2 for s in span):
+                raise ConfigError(f"Conv2D: padding='same' needs an odd (dilated) kernel, got {self.kernel_hw}")
+            return (span[0] // 2, span[1] // 2)
+        return pair(padding, "padding")
+
+    def output_shape(self, sample_shape):
+        if len(sample_shape) != 3:
+            raise ShapeError(f"Conv2D needs image samples (C, H, W), got {tuple(sample_shape)}")
+        _, h, w = sample_shape
+        ho = window_output(h, self.kernel_hw[0], self.stride[0], self.padding[0], self.dilation[0])
+        wo = window_output(w, self.kernel_hw[1], self.stride[1], self.padding[1], self.dilation[1])
+        if ho < 1 or wo < 1:
+            raise ShapeError(f"Conv2D: a {self.kernel_hw} kernel does not fit a {h}x{w} image")
+        return (self.filters, ho, wo)
+
+    def _create(self, sample_shape, dtype):
+        c = sample_shape[0]
+        kh, kw = self.kernel_hw
+        fans = (c * kh * kw, self.filters * kh * kw)
+        rep = dmath.Replicated()
+        self.kernel = self._add_weight("kernel", self.kernel_init, (self.filters, c * kh * kw), dtype, rep,
+                                       public_shape=(self.filters, c, kh, kw), fans=fans)
+        self.bias = None
+        if self.use_bias:
+            self.bias = self._add_weight("bias", self.bias_init, (1, self.filters), dtype, rep,
+                                         public_shape=(self.filters,), fans=fans)
+
+    def forward(self, x, ctx):
+        fn = ConvFn(self.kernel_hw, self.stride, self.padding, self.dilation)
+        w = ctx.param(self.kernel)
+        y = fn.apply(x, w) if self.bias is None else fn.apply(x, w, ctx.param(self.bias))
+        return make_activation(self.activation).apply(y) if self.activation else y
+
+    def get_config(self):
+        return {**super().get_config(), "filters": self.filters, "kernel": list(self.kernel_hw),
+                "stride": list(self.stride), "padding": self.padding_spec if isinstance(self.padding_spec, str)
+                else list(self.padding), "dilation": list(self.dilation), "activation": self.activation,
+                "use_bias": self.use_bias, "kernel_init": _init_config(self.kernel_init),
+                "bias_init": _init_config(self.bias_init)}
+
+
+class Pool2D(Layer):
+    """Max or average pooling; stride defaults to the kernel (non-overlapping windows)."""
+
+    def __init__(self, kernel=2, stride=None, padding=0, mode="max", name=None):
+        super().__init__(name)
+        self._fn_args = (kernel, stride, padding, mode)
+        self._template = PoolFn(kernel, stride, padding, mode)     # validates the arguments
+
+    def output_shape(self, sample_shape):
+        if len(sample_shape) != 3:
+            raise ShapeError(f"Pool2D needs image samples (C, H, W), got {tuple(sample_shape)}")
+        c, h, w = sample_shape
+        t = self._template
+        ho = window_output(h, t.kernel[0], t.stride[0], t.padding[0])
+        wo = window_output(w, t.kernel[1], t.stride[1], t.padding[1])
+        if ho < 1 or wo < 1:
+            raise ShapeError(f"Pool2D: a {t.kernel} window does not fit a {h}x{w} image")
+        return (c, ho, wo)
+
+    def forward(self, x, ctx):
+        t = self._template
+        return PoolFn(t.kernel, t.stride, t.padding, t.mode).apply(x)
+
+    def get_config(self):
+        t = self._template
+        return {**super().get_config(), "kernel": list(t.kernel), "stride": list(t.stride),
+                "padding": list(t.padding), "mode": t.mode}

@@ -1,0 +1,189 @@
+"""The core layers: Input, Dense, Activation, Dropout, Flatten, Reshape, Output."""
+import math
+import numbers
+
+from .. import parallel as par
+from ..errors import ConfigError, ShapeError
+from ..ops import Dropout as DropoutFn, Reshape as ReshapeFn, activation as make_activation, linear
+from ..ops.activation import ACTIVATIONS
+from .base import Layer
+
+
+def _sample_shape(shape):
+    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
+        shape = (shape,)
+    try:
+        dims = tuple(int(d) for d in shape)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"a sample shape is (features,) or (C, H, W), got {shape!r}") from exc
+    if len(dims) not in (1, 3) or min(dims) < 1:
+        raise ConfigError(f"a sample shape is (features,) or (C, H, W) of positive sizes, got {shape!r}")
+    return dims
+
+
+def _check_activation(name):
+    if name is not None and name not in ACTIVATIONS:
+        raise ConfigError(f"unknown activation {name!r}; expected one of {sorted(ACTIVATIONS)}")
+    return name
+
+
+class Input(Layer):
+    """The shape of one input sample: (features,) or an image (C, H, W). First layer of a Sequential."""
+
+    def __init__(self, shape, name=None):
+        super().__init__(name)
+        self.shape = _sample_shape(shape)
+
+    def output_shape(self, sample_shape):
+        return self.shape
+
+    def forward(self, x, ctx):
+        return x
+
+    def get_config(self):
+        return {**super().get_config(), "shape": list(self.shape)}
+
+
+class Dense(Layer):
+    """A fully-connected layer y = x W + b, W of shape (in_features, units).
+
+    Args:
+        units: output features.
+        activation: an optional activation applied after (a name, e.g. 'relu').
+        use_bias: add b (1, units).
+        kernel_init, bias_init: initializers (names, numbers or dnn.initializers objects).
+        parallel: 'data' (W replicated, the batch split), 'model' (W in column
+            blocks, each worker owns units / P outputs) or 'auto' (the cost model
+            in dnn.parallel picks at the first training step, from the batch size).
+    """
+
+    strategies = par.STRATEGIES
+
+    def __init__(self, units, activation=None, use_bias=True, kernel_init="glorot_uniform", bias_init="zeros",
+                 parallel="data", name=None):
+        super().__init__(name, parallel)
+        if isinstance(units, bool) or not isinstance(units, numbers.Integral) or units < 1:
+            raise ConfigError(f"Dense: units must be a positive integer, got {units!r}")
+        self.units = int(units)
+        self.activation = _check_activation(activation)
+        self.use_bias = bool(use_bias)
+        self.kernel_init, self.bias_init = kernel_init, bias_init
+
+    def output_shape(self, sample_shape):
+        return (self.units,)
+
+    def _create(self, sample_shape, dtype):
+        fan_in = math.prod(sample_shape)
+        layout = par.weight_layout(self.strategy or "data")
+        self.kernel = self._add_weight("kernel", self.kernel_init, (fan_in, self.units), dtype, layout)
+        self.bias = None
+        if self.use_bias:
+            self.bias = self._add_weight("bias", self.bias_init, (1, self.units), dtype, layout,
+                                         public_shape=(self.units,), fans=(fan_in, self.units))
+
+    def decide(self, batch, nworkers):
+        if self.strategy is not None:
+            return
+        self.strategy = par.choose_dense(math.prod(self.input_shape), self.units, batch, nworkers)
+        if self.strategy != "data":
+            for w in self.weights:
+                w.relayout(par.weight_layout(self.strategy))
+
+    def forward(self, x, ctx):
+        w = ctx.param(self.kernel)
+        y = linear(x, w) if self.bias is None else linear(x, w, ctx.param(self.bias))
+        return make_activation(self.activation).apply(y) if self.activation else y
+
+    def get_config(self):
+        return {**super().get_config(), "units": self.units, "activation": self.activation,
+                "use_bias": self.use_bias, "kernel_init": _init_config(self.kernel_init),
+                "bias_init": _init_config(self.bias_init), "parallel": self.parallel}
+
+
+class Activation(Layer):
+    """An elementwise or row-wise activation: 'sigmoid', 'tanh', 'relu', 'softmax', 'log_softmax', 'linear'."""
+
+    def __init__(self, activation, name=None):
+        super().__init__(name)
+        if activation is None:
+            raise ConfigError("Activation needs a function name")
+        self.activation = _check_activation(activation)
+
+    def forward(self, x, ctx):
+        return make_activation(self.activation).apply(x)
+
+    def get_config(self):
+        return {**super().get_config(), "activation": self.activation}
+
+
+class Output(Activation):
+    """The network's output activation ('softmax', 'sigmoid' or 'linear').
+
+    Training fuses it with the loss where that is exact and stable (softmax
+    with cross-entropy, sigmoid with binary cross-entropy); predict applies it.
+    """
+
+    def __init__(self, activation="softmax", name=None):
+        super().__init__(activation or "linear", name)
+
+
+class Dropout(Layer):
+    """Inverted dropout with rate p in training (kept values scaled by 1 / (1 - p)); identity in evaluation.
+
+    seed: the mask generator's seed (None: the model gives each Dropout its own).
+    The masks depend only on (seed, step, element index): the same at any worker count.
+    """
+
+    def __init__(self, p=0.5, seed=None, name=None):
+        super().__init__(name)
+        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p < 1:
+            raise ConfigError(f"Dropout: p must be in [0, 1), got {p!r}")
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
+            raise ConfigError(f"Dropout: seed must be a non-negative integer or None, got {seed!r}")
+        self.p, self.seed = float(p), seed
+        self.counter = [0]       # mask steps drawn so far, shared by every graph of this layer
+
+    def forward(self, x, ctx):
+        if not ctx.training or self.p == 0.0:
+            return x
+        return DropoutFn(self.p, self.seed or 0, self.counter).apply(x)
+
+    def get_config(self):
+        return {**super().get_config(), "p": self.p, "seed": self.seed}
+
+
+class Flatten(Layer):
+    """Samples as flat vectors (C, H, W) -> (C*H*W,); no data moves (a batch is always (N, C*H*W))."""
+
+    def output_shape(self, sample_shape):
+        return (math.prod(sample_shape),)
+
+    def forward(self, x, ctx):
+        return ReshapeFn(self.output_shape(x.sample_shape)).apply(x)
+
+
+class Reshape(Layer):
+    """Samples seen with another shape of the same size, e.g. (784,) -> (1, 28, 28)."""
+
+    def __init__(self, shape, name=None):
+        super().__init__(name)
+        self.shape = _sample_shape(shape)
+
+    def output_shape(self, sample_shape):
+        if math.prod(sample_shape) != math.prod(self.shape):
+            raise ShapeError(f"Reshape: samples of shape {tuple(sample_shape)} cannot become {self.shape}")
+        return self.shape
+
+    def forward(self, x, ctx):
+        return ReshapeFn(self.shape).apply(x)
+
+    def get_config(self):
+        return {**super().get_config(), "shape": list(self.shape)}
+
+
+def _init_config(spec):
+    """An initializer spec as JSON (names and numbers as they are)."""
+    from .. import initializers
+    if isinstance(spec, (str, int, float)):
+        return spec
+    return initializers.get(spec).get_config()

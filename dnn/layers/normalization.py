@@ -1,0 +1,40 @@
+"""BatchNorm: per-feature (flat samples) or per-channel (image samples) batch normalization."""
+import numbers
+
+import dmath
+
+from ..errors import ConfigError
+from ..ops import BatchNorm as BatchNormFn
+from .base import Layer
+
+
+class BatchNorm(Layer):
+    """y = gamma (x - mean) / sqrt(var + eps) + beta; batch statistics in training (all-reduced over
+    the batch's workers), running statistics in evaluation, updated as PyTorch (momentum 0.1,
+    unbiased variance). Weights: gamma, beta (trained), running_mean, running_var (buffers)."""
+
+    def __init__(self, momentum=0.1, eps=1e-5, name=None):
+        super().__init__(name)
+        if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0 <= momentum <= 1:
+            raise ConfigError(f"BatchNorm: momentum must be in [0, 1], got {momentum!r}")
+        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps > 0:
+            raise ConfigError(f"BatchNorm: eps must be positive, got {eps!r}")
+        self.momentum, self.eps = float(momentum), float(eps)
+
+    def _create(self, sample_shape, dtype):
+        c = sample_shape[0]
+        rep = dmath.Replicated()
+        self.gamma = self._add_weight("gamma", "ones", (1, c), dtype, rep, public_shape=(c,))
+        self.beta = self._add_weight("beta", "zeros", (1, c), dtype, rep, public_shape=(c,))
+        # the running statistics stay float32 or float64 (never float16): they average many batches
+        self.running_mean = self._add_weight("running_mean", "zeros", (1, c), dtype, rep, public_shape=(c,),
+                                             trainable=False)
+        self.running_var = self._add_weight("running_var", "ones", (1, c), dtype, rep, public_shape=(c,),
+                                            trainable=False)
+
+    def forward(self, x, ctx):
+        fn = BatchNormFn(self.running_mean.value, self.running_var.value, ctx.training, self.momentum, self.eps)
+        return fn.apply(x, ctx.param(self.gamma), ctx.param(self.beta))
+
+    def get_config(self):
+        return {**super().get_config(), "momentum": self.momentum, "eps": self.eps}

@@ -1,0 +1,127 @@
+"""Losses of a model: cross_entropy, binary_cross_entropy, mse.
+
+A loss builds the training head of a network from the node `z` that enters
+the output activation and that activation's name: cross-entropy after a
+softmax (or on raw logits, 'linear', as PyTorch's CrossEntropyLoss) and
+binary cross-entropy after a sigmoid (or on logits) are fused with it,
+which is exact and does not overflow; any other pairing applies the
+activation first. Every loss averages over the batch (PyTorch's
+reduction='mean').
+
+A loss also says how targets are given (`targets`) and how accuracy is
+counted: 'categorical' (the largest output is the label), 'binary'
+(outputs above the threshold are 1) or None (regression).
+"""
+import numpy as np
+
+import dmath
+
+from .errors import ConfigError, ShapeError
+from .ops import (activation as make_activation, binary_cross_entropy, cross_entropy, mse,
+                  sigmoid_binary_cross_entropy, softmax_cross_entropy)
+
+
+class Loss:
+    """Base of the model losses."""
+
+    name = "loss"
+    #: how accuracy is counted: 'categorical', 'binary' or None
+    accuracy = None
+
+    def head(self, z, target, activation):
+        """(loss node, prediction node, threshold) for pre-activation z, targets and the output activation."""
+        raise NotImplementedError
+
+    def targets(self, y, outputs):
+        """Targets as a float array (N, outputs) from what the user passed (labels or arrays)."""
+        y = np.asarray(y)
+        if y.ndim == 1 and outputs == 1:
+            y = y[:, None]
+        if y.ndim != 2 or y.shape[1] != outputs:
+            raise ShapeError(f"{self.name}: targets must be (N, {outputs}), got shape {y.shape}")
+        return y
+
+    def __repr__(self):
+        return f"<loss {self.name}>"
+
+
+class CrossEntropy(Loss):
+    """Categorical cross-entropy; targets are integer labels (N,) or one-hot rows (N, classes)."""
+
+    name = "cross_entropy"
+    accuracy = "categorical"
+
+    def head(self, z, target, activation):
+        if activation in ("softmax", "linear", None):
+            return softmax_cross_entropy(z, target), z, None
+        p = make_activation(activation).apply(z)
+        return cross_entropy(p, target), p, None
+
+    def targets(self, y, outputs):
+        y = np.asarray(y)
+        if y.ndim == 1:
+            if not np.issubdtype(y.dtype, np.integer):
+                if not np.all(np.equal(np.mod(y, 1), 0)):
+                    raise ShapeError("cross_entropy: 1-D targets must be integer class labels")
+                y = y.astype(np.int64)
+            if y.size and (y.min() < 0 or y.max() >= outputs):
+                raise ShapeError(f"cross_entropy: labels must be in [0, {outputs}), got {y.min()}..{y.max()}")
+            out = np.zeros((y.size, outputs), dtype=np.float32)
+            out[np.arange(y.size), y] = 1.0
+            return out
+        return super().targets(y, outputs)
+
+
+class BinaryCrossEntropy(Loss):
+    """Binary cross-entropy; targets in [0, 1], (N,) for one output or (N, outputs)."""
+
+    name = "binary_cross_entropy"
+    accuracy = "binary"
+
+    def head(self, z, target, activation):
+        if activation in ("sigmoid", "linear", None):
+            return sigmoid_binary_cross_entropy(z, target), z, 0.0
+        p = make_activation(activation).apply(z)
+        return binary_cross_entropy(p, target), p, 0.5
+
+
+class MeanSquaredError(Loss):
+    """Mean squared error over every output."""
+
+    name = "mse"
+
+    def head(self, z, target, activation):
+        p = make_activation(activation).apply(z) if activation not in ("linear", None) else z
+        return mse(p, target), p, None
+
+
+_KINDS = {"cross_entropy": CrossEntropy, "categorical_crossentropy": CrossEntropy,
+          "binary_cross_entropy": BinaryCrossEntropy, "bce": BinaryCrossEntropy,
+          "mse": MeanSquaredError, "mean_squared_error": MeanSquaredError}
+
+
+def get(spec):
+    """A Loss from a name ('cross_entropy', 'binary_cross_entropy', 'mse') or a Loss."""
+    if isinstance(spec, Loss):
+        return spec
+    if spec not in _KINDS:
+        raise ConfigError(f"unknown loss {spec!r}; expected one of {sorted(_KINDS)}")
+    return _KINDS[spec]()
+
+
+def correct_count(pred, target, kind, threshold):
+    """The number of correct predictions in the batch as a (1, 1) matrix (no master-side read).
+
+    categorical: a sample counts when its label's output is the row's maximum
+    (a tie that includes the label counts once); binary: the fraction of a
+    sample's outputs on the right side of the threshold.
+    """
+    if kind == "categorical":
+        top = dmath.where(pred - pred.max(axis=1), 0.0, 1.0)      # 1 at every row maximum
+        hits = dmath.minimum((top * target).sum(axis=1), 1.0)
+    elif kind == "binary":
+        above = dmath.where(dmath.relu(pred - threshold), 1.0, 0.0)
+        hits = (1.0 - dmath.abs(above - target)).sum(axis=1) * (1.0 / pred.shape[1])
+    else:
+        raise ConfigError(f"no accuracy for loss kind {kind!r}")
+    return hits.sum(axis=0)

@@ -1,0 +1,357 @@
+"""Sequential: a stack of layers trained with fit, used with evaluate and predict.
+
+    model = dnn.Sequential([L.Input((1, 28, 28)), L.Flatten(), L.Dense(528), L.Activation('sigmoid'),
+                            L.Dense(10), L.Output('softmax')],
+                           loss='cross_entropy', optimizer=dnn.optim.SGD(lr=0.05), dtype='float32')
+    history = model.fit(x, y, batch_size=100, epochs=5, validation_data=(xv, yv))
+
+The model builds one `Program` per batch size and mode (dnn.programs): the
+training step is recorded as a dmath plan the first time and replayed after
+that, with each batch written into the same input matrices. The batch is in
+row blocks over the workers (data parallelism); see dnn.parallel for the
+per-layer strategies.
+
+Precision: dtype='float16' runs activations and gradients in float16 with
+float32 master weights (cast into the graph once per step) and dynamic loss
+scaling (dnn.optim.DynamicLossScale): the loss and its gradient are computed
+in float32, steps with inf/NaN gradients are skipped on the workers and the
+scale adjusts.
+"""
+import math
+import numbers
+import time
+
+import numpy as np
+
+import dmath
+
+from . import callbacks as cbs, losses, optim, serialization
+from .errors import ConfigError, ShapeError
+from .graph.node import canonical_dtype
+from .layers import Dropout, Input, Layer, from_config
+from .programs import Metrics, Program
+from .progress import ProgressBar
+
+#: the batch size evaluate and predict use when none is given
+EVAL_BATCH = 1000
+
+
+class Sequential:
+    """A linear stack of layers with a loss and an optimizer.
+
+    Args:
+        layers: the layers, the first an Input.
+        loss: 'cross_entropy', 'binary_cross_entropy', 'mse' or a dnn.losses.Loss.
+        optimizer: a dnn.optim optimizer, a name or None (SGD(lr=0.01)).
+        dtype: 'float16', 'float32' or 'float64' (activations; weights are
+            float32 for float16).
+        loss_scale: float16 only: None (a DynamicLossScale with its defaults)
+            or a DynamicLossScale.
+        record: record each training and evaluation step as a dmath plan and
+            replay it (False: run every step eagerly, e.g. for debugging).
+        seed: the seed of the shuffling and of Dropout layers without their own.
+    dmath is initialised here if the program has not done so.
+    """
+
+    def __init__(self, layers, loss="cross_entropy", optimizer=None, dtype="float32", loss_scale=None,
+                 record=True, seed=0, name="sequential"):
+        if not dmath.is_initialized():
+            dmath.init()
+        layers = list(layers)
+        if not layers or not all(isinstance(x, Layer) for x in layers):
+            raise ConfigError("Sequential needs a non-empty list of dnn.layers layers")
+        if not isinstance(layers[0], Input) or any(isinstance(x, Input) for x in layers[1:]):
+            raise ConfigError("the first layer of a Sequential must be an Input (and only the first), e.g. "
+                              "layers.Input((1, 28, 28)) or layers.Input(784)")
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+            raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+        self.name, self.seed, self.record = name, int(seed), bool(record)
+        self.dtype = canonical_dtype(dtype)
+        self.param_dtype = "float32" if self.dtype == "float16" else self.dtype
+        self.loss = losses.get(loss)
+        self.optimizer = optim.get(optimizer if optimizer is not None else optim.SGD())
+        if self.dtype == "float16":
+            self.loss_scale = loss_scale if loss_scale is not None else optim.DynamicLossScale()
+            if not isinstance(self.loss_scale, optim.DynamicLossScale):
+                raise ConfigError(f"loss_scale must be a dnn.optim.DynamicLossScale, got {loss_scale!r}")
+            self.loss_scale.setup()
+        elif loss_scale is not None:
+            raise ConfigError("loss_scale applies to dtype='float16' only")
+        else:
+            self.loss_scale = None
+        self.layers = layers
+        self._name_layers()
+        shape = layers[0].shape
+        for layer in layers:
+            shape = layer.build(shape, self.param_dtype)
+        self.input_shape, self.output_shape = layers[0].shape, shape
+        self.outputs = math.prod(shape)
+        self.one = dmath.ones((1, 1), dtype="float32" if self.dtype == "float16" else self.dtype,
+                              layout=dmath.Replicated())
+        self.train_metrics, self.eval_metrics = Metrics(), Metrics()
+        self._programs = {}
+        self._rng = np.random.default_rng(self.seed)
+        self.stop_training = False
+
+    def _name_layers(self):
+        counts, taken = {}, {x.name for x in self.layers if x.name}
+        for i, layer in enumerate(self.layers):
+            if layer.name is None:
+                kind = type(layer).__name__.lower()
+                while True:
+                    counts[kind] = counts.get(kind, 0) + 1
+                    name = f"{kind}_{counts[kind]}"
+                    if name not in taken:
+                        break
+                layer.name = name
+                taken.add(name)
+            if isinstance(layer, Dropout) and layer.seed is None:
+                layer.seed = self.seed * 1000 + i + 1
+        if len(taken) != len(self.layers):
+            raise ConfigError(f"layer names must be unique, got {[x.name for x in self.layers]}")
+
+    # ---- parameters ------------------------------------------------------------------
+    @property
+    def params(self):
+        """The trainable Variables, layer by layer (kernel, then bias)."""
+        return [p for layer in self.layers for p in layer.params]
+
+    def count_params(self):
+        return sum(layer.count_params() for layer in self.layers)
+
+    def get_weights(self):
+        """Every weight as a numpy array, layer by layer (kernel, then bias; BatchNorm: gamma, beta,
+        running mean, running variance)."""
+        return [a for layer in self.layers for a in layer.get_weights()]
+
+    def set_weights(self, weights):
+        """Write weights in get_weights' order and shapes (in place: recorded steps stay valid)."""
+        weights = list(weights)
+        expected = sum(len(layer.weights) for layer in self.layers)
+        if len(weights) != expected:
+            raise ShapeError(f"set_weights: the model has {expected} weights, got {len(weights)} arrays")
+        i = 0
+        for layer in self.layers:
+            n = len(layer.weights)
+            layer.set_weights(weights[i:i + n])
+            i += n
+
+    # ---- data ---------------------------------------------------------------------------
+    def _inputs(self, x, what="x"):
+        if isinstance(x, dmath.Matrix):
+            raise ConfigError(f"{what}: pass a numpy array; the model writes batches into its own matrices")
+        x = np.asarray(x)
+        if x.ndim < 2 or math.prod(x.shape[1:]) != math.prod(self.input_shape):
+            raise ShapeError(f"{what}: samples must have shape {self.input_shape} (or be flat rows of "
+                             f"{math.prod(self.input_shape)}), got an array of shape {x.shape}")
+        if not np.issubdtype(x.dtype, np.number):
+            raise ConfigError(f"{what}: expected numbers, got dtype {x.dtype}")
+        return np.ascontiguousarray(x.reshape(x.shape[0], -1), dtype=self.dtype)
+
+    def _targets(self, y, n, what="y"):
+        t = self.loss.targets(y, self.outputs)
+        if t.shape[0] != n:
+            raise ShapeError(f"{what}: {t.shape[0]} targets for {n} samples")
+        return np.ascontiguousarray(t, dtype="float32" if self.dtype == "float16" else self.dtype)
+
+    def _program(self, kind, batch):
+        key = (kind, batch)
+        prog = self._programs.get(key)
+        if prog is None:
+            for layer in self.layers:
+                layer.decide(batch, dmath.num_workers())
+            prog = self._programs[key] = Program(self, batch, training=kind == "train",
+                                                 with_targets=kind != "predict")
+        return prog
+
+    # ---- training ---------------------------------------------------------------------------
+    def fit(self, x, y, batch_size=32, epochs=1, validation_data=None, shuffle=True, callbacks=None,
+            verbose=1):
+        """Train; returns a History whose `history` maps 'loss', 'accuracy', 'val_loss',
+        'val_accuracy' and 'samples_per_s' to one value per epoch.
+
+        x: numpy (N, C, H, W) or (N, features); y: integer labels (N,) or
+        one-hot / target rows (N, outputs). The samples are shuffled every
+        epoch (on the master, from the model's seed), cut into batches of
+        batch_size (the last one may be smaller) and written into the
+        step's input matrices. callbacks: dnn.callbacks.Callback objects.
+        verbose: 0 silent, 1 progress bar, 2 one line per epoch.
+        """
+        x = self._inputs(x)
+        t = self._targets(y, x.shape[0])
+        n = x.shape[0]
+        batch_size = _positive_int(batch_size, "batch_size")
+        epochs = _positive_int(epochs, "epochs")
+        if n == 0:
+            raise ShapeError("fit needs at least one sample")
+        val = None
+        if validation_data is not None:
+            try:
+                xv, yv = validation_data
+            except (TypeError, ValueError) as exc:
+                raise ConfigError("validation_data must be a pair (x, y)") from exc
+            xv = self._inputs(xv, "validation x")
+            val = (xv, self._targets(yv, xv.shape[0], "validation y"))
+        history = cbs.History()
+        hooks = [history] + list(callbacks or [])
+        for cb in hooks:
+            if not isinstance(cb, cbs.Callback):
+                raise ConfigError(f"callbacks must be dnn.callbacks.Callback objects, got {cb!r}")
+            cb.model = self
+        self.stop_training = False
+        for cb in hooks:
+            cb.on_train_begin()
+        for epoch in range(epochs):
+            for cb in hooks:
+                cb.on_epoch_begin(epoch)
+            logs = self._train_epoch(x, t, batch_size, shuffle, epoch, epochs, verbose, hooks, val)
+            for cb in hooks:
+                cb.on_epoch_end(epoch, logs)
+            if self.stop_training:
+                break
+        for cb in hooks:
+            cb.on_train_end()
+        return history
+
+    def _train_epoch(self, x, t, batch_size, shuffle, epoch, epochs, verbose, hooks, val):
+        n = x.shape[0]
+        order = self._rng.permutation(n) if shuffle else None
+        metrics = self.train_metrics
+        metrics.reset()
+        bar = ProgressBar(epoch, epochs, n, verbose)
+        start = time.perf_counter()
+        for b, lo in enumerate(range(0, n, batch_size)):
+            hi = min(lo + batch_size, n)
+            idx = order[lo:hi] if order is not None else slice(lo, hi)
+            self._program("train", hi - lo).run(x[idx], t[idx])
+            metrics.samples += hi - lo
+            bar.update(hi, metrics.read)
+            for cb in hooks:
+                cb.on_batch_end(b)
+        loss, acc = metrics.read()            # a gather: also waits for the epoch's last step
+        elapsed = time.perf_counter() - start
+        logs = {"loss": loss}
+        if self.loss.accuracy:
+            logs["accuracy"] = acc
+        if val is not None:
+            v = self._evaluate(*val, EVAL_BATCH)
+            logs.update({f"val_{k}": v for k, v in v.items()})
+        logs["samples_per_s"] = n / elapsed if elapsed > 0 else float("inf")
+        bar.finish(logs)
+        return logs
+
+    # ---- evaluation ------------------------------------------------------------------------------
+    def evaluate(self, x, y, batch_size=None):
+        """{'loss': mean loss, 'accuracy': fraction correct (classification losses)} over (x, y)."""
+        x = self._inputs(x)
+        t = self._targets(y, x.shape[0])
+        return self._evaluate(x, t, _positive_int(batch_size, "batch_size") if batch_size else EVAL_BATCH)
+
+    def _evaluate(self, x, t, batch_size):
+        n = x.shape[0]
+        if n == 0:
+            raise ShapeError("evaluate needs at least one sample")
+        metrics = self.eval_metrics
+        metrics.reset()
+        for lo in range(0, n, batch_size):
+            hi = min(lo + batch_size, n)
+            self._program("eval", hi - lo).run(x[lo:hi], t[lo:hi])
+            metrics.samples += hi - lo
+        loss, acc = metrics.read()
+        out = {"loss": loss}
+        if self.loss.accuracy:
+            out["accuracy"] = acc
+        return out
+
+    def predict(self, x, batch_size=None):
+        """The network's outputs (after the output activation) for x, a numpy array (N, outputs)."""
+        x = self._inputs(x)
+        batch_size = _positive_int(batch_size, "batch_size") if batch_size else EVAL_BATCH
+        out = []
+        for lo in range(0, x.shape[0], batch_size):
+            hi = min(lo + batch_size, x.shape[0])
+            prog = self._program("predict", hi - lo)
+            prog.run(x[lo:hi])
+            out.append(prog.output.value.to_numpy())
+        if not out:
+            return np.zeros((0, self.outputs), dtype=self.dtype)
+        return np.concatenate(out).reshape((x.shape[0],) + tuple(self.output_shape)
+                                           if len(self.output_shape) > 1 else (x.shape[0], self.outputs))
+
+    # ---- description -------------------------------------------------------------------------------
+    def summary(self, print_fn=print):
+        """Print (and return) the layers with output shapes, parameters, parallel strategy and layouts."""
+        acts = self._activation_layouts()
+        rows = [("Layer (type)", "Output shape", "Params", "Parallel", "Weights", "Activations")]
+        shape = self.input_shape
+        for i, layer in enumerate(self.layers):
+            shape = layer.output_shape(shape)
+            names = {_layout_name(w.value.layout) for w in layer.weights}
+            lays = names.pop() if len(names) == 1 else \
+                ", ".join(f"{w.name.split('/')[-1]} {_layout_name(w.value.layout)}" for w in layer.weights)
+            strategy = (layer.strategy or "auto") if layer.weights else "-"
+            rows.append((f"{layer.name} ({type(layer).__name__})", str(tuple(shape)), str(layer.count_params()),
+                         strategy, lays or "-", acts.get(i, "RowBlock")))
+        widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
+        line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
+        rule = "-" * len(line(rows[0]).ljust(sum(widths) + 2 * (len(widths) - 1)))
+        text = [f"Model: {self.name}  (dtype {self.dtype}, weights {self.param_dtype}, {dmath.num_workers()} "
+                f"worker(s), batch RowBlock: data parallel)", rule, line(rows[0]), rule]
+        text += [line(r) for r in rows[1:]]
+        text += [rule, f"Total params: {self.count_params():,}",
+                 f"Loss: {self.loss.name}   Optimizer: {type(self.optimizer).__name__} "
+                 f"(lr {self.optimizer.current_lr():g})"
+                 + ("   Loss scaling: dynamic" if self.loss_scale is not None else "")]
+        out = "\n".join(text)
+        if print_fn is not None:
+            print_fn(out)
+        return out
+
+    def _activation_layouts(self):
+        """Layer index -> the layout of its output in the latest training program (once one has run)."""
+        progs = [p for (kind, _), p in self._programs.items() if kind == "train"]
+        if not progs or progs[-1].layer_nodes[-1].value is None:
+            return {}
+        nodes = progs[-1].layer_nodes
+        return {i: _layout_name(node.value.layout) for i, node in enumerate(nodes) if node.value is not None}
+
+    # ---- configuration and files --------------------------------------------------------------------
+    def get_config(self):
+        return {"class": "Sequential", "name": self.name, "dtype": self.dtype, "loss": self.loss.name,
+                "seed": self.seed, "record": self.record,
+                "loss_scale": self.loss_scale.get_config() if self.loss_scale is not None else None,
+                "layers": [layer.get_config() for layer in self.layers]}
+
+    @classmethod
+    def from_config(cls, config, optimizer=None):
+        """A new model (fresh weights) from get_config()'s dict."""
+        if not isinstance(config, dict) or config.get("class") != "Sequential":
+            raise ConfigError(f"not a Sequential config: {config!r}")
+        ls = config.get("loss_scale")
+        return cls([from_config(c) for c in config["layers"]], loss=config["loss"], optimizer=optimizer,
+                   dtype=config["dtype"], loss_scale=optim.DynamicLossScale(**ls) if ls else None,
+                   record=config.get("record", True), seed=config.get("seed", 0), name=config.get("name"))
+
+    def save(self, path):
+        """Write the architecture, weights and optimizer state to `path` (see dnn.serialization)."""
+        serialization.save_model(self, path)
+
+    def load_weights(self, path):
+        """Load the weights (and optimizer state) of a model file into this model; they must match."""
+        header, arrays = serialization.read_file(path)
+        serialization.load_state(self, header, arrays, path)
+
+
+def load(path):
+    """The model saved in `path` by Model.save (architecture, weights, optimizer state)."""
+    return serialization.load_model(path)
+
+
+def _positive_int(v, what):
+    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+        raise ConfigError(f"{what} must be a positive integer, got {v!r}")
+    return int(v)
+
+
+def _layout_name(layout):
+    return type(layout).__name__

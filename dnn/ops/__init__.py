@@ -1,0 +1,24 @@
+"""Differentiable operations, one module per family; each holds Function classes and node builders.
+
+    arithmetic     add, sub, mul, div, neg, pow, exp, log, sum, mean, add_n, cast
+    activation     sigmoid, tanh, relu, softmax, log_softmax
+    dense          matmul, linear (dense with bias)
+    loss           softmax_cross_entropy, cross_entropy, binary_cross_entropy,
+                   sigmoid_binary_cross_entropy, mse
+    dropout        dropout
+    conv           conv2d, pool2d
+    normalization  batchnorm
+    shape          reshape, flatten
+"""
+from .activation import (ACTIVATIONS, Identity, LogSoftmax, Relu, Sigmoid, Softmax, Tanh, activation,
+                         log_softmax, relu, sigmoid, softmax, tanh)
+from .arithmetic import (Add, AddN, Affine, Cast, Div, Exp, Log, Mul, Neg, PowScalar, Sub, Sum, add, add_n, cast, div,
+                         exp, log, mean, mul, neg, pow, sub, sum)
+from .conv import Conv2D, Pool2D, conv2d, pool2d
+from .dense import Linear, MatMul, linear, matmul
+from .dropout import Dropout, dropout
+from .loss import (BinaryCrossEntropy, CrossEntropy, MeanSquaredError, SigmoidBinaryCrossEntropy,
+                   SoftmaxCrossEntropy, binary_cross_entropy, cross_entropy, mse, sigmoid_binary_cross_entropy,
+                   softmax_cross_entropy)
+from .normalization import BatchNorm, batchnorm
+from .shape import Reshape, flatten, reshape

@@ -1,0 +1,114 @@
+"""Activation functions: sigmoid, tanh, relu through dmath's elementwise functions; softmax
+and log-softmax through dmath.nn (whole rows: the master puts the batch in a row layout).
+
+Backward passes reuse the forward output where the derivative is a function
+of it (sigmoid, tanh, relu, softmax), so no input needs to be kept.
+"""
+import dmath
+
+from ..errors import ConfigError
+from ..graph.function import Function
+
+
+class Sigmoid(Function):
+    name = "sigmoid"
+
+    def forward(self, x):
+        return dmath.sigmoid(x)
+
+    def backward(self, xs, y, gy, needs):
+        return (gy * (y - y * y),)
+
+
+class Tanh(Function):
+    name = "tanh"
+
+    def forward(self, x):
+        return dmath.tanh(x)
+
+    def backward(self, xs, y, gy, needs):
+        return (gy - gy * (y * y),)
+
+
+class Relu(Function):
+    name = "relu"
+
+    def forward(self, x):
+        return dmath.relu(x)
+
+    def backward(self, xs, y, gy, needs):
+        # y > 0 exactly where x > 0 (the subgradient at 0 is 0, as PyTorch)
+        return (dmath.where(y, gy, 0.0),)
+
+
+class Softmax(Function):
+    """Row-wise softmax (each row one sample)."""
+    name = "softmax"
+
+    def forward(self, x):
+        return dmath.nn.softmax(x)
+
+    def backward(self, xs, y, gy, needs):
+        # dx = y * (gy - rowsum(gy * y))
+        return (y * (gy - (gy * y).sum(axis=1)),)
+
+
+class LogSoftmax(Function):
+    """Row-wise log-softmax."""
+    name = "log_softmax"
+
+    def forward(self, x):
+        return dmath.nn.log_softmax(x)
+
+    def backward(self, xs, y, gy, needs):
+        # dx = gy - softmax(x) * rowsum(gy)
+        return (gy - dmath.exp(y) * gy.sum(axis=1),)
+
+
+class Identity(Function):
+    name = "linear"
+
+    def forward(self, x):
+        return x
+
+    def backward(self, xs, y, gy, needs):
+        return (gy,)
+
+
+#: activation name -> Function class (the names the layers accept)
+ACTIVATIONS = {
+    "sigmoid": Sigmoid,
+    "tanh": Tanh,
+    "relu": Relu,
+    "softmax": Softmax,
+    "log_softmax": LogSoftmax,
+    "linear": Identity,
+}
+
+
+def activation(name):
+    """A new Function for the activation called `name` (see ACTIVATIONS)."""
+    cls = ACTIVATIONS.get(name if name is not None else "linear")
+    if cls is None:
+        raise ConfigError(f"unknown activation {name!r}; expected one of {sorted(ACTIVATIONS)}")
+    return cls()
+
+
+def sigmoid(x):
+    return Sigmoid().apply(x)
+
+
+def tanh(x):
+    return Tanh().apply(x)
+
+
+def relu(x):
+    return Relu().apply(x)
+
+
+def softmax(x):
+    return Softmax().apply(x)
+
+
+def log_softmax(x):
+    return LogSoftmax().apply(x)

@@ -1,0 +1,49 @@
+"""Batch normalization (BatchNorm1d over features, BatchNorm2d over channels), through dmath.nn.
+
+In training mode the batch statistics are all-reduced over the batch's
+workers inside dmath.nn.batchnorm, so the result equals the one-worker result,
+and the running statistics (matrices owned by the layer) are updated in place
+as PyTorch does. In evaluation mode the running statistics normalize.
+"""
+import dmath
+
+from ..errors import ConfigError, ShapeError
+from ..graph.function import Function
+
+
+class BatchNorm(Function):
+    """y = gamma * (x - mean) / sqrt(var + eps) + beta, per channel (image batch) or per feature."""
+    name = "batchnorm"
+
+    def __init__(self, running_mean, running_var, training, momentum=0.1, eps=1e-5):
+        if not 0.0 <= momentum <= 1.0:
+            raise ConfigError(f"batchnorm: momentum must be in [0, 1], got {momentum!r}")
+        if not eps > 0:
+            raise ConfigError(f"batchnorm: eps must be positive, got {eps!r}")
+        self.running_mean, self.running_var = running_mean, running_var
+        self.training, self.momentum, self.eps = bool(training), float(momentum), float(eps)
+
+    def infer(self, x, gamma, beta):
+        sample = x.sample_shape
+        self.image_shape = sample if len(sample) == 3 else None
+        channels = sample[0] if self.image_shape else x.shape[1]
+        for what, node in (("gamma", gamma), ("beta", beta)):
+            if node.shape != (1, channels):
+                raise ShapeError(f"batchnorm: {what} must be (1, {channels}) for samples of shape {sample}, "
+                                 f"got {node.shape}")
+        if tuple(self.running_mean.shape) != (1, channels) or tuple(self.running_var.shape) != (1, channels):
+            raise ShapeError(f"batchnorm: running statistics must be (1, {channels})")
+        return x.shape, x.dtype, sample
+
+    def forward(self, x, gamma, beta):
+        y, self.saved = dmath.nn.batchnorm(x, gamma, beta, self.running_mean, self.running_var,
+                                           self.image_shape, self.training, self.momentum, self.eps)
+        return y
+
+    def backward(self, xs, y, gy, needs):
+        x, gamma, _ = xs
+        return dmath.nn.batchnorm_backward(gy, x, gamma, self.saved, self.image_shape)
+
+
+def batchnorm(x, gamma, beta, running_mean, running_var, training=True, momentum=0.1, eps=1e-5):
+    return BatchNorm(running_mean, running_var, training, momentum, eps).apply(x, gamma, beta)

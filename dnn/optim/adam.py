@@ -1,0 +1,52 @@
+"""Adam (Kingma & Ba), PyTorch's form: bias corrections as (1, 1) matrices updated inside the step."""
+import numpy as np
+
+import dmath
+
+from ..errors import ConfigError
+from .base import Optimizer, _positive, _unit
+
+
+class Adam(Optimizer):
+    """m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
+    w -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps),  g = grad + weight_decay * w.
+
+    Args: lr=0.001, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, schedule=None.
+    """
+
+    state_names = ("exp_avg", "exp_avg_sq")
+
+    def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, schedule=None):
+        super().__init__(lr, weight_decay, schedule)
+        try:
+            b1, b2 = betas
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"betas must be a pair of numbers in [0, 1), got {betas!r}") from exc
+        self.betas = (_unit(b1, "beta1"), _unit(b2, "beta2"))
+        self.eps = _positive(eps, "eps")
+
+    def _hyper(self):
+        return {"betas": list(self.betas), "eps": self.eps}
+
+    def new_scalars(self, dtype):
+        # b1^t and b2^t, t = steps taken; 1 before the first step
+        return {"beta1_power": 1.0, "beta2_power": 1.0}
+
+    def begin_step(self, s, h):
+        b1, b2 = self.betas
+        s["beta1_power"] *= h.factor(b1)
+        s["beta2_power"] *= h.factor(b2)
+        # a skipped first step (gated) leaves 1 - b^t = 0: the floor keeps lr / 0 out (its lr is 0 anyway)
+        tiny = float(np.finfo(s["beta1_power"].dtype).tiny)
+        h.step_size = h.lr / dmath.maximum(1.0 - s["beta1_power"], tiny)
+        h.inv_sqrt_bc2 = dmath.pow(dmath.maximum(1.0 - s["beta2_power"], tiny), -0.5)
+
+    def update(self, p, g, state, h):
+        b1, b2 = self.betas
+        m, v = state["exp_avg"], state["exp_avg_sq"]
+        m *= h.factor(b1)
+        m += g * (1.0 - b1)
+        v *= h.factor(b2)
+        v += (g * g) * (1.0 - b2)
+        denom = dmath.sqrt(v) * h.inv_sqrt_bc2 + self.eps
+        p -= (m / denom) * h.step_size

@@ -1,0 +1,241 @@
+"""Optimizer: per-parameter update rules issued as dmath commands on the workers.
+
+A step is a fixed sequence of commands on persistent matrices (parameters,
+their state, and tiny (1, 1) matrices for the learning rate and step
+counters), so it can be recorded once as a dmath plan and replayed. Values
+that change between steps live on the workers: the learning rate is a (1, 1)
+matrix the master rewrites only when the schedule changes it (outside the
+recorded step), and Adam's bias corrections are (1, 1) matrices updated by
+the step itself.
+
+Gradients may arrive in any layout: Partial weight gradients of data
+parallelism are all-reduced here by remapping them to the parameter's layout
+(and dtype) before the update. Weight decay adds `weight_decay * w` to the
+gradient, as PyTorch.
+
+Mixed precision passes a `gate`: a (1, 1) matrix, 1 when every gradient is
+finite and 0 otherwise. Gated, the gradient's non-finite values are replaced
+by zeros, the learning rate is multiplied by the gate and the state's decay
+factors become 1 where the gate is 0: a skipped step changes nothing, with no
+master-side decision inside the recorded step.
+"""
+import math
+import numbers
+
+import numpy as np
+
+import dmath
+
+from ..errors import ConfigError, GraphError
+from ..graph.node import Variable
+from . import schedules as _schedules
+
+
+class StepScalars:
+    """The per-step hyper-parameters a rule reads: `lr` and `factor(value)`, gated or not."""
+
+    def __init__(self, lr, gate):
+        self.lr, self.gate = lr, gate
+        self._factors = {}
+
+    def factor(self, value):
+        """A decay factor (a Python float), or a (1, 1) matrix that is 1 on skipped steps when gated."""
+        if self.gate is None:
+            return value
+        m = self._factors.get(value)
+        if m is None:
+            m = self._factors[value] = self.gate * (value - 1.0) + 1.0
+        return m
+
+
+class Optimizer:
+    """Base of the optimizers; subclasses define `state_names` and `update`.
+
+    Args:
+        lr: the base learning rate.
+        weight_decay: L2 penalty, added to the gradient as `weight_decay * w`.
+        schedule: None, or a schedule from dnn.optim.schedules giving the
+            learning rate of each step (warm-up, step decay, cosine, ...).
+    """
+
+    #: names of the per-parameter state matrices (zeros at the start)
+    state_names = ()
+
+    def __init__(self, lr, weight_decay=0.0, schedule=None):
+        self.lr = _positive(lr, "lr")
+        self.weight_decay = _non_negative(weight_decay, "weight_decay")
+        if schedule is not None and not isinstance(schedule, _schedules.Schedule):
+            raise ConfigError(f"schedule must be a dnn.optim.schedules schedule, got {schedule!r}")
+        self.schedule = schedule
+        self.iterations = 0            # steps taken (the schedule's clock)
+        self._state = {}               # id(param Variable) -> {name: Matrix}
+        self._scalars = {}             # dtype -> {'lr': Matrix, ...}: per-step (1, 1) matrices
+        self._lr_written = {}          # dtype -> the learning rate value in the 'lr' matrix
+
+    # ---- configuration --------------------------------------------------------
+    def get_config(self):
+        """The constructor's arguments (JSON-able), with the optimizer's name."""
+        cfg = {"name": type(self).__name__, "lr": self.lr, "weight_decay": self.weight_decay}
+        cfg.update(self._hyper())
+        cfg["schedule"] = self.schedule.get_config() if self.schedule is not None else None
+        return cfg
+
+    def _hyper(self):
+        return {}
+
+    def current_lr(self):
+        """The learning rate of the next step (the schedule's value, or lr)."""
+        if self.schedule is None:
+            return self.lr
+        return self.schedule(self.iterations, self.lr)
+
+    # ---- the step, in two halves -------------------------------------------------
+    def prepare(self, params):
+        """Master-side, outside a recorded step: make the state and write the next learning rate."""
+        for p in params:
+            self._check_param(p)
+            if id(p) not in self._state:
+                self._state[id(p)] = {name: dmath.zeros(p.shape, dtype=p.dtype, layout=_plain(p.value))
+                                      for name in self.state_names}
+        lr = self.current_lr()
+        for dtype in {p.dtype for p in params}:
+            s = self._step_scalars(dtype)
+            if self._lr_written.get(dtype) != lr:
+                s["lr"].set((0, 0), lr)
+                self._lr_written[dtype] = lr
+
+    def apply(self, params, grads, gate=None):
+        """Issue the update commands (recordable): gradients to the parameters' layouts, then the rules.
+
+        grads: one matrix per parameter (None: no gradient, the parameter is left alone).
+        gate: None, or a (1, 1) matrix, 0 to skip this step (mixed-precision overflow).
+        """
+        if len(params) != len(grads):
+            raise GraphError(f"{len(params)} parameters but {len(grads)} gradients")
+        by_dtype = {}
+        for p in params:
+            if p.dtype not in by_dtype:
+                s = self._step_scalars(p.dtype)
+                lr = s["lr"] if gate is None else s["lr"] * gate
+                by_dtype[p.dtype] = StepScalars(lr, gate)
+                self.begin_step(s, by_dtype[p.dtype])
+        for p, g in zip(params, grads):
+            if g is None:
+                continue
+            h = by_dtype[p.dtype]
+            g = to_layout_of(g, p.value)
+            if self.weight_decay:
+                g = g + p.value * self.weight_decay
+            if gate is not None:
+                g = dmath.where(gate, g, 0.0)     # NaN/inf -> 0 on a skipped step
+            self.update(p.value, g, self._state[id(p)], h)
+
+    def finish(self):
+        """Master-side, after the step: advance the schedule's clock."""
+        self.iterations += 1
+
+    def step(self, params, grads, gate=None):
+        """One whole update (prepare, apply, finish) of `params` (Variables) with `grads` (matrices)."""
+        params = list(params)
+        self.prepare(params)
+        self.apply(params, list(grads), gate)
+        self.finish()
+
+    def minimize(self, expr, variables):
+        """One gradient step on `expr` (a (1, 1) node, or summed) with respect to `variables` (MagmaDNN's API)."""
+        from ..graph import gradients
+        variables = list(variables)
+        for v in variables:
+            self._check_param(v)
+        self.step(variables, gradients(expr, variables))
+
+    # ---- what subclasses write ------------------------------------------------------
+    def begin_step(self, scalars, h):
+        """Once per step and dtype, before the rules: update step counters in `scalars` (recordable)."""
+
+    def update(self, p, g, state, h):
+        """Update the matrix `p` in place from the gradient `g` (already in p's layout)."""
+        raise NotImplementedError
+
+    def new_scalars(self, dtype):
+        """Extra (1, 1) per-step matrices of this optimizer: {name: initial value}."""
+        return {}
+
+    # ---- state, for save and load ---------------------------------------------------
+    def get_state(self, params):
+        """{name: numpy array} of everything the optimizer keeps (state matrices, counters)."""
+        out = {"iterations": np.array(self.iterations, dtype=np.int64)}
+        for i, p in enumerate(params):
+            for name, m in self._state.get(id(p), {}).items():
+                out[f"param{i}/{name}"] = m.to_numpy()
+        for dtype, s in self._scalars.items():
+            for name, m in s.items():
+                if name != "lr":
+                    out[f"scalars/{dtype}/{name}"] = m.to_numpy()
+        return out
+
+    def set_state(self, params, arrays):
+        """Restore what `get_state` returned (for the same parameters, in the same order)."""
+        self.iterations = int(np.asarray(arrays.get("iterations", 0)).reshape(-1)[0])
+        self.prepare(params)
+        for i, p in enumerate(params):
+            for name, m in self._state[id(p)].items():
+                key = f"param{i}/{name}"
+                if key in arrays:
+                    m.assign(np.ascontiguousarray(np.asarray(arrays[key]).reshape(m.shape), dtype=m.dtype))
+        for key, a in arrays.items():
+            if key.startswith("scalars/"):
+                _, dtype, name = key.split("/")
+                s = self._step_scalars(dtype)
+                if name in s:
+                    s[name].set((0, 0), float(np.asarray(a).reshape(-1)[0]))
+
+    # ---- helpers -------------------------------------------------------------------------
+    def _step_scalars(self, dtype):
+        s = self._scalars.get(dtype)
+        if s is None:
+            rep = dmath.Replicated()
+            s = {"lr": dmath.full((1, 1), self.current_lr(), dtype=dtype, layout=rep)}
+            self._lr_written[dtype] = self.current_lr()
+            for name, value in self.new_scalars(dtype).items():
+                s[name] = dmath.full((1, 1), value, dtype=dtype, layout=rep)
+            self._scalars[dtype] = s
+        return s
+
+    @staticmethod
+    def _check_param(p):
+        if not isinstance(p, Variable):
+            raise GraphError(f"optimizers update dnn.graph Variables, got {p!r}")
+
+
+def to_layout_of(g, p):
+    """The gradient g in the layout and dtype of the parameter matrix p (an all-reduce for a Partial g)."""
+    if tuple(g.shape) != tuple(p.shape):
+        raise GraphError(f"a gradient of shape {tuple(g.shape)} for a parameter of shape {tuple(p.shape)}")
+    if g.layout == p.layout and g.dtype == p.dtype:
+        return g
+    return g.remap(p.layout, dtype=p.dtype)
+
+
+def _plain(m):
+    lay = m.layout
+    return dmath.RowBlock(lay.group) if lay.partial else lay
+
+
+def _positive(v, what):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v > 0 or not math.isfinite(v):
+        raise ConfigError(f"{what} must be a positive number, got {v!r}")
+    return float(v)
+
+
+def _non_negative(v, what):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v >= 0 or not math.isfinite(v):
+        raise ConfigError(f"{what} must be a non-negative number, got {v!r}")
+    return float(v)
+
+
+def _unit(v, what, closed=False):
+    """A number in [0, 1) (or [0, 1] when closed)."""
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not (0 <= v < 1 or (closed and v == 1)):
+        raise ConfigError(f"{what} must be in [0, 1{']' if closed else ')'}, got {v!r}")
+    return float(v)

@@ -1,0 +1,71 @@
+"""Dynamic loss scaling for float16 training, decided on the workers (no master-side branch).
+
+The backward pass starts from `scale` instead of 1, so small float16
+gradients do not flush to zero; `unscale` divides the (float32) gradients by
+it and computes `ok`, a (1, 1) matrix that is 1 when every gradient is finite.
+The optimizer applies the step gated by `ok` (a skipped step changes
+nothing); `update(ok)` then halves the scale after an overflow and doubles it
+after `growth_interval` finite steps in a row (PyTorch's GradScaler policy).
+All of it is elementwise work on (1, 1) matrices, so it records and replays
+with the rest of the step.
+"""
+import dmath
+
+from ..errors import ConfigError
+
+
+class DynamicLossScale:
+    """The loss scale and its update rule; `scale` and `good_steps` are (1, 1) float32 matrices."""
+
+    def __init__(self, init_scale=2.0 ** 15, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
+        if not init_scale > 0 or not growth_factor > 1 or not 0 < backoff_factor < 1:
+            raise ConfigError("loss scaling needs init_scale > 0, growth_factor > 1 and 0 < backoff_factor < 1")
+        if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
+            raise ConfigError(f"growth_interval must be a positive integer, got {growth_interval!r}")
+        self.init_scale, self.growth_factor = float(init_scale), float(growth_factor)
+        self.backoff_factor, self.growth_interval = float(backoff_factor), growth_interval
+        self.scale = None
+        self.good_steps = None
+
+    def get_config(self):
+        return {"init_scale": self.init_scale, "growth_factor": self.growth_factor,
+                "backoff_factor": self.backoff_factor, "growth_interval": self.growth_interval}
+
+    def setup(self):
+        """Create the (1, 1) matrices (master side, before the first step)."""
+        if self.scale is None:
+            rep = dmath.Replicated()
+            self.scale = dmath.full((1, 1), self.init_scale, dtype="float32", layout=rep)
+            self.good_steps = dmath.zeros((1, 1), dtype="float32", layout=rep)
+
+    def unscale(self, grads):
+        """(grads / scale, ok): ok is 1 when every unscaled gradient is finite, else 0 (all on the workers)."""
+        inv = 1.0 / self.scale
+        out, total = [], None
+        for g in grads:
+            if g is None:
+                out.append(None)
+                continue
+            g = g * inv
+            out.append(g)
+            s = g.sum(axis=0).sum(axis=1)
+            total = s if total is None else total + s
+        if total is None:
+            return out, dmath.ones((1, 1), dtype="float32", layout=dmath.Replicated())
+        # x - x is 0 for a finite x and NaN for inf or NaN; where() maps 0 -> 1 and NaN -> 0
+        ok = dmath.where(total - total, 0.0, 1.0)
+        return out, ok.astype("float32") if ok.dtype != "float32" else ok
+
+    def update(self, ok):
+        """Adjust the scale after a step whose gradients were finite (ok = 1) or not (ok = 0)."""
+        good = self.good_steps
+        good += 1.0
+        good *= ok                                        # an overflow restarts the count
+        grow = dmath.where(good - float(self.growth_interval), 0.0, 1.0)   # 1 when the count is reached
+        factor = ok * (grow * (self.growth_factor - 1.0) + 1.0) + (1.0 - ok) * self.backoff_factor
+        self.scale *= factor
+        good *= 1.0 - grow
+
+    def value(self):
+        """The current scale (a master-side read: one gather)."""
+        return self.scale.get((0, 0))

@@ -1,0 +1,44 @@
+"""RMSProp (PyTorch's form, with optional momentum and the centered variant)."""
+import dmath
+
+from .base import Optimizer, _positive, _unit
+
+
+class RMSProp(Optimizer):
+    """s = alpha s + (1 - alpha) g^2;  avg = sqrt(s - a^2) + eps (centered, a = mean of g) or sqrt(s) + eps;
+    w -= lr * b with b = momentum b + g / avg (momentum > 0) or w -= lr * g / avg.
+
+    Args: lr=0.01, alpha=0.99, eps=1e-8, momentum=0.0, centered=False, weight_decay=0.0, schedule=None.
+    """
+
+    def __init__(self, lr=0.01, alpha=0.99, eps=1e-8, momentum=0.0, centered=False, weight_decay=0.0,
+                 schedule=None):
+        super().__init__(lr, weight_decay, schedule)
+        self.alpha = _unit(alpha, "alpha")
+        self.eps = _positive(eps, "eps")
+        self.momentum = _unit(momentum, "momentum")
+        self.centered = bool(centered)
+        self.state_names = (("square_avg",) + (("grad_avg",) if self.centered else ())
+                            + (("momentum_buffer",) if self.momentum else ()))
+
+    def _hyper(self):
+        return {"alpha": self.alpha, "eps": self.eps, "momentum": self.momentum, "centered": self.centered}
+
+    def update(self, p, g, state, h):
+        s = state["square_avg"]
+        s *= h.factor(self.alpha)
+        s += (g * g) * (1.0 - self.alpha)
+        if self.centered:
+            a = state["grad_avg"]
+            a *= h.factor(self.alpha)
+            a += g * (1.0 - self.alpha)
+            avg = dmath.sqrt(s - a * a) + self.eps
+        else:
+            avg = dmath.sqrt(s) + self.eps
+        if self.momentum:
+            b = state["momentum_buffer"]
+            b *= h.factor(self.momentum)
+            b += g / avg
+            p -= b * h.lr
+        else:
+            p -= (g / avg) * h.lr

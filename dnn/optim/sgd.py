@@ -1,0 +1,31 @@
+"""Stochastic gradient descent with momentum and Nesterov momentum (PyTorch's conventions)."""
+from ..errors import ConfigError
+from .base import Optimizer, _unit
+
+
+class SGD(Optimizer):
+    """w -= lr * d, where g = grad + weight_decay * w, v = momentum * v + g and
+    d = g + momentum * v (nesterov), v (momentum) or g (plain).
+
+    Args: lr=0.01, momentum=0.0, nesterov=False, weight_decay=0.0, schedule=None.
+    """
+
+    def __init__(self, lr=0.01, momentum=0.0, nesterov=False, weight_decay=0.0, schedule=None):
+        super().__init__(lr, weight_decay, schedule)
+        self.momentum = _unit(momentum, "momentum")
+        self.nesterov = bool(nesterov)
+        if self.nesterov and self.momentum == 0:
+            raise ConfigError("nesterov momentum needs momentum > 0")
+        self.state_names = ("momentum_buffer",) if self.momentum else ()
+
+    def _hyper(self):
+        return {"momentum": self.momentum, "nesterov": self.nesterov}
+
+    def update(self, p, g, state, h):
+        d = g
+        if self.momentum:
+            v = state["momentum_buffer"]
+            v *= h.factor(self.momentum)
+            v += g
+            d = g + v * self.momentum if self.nesterov else v
+        p -= d * h.lr

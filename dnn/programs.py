@@ -1,0 +1,144 @@
+"""The programs a model runs on one batch size: a training step and an evaluation pass.
+
+A program builds its graph once (placeholders for the batch, the layers'
+nodes, the loss head), keeps the batch matrices it feeds (RowBlock over the
+workers: data parallelism), and runs one step per call:
+
+    write the next batch into the input matrices (Matrix.assign)
+    first call:  run the step eagerly inside `dmath.record()`  -> a Plan
+    later calls: plan.replay()                                  (one control message)
+
+A step is a fixed sequence of commands on fixed matrices: parameters and
+optimizer state are updated in place, the learning rate is a (1, 1) matrix
+written outside the step when it changes, and the loss and the number of
+correct predictions are added into (1, 1) accumulators that the master reads
+only when it reports. A graph holding a function that cannot be replayed
+(dropout, whose mask step is a master-side scalar) runs eagerly every step.
+"""
+import numpy as np
+
+import dmath
+
+from .graph.execute import backward, forward, topological_order
+from .graph.node import Placeholder
+from .layers.base import Context
+from .layers.core import Activation
+from .losses import correct_count
+from .optim.base import to_layout_of
+
+
+class Metrics:
+    """(1, 1) float64 accumulators of the summed loss and correct count, on the workers."""
+
+    def __init__(self):
+        rep = dmath.Replicated()
+        self.loss = dmath.zeros((1, 1), dtype="float64", layout=rep)
+        self.correct = dmath.zeros((1, 1), dtype="float64", layout=rep)
+        self.samples = 0
+
+    def add(self, loss, correct, batch):
+        """Recordable: loss (the batch mean) times the batch size, and the correct count."""
+        self.loss += loss * float(batch)
+        if correct is not None:
+            self.correct += correct
+
+    def read(self):
+        """(mean loss, accuracy) over the samples since the last reset: one gather each."""
+        n = max(self.samples, 1)
+        return self.loss.get((0, 0)) / n, self.correct.get((0, 0)) / n
+
+    def reset(self):
+        self.loss.assign(np.zeros((1, 1)))
+        self.correct.assign(np.zeros((1, 1)))
+        self.samples = 0
+
+
+def split_head(layers):
+    """(body layers, output activation name): a final Activation/Output layer is fused with the loss."""
+    if layers and isinstance(layers[-1], Activation):
+        return layers[:-1], layers[-1].activation
+    return layers, None
+
+
+class Program:
+    """The graph of one batch size and mode, its batch matrices and its recorded plan."""
+
+    def __init__(self, model, batch, training, with_targets):
+        self.model, self.batch, self.training = model, batch, training
+        features = int(np.prod(model.input_shape))
+        lay = dmath.RowBlock()
+        self.x = dmath.zeros((batch, features), dtype=model.dtype, layout=lay)
+        self.inputs = Placeholder((batch, features), model.dtype, name="x", sample_shape=model.input_shape)
+        self.inputs.feed(self.x)
+        ctx = Context(training, model.dtype, model.param_dtype)
+        body, act = split_head(model.layers)
+        h = self.inputs
+        self.layer_nodes = []
+        for layer in body:
+            h = layer(h, ctx)
+            self.layer_nodes.append(h)
+        self.output = h if act is None else model.layers[-1](h, ctx)
+        if act is not None:
+            self.layer_nodes.append(self.output)
+        self.loss = self.pred = self.y = None
+        if with_targets:
+            z = h if model.dtype != "float16" else _cast32(h)
+            self.y = dmath.zeros((batch, model.outputs), dtype=z.dtype, layout=lay)
+            self.targets = Placeholder((batch, model.outputs), z.dtype, name="y")
+            self.targets.feed(self.y)
+            self.loss, self.pred, self.threshold = model.loss.head(z, self.targets, act)
+        roots = [self.loss, self.pred] if with_targets and training else \
+            ([self.output, self.loss, self.pred] if with_targets else [self.output])
+        self.order = topological_order(roots)
+        self.params = model.params
+        self.replayable = model.record and all(getattr(n.fn, "replayable", True) for n in self.order)
+        self.plan = None
+
+    # ---- one step -----------------------------------------------------------------
+    def run(self, x, y=None):
+        """Write the batch (numpy rows) into the input matrices and run the step."""
+        self.x.assign(x)
+        if y is not None:
+            self.y.assign(y)
+        opt = self.model.optimizer if self.training else None
+        if opt is not None:
+            opt.prepare(self.params)
+        if self.plan is not None:
+            self.plan.replay()
+        elif self.replayable:
+            with dmath.record() as plan:
+                self._step()
+            self.plan = plan
+        else:
+            self._step()
+        if opt is not None:
+            opt.finish()
+
+    def _step(self):
+        model = self.model
+        forward([], self.order)
+        if self.training:
+            self._update()
+        if self.loss is not None:
+            metrics = model.train_metrics if self.training else model.eval_metrics
+            kind = model.loss.accuracy
+            correct = correct_count(self.pred.value, self.y, kind, self.threshold) if kind else None
+            metrics.add(self.loss.value, correct, self.batch)
+
+    def _update(self):
+        model, params = self.model, self.params
+        scaler = model.loss_scale
+        seed = scaler.scale if scaler is not None else model.one
+        grads = backward(self.loss, params, seed=seed, order=self.order)
+        if scaler is None:
+            model.optimizer.apply(params, grads)
+            return
+        grads = [to_layout_of(g, p.value) if g is not None else None for g, p in zip(grads, params)]
+        grads, ok = scaler.unscale(grads)
+        model.optimizer.apply(params, grads, gate=ok)
+        scaler.update(ok)
+
+
+def _cast32(node):
+    from .ops import cast
+    return cast(node, "float32")

@@ -1,0 +1,213 @@
+"""The model file format (no pickle), its atomic write and its checked read.
+
+Layout of a file (all integers little-endian):
+
+    offset 0   magic        8 bytes  b"DNNMODEL"
+    8          version      u32      1
+    12         header size  u32      H
+    16         header crc   u32      CRC-32 of the header bytes
+    20         header       H bytes  UTF-8 JSON (below)
+    ...        zero padding to a multiple of 64
+    data       the arrays, each C-ordered little-endian at a 64-byte-aligned
+               offset from the start of the data; the file ends with the last array
+
+    header = {"format": "dnn.model", "version": 1,
+              "model": {"class": "Sequential", "name", "dtype", "loss", "seed",
+                        "layers": [layer.get_config(), ...], "loss_scale": {...} or null},
+              "optimizer": optimizer.get_config(),
+              "data_bytes": total bytes after the header,
+              "arrays": [{"name", "dtype", "shape", "offset", "nbytes", "crc32"}, ...]}
+
+Array names: "weights/<layer>/<weight>" in get_weights order, then
+"optimizer/<key>" (state and counters) and "loss_scale/<key>".
+
+Writing goes to a temporary file in the same directory, is fsync'ed, then
+renamed over the destination (os.replace) and the directory fsync'ed: a
+crash leaves either the old file or the new one, never a mix. Reading checks
+the magic, version, header CRC, JSON fields, that the file is exactly as long
+as declared, every array's bounds, size and CRC, and that the arrays match
+the model they describe; any mismatch raises ModelFileError.
+"""
+import json
+import os
+import struct
+import tempfile
+import zlib
+
+import numpy as np
+
+from .errors import ConfigError, DNNError, ModelFileError
+
+MAGIC = b"DNNMODEL"
+VERSION = 1
+ALIGN = 64
+_PREFIX = struct.Struct("<8sIII")          # magic, version, header size, header crc
+_DTYPES = ("float16", "float32", "float64", "int64")
+_MAX_HEADER = 64 << 20
+
+
+def _align(n):
+    return (n + ALIGN - 1) // ALIGN * ALIGN
+
+
+def write_file(path, header, arrays):
+    """Write `header` (a JSON-able dict) and named numpy arrays to `path` atomically."""
+    entries, blobs, offset = [], [], 0
+    for name, a in arrays:
+        a = np.asarray(a, order="C")        # (ascontiguousarray would make a 0-d array 1-d)
+        if a.dtype.name not in _DTYPES:
+            raise DNNError(f"cannot save array {name!r} of dtype {a.dtype}")
+        raw = a.astype(a.dtype.newbyteorder("<"), copy=False).tobytes()
+        offset = _align(offset)
+        entries.append({"name": name, "dtype": a.dtype.name, "shape": list(a.shape), "offset": offset,
+                        "nbytes": len(raw), "crc32": zlib.crc32(raw)})
+        blobs.append((offset, raw))
+        offset += len(raw)
+    header = dict(header, arrays=entries, data_bytes=offset)
+    head = json.dumps(header, separators=(",", ":")).encode("utf-8")
+    prefix = _PREFIX.pack(MAGIC, VERSION, len(head), zlib.crc32(head))
+    data_start = _align(len(prefix) + len(head))
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(prefix)
+            f.write(head)
+            f.write(b"\0" * (data_start - len(prefix) - len(head)))
+            pos = 0
+            for off, raw in blobs:
+                f.write(b"\0" * (off - pos))
+                f.write(raw)
+                pos = off + len(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:   # make the rename itself durable
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:   # some filesystems cannot fsync a directory; the file itself is synced
+        pass
+
+
+def read_file(path):
+    """(header dict, {name: numpy array}) of a model file, checked; raises ModelFileError."""
+    path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            blob = f.read()
+    except OSError as exc:
+        raise ModelFileError(f"cannot read model file {path!r}: {exc}") from exc
+    if len(blob) < _PREFIX.size:
+        raise ModelFileError(f"{path!r} is not a dnn model file: {len(blob)} bytes, shorter than the prefix")
+    magic, version, hsize, hcrc = _PREFIX.unpack_from(blob)
+    if magic != MAGIC:
+        raise ModelFileError(f"{path!r} is not a dnn model file (magic {magic!r}, expected {MAGIC!r})")
+    if version != VERSION:
+        raise ModelFileError(f"{path!r} has format version {version}; this dnn reads version {VERSION}")
+    if hsize > _MAX_HEADER or _PREFIX.size + hsize > len(blob):
+        raise ModelFileError(f"{path!r} is truncated: its header of {hsize} bytes ends past the file "
+                             f"({len(blob)} bytes)")
+    head = blob[_PREFIX.size:_PREFIX.size + hsize]
+    if zlib.crc32(head) != hcrc:
+        raise ModelFileError(f"{path!r} is corrupt: the header's checksum does not match")
+    try:
+        header = json.loads(head.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise ModelFileError(f"{path!r} is corrupt: its header is not valid JSON ({exc})") from exc
+    if not isinstance(header, dict) or header.get("format") != "dnn.model":
+        raise ModelFileError(f"{path!r}: the header does not describe a dnn model")
+    data_start = _align(_PREFIX.size + hsize)
+    data_bytes = _field(header, "data_bytes", int, path)
+    if len(blob) != data_start + data_bytes:
+        what = "truncated" if len(blob) < data_start + data_bytes else "longer than declared"
+        raise ModelFileError(f"{path!r} is {what}: {len(blob)} bytes, expected {data_start + data_bytes}")
+    arrays = {}
+    for e in _field(header, "arrays", list, path):
+        arrays[e.get("name")] = _array(blob, data_start, data_bytes, e, path)
+    return header, arrays
+
+
+def _field(d, key, kind, path):
+    v = d.get(key)
+    if not isinstance(v, kind) or isinstance(v, bool):
+        raise ModelFileError(f"{path!r}: the header's {key!r} is missing or not a {kind.__name__}")
+    return v
+
+
+def _array(blob, start, size, e, path):
+    if not isinstance(e, dict):
+        raise ModelFileError(f"{path!r}: an array entry is not an object")
+    name = e.get("name")
+    dtype, shape = e.get("dtype"), e.get("shape")
+    off, nbytes, crc = e.get("offset"), e.get("nbytes"), e.get("crc32")
+    if not isinstance(name, str) or dtype not in _DTYPES or not isinstance(shape, list) \
+            or not all(isinstance(d, int) and d >= 0 for d in shape) \
+            or not all(isinstance(v, int) and v >= 0 for v in (off, nbytes, crc)):
+        raise ModelFileError(f"{path!r}: malformed array entry {e!r}")
+    if nbytes != int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize:
+        raise ModelFileError(f"{path!r}: array {name!r} declares {nbytes} bytes for shape {shape} {dtype}")
+    if off + nbytes > size:
+        raise ModelFileError(f"{path!r}: array {name!r} lies past the end of the data")
+    raw = blob[start + off:start + off + nbytes]
+    if zlib.crc32(raw) != crc:
+        raise ModelFileError(f"{path!r} is corrupt: the checksum of array {name!r} does not match")
+    return np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype).reshape(shape)
+
+
+# ---- models --------------------------------------------------------------------------------------
+def save_model(model, path):
+    """Write `model` (architecture, weights, optimizer and loss-scale state) to `path`."""
+    arrays = [(f"weights/{w.name}", w.numpy()) for layer in model.layers for w in layer.weights]
+    arrays += [(f"optimizer/{k}", np.asarray(v)) for k, v in model.optimizer.get_state(model.params).items()]
+    if model.loss_scale is not None:
+        arrays += [("loss_scale/scale", model.loss_scale.scale.to_numpy()),
+                   ("loss_scale/good_steps", model.loss_scale.good_steps.to_numpy())]
+    header = {"format": "dnn.model", "version": VERSION, "model": model.get_config(),
+              "optimizer": model.optimizer.get_config()}
+    write_file(path, header, arrays)
+
+
+def load_model(path):
+    """A new Sequential from a file written by `save_model`; raises ModelFileError on any mismatch."""
+    from . import optim
+    from .model import Sequential
+    header, arrays = read_file(path)
+    try:
+        model = Sequential.from_config(header["model"], optimizer=optim.get(header.get("optimizer")))
+    except (ConfigError, KeyError, TypeError, ValueError) as exc:
+        raise ModelFileError(f"{os.fspath(path)!r}: the model described in the file cannot be built: {exc}") from exc
+    load_state(model, header, arrays, path)
+    return model
+
+
+def load_state(model, header, arrays, path):
+    """Write the file's weights (and optimizer and loss-scale state) into `model`, after checking them."""
+    path = os.fspath(path)
+    expected = [(f"weights/{w.name}", w.public_shape) for layer in model.layers for w in layer.weights]
+    found = [k for k in arrays if k.startswith("weights/")]
+    if found != [k for k, _ in expected]:
+        raise ModelFileError(f"{path!r}: the file's weights {found} do not match the model's "
+                             f"{[k for k, _ in expected]}")
+    for key, shape in expected:
+        if tuple(arrays[key].shape) != tuple(shape):
+            raise ModelFileError(f"{path!r}: weight {key!r} has shape {tuple(arrays[key].shape)} in the file, "
+                                 f"the model expects {tuple(shape)}")
+    model.set_weights([arrays[k] for k, _ in expected])
+    state = {k[len("optimizer/"):]: v for k, v in arrays.items() if k.startswith("optimizer/")}
+    if state:
+        model.optimizer.set_state(model.params, state)
+    if model.loss_scale is not None and "loss_scale/scale" in arrays:
+        model.loss_scale.setup()
+        model.loss_scale.scale.assign(np.asarray(arrays["loss_scale/scale"], dtype=np.float32).reshape(1, 1))
+        model.loss_scale.good_steps.assign(
+            np.asarray(arrays["loss_scale/good_steps"], dtype=np.float32).reshape(1, 1))

@@ -1,0 +1,230 @@
+"""Sequential end to end: training on real digits, float16 against float32, recorded against eager
+steps, data- against model-parallel Dense, save/load and corrupt files, summary, callbacks, errors."""
+import os
+
+import numpy as np
+import pytest
+
+import dmath
+import dnn
+from dnn import layers as L
+
+P = dmath.num_workers()
+
+
+@pytest.fixture(scope="module")
+def digits():
+    """2,000 training and 1,000 held-out real MNIST digits (the 5k subset), shuffled."""
+    try:
+        x, y = dnn.data.load_mnist_5k()
+    except dnn.data.DataError as exc:
+        pytest.skip(f"the MNIST 5k subset is not available here: {exc}")
+    perm = np.random.default_rng(0).permutation(len(y))
+    x, y = x[perm], y[perm]
+    return (x[:2000], y[:2000]), (x[4000:], y[4000:])
+
+
+def mlp(dtype="float32", hidden=64, parallel="data", optimizer=None, record=True, dropout=0.0):
+    layers = [L.Input((1, 28, 28)), L.Flatten(), L.Dense(hidden, parallel=parallel), L.Activation("relu")]
+    if dropout:
+        layers.append(L.Dropout(dropout))
+    layers += [L.Dense(10), L.Output("softmax")]
+    return dnn.Sequential(layers, loss="cross_entropy", dtype=dtype, record=record,
+                          optimizer=optimizer or dnn.optim.SGD(lr=0.1, momentum=0.9))
+
+
+def test_mlp_learns_real_digits_and_float16_keeps_float32_accuracy(digits):
+    (x, y), (xt, yt) = digits
+    acc = {}
+    for dtype in ("float32", "float16"):
+        dmath.random.seed(1)
+        model = mlp(dtype)
+        hist = model.fit(x, y, batch_size=100, epochs=3, validation_data=(xt, yt), verbose=0)
+        losses = hist["loss"]
+        assert losses[0] > losses[1] > losses[2], losses
+        assert hist["accuracy"][-1] > 0.9
+        acc[dtype] = model.evaluate(xt, yt)["accuracy"]
+        assert acc[dtype] == pytest.approx(hist["val_accuracy"][-1])
+        assert set(hist.history) == {"loss", "accuracy", "val_loss", "val_accuracy", "samples_per_s"}
+    assert acc["float32"] >= 0.87, acc            # 2,000 digits, 3 epochs of a 784-64-10 MLP
+    assert abs(acc["float16"] - acc["float32"]) <= 0.01, acc
+
+
+def test_cnn_with_batchnorm_and_dropout_trains(digits):
+    (x, y), (xt, yt) = digits
+    dmath.random.seed(2)
+    model = dnn.Sequential([
+        L.Input((1, 28, 28)), L.Conv2D(4, 5, stride=2, padding=2), L.BatchNorm(), L.Activation("relu"),
+        L.Pool2D(2), L.Flatten(), L.Dropout(0.2), L.Dense(10), L.Output("softmax")],
+        optimizer=dnn.optim.Adam(lr=0.01))
+    hist = model.fit(x[:1000], y[:1000], batch_size=50, epochs=2, verbose=0)
+    assert hist["loss"][1] < hist["loss"][0]
+    assert model.evaluate(xt, yt)["accuracy"] > 0.75
+
+
+def _blobs(n=256, features=6, seed=0):
+    x, y = dnn.data.synthetic_classification(n, features, classes=3, seed=seed, noise=0.7)
+    return x.astype(np.float64), y
+
+
+def _small(record=True, parallel="data", dtype="float64", optimizer=None):
+    dmath.random.seed(5)
+    return dnn.Sequential([L.Input(6), L.Dense(16, parallel=parallel), L.Activation("tanh"),
+                           L.Dense(3, parallel=parallel), L.Output("softmax")], dtype=dtype, record=record,
+                          optimizer=optimizer or dnn.optim.Adam(lr=0.01))
+
+
+def test_recorded_steps_equal_eager_steps():
+    x, y = _blobs()
+    rec, eager = _small(record=True), _small(record=False)
+    for m in (rec, eager):
+        m.fit(x, y, batch_size=60, epochs=2, shuffle=True, verbose=0)    # 60 does not divide 256: two plans
+    assert rec._programs[("train", 60)].plan is not None and eager._programs[("train", 60)].plan is None
+    for a, b in zip(rec.get_weights(), eager.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_model_parallel_dense_trains_like_data_parallel():
+    x, y = _blobs()
+    data, model = _small(parallel="data"), _small(parallel="model")
+    assert type(model.layers[1].kernel.value.layout) is dmath.ColBlock
+    for m in (data, model):
+        m.fit(x, y, batch_size=64, epochs=2, verbose=0)
+    for a, b in zip(data.get_weights(), model.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(data.predict(x[:10]), model.predict(x[:10]), rtol=1e-9)
+
+
+def test_binary_cross_entropy_and_mse_models_train():
+    rng = np.random.default_rng(3)
+    x = rng.normal(size=(200, 4))
+    yb = (x[:, 0] + x[:, 1] > 0).astype(np.float64)
+    dmath.random.seed(3)
+    m = dnn.Sequential([L.Input(4), L.Dense(8), L.Activation("tanh"), L.Dense(1), L.Output("sigmoid")],
+                       loss="binary_cross_entropy", dtype="float64", optimizer=dnn.optim.SGD(lr=0.5))
+    h = m.fit(x, yb, batch_size=40, epochs=5, verbose=0)
+    assert h["loss"][-1] < h["loss"][0] and h["accuracy"][-1] > 0.9
+    p = m.predict(x[:5])
+    assert p.shape == (5, 1) and np.all((p > 0) & (p < 1))
+    yr = x @ np.array([[1.0, -2.0], [0.5, 0.0], [0.0, 1.0], [0.0, 0.0]])
+    r = dnn.Sequential([L.Input(4), L.Dense(2), L.Output("linear")], loss="mse", dtype="float64",
+                       optimizer=dnn.optim.SGD(lr=0.1))
+    h = r.fit(x, yr, batch_size=50, epochs=20, verbose=0)
+    assert h["loss"][-1] < 1e-3 * h["loss"][0] and "accuracy" not in h
+
+
+def test_save_load_round_trip_continues_training_identically(tmp_path):
+    x, y = _blobs()
+    a = _small(optimizer=dnn.optim.SGD(lr=0.05, momentum=0.9))
+    a.fit(x, y, batch_size=64, epochs=1, verbose=0)
+    path = tmp_path / "model.dnn"
+    a.save(path)
+    b = dnn.load(path)
+    assert [type(layer) for layer in b.layers] == [type(layer) for layer in a.layers]
+    for wa, wb in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_array_equal(wa, wb)
+    np.testing.assert_array_equal(a.predict(x[:7]), b.predict(x[:7]))
+    for m in (a, b):   # the momentum buffers came back too: the next epoch is the same
+        m.fit(x, y, batch_size=64, epochs=1, shuffle=False, verbose=0)
+    for wa, wb in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_array_equal(wa, wb)
+    assert not [f for f in os.listdir(tmp_path) if f != "model.dnn"], "no temporary file left behind"
+
+
+def test_float16_model_saves_master_weights_and_loss_scale(tmp_path):
+    x, y = _blobs()
+    m = _small(dtype="float16")
+    m.fit(x.astype(np.float32), y, batch_size=64, epochs=1, verbose=0)
+    assert all(w.dtype == np.float32 for w in m.get_weights())
+    m.save(tmp_path / "h.dnn")
+    n = dnn.load(tmp_path / "h.dnn")
+    assert n.dtype == "float16" and n.loss_scale.value() == m.loss_scale.value()
+
+
+def test_float16_overflowing_steps_are_skipped_and_the_scale_backs_off():
+    x, y = _blobs(64)
+    m = _small(dtype="float16")
+    m.loss_scale = dnn.optim.DynamicLossScale(init_scale=2.0 ** 40)     # gradients * 2**40 overflow float16
+    m.loss_scale.setup()
+    before = m.get_weights()
+    m.fit(x.astype(np.float32), y, batch_size=64, epochs=1, shuffle=False, verbose=0)   # one step
+    for a, b in zip(before, m.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert m.loss_scale.value() == 2.0 ** 39
+    m.fit(x.astype(np.float32), y, batch_size=16, epochs=10, verbose=0)
+    assert m.loss_scale.value() < 2.0 ** 20
+    assert any(not np.array_equal(a, b) for a, b in zip(before, m.get_weights()))
+    assert all(np.isfinite(w).all() for w in m.get_weights())
+
+
+def test_corrupt_truncated_and_mismatched_files_raise(tmp_path):
+    x, y = _blobs()
+    m = _small()
+    path = tmp_path / "m.dnn"
+    m.save(path)
+    blob = path.read_bytes()
+    cases = {
+        "truncated": blob[:-10],
+        "short": blob[:12],
+        "magic": b"NOTAMODL" + blob[8:],
+        "header": blob[:30] + bytes([blob[30] ^ 0xFF]) + blob[31:],
+        "data": blob[:-5] + bytes([blob[-5] ^ 0x01]) + blob[-4:],
+        "longer": blob + b"\0",
+    }
+    for name, data in cases.items():
+        bad = tmp_path / f"{name}.dnn"
+        bad.write_bytes(data)
+        with pytest.raises(dnn.ModelFileError):
+            dnn.load(bad)
+    with pytest.raises(dnn.ModelFileError, match="cannot read"):
+        dnn.load(tmp_path / "missing.dnn")
+    other = dnn.Sequential([L.Input(6), L.Dense(17), L.Activation("tanh"), L.Dense(3), L.Output("softmax")])
+    with pytest.raises(dnn.ModelFileError, match="shape"):
+        other.load_weights(path)
+    before = [w.copy() for w in other.get_weights()]
+    assert all(np.array_equal(a, b) for a, b in zip(before, other.get_weights()))
+
+
+def test_summary_lists_layers_parameters_strategies_and_layouts():
+    m = dnn.Sequential([L.Input((1, 8, 8)), L.Conv2D(2, 3, padding="same"), L.Activation("relu"), L.Flatten(),
+                        L.Dense(5, parallel="model"), L.Dense(3), L.Output("softmax")])
+    text = m.summary(print_fn=None)
+    for expect in ("conv2d_1 (Conv2D)", "(2, 8, 8)", "20", "dense_1 (Dense)", "model", "ColBlock", "Replicated",
+                   f"Total params: {20 + 128 * 5 + 5 + 18:,}", f"{P} worker"):
+        assert expect in text, (expect, text)
+
+
+def test_callbacks_and_early_stopping():
+    x, y = _blobs()
+    seen = []
+    stop = dnn.callbacks.EarlyStopping(monitor="loss", patience=0, min_delta=10.0)
+    cb = dnn.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: seen.append((e, round(logs["loss"], 6))))
+    hist = _small().fit(x, y, batch_size=128, epochs=5, callbacks=[cb, stop], verbose=0)
+    assert len(hist["loss"]) == 2 and stop.stopped_epoch == 1 and [e for e, _ in seen] == [0, 1]
+
+
+def test_progress_output(capsys):
+    x, y = _blobs(64)
+    _small().fit(x, y, batch_size=32, epochs=2, verbose=2)
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and out[1].startswith("epoch 2/2") and "loss" in out[1] and "samples/s" in out[1]
+
+
+def test_user_errors_raise_before_anything_runs():
+    x, y = _blobs(32)
+    m = _small()
+    with pytest.raises(dnn.ShapeError, match="samples must have shape"):
+        m.fit(np.zeros((32, 5)), y, verbose=0)
+    with pytest.raises(dnn.ShapeError, match="labels must be in"):
+        m.fit(x, y + 3, verbose=0)
+    with pytest.raises(dnn.ShapeError, match="targets for"):
+        m.fit(x, y[:10], verbose=0)
+    with pytest.raises(dnn.ConfigError, match="batch_size"):
+        m.fit(x, y, batch_size=0, verbose=0)
+    with pytest.raises(dnn.ConfigError, match="first layer"):
+        dnn.Sequential([L.Dense(3)])
+    with pytest.raises(dnn.ConfigError, match="unknown loss"):
+        dnn.Sequential([L.Input(3), L.Dense(2)], loss="hinge")
+    with pytest.raises(dnn.ConfigError, match="float16"):
+        dnn.Sequential([L.Input(3), L.Dense(2)], loss_scale=dnn.optim.DynamicLossScale())
+    m.fit(x, y, batch_size=16, epochs=1, verbose=0)     # still usable

@@ -1,0 +1,60 @@
+"""The same dnn training program gives the same weights at 1 and at 4 workers.
+
+Data parallelism splits every batch into row blocks and all-reduces the
+weight gradients; model parallelism splits a Dense kernel into column blocks.
+Only the order of floating-point sums may change with the worker count, so
+in float64 the trained weights agree to ~1e-12. Runs in the plain `pytest
+tests` stage and launches its own jobs.
+"""
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from _jobs import MPIEXEC, job_env
+
+SCRIPT = """
+import sys
+import numpy as np
+import dmath
+import dnn
+from dnn import layers as L
+dmath.init(device="cpu")
+dmath.random.seed(7)
+x, y = dnn.data.synthetic_classification(96, (2, 6, 6), classes=3, seed=1, noise=0.5, dtype="float64")
+model = dnn.Sequential([
+    L.Input((2, 6, 6)), L.Conv2D(3, 3, padding="same"), L.BatchNorm(), L.Activation("relu"), L.Pool2D(2),
+    L.Flatten(), L.Dense(12, parallel="model"), L.Activation("tanh"), L.Dense(3, parallel="data"),
+    L.Output("softmax")], dtype="float64", optimizer=dnn.optim.SGD(lr=0.05, momentum=0.9, weight_decay=1e-3))
+hist = model.fit(x, y, batch_size=20, epochs=2, verbose=0)
+out = {f"w{i}": w for i, w in enumerate(model.get_weights())}
+out.update(loss=np.array(hist["loss"]), pred=model.predict(x[:9]), P=np.array(dmath.num_workers()))
+np.savez(sys.argv[1], **out)
+"""
+
+
+def _run(tmp_path, n):
+    script = tmp_path / "train.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / f"out{n}.npz"
+    cmd = [sys.executable, str(script), str(out)]
+    env = job_env()
+    if n > 1:
+        cmd = [MPIEXEC, "-n", str(n)] + cmd
+    else:
+        env = {k: v for k, v in env.items() if not k.startswith(("PMI_", "HYDRA_", "OMPI_"))}
+    p = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+    return np.load(out)
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec found")
+def test_same_trained_weights_at_1_and_4_workers(tmp_path):
+    one, four = _run(tmp_path, 1), _run(tmp_path, 4)
+    assert int(one["P"]) == 1 and int(four["P"]) == 4
+    weights = sorted(k for k in one.files if k.startswith("w"))
+    assert len(weights) == 10          # conv kernel, bias; gamma, beta, mean, var; two Dense kernels and biases
+    for k in weights + ["loss", "pred"]:
+        np.testing.assert_allclose(four[k], one[k], rtol=1e-10, atol=1e-12, err_msg=k)
+    assert one["loss"][1] < one["loss"][0]

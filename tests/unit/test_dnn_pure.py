@@ -1,0 +1,130 @@
+"""dnn's pure parts, without workers: the model file format, the parallel cost model, schedules,
+loss targets and initializer specs."""
+import json
+import struct
+import zlib
+
+import numpy as np
+import pytest
+
+from dnn import initializers, losses, parallel, serialization
+from dnn.errors import ConfigError, ModelFileError, ShapeError
+from dnn.optim import schedules
+
+
+def _arrays():
+    return [("a", np.arange(6, dtype=np.float32).reshape(2, 3)), ("b", np.array(7, dtype=np.int64)),
+            ("c", np.linspace(0, 1, 5).astype(np.float16)), ("empty", np.zeros((0, 4)))]
+
+
+def test_file_round_trip_keeps_dtypes_shapes_and_values(tmp_path):
+    path = tmp_path / "f.dnn"
+    serialization.write_file(path, {"format": "dnn.model", "extra": [1, 2]}, _arrays())
+    header, arrays = serialization.read_file(path)
+    assert header["extra"] == [1, 2] and list(arrays) == ["a", "b", "c", "empty"]
+    for name, a in _arrays():
+        assert arrays[name].dtype == a.dtype and arrays[name].shape == a.shape
+        np.testing.assert_array_equal(arrays[name], a)
+    blob = path.read_bytes()
+    magic, version, hsize, _ = struct.unpack_from("<8sIII", blob)
+    assert magic == b"DNNMODEL" and version == 1
+    entries = json.loads(blob[20:20 + hsize])["arrays"]
+    start = (20 + hsize + 63) // 64 * 64
+    assert all(e["offset"] % 64 == 0 for e in entries)
+    a = entries[0]          # the documented layout: raw little-endian C-order bytes at the offset
+    np.testing.assert_array_equal(np.frombuffer(blob[start + a["offset"]:start + a["offset"] + a["nbytes"]],
+                                                dtype="<f4").reshape(2, 3), _arrays()[0][1])
+
+
+def _data_start(blob):
+    return (20 + struct.unpack_from("<8sIII", blob)[2] + 63) // 64 * 64
+
+
+def _flip(blob, i):
+    return blob[:i] + bytes([blob[i] ^ 0x80]) + blob[i + 1:]
+
+
+def _rewrite_header(blob, edit):
+    _, _, hsize, _ = struct.unpack_from("<8sIII", blob)
+    header = json.loads(blob[20:20 + hsize])
+    edit(header)
+    head = json.dumps(header).encode()
+    pad = (20 + len(head) + 63) // 64 * 64 - 20 - len(head)
+    old_start = (20 + hsize + 63) // 64 * 64
+    return struct.pack("<8sIII", b"DNNMODEL", 1, len(head), zlib.crc32(head)) + head + b"\0" * pad + blob[old_start:]
+
+
+@pytest.mark.parametrize("name,damage,match", [
+    ("empty", lambda b: b"", "not a dnn model file"),
+    ("magic", lambda b: b"PK\x03\x04" + b[4:], "magic"),
+    ("version", lambda b: b[:8] + struct.pack("<I", 9) + b[12:], "version 9"),
+    ("header_crc", lambda b: b[:25] + bytes([b[25] ^ 1]) + b[26:], "header's checksum"),
+    ("truncated", lambda b: b[:-1], "truncated"),
+    ("header_cut", lambda b: b[:40], "truncated"),
+    ("appended", lambda b: b + b"x", "longer than declared"),
+    ("data_crc", lambda b: _flip(b, _data_start(b) + 5), "checksum of array"),
+    ("json", lambda b: _rewrite_header(b, lambda h: h.update(format="zip")), "does not describe"),
+    ("entry", lambda b: _rewrite_header(b, lambda h: h["arrays"][0].update(dtype="object")), "malformed"),
+    ("size", lambda b: _rewrite_header(b, lambda h: h["arrays"][0].update(nbytes=8)), "declares"),
+    ("bounds", lambda b: _rewrite_header(b, lambda h: h["arrays"][2].update(offset=10 ** 6)), "past the end"),
+])
+def test_damaged_files_raise_model_file_errors(tmp_path, name, damage, match):
+    path = tmp_path / "f.dnn"
+    serialization.write_file(path, {"format": "dnn.model"}, _arrays())
+    bad = tmp_path / f"{name}.dnn"
+    bad.write_bytes(damage(path.read_bytes()))
+    with pytest.raises(ModelFileError, match=match):
+        serialization.read_file(bad)
+
+
+def test_failed_write_keeps_the_old_file(tmp_path):
+    path = tmp_path / "f.dnn"
+    serialization.write_file(path, {"format": "dnn.model"}, _arrays())
+    before = path.read_bytes()
+    with pytest.raises(Exception):
+        serialization.write_file(path, {"format": "dnn.model"}, [("x", np.array(["text"]))])
+    assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["f.dnn"]
+
+
+def test_dense_cost_model():
+    # data parallelism all-reduces the weights, model parallelism moves activations
+    t = parallel.dense_traffic(784, 528, batch=100, nworkers=4)
+    assert t["data"] == pytest.approx(2 * 0.75 * (784 * 528 + 528) * 4)
+    assert t["model"] == pytest.approx(2 * 0.75 * 100 * (784 + 528) * 4)
+    assert parallel.choose_dense(784, 528, 100, 4) == "model"
+    assert parallel.choose_dense(528, 10, 100, 4) == "data"
+    assert parallel.choose_dense(784, 528, 100, 1) == "data"           # one worker: nothing moves
+    assert parallel.choose_dense(100, 100, 10_000, 8) == "data"        # huge batches favour data parallelism
+
+
+def test_schedule_configs_round_trip():
+    s = schedules.Warmup(10, start_factor=0.1, then=schedules.CosineAnnealing(90, min_lr=1e-4))
+    again = schedules.get(s.get_config())
+    assert [again(t, 0.1) for t in range(0, 120, 7)] == [s(t, 0.1) for t in range(0, 120, 7)]
+    with pytest.raises(ConfigError):
+        schedules.get({"name": "Cyclic"})
+
+
+def test_loss_targets():
+    ce = losses.get("cross_entropy")
+    np.testing.assert_array_equal(ce.targets(np.array([2, 0]), 3), [[0, 0, 1], [1, 0, 0]])
+    np.testing.assert_array_equal(ce.targets(np.eye(3), 3), np.eye(3))
+    with pytest.raises(ShapeError):
+        ce.targets(np.array([0, 3]), 3)
+    with pytest.raises(ShapeError):
+        ce.targets(np.array([0.5, 1.0]), 3)
+    assert losses.get("binary_cross_entropy").targets(np.array([0, 1, 1]), 1).shape == (3, 1)
+    with pytest.raises(ShapeError):
+        losses.get("mse").targets(np.zeros((4, 2)), 3)
+    with pytest.raises(ConfigError):
+        losses.get("hinge")
+
+
+def test_initializer_specs():
+    assert isinstance(initializers.get("he_normal"), initializers.HeNormal)
+    assert initializers.get(0.5).value == 0.5
+    u = initializers.get({"name": "uniform", "low": -1, "high": 2})
+    assert (u.low, u.high) == (-1.0, 2.0) and initializers.get(u.get_config()).get_config() == u.get_config()
+    for bad in ("xavier_magic", {"name": "uniform", "low": 1, "high": 0}, {"name": "normal", "sd": 1}, [1, 2]):
+        with pytest.raises(ConfigError):
+            initializers.get(bad)
