@@ -12,12 +12,14 @@ from . import memory, random
 from .backend import DTYPES
 from .errors import (DMathError, DTypeError, LayoutError, OutOfMemoryError, PlanError, RuntimeStateError,
                      ShapeError, WorkerError)
+from .linalg import explain_gemm, gemm
 from .layout import Block2D, BlockCyclic, ColBlock, Layout, Partial, Replicated, RowBlock, Tiles
 from .matrix import (Matrix, abs, eye, exp, from_numpy, full, log, maximum, minimum, ones, pow,
                      relu, sigmoid, sqrt, tanh, where, zeros)
 from .runtime import Plan, finalize, init, is_initialized, record
 from .runtime import runtime as _runtime
 from .ops.base import dispatch as _dispatch
+from . import nn  # noqa: E402  (the neural-network operations: dmath.nn.conv2d, ...)
 
 
 def num_workers():
@@ -46,7 +48,7 @@ def reset_stats():
 
 
 __all__ = ["init", "finalize", "is_initialized", "num_workers", "device", "stats", "reset_stats", "synchronize",
-           "Matrix", "zeros", "ones", "full", "eye", "from_numpy", "random", "memory",
+           "Matrix", "gemm", "explain_gemm", "zeros", "ones", "full", "eye", "from_numpy", "random", "memory",
            "exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "pow", "maximum", "minimum", "where",
            "Layout", "Replicated", "Partial", "RowBlock", "ColBlock", "Block2D", "BlockCyclic", "Tiles",
            "DMathError", "ShapeError", "LayoutError", "DTypeError", "WorkerError", "OutOfMemoryError",

@@ -4,6 +4,7 @@ Kernels never branch on numpy versus cupy: they ask `current()` for the
 backend and use its `xp` module and the few helpers below (host transfer,
 synchronisation). One GPU per worker is chosen from the node-local rank.
 """
+import contextlib
 import os
 
 import numpy as np
@@ -37,6 +38,7 @@ class Backend:
         self.xp = xp
         self.device_id = device_id
         self.is_gpu = name == "gpu"
+        self._side = None
 
     def asnumpy(self, a):
         """A host (numpy) copy or view of `a`."""
@@ -46,9 +48,36 @@ class Backend:
         """`a` (host or device) as an array of this backend."""
         return self.xp.asarray(a, dtype=dtype)
 
+    def quiet(self):
+        """A context in which floating-point exceptions (overflow, 0/0) pass silently.
+
+        Elementwise kernels produce inf and nan as IEEE says, like CuPy does;
+        only NumPy would warn. A GPU needs no context at all (entering NumPy's
+        errstate costs microseconds per command).
+        """
+        return _NO_CONTEXT if self.is_gpu else np.errstate(all="ignore")
+
     def synchronize(self):
         if self.is_gpu:
             self.xp.cuda.get_current_stream().synchronize()
+
+    def synchronize_all(self):
+        """Wait for the compute stream and the side stream."""
+        if self.is_gpu:
+            self.xp.cuda.Device().synchronize()
+
+    def side_stream(self):
+        """The stream that carries background communication (GPU only), created on first use.
+
+        It has the highest priority the device offers: a large GEMM on the
+        compute stream otherwise occupies every SM and the communication
+        kernels queued beside it wait for it to finish, which serialises what
+        was meant to overlap.
+        """
+        if self._side is None:
+            _, greatest = self.xp.cuda.runtime.deviceGetStreamPriorityRange()
+            self._side = self.xp.cuda.Stream(non_blocking=True, priority=greatest)
+        return self._side
 
     def stream_done(self):
         """True when every queued device operation has finished (always True on the CPU)."""
@@ -59,6 +88,7 @@ class Backend:
         return f"Backend({self.name}{dev})"
 
 
+_NO_CONTEXT = contextlib.nullcontext()
 _current = Backend("cpu", np)
 
 

@@ -12,7 +12,8 @@ import numpy as np
 from .backend import canonical_dtype
 from .errors import DMathError, DTypeError, LayoutError, ShapeError
 from .layout import ColBlock, Partial, Replicated, RowBlock, Tiles, distribution
-from .ops import base, elementwise
+from . import linalg
+from .ops import base, elementwise, storage
 from .ops.base import dispatch, dist_of, meta, new_meta
 from .runtime import Meta, runtime
 
@@ -20,7 +21,7 @@ from .runtime import Meta, runtime
 class Matrix:
     """A distributed 2-D matrix; its blocks stay on the workers until `to_numpy()`."""
 
-    __slots__ = ("_handle", "shape", "dtype", "layout", "__weakref__")
+    __slots__ = ("_handle", "shape", "dtype", "layout", "_memory", "__weakref__")
     # numpy scalars on the left (np.float32(2) * M) must defer to our reflected
     # operators instead of treating the Matrix as a sequence to convert
     __array_ufunc__ = None
@@ -28,6 +29,7 @@ class Matrix:
     def __init__(self, handle, m):
         self._handle = handle
         self.layout, self.shape, self.dtype = m.layout, m.shape, m.dtype
+        self._memory = None        # the backend's default memory kind
 
     def __del__(self):
         try:
@@ -53,6 +55,31 @@ class Matrix:
 
     def __len__(self):
         return self.shape[0]
+
+    # ---- memory kinds -------------------------------------------------------
+    @property
+    def memory(self):
+        """Where the local blocks live: 'device', 'host', 'managed' or 'cuda_managed' (see dmath.memory.kinds).
+
+        Creation functions take memory=; results of operations are in the
+        default kind ('device' on a GPU, 'host' on the CPU backend).
+        """
+        return self._memory or storage.check_kind(None)
+
+    def to_memory(self, kind):
+        """A new Matrix with this one's layout and values, held in memory `kind`."""
+        kind = _check_memory(kind)
+        return _placed(storage.to_memory(self, kind), kind)
+
+    def prefetch(self):
+        """Start copying a 'host' or 'managed' matrix to the devices in the background; returns self.
+
+        Its next use finds the device copy ready (the compute stream waits for
+        the copy, the host does not). Nothing to do for the other kinds or on
+        the CPU backend.
+        """
+        storage.prefetch(self)
+        return self
 
     # ---- movement -----------------------------------------------------------
     def to_numpy(self):
@@ -133,6 +160,17 @@ class Matrix:
     def __imul__(self, o): return _ewise("mul", self, o, inplace=True)
     def __itruediv__(self, o): return _ewise("div", self, o, inplace=True)
     def __abs__(self): return _ewise("abs", self)
+
+    # ---- products -------------------------------------------------------------
+    def __matmul__(self, o):
+        """self @ o: `dmath.gemm(self, o)` (any layouts; the cost model picks the strategy)."""
+        if not _is_matrix(o):
+            return NotImplemented
+        return linalg.gemm(self, o)
+
+    def replicate(self, wait=True):
+        """Keep a Replicated copy on every worker (the replica cache); wait=False overlaps it. Returns self."""
+        return linalg.replicate(self, wait)
 
     # ---- reductions ---------------------------------------------------------
     def sum(self, axis=None):
@@ -374,9 +412,23 @@ def where(cond, a, b):
     return _ewise("where", cond, a, b)
 
 
-def _creation(op, shape, dtype, layout, static=(), scalars=()):
-    out = new_meta(layout, shape, dtype)
-    return dispatch(op, [], [out], static=static, scalars=scalars)[0][0]
+def _creation(op, shape, dtype, layout, memory, static=(), scalars=()):
+    return _create(new_meta(layout, shape, dtype), op, memory, static, scalars)
+
+
+def _create(out, op, memory, static=(), scalars=(), payload=None):
+    """Run creation kernel `op` for a new matrix `out` (a Meta) in the validated memory kind `memory`.
+
+    The kind travels as the command's last scalar, never in its signature.
+    """
+    storage.check_room(memory, out)
+    scalars = tuple(scalars) + (storage.kind_scalar(memory),)
+    return _placed(dispatch(op, [], [out], static=static, scalars=scalars, payload=payload)[0][0], memory)
+
+
+def _placed(m, kind):
+    m._memory = kind
+    return storage.placed(m, kind)
 
 
 def zeros(shape, dtype="float32", layout=None, memory=None):
@@ -389,24 +441,24 @@ def ones(shape, dtype="float32", layout=None, memory=None):
 
 
 def full(shape, value, dtype="float32", layout=None, memory=None):
-    _check_memory(memory)
-    return _creation("fill", shape, dtype, layout, scalars=(_check_scalar(value),))
+    memory = _check_memory(memory)
+    return _creation("fill", shape, dtype, layout, memory, scalars=(_check_scalar(value),))
 
 
 def eye(n, dtype="float32", layout=None, memory=None):
-    _check_memory(memory)
+    memory = _check_memory(memory)
     n = base.as_int(n, "n")
-    return _creation("eye", (n, n), dtype, layout)
+    return _creation("eye", (n, n), dtype, layout, memory)
 
 
 def _check_memory(memory):
-    if memory not in (None, "device", "host", "managed", "cuda_managed"):
-        raise DMathError(f"memory must be 'device', 'host', 'managed' or 'cuda_managed', got {memory!r}")
+    """The memory kind validated: 'device', 'host', 'managed', 'cuda_managed' (None: the backend's default)."""
+    return storage.check_kind(memory)
 
 
 def from_numpy(array, layout=None, dtype=None, memory=None):
     """Scatter a 2-D numpy array (1-D arrays become one row) from the master."""
-    _check_memory(memory)
+    memory = _check_memory(memory)
     a = np.asarray(array)
     if a.ndim == 1:
         a = a[None, :]
@@ -417,7 +469,7 @@ def from_numpy(array, layout=None, dtype=None, memory=None):
     dtype = canonical_dtype(dtype if dtype is not None else
                             (a.dtype if a.dtype.name in ("float16", "float32", "float64") else "float64"))
     out = new_meta(layout, a.shape, dtype)
-    return dispatch("scatter", [], [out], payload=np.ascontiguousarray(a, dtype=dtype))[0][0]
+    return _create(out, "scatter", memory, payload=np.ascontiguousarray(a, dtype=dtype))
 
 
 __all__ = ["Matrix", "zeros", "ones", "full", "eye", "from_numpy", "exp", "log", "sqrt", "abs",

@@ -3,8 +3,8 @@
 Each call draws from a new stream (the master counts calls since the last
 `seed`), so a program draws the same matrices at any layout or worker count.
 """
-from .matrix import _check_memory
-from .ops.base import dispatch, new_meta
+from .matrix import _check_memory, _create
+from .ops.base import new_meta
 
 _state = {"seed": 0, "stream": 0}
 
@@ -17,10 +17,10 @@ def seed(s):
 
 
 def _draw(kind, shape, dtype, layout, memory):
-    _check_memory(memory)
+    memory = _check_memory(memory)
     out = new_meta(layout, shape, dtype)
     _state["stream"] += 1
-    return dispatch("random", [], [out], static=(kind,), scalars=(_state["seed"], _state["stream"]))[0][0]
+    return _create(out, "random", memory, static=(kind,), scalars=(_state["seed"], _state["stream"]))
 
 
 def rand(shape, dtype="float32", layout=None, memory=None):

@@ -26,6 +26,7 @@ import numpy as np
 import dmath
 
 from . import callbacks as cbs, losses, optim, serialization
+from .data import DataLoader
 from .errors import ConfigError, ShapeError
 from .graph.node import canonical_dtype
 from .layers import Dropout, Input, Layer, from_config
@@ -49,7 +50,7 @@ class Sequential:
             or a DynamicLossScale.
         record: record each training and evaluation step as a dmath plan and
             replay it (False: run every step eagerly, e.g. for debugging).
-        seed: the seed of the shuffling and of Dropout layers without their own.
+        seed: the seed of the shuffling (with the epoch count) and of Dropout layers without their own.
     dmath is initialised here if the program has not done so.
     """
 
@@ -90,7 +91,7 @@ class Sequential:
                               layout=dmath.Replicated())
         self.train_metrics, self.eval_metrics = Metrics(), Metrics()
         self._programs = {}
-        self._rng = np.random.default_rng(self.seed)
+        self.epochs_trained = 0
         self.stop_training = False
 
     def _name_layers(self):
@@ -215,19 +216,23 @@ class Sequential:
 
     def _train_epoch(self, x, t, batch_size, shuffle, epoch, epochs, verbose, hooks, val):
         n = x.shape[0]
-        order = self._rng.permutation(n) if shuffle else None
+        # a background thread gathers the next shuffled batches while the step runs; the order
+        # depends on (seed, epochs trained so far), so a second fit() continues with new orders
+        loader = DataLoader(x, t, batch_size=batch_size, shuffle=shuffle, seed=self.seed, prefetch=2)
+        loader.set_epoch(self.epochs_trained)
         metrics = self.train_metrics
         metrics.reset()
         bar = ProgressBar(epoch, epochs, n, verbose)
         start = time.perf_counter()
-        for b, lo in enumerate(range(0, n, batch_size)):
-            hi = min(lo + batch_size, n)
-            idx = order[lo:hi] if order is not None else slice(lo, hi)
-            self._program("train", hi - lo).run(x[idx], t[idx])
-            metrics.samples += hi - lo
-            bar.update(hi, metrics.read)
+        done = 0
+        for b, (xb, tb) in enumerate(loader):
+            self._program("train", len(xb)).run(xb, tb)
+            done += len(xb)
+            metrics.samples = done
+            bar.update(done, metrics.read)
             for cb in hooks:
                 cb.on_batch_end(b)
+        self.epochs_trained += 1
         loss, acc = metrics.read()            # a gather: also waits for the epoch's last step
         elapsed = time.perf_counter() - start
         logs = {"loss": loss}

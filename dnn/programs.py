@@ -12,8 +12,9 @@ A step is a fixed sequence of commands on fixed matrices: parameters and
 optimizer state are updated in place, the learning rate is a (1, 1) matrix
 written outside the step when it changes, and the loss and the number of
 correct predictions are added into (1, 1) accumulators that the master reads
-only when it reports. A graph holding a function that cannot be replayed
-(dropout, whose mask step is a master-side scalar) runs eagerly every step.
+only when it reports. What must change every step and is chosen by the
+master (the dropout masks) is written into persistent matrices by the
+functions' `before_step`, before the replay.
 """
 import numpy as np
 
@@ -28,28 +29,43 @@ from .optim.base import to_layout_of
 
 
 class Metrics:
-    """(1, 1) float64 accumulators of the summed loss and correct count, on the workers."""
+    """(1, 1) float64 accumulators of the summed loss and correct count, on the workers.
+
+    Each quantity has a Replicated and a Partial accumulator; a value is added
+    into the one of its own layout, so a per-sample sum that comes out Partial
+    over the batch's workers (the correct count, an MSE loss) is accumulated
+    without any communication, and the two are added only when read.
+    """
 
     def __init__(self):
-        rep = dmath.Replicated()
-        self.loss = dmath.zeros((1, 1), dtype="float64", layout=rep)
-        self.correct = dmath.zeros((1, 1), dtype="float64", layout=rep)
+        self._acc = {name: {kind: dmath.zeros((1, 1), dtype="float64", layout=lay)
+                            for kind, lay in (("rep", dmath.Replicated()), ("partial", dmath.Partial()))}
+                     for name in ("loss", "correct")}
+        self._all = tuple(range(dmath.num_workers()))
         self.samples = 0
+
+    def _add(self, name, value):
+        lay = value.layout
+        kind = "partial" if lay.partial and tuple(lay.group) == self._all else "rep"
+        target = self._acc[name][kind]
+        target += value
 
     def add(self, loss, correct, batch):
         """Recordable: loss (the batch mean) times the batch size, and the correct count."""
-        self.loss += loss * float(batch)
+        self._add("loss", loss * float(batch))
         if correct is not None:
-            self.correct += correct
+            self._add("correct", correct)
 
     def read(self):
-        """(mean loss, accuracy) over the samples since the last reset: one gather each."""
+        """(mean loss, accuracy) over the samples since the last reset (master-side reads)."""
         n = max(self.samples, 1)
-        return self.loss.get((0, 0)) / n, self.correct.get((0, 0)) / n
+        return tuple(sum(m.get((0, 0)) for m in self._acc[name].values()) / n for name in ("loss", "correct"))
 
     def reset(self):
-        self.loss.assign(np.zeros((1, 1)))
-        self.correct.assign(np.zeros((1, 1)))
+        zero = np.zeros((1, 1))
+        for accs in self._acc.values():
+            for m in accs.values():
+                m.assign(zero)
         self.samples = 0
 
 
@@ -91,7 +107,7 @@ class Program:
             ([self.output, self.loss, self.pred] if with_targets else [self.output])
         self.order = topological_order(roots)
         self.params = model.params
-        self.replayable = model.record and all(getattr(n.fn, "replayable", True) for n in self.order)
+        self.refresh = [n.fn for n in self.order if hasattr(n.fn, "before_step")]
         self.plan = None
 
     # ---- one step -----------------------------------------------------------------
@@ -100,12 +116,14 @@ class Program:
         self.x.assign(x)
         if y is not None:
             self.y.assign(y)
+        for fn in self.refresh:
+            fn.before_step()
         opt = self.model.optimizer if self.training else None
         if opt is not None:
             opt.prepare(self.params)
         if self.plan is not None:
             self.plan.replay()
-        elif self.replayable:
+        elif self.model.record:
             with dmath.record() as plan:
                 self._step()
             self.plan = plan

@@ -15,6 +15,20 @@ from .world import poll, wait
 _OPS = {"sum": "add", "max": "maximum", "min": "minimum"}
 
 
+def _backend_empty(shape, dtype):
+    return backend.current().xp.empty(shape, dtype=dtype)
+
+
+#: where the buffers allocated here come from; dmath.memory installs its pool
+_empty = _backend_empty
+
+
+def set_buffer_allocator(fn):
+    """Allocate this module's buffers with `fn(shape, dtype)` (dmath.memory registers its pool)."""
+    global _empty
+    _empty = fn
+
+
 def _nccl_dtype(dtype):
     from cupy.cuda import nccl
     return {"float16": nccl.NCCL_FLOAT16, "float32": nccl.NCCL_FLOAT32,
@@ -132,12 +146,17 @@ def reduce_scatter(group, sendbuf, recvbuf, counts, op="sum"):
     # direct reduce-scatter: an exchange of the parts, then a local reduction
     d = _displs(counts)
     send_counts = [0 if k == group.rank else counts[k] for k in range(group.size)]
-    packed = xp.concatenate([sendbuf[d[k]:d[k] + counts[k]] for k in range(group.size) if k != group.rank]) \
-        if group.size > 1 else sendbuf[:0]
-    incoming = xp.empty(mine * (group.size - 1), dtype=sendbuf.dtype)
+    packed = _empty(sum(counts) - mine, sendbuf.dtype)
+    o = 0
+    for k in range(group.size):
+        if k != group.rank:
+            packed[o:o + counts[k]] = sendbuf[d[k]:d[k] + counts[k]]
+            o += counts[k]
+    incoming = _empty(mine * (group.size - 1), sendbuf.dtype)
     recv_counts = [0 if k == group.rank else mine for k in range(group.size)]
     exchange(group, packed, send_counts, incoming, recv_counts)
-    acc = sendbuf[d[group.rank]:d[group.rank] + mine].copy()
+    acc = _empty(mine, sendbuf.dtype)
+    acc[...] = sendbuf[d[group.rank]:d[group.rank] + mine]
     combine = getattr(xp, _OPS[op])
     for k in range(group.size - 1):
         combine(acc, incoming[k * mine:(k + 1) * mine], out=acc)
@@ -160,7 +179,7 @@ def allreduce(group, buf, op="sum"):
         counters.count_recv(moved, 2 * (p - 1))
         group.nccl.allReduce(buf.data.ptr, buf.data.ptr, n, _nccl_dtype(buf.dtype), _nccl_op(op), _stream_ptr())
         return
-    part = backend.current().xp.empty(counts[group.rank], dtype=buf.dtype)
+    part = _empty(counts[group.rank], buf.dtype)
     reduce_scatter(group, buf, part, counts, op)
     allgatherv(group, part, buf, counts)
 
@@ -196,3 +215,54 @@ def recv_host(world, array, source, tag=7):
 def device_done():
     """Wait for the device work queued so far, polling so that failures elsewhere surface."""
     poll(backend.current().stream_done)
+
+
+class Pending:
+    """A collective in flight. `wait()` makes its result usable by the work that follows.
+
+    On the GPU the transfer runs on the side stream and `wait()` only makes
+    the compute stream wait for it (the host does not block); on the CPU it
+    completes the MPI request, polling for failures elsewhere.
+    """
+    __slots__ = ("req", "event")
+
+    def __init__(self, req=None, event=None):
+        self.req, self.event = req, event
+
+    def wait(self):
+        if self.req is not None:
+            req, self.req = self.req, None
+            wait(req)
+        if self.event is not None:
+            event, self.event = self.event, None
+            backend.current().xp.cuda.get_current_stream().wait_event(event)
+
+
+def side_begin():
+    """Order the side stream after the work queued so far on the compute stream (GPU)."""
+    be = backend.current()
+    if be.is_gpu:
+        be.side_stream().wait_event(be.xp.cuda.get_current_stream().record())
+
+
+def bcast_start(group, buf, root=0):
+    """Start broadcasting `buf` from member `root`; returns a `Pending` (in place on every member).
+
+    On the GPU it runs on the side stream over the group's side communicator,
+    so computation on the compute stream overlaps it; call `side_begin()`
+    once before a batch of these so they see the buffers' earlier writes.
+    """
+    if group.size == 1:
+        return Pending()
+    isz = buf.dtype.itemsize
+    if group.rank == root:
+        counters.count_send(isz * buf.size * (group.size - 1), group.size - 1)
+    else:
+        counters.count_recv(isz * buf.size, 1)
+    be = backend.current()
+    if be.is_gpu:
+        side = be.side_stream()
+        group.nccl_side.bcast(buf.data.ptr, buf.size, _nccl_dtype(buf.dtype), root, side.ptr)
+        return Pending(event=side.record())
+    MPI = group.world.mpi_module
+    return Pending(req=group.mpi.Ibcast([_bytes(buf), MPI.BYTE], root=root))

@@ -64,19 +64,43 @@ class Group:
         self.rank = ranks.index(world.rank)
         self.mpi = mpi_comm
         self._nccl = None
+        self._nccl_side = None
 
     def index(self, world_rank):
         return self.ranks.index(world_rank)
 
     @property
     def nccl(self):
-        """This group's NCCL communicator, created on first use (unique id sent over MPI)."""
+        """This group's NCCL communicator for the compute stream, created on first use."""
         if self._nccl is None:
-            from cupy.cuda import nccl
-            uid = nccl.get_unique_id() if self.rank == 0 else None
-            uid = self.mpi.bcast(uid, root=0)
-            self._nccl = nccl.NcclCommunicator(self.size, uid, self.rank)
+            self._nccl = self._new_nccl()
         return self._nccl
+
+    @property
+    def nccl_side(self):
+        """A second NCCL communicator, used only on the side (communication) stream.
+
+        NCCL orders the operations of one communicator by the order in which
+        ranks enqueue them; two streams sharing one communicator could run its
+        kernels in different orders on different GPUs and deadlock. Each
+        communicator therefore belongs to exactly one stream.
+        """
+        if self._nccl_side is None:
+            self._nccl_side = self._new_nccl()
+        return self._nccl_side
+
+    def _new_nccl(self):
+        from cupy.cuda import nccl
+        uid = nccl.get_unique_id() if self.rank == 0 else None
+        uid = self.mpi.bcast(uid, root=0) if self.mpi is not None else uid
+        return nccl.NcclCommunicator(self.size, uid, self.rank)
+
+    def close_nccl(self):
+        for name in ("_nccl", "_nccl_side"):
+            comm = getattr(self, name)
+            if comm is not None:
+                comm.destroy()
+                setattr(self, name, None)
 
 
 class World:
@@ -120,12 +144,11 @@ class World:
 
     def close(self):
         """Release the NCCL communicators (before MPI_Finalize, on every rank at shutdown)."""
+        from .. import backend
+        if any(g._nccl is not None or g._nccl_side is not None for g in self._groups.values()):
+            backend.current().synchronize_all()
         for g in self._groups.values():
-            if g._nccl is not None:
-                from .. import backend
-                backend.current().synchronize()
-                g._nccl.destroy()
-                g._nccl = None
+            g.close_nccl()
 
     def abort(self, code=1):
         """End every process of the job with exit status `code`."""

@@ -1,55 +1,141 @@
-"""Worker-side allocation: every shard, temporary and communication buffer comes from here.
+"""Worker-side memory: the pool every allocation goes through, memory kinds, statistics, the limit.
 
-This module is the single place allocations go through, so that accounting
-(and the limit) covers all of them.
+On a worker (rank 0 included) kernels allocate with `empty`, `zeros` and
+`host_empty` (host staging buffers), which come from the process's pool
+(`pool.py`): size-class free lists of host blocks on the CPU backend, CuPy's
+device and pinned pools on a GPU. `kinds.py` holds the memory kinds.
+
+The user-facing functions (`stats`, `set_limit`, `clear`) act on every
+worker: they run as commands, through the hook that `dmath.ops.storage`
+registers (so this layer never imports the ones above it). Before
+`dmath.init()`, `stats` and `clear` act on this process alone.
 """
-import weakref
+import numbers
 
-import numpy as np
+from ..comm import collectives
+from ..errors import DMathError, RuntimeStateError
+from . import kinds, pool, replicas
+from .kinds import KINDS
+from .pool import size_class
 
-from .. import backend
-from ..errors import OutOfMemoryError
-
-_stats = {"in_use": 0, "cached": 0, "high_water": 0, "new_allocs": 0, "reused_allocs": 0}
-_limit = None
+__all__ = ["stats", "set_limit", "limit", "clear", "KINDS", "install", "empty", "zeros", "host_empty",
+           "local_stats", "reset_local_stats", "set_local_limit", "release_cached", "block_bytes",
+           "size_class", "kinds", "replicas"]
 
 
-def _release(nbytes):
-    _stats["in_use"] -= nbytes
+# ---- worker side: allocation ---------------------------------------------------
+def install():
+    """Create this process's pool for the current backend (dmath.init calls it after choosing one)."""
+    pool.current()
 
 
 def empty(shape, dtype):
-    """An uninitialised array of the current backend, counted against the limit."""
-    nbytes = int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    if _limit is not None and _stats["in_use"] + nbytes > _limit:
-        raise OutOfMemoryError(f"allocating {nbytes} bytes would exceed the limit of {_limit} bytes "
-                               f"({_stats['in_use']} bytes in use)")
-    a = backend.current().xp.empty(shape, dtype=dtype)
-    if nbytes:
-        _stats["in_use"] += nbytes
-        _stats["new_allocs"] += 1
-        _stats["high_water"] = max(_stats["high_water"], _stats["in_use"])
-        weakref.finalize(a, _release, nbytes)
-    return a
+    """An uninitialised array of the current backend (device memory on a GPU) from the pool."""
+    return pool.current().empty(shape, dtype)
 
 
 def zeros(shape, dtype):
-    a = empty(shape, dtype)
+    """A zero-filled array of the current backend from the pool."""
+    a = pool.current().empty(shape, dtype)
     a.fill(0)
     return a
 
 
+def host_empty(shape, dtype):
+    """An uninitialised numpy array from the pool for host staging (pinned memory on a GPU)."""
+    return pool.current().host_empty(shape, dtype)
+
+
+def block_bytes(nbytes):
+    """Bytes the pool sets aside for a request of `nbytes` (the master's account uses it)."""
+    return pool.current().block_bytes(nbytes)
+
+
+# communication buffers inside the collectives come from the pool too
+collectives.set_buffer_allocator(empty)
+
+
+# ---- worker side: this process's pool -------------------------------------------
+def local_stats():
+    """This process's pool: in_use, cached, high_water (bytes), new_allocs, reused_allocs, limit."""
+    return pool.current().stats()
+
+
+def reset_local_stats():
+    """Zero this process's allocation counts; the high-water mark restarts at the current footprint."""
+    pool.current().reset_stats()
+
+
+def set_local_limit(nbytes):
+    """Cap this process's pool (None: no cap)."""
+    pool.current().set_limit(None if nbytes is None else int(nbytes))
+
+
+def local_limit():
+    return pool.current().limit
+
+
+def release_cached():
+    """Give this process's cached free blocks back to the system; returns the bytes released."""
+    return pool.current().release_cached()
+
+
+# ---- user side: every worker -------------------------------------------------------
+_commands = None
+
+
+def set_command_hook(commands):
+    """dmath.ops.storage registers the object that runs the functions below on every worker."""
+    global _commands
+    _commands = commands
+
+
+def _everywhere():
+    return _commands is not None and _commands.active()
+
+
 def stats():
-    """This process's allocation statistics (bytes and counts)."""
-    return dict(_stats)
+    """Each worker's pool statistics, a list indexed by worker rank.
 
-
-def reset_stats():
-    _stats["new_allocs"] = _stats["reused_allocs"] = 0
-    _stats["high_water"] = _stats["in_use"]
+    Each entry: 'in_use' and 'cached' (bytes held for arrays and kept free for
+    reuse), 'high_water' (the most bytes the pool has held at once, in use
+    plus cached, since init or the last reset), 'new_allocs' and
+    'reused_allocs' (allocations that took new memory or reused a cached
+    block), 'limit', and 'matrices' (the bytes of live matrices on that worker,
+    as the master counts them against the limit).
+    """
+    if _everywhere():
+        return _commands.stats()
+    return [local_stats()]
 
 
 def set_limit(nbytes):
-    """Cap the bytes a worker may hold (None: no cap); past it allocations raise OutOfMemoryError."""
-    global _limit
-    _limit = None if nbytes is None else int(nbytes)
+    """Cap the bytes each worker's pool may hold (None: no cap).
+
+    A command that would take a worker's live matrices past the limit is
+    refused on the master with OutOfMemoryError before anything is sent, and
+    the runtime stays usable. A worker's pool also enforces the limit on its
+    temporaries, buffers and replica copies, releasing its cached blocks
+    first; a refusal there fails the command on that worker (WorkerError, the
+    job ends). The replica cache's budget becomes at most half the limit.
+    """
+    if nbytes is not None:
+        if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral) or nbytes <= 0:
+            raise DMathError(f"set_limit takes a positive number of bytes (an integer) or None for no "
+                             f"limit, got {nbytes!r}")
+        nbytes = int(nbytes)
+    if not _everywhere():
+        raise RuntimeStateError("dmath.memory.set_limit applies to every worker: call dmath.init() first")
+    _commands.set_limit(nbytes)
+
+
+def limit():
+    """The memory limit in bytes per worker (None: none)."""
+    return local_limit()
+
+
+def clear():
+    """Give every worker's cached free blocks back to the system (matrices stay); returns the bytes per worker."""
+    if _everywhere():
+        return _commands.clear()
+    return [release_cached()]

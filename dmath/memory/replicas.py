@@ -27,6 +27,7 @@ class ReplicaCache:
     def __init__(self, budget=_DEFAULT_BUDGET):
         self.budget = budget
         self._entries = collections.OrderedDict()
+        self._per_handle = collections.Counter()   # entries per matrix handle (a quick "anything cached?")
         self.bytes = 0
         self.hits = self.misses = self.bytes_saved = self.evictions = 0
 
@@ -44,6 +45,10 @@ class ReplicaCache:
         self.bytes_saved += e.nbytes
         return e.pieces
 
+    def holds(self, handle):
+        """True when some copy of matrix `handle` is cached."""
+        return handle in self._per_handle
+
     def peek(self, key):
         """True when `key` is cached (no statistics, no waiting)."""
         return key in self._entries
@@ -52,20 +57,22 @@ class ReplicaCache:
         """Keep `pieces` under `key` unless they exceed the budget; returns whether kept.
 
         `pending`, when given, is called once before the pieces are first used
-        (it completes a background transfer into them).
+        from the cache, or before they are evicted (it completes a background
+        transfer into them).
         """
         self.drop(key[0], keep_version=key[1])
         if nbytes > self.budget:
-            if pending is not None:
-                pending()
-            return False
+            return False          # the caller still owns (and completes) what it gathered
         self.evict(self.bytes + nbytes - self.budget)
         self._entries[key] = _Entry(pieces, nbytes, pending)
+        self._per_handle[key[0]] += 1
         self.bytes += nbytes
         return True
 
     def drop(self, handle, keep_version=None):
         """Forget every copy of `handle` (except those of `keep_version`)."""
+        if handle not in self._per_handle:
+            return
         stale = [k for k in self._entries if k[0] == handle and k[1] != keep_version]
         for k in stale:
             self._remove(k)
@@ -85,6 +92,9 @@ class ReplicaCache:
 
     def _remove(self, key):
         e = self._entries.pop(key)
+        self._per_handle[key[0]] -= 1
+        if not self._per_handle[key[0]]:
+            del self._per_handle[key[0]]
         if e.pending is not None:
             e.pending()           # never drop a buffer a transfer is still writing into
         self.bytes -= e.nbytes

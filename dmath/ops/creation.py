@@ -2,19 +2,23 @@
 
 Random values are a hash of (seed, stream, global linear index), so a matrix
 drawn with the same seed is the same for any layout and any worker count.
+The last scalar of every creation command is the new matrix's memory kind.
 """
 import numpy as np
 
-from .. import backend, memory
+from .. import backend
 from ..layout import indexset as ix
-from ..runtime import Shard, kernel
+from ..memory import kinds
+from ..runtime import kernel
+from .storage import compute_empty, new_shard
 
 _U = np.uint64
 
 
 def _out(call):
+    """(distribution, dtype, this rank's pieces, memory kind) of the new matrix."""
     dist, dtype = call.entry.out_dists[0], call.entry.outputs[0].dtype
-    return dist, dtype, dist.pieces[call.rank]
+    return dist, dtype, dist.pieces[call.rank], kinds.from_code(call.scalars[-1])
 
 
 def holds_value(dist, rank):
@@ -26,21 +30,19 @@ def holds_value(dist, rank):
     return not dist.partial or rank == dist.group[0]
 
 
-def _zeros(pieces, dtype):
-    return [memory.zeros(p.shape, dtype) for p in pieces]
+def _filled(pieces, dtype, kind, value):
+    arrays = [compute_empty(kind, p.shape, dtype) for p in pieces]
+    for a in arrays:
+        a.fill(value)
+    return arrays
 
 
 @kernel("fill")
 def _fill(call):
-    dist, dtype, pieces = _out(call)
-    if not holds_value(dist, call.rank):
-        return [Shard(_zeros(pieces, dtype), dist, dtype)]
-    arrays = []
-    for p in pieces:
-        a = memory.empty(p.shape, dtype)
-        a.fill(call.scalars[0])
-        arrays.append(a)
-    return [Shard(arrays, dist, dtype)]
+    """scalars = (value, memory kind)."""
+    dist, dtype, pieces, kind = _out(call)
+    value = call.scalars[0] if holds_value(dist, call.rank) else 0.0
+    return [new_shard(_filled(pieces, dtype, kind, value), dist, dtype, kind)]
 
 
 def _grid(xp, piece):
@@ -50,16 +52,16 @@ def _grid(xp, piece):
 @kernel("eye")
 def _eye(call):
     xp = backend.current().xp
-    dist, dtype, pieces = _out(call)
+    dist, dtype, pieces, kind = _out(call)
     if not holds_value(dist, call.rank):
-        return [Shard(_zeros(pieces, dtype), dist, dtype)]
+        return [new_shard(_filled(pieces, dtype, kind, 0.0), dist, dtype, kind)]
     arrays = []
     for p in pieces:
         r, c = _grid(xp, p)
-        a = memory.empty(p.shape, dtype)
+        a = compute_empty(kind, p.shape, dtype)
         a[...] = r == c
         arrays.append(a)
-    return [Shard(arrays, dist, dtype)]
+    return [new_shard(arrays, dist, dtype, kind)]
 
 
 def _mix(z):
@@ -87,9 +89,9 @@ def stream_key(seed, stream, lane):
 @kernel("random")
 def _random(call):
     xp = backend.current().xp
-    dist, dtype, pieces = _out(call)
+    dist, dtype, pieces, memory_kind = _out(call)
     if not holds_value(dist, call.rank):
-        return [Shard(_zeros(pieces, dtype), dist, dtype)]
+        return [new_shard(_filled(pieces, dtype, memory_kind, 0.0), dist, dtype, memory_kind)]
     kind = call.entry.static[0]
     seed, stream = int(call.scalars[0]), int(call.scalars[1])
     n = dist.shape[1]
@@ -102,7 +104,7 @@ def _random(call):
             if kind == "normal":
                 v = _uniform(xp, index, _U(stream_key(seed, stream, 1)))
                 u = xp.sqrt(-2.0 * xp.log1p(-u)) * xp.cos(2.0 * np.pi * v)
-            a = memory.empty(p.shape, dtype)
+            a = compute_empty(memory_kind, p.shape, dtype)
             a[...] = u
             arrays.append(a)
-    return [Shard(arrays, dist, dtype)]
+    return [new_shard(arrays, dist, dtype, memory_kind)]

@@ -4,8 +4,10 @@ import numpy as np
 from .. import backend, memory
 from ..comm import collectives
 from ..layout import indexset as ix
-from ..runtime import Shard, kernel
+from ..memory import kinds
+from ..runtime import kernel
 from .creation import holds_value
+from .storage import compute_empty, new_shard
 
 
 def _region(piece):
@@ -13,11 +15,11 @@ def _region(piece):
 
 
 def host_block(array, piece):
-    """The host sub-array of `array` that `piece` covers (contiguous copy)."""
+    """The host sub-array of `array` that `piece` covers, copied into a pooled host (staging) buffer."""
     r, c = _region(piece)
-    if isinstance(r, slice) or isinstance(c, slice):
-        return np.ascontiguousarray(array[r, c])
-    return array[np.ix_(r, c)]
+    block = memory.host_empty(piece.shape, array.dtype)
+    block[...] = array[r, c] if isinstance(r, slice) or isinstance(c, slice) else array[np.ix_(r, c)]
+    return block
 
 
 def _put_block(array, piece, block):
@@ -48,7 +50,7 @@ def _host_blocks(call, dist, dtype):
         return None
     blocks = []
     for p in mine:
-        buf = np.empty(p.shape, dtype=dtype)
+        buf = memory.host_empty(p.shape, dtype)
         collectives.recv_host(world, buf, 0)
         blocks.append(buf)
     return blocks
@@ -56,21 +58,20 @@ def _host_blocks(call, dist, dtype):
 
 @kernel("scatter")
 def _scatter(call):
-    """Master sends every worker its pieces of the host array it holds (call.payload)."""
-    be = backend.current()
+    """Master sends every worker its pieces of the host array it holds (call.payload).
+
+    scalars = (memory kind,). The received host blocks (copies, never views of
+    the user's array) become the shard: kept as they are in host memory, or
+    copied to the device.
+    """
     dist, dtype = call.entry.out_dists[0], call.entry.outputs[0].dtype
-    mine = dist.pieces[call.rank]
+    kind = kinds.from_code(call.scalars[0])
     blocks = _host_blocks(call, dist, dtype)
     if blocks is None:
-        return [Shard([memory.zeros(p.shape, dtype) for p in mine], dist, dtype)]
-    pieces = []
-    for p, b in zip(mine, blocks):
-        # a copy: on the master a block of the user's array may be a view of
-        # it, and the shard must not alias it (in-place ops would write through)
-        a = memory.empty(p.shape, dtype)
-        a[...] = be.asarray(b)
-        pieces.append(a)
-    return [Shard(pieces, dist, dtype)]
+        blocks = [compute_empty(kind, p.shape, dtype) for p in dist.pieces[call.rank]]
+        for b in blocks:
+            b.fill(0)
+    return [new_shard(blocks, dist, dtype, kind)]
 
 
 @kernel("scatter_into")
@@ -99,23 +100,25 @@ def senders(dist):
 @kernel("gather")
 def _gather(call):
     """Every sender ships its pieces to the master, which assembles (and sums, for Partial) them."""
-    be, world = backend.current(), call.world
+    world = call.world
     shard = call.inputs[0]
     dist, dtype = shard.dist, shard.dtype
     who = senders(dist)
     if call.rank != 0:
         if call.rank in who:
-            for a in shard.pieces:
-                collectives.send_host(world, np.ascontiguousarray(be.asnumpy(a)), 0)
+            # a host copy that is current is sent as it is, without a trip to the device
+            for a in kinds.host_arrays(shard):
+                collectives.send_host(world, a, 0)
         return []
     acc_dtype = np.float64 if dist.partial else dtype
     out = np.zeros(dist.shape, dtype=acc_dtype)
+    own = kinds.host_arrays(shard) if 0 in who else None
     for r in who:
         for k, p in enumerate(dist.pieces[r]):
             if r == 0:
-                block = be.asnumpy(shard.pieces[k])
+                block = own[k]
             else:
-                block = np.empty(p.shape, dtype=dtype)
+                block = memory.host_empty(p.shape, dtype)
                 collectives.recv_host(world, block, r)
             if dist.partial:
                 out += block

@@ -14,7 +14,7 @@ def _stats(call):
 @kernel("reset_stats")
 def _reset_stats(call):
     counters.reset()
-    memory.reset_stats()
+    memory.reset_local_stats()
     call.rt.commands = 0
     return []
 

@@ -1,7 +1,7 @@
 """Kernels that move or reinterpret data: remap (with window and dtype change), transpose, get, set."""
 import numpy as np
 
-from .. import backend, remap as _remap
+from .. import backend, memory, remap as _remap
 from ..comm.control import gather_objects
 from ..runtime import Shard, kernel
 
@@ -55,7 +55,6 @@ def _remap_into(call):
 @kernel("transpose", capturable=True)
 def _transpose(call):
     """Each local piece transposed; the transposed layout puts it on the same worker."""
-    xp = backend.current().xp
     src = call.inputs[0]
     dst = call.entry.out_dists[0]
     order = call.entry.cache.get("order")
@@ -65,7 +64,13 @@ def _transpose(call):
         order = call.entry.cache["order"] = [
             next(i for i, q in enumerate(mine) if (q.cols, q.rows) == (p.rows, p.cols))
             for p in dst.pieces[call.rank]]
-    return [Shard([xp.ascontiguousarray(src.pieces[k].T) for k in order], dst, src.dtype)]
+    pieces = src.pieces
+    out = []
+    for k in order:
+        a = memory.empty(pieces[k].shape[::-1], src.dtype)
+        a[...] = pieces[k].T
+        out.append(a)
+    return [Shard(out, dst, src.dtype)]
 
 
 def designated(dist, locs):

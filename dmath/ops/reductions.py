@@ -64,7 +64,11 @@ def _reduce_axis(call):
         collectives.allreduce(call.world.group(dist.group), flat, op)
     if scale != 1.0:
         full *= scale
-    out = full if full.dtype == np.dtype(dtype) else full.astype(dtype)
+    if full.dtype == np.dtype(dtype):
+        out = full
+    else:
+        out = memory.empty(full.shape, dtype)
+        out[...] = full
     return [Shard([out], dist, dtype)]
 
 

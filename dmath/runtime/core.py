@@ -22,7 +22,7 @@ import time
 import traceback
 import weakref
 
-from .. import backend
+from .. import backend, memory
 from ..comm import World, counters, set_progress_hook
 from ..comm.control import ControlChannel, gather_objects, pending_failure, report_failure
 from ..errors import PlanError, RuntimeStateError, WorkerError
@@ -30,6 +30,7 @@ from ..layout import distribution
 from ..memory import replicas
 from . import protocol
 from .graphs import Replayer
+from .ledger import Ledger
 from .registry import KERNELS
 from .shard import Meta
 
@@ -51,11 +52,16 @@ class Entry:
 
 
 class Call:
-    """What a kernel sees: its entry, input shards, dynamic scalars and the runtime."""
-    __slots__ = ("rt", "entry", "inputs", "scalars", "payload", "result")
+    """What a kernel sees: its entry, input shards (and their handles), dynamic scalars and the runtime.
 
-    def __init__(self, rt, entry, inputs, scalars, payload):
+    `handles` identify the inputs for the replica cache, whose keys are
+    (handle, shard version, layout, dtype).
+    """
+    __slots__ = ("rt", "entry", "inputs", "handles", "scalars", "payload", "result")
+
+    def __init__(self, rt, entry, inputs, scalars, payload, handles=()):
         self.rt, self.entry, self.inputs, self.scalars, self.payload = rt, entry, inputs, scalars, payload
+        self.handles = handles
         self.result = None
 
     @property
@@ -83,6 +89,7 @@ class Runtime:
         self.next_version = 1      # shard versions, unique in this process (see _execute)
         self.broken = None         # set to the WorkerError that broke the runtime
         self.closed = False
+        self.ledger = Ledger(world.size)   # master: bytes of live matrices per worker, vs the limit
         self.programs = {}         # plan id -> graphs.Replayer of its protocol.Program (every rank)
         self.next_plan = 1
         self.recorder = None       # master: the plans.Recorder of an open record block
@@ -117,6 +124,7 @@ class Runtime:
     def release(self, handle):
         """Called when a master-side Matrix is collected; freed with the next command."""
         self.pending_frees.append(handle)
+        self.ledger.release(handle)
         plans = self.watchers.pop(handle, None)
         if plans:
             for plan in list(plans):
@@ -155,11 +163,14 @@ class Runtime:
         in_handles = [h for h, _ in inputs]
         signature = (op, tuple(static), tuple(m for _, m in inputs), tuple(outputs))
         new_outs = [m for m in outputs if isinstance(m, Meta)]
+        sig_id = self.sig_ids.get(signature)
+        # past the memory limit this raises OutOfMemoryError here, before anything is sent
+        sizes = self.ledger.admit(op, sig_id, new_outs)
         out_handles_new = self.new_handles(len(new_outs))
+        self.ledger.add(out_handles_new, sizes)
         it = iter(out_handles_new)
         out_handles = [next(it) if isinstance(m, Meta) else in_handles[m] for m in outputs]
         frees = self._take_frees()
-        sig_id = self.sig_ids.get(signature)
         kind = protocol.EXEC
         if sig_id is None:
             sig_id = self.sig_ids[signature] = len(self.sig_ids) + 1
@@ -228,9 +239,14 @@ class Runtime:
     # ---- both sides --------------------------------------------------------
     def _execute(self, entry, in_handles, out_handles, scalars, payload=None):
         table = self.table
-        call = Call(self, entry, [table[h] for h in in_handles], scalars, payload)
+        call = Call(self, entry, [table[h] for h in in_handles], scalars, payload, in_handles)
         self.commands += 1
         shards = entry.kernel(call)
+        for s in call.inputs:
+            if s.home is not None:
+                # held in host memory on a GPU: a write makes its device copy the newer one,
+                # and a 'host' shard gives its device copy up until the next command needs it
+                s.home.after_command(any(o is s for o in shards))
         for h, s in zip(out_handles, shards):
             # every write makes a new version: replica-cache keys of the old one go stale
             s.version = self.next_version
@@ -262,9 +278,8 @@ class Runtime:
         return results
 
     def local_stats(self):
-        from .. import memory
         d = dict(counters.counters)
-        d.update(commands=self.commands, pool=memory.stats(),
+        d.update(commands=self.commands, pool=memory.local_stats(),
                  signatures=len(self.entries), handles=len(self.table), plans=len(self.programs),
                  plan_graphs=sum(1 for r in self.programs.values() if r.graph is not None))
         d.update(replicas.cache.stats())
@@ -378,6 +393,7 @@ def init(device=None):
         import faulthandler
         faulthandler.dump_traceback_later(watchdog, repeat=True)
     be = backend.select(device, world.local_rank)
+    memory.install()       # the pool (on a GPU: CuPy's allocators) serves every allocation from here on
     rt = _runtime = Runtime(world, be)
     if world.rank != 0:
         rt.serve()

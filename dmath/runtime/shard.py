@@ -4,16 +4,35 @@
 class Shard:
     """The local part of a matrix on one worker.
 
-    pieces: one array per piece of `dist.pieces[rank]` (often exactly one).
+    pieces: one array per piece of `dist.pieces[rank]` (often exactly one),
+        always device arrays on a GPU (see below).
     version: bumped on every write, so caches keyed on it stay correct.
+    memory: the memory kind ('device', 'host', 'managed', 'cuda_managed';
+        None: the backend's default).
+    home: for a shard held in host memory on a GPU, its `memory.kinds.HostCopies`:
+        reading `pieces` brings the data to the device (the one place this
+        happens), and the runtime settles it when the command ends.
     """
-    __slots__ = ("pieces", "dist", "dtype", "version")
+    __slots__ = ("_pieces", "dist", "dtype", "version", "memory", "home")
 
-    def __init__(self, pieces, dist, dtype):
-        self.pieces = pieces
+    def __init__(self, pieces, dist, dtype, memory=None, home=None):
+        self._pieces = pieces
         self.dist = dist
         self.dtype = dtype
         self.version = 0
+        self.memory = memory
+        self.home = home
+
+    @property
+    def pieces(self):
+        home = self.home
+        return self._pieces if home is None else home.device()
+
+    @pieces.setter
+    def pieces(self, arrays):
+        if self.home is not None:
+            raise AttributeError("the pieces of a shard held in host memory are replaced through its home")
+        self._pieces = arrays
 
 
 class Meta(tuple):

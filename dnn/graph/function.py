@@ -20,11 +20,12 @@ class Function:
         forward(*xs)                -> the output dmath.Matrix
         backward(xs, y, gy, needs)  -> a tuple with one gradient (Matrix) or None per input;
                                        needs[i] says whether input i's gradient is wanted
+    and, when a step needs a new value the master chooses (a dropout mask):
+        before_step()               -> write it into a persistent matrix; a Program calls it
+                                       before every step, outside the recorded plan
     """
 
     name = "function"
-    #: False when a recorded replay would repeat a value the master chooses per step
-    replayable = True
 
     def infer(self, *inputs):
         first = inputs[0]

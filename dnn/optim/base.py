@@ -94,9 +94,15 @@ class Optimizer:
         """Master-side, outside a recorded step: make the state and write the next learning rate."""
         for p in params:
             self._check_param(p)
-            if id(p) not in self._state:
+            state = self._state.get(id(p))
+            if state is None:
                 self._state[id(p)] = {name: dmath.zeros(p.shape, dtype=p.dtype, layout=_plain(p.value))
                                       for name in self.state_names}
+            else:
+                # a parameter moved to another layout (parallel='auto' decided after a load): its state follows
+                for name, m in state.items():
+                    if m.layout != p.value.layout:
+                        state[name] = m.remap(_plain(p.value))
         lr = self.current_lr()
         for dtype in {p.dtype for p in params}:
             s = self._step_scalars(dtype)

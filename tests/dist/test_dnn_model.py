@@ -24,13 +24,10 @@ def digits():
     return (x[:2000], y[:2000]), (x[4000:], y[4000:])
 
 
-def mlp(dtype="float32", hidden=64, parallel="data", optimizer=None, record=True, dropout=0.0):
-    layers = [L.Input((1, 28, 28)), L.Flatten(), L.Dense(hidden, parallel=parallel), L.Activation("relu")]
-    if dropout:
-        layers.append(L.Dropout(dropout))
-    layers += [L.Dense(10), L.Output("softmax")]
-    return dnn.Sequential(layers, loss="cross_entropy", dtype=dtype, record=record,
-                          optimizer=optimizer or dnn.optim.SGD(lr=0.1, momentum=0.9))
+def mlp(dtype="float32", hidden=64):
+    layers = [L.Input((1, 28, 28)), L.Flatten(), L.Dense(hidden), L.Activation("relu"), L.Dense(10),
+              L.Output("softmax")]
+    return dnn.Sequential(layers, loss="cross_entropy", dtype=dtype, optimizer=dnn.optim.SGD(lr=0.1, momentum=0.9))
 
 
 def test_mlp_learns_real_digits_and_float16_keeps_float32_accuracy(digits):
@@ -67,21 +64,28 @@ def _blobs(n=256, features=6, seed=0):
     return x.astype(np.float64), y
 
 
-def _small(record=True, parallel="data", dtype="float64", optimizer=None):
+def _small(record=True, parallel="data", dtype="float64", optimizer=None, dropout=0.0):
     dmath.random.seed(5)
-    return dnn.Sequential([L.Input(6), L.Dense(16, parallel=parallel), L.Activation("tanh"),
-                           L.Dense(3, parallel=parallel), L.Output("softmax")], dtype=dtype, record=record,
+    drop = [L.Dropout(dropout)] if dropout else []
+    return dnn.Sequential([L.Input(6), L.Dense(16, parallel=parallel), L.Activation("tanh")] + drop
+                          + [L.Dense(3, parallel=parallel), L.Output("softmax")], dtype=dtype, record=record,
                           optimizer=optimizer or dnn.optim.Adam(lr=0.01))
 
 
 def test_recorded_steps_equal_eager_steps():
+    """Dropout included: each replay must multiply by a new mask, as each eager step does."""
     x, y = _blobs()
-    rec, eager = _small(record=True), _small(record=False)
+    rec, eager = _small(record=True, dropout=0.3), _small(record=False, dropout=0.3)
     for m in (rec, eager):
         m.fit(x, y, batch_size=60, epochs=2, shuffle=True, verbose=0)    # 60 does not divide 256: two plans
-    assert rec._programs[("train", 60)].plan is not None and eager._programs[("train", 60)].plan is None
+    prog = rec._programs[("train", 60)]
+    assert prog.plan is not None and eager._programs[("train", 60)].plan is None
     for a, b in zip(rec.get_weights(), eager.get_weights()):
         np.testing.assert_array_equal(a, b)
+    drop = next(n.fn for n in prog.order if isinstance(n.fn, dnn.ops.Dropout))
+    plan, before = prog.plan, drop.mask.to_numpy()
+    rec.fit(x[:60], y[:60], batch_size=60, epochs=1, verbose=0)
+    assert prog.plan is plan and (drop.mask.to_numpy() != before).any()
 
 
 def test_model_parallel_dense_trains_like_data_parallel():
@@ -129,6 +133,33 @@ def test_save_load_round_trip_continues_training_identically(tmp_path):
     for wa, wb in zip(a.get_weights(), b.get_weights()):
         np.testing.assert_array_equal(wa, wb)
     assert not [f for f in os.listdir(tmp_path) if f != "model.dnn"], "no temporary file left behind"
+
+
+def test_auto_parallel_model_reloads_and_continues(tmp_path):
+    """'auto' is decided at the first program; a reloaded model decides again and its optimizer
+    state follows the weights into the chosen layout."""
+    rng = np.random.default_rng(4)
+    x, y = rng.normal(size=(64, 48)), rng.integers(0, 3, 64)
+
+    def make():
+        dmath.random.seed(6)
+        return dnn.Sequential([L.Input(48), L.Dense(48, parallel="auto"), L.Activation("relu"), L.Dense(3),
+                               L.Output("softmax")], dtype="float64",
+                              optimizer=dnn.optim.SGD(lr=0.05, momentum=0.9))
+    a = make()
+    a.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    expect = "model" if P > 1 else "data"
+    assert a.layers[1].strategy == expect
+    a.save(tmp_path / "auto.dnn")
+    b = dnn.load(tmp_path / "auto.dnn")
+    assert b.layers[1].strategy is None
+    for m in (a, b):
+        m.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    assert b.layers[1].strategy == expect
+    kernel = b.layers[1].kernel.var
+    assert all(s.layout == kernel.value.layout for s in b.optimizer._state[id(kernel)].values())
+    for wa, wb in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_allclose(wa, wb, rtol=1e-12, atol=1e-14)
 
 
 def test_float16_model_saves_master_weights_and_loss_scale(tmp_path):

@@ -1,0 +1,95 @@
+"""Local matrix products on one worker's arrays: `out = alpha * a @ b + beta * out`.
+
+`a` and `b` may be transposed views (no copy is made for them). On the GPU
+this is one cuBLAS GemmEx call on the current stream, float16 accumulating
+in float32; on the CPU NumPy's matmul, float16 computed in float32 (NumPy
+has no half-precision BLAS).
+"""
+import numpy as np
+
+from . import backend
+
+_CUDA_TYPE = {"float16": 2, "float32": 0, "float64": 1}          # cudaDataType
+_COMPUTE = {"float16": 68, "float32": 68, "float64": 70}         # CUBLAS_COMPUTE_32F / _64F
+_SCALAR = {"float16": np.float32, "float32": np.float32, "float64": np.float64}
+
+
+def gemm(a, b, out, alpha=1.0, beta=0.0):
+    """out = alpha * a @ b + beta * out, with `out` a C-ordered array (or a row-strided view).
+
+    `a` and `b` share a dtype; `out` has it too, or is float32 when they are
+    float16 (accumulating a product over several panels without rounding
+    each partial sum to half precision).
+    """
+    m, k = a.shape
+    n = b.shape[1]
+    if m == 0 or n == 0:
+        return out
+    if k == 0:
+        if beta == 0.0:
+            out.fill(0)
+        elif beta != 1.0:
+            out *= beta
+        return out
+    if backend.current().is_gpu:
+        return _gemm_gpu(a, b, out, alpha, beta)
+    return _gemm_cpu(a, b, out, alpha, beta)
+
+
+def _gemm_cpu(a, b, out, alpha, beta):
+    if a.dtype == np.float16:
+        prod = np.matmul(a.astype(np.float32), b.astype(np.float32))
+        if alpha != 1.0:
+            prod *= alpha
+        if beta != 0.0:
+            prod += beta * out.astype(np.float32)
+        out[...] = prod
+        return out
+    if beta == 0.0:
+        np.matmul(a, b, out=out)
+        if alpha != 1.0:
+            out *= alpha
+        return out
+    prod = np.matmul(a, b)
+    if beta != 1.0:
+        out *= beta
+    if alpha != 1.0:
+        prod *= alpha
+    out += prod
+    return out
+
+
+def _row_major(x):
+    """(x or a contiguous copy, leading dimension, transposed?) in row-major terms."""
+    isz = x.itemsize
+    s0, s1 = x.strides
+    if s1 == isz and s0 >= max(1, x.shape[1]) * isz and s0 % isz == 0:
+        return x, s0 // isz, False
+    if s0 == isz and s1 >= max(1, x.shape[0]) * isz and s1 % isz == 0:
+        return x, s1 // isz, True
+    x = backend.current().xp.ascontiguousarray(x)
+    return x, max(1, x.shape[1]), False
+
+
+def _gemm_gpu(a, b, out, alpha, beta):
+    import cupy
+    from cupy_backends.cuda.libs import cublas
+    dtype = a.dtype.name
+    a, lda, ta = _row_major(a)
+    b, ldb, tb = _row_major(b)
+    o, ldc, to = _row_major(out)
+    if to or o is not out:
+        raise ValueError("gemm output must be a row-major array or row-strided view")
+    m, k = a.shape
+    n = b.shape[1]
+    scalar = _SCALAR[dtype]
+    al, be = np.array(alpha, dtype=scalar), np.array(beta, dtype=scalar)
+    handle = cupy.cuda.device.get_cublas_handle()
+    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
+    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)   # alpha, beta live on the host
+    # row-major C = A B is column-major C^T = B^T A^T: hand cuBLAS b first
+    typ = _CUDA_TYPE[dtype]
+    cublas.gemmEx(handle, int(tb), int(ta), n, m, k, al.ctypes.data, b.data.ptr, typ, ldb,
+                  a.data.ptr, typ, lda, be.ctypes.data, out.data.ptr, _CUDA_TYPE[out.dtype.name], ldc,
+                  _COMPUTE[dtype], -1)
+    return out

@@ -1,0 +1,177 @@
+"""Master side of GEMM and replication: validation, the plan choice, dispatch.
+
+`gemm` validates everything on the master, looks up which operand copies
+the workers already hold (the replica cache, identical on every worker),
+asks the cost model (`ops/gemm_plan.py`) for the cheapest strategy and
+sends one command. `explain_gemm` prints the same decision without running it.
+"""
+import numbers
+
+import numpy as np
+
+from . import backend
+from .errors import DMathError, LayoutError, ShapeError
+from .layout import Layout, Replicated
+from .memory import replicas
+from .ops import gemm as _gemm_kernels  # noqa: F401  (registers the kernels)
+from .ops import gemm_plan
+from .ops.base import dispatch, new_meta
+from .runtime import Meta, runtime
+
+_machine = None
+
+
+def machine():
+    """The figures the GEMM cost model uses (defaults per backend until `set_machine`)."""
+    if _machine is not None:
+        return _machine
+    return gemm_plan.GPU_MACHINE if backend.current().is_gpu else gemm_plan.CPU_MACHINE
+
+
+def set_machine(m):
+    """Replace the cost model's machine figures (a `dmath.ops.gemm_plan.Machine`)."""
+    global _machine
+    if m is not None and not isinstance(m, gemm_plan.Machine):
+        raise DMathError(f"set_machine needs a gemm_plan.Machine, got {type(m).__name__}")
+    _machine = m
+
+
+def _is_matrix(x):
+    return hasattr(x, "_handle") and hasattr(x, "layout")
+
+
+def _scalar(v, what):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise DMathError(f"{what} must be a real number, got {v!r}")
+    return float(v)
+
+
+def _flag(v, what):
+    if not isinstance(v, (bool, np.bool_)):
+        raise DMathError(f"{what} must be True or False, got {v!r}")
+    return bool(v)
+
+
+def _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout):
+    """Validate a GEMM call; returns (plan, shapes, dtype, static, scalars)."""
+    for x, name in ((A, "A"), (B, "B")):
+        if not _is_matrix(x):
+            raise DMathError(f"gemm: {name} must be a dmath.Matrix, got {type(x).__name__}")
+    if C is not None and not _is_matrix(C):
+        raise DMathError(f"gemm: C must be a dmath.Matrix or None, got {type(C).__name__}")
+    trans_a, trans_b = _flag(trans_a, "trans_a"), _flag(trans_b, "trans_b")
+    alpha, beta = _scalar(alpha, "alpha"), _scalar(beta, "beta")
+    m, k = A.shape[::-1] if trans_a else A.shape
+    k2, n = B.shape[::-1] if trans_b else B.shape
+    if k != k2:
+        raise ShapeError(f"gemm: op(A) is {m} x {k} but op(B) is {k2} x {n}; the inner sizes must agree")
+    if C is not None and C.shape != (m, n):
+        raise ShapeError(f"gemm: C is {C.shape[0]} x {C.shape[1]}, the product is {m} x {n}")
+    if C is None and beta != 0.0:
+        raise DMathError("gemm: beta is only meaningful with C (C=None means beta must be 0)")
+    if layout is not None and not isinstance(layout, Layout):
+        raise LayoutError(f"gemm: layout must be a dmath layout or None, got {layout!r}")
+    rt = runtime()
+    P = rt.nworkers
+    if C is not None:
+        if layout is not None and layout.resolved(P) != C.layout:
+            raise LayoutError(f"gemm: layout={layout!r} differs from C's layout {C.layout!r}; "
+                              f"the result is written into C")
+        want, dtype = C.layout, C.dtype
+    else:
+        dtype = np.result_type(A.dtype, B.dtype).name
+        want = None if layout is None else new_meta(layout, (m, n), dtype).layout
+    a_op = A.layout.transposed(P) if trans_a else A.layout
+    b_op = B.layout.transposed(P) if trans_b else B.layout
+    shapes = ((m, k), (k, n))
+    cached = _cached(rt, A, B, a_op, b_op, want, trans_a, trans_b, dtype, P, shapes)
+    plan = gemm_plan.choose(a_op, b_op, want, shapes, dtype, P, _budgeted(machine()), cached)
+    static = (plan.strategy, plan.result, trans_a, trans_b, C is not None)
+    return plan, shapes, dtype, static, (alpha, beta)
+
+
+def _budgeted(m):
+    """The machine with its memory budget capped by the memory limit, if one is set."""
+    from . import memory
+    limit = getattr(memory, "_limit", None)
+    if limit is not None and limit < m.budget:
+        return gemm_plan.Machine(m.bandwidth, m.latency, m.rates, int(limit))
+    return m
+
+
+def _cached(rt, A, B, a_op, b_op, want, trans_a, trans_b, dtype, P, shapes):
+    """Operand copies the workers hold (read from worker 0's cache: every worker holds the same)."""
+    found = set()
+    if rt.world.rank != 0 or not (replicas.cache.holds(A._handle) or replicas.cache.holds(B._handle)):
+        return frozenset()
+    for s in gemm_plan.candidates(a_op, b_op, want, P, shapes):
+        for name, x, need, trans in (("A", A, s.a, trans_a), ("B", B, s.b, trans_b)):
+            shard = rt.table.get(x._handle)
+            if shard is None:
+                continue
+            raw = need.transposed(P) if trans else need
+            if replicas.cache.peek((x._handle, shard.version, raw, dtype)):
+                found.add((name, need))
+            if s.grid is not None:
+                kind = {"astat": "B-tiles", "bstat": "A-tiles"}.get(s.name, f"{name}-panels")
+                ranks = _panel_ranks(s, name, P)
+                if ranks and replicas.cache.peek((x._handle, shard.version, (kind, raw, ranks), dtype)):
+                    found.add((kind, need))
+    return frozenset(found)
+
+
+def _panel_ranks(s, name, P):
+    """The ranks in worker 0's panel cache key for strategy `s` (see ops/gemm.py)."""
+    stat = {"astat": s.a, "bstat": s.b.transposed(P) if s.name == "bstat" else None}.get(s.name, s.a)
+    group = stat.members(P)
+    if 0 not in group:
+        return None
+    pr, pc = s.grid
+    i, j = divmod(group.index(0), pc)
+    if s.name in ("astat", "bstat"):
+        tiles = "B" if s.name == "astat" else "A"
+        return tuple(group[(q % pr) * pc + j] for q in range(pc)) if name == tiles else None
+    return group[i * pc:(i + 1) * pc] if name == "A" else group[j::pc]
+
+
+def gemm(A, B, C=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, layout=None):
+    """alpha * op(A) @ op(B) (+ beta * C): correct for any layouts of A, B and C.
+
+    op(X) is X.T when trans_x. With C given the result is written into C (in
+    its layout and dtype) and C is returned; otherwise a new Matrix in
+    `layout`, or, with layout=None, in the layout the cheapest strategy
+    produces (which may be Partial: the sum of the workers' addends, e.g.
+    for A ColBlock times B RowBlock, when that needs no communication).
+    The strategy comes from a cost model and is cached per signature; see
+    `explain_gemm`.
+    """
+    plan, shapes, dtype, static, scalars = _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout)
+    if C is not None:
+        dispatch("gemm", [A, B, C], [2], static=static, scalars=scalars)
+        return C
+    out = Meta(plan.result, (shapes[0][0], shapes[1][1]), dtype)
+    return dispatch("gemm", [A, B], [out], static=static, scalars=scalars)[0][0]
+
+
+def explain_gemm(A, B, C=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, layout=None, file=None):
+    """Print (and return) the plan `gemm` would run: strategy, operand remaps, bytes, expected time."""
+    plan, shapes, dtype, _, _ = _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout)
+    text = gemm_plan.describe(plan, shapes, dtype)
+    print(text, file=file)
+    return text
+
+
+def replicate(M, wait=True):
+    """Make (and keep, in the replica cache) a Replicated copy of M on every worker; returns M.
+
+    With wait=False the copy is made in the background (on the GPU's side
+    stream, or by non-blocking MPI broadcasts) and any later operation that
+    uses it waits for it first. Operations that need M replicated (e.g. the
+    B of a GEMM with row-split A) then move no bytes for it.
+    """
+    if not _is_matrix(M):
+        raise DMathError(f"replicate needs a dmath.Matrix, got {type(M).__name__}")
+    wait = _flag(wait, "wait")
+    P = runtime().nworkers
+    dispatch("replicate", [M], static=(Replicated(tuple(range(P))), wait))
+    return M

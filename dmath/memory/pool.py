@@ -1,0 +1,331 @@
+"""The memory pools behind every worker-side allocation: host size classes, CuPy's device pool.
+
+`HostPool` (the CPU backend, and the pure logic tested without MPI) keeps
+free lists of host byte blocks by size class. An allocation is an array view
+of a block; numpy makes every array derived from it keep the block's lease
+alive, so the block goes back to its free list exactly when the last array
+that uses it dies, and the next request of that class reuses it.
+
+`CudaPool` (the GPU backend) installs a `cupy.cuda.MemoryPool` as CuPy's
+allocator, so every device array of the process, temporaries of `a + b`
+included, comes from it, and a `cupy.cuda.PinnedMemoryPool` for the host
+staging buffers of scatter and gather and for the host copies of 'host' and
+'managed' matrices.
+
+Both count new versus reused allocations, track the bytes in use, cached
+(free blocks held for reuse) and the high-water mark of their footprint, and
+enforce an optional limit: past it they first release the cached blocks,
+then raise `OutOfMemoryError` saying what was asked and what is held.
+"""
+import ctypes
+import math
+import weakref
+
+import numpy as np
+
+from .. import backend
+from ..errors import OutOfMemoryError
+
+#: the smallest block: every request up to this size shares one class
+MIN_CLASS = 256
+
+
+def size_class(nbytes):
+    """The block size that serves a request of `nbytes` (> 0).
+
+    Classes step by a quarter of the power of two below the request (1.25,
+    1.5, 1.75, 2 times it), so a block wastes less than a quarter of itself
+    while a few dozen classes cover every size that occurs; the smallest is
+    MIN_CLASS bytes.
+    """
+    if nbytes <= MIN_CLASS:
+        return MIN_CLASS
+    step = 1 << ((nbytes - 1).bit_length() - 3)
+    return -(-nbytes // step) * step
+
+
+def as_shape(shape):
+    """`shape` (an int or a sequence of ints) as a tuple of ints."""
+    if isinstance(shape, (int, np.integer)):
+        return (int(shape),)
+    return tuple(int(s) for s in shape)
+
+
+def nbytes_of(shape, dtype):
+    """Bytes of an array of `shape` (a tuple) and `dtype`."""
+    return math.prod(shape) * _dtype(dtype).itemsize
+
+
+def refusal(nbytes, what, in_use, released, limit):
+    """The message of an allocation refused by a worker's pool: what was asked, what is held."""
+    cap = f"its memory limit of {limit:,} bytes (dmath.memory.set_limit)" if limit is not None \
+        else "the memory of its device"
+    return (f"allocating {nbytes:,} bytes for {what} would exceed {cap} on this worker: "
+            f"{in_use:,} bytes are in use (matrices, replica copies and buffers) after "
+            f"{released:,} cached bytes were released first")
+
+
+_DTYPES = {}      # dtype spec -> np.dtype (np.dtype() is slow on the allocation path)
+
+
+def _dtype(spec):
+    dt = _DTYPES.get(spec)
+    if dt is None:
+        dt = _DTYPES[spec] = np.dtype(spec)
+    return dt
+
+
+class HostPool:
+    """Size-class free lists of host byte blocks (one per process on the CPU backend)."""
+
+    is_device = False
+
+    def __init__(self):
+        self.limit = None
+        self._free = {}          # size class -> [(block, its address)]
+        self._leases = {}        # id(weakref to a lease) -> (weakref, block, address, size)
+        self._returned = []      # lease entries whose last array died, not yet filed
+        self._types = {}         # size class -> lease type
+        self.in_use = self.cached = self.high_water = 0
+        self.new_allocs = self.reused_allocs = 0
+
+    # ---- allocation ---------------------------------------------------------
+    def empty(self, shape, dtype):
+        """An uninitialised numpy array backed by a pooled block."""
+        dtype = _dtype(dtype)
+        if type(shape) is not tuple:
+            shape = as_shape(shape)
+        nbytes = math.prod(shape) * dtype.itemsize
+        if nbytes == 0:
+            return np.empty(shape, dtype)
+        if self._returned:
+            self._file_returned()
+        size = size_class(nbytes)
+        blocks = self._free.get(size)
+        if blocks:
+            block, address = blocks.pop()
+            self.cached -= size
+            self.reused_allocs += 1
+        else:
+            self._make_room(size, shape, dtype)
+            block = np.empty(size, np.uint8)
+            address = block.ctypes.data
+            self.new_allocs += 1
+            self.high_water = max(self.high_water, self.in_use + self.cached + size)
+        self.in_use += size
+        # The lease: a ctypes view of the block that holds the block and is the base
+        # numpy keeps for every array made from the one returned (numpy collapses
+        # chains of views only through ndarrays). It dies with the last of them.
+        lease_type = self._types.get(size)
+        if lease_type is None:
+            lease_type = self._types[size] = ctypes.c_char * size
+        lease = lease_type.from_address(address)
+        lease.block = block
+        ref = weakref.ref(lease, self._on_lease_dead)
+        self._leases[id(ref)] = (ref, block, address, size)
+        return np.ndarray(shape, dtype, lease)
+
+    # host staging buffers are the same host memory on the CPU backend
+    host_empty = empty
+
+    def _on_lease_dead(self, ref):
+        # called from wherever the last array died (possibly inside the garbage
+        # collector, in the middle of a pool call): only note it; `_file_returned`
+        # does the accounting at the next pool call
+        entry = self._leases.pop(id(ref), None)
+        if entry is not None:
+            self._returned.append(entry)
+
+    def _file_returned(self):
+        while self._returned:
+            _, block, address, size = self._returned.pop()
+            self.in_use -= size
+            self.cached += size
+            self._free.setdefault(size, []).append((block, address))
+
+    def _make_room(self, size, shape, dtype):
+        """Check the limit for a new block of `size`, releasing the cached blocks first if needed."""
+        if self.limit is None or self.in_use + self.cached + size <= self.limit:
+            return
+        released = self.release_cached()
+        if self.in_use + size > self.limit:
+            raise OutOfMemoryError(refusal(size, f"a {shape} {dtype} array", self.in_use, released, self.limit))
+
+    # ---- control ------------------------------------------------------------
+    def release_cached(self):
+        """Give every free block back to the system; returns the bytes released."""
+        self._file_returned()
+        released = self.cached
+        self._free.clear()
+        self.cached = 0
+        return released
+
+    def set_limit(self, nbytes):
+        """Cap in-use plus cached bytes (None: no cap); cached blocks over it are released now."""
+        self.limit = nbytes
+        if nbytes is not None:
+            self._file_returned()
+            if self.in_use + self.cached > nbytes:
+                self.release_cached()
+
+    def block_bytes(self, nbytes):
+        """The bytes the pool sets aside for a request of `nbytes`."""
+        return size_class(nbytes) if nbytes else 0
+
+    def stats(self):
+        self._file_returned()
+        return {"in_use": self.in_use, "cached": self.cached, "high_water": self.high_water,
+                "new_allocs": self.new_allocs, "reused_allocs": self.reused_allocs, "limit": self.limit}
+
+    def reset_stats(self):
+        self._file_returned()
+        self.new_allocs = self.reused_allocs = 0
+        self.high_water = self.in_use + self.cached
+
+
+class CudaPool:
+    """CuPy's device memory pool and pinned host pool, installed as CuPy's allocators, with counters.
+
+    The high-water mark is the most device memory the pool has held at once
+    (in use plus cached): what the device had to provide. New versus reused
+    allocations count both pools; the byte counts are the device pool's.
+    """
+
+    is_device = True
+    _UNIT = 512      # CuPy rounds device allocations to this many bytes
+
+    def __init__(self, cupy):
+        self._cp = cupy
+        self.device = cupy.cuda.MemoryPool()
+        self.pinned = cupy.cuda.PinnedMemoryPool()
+        self.limit = None
+        self.high_water = 0
+        self.new_allocs = self.reused_allocs = 0
+        self.unified = 0             # bytes of live CUDA managed ('cuda_managed') allocations
+        self._unified_freed = []
+        cupy.cuda.set_allocator(self._malloc)
+        cupy.cuda.set_pinned_memory_allocator(self._pinned_malloc)
+
+    # ---- the allocators CuPy calls ------------------------------------------
+    def _malloc(self, size):
+        pool = self.device
+        before = pool.total_bytes()
+        try:
+            mem = pool.malloc(size)
+        except self._cp.cuda.memory.OutOfMemoryError:
+            # CuPy refuses at its limit without looking at its cache: release it, then retry once
+            in_use = pool.used_bytes()
+            before = pool.total_bytes()
+            pool.free_all_blocks()
+            released = before - pool.total_bytes()
+            before = pool.total_bytes()
+            try:
+                mem = pool.malloc(size)
+            except self._cp.cuda.memory.OutOfMemoryError:
+                raise OutOfMemoryError(refusal(size, "a device array", in_use, released, self.limit)) from None
+        after = pool.total_bytes()
+        if after > before:
+            self.new_allocs += 1
+            self.high_water = max(self.high_water, after)
+        elif size:
+            self.reused_allocs += 1
+        return mem
+
+    def _pinned_malloc(self, size):
+        pinned = self.pinned
+        free_before = pinned.n_free_blocks()
+        mem = pinned.malloc(size)
+        if size:
+            if pinned.n_free_blocks() < free_before:
+                self.reused_allocs += 1
+            else:
+                self.new_allocs += 1
+        return mem
+
+    # ---- allocation ---------------------------------------------------------
+    def empty(self, shape, dtype):
+        """An uninitialised device array from the pool."""
+        return self._cp.empty(shape, dtype)
+
+    def host_empty(self, shape, dtype):
+        """An uninitialised numpy array in pinned host memory (for asynchronous copies)."""
+        shape = as_shape(shape)
+        nbytes = nbytes_of(shape, dtype)
+        if nbytes == 0:
+            return np.empty(shape, dtype)
+        mem = self._cp.cuda.alloc_pinned_memory(nbytes)
+        return np.ndarray(shape, dtype, mem)
+
+    def unified_empty(self, shape, dtype):
+        """An uninitialised device array in CUDA managed (unified) memory.
+
+        Refused when the device has less free memory than asked: unified memory
+        could oversubscribe the device, and paging it would be silent and slow.
+        """
+        shape = as_shape(shape)
+        nbytes = nbytes_of(shape, dtype)
+        if nbytes == 0:
+            return self._cp.empty(shape, dtype)
+        self._file_unified()
+        free, _ = self._cp.cuda.runtime.memGetInfo()
+        if nbytes > free:
+            released = self.release_cached()
+            free, _ = self._cp.cuda.runtime.memGetInfo()
+            if nbytes > free:
+                raise OutOfMemoryError(
+                    f"allocating {nbytes:,} bytes of CUDA managed memory ('cuda_managed') would exceed the "
+                    f"{free:,} bytes free on this worker's device (after releasing {released:,} cached bytes)")
+        mem = self._cp.cuda.malloc_managed(nbytes)
+        self.unified += nbytes
+        self.new_allocs += 1
+        weakref.finalize(mem, self._unified_freed.append, nbytes)
+        return self._cp.ndarray(shape, dtype, memptr=mem)
+
+    def _file_unified(self):
+        while self._unified_freed:
+            self.unified -= self._unified_freed.pop()
+
+    # ---- control ------------------------------------------------------------
+    def release_cached(self):
+        """Give the free blocks of both pools back to the driver; returns the device bytes released."""
+        before = self.device.total_bytes()
+        self.device.free_all_blocks()
+        self.pinned.free_all_blocks()
+        return before - self.device.total_bytes()
+
+    def set_limit(self, nbytes):
+        """Cap the device pool's in-use plus cached bytes (None: no cap)."""
+        self.limit = nbytes
+        self.device.set_limit(size=0 if nbytes is None else nbytes)   # CuPy: 0 means no limit
+        if nbytes is not None and self.device.total_bytes() > nbytes:
+            self.release_cached()
+
+    def block_bytes(self, nbytes):
+        return -(-nbytes // self._UNIT) * self._UNIT
+
+    def stats(self):
+        self._file_unified()
+        return {"in_use": self.device.used_bytes(), "cached": self.device.free_bytes(),
+                "high_water": self.high_water, "new_allocs": self.new_allocs,
+                "reused_allocs": self.reused_allocs, "limit": self.limit,
+                "pinned_free_blocks": self.pinned.n_free_blocks(), "unified": self.unified}
+
+    def reset_stats(self):
+        self.new_allocs = self.reused_allocs = 0
+        self.high_water = self.device.total_bytes()
+
+
+def create(be):
+    """The pool for backend `be` (installing CuPy's allocators on a GPU backend)."""
+    return CudaPool(be.xp) if be.is_gpu else HostPool()
+
+
+_installed = [None, None]     # (backend, its pool)
+
+
+def current():
+    """The pool of the current backend, created (and on a GPU installed) on first use."""
+    be = backend.current()
+    if _installed[0] is not be:
+        _installed[:] = [be, create(be)]
+    return _installed[1]

@@ -1,0 +1,68 @@
+"""Inverted dropout with a counter-based mask: the same mask at any worker count and layout.
+
+The keep decision of element (i, j) is a hash of (seed, step, i * ncols + j)
+through the generator of dmath.random (creation.py), so it depends on the
+global index only, never on which worker holds the element or in what order
+workers draw. The mask holds 0 or 1 / (1 - p): the backward pass is dY * mask.
+
+The step comes either as a dynamic scalar or from a (1, 1) counter matrix
+that lives on the workers. A recorded plan replays its scalars unchanged, so
+a recorded training step takes the counter matrix and advances it in place
+(counter += 1, itself a recorded command): every replay then draws a new
+mask without a message from the master. Both forms give the same key for the
+same step: the key is stream_key's hash, evaluated on the device for the
+counter.
+"""
+import numpy as np
+
+from .. import backend
+from ..layout import indexset as ix
+from ..runtime import kernel
+from . import nn_rows as rows
+from .creation import _mix, _uniform
+
+#: the generator lane of dropout masks (dmath.random uses lanes 0 and 1 of a stream)
+DROPOUT_LANE = 2
+_MASK64 = (1 << 64) - 1
+# creation.stream_key's multipliers of the seed, the stream (here: the step) and the lane
+_SEED_MUL, _STEP_MUL, _LANE_MUL = 0x9E3779B97F4A7C15, 0xD1B54A32D192ED03, 0x8CB92BA72F3D8DD7
+
+
+def _global_index(call, piece, ncols):
+    """uint64 global linear indices of this worker's block (the row and column parts cached per signature)."""
+    index = call.entry.cache.get("index")
+    if index is None:
+        xp = backend.current().xp
+        r = xp.asarray(ix.to_array(piece.rows)).astype(xp.uint64)
+        c = xp.asarray(ix.to_array(piece.cols)).astype(xp.uint64)
+        index = call.entry.cache["index"] = (r[:, None] * np.uint64(ncols), c[None, :])
+    return index[0] + index[1]
+
+
+def _key(seed, step):
+    """The generator key of (seed, step): creation.stream_key(seed, step, DROPOUT_LANE), evaluated
+    with array arithmetic so that `step` may be a uint64 on the device (the counter matrix)."""
+    base = np.uint64((int(seed) * _SEED_MUL + DROPOUT_LANE * _LANE_MUL) & _MASK64)
+    return _mix(base + step * np.uint64(_STEP_MUL))
+
+
+@kernel("nn_dropout")
+def _dropout(call):
+    """inputs X[, counter (1, 1)]; outputs Y, mask; scalars = (p, seed[, step])."""
+    xp = backend.current().xp
+    src = call.inputs[0]
+    x = rows.local(src)
+    if x is None:
+        return rows.nothing_here(call)
+    p, seed = call.scalars[0], call.scalars[1]
+    counter = rows.local(call.inputs[1]) if len(call.inputs) > 1 else None
+    (y,) = rows.new_output(call, 0)
+    (mask,) = rows.new_output(call, 1)
+    # a step from the counter stays on the device: reading it would synchronise every call
+    step = np.uint64(int(call.scalars[2])) if counter is None else counter.reshape(()).astype(np.uint64)
+    with np.errstate(over="ignore"):   # the hash multiplies modulo 2**64 on purpose
+        u = _uniform(xp, _global_index(call, src.dist.pieces[call.rank][0], src.dist.shape[1]),
+                     _key(seed, step))
+    mask[...] = (u >= p) * (1.0 / (1.0 - p))
+    y[...] = x * mask
+    return [rows.shard(call, 0, [y]), rows.shard(call, 1, [mask])]

@@ -1,0 +1,109 @@
+"""Sliding windows over NCHW image batches: the geometry, im2col and its adjoint (col2im).
+
+An image batch is stored as (n, C*H*W) rows. A window view of the padded
+batch is built with `as_strided` (no copy, no loop over pixels); im2col
+copies it once into GEMM-ready rows. The adjoint loops over the kh*kw kernel
+taps only: each tap adds one strided (n, C, Ho, Wo) slab, so overlapping
+windows accumulate correctly and no scatter with index arrays is needed.
+"""
+from typing import NamedTuple
+
+from .. import backend, memory
+
+
+class Geometry(NamedTuple):
+    """Image size, kernel, stride, padding and dilation of a convolution or pooling window."""
+    channels: int
+    height: int
+    width: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    ph: int
+    pw: int
+    dh: int
+    dw: int
+
+    @property
+    def out_h(self):
+        return (self.height + 2 * self.ph - self.dh * (self.kh - 1) - 1) // self.sh + 1
+
+    @property
+    def out_w(self):
+        return (self.width + 2 * self.pw - self.dw * (self.kw - 1) - 1) // self.sw + 1
+
+    @property
+    def in_features(self):
+        return self.channels * self.height * self.width
+
+    @property
+    def taps(self):
+        return self.kh * self.kw
+
+
+def geometry(image_shape, kernel_hw, stride, padding, dilation=(1, 1)):
+    """The Geometry of validated arguments (pure; the master checks them first)."""
+    c, h, w = image_shape
+    return Geometry(c, h, w, kernel_hw[0], kernel_hw[1], stride[0], stride[1],
+                    padding[0], padding[1], dilation[0], dilation[1])
+
+
+def images(x, g):
+    """The (n, C*H*W) row block `x` as an (n, C, H, W) batch (a view)."""
+    return x.reshape(x.shape[0], g.channels, g.height, g.width)
+
+
+def padded(x4, g, fill, dtype):
+    """`x4` with g.ph / g.pw rows and columns of `fill` around every image, in `dtype`."""
+    if not g.ph and not g.pw:
+        return x4.astype(dtype, copy=False)
+    n, c, h, w = x4.shape
+    buf = memory.empty((n, c, h + 2 * g.ph, w + 2 * g.pw), dtype)
+    buf.fill(fill)
+    buf[:, :, g.ph:g.ph + h, g.pw:g.pw + w] = x4
+    return buf
+
+
+def windows(xpad, g):
+    """The (n, C, kh, kw, Ho, Wo) window view of a padded batch: element [.., i, j, y, x] is
+    xpad[.., y * sh + i * dh, x * sw + j * dw]. A view: never write through it."""
+    xp = backend.current().xp
+    n, c = xpad.shape[:2]
+    s_n, s_c, s_y, s_x = xpad.strides
+    return xp.lib.stride_tricks.as_strided(
+        xpad, shape=(n, c, g.kh, g.kw, g.out_h, g.out_w),
+        strides=(s_n, s_c, s_y * g.dh, s_x * g.dw, s_y * g.sh, s_x * g.sw))
+
+
+def tap(a, g, i, j):
+    """The (n, C, Ho, Wo) strided slab of the padded batch `a` that kernel tap (i, j) reads (a view)."""
+    y0, x0 = i * g.dh, j * g.dw
+    return a[:, :, y0:y0 + g.sh * (g.out_h - 1) + 1:g.sh, x0:x0 + g.sw * (g.out_w - 1) + 1:g.sw]
+
+
+def im2col(x, g, dtype):
+    """Patches of the (n, C*H*W) block `x` as a (C*kh*kw, n*Ho*Wo) matrix in `dtype`.
+
+    Column (s, y, x) holds the receptive field of output pixel (y, x) of
+    sample s, ordered (c, i, j) like a flattened (K, C, kh, kw) kernel, so
+    that the convolution is the one GEMM W @ cols. Channel-major rows (as
+    Caffe's) make the copy read and write along image rows.
+    """
+    n = x.shape[0]
+    v = windows(padded(images(x, g), g, 0, dtype), g)
+    cols = memory.empty((g.channels, g.kh, g.kw, n, g.out_h, g.out_w), dtype)
+    cols[...] = v.transpose(1, 2, 3, 0, 4, 5)
+    return cols.reshape(g.channels * g.taps, n * g.out_h * g.out_w)
+
+
+def col2im(dcols, n, g, dtype):
+    """The adjoint of im2col: sums (C*kh*kw, n*Ho*Wo) patch gradients back into an
+    (n, C, H, W) batch (a view into a padded buffer)."""
+    d6 = dcols.reshape(g.channels, g.kh, g.kw, n, g.out_h, g.out_w)
+    dpad = memory.zeros((n, g.channels, g.height + 2 * g.ph, g.width + 2 * g.pw), dtype)
+    for i in range(g.kh):
+        for j in range(g.kw):
+            slab = tap(dpad, g, i, j)
+            slab += d6[:, i, j].transpose(1, 0, 2, 3)
+    return dpad[:, :, g.ph:g.ph + g.height, g.pw:g.pw + g.width]

@@ -1,0 +1,165 @@
+"""Memory on every worker: the limit, pool statistics, memory kinds (to_memory, prefetch).
+
+The kernels act on each worker's pool (`dmath.memory`); the master-side
+functions validate and dispatch them. This module registers itself with
+`dmath.memory` (whose public stats/set_limit/clear become commands) and with
+the runtime's ledger (which reports a worker's pool in a refusal), so that
+those lower layers never import this one.
+"""
+from .. import backend, memory
+from ..comm.control import gather_objects
+from ..errors import OutOfMemoryError
+from ..memory import kinds, replicas
+from ..runtime import Shard, is_initialized, kernel, runtime
+from ..runtime import ledger
+from .base import dispatch, meta
+
+# ---- the limit and the statistics ---------------------------------------------------
+#: the replica-cache budget in force before a limit was set (restored when it is lifted)
+_budget_before_limit = []
+
+
+@kernel("memory_set_limit")
+def _set_limit(call):
+    nbytes = call.scalars[0]
+    limit = None if nbytes < 0 else int(nbytes)
+    memory.set_local_limit(limit)
+    # replica copies get at most half the limit. Every rank runs this same
+    # command and the cache counts global bytes, so all evict the same entries.
+    if limit is None:
+        if _budget_before_limit:
+            replicas.set_budget(_budget_before_limit.pop())
+    else:
+        if not _budget_before_limit:
+            _budget_before_limit.append(replicas.cache.budget)
+        replicas.set_budget(min(_budget_before_limit[0], limit // 2))
+    return []
+
+
+@kernel("memory_stats")
+def _stats(call):
+    call.result = gather_objects(call.world, memory.local_stats())
+    return []
+
+
+@kernel("memory_release")
+def _release(call):
+    """Every worker gives its cached blocks back; the master gets (bytes released, pool stats) per worker."""
+    released = memory.release_cached()
+    call.result = gather_objects(call.world, (released, memory.local_stats()))
+    return []
+
+
+@kernel("memory_device_free")
+def _device_free(call):
+    """Free device memory per worker, after the pool gave its cached blocks back (GPU only)."""
+    memory.release_cached()
+    free, _ = backend.current().xp.cuda.runtime.memGetInfo()
+    call.result = gather_objects(call.world, int(free))
+    return []
+
+
+class _Commands:
+    """What dmath.memory's public functions run once dmath is initialised (see set_command_hook)."""
+
+    @staticmethod
+    def active():
+        return is_initialized()
+
+    @staticmethod
+    def set_limit(nbytes):
+        dispatch("memory_set_limit", scalars=(-1 if nbytes is None else nbytes,))
+        runtime().ledger.set_limit(nbytes)
+
+    @staticmethod
+    def stats():
+        per_worker = dispatch("memory_stats")[1]
+        for d, held in zip(per_worker, runtime().ledger.per_worker()):
+            d["matrices"] = held
+        return per_worker
+
+    @staticmethod
+    def clear():
+        return [released for released, _ in dispatch("memory_release")[1]]
+
+
+def _report(rank):
+    """The refused worker's own view, after every worker released its cached blocks."""
+    if not is_initialized() or runtime().recorder is not None:
+        return ""          # no runtime, or inside a record() block, where no command of ours may go
+    released, st = dispatch("memory_release")[1][rank]
+    return (f"Worker {rank}'s pool holds {st['in_use']:,} bytes in use and {st['cached']:,} cached "
+            f"after releasing {released:,} cached bytes.")
+
+
+memory.set_command_hook(_Commands)
+ledger.set_refusal_reporter(_report)
+
+
+# ---- memory kinds ---------------------------------------------------------------------
+def check_kind(kind):
+    """`kind` validated ('device', 'host', 'managed', 'cuda_managed'; None: the backend's default)."""
+    return kinds.check(kind)
+
+
+def kind_scalar(kind):
+    """The kind as a command scalar (kinds never enter a signature)."""
+    return kinds.code(kind)
+
+
+def new_shard(arrays, dist, dtype, kind):
+    """A new shard in memory `kind` that takes over `arrays` (see memory.kinds.store)."""
+    pieces, home = kinds.store(arrays, kind)
+    return Shard(pieces, dist, dtype, kind, home)
+
+
+def compute_empty(kind, shape, dtype):
+    """An array a creation kernel fills for a shard of `kind` (memory.kinds.compute_empty)."""
+    return kinds.compute_empty(kind, shape, dtype)
+
+
+def check_room(kind, m):
+    """Refuse, on the master, a 'cuda_managed' matrix some worker's device has no free memory for."""
+    if kind != "cuda_managed" or not backend.current().is_gpu:
+        return
+    need = runtime().ledger.worker_bytes(m)
+    free = dispatch("memory_device_free")[1]
+    for r, (n, f) in enumerate(zip(need, free)):
+        if n > f:
+            raise OutOfMemoryError(
+                f"memory='cuda_managed': the {m.shape} {m.dtype} matrix needs {n:,} bytes of unified memory "
+                f"on worker {r}, whose device has {f:,} bytes free (after releasing the pool's cached "
+                f"blocks); unified memory is not allowed to oversubscribe the device")
+
+
+def placed(m, kind):
+    """Account for a new matrix `m` in memory `kind` (outside the capped pool: off the ledger)."""
+    if not kinds.pooled(kind):
+        runtime().ledger.exempt(m._handle)
+    return m
+
+
+def to_memory(m, kind):
+    """A new matrix with m's layout and values in memory `kind` (validated by the caller)."""
+    out = meta(m)
+    check_room(kind, out)
+    return dispatch("to_memory", [m], [out], scalars=(kinds.code(kind),))[0][0]
+
+
+@kernel("to_memory")
+def _to_memory(call):
+    src = call.inputs[0]
+    kind = kinds.from_code(call.scalars[0])
+    return [new_shard(kinds.copy_for(src, kind), call.entry.out_dists[0], src.dtype, kind)]
+
+
+def prefetch(m):
+    """Start copying a 'host' or 'managed' matrix to the devices (nothing to do on the CPU backend)."""
+    if backend.current().is_gpu and m.memory in ("host", "managed"):
+        dispatch("prefetch", [m])
+
+
+@kernel("prefetch")
+def _prefetch(call):
+    kinds.prefetch(call.inputs[0])
+    return []

@@ -1,0 +1,190 @@
+"""GEMM for any layouts of A, B and C against NumPy (float64 oracle), at every worker count."""
+import numpy as np
+import pytest
+
+import dmath
+from _cases import layout_cases
+
+P = dmath.num_workers()
+CASES = dict(layout_cases(P))
+NAMES = sorted(CASES)
+SHAPES = [(7, 5, 3), (1, 9, 4), (13, 1, 6), (5, 6, 1), (3, 4, 11), (9, 10, 8)]
+RTOL = {"float16": 4e-3, "float32": 2e-5, "float64": 1e-11}
+
+
+def _draws(n, seed):
+    rng = np.random.default_rng(seed)
+    for _ in range(n):
+        yield dict(a=rng.choice(NAMES), b=rng.choice(NAMES), c=rng.choice(NAMES + ["none"]),
+                   shape=SHAPES[rng.integers(len(SHAPES))], ta=bool(rng.integers(2)), tb=bool(rng.integers(2)),
+                   dtype=str(rng.choice(["float16", "float32", "float64"])),
+                   alpha=float(rng.choice([1.0, -0.5, 2.0])), beta=float(rng.choice([0.0, 1.0, 0.25])),
+                   given_c=bool(rng.integers(2)))
+
+
+def _check(got, want, dtype, k):
+    scale = max(1.0, np.abs(want).max())
+    np.testing.assert_allclose(got, want, rtol=0, atol=RTOL[dtype] * scale * max(1, k) ** 0.5)
+
+
+@pytest.mark.parametrize("case", list(_draws(150, 1234 + P)), ids=lambda c: f"{c['a']}-{c['b']}-{c['c']}")
+def test_gemm_random_layouts(case):
+    m, k, n = case["shape"]
+    dtype = case["dtype"]
+    a_shape = (k, m) if case["ta"] else (m, k)
+    b_shape = (n, k) if case["tb"] else (k, n)
+    rng = np.random.default_rng(7)
+    a = rng.uniform(-1, 1, a_shape).astype(dtype)
+    b = rng.uniform(-1, 1, b_shape).astype(dtype)
+    A = dmath.from_numpy(a, layout=CASES[case["a"]](a_shape))
+    B = dmath.from_numpy(b, layout=CASES[case["b"]](b_shape))
+    opa = a.T.astype(np.float64) if case["ta"] else a.astype(np.float64)
+    opb = b.T.astype(np.float64) if case["tb"] else b.astype(np.float64)
+    want = case["alpha"] * opa @ opb
+    lay = None if case["c"] == "none" else CASES[case["c"]]((m, n))
+    if case["given_c"]:
+        c0 = rng.uniform(-1, 1, (m, n)).astype(dtype)
+        C = dmath.from_numpy(c0, layout=lay)
+        out = dmath.gemm(A, B, C, alpha=case["alpha"], beta=case["beta"], trans_a=case["ta"], trans_b=case["tb"])
+        assert out is C
+        want = want + case["beta"] * c0.astype(np.float64)
+    else:
+        out = dmath.gemm(A, B, alpha=case["alpha"], trans_a=case["ta"], trans_b=case["tb"], layout=lay)
+        if lay is not None:
+            assert out.layout == lay.resolved(P)
+    assert out.shape == (m, n) and out.dtype == dtype
+    _check(out.to_numpy().astype(np.float64), want, dtype, k)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_matmul_operator_every_layout(name):
+    a = np.arange(6 * 5, dtype=np.float64).reshape(6, 5) / 10
+    b = np.arange(5 * 7, dtype=np.float64).reshape(5, 7) / 10 - 1
+    A = dmath.from_numpy(a, layout=CASES[name]((6, 5)))
+    B = dmath.from_numpy(b, layout=CASES[name]((5, 7)))
+    np.testing.assert_allclose((A @ B).to_numpy(), a @ b, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose((A @ A.T).to_numpy(), a @ a.T, rtol=1e-12, atol=1e-12)
+
+
+def test_mixed_dtypes_promote():
+    a = np.random.default_rng(0).random((8, 6))
+    A = dmath.from_numpy(a, dtype="float16")
+    B = dmath.from_numpy(a.T, dtype="float64", layout=dmath.ColBlock())
+    C = A @ B
+    assert C.dtype == "float64"
+    ah = a.astype(np.float16).astype(np.float64)
+    np.testing.assert_allclose(C.to_numpy(), ah @ a.T, rtol=1e-12)
+
+
+def _data_bytes():
+    return sum(s["data_bytes_recv"] for s in dmath.stats())
+
+
+@pytest.mark.skipif(P == 1, reason="nothing moves with one worker")
+def test_unchanged_operand_moves_nothing_twice():
+    n = 64
+    A = dmath.random.rand((n, n), layout=dmath.RowBlock())
+    B = dmath.random.rand((n, n), layout=dmath.ColBlock())
+    want = A.to_numpy().astype(np.float64) @ B.to_numpy()
+    dmath.reset_stats()
+    C1 = dmath.gemm(A, B, layout=dmath.RowBlock())
+    first = _data_bytes()
+    assert first > 0
+    dmath.reset_stats()
+    C2 = dmath.gemm(A, B, layout=dmath.RowBlock())
+    assert _data_bytes() == 0
+    assert sum(s["cache_hits"] for s in dmath.stats()) > 0
+    np.testing.assert_allclose(C2.to_numpy(), C1.to_numpy(), rtol=0, atol=0)
+    B += 1.0                               # a write: the cached copies are stale
+    dmath.reset_stats()
+    C3 = dmath.gemm(A, B, layout=dmath.RowBlock())
+    assert _data_bytes() == first
+    np.testing.assert_allclose(C3.to_numpy(), want + A.to_numpy().sum(axis=1, keepdims=True), rtol=1e-5)
+    A *= 2.0                               # the other operand changes: B's copy is still good
+    dmath.reset_stats()
+    C4 = dmath.gemm(A, B, layout=dmath.RowBlock())
+    assert _data_bytes() == 0
+    np.testing.assert_allclose(C4.to_numpy(), 2 * C3.to_numpy(), rtol=1e-5)
+
+
+@pytest.mark.skipif(P == 1, reason="nothing moves with one worker")
+@pytest.mark.parametrize("wait", [True, False])
+def test_replicate_then_gemm_moves_nothing(wait):
+    A = dmath.random.rand((12, 9), layout=dmath.RowBlock())
+    B = dmath.random.rand((9, 10), layout=dmath.ColBlock())
+    assert B.replicate(wait=wait) is B
+    dmath.reset_stats()
+    C = dmath.gemm(A, B, layout=dmath.RowBlock())
+    assert _data_bytes() == 0
+    np.testing.assert_allclose(C.to_numpy(), A.to_numpy() @ B.to_numpy(), rtol=1e-5)
+    assert "local" in dmath.explain_gemm(A, B, layout=dmath.RowBlock())
+
+
+def test_partial_inputs_and_outputs():
+    a = np.random.default_rng(3).random((6, 8))
+    b = np.random.default_rng(4).random((8, 5))
+    A = dmath.from_numpy(a, layout=dmath.ColBlock())
+    B = dmath.from_numpy(b, layout=dmath.RowBlock())
+    C = A @ B                               # inner products: a Partial result, no communication
+    if P > 1:
+        assert C.layout.partial
+    np.testing.assert_allclose(C.to_numpy(), a @ b, rtol=1e-6)
+    D = C @ dmath.from_numpy(np.eye(5), layout=dmath.Replicated())
+    np.testing.assert_allclose(D.to_numpy(), a @ b, rtol=1e-6)
+
+
+def test_explain_names_strategy_and_bytes(capsys):
+    A = dmath.random.rand((40, 30), layout=dmath.Block2D())
+    B = dmath.random.rand((30, 20), layout=dmath.BlockCyclic((4, 4)))
+    text = dmath.explain_gemm(A, B, layout=dmath.RowBlock())
+    assert "strategy" in text and "bytes" in text and "expected" in text
+    assert text in capsys.readouterr().out
+
+
+def test_errors_raise_on_master_and_runtime_stays_usable():
+    A = dmath.zeros((4, 3))
+    B = dmath.zeros((4, 5))
+    with pytest.raises(dmath.ShapeError):
+        A @ B
+    with pytest.raises(dmath.ShapeError):
+        dmath.gemm(A, B, C=dmath.zeros((3, 3)), trans_a=True)
+    with pytest.raises(dmath.DMathError):
+        dmath.gemm(A, B, beta=1.0, trans_a=True)
+    with pytest.raises(dmath.LayoutError):
+        dmath.gemm(A, B, C=dmath.zeros((3, 5)), trans_a=True, layout=dmath.Replicated())
+    with pytest.raises(dmath.DMathError):
+        dmath.gemm(A, np.zeros((3, 2)))
+    with pytest.raises(dmath.DMathError):
+        dmath.gemm(A, B, trans_a="yes")
+    with pytest.raises(TypeError):
+        A @ np.zeros((3, 2))
+    C = dmath.gemm(A, B, trans_a=True)
+    assert C.shape == (3, 5) and float(C.sum()) == 0.0
+
+
+@pytest.mark.parametrize("mkn", [(9, 7, 5), (16, 12, 3), (5, 17, 11), (2, 3, 13)])
+@pytest.mark.parametrize("trans", [(False, False), (True, False), (False, True), (True, True)])
+def test_every_strategy_kernel_is_correct(mkn, trans):
+    """Each candidate strategy run as is (not only the cheapest), from RowBlock and BlockCyclic inputs."""
+    from dmath.ops import gemm_plan
+    from dmath.ops.base import dispatch
+    from dmath.runtime import Meta
+    m, k, n = mkn
+    ta, tb = trans
+    rng = np.random.default_rng(11)
+    a = rng.uniform(-1, 1, (k, m) if ta else (m, k))
+    b = rng.uniform(-1, 1, (n, k) if tb else (k, n))
+    A = dmath.from_numpy(a, layout=dmath.RowBlock())
+    B = dmath.from_numpy(b, layout=dmath.BlockCyclic((2, 3)))
+    want = (a.T if ta else a) @ (b.T if tb else b)
+    a_op = A.layout.transposed(P) if ta else A.layout
+    b_op = B.layout.transposed(P) if tb else B.layout
+    names = set()
+    for s in gemm_plan.candidates(a_op, b_op, None, P, ((m, k), (k, n))):
+        names.add(s.name)
+        out = Meta(s.c, (m, n), "float64")
+        C = dispatch("gemm", [A, B], [out], static=(s, s.c, ta, tb, False), scalars=(1.5, 0.0))[0][0]
+        np.testing.assert_allclose(C.to_numpy(), 1.5 * want, rtol=1e-12, atol=1e-12, err_msg=str(s))
+    assert {"local", "inner"} <= names
+    if P >= 4:
+        assert {"summa", "astat", "bstat"} <= names

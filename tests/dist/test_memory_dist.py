@@ -1,0 +1,245 @@
+"""The memory pool and memory kinds on every worker: kinds keep their values in every layout,
+to_memory/prefetch preserve them, the limit refuses on the master and leaves the runtime usable,
+and a repeated sequence of operations reuses pooled blocks only."""
+import gc
+
+import numpy as np
+import pytest
+
+import dmath
+from dmath.memory import KINDS
+
+from _cases import case_names, layout, values
+
+P = dmath.num_workers()
+NAMES = case_names(P)
+SHAPE = (9, 7)
+POOL_KEYS = {"in_use", "cached", "high_water", "new_allocs", "reused_allocs", "limit", "matrices"}
+
+
+def _default_kind():
+    return "device" if dmath.device() == "gpu" else "host"
+
+
+# ---- kinds hold their values --------------------------------------------------------------
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("name", NAMES)
+def test_kinds_round_trip_in_every_layout(name, kind):
+    x = values(SHAPE, 60)
+    lay = layout(name, SHAPE, P)
+    m = dmath.from_numpy(x, lay, memory=kind)
+    assert m.memory == kind and m.layout == lay.resolved(P)
+    np.testing.assert_array_equal(m.to_numpy(), x)
+    # computing on it brings it to the device transparently; results are in the default kind
+    r = m * 2.0 + 1.0
+    assert r.memory == _default_kind()
+    np.testing.assert_allclose(r.to_numpy(), x * 2.0 + 1.0, rtol=1e-12)
+    np.testing.assert_array_equal(m.to_numpy(), x)        # reading it left it unchanged
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_creation_functions_take_every_kind(kind):
+    lay = dmath.Block2D()
+    dmath.random.seed(5)
+    ref_rand = dmath.random.rand(SHAPE, "float64", lay).to_numpy()
+    ref_randn = dmath.random.randn(SHAPE, "float64", lay).to_numpy()
+    dmath.random.seed(5)
+    made = {
+        "rand": (dmath.random.rand(SHAPE, "float64", lay, memory=kind), ref_rand),
+        "randn": (dmath.random.randn(SHAPE, "float64", lay, memory=kind), ref_randn),
+        "zeros": (dmath.zeros(SHAPE, "float32", lay, memory=kind), np.zeros(SHAPE)),
+        "ones": (dmath.ones(SHAPE, "float16", dmath.Partial(), memory=kind), np.ones(SHAPE)),
+        "full": (dmath.full(SHAPE, -2.5, "float64", dmath.BlockCyclic((2, 2)), memory=kind), np.full(SHAPE, -2.5)),
+        "eye": (dmath.eye(6, "float32", dmath.ColBlock(), memory=kind), np.eye(6)),
+    }
+    for what, (m, expected) in made.items():
+        assert m.memory == kind, what
+        np.testing.assert_array_equal(m.to_numpy(), expected.astype(m.dtype), err_msg=what)
+
+
+def test_bad_memory_kind_is_refused_on_the_master():
+    with pytest.raises(dmath.DMathError, match="memory must be one of"):
+        dmath.zeros((3, 3), memory="gpu")
+    with pytest.raises(dmath.DMathError, match="memory must be one of"):
+        dmath.random.rand((3, 3), memory="pinned")
+    m = dmath.ones((3, 3))
+    with pytest.raises(dmath.DMathError, match="memory must be one of"):
+        m.to_memory("HOST")
+    assert m.memory == _default_kind() and m.sum() == 9.0
+
+
+# ---- to_memory and prefetch --------------------------------------------------------------------
+@pytest.mark.parametrize("src", KINDS)
+def test_to_memory_keeps_layout_and_values(src):
+    x = values(SHAPE, 61)
+    for name in ("row", "b2d", "partial", "tiles", "rep_g" if P > 1 else "rep"):
+        lay = layout(name, SHAPE, P)
+        m = dmath.from_numpy(x, lay, memory=src)
+        for dst in KINDS:
+            n = m.to_memory(dst)
+            assert (n.memory, n.layout, n.dtype, n.shape) == (dst, m.layout, m.dtype, m.shape), (name, dst)
+            np.testing.assert_array_equal(n.to_numpy(), x, err_msg=f"{name} {src}->{dst}")
+            n *= 2.0                                       # a copy: writing it leaves the source alone
+        np.testing.assert_array_equal(m.to_numpy(), x, err_msg=name)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_prefetch_then_use(kind):
+    x = values(SHAPE, 62)
+    m = dmath.from_numpy(x, dmath.RowBlock(), memory=kind)
+    assert m.prefetch() is m
+    np.testing.assert_allclose((m - 1.0).to_numpy(), x - 1.0)
+    m.prefetch()
+    m.prefetch()                                           # twice: the second finds the copy there
+    np.testing.assert_allclose(dmath.exp(m).sum(), np.exp(x).sum(), rtol=1e-12)
+    np.testing.assert_array_equal(m.to_numpy(), x)
+    assert m.memory == kind
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_writes_to_a_kind_are_kept(kind):
+    x = values(SHAPE, 63)
+    m = dmath.from_numpy(x, dmath.ColBlock(), memory=kind)
+    m += 2.0                                               # in place: the kernel writes the device copy
+    m.set((1, 2), 100.0)
+    expected = x + 2.0
+    expected[1, 2] = 100.0
+    np.testing.assert_array_equal(m.to_numpy(), expected)  # ... and the host side sees it
+    assert m.get((1, 2)) == 100.0 and m.memory == kind
+    m.prefetch()
+    m *= 0.5
+    np.testing.assert_array_equal(m.to_numpy(), expected * 0.5)
+    np.testing.assert_array_equal(m.T.to_numpy(), (expected * 0.5).T)
+    np.testing.assert_array_equal(m[2:7, 1:4].to_numpy(), (expected * 0.5)[2:7, 1:4])
+
+
+def test_training_set_in_host_memory_with_prefetched_batches():
+    """The data set lives in host memory, batch by batch; the next batch is prefetched while the
+    current one is used (a no-op copy on the CPU backend, the same program on GPUs)."""
+    rng = np.random.default_rng(64)
+    data = rng.standard_normal((40, 6))
+    batch = 8
+    batches = [dmath.from_numpy(data[i:i + batch], dmath.RowBlock(), memory="host")
+               for i in range(0, len(data), batch)]
+    w = dmath.from_numpy(np.linspace(-1.0, 1.0, 6)[None, :], dmath.Replicated())
+    acc = dmath.zeros((1, 6), "float64", dmath.Replicated())
+    batches[0].prefetch()
+    for k, b in enumerate(batches):
+        if k + 1 < len(batches):
+            batches[k + 1].prefetch()                      # overlaps the work on batch k
+        acc += dmath.tanh(b * w).sum(axis=0)
+    expected = np.tanh(data * np.linspace(-1.0, 1.0, 6)[None, :]).sum(axis=0, keepdims=True)
+    np.testing.assert_allclose(acc.to_numpy(), expected, rtol=1e-12)
+    assert all(b.memory == "host" for b in batches)
+
+
+# ---- statistics and the limit -------------------------------------------------------------------
+def test_memory_stats_per_worker():
+    st = dmath.memory.stats()
+    assert len(st) == P
+    for d in st:
+        assert POOL_KEYS <= set(d)
+        assert d["in_use"] >= d["matrices"] >= 0
+    pool = dmath.stats()[0]["pool"]
+    assert {"in_use", "cached", "high_water", "new_allocs", "reused_allocs"} <= set(pool)
+
+
+def test_clear_returns_cached_blocks():
+    tmp = [dmath.ones((64, 64), layout=dmath.Replicated()) for _ in range(3)]
+    del tmp
+    dmath.ones((1, 1)).sum()                               # the frees reach the workers with a command
+    released = dmath.memory.clear()
+    assert len(released) == P and all(r >= 64 * 64 * 4 for r in released)
+    assert all(d["cached"] == 0 for d in dmath.memory.stats())
+
+
+@pytest.fixture
+def limit():
+    """Set a limit relative to what every worker holds now; lifted afterwards whatever happens."""
+    gc.collect()           # matrices of earlier tests caught in reference cycles go now, not midway
+    dmath.memory.clear()
+    held = max(d["in_use"] for d in dmath.memory.stats())
+    yield held
+    dmath.memory.set_limit(None)
+    gc.collect()           # pytest.raises keeps the test's frame (and its matrices) in a cycle
+
+
+def test_limit_refuses_on_the_master_and_the_runtime_goes_on(limit):
+    cap = limit + (1 << 20)
+    dmath.memory.set_limit(cap)
+    assert all(d["limit"] == cap for d in dmath.memory.stats())
+    n = int(np.sqrt(cap / 4)) + 64                         # one worker's share alone exceeds the cap
+    for make in (lambda: dmath.zeros((n, n), layout=dmath.Replicated()),
+                 lambda: dmath.random.rand((n, n), layout=dmath.Replicated(group=[P - 1])),
+                 lambda: dmath.ones((P * n, n), layout=dmath.RowBlock())):
+        with pytest.raises(dmath.OutOfMemoryError) as err:
+            make()
+        msg = str(err.value)
+        assert "bytes on worker" in msg and f"memory limit is {cap:,} bytes" in msg and "in use" in msg
+    # the runtime is usable, and allocations under the limit go on
+    x = values((30, 20), 65)
+    m = dmath.from_numpy(x, dmath.Block2D())
+    np.testing.assert_allclose((m * m).sum(), (x * x).sum(), rtol=1e-12)
+    dmath.memory.set_limit(None)
+    big = dmath.zeros((n, n), layout=dmath.RowBlock())
+    assert big.sum() == 0.0
+
+
+def test_limit_counts_live_matrices(limit):
+    side = 256                                              # a Replicated 256 x 256 float32: 256 KiB each
+    each = side * side * 4
+    held = [d["matrices"] for d in dmath.memory.stats()]
+    dmath.memory.set_limit(limit + 3 * each)
+    a = dmath.zeros((side, side), layout=dmath.Replicated())
+    b = dmath.zeros((side, side), layout=dmath.Replicated())
+    assert [d["matrices"] for d in dmath.memory.stats()] == [h + 2 * each for h in held]
+    # a third one would fit on its own, not next to a and b on the fullest worker
+    dmath.memory.set_limit(max(held) + 2 * each + each // 2)
+    with pytest.raises(dmath.OutOfMemoryError, match=f"which holds {max(held) + 2 * each:,} bytes"):
+        dmath.zeros((side, side), layout=dmath.Replicated())
+    del a
+    c = dmath.zeros((side, side), layout=dmath.Replicated())   # room again once a is gone
+    assert b.sum() == 0.0 and c.sum() == 0.0
+
+
+def test_replica_budget_follows_the_limit(limit):
+    from dmath.memory import replicas
+    before = replicas.cache.budget
+    dmath.memory.set_limit(limit + (1 << 20))
+    assert replicas.cache.budget == min(before, (limit + (1 << 20)) // 2)
+    dmath.memory.set_limit(None)
+    assert replicas.cache.budget == before
+
+
+# ---- zero new allocations after a warm-up -------------------------------------------------------
+def _sequence(a, b, v, x):
+    c = a + b * 2.0
+    d = dmath.exp(c) - a
+    d += 1.0
+    e = c.remap(dmath.ColBlock())
+    f = e.astype("float64").remap(dmath.Block2D())
+    g = c[3:20, 5:17]
+    h = a + v                                               # a broadcast row vector
+    t = c.T
+    s = d.sum() + f.max() + g.norm()
+    r = c.sum(axis=0)
+    q = d.max(axis=1)
+    p = dmath.from_numpy(x, dmath.BlockCyclic((3, 2)))
+    back = (p * 0.5).to_numpy()
+    return s + float(r.sum()) + float(q.sum()) + float(h.sum()) + float(t.sum()) + float(back.sum())
+
+
+def test_repeating_a_sequence_makes_no_new_allocations():
+    a = dmath.random.rand((24, 18), "float32", dmath.RowBlock())
+    b = dmath.random.rand((24, 18), "float32", dmath.RowBlock())
+    v = dmath.random.rand((1, 18), "float32", dmath.Replicated())
+    x = values((10, 11), 66)
+    first = _sequence(a, b, v, x)
+    for _ in range(2):                                      # warm-up: caches, free lists, pending frees
+        assert _sequence(a, b, v, x) == first
+    dmath.reset_stats()
+    for _ in range(2):
+        assert _sequence(a, b, v, x) == first
+    st = dmath.memory.stats()
+    assert [d["new_allocs"] for d in st] == [0] * P, st
+    assert all(d["reused_allocs"] > 0 for d in st), st

@@ -1,0 +1,201 @@
+"""dmath.nn.conv2d and conv2d_backward: every geometry option, every batch layout, against loops,
+finite differences and (when installed) PyTorch."""
+import functools
+
+import numpy as np
+import pytest
+
+import dmath
+import _nn_ref as ref
+from _cases import make, values
+
+P = dmath.num_workers()
+LAYOUTS = ref.batch_layouts(P)
+N, C, H, W, K = 3, 2, 6, 5, 3
+
+#: name -> (kernel_hw, stride, padding, dilation)
+GEOMETRIES = {
+    "plain3x3": ((3, 3), (1, 1), (0, 0), (1, 1)),
+    "stride2_pad1": ((3, 3), (2, 2), (1, 1), (1, 1)),
+    "rect_dilated": ((2, 3), (1, 2), (1, 0), (2, 1)),
+}
+
+
+def _problem(geom, seed=0):
+    (kh, kw), stride, padding, dilation = GEOMETRIES[geom]
+    x = values((N, C * H * W), seed)
+    w = values((K, C * kh * kw), seed + 1)
+    b = values((1, K), seed + 2)
+    want = ref.conv2d(x.reshape(N, C, H, W), w.reshape(K, C, kh, kw), b.reshape(-1), stride, padding, dilation)
+    return x, w, b, want.reshape(N, -1)
+
+
+def _args(geom):
+    kernel_hw, stride, padding, dilation = GEOMETRIES[geom]
+    return dict(stride=stride, padding=padding, dilation=dilation), kernel_hw
+
+
+def test_output_shape():
+    assert dmath.nn.conv2d_output_shape((3, 28, 28), 5, 32, 1, 2) == (32, 28, 28)
+    assert dmath.nn.conv2d_output_shape((1, 7, 9), (3, 2), 4, (2, 1), (1, 0), (1, 3)) == (4, 4, 6)
+    with pytest.raises(dmath.ShapeError):
+        dmath.nn.conv2d_output_shape((1, 4, 4), 5, 8)
+
+
+@pytest.mark.parametrize("geom", list(GEOMETRIES))
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_forward(name, geom):
+    x, w, b, want = _problem(geom)
+    kw_args, kernel_hw = _args(geom)
+    xm = make(x, LAYOUTS[name](N), "float64")
+    y = dmath.nn.conv2d(xm, make(w, dmath.Replicated(), "float64"), make(b, dmath.Replicated(), "float64"),
+                        (C, H, W), kernel_hw=kernel_hw, **kw_args)
+    assert y.shape == want.shape and y.dtype == "float64"
+    np.testing.assert_allclose(y.to_numpy(), want, rtol=1e-12, atol=1e-12)
+
+
+def test_forward_without_bias_and_square_kernel_inferred():
+    x, w, _, _ = _problem("plain3x3", seed=10)
+    want = ref.conv2d(x.reshape(N, C, H, W), w.reshape(K, C, 3, 3), None)
+    # W in a distributed layout and no bias: dmath.nn replicates W first
+    y = dmath.nn.conv2d(make(x, dmath.RowBlock(), "float64"), make(w, dmath.ColBlock(), "float64"), None,
+                        (C, H, W))
+    np.testing.assert_allclose(y.to_numpy(), want.reshape(N, -1), rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_forward_low_precision(dtype):
+    x, w, b, _ = _problem("stride2_pad1", seed=20)
+    kw_args, kernel_hw = _args("stride2_pad1")
+    q = lambda a: a.astype(dtype).astype(np.float64)   # noqa: E731
+    want = ref.conv2d(q(x).reshape(N, C, H, W), q(w).reshape(K, C, 3, 3), q(b).reshape(-1),
+                      **kw_args).reshape(N, -1)
+    y = dmath.nn.conv2d(make(x, dmath.RowBlock(), dtype), make(w, dmath.Replicated(), dtype),
+                        make(b, dmath.Replicated(), dtype), (C, H, W), kernel_hw=kernel_hw, **kw_args)
+    assert y.dtype == dtype
+    tol = dict(rtol=2e-3, atol=3e-3) if dtype == "float16" else dict(rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y.to_numpy().astype(np.float64), want, **tol)
+
+
+def _backward(name, geom, seed, need_dx=True):
+    x, w, b, want = _problem(geom, seed)
+    kw_args, kernel_hw = _args(geom)
+    r = values(want.shape, seed + 5)
+    lay = LAYOUTS[name](N)
+    out = dmath.nn.conv2d_backward(make(r, lay, "float64"), make(x, lay, "float64"),
+                                   make(w, dmath.Replicated(), "float64"), (C, H, W), kernel_hw,
+                                   need_dx=need_dx, **kw_args)
+    return x, w, b, r, out, kw_args, kernel_hw
+
+
+@functools.lru_cache(maxsize=None)
+def _reference_gradients(geom, seed):
+    """dL/dX, dL/dW, dL/db of L = sum(conv2d(X, W, b) * R) by central differences of the loops."""
+    x, w, b, want = _problem(geom, seed)
+    kw_args, (kh, kw) = _args(geom)
+    r = values(want.shape, seed + 5)
+
+    def loss(xx, ww, bb):
+        y = ref.conv2d(xx.reshape(N, C, H, W), ww.reshape(K, C, kh, kw), bb.reshape(-1), **kw_args)
+        return float((y.reshape(N, -1) * r).sum())
+    return (ref.numeric_grad(lambda z: loss(z, w, b), x), ref.numeric_grad(lambda z: loss(x, z, b), w),
+            ref.numeric_grad(lambda z: loss(x, w, z), b))
+
+
+@pytest.mark.parametrize("geom", list(GEOMETRIES))
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_backward_against_finite_differences(name, geom):
+    """dX, dW, db against central differences of the loop reference (every element), and dX
+    against dmath's own forward along random directions."""
+    x, w, b, r, (dx, dw, db), kw_args, kernel_hw = _backward(name, geom, seed=30)
+    for got, want in zip((dx, dw, db), _reference_gradients(geom, 30)):
+        np.testing.assert_allclose(got.to_numpy(), want, rtol=1e-6, atol=1e-8)
+    lay = LAYOUTS[name](N)
+    wm, bm = make(w, dmath.Replicated(), "float64"), make(b, dmath.Replicated(), "float64")
+
+    def dmath_loss(z):
+        y = dmath.nn.conv2d(make(z, lay, "float64"), wm, bm, (C, H, W), kernel_hw=kernel_hw, **kw_args)
+        return float((y.to_numpy() * r).sum())
+    ref.directional_check(dmath_loss, x, dx.to_numpy(), seed=31)
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_weight_gradients_are_sums_over_the_workers(name):
+    """dW and db come out Partial over a RowBlock batch (no communication) and Replicated over a
+    Replicated one; either way they remap to the complete Replicated sum. dX keeps the row layout."""
+    x, w, b, r, (dx, dw, db), _, _ = _backward(name, "plain3x3", seed=40)
+    lay = LAYOUTS[name](N)
+    if lay.replicated:
+        assert dw.layout.replicated and db.layout.replicated
+    else:
+        assert dw.layout.partial and db.layout.partial
+    assert type(dx.layout) is dmath.RowBlock or dx.layout.replicated
+    full = dw.remap(dmath.Replicated()).to_numpy()
+    np.testing.assert_allclose(full, dw.to_numpy(), rtol=1e-14)
+
+
+def test_need_dx_false_and_layouts_agree():
+    grads = {}
+    for name in ("row", "rep", "col"):
+        *_, (dx, dw, db), _, _ = _backward(name, "stride2_pad1", seed=50, need_dx=False)
+        assert dx is None
+        grads[name] = (dw.to_numpy(), db.to_numpy())
+    for name in ("rep", "col"):
+        np.testing.assert_allclose(grads[name][0], grads["row"][0], rtol=1e-13, atol=1e-14)
+        np.testing.assert_allclose(grads[name][1], grads["row"][1], rtol=1e-13, atol=1e-14)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_backward_low_precision(dtype):
+    x, w, b, r, (dx, dw, db), kw_args, kernel_hw = _backward("row", "stride2_pad1", seed=60)
+    lay = dmath.RowBlock()
+    low = dmath.nn.conv2d_backward(make(r, lay, dtype), make(x, lay, dtype), make(w, dmath.Replicated(), dtype),
+                                   (C, H, W), kernel_hw, **kw_args)
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == "float16" else dict(rtol=1e-5, atol=1e-5)
+    for got, want in zip(low, (dx, dw, db)):
+        assert got.dtype == dtype
+        np.testing.assert_allclose(got.to_numpy().astype(np.float64), want.to_numpy(), **tol)
+
+
+def test_against_torch():
+    torch = pytest.importorskip("torch")
+    x, w, b, _ = _problem("rect_dilated", seed=70)
+    kw_args, (kh, kw) = _args("rect_dilated")
+    xt = torch.tensor(x.reshape(N, C, H, W), requires_grad=True)
+    wt = torch.tensor(w.reshape(K, C, kh, kw), requires_grad=True)
+    bt = torch.tensor(b.reshape(-1), requires_grad=True)
+    yt = torch.nn.functional.conv2d(xt, wt, bt, **kw_args)
+    r = values(tuple(yt.shape), 71)
+    (yt * torch.tensor(r)).sum().backward()
+    y = dmath.nn.conv2d(dmath.from_numpy(x), dmath.from_numpy(w, dmath.Replicated()),
+                        dmath.from_numpy(b, dmath.Replicated()), (C, H, W), kernel_hw=(kh, kw), **kw_args)
+    dx, dw, db = dmath.nn.conv2d_backward(dmath.from_numpy(r.reshape(N, -1)), dmath.from_numpy(x),
+                                          dmath.from_numpy(w, dmath.Replicated()), (C, H, W), (kh, kw), **kw_args)
+    np.testing.assert_allclose(y.to_numpy(), yt.detach().numpy().reshape(N, -1), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dx.to_numpy(), xt.grad.numpy().reshape(N, -1), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(dw.to_numpy(), wt.grad.numpy().reshape(K, -1), rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(db.to_numpy(), bt.grad.numpy().reshape(1, -1), rtol=1e-12, atol=1e-12)
+
+
+ERRORS = {
+    "image_mismatch": lambda x, w, b: dmath.nn.conv2d(x, w, b, (C, H, W + 1)),
+    "image_not_triple": lambda x, w, b: dmath.nn.conv2d(x, w, b, (C, H * W)),
+    "w_not_multiple_of_c": lambda x, w, b: dmath.nn.conv2d(x, dmath.zeros((K, 7)), b, (C, H, W)),
+    "w_not_square": lambda x, w, b: dmath.nn.conv2d(x, dmath.zeros((K, C * 6)), b, (C, H, W)),
+    "kernel_hw_mismatch": lambda x, w, b: dmath.nn.conv2d(x, w, b, (C, H, W), kernel_hw=(2, 3)),
+    "bias_shape": lambda x, w, b: dmath.nn.conv2d(x, w, dmath.zeros((K, 1)), (C, H, W)),
+    "kernel_too_big": lambda x, w, b: dmath.nn.conv2d(x, w, b, (C, H, W), dilation=3),
+    "zero_stride": lambda x, w, b: dmath.nn.conv2d(x, w, b, (C, H, W), stride=0),
+    "negative_padding": lambda x, w, b: dmath.nn.conv2d(x, w, b, (C, H, W), padding=(-1, 0)),
+    "float_stride": lambda x, w, b: dmath.nn.conv2d(x, w, b, (C, H, W), stride=1.5),
+    "dy_shape": lambda x, w, b: dmath.nn.conv2d_backward(x, x, w, (C, H, W), 3),
+}
+
+
+@pytest.mark.parametrize("case", ERRORS)
+def test_errors_raise_on_the_master(case):
+    x, w, b, want = _problem("plain3x3", seed=80)
+    xm, wm, bm = dmath.from_numpy(x), dmath.from_numpy(w), dmath.from_numpy(b)
+    with pytest.raises(dmath.ShapeError):
+        ERRORS[case](xm, wm, bm)
+    np.testing.assert_allclose(dmath.nn.conv2d(xm, wm, bm, (C, H, W)).to_numpy(), want, rtol=1e-12, atol=1e-12)

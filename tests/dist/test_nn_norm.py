@@ -1,0 +1,198 @@
+"""dmath.nn.batchnorm and batchnorm_backward (1d and 2d, training and eval) in every batch layout:
+statistics over the whole batch equal the one-worker result."""
+import functools
+
+import numpy as np
+import pytest
+
+import dmath
+import _nn_ref as ref
+from _cases import make, values
+from dmath.layout import distribution
+
+P = dmath.num_workers()
+LAYOUTS = ref.batch_layouts(P)
+N = 5
+#: kind -> (image_shape or None, channels, features)
+KINDS = {"1d": (None, 4, 4), "2d": ((3, 2, 3), 3, 18)}
+EPS, MOMENTUM = 1e-5, 0.1
+
+
+def _params(kind, seed):
+    _, c, f = KINDS[kind]
+    x = values((N, f), seed, -1.0, 3.0)           # a non-zero mean
+    gamma = values((1, c), seed + 1, 0.5, 1.5)
+    beta = values((1, c), seed + 2)
+    rm = values((1, c), seed + 3)
+    rv = values((1, c), seed + 4, 0.5, 2.0)
+    return x, gamma, beta, rm, rv
+
+
+def _group(lay):
+    return distribution(lay, (N, 1), P).group
+
+
+def _run(kind, name, seed, training=True, dtype="float64"):
+    image, c, f = KINDS[kind]
+    x, gamma, beta, rm, rv = _params(kind, seed)
+    lay = LAYOUTS[name](N)
+    rep = dmath.Replicated(group=_group(lay))
+    mats = [make(x, lay, dtype)] + [make(a, rep, dtype) for a in (gamma, beta, rm, rv)]
+    y, saved = dmath.nn.batchnorm(*mats, image_shape=image, training=training, momentum=MOMENTUM, eps=EPS)
+    return (x, gamma, beta, rm, rv), mats, y, saved
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_training_forward_and_running_statistics(name, kind):
+    (x, gamma, beta, rm, rv), mats, y, saved = _run(kind, name, seed=1)
+    _, c, _ = KINDS[kind]
+    want, mean, var = ref.batchnorm(x, gamma, beta, c, EPS)
+    np.testing.assert_allclose(y.to_numpy(), want, rtol=1e-12, atol=1e-12)
+    count = x.size // c
+    np.testing.assert_allclose(mats[3].to_numpy(), (1 - MOMENTUM) * rm + MOMENTUM * mean, rtol=1e-13)
+    np.testing.assert_allclose(mats[4].to_numpy(), (1 - MOMENTUM) * rv + MOMENTUM * var * count / (count - 1),
+                               rtol=1e-13)
+    stats = saved.stats.to_numpy()
+    np.testing.assert_allclose(stats, np.stack([mean, 1 / np.sqrt(var + EPS)]), rtol=1e-12)
+    assert saved.training
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_eval_uses_running_statistics(name, kind):
+    (x, gamma, beta, rm, rv), mats, y, saved = _run(kind, name, seed=2, training=False)
+    image, c, _ = KINDS[kind]
+    s = x.reshape(N, c, -1)
+    want = (s - rm.reshape(-1, 1)) / np.sqrt(rv.reshape(-1, 1) + EPS) * gamma.reshape(-1, 1) + beta.reshape(-1, 1)
+    np.testing.assert_allclose(y.to_numpy(), want.reshape(N, -1), rtol=1e-12, atol=1e-12)
+    np.testing.assert_array_equal(mats[3].to_numpy(), rm)      # untouched in eval mode
+    np.testing.assert_array_equal(mats[4].to_numpy(), rv)
+    assert not saved.training
+
+
+def test_statistics_equal_the_one_worker_result():
+    """The batch spread over every worker gives what one worker holding it all computes."""
+    results = []
+    for lay in (dmath.RowBlock(), dmath.RowBlock(group=[0]), dmath.RowBlock(sizes=(0,) * (P - 1) + (N,))):
+        x, gamma, beta, rm, rv = _params("2d", 3)
+        rep = dmath.Replicated(group=_group(lay))
+        mats = [make(x, lay, "float32")] + [make(a, rep, "float32") for a in (gamma, beta, rm, rv)]
+        y, saved = dmath.nn.batchnorm(*mats, image_shape=(3, 2, 3))
+        dy = make(values(x.shape, 4), lay, "float32")
+        grads = dmath.nn.batchnorm_backward(dy, mats[0], mats[1], saved, image_shape=(3, 2, 3))
+        results.append([y.to_numpy(), saved.stats.to_numpy(), mats[3].to_numpy(), mats[4].to_numpy()]
+                       + [g.to_numpy() for g in grads])
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+@functools.lru_cache(maxsize=None)
+def _reference_gradients(kind, seed):
+    x, gamma, beta, _, _ = _params(kind, seed)
+    _, c, _ = KINDS[kind]
+    r = values(x.shape, seed + 9)
+
+    def loss(xx, gg, bb):
+        return float((ref.batchnorm(xx, gg, bb, c, EPS)[0] * r).sum())
+    return r, (ref.numeric_grad(lambda z: loss(z, gamma, beta), x), ref.numeric_grad(lambda z: loss(x, z, beta), gamma),
+               ref.numeric_grad(lambda z: loss(x, gamma, z), beta))
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_training_backward_against_finite_differences(name, kind):
+    seed = 5
+    r, want = _reference_gradients(kind, seed)
+    (x, gamma, beta, _, _), mats, y, saved = _run(kind, name, seed)
+    image = KINDS[kind][0]
+    lay = LAYOUTS[name](N)
+    grads = dmath.nn.batchnorm_backward(make(r, lay, "float64"), mats[0], mats[1], saved, image_shape=image)
+    for g, w in zip(grads, want):
+        np.testing.assert_allclose(g.to_numpy(), w, rtol=1e-5, atol=1e-7)
+    assert grads[1].layout.replicated and grads[2].layout.replicated
+
+    def dmath_loss(z):
+        zm = make(z, lay, "float64")
+        out, _ = dmath.nn.batchnorm(zm, *mats[1:], image_shape=image, training=True, momentum=0.0, eps=EPS)
+        return float((out.to_numpy() * r).sum())
+    ref.directional_check(dmath_loss, x, grads[0].to_numpy(), seed=seed + 1, rtol=1e-5)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_eval_backward(kind):
+    (x, gamma, beta, rm, rv), mats, y, saved = _run(kind, "row", seed=6, training=False)
+    _, c, _ = KINDS[kind]
+    r = values(x.shape, 7)
+    dx, dg, db = dmath.nn.batchnorm_backward(make(r, dmath.RowBlock(), "float64"), mats[0], mats[1], saved,
+                                             image_shape=KINDS[kind][0])
+    inv = 1 / np.sqrt(rv.reshape(-1, 1) + EPS)
+    r3, x3 = r.reshape(N, c, -1), x.reshape(N, c, -1)
+    xhat = (x3 - rm.reshape(-1, 1)) * inv
+    np.testing.assert_allclose(dx.to_numpy(), (r3 * gamma.reshape(-1, 1) * inv).reshape(N, -1), rtol=1e-12)
+    np.testing.assert_allclose(dg.to_numpy(), (r3 * xhat).sum(axis=(0, 2))[None, :], rtol=1e-12)
+    np.testing.assert_allclose(db.to_numpy(), r3.sum(axis=(0, 2))[None, :], rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_low_precision(dtype):
+    (x, gamma, beta, rm, rv), mats, y, saved = _run("2d", "row", seed=8, dtype=dtype)
+    q = lambda a: a.astype(dtype).astype(np.float64)   # noqa: E731
+    want, _, _ = ref.batchnorm(q(x), q(gamma), q(beta), 3, EPS)
+    assert y.dtype == dtype and saved.stats.dtype == "float32"
+    tol = dict(rtol=5e-3, atol=5e-3) if dtype == "float16" else dict(rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y.to_numpy().astype(np.float64), want, **tol)
+
+
+def test_row_and_replicated_batches_agree():
+    out = {}
+    for name in ("row", "rep"):
+        (x, *_), mats, y, saved = _run("2d", name, seed=9, dtype="float32")
+        grads = dmath.nn.batchnorm_backward(make(values(x.shape, 10), LAYOUTS[name](N), "float32"), mats[0],
+                                            mats[1], saved, image_shape=KINDS["2d"][0])
+        out[name] = [y.to_numpy()] + [g.to_numpy() for g in grads]
+    for a, b in zip(out["row"], out["rep"]):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_against_torch():
+    torch = pytest.importorskip("torch")
+    x, gamma, beta, rm, rv = _params("2d", 11)
+    bn = torch.nn.BatchNorm2d(3, eps=EPS, momentum=MOMENTUM).double()
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor(gamma.reshape(-1)))
+        bn.bias.copy_(torch.tensor(beta.reshape(-1)))
+        bn.running_mean.copy_(torch.tensor(rm.reshape(-1)))
+        bn.running_var.copy_(torch.tensor(rv.reshape(-1)))
+    xt = torch.tensor(x.reshape(N, 3, 2, 3), requires_grad=True)
+    r = values(x.shape, 12)
+    (bn(xt) * torch.tensor(r.reshape(N, 3, 2, 3))).sum().backward()
+    (_, _, _, _, _), mats, y, saved = _run("2d", "row", seed=11)
+    dx, dg, db = dmath.nn.batchnorm_backward(dmath.from_numpy(r), mats[0], mats[1], saved, image_shape=(3, 2, 3))
+    np.testing.assert_allclose(mats[3].to_numpy()[0], bn.running_mean.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(mats[4].to_numpy()[0], bn.running_var.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(dx.to_numpy(), xt.grad.numpy().reshape(N, -1), rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(dg.to_numpy()[0], bn.weight.grad.numpy(), rtol=1e-9)
+    np.testing.assert_allclose(db.to_numpy()[0], bn.bias.grad.numpy(), rtol=1e-9)
+
+
+def test_errors_raise_on_the_master():
+    (x, gamma, beta, rm, rv), mats, _, _ = _run("1d", "row", seed=13)
+    xm, g, b, m, v = mats
+    cases = [
+        (dmath.ShapeError, lambda: dmath.nn.batchnorm(xm, dmath.ones((1, 3)), b, m, v)),
+        (dmath.ShapeError, lambda: dmath.nn.batchnorm(xm, g, b, m, v, image_shape=(3, 1, 1))),
+        (dmath.ShapeError, lambda: dmath.nn.batchnorm(xm[0:1, :], g, b, m, v)),   # one value per feature
+        (dmath.LayoutError, lambda: dmath.nn.batchnorm(xm, g, b, m.remap(dmath.RowBlock()), v)),
+        (dmath.DMathError, lambda: dmath.nn.batchnorm(xm, g, b, m, v, eps=0.0)),
+        (dmath.DMathError, lambda: dmath.nn.batchnorm(xm, g, b, m, v, momentum=1.5)),
+        (dmath.DMathError, lambda: dmath.nn.batchnorm_backward(xm, xm, g, (m, True))),
+    ]
+    before = m.to_numpy()
+    for kind, fn in cases:
+        with pytest.raises(kind):
+            fn()
+    np.testing.assert_array_equal(m.to_numpy(), before)
+    y, _ = dmath.nn.batchnorm(xm, g, b, m, v, training=False)
+    assert y.shape == x.shape
