@@ -1,7 +1,8 @@
 """The same dnn training program gives the same weights at 1 and at 4 workers.
 
 Data parallelism splits every batch into row blocks and all-reduces the
-weight gradients; model parallelism splits a Dense kernel into column blocks.
+weight gradients; model parallelism splits a Dense kernel into column blocks;
+dropout masks depend on the global element index only.
 Only the order of floating-point sums may change with the worker count, so
 in float64 the trained weights agree to ~1e-12. Runs in the plain `pytest
 tests` stage and launches its own jobs.
@@ -25,7 +26,7 @@ dmath.random.seed(7)
 x, y = dnn.data.synthetic_classification(96, (2, 6, 6), classes=3, seed=1, noise=0.5, dtype="float64")
 model = dnn.Sequential([
     L.Input((2, 6, 6)), L.Conv2D(3, 3, padding="same"), L.BatchNorm(), L.Activation("relu"), L.Pool2D(2),
-    L.Flatten(), L.Dense(12, parallel="model"), L.Activation("tanh"), L.Dense(3, parallel="data"),
+    L.Flatten(), L.Dense(12, parallel="model"), L.Activation("tanh"), L.Dropout(0.25), L.Dense(3, parallel="data"),
     L.Output("softmax")], dtype="float64", optimizer=dnn.optim.SGD(lr=0.05, momentum=0.9, weight_decay=1e-3))
 hist = model.fit(x, y, batch_size=20, epochs=2, verbose=0)
 out = {f"w{i}": w for i, w in enumerate(model.get_weights())}
