@@ -25,6 +25,7 @@ from .graph.node import Placeholder
 from .layers.base import Context
 from .layers.core import Activation
 from .losses import correct_count
+from .ops import cast
 from .optim.base import to_layout_of
 
 
@@ -98,14 +99,13 @@ class Program:
             self.layer_nodes.append(self.output)
         self.loss = self.pred = self.y = None
         if with_targets:
-            z = h if model.dtype != "float16" else _cast32(h)
+            z = h if model.dtype != "float16" else cast(h, "float32")     # the loss in float32
             self.y = dmath.zeros((batch, model.outputs), dtype=z.dtype, layout=lay)
             self.targets = Placeholder((batch, model.outputs), z.dtype, name="y")
             self.targets.feed(self.y)
             self.loss, self.pred, self.threshold = model.loss.head(z, self.targets, act)
-        roots = [self.loss, self.pred] if with_targets and training else \
-            ([self.output, self.loss, self.pred] if with_targets else [self.output])
-        self.order = topological_order(roots)
+        # training and evaluate need the loss head (the output activation is fused into it), predict the output
+        self.order = topological_order([self.loss, self.pred] if with_targets else [self.output])
         self.params = model.params
         self.refresh = [n.fn for n in self.order if hasattr(n.fn, "before_step")]
         self.plan = None
@@ -155,8 +155,3 @@ class Program:
         grads, ok = scaler.unscale(grads)
         model.optimizer.apply(params, grads, gate=ok)
         scaler.update(ok)
-
-
-def _cast32(node):
-    from .ops import cast
-    return cast(node, "float32")
