@@ -60,6 +60,8 @@ class Optimizer:
 
     #: names of the per-parameter state matrices (zeros at the start)
     state_names = ()
+    #: True when `update` applies the weight decay itself (the base adds it to the gradient otherwise)
+    folds_weight_decay = False
 
     def __init__(self, lr, weight_decay=0.0, schedule=None):
         self.lr = _positive(lr, "lr")
@@ -130,7 +132,7 @@ class Optimizer:
                 continue
             h = by_dtype[p.dtype]
             g = to_layout_of(g, p.value)
-            if self.weight_decay:
+            if self.weight_decay and not self.folds_weight_decay:
                 g = g + p.value * self.weight_decay
             if gate is not None:
                 g = dmath.where(gate, g, 0.0)     # NaN/inf -> 0 on a skipped step

@@ -17,11 +17,21 @@ class SGD(Optimizer):
         if self.nesterov and self.momentum == 0:
             raise ConfigError("nesterov momentum needs momentum > 0")
         self.state_names = ("momentum_buffer",) if self.momentum else ()
+        # plain SGD: w - lr (g + wd w) = (1 - lr wd) w - lr g, one pass over w fewer per step
+        self.folds_weight_decay = not self.momentum and self.weight_decay > 0
 
     def _hyper(self):
         return {"momentum": self.momentum, "nesterov": self.nesterov}
 
+    def begin_step(self, scalars, h):
+        if self.folds_weight_decay:
+            h.decay = 1.0 - h.lr * self.weight_decay      # 1 on a skipped step: its lr is 0
+
     def update(self, p, g, state, h):
+        if self.folds_weight_decay:
+            p *= h.decay
+            p -= g * h.lr
+            return
         d = g
         if self.momentum:
             v = state["momentum_buffer"]

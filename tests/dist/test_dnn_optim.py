@@ -68,6 +68,7 @@ def ref_adagrad(p, grads, lrs, eps=1e-10, init=0.0, wd=0.0):
 
 CASES = [
     ("sgd", lambda: optim.SGD(lr=0.1), lambda p, g, l: ref_sgd(p, g, l)),
+    ("sgd_wd", lambda: optim.SGD(lr=0.1, weight_decay=0.05), lambda p, g, l: ref_sgd(p, g, l, wd=0.05)),
     ("sgd_momentum_wd", lambda: optim.SGD(lr=0.05, momentum=0.9, weight_decay=0.01),
      lambda p, g, l: ref_sgd(p, g, l, 0.9, False, 0.01)),
     ("sgd_nesterov", lambda: optim.SGD(lr=0.05, momentum=0.8, nesterov=True),
@@ -125,7 +126,7 @@ def test_schedule_values():
         schedules.StepDecay(0)
 
 
-@pytest.mark.parametrize("name,make,ref", CASES[1:4] + CASES[6:], ids=[c[0] for c in CASES[1:4] + CASES[6:]])
+@pytest.mark.parametrize("name,make,ref", CASES[1:5] + CASES[7:], ids=[c[0] for c in CASES[1:5] + CASES[7:]])
 def test_a_gated_step_changes_nothing(name, make, ref):
     """A step with gate 0 (an overflow in mixed precision) is skipped exactly, NaN gradients included."""
     p0 = np.random.default_rng(2).normal(size=SHAPE)
