@@ -112,13 +112,13 @@ def get(spec):
 def correct_count(pred, target, kind, threshold):
     """The number of correct predictions in the batch as a (1, 1) matrix (no master-side read).
 
-    categorical: a sample counts when its label's output is the row's maximum
-    (a tie that includes the label counts once); binary: the fraction of a
+    categorical: a sample counts when its label's output equals the row's
+    maximum (a tie that includes the label counts); binary: the fraction of a
     sample's outputs on the right side of the threshold.
     """
     if kind == "categorical":
-        top = dmath.where(pred - pred.max(axis=1), 0.0, 1.0)      # 1 at every row maximum
-        hits = dmath.minimum((top * target).sum(axis=1), 1.0)
+        labelled = (pred * target).sum(axis=1)                     # the label's output, (N, 1)
+        hits = dmath.where(labelled - pred.max(axis=1), 0.0, 1.0)  # 1 where it is the maximum
     elif kind == "binary":
         above = dmath.where(dmath.relu(pred - threshold), 1.0, 0.0)
         hits = (1.0 - dmath.abs(above - target)).sum(axis=1) * (1.0 / pred.shape[1])
