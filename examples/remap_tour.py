@@ -1,6 +1,6 @@
-"""The README's main job: distributed matrices remapped through every layout, checked against NumPy.
+"""A tour of the layouts: distributed matrices remapped through every layout, checked against NumPy.
 
-    mpiexec -n 4 python examples/main_job.py
+    mpiexec -n 4 python examples/remap_tour.py
 
 Builds a random matrix on the workers, sends it through a chain of layouts
 (with precision changes on the way), checks every stage against NumPy on the

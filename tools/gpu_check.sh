@@ -1,27 +1,58 @@
 #!/usr/bin/env bash
 # GPU checks on a machine with cupy, mpi4py and Open MPI already installed (no network):
-# the main job, the distributed tests and the benchmarks at 1 GPU and at all GPUs.
-# Usage: bash tools/gpu_check.sh [OUTDIR]   (results as JSON and logs under OUTDIR)
+# the distributed tests, the main job and the benchmarks.
+#   bash tools/gpu_check.sh [OUTDIR]        results (JSON) and logs under OUTDIR
+# STAGES picks what runs (default: all, in this order):
+#   tests   tests/dist at each of TEST_GPUS (default "1 <all>")
+#   main    the README's main job (CNN training) on all GPUs
+#   gemm    GEMM strong scaling at each of GEMM_GPUS (default "1 2 <all>"), SIZES, DTYPES
+#   chain   the 100-operation chain (eager, replay, DTensor) on all GPUs
+#   remap   remap throughput against NCCL at 2 and all GPUs
+#   mlp     the MagmaDNN MNIST MLP test against PyTorch eager on 1 GPU and on the CPU
+# The MNIST 5k wheel must already be in DNN_DATA_DIR (the machine has no network).
 set -u
 out=${1:-benchmarks/out/gpu}
 mkdir -p "$out"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} DMATH_DEVICE=gpu PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
 ngpu=$(python3 -c 'import cupy; print(cupy.cuda.runtime.getDeviceCount())')
 run() { timeout "${TIMEOUT:-300}" mpiexec --oversubscribe -n "$1" python3 "${@:2}"; }
+stages=${STAGES:-tests main gemm chain remap mlp}
+has() { case " $stages " in *" $1 "*) return 0 ;; esac; return 1; }
 status=0
-for p in 1 "$ngpu"; do
-  echo "== main job on $p GPU(s) =="
-  run "$p" examples/main_job.py --device gpu 2>&1 | tee "$out/main_job_$p.log" || status=1
-  if [ -d tests/dist ] && [ -z "${SKIP_TESTS:-}" ]; then
+if has tests; then
+  for p in ${TEST_GPUS:-1 $ngpu}; do
     echo "== tests/dist on $p GPU(s) =="
-    run "$p" -m pytest -q -p no:cacheprovider tests/dist 2>&1 | tail -n 40 | tee "$out/tests_$p.log" || status=1
-  fi
-done
-for p in ${BENCH_GPUS:-2 $ngpu}; do
-  echo "== remap benchmark on $p GPUs =="
-  run "$p" benchmarks/remap_bench.py --device gpu --sizes ${SIZES:-8192 16384} --out "$out/remap_p$p.json" || status=1
-done
-echo "== dispatch benchmark on $ngpu GPUs =="
-run "$ngpu" benchmarks/dispatch_bench.py --device gpu --out "$out/dispatch_p$ngpu.json" || status=1
+    DMATH_DEVICE=gpu run "$p" -m pytest -q -p no:cacheprovider tests/dist ${PYTEST_ARGS:-} 2>&1 \
+      | tail -n 30 | tee "$out/tests_$p.log" || status=1
+  done
+fi
+if has main; then
+  echo "== main job on $ngpu GPUs =="
+  run "$ngpu" examples/main_job.py --device gpu 2>&1 | tail -n 20 | tee "$out/main_job_$ngpu.log" || status=1
+fi
+if has gemm; then
+  for p in ${GEMM_GPUS:-1 2 $ngpu}; do
+    echo "== GEMM strong scaling on $p GPU(s) =="
+    run "$p" benchmarks/gemm_bench.py --device gpu --sizes ${SIZES:-16384 32768} \
+      --dtypes ${DTYPES:-float64 float32 float16} --reps "${REPS:-3}" --out "$out/gemm_p$p.json" || status=1
+  done
+fi
+if has chain; then
+  echo "== op chain on $ngpu GPUs =="
+  run "$ngpu" benchmarks/chain_bench.py --device gpu --out "$out/chain_p$ngpu.json" || status=1
+  run "$ngpu" benchmarks/dispatch_bench.py --device gpu --out "$out/dispatch_p$ngpu.json" || status=1
+fi
+if has remap; then
+  for p in 2 "$ngpu"; do
+    echo "== remap benchmark on $p GPUs =="
+    run "$p" benchmarks/remap_bench.py --device gpu --sizes ${REMAP_SIZES:-8192 16384} \
+      --out "$out/remap_p$p.json" || status=1
+  done
+fi
+if has mlp; then
+  echo "== MNIST MLP (MagmaDNN Table 1) on 1 GPU and on the CPU =="
+  run 1 benchmarks/mnist_mlp.py --device gpu --out "$out/mlp_gpu.json" || status=1
+  run 1 benchmarks/mnist_mlp.py --device cpu --out "$out/mlp_cpu.json" || status=1
+fi
 exit $status
