@@ -75,8 +75,8 @@ class Backend:
         was meant to overlap.
         """
         if self._side is None:
-            _, greatest = self.xp.cuda.runtime.deviceGetStreamPriorityRange()
-            self._side = self.xp.cuda.Stream(non_blocking=True, priority=greatest)
+            # CUDA clamps a priority beyond the device's range to its highest one
+            self._side = self.xp.cuda.Stream(non_blocking=True, priority=-100)
         return self._side
 
     def stream_done(self):

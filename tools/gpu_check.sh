@@ -23,8 +23,11 @@ status=0
 if has tests; then
   for p in ${TEST_GPUS:-1 $ngpu}; do
     echo "== tests/dist on $p GPU(s) =="
-    DMATH_DEVICE=gpu run "$p" -m pytest -q -p no:cacheprovider tests/dist ${PYTEST_ARGS:-} 2>&1 \
-      | tail -n 30 | tee "$out/tests_$p.log" || status=1
+    # the whole log is kept: after a worker failure every later test fails too, so the
+    # first failure (with the worker's traceback) is the one to read
+    DMATH_DEVICE=gpu run "$p" -m pytest -q -p no:cacheprovider tests/dist ${PYTEST_ARGS:-} \
+      > "$out/tests_$p.log" 2>&1 || status=1
+    tail -n 5 "$out/tests_$p.log"
   done
 fi
 if has main; then

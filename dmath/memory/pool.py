@@ -278,8 +278,16 @@ class CudaPool:
         mem = self._cp.cuda.malloc_managed(nbytes)
         self.unified += nbytes
         self.new_allocs += 1
-        weakref.finalize(mem, self._unified_freed.append, nbytes)
-        return self._cp.ndarray(shape, dtype, memptr=mem)
+        arr = self._cp.ndarray(shape, dtype, memptr=mem)
+        # CuPy's MemoryPointer takes no weak reference: watch the allocation it
+        # points into (or, failing that, the array) to learn when it is freed
+        for owner in (getattr(mem, "mem", None), arr):
+            try:
+                weakref.finalize(owner, self._unified_freed.append, nbytes)
+                break
+            except TypeError:
+                continue
+        return arr
 
     def _file_unified(self):
         while self._unified_freed:

