@@ -22,32 +22,22 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dmath                                    # noqa: E402
-from dmath import backend                       # noqa: E402
 from dmath.comm.control import gather_objects   # noqa: E402
 from dmath.ops.base import dispatch             # noqa: E402
 from dmath.runtime import kernel                # noqa: E402
-from common import environment, median_time, write_json  # noqa: E402
+from common import environment, median_time, torch_distributed, write_json  # noqa: E402
 
-_torch_ready = False
 
 
 @kernel("bench_dtensor_chain")
 def _dtensor_chain(call):
     """Every worker runs the chain through DTensor (static: n, groups, reps, port); seconds per op."""
-    global _torch_ready
     n, groups, reps, port = call.entry.static
     try:
-        import torch
-        import torch.distributed as tdist
+        torch, dev = torch_distributed(call, port)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import DTensor, Replicate, Shard
         P, rank = call.world.size, call.rank
-        dev = torch.device("cuda", backend.current().device_id)
-        torch.cuda.set_device(dev)
-        if not _torch_ready:
-            tdist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=P,
-                                     device_id=dev)
-            _torch_ready = True
         mesh = init_device_mesh("cuda", (P,))
         rows = n // P + (rank < n % P)
         x = DTensor.from_local(torch.rand(rows, n, device=dev), mesh, [Shard(0)], run_check=False)

@@ -31,3 +31,26 @@ def write_json(path, payload):
         json.dump(payload, f, indent=2)
     os.replace(tmp, path)
     print(f"wrote {path}")
+
+
+_torch_ready = False
+
+
+def torch_distributed(call, port):
+    """PyTorch's process group over the dmath workers (once per process), on this worker's GPU.
+
+    Called from inside a benchmark kernel that every worker runs, so that
+    PyTorch (a peer to compare against, never a dependency) sees the same
+    ranks and GPUs as dmath. Returns (torch, device).
+    """
+    global _torch_ready
+    import torch
+    import torch.distributed as tdist
+    from dmath import backend
+    dev = torch.device("cuda", backend.current().device_id)
+    torch.cuda.set_device(dev)
+    if not _torch_ready:
+        tdist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=call.rank,
+                                 world_size=call.world.size, device_id=dev)
+        _torch_ready = True
+    return torch, dev

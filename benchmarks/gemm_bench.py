@@ -17,6 +17,7 @@ BlockCyclic, which DTensor lacks). Parallel efficiency = dmath rate /
 (P x single-GPU rate); dtensor_ratio = DTensor time / dmath time.
 """
 import argparse
+import io
 import os
 import sys
 import time
@@ -30,7 +31,7 @@ from dmath.comm.control import gather_objects   # noqa: E402
 from dmath.memory import replicas               # noqa: E402
 from dmath.ops.base import dispatch             # noqa: E402
 from dmath.runtime import kernel                # noqa: E402
-from common import environment, median_time, write_json  # noqa: E402
+from common import environment, median_time, torch_distributed, write_json  # noqa: E402
 
 
 @kernel("bench_cache_budget")
@@ -55,8 +56,10 @@ def _single_gpu(call):
     if call.rank == 0 or everyone:
         be = backend.current()
         xp = be.xp
-        a = xp.ones((n, n), dtype=dtype)
-        b = xp.ones((n, n), dtype=dtype)
+        # random operands, like dmath's: a GPU under its power limit clocks higher
+        # on constant data (fewer bits toggle), which would flatter the baseline
+        a = xp.random.random((n, n)).astype(dtype)
+        b = xp.random.random((n, n)).astype(dtype)
         c = xp.matmul(a, b)
 
         def run():
@@ -72,27 +75,18 @@ def _single_gpu(call):
     return []
 
 
-_torch_ready = False
 
 
 @kernel("bench_dtensor")
 def _dtensor(call):
     """All workers time A @ B through PyTorch DTensor (static: n, dtype, placement kind, reps, port)."""
-    global _torch_ready
     n, dtype, kind, reps, port = call.entry.static
     result = None
     try:
-        import torch
-        import torch.distributed as tdist
+        torch, dev = torch_distributed(call, port)
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import DTensor, Shard
         P, rank = call.world.size, call.rank
-        dev = torch.device("cuda", backend.current().device_id)
-        torch.cuda.set_device(dev)
-        if not _torch_ready:
-            tdist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=P,
-                                     device_id=dev)
-            _torch_ready = True
         tdt = getattr(torch, dtype)
         if kind == "Block2D" and P > 1:
             pr = int(np.sqrt(P))
@@ -132,7 +126,7 @@ def layout_of(name, P):
 def time_dmath(n, dtype, lay, reps):
     A = dmath.random.rand((n, n), dtype=dtype, layout=lay)
     B = dmath.random.rand((n, n), dtype=dtype, layout=lay)
-    plan = dmath.explain_gemm(A, B, file=open(os.devnull, "w"))
+    plan = dmath.explain_gemm(A, B, file=io.StringIO())
 
     def run():
         C = A @ B

@@ -135,7 +135,6 @@ class World:
             if ranks == tuple(range(self.size)) or not self.is_mpi:
                 comm = self.data if self.is_mpi else None
             else:
-                MPI = self.mpi_module
                 mgroup = self.data.Get_group().Incl(list(ranks))
                 comm = self.data.Create_group(mgroup)
                 mgroup.Free()

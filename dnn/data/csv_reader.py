@@ -10,7 +10,7 @@ import os
 import numpy as np
 
 from .errors import DataError
-from .files import decompress_if_gzip
+from .files import read_bytes
 
 _DTYPES = ("float16", "float32", "float64")
 
@@ -102,13 +102,9 @@ def read_csv(path, label_column=None, delimiter=",", header="auto", dtype="float
     non-finite value, rows of different lengths, or a bad label.
     """
     path = os.fspath(path)
+    raw = read_bytes(path)
     try:
-        with open(path, "rb") as f:
-            raw = f.read()
-    except OSError as exc:
-        raise DataError(f"{path}: cannot be read ({exc})") from exc
-    try:
-        text = decompress_if_gzip(raw, path).decode("utf-8")
+        text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: not a text file ({exc})") from exc
     return parse_csv(text, path, label_column, delimiter, header, dtype)
