@@ -24,12 +24,18 @@ def _global_bytes(shape, dtype):
 
 def operand(call, k, need, trans, dtype):
     """Input k's local pieces in layout `need` (of op(X)), as op(X) views, converted to `dtype`."""
-    P = call.world.size
     x, handle = call.inputs[k], call.handles[k]
-    raw_layout = need.transposed(P) if trans else need
+    # what the operand needs is a function of the signature: decided once per entry
+    decided = call.entry.cache.get(("need", k))
+    if decided is None:
+        P = call.world.size
+        raw_layout = need.transposed(P) if trans else need
+        target = distribution(raw_layout, x.dist.shape, P)
+        as_is = x.dist.same_placement(target) and np.dtype(x.dtype) == np.dtype(dtype)
+        decided = call.entry.cache[("need", k)] = (raw_layout, target, as_is)
+    raw_layout, target, as_is = decided
     raw_shape = x.dist.shape
-    target = distribution(raw_layout, raw_shape, P)
-    if x.dist.same_placement(target) and np.dtype(x.dtype) == np.dtype(dtype):
+    if as_is:
         pieces = x.pieces
     else:
         key = (handle, x.version, raw_layout, dtype)
