@@ -197,7 +197,7 @@ def test_csv_bad_arguments(tmp_path):
             data.read_csv(path, label_column=col)
     with pytest.raises(DataError, match="dtype"):
         data.read_csv(path, dtype="int32")
-    with pytest.raises(DataError, match="cannot be read"):
+    with pytest.raises(DataError, match="no such file"):
         data.read_csv(tmp_path / "absent.csv")
 
 
