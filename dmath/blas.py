@@ -75,6 +75,8 @@ def _row_major(x):
 def _gemm_gpu(a, b, out, alpha, beta):
     import cupy
     from cupy_backends.cuda.libs import cublas
+    if _capturing(cupy):
+        return _gemm_captured(cupy, a, b, out, alpha, beta)
     dtype = a.dtype.name
     a, lda, ta = _row_major(a)
     b, ldb, tb = _row_major(b)
@@ -106,4 +108,99 @@ def _gemm_gpu(a, b, out, alpha, beta):
     finally:
         if tensor_ops:
             cublas.setMathMode(handle, cublas.CUBLAS_DEFAULT_MATH)
+    return out
+
+
+# ---- GEMM inside a CUDA graph capture -------------------------------------------------
+# CuPy's cuBLAS bindings refuse to run while a stream is being captured, but
+# cuBLAS itself can be captured once its handle has a workspace (no allocation
+# may happen during a capture). So the capture path calls the C library
+# directly (ctypes), on the same handle, with a workspace set once.
+_CAPTURE = {}
+_WORKSPACE_BYTES = 32 << 20
+
+
+def _capturing(cupy):
+    try:
+        return cupy.cuda.get_current_stream().is_capturing()
+    except AttributeError:      # a CuPy without capture support cannot be capturing
+        return False
+
+
+def _libcublas():
+    lib = _CAPTURE.get("lib")
+    if lib is None:
+        import ctypes
+        path = "libcublas.so.12"
+        # the library CuPy loaded (a second copy would have its own handles)
+        with open("/proc/self/maps") as maps:
+            for line in maps:
+                if "libcublas.so" in line and "libcublasLt" not in line:
+                    path = line.split()[-1]
+                    break
+        lib = ctypes.CDLL(path)
+        c = ctypes
+        lib.cublasGemmEx.argtypes = [c.c_void_p, c.c_int, c.c_int, c.c_int, c.c_int, c.c_int, c.c_void_p,
+                                     c.c_void_p, c.c_int, c.c_int, c.c_void_p, c.c_int, c.c_int, c.c_void_p,
+                                     c.c_void_p, c.c_int, c.c_int, c.c_int, c.c_int]
+        lib.cublasDgemm_v2.argtypes = [c.c_void_p, c.c_int, c.c_int, c.c_int, c.c_int, c.c_int, c.c_void_p,
+                                       c.c_void_p, c.c_int, c.c_void_p, c.c_int, c.c_void_p, c.c_void_p, c.c_int]
+        lib.cublasSetStream_v2.argtypes = [c.c_void_p, c.c_void_p]
+        lib.cublasSetPointerMode_v2.argtypes = [c.c_void_p, c.c_int]
+        lib.cublasSetMathMode.argtypes = [c.c_void_p, c.c_int]
+        lib.cublasSetWorkspace_v2.argtypes = [c.c_void_p, c.c_void_p, c.c_size_t]
+        _CAPTURE["lib"] = lib
+    return lib
+
+
+def _check(status, what):
+    if status != 0:
+        raise RuntimeError(f"cuBLAS {what} failed with status {status} during a CUDA graph capture")
+
+
+def prepare_capture():
+    """Give this device's cuBLAS handle a workspace of its own; call before a capture begins.
+
+    No allocation may happen while a stream is captured, and cuBLAS would
+    otherwise allocate its workspace on first use. Idempotent; GPU only.
+    """
+    import cupy
+    handle = cupy.cuda.device.get_cublas_handle()
+    if handle not in _CAPTURE:
+        lib = _libcublas()
+        ws = cupy.cuda.runtime.malloc(_WORKSPACE_BYTES)     # outside every pool: kept for good
+        _check(lib.cublasSetWorkspace_v2(handle, ws, _WORKSPACE_BYTES), "SetWorkspace")
+        _CAPTURE[handle] = ws
+
+
+def _gemm_captured(cupy, a, b, out, alpha, beta):
+    lib = _libcublas()
+    handle = cupy.cuda.device.get_cublas_handle()
+    if handle not in _CAPTURE:
+        raise RuntimeError("dmath.blas.prepare_capture() must run before a capture that multiplies")
+    dtype = a.dtype.name
+    a, lda, ta = _row_major(a)
+    b, ldb, tb = _row_major(b)
+    _, ldc, _ = _row_major(out)
+    m, k = a.shape
+    n = b.shape[1]
+    scalar = _SCALAR[dtype]
+    al, be = np.array(alpha, dtype=scalar), np.array(beta, dtype=scalar)
+    _check(lib.cublasSetStream_v2(handle, cupy.cuda.get_current_stream().ptr), "SetStream")
+    _check(lib.cublasSetPointerMode_v2(handle, 0), "SetPointerMode")   # host scalars, copied at capture
+    if dtype == "float64":
+        _check(lib.cublasDgemm_v2(handle, int(tb), int(ta), n, m, k, al.ctypes.data, b.data.ptr, ldb,
+                                  a.data.ptr, lda, be.ctypes.data, out.data.ptr, ldc), "Dgemm")
+        return out
+    tensor_ops = dtype == "float16"
+    typ = _CUDA_TYPE[dtype]
+    if tensor_ops:
+        _check(lib.cublasSetMathMode(handle, 1), "SetMathMode")        # CUBLAS_TENSOR_OP_MATH
+    try:
+        _check(lib.cublasGemmEx(handle, int(tb), int(ta), n, m, k, al.ctypes.data, b.data.ptr, typ, ldb,
+                                a.data.ptr, typ, lda, be.ctypes.data, out.data.ptr, _CUDA_TYPE[out.dtype.name],
+                                ldc, _COMPUTE[dtype], _TENSOR_OP_ALGO if tensor_ops else _DEFAULT_ALGO), "GemmEx")
+    finally:
+        if tensor_ops:
+            lib.cublasSetMathMode(handle, 0)
     return out

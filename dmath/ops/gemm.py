@@ -47,9 +47,25 @@ def operand(call, k, need, trans, dtype):
     return [p.T if trans else p for p in pieces], (handle, x.version, raw_layout, dtype)
 
 
-# not capturable into CUDA graphs: CuPy (14.2) refuses every cuBLAS call while a
-# stream is being captured, its raw bindings included
-@kernel("gemm")
+def _capturable(entry):
+    """A GEMM may be captured into a CUDA graph when it is local arithmetic only: a local or
+    inner product of operands already in place (no remap, no replica cache, no communication)
+    whose product needs no remap either. (dmath.blas calls cuBLAS itself during a capture:
+    CuPy's bindings refuse to.)"""
+    strategy, result_layout, trans_a, trans_b, has_c = entry.static
+    if strategy.name not in ("local", "inner"):
+        return False
+    P = entry.in_dists[0].nworkers
+    out = entry.inputs[2] if has_c else entry.outputs[0]
+    for k, (need, trans) in enumerate(((strategy.a, trans_a), (strategy.b, trans_b))):
+        raw = need.transposed(P) if trans else need
+        if (entry.inputs[k].dtype != out.dtype
+                or not entry.in_dists[k].same_placement(distribution(raw, entry.inputs[k].shape, P))):
+            return False
+    return distribution(strategy.c, out.shape, P).same_placement(distribution(result_layout, out.shape, P))
+
+
+@kernel("gemm", capturable=_capturable)
 def _gemm(call):
     """static: (Strategy, result Meta layout, trans_a, trans_b, has_c); scalars: alpha, beta."""
     strategy, result_layout, trans_a, trans_b, has_c = call.entry.static

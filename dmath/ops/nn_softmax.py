@@ -32,7 +32,13 @@ def _softmax(call):
     return [rows.shard(call, 0, [out])]
 
 
-@kernel("nn_softmax_cross_entropy")
+def _batch_on_each_member(entry):
+    """Capturable when the loss needs no sum over workers: one member, or a replicated batch."""
+    d = entry.in_dists[0]
+    return d.replicated or len(d.group) == 1
+
+
+@kernel("nn_softmax_cross_entropy", capturable=_batch_on_each_member)
 def _softmax_cross_entropy(call):
     """inputs logits, labels (same rows); outputs loss (1, 1) replicated over the batch's group, probs.
 
@@ -54,7 +60,7 @@ def _softmax_cross_entropy(call):
     return [rows.shard(call, 0, [loss]), rows.shard(call, 1, [probs])]
 
 
-@kernel("nn_softmax_cross_entropy_backward")
+@kernel("nn_softmax_cross_entropy_backward", capturable=True)
 def _softmax_cross_entropy_backward(call):
     """inputs probs, labels; output (probs - labels) * scalars[0] (scale / N), fused in one pass."""
     p, t = rows.local(call.inputs[0]), rows.local(call.inputs[1])

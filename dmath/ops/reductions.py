@@ -26,7 +26,18 @@ def _local_reduce(xp, a, op, axis):
     return getattr(xp, "max" if op == "max" else "min")(a, axis=axis, keepdims=True)
 
 
-@kernel("reduce_axis")
+def _reduce_axis_capturable(entry):
+    """Capturable without communication and with every piece's result slots a slice (no index
+    array to copy to the device during a capture)."""
+    op, axis, mode, scale = entry.static
+    if mode == "local":
+        return True
+    if mode == "allreduce":
+        return False
+    return all(len(p.cols if axis == 0 else p.rows) <= 1 for ps in entry.in_dists[0].pieces for p in ps)
+
+
+@kernel("reduce_axis", capturable=_reduce_axis_capturable)
 def _reduce_axis(call):
     """static = (op, axis, mode, scale); the result is multiplied by scale (1/count for mean)."""
     xp = backend.current().xp

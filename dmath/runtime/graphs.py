@@ -33,6 +33,7 @@ GPUs (see docs/ARCHITECTURE.md). `DMATH_CUDA_GRAPHS=0` turns graphs off.
 """
 import os
 
+from .. import blas
 from ..comm import counters
 from .registry import capturable
 
@@ -93,6 +94,7 @@ class CapturedProgram:
         before = dict(counters.counters)
         self.pool = xp.cuda.MemoryPool()
         self.stream = xp.cuda.Stream(non_blocking=True)
+        blas.prepare_capture()                  # cuBLAS may not allocate its workspace mid-capture
         with xp.cuda.using_allocator(self.pool.malloc), self.stream:
             self.stream.begin_capture()
             try:

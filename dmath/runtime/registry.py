@@ -13,7 +13,8 @@ def kernel(name, capturable=False):
     capturable: True (or a function of the command's Entry returning True)
     when the kernel, on the GPU backend, only enqueues device work on the
     current stream: CuPy kernels and copies, no host synchronisation, no
-    host-device transfer, no MPI, no cuBLAS (CuPy refuses it during capture),
+    host-device transfer, no MPI, no cuBLAS through CuPy (it refuses during a
+    capture; `dmath.blas` then calls the library itself),
     no replica-cache use, and every allocation through the array module. Such
     kernels may be replayed from a CUDA graph (graphs.py).
     """
