@@ -9,7 +9,7 @@ import numbers
 
 import numpy as np
 
-from . import backend
+from . import backend, memory
 from .errors import DMathError, LayoutError, ShapeError
 from .layout import Layout, Replicated
 from .memory import replicas
@@ -91,9 +91,11 @@ def _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout):
 
 
 def _budgeted(m):
-    """The machine with its memory budget capped by the memory limit, if one is set."""
-    from . import memory
-    limit = getattr(memory, "_limit", None)
+    """The machine with its memory budget capped by the memory limit, if one is set.
+
+    set_limit runs on every worker, so worker 0's (this process's) limit is everyone's.
+    """
+    limit = memory.local_limit()
     if limit is not None and limit < m.budget:
         return gemm_plan.Machine(m.bandwidth, m.latency, m.rates, int(limit))
     return m

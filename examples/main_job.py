@@ -26,7 +26,7 @@ from dnn import layers as L
 TARGET = 0.97
 
 
-def build(dtype):
+def build(dtype, steps_per_epoch):
     return dnn.Sequential([
         L.Input((1, 28, 28)),
         L.Conv2D(16, 5, padding="same"), L.Activation("relu"), L.Pool2D(2, mode="max"),    # 16 x 14 x 14
@@ -35,8 +35,8 @@ def build(dtype):
         L.Dense(128), L.Activation("relu"), L.Dropout(0.25),
         L.Dense(10), L.Output("softmax"),
     ], loss="cross_entropy", dtype=dtype,
-        # the learning rate halves every 4 epochs of 63 steps
-        optimizer=dnn.optim.Adam(lr=0.002, schedule=dnn.optim.schedules.StepDecay(4 * 63, gamma=0.5)))
+        # the learning rate halves every 4 epochs
+        optimizer=dnn.optim.Adam(lr=0.002, schedule=dnn.optim.schedules.StepDecay(4 * steps_per_epoch, gamma=0.5)))
 
 
 def shifted(x, rng, most=2):
@@ -65,7 +65,7 @@ def main():
     train, test = perm[:4000], perm[4000:]
     print(f"MNIST: {len(train)} training and {len(test)} held-out digits; {dmath.num_workers()} "
           f"{dmath.device().upper()} worker(s)")
-    model = build(args.dtype)
+    model = build(args.dtype, -(-len(train) // args.batch_size))
     model.summary()
     rng = np.random.default_rng(args.seed + 1)
     t0 = time.perf_counter()

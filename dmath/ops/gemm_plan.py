@@ -125,31 +125,14 @@ def _on_grid(layout, grid, group, block=None):
 
 
 # ---- candidates ----------------------------------------------------------------------
-def _row_like(lay, P):
+def _row_like(lay):
     """True for layouts that give each member whole rows (RowBlock, or a (p, 1) grid)."""
     return isinstance(lay, RowBlock) and not isinstance(lay, ColBlock) or (
         isinstance(lay, (Block2D, BlockCyclic)) and lay.grid[1] == 1)
 
 
-def _col_like(lay, P):
+def _col_like(lay):
     return isinstance(lay, ColBlock) or (isinstance(lay, (Block2D, BlockCyclic)) and lay.grid[0] == 1)
-
-
-def _row_result(lay):
-    """The layout of C that has op(A)'s row split and whole columns."""
-    if isinstance(lay, RowBlock):
-        return RowBlock(lay.group, lay.sizes)
-    if isinstance(lay, BlockCyclic):
-        return BlockCyclic(lay.block, lay.grid, lay.group)
-    return Block2D(lay.grid, lay.group)
-
-
-def _col_result(lay):
-    if isinstance(lay, ColBlock):
-        return ColBlock(lay.group, lay.sizes)
-    if isinstance(lay, BlockCyclic):
-        return BlockCyclic(lay.block, lay.grid, lay.group)
-    return Block2D(lay.grid, lay.group)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -158,15 +141,16 @@ def candidates(a, b, want, P, shapes):
     everyone = tuple(range(P))
     out = []
     # local products: keep the operand that is split, replicate the other
-    ra = a if _row_like(a, P) else RowBlock(everyone)
-    out.append(Strategy("local", ra, Replicated(everyone), _row_result(ra)))
-    cb = b if _col_like(b, P) else ColBlock(everyone)
-    out.append(Strategy("local", Replicated(everyone), cb, _col_result(cb)))
+    # (a row-split A times a replicated B is split like A, and symmetrically for B's columns)
+    ra = a if _row_like(a) else RowBlock(everyone)
+    out.append(Strategy("local", ra, Replicated(everyone), ra))
+    cb = b if _col_like(b) else ColBlock(everyone)
+    out.append(Strategy("local", Replicated(everyone), cb, cb))
     out.append(Strategy("local", Replicated(everyone), Replicated(everyone), Replicated(everyone)))
     # inner products: A's columns and B's rows split alike, a Partial result
     if isinstance(a, ColBlock):
         ia, ib = a, RowBlock(a.group, a.sizes)
-    elif _row_like(b, P) and isinstance(b, RowBlock):
+    elif _row_like(b) and isinstance(b, RowBlock):
         ia, ib = ColBlock(b.group, b.sizes), b
     else:
         ia, ib = ColBlock(everyone), RowBlock(everyone)
