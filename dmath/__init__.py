@@ -12,6 +12,7 @@ from . import memory, random
 from .backend import DTYPES
 from .errors import (DMathError, DTypeError, LayoutError, OutOfMemoryError, PlanError, RuntimeStateError,
                      ShapeError, WorkerError)
+from .files import from_file
 from .linalg import explain_gemm, gemm
 from .layout import Block2D, BlockCyclic, ColBlock, Layout, Partial, Replicated, RowBlock, Tiles
 from .matrix import (Matrix, abs, eye, exp, from_numpy, full, log, maximum, minimum, ones, pow,
@@ -48,7 +49,7 @@ def reset_stats():
 
 
 __all__ = ["init", "finalize", "is_initialized", "num_workers", "device", "stats", "reset_stats", "synchronize",
-           "Matrix", "gemm", "explain_gemm", "zeros", "ones", "full", "eye", "from_numpy", "random", "memory",
+           "Matrix", "gemm", "explain_gemm", "zeros", "ones", "full", "eye", "from_numpy", "from_file", "random", "memory",
            "exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "pow", "maximum", "minimum", "where",
            "Layout", "Replicated", "Partial", "RowBlock", "ColBlock", "Block2D", "BlockCyclic", "Tiles",
            "DMathError", "ShapeError", "LayoutError", "DTypeError", "WorkerError", "OutOfMemoryError",

@@ -36,6 +36,7 @@ from .layout import Partial, Replicated, RowBlock, distribution
 from .matrix import Matrix
 from .ops.base import dispatch, dist_of, new_meta
 from .ops.nn_rows import compute_dtype
+from .ops.nn_batch import ImageTransform as TransformSpec
 from .ops.nn_windows import geometry
 from .runtime import runtime
 
@@ -507,6 +508,105 @@ def one_hot(labels, classes, dtype="float32", layout=None):
     return made if row_layout == lay else made.remap(lay)
 
 
-__all__ = ["softmax", "log_softmax", "softmax_cross_entropy", "softmax_cross_entropy_backward",
+# ---- batches from a resident dataset ---------------------------------------------------------------------
+def _counter_matrix(m, group, what):
+    """A (1, 1) float32/float64 counter replicated on the batch's workers (read on the device)."""
+    _require(m, what)
+    _shape(m, (1, 1), what)
+    if m.dtype == "float16":
+        raise DTypeError(f"{what}: a float16 counter is exact only up to 2048; use float32 or float64")
+    return _replicated(m, group, what)
+
+
+def _resident(m, group, what):
+    """`m` as it is, when it is Replicated on every worker of `group` (a dataset is never copied here)."""
+    _require(m, what)
+    lay = m.layout
+    if not lay.replicated or not set(group) <= set(lay.members(runtime().nworkers)):
+        raise LayoutError(f"{what} must be Replicated on every worker of the batch {tuple(group)} (each takes "
+                          f"any sample without communication); it is {lay}")
+    return m
+
+
+def take_rows(source, order, position, out, one_hot=False):
+    """Overwrite the batch `out` in place with the samples `source[order[position + i]]`; returns `out`.
+
+    source (N, F): the samples, Replicated on the batch's workers (device
+    memory: pure device work; host memory or a mapped file: gathered on
+    the host, the next batch read ahead). order (1, M) float64: row
+    numbers of `source` (a permutation of range(N) from
+    dmath.random.permutation, or of a part of the rows), Replicated there
+    too. position: a (1, 1) float32/float64 counter holding the first
+    position in `order`; it is read on the device, so a recorded step that
+    advances it in place (`position += batch`) takes the next batch at
+    every replay. Keep position + batch <= M and the row numbers below N:
+    they are not checked on the device. out (B, F) in a row layout
+    (RowBlock or Replicated); each worker writes its own rows. one_hot:
+    source is (N, 1) class labels and out (B, K) gets their one-hot rows.
+    """
+    _require(out, "take_rows: out")
+    if not (type(out.layout) is RowBlock or out.layout.replicated):
+        raise LayoutError(f"take_rows: out must be in a row layout (RowBlock or Replicated), got {out.layout}")
+    group = _group(out)
+    source = _resident(source, group, "take_rows: source")
+    order = _resident(order, group, "take_rows: order")
+    if order.shape[0] != 1:
+        raise ShapeError(f"take_rows: order must be one row (1, M) of sample indices, got shape {order.shape}")
+    if order.dtype != "float64":
+        raise DTypeError(f"take_rows: order must be float64 (exact sample indices), got {order.dtype}")
+    if out.shape[0] > order.shape[1]:
+        raise ShapeError(f"take_rows: a batch of {out.shape[0]} rows from an order of {order.shape[1]} samples")
+    if one_hot:
+        if source.shape[1] != 1:
+            raise ShapeError(f"take_rows: one_hot needs (N, 1) class labels, got source shape {source.shape}")
+    elif source.shape[1] != out.shape[1]:
+        raise ShapeError(f"take_rows: source rows have {source.shape[1]} values, out rows {out.shape[1]}")
+    position = _counter_matrix(position, group, "take_rows: position")
+    dispatch("nn_take_rows", [out, source, order, position], [0], static=(bool(one_hot),))
+    return out
+
+
+def _per_channel(value, channels, what, positive=False):
+    vals = (value,) * channels if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) \
+        else tuple(value)
+    if len(vals) != channels:
+        raise ShapeError(f"transform_images: {what} needs one value per channel ({channels}), got {len(vals)}")
+    vals = tuple(_real(v, f"transform_images: {what}") for v in vals)
+    if positive and min(vals) <= 0:
+        raise DMathError(f"transform_images: {what} must be positive, got {vals}")
+    return vals
+
+
+def transform_images(x, image_shape, shift=0, flip=False, scale=1.0, mean=0.0, std=1.0, counter=None, seed=0):
+    """Per-sample image augmentation and normalisation of a batch x (N, C*H*W): a new matrix.
+
+    Each sample is moved by a random (dy, dx) in [-shift, shift]^2 (pixels
+    moved in are 0: a random crop of the image padded by `shift`),
+    mirrored left-right with probability 1/2 when flip, then scaled and
+    normalised per channel: (scale * v - mean_c) / std_c. The draws of a
+    sample depend on (seed, counter + its row) only: counter is a (1, 1)
+    matrix holding the number of samples drawn before this batch (read on
+    the device, so a recorded step advances it in place), required when
+    shift or flip is on. With neither, it is the affine normalisation only.
+    """
+    x = _rows(x, "transform_images: x")
+    c, h, w = _image(image_shape, x.shape[1], "transform_images")
+    shift = _int(shift, "transform_images: shift", 0)
+    if shift >= min(h, w):
+        raise ShapeError(f"transform_images: shift {shift} must be smaller than the image ({h}x{w})")
+    t = TransformSpec((c, h, w), shift, bool(flip), _real(scale, "transform_images: scale"),
+                      _per_channel(mean, c, "mean"), _per_channel(std, c, "std", positive=True))
+    inputs = [x]
+    if t.random:
+        if counter is None:
+            raise DMathError("transform_images: random shifts or flips need counter=, a (1, 1) matrix of the "
+                             "samples drawn so far")
+        inputs.append(_counter_matrix(counter, _group(x), "transform_images: counter"))
+    out = new_meta(x.layout, x.shape, x.dtype)
+    return dispatch("nn_transform_images", inputs, [out], static=(t,),
+                    scalars=(_counter(seed, "transform_images: seed"),))[0][0]
+
+
+__all__ = ["take_rows", "transform_images", "softmax", "log_softmax", "softmax_cross_entropy", "softmax_cross_entropy_backward",
            "conv2d", "conv2d_output_shape", "conv2d_backward", "pool2d", "pool2d_backward",
            "batchnorm", "batchnorm_backward", "BatchNormSaved", "dropout", "argmax_rows", "one_hot"]

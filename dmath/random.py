@@ -3,8 +3,12 @@
 Each call draws from a new stream (the master counts calls since the last
 `seed`), so a program draws the same matrices at any layout or worker count.
 """
-from .matrix import _check_memory, _create
-from .ops.base import new_meta
+import numbers
+
+from .errors import DMathError, ShapeError
+from .layout import Replicated
+from .matrix import Matrix, _check_memory, _create, zeros
+from .ops.base import dispatch, new_meta
 
 _state = {"seed": 0, "stream": 0}
 
@@ -14,6 +18,11 @@ def seed(s):
     if not isinstance(s, int) or s < 0 or s >= 2 ** 53:
         raise ValueError(f"seed must be an integer in [0, 2**53), got {s!r}")
     _state["seed"], _state["stream"] = s, 0
+
+
+def get_seed():
+    """The seed of the last `seed(s)` call (0 before any)."""
+    return _state["seed"]
 
 
 def _draw(kind, shape, dtype, layout, memory):
@@ -31,3 +40,33 @@ def rand(shape, dtype="float32", layout=None, memory=None):
 def randn(shape, dtype="float32", layout=None, memory=None):
     """Standard normal values."""
     return _draw("normal", shape, dtype, layout, memory)
+
+
+def permutation(n, key=None, out=None, layout=None):
+    """A random permutation of range(n) as a (1, n) float64 matrix (Replicated by default).
+
+    key: a tuple of non-negative integers that alone decides the order (the
+    same for any layout, worker count and backend); None: the next stream
+    of this module's seed; (): the identity. out: an existing (1, n) float64
+    matrix to overwrite in place instead (a recorded plan reading it stays
+    valid). Every worker computes the permutation itself: nothing but the
+    key travels.
+    """
+    if key is None:
+        _state["stream"] += 1
+        key = (_state["seed"], _state["stream"])
+    try:
+        key = tuple(key)
+    except TypeError as exc:
+        raise DMathError(f"permutation: key must be a tuple of non-negative integers, got {key!r}") from exc
+    for k in key:
+        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k < 2 ** 53:
+            raise DMathError(f"permutation: key entries must be integers in [0, 2**53), got {key!r}")
+    if out is None:
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+            raise ShapeError(f"permutation: n must be a non-negative integer, got {n!r}")
+        out = zeros((1, int(n)), dtype="float64", layout=layout if layout is not None else Replicated())
+    elif not isinstance(out, Matrix) or out.shape != (1, n) or out.dtype != "float64":
+        raise ShapeError(f"permutation: out must be a (1, {n}) float64 dmath.Matrix, got {out!r}")
+    dispatch("nn_permutation", [out], [0], scalars=key)
+    return out

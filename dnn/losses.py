@@ -12,8 +12,6 @@ A loss also says how targets are given (`targets`) and how accuracy is
 counted: 'categorical' (the largest output is the label), 'binary'
 (outputs above the threshold are 1) or None (regression).
 """
-import numpy as np
-
 import dmath
 
 from .errors import ConfigError, ShapeError
@@ -32,14 +30,16 @@ class Loss:
         """(loss node, prediction node, threshold) for pre-activation z, targets and the output activation."""
         raise NotImplementedError
 
-    def targets(self, y, outputs):
-        """Targets as a float array (N, outputs) from what the user passed (labels or arrays)."""
-        y = np.asarray(y)
-        if y.ndim == 1 and outputs == 1:
-            y = y[:, None]
-        if y.ndim != 2 or y.shape[1] != outputs:
-            raise ShapeError(f"{self.name}: targets must be (N, {outputs}), got shape {y.shape}")
-        return y
+    def one_hot(self, kind, width, label_range, outputs):
+        """Whether a dataset's targets are one-hot encoded on the workers for this loss.
+
+        kind: 'labels' (integer classes, one per sample) or 'rows' (`width`
+        values per sample); label_range: (min, max) of the labels. Raises
+        ShapeError when the targets do not fit a network of `outputs` outputs.
+        """
+        if width != outputs:
+            raise ShapeError(f"{self.name}: targets must have {outputs} value(s) per sample, got {width}")
+        return False
 
     def __repr__(self):
         return f"<loss {self.name}>"
@@ -57,19 +57,13 @@ class CrossEntropy(Loss):
         p = make_activation(activation).apply(z)
         return cross_entropy(p, target), p, None
 
-    def targets(self, y, outputs):
-        y = np.asarray(y)
-        if y.ndim == 1:
-            if not np.issubdtype(y.dtype, np.integer):
-                if not np.all(np.equal(np.mod(y, 1), 0)):
-                    raise ShapeError("cross_entropy: 1-D targets must be integer class labels")
-                y = y.astype(np.int64)
-            if y.size and (y.min() < 0 or y.max() >= outputs):
-                raise ShapeError(f"cross_entropy: labels must be in [0, {outputs}), got {y.min()}..{y.max()}")
-            out = np.zeros((y.size, outputs), dtype=np.float32)
-            out[np.arange(y.size), y] = 1.0
-            return out
-        return super().targets(y, outputs)
+    def one_hot(self, kind, width, label_range, outputs):
+        if kind == "labels":
+            lo, hi = label_range
+            if lo < 0 or hi >= outputs:
+                raise ShapeError(f"cross_entropy: labels must be in [0, {outputs}), got {lo}..{hi}")
+            return True
+        return super().one_hot(kind, width, label_range, outputs)
 
 
 class BinaryCrossEntropy(Loss):

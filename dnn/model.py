@@ -20,13 +20,15 @@ scale adjusts.
 import math
 import numbers
 import time
+import weakref
 
 import numpy as np
 
 import dmath
 
 from . import callbacks as cbs, losses, optim, serialization
-from .data import DataLoader
+from .data import Dataset
+from .data.dataset import as_dataset
 from .errors import ConfigError, ShapeError
 from .graph.node import canonical_dtype
 from .layers import Dropout, Input, Layer, from_config
@@ -90,7 +92,8 @@ class Sequential:
         self.one = dmath.ones((1, 1), dtype="float32" if self.dtype == "float16" else self.dtype,
                               layout=dmath.Replicated())
         self.train_metrics, self.eval_metrics = Metrics(), Metrics()
-        self._programs = {}
+        self._feeds = weakref.WeakKeyDictionary()    # Dataset -> its Feed (with this model's programs)
+        self._last_program = None
         self.epochs_trained = 0
         self.stop_training = False
 
@@ -138,61 +141,90 @@ class Sequential:
             i += n
 
     # ---- data ---------------------------------------------------------------------------
-    def _inputs(self, x, what="x"):
+    def _dataset(self, x, y, what="x", targets=True):
+        """`x` as a Dataset checked against the model (arrays are checked first, then placed once)."""
         if isinstance(x, dmath.Matrix):
-            raise ConfigError(f"{what}: pass a numpy array; the model writes batches into its own matrices")
-        x = np.asarray(x)
-        if x.ndim < 2 or math.prod(x.shape[1:]) != math.prod(self.input_shape):
-            raise ShapeError(f"{what}: samples must have shape {self.input_shape} (or be flat rows of "
-                             f"{math.prod(self.input_shape)}), got an array of shape {x.shape}")
-        if not np.issubdtype(x.dtype, np.number):
-            raise ConfigError(f"{what}: expected numbers, got dtype {x.dtype}")
-        return np.ascontiguousarray(x.reshape(x.shape[0], -1), dtype=self.dtype)
+            raise ConfigError(f"{what}: pass numpy arrays or a dnn.data.Dataset; batches are made on the workers")
 
-    def _targets(self, y, n, what="y"):
-        t = self.loss.targets(y, self.outputs)
-        if t.shape[0] != n:
-            raise ShapeError(f"{what}: {t.shape[0]} targets for {n} samples")
-        return np.ascontiguousarray(t, dtype="float32" if self.dtype == "float16" else self.dtype)
+        def check(features, kind, width, label_range):
+            if features != math.prod(self.input_shape):
+                raise ShapeError(f"{what}: samples must have shape {self.input_shape} (or be flat rows of "
+                                 f"{math.prod(self.input_shape)}), got samples of {features} values")
+            if targets:
+                if kind is None:
+                    raise ConfigError(f"{what}: targets are needed (y, or a Dataset built with y)")
+                self.loss.one_hot(kind, width, label_range, self.outputs)      # raises on a misfit
+        return as_dataset(x, y, what, check)
 
-    def _program(self, kind, batch):
-        key = (kind, batch)
-        prog = self._programs.get(key)
+    def _feed(self, ds):
+        """This model's Feed over dataset `ds` (made once per dataset; dropped with the dataset)."""
+        feed = self._feeds.get(ds)
+        if feed is None:
+            feed = self._feeds[ds] = ds.feed()
+        return feed
+
+    def _program(self, kind, batch, feed):
+        prog = feed.programs.get((kind, batch))
         if prog is None:
             for layer in self.layers:
                 layer.decide(batch, dmath.num_workers())
-            prog = self._programs[key] = Program(self, batch, training=kind == "train",
-                                                 with_targets=kind != "predict")
+            store = feed.store
+            one_hot = kind != "predict" and self.loss.one_hot(store.y_kind, store.y.shape[1], store.label_range,
+                                                             self.outputs)
+            prog = feed.programs[(kind, batch)] = Program(self, feed, batch, training=kind == "train",
+                                                         with_targets=kind != "predict", one_hot=one_hot)
+            self._last_program = weakref.ref(prog)
         return prog
 
+    @staticmethod
+    def _batches(n, batch_size):
+        full, rest = divmod(n, batch_size)
+        return [batch_size] * full + ([rest] if rest else [])
+
     # ---- training ---------------------------------------------------------------------------
-    def fit(self, x, y, batch_size=32, epochs=1, validation_data=None, shuffle=True, callbacks=None,
-            verbose=1):
+    def fit(self, x, y=None, batch_size=32, epochs=1, validation_data=None, shuffle=True, callbacks=None,
+            verbose=1, validation_split=0.0, initial_epoch=None):
         """Train; returns a History whose `history` maps 'loss', 'accuracy', 'val_loss',
         'val_accuracy' and 'samples_per_s' to one value per epoch.
 
-        x: numpy (N, C, H, W) or (N, features); y: integer labels (N,) or
-        one-hot / target rows (N, outputs). The samples are shuffled every
-        epoch (on the master, from the model's seed), cut into batches of
-        batch_size (the last one may be smaller) and written into the
-        step's input matrices. callbacks: dnn.callbacks.Callback objects.
-        verbose: 0 silent, 1 progress bar, 2 one line per epoch.
+        x: a dnn.data.Dataset (y None), or numpy samples (N, C, H, W) or
+        (N, features) with y: integer labels (N,) or target rows (N,
+        outputs); arrays become a Dataset, placed on the workers once for
+        this call. Every epoch the samples are ordered by a permutation of
+        (the model's seed, the epoch number) when shuffle, cut into batches of batch_size (the last one may be
+        smaller), and each step takes its batch on the workers: the master
+        sends no sample bytes. validation_data: (x, y) arrays or a Dataset;
+        validation_split: the last fraction of x (before shuffling) held out
+        instead, as Keras. epochs: how many epochs to run, continuing the
+        epoch count of earlier fit calls; with initial_epoch=k (Keras) the
+        epochs k .. epochs - 1 run instead (resuming a saved run).
+        callbacks: dnn.callbacks.Callback objects. verbose: 0 silent, 1
+        progress bar, 2 one line per epoch.
         """
-        x = self._inputs(x)
-        t = self._targets(y, x.shape[0])
-        n = x.shape[0]
         batch_size = _positive_int(batch_size, "batch_size")
         epochs = _positive_int(epochs, "epochs")
-        if n == 0:
-            raise ShapeError("fit needs at least one sample")
+        if initial_epoch is None:
+            first, last = self.epochs_trained, self.epochs_trained + epochs
+        else:
+            if isinstance(initial_epoch, bool) or not isinstance(initial_epoch, numbers.Integral) \
+                    or not 0 <= initial_epoch < epochs:
+                raise ConfigError(f"initial_epoch must be an integer in [0, epochs={epochs}), got {initial_epoch!r}")
+            first, last = int(initial_epoch), epochs
+        train = self._dataset(x, y)
         val = None
-        if validation_data is not None:
-            try:
-                xv, yv = validation_data
-            except (TypeError, ValueError) as exc:
-                raise ConfigError("validation_data must be a pair (x, y)") from exc
-            xv = self._inputs(xv, "validation x")
-            val = (xv, self._targets(yv, xv.shape[0], "validation y"))
+        if validation_split:
+            if validation_data is not None:
+                raise ConfigError("pass validation_data or validation_split, not both")
+            train, val = train.split(validation_split)
+        elif validation_data is not None:
+            if isinstance(validation_data, Dataset):
+                val = self._dataset(validation_data, None, "validation_data")
+            else:
+                try:
+                    xv, yv = validation_data
+                except (TypeError, ValueError) as exc:
+                    raise ConfigError("validation_data must be a pair (x, y) or a dnn.data.Dataset") from exc
+                val = self._dataset(xv, yv, "validation_data")
         history = cbs.History()
         hooks = [history] + list(callbacks or [])
         for cb in hooks:
@@ -202,10 +234,11 @@ class Sequential:
         self.stop_training = False
         for cb in hooks:
             cb.on_train_begin()
-        for epoch in range(epochs):
+        feed = self._feed(train)
+        for epoch in range(first, last):
             for cb in hooks:
                 cb.on_epoch_begin(epoch)
-            logs = self._train_epoch(x, t, batch_size, shuffle, epoch, epochs, verbose, hooks, val)
+            logs = self._train_epoch(feed, batch_size, shuffle, epoch, last, verbose, hooks, val)
             for cb in hooks:
                 cb.on_epoch_end(epoch, logs)
             if self.stop_training:
@@ -214,54 +247,54 @@ class Sequential:
             cb.on_train_end()
         return history
 
-    def _train_epoch(self, x, t, batch_size, shuffle, epoch, epochs, verbose, hooks, val):
-        n = x.shape[0]
-        # a background thread gathers the next shuffled batches while the step runs; the order
-        # depends on (seed, epochs trained so far), so a second fit() continues with new orders
-        loader = DataLoader(x, t, batch_size=batch_size, shuffle=shuffle, seed=self.seed, prefetch=2)
-        loader.set_epoch(self.epochs_trained)
+    def shuffle_key(self, epoch):
+        """The integers that alone decide the sample order of `epoch`: the model's seed and the epoch
+        number (the same order at any worker count, and for a run resumed at that epoch)."""
+        return (self.seed, int(epoch))
+
+    def _train_epoch(self, feed, batch_size, shuffle, epoch, epochs, verbose, hooks, val):
+        n = feed.n
+        feed.start_epoch(self.shuffle_key(epoch) if shuffle else None, epoch)
         metrics = self.train_metrics
         metrics.reset()
         bar = ProgressBar(epoch, epochs, n, verbose)
         start = time.perf_counter()
         done = 0
-        for b, (xb, tb) in enumerate(loader):
-            self._program("train", len(xb)).run(xb, tb)
-            done += len(xb)
+        for b, size in enumerate(self._batches(n, batch_size)):
+            self._program("train", size, feed).run()
+            done += size
             metrics.samples = done
             bar.update(done, metrics.read)
             for cb in hooks:
                 cb.on_batch_end(b)
-        self.epochs_trained += 1
+        self.epochs_trained = epoch + 1
         loss, acc = metrics.read()            # a gather: also waits for the epoch's last step
         elapsed = time.perf_counter() - start
         logs = {"loss": loss}
         if self.loss.accuracy:
             logs["accuracy"] = acc
         if val is not None:
-            v = self._evaluate(*val, EVAL_BATCH)
+            v = self._evaluate(val, EVAL_BATCH)
             logs.update({f"val_{k}": v for k, v in v.items()})
         logs["samples_per_s"] = n / elapsed if elapsed > 0 else float("inf")
         bar.finish(logs)
         return logs
 
     # ---- evaluation ------------------------------------------------------------------------------
-    def evaluate(self, x, y, batch_size=None):
-        """{'loss': mean loss, 'accuracy': fraction correct (classification losses)} over (x, y)."""
-        x = self._inputs(x)
-        t = self._targets(y, x.shape[0])
-        return self._evaluate(x, t, _positive_int(batch_size, "batch_size") if batch_size else EVAL_BATCH)
+    def evaluate(self, x, y=None, batch_size=None):
+        """{'loss': mean loss, 'accuracy': fraction correct (classification losses)} over x:
+        a dnn.data.Dataset, or numpy samples with their targets y."""
+        ds = self._dataset(x, y)
+        return self._evaluate(ds, _positive_int(batch_size, "batch_size") if batch_size else EVAL_BATCH)
 
-    def _evaluate(self, x, t, batch_size):
-        n = x.shape[0]
-        if n == 0:
-            raise ShapeError("evaluate needs at least one sample")
+    def _evaluate(self, ds, batch_size):
+        feed = self._feed(ds)
+        feed.start_epoch(None, 0)
         metrics = self.eval_metrics
         metrics.reset()
-        for lo in range(0, n, batch_size):
-            hi = min(lo + batch_size, n)
-            self._program("eval", hi - lo).run(x[lo:hi], t[lo:hi])
-            metrics.samples += hi - lo
+        for size in self._batches(feed.n, batch_size):
+            self._program("eval", size, feed).run()
+            metrics.samples += size
         loss, acc = metrics.read()
         out = {"loss": loss}
         if self.loss.accuracy:
@@ -269,19 +302,22 @@ class Sequential:
         return out
 
     def predict(self, x, batch_size=None):
-        """The network's outputs (after the output activation) for x, a numpy array (N, outputs)."""
-        x = self._inputs(x)
+        """The network's outputs (after the output activation) for x (numpy samples or a Dataset),
+        a numpy array (N, outputs)."""
         batch_size = _positive_int(batch_size, "batch_size") if batch_size else EVAL_BATCH
-        out = []
-        for lo in range(0, x.shape[0], batch_size):
-            hi = min(lo + batch_size, x.shape[0])
-            prog = self._program("predict", hi - lo)
-            prog.run(x[lo:hi])
-            out.append(prog.output.value.to_numpy())
-        if not out:
+        if not isinstance(x, Dataset) and len(np.asarray(x)) == 0:
             return np.zeros((0, self.outputs), dtype=self.dtype)
-        return np.concatenate(out).reshape((x.shape[0],) + tuple(self.output_shape)
-                                           if len(self.output_shape) > 1 else (x.shape[0], self.outputs))
+        ds = self._dataset(x, None, targets=False)
+        feed = self._feed(ds)
+        feed.start_epoch(None, 0)
+        out = []
+        for size in self._batches(feed.n, batch_size):
+            prog = self._program("predict", size, feed)
+            prog.run()
+            out.append(prog.output.value.to_numpy())
+        n = feed.n
+        return np.concatenate(out).reshape((n,) + tuple(self.output_shape)
+                                           if len(self.output_shape) > 1 else (n, self.outputs))
 
     # ---- description -------------------------------------------------------------------------------
     def summary(self, print_fn=print):
@@ -314,10 +350,10 @@ class Sequential:
 
     def _activation_layouts(self):
         """Layer index -> the layout of its output in the latest training program (once one has run)."""
-        progs = [p for (kind, _), p in self._programs.items() if kind == "train"]
-        if not progs or progs[-1].layer_nodes[-1].value is None:
+        prog = self._last_program() if self._last_program is not None else None
+        if prog is None or not prog.training or prog.layer_nodes[-1].value is None:
             return {}
-        nodes = progs[-1].layer_nodes
+        nodes = prog.layer_nodes
         return {i: _layout_name(node.value.layout) for i, node in enumerate(nodes) if node.value is not None}
 
     # ---- configuration and files --------------------------------------------------------------------

@@ -1,20 +1,23 @@
-"""The programs a model runs on one batch size: a training step and an evaluation pass.
+"""The programs a model runs on one batch size of one dataset: a training step, an evaluation pass.
 
 A program builds its graph once (placeholders for the batch, the layers'
-nodes, the loss head), keeps the batch matrices it feeds (RowBlock over the
-workers: data parallelism), and runs one step per call:
+nodes, the loss head) over a `dnn.data.Feed` (the dataset's order and
+counters on the workers), keeps the batch matrices, and runs one step per
+call. The step starts by taking its own batch on the workers:
 
-    write the next batch into the input matrices (Matrix.assign)
-    first call:  run the step eagerly inside `dmath.record()`  -> a Plan
-    later calls: plan.replay()                                  (one control message)
+    take the samples order[position ...] into the batch matrices (dmath.nn.take_rows)
+    transform them (augmentation in training, normalisation)  (dmath.nn.transform_images)
+    forward, backward, update, metrics
+    position += batch                                          (in place, on the workers)
+
+first call:  run the step eagerly inside `dmath.record()`  -> a Plan
+later calls: plan.replay()                                  (one control message, no sample bytes)
 
 A step is a fixed sequence of commands on fixed matrices: parameters and
 optimizer state are updated in place, the learning rate is a (1, 1) matrix
-written outside the step when it changes, and the loss and the number of
-correct predictions are added into (1, 1) accumulators that the master reads
-only when it reports. What must change every step and is chosen by the
-master (the dropout masks) is written into persistent matrices by the
-functions' `before_step`, before the replay.
+written outside the step when it changes, the dropout step counters advance
+in place inside it, and the loss and the number of correct predictions are
+added into (1, 1) accumulators that the master reads only when it reports.
 """
 import numpy as np
 
@@ -78,10 +81,10 @@ def split_head(layers):
 
 
 class Program:
-    """The graph of one batch size and mode, its batch matrices and its recorded plan."""
+    """The graph of one batch size and mode over one feed, its batch matrices and its recorded plan."""
 
-    def __init__(self, model, batch, training, with_targets):
-        self.model, self.batch, self.training = model, batch, training
+    def __init__(self, model, feed, batch, training, with_targets, one_hot=False):
+        self.model, self.feed, self.batch, self.training = model, feed, batch, training
         features = int(np.prod(model.input_shape))
         lay = dmath.RowBlock()
         self.x = dmath.zeros((batch, features), dtype=model.dtype, layout=lay)
@@ -98,6 +101,7 @@ class Program:
         if act is not None:
             self.layer_nodes.append(self.output)
         self.loss = self.pred = self.y = None
+        self.one_hot = one_hot
         if with_targets:
             z = h if model.dtype != "float16" else cast(h, "float32")     # the loss in float32
             self.y = dmath.zeros((batch, model.outputs), dtype=z.dtype, layout=lay)
@@ -107,17 +111,11 @@ class Program:
         # training and evaluate need the loss head (the output activation is fused into it), predict the output
         self.order = topological_order([self.loss, self.pred] if with_targets else [self.output])
         self.params = model.params
-        self.refresh = [n.fn for n in self.order if hasattr(n.fn, "before_step")]
         self.plan = None
 
     # ---- one step -----------------------------------------------------------------
-    def run(self, x, y=None):
-        """Write the batch (numpy rows) into the input matrices and run the step."""
-        self.x.assign(x)
-        if y is not None:
-            self.y.assign(y)
-        for fn in self.refresh:
-            fn.before_step()
+    def run(self):
+        """Take the feed's next batch on the workers and run the step (a replay after the first)."""
         opt = self.model.optimizer if self.training else None
         if opt is not None:
             opt.prepare(self.params)
@@ -133,7 +131,10 @@ class Program:
             opt.finish()
 
     def _step(self):
-        model = self.model
+        model, feed = self.model, self.feed
+        self.inputs.feed(feed.batch_x(self.x, self.training, model.seed))
+        if self.y is not None:
+            feed.batch_y(self.y, self.one_hot)
         forward([], self.order)
         if self.training:
             self._update()
@@ -142,6 +143,7 @@ class Program:
             kind = model.loss.accuracy
             correct = correct_count(self.pred.value, self.y, kind, self.threshold) if kind else None
             metrics.add(self.loss.value, correct, self.batch)
+        feed.advance(self.batch)
 
     def _update(self):
         model, params = self.model, self.params

@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import backend
 from . import counters
-from .world import poll, wait
+from .world import poll, wait, waitall
 
 _OPS = {"sum": "add", "max": "maximum", "min": "minimum"}
 
@@ -92,7 +92,7 @@ def exchange(group, sendbuf, send_counts, recvbuf, recv_counts, send_displs=None
     MPI = group.world.mpi_module
     req = group.mpi.Ialltoallv([_bytes(sendbuf), (sc, sd * isz), MPI.BYTE],
                                [_bytes(recvbuf), (rc, rd * isz), MPI.BYTE])
-    wait(req)
+    wait(req, int(sc.sum() + rc.sum()))
 
 
 def allgatherv(group, sendbuf, recvbuf, counts):
@@ -126,7 +126,7 @@ def allgatherv(group, sendbuf, recvbuf, counts):
     bc = np.asarray(counts, dtype=np.int64) * isz
     req = group.mpi.Iallgatherv([_bytes(sendbuf[:mine]), MPI.BYTE],
                                 [_bytes(recvbuf), (bc, _displs(bc)), MPI.BYTE])
-    wait(req)
+    wait(req, int(bc.sum()))
 
 
 def reduce_scatter(group, sendbuf, recvbuf, counts, op="sum"):
@@ -197,19 +197,69 @@ def bcast(group, buf, root=0):
         group.nccl.bcast(buf.data.ptr, buf.size, _nccl_dtype(buf.dtype), root, _stream_ptr())
         return
     MPI = group.world.mpi_module
-    wait(group.mpi.Ibcast([_bytes(buf), MPI.BYTE], root=root))
+    wait(group.mpi.Ibcast([_bytes(buf), MPI.BYTE], root=root), buf.nbytes)
+
+
+#: host messages are cut into parts of at most this many bytes: MPI counts are C ints in
+#: MPI-3 libraries (Open MPI 4), so one message of 2 GiB or more would overflow them
+MAX_MESSAGE_BYTES = 1 << 30
+
+
+def _parts(array):
+    """`array`'s bytes as consecutive views of at most MAX_MESSAGE_BYTES (at least one, maybe empty)."""
+    b = _bytes(array)
+    return [b[o:o + MAX_MESSAGE_BYTES] for o in range(0, max(b.size, 1), MAX_MESSAGE_BYTES)]
+
+
+def send_host_start(world, array, dest, tag=7):
+    """Start sending the C-contiguous host array `array` to world rank `dest`; returns the requests.
+
+    The array must stay alive and unchanged until `wait_host` completes them.
+    Parts between one pair of ranks arrive in order (MPI's non-overtaking rule).
+    """
+    counters.count_send(array.nbytes, 1)
+    BYTE = world.mpi_module.BYTE
+    return [world.data.Isend([part, BYTE], dest, tag) for part in _parts(array)]
+
+
+def recv_host_start(world, array, source, tag=7):
+    """Start receiving into the C-contiguous host array `array` from world rank `source`."""
+    counters.count_recv(array.nbytes, 1)
+    BYTE = world.mpi_module.BYTE
+    return [world.data.Irecv([part, BYTE], source, tag) for part in _parts(array)]
+
+
+def wait_host(requests, nbytes):
+    """Complete host transfers started together (`nbytes` in all), all progressing at once."""
+    waitall(requests, nbytes)
 
 
 def send_host(world, array, dest, tag=7):
     """Send a host (numpy) array to world rank `dest` (scatter and gather with the master)."""
-    counters.count_send(array.nbytes, 1)
-    wait(world.data.Isend([_bytes(np.ascontiguousarray(array)), world.mpi_module.BYTE], dest, tag))
+    array = np.ascontiguousarray(array)
+    wait_host(send_host_start(world, array, dest, tag), array.nbytes)
 
 
 def recv_host(world, array, source, tag=7):
     """Receive into the host (numpy) array `array` from world rank `source`."""
-    counters.count_recv(array.nbytes, 1)
-    wait(world.data.Irecv([_bytes(array), world.mpi_module.BYTE], source, tag))
+    wait_host(recv_host_start(world, array, source, tag), array.nbytes)
+
+
+def bcast_host(group, array, root=0):
+    """Broadcast the C-contiguous host array `array` from group member `root`, in place (MPI, any backend).
+
+    One collective (a tree or pipeline inside MPI) instead of a send per
+    member: the root's link carries the bytes about once, not size - 1 times.
+    """
+    if group.size == 1:
+        return
+    if group.rank == root:
+        counters.count_send(array.nbytes * (group.size - 1), group.size - 1)
+    else:
+        counters.count_recv(array.nbytes, 1)
+    BYTE = group.world.mpi_module.BYTE
+    for part in _parts(array):
+        wait(group.mpi.Ibcast([part, BYTE], root=root), part.nbytes)
 
 
 def device_done():

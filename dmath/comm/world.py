@@ -26,32 +26,51 @@ def launched_by_mpi():
 
 #: seconds a wait polls without sleeping (MPI progresses large transfers only inside Test)
 SPIN_S = float(os.environ.get("DMATH_SPIN_S", "0.005"))
+#: a wait for a transfer of b bytes polls without sleeping for SPIN_S + b / SPIN_BYTES_PER_S
+#: seconds: long enough for the transfer at any plausible host bandwidth, so that an MPI
+#: that moves bytes only while it is called (Open MPI's rendezvous) never waits on a nap
+SPIN_BYTES_PER_S = float(os.environ.get("DMATH_SPIN_BYTES_PER_S", "2e8"))
 
 
-def poll(done):
+def poll(done, nbytes=0):
     """Wait until `done()` is true, running the progress hook on every round.
 
-    The first SPIN_S seconds poll continuously (yielding the core between
-    tests), then the wait backs off to sleeps of at most 1 ms: an idle rank
+    The first SPIN_S seconds (plus nbytes / SPIN_BYTES_PER_S for a wait on
+    a transfer of `nbytes`) poll continuously, yielding the core between
+    tests; then the wait backs off to sleeps of at most 1 ms: an idle rank
     must leave the cores to the ranks that compute.
     """
     if done():
         return
+    spin = SPIN_S + nbytes / SPIN_BYTES_PER_S
     start = time.perf_counter()
     nap = 0.0
     while not done():
         if _progress_hook is not None:
             _progress_hook()
-        if time.perf_counter() - start < SPIN_S:
+        if time.perf_counter() - start < spin:
             os.sched_yield()
         else:
             nap = min(1e-3, nap + 2e-5)
             time.sleep(nap)
 
 
-def wait(req):
-    """Complete an MPI request by polling (see `poll`)."""
-    poll(req.Test)
+def wait(req, nbytes=0):
+    """Complete an MPI request of a transfer of `nbytes` by polling (see `poll`)."""
+    poll(req.Test, nbytes)
+
+
+def waitall(reqs, nbytes=0):
+    """Complete MPI requests moving `nbytes` together (see `poll`); they progress side by side."""
+    pending = [r for r in reqs if r is not None]
+    if not pending:
+        return
+
+    def done():
+        # Test each once per round: every one of them progresses while we wait
+        pending[:] = [r for r in pending if not r.Test()]
+        return not pending
+    poll(done, nbytes)
 
 
 class Group:

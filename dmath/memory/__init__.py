@@ -18,7 +18,7 @@ from . import kinds, pool, replicas
 from .kinds import KINDS
 from .pool import size_class
 
-__all__ = ["stats", "set_limit", "limit", "clear", "KINDS", "install", "empty", "zeros", "host_empty",
+__all__ = ["stats", "set_limit", "limit", "clear", "available", "KINDS", "install", "empty", "zeros", "host_empty",
            "local_stats", "reset_local_stats", "set_local_limit", "release_cached", "block_bytes",
            "size_class", "kinds", "replicas"]
 
@@ -132,6 +132,19 @@ def set_limit(nbytes):
 def limit():
     """The memory limit in bytes per worker (None: none)."""
     return local_limit()
+
+
+def available():
+    """Bytes a new matrix could take on each worker, a list indexed by rank.
+
+    The memory the kernels compute in (free device memory on a GPU, free
+    physical memory on the CPU backend) plus the pool's cached blocks, capped
+    by the memory limit less the live matrices when a limit is set. A
+    snapshot: other processes on the machine may take memory meanwhile.
+    """
+    if not _everywhere():
+        raise RuntimeStateError("dmath.memory.available asks every worker: call dmath.init() first")
+    return _commands.available()
 
 
 def clear():

@@ -36,11 +36,13 @@ def dist_of(m):
     return distribution(m.layout, m.shape, runtime().nworkers)
 
 
-def dispatch(op, inputs=(), outputs=(), static=(), scalars=(), payload=None):
-    """Run `op`; returns (new Matrix objects for the Meta outputs, the master's kernel result)."""
+def dispatch(op, inputs=(), outputs=(), static=(), scalars=(), payload=None, pooled=True):
+    """Run `op`; returns (new Matrix objects for the Meta outputs, the master's kernel result).
+
+    pooled=False: the new matrices live outside the capped pools (see Runtime.call)."""
     rt = runtime()
     handles, result = rt.call(op, [(m._handle, meta(m)) for m in inputs], outputs, static,
-                              [float(s) for s in scalars], payload)
+                              [float(s) for s in scalars], payload, pooled)
     made = [_make_matrix(h, o) for h, o in zip(handles, outputs) if isinstance(o, Meta)]
     return made, result
 

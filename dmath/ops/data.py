@@ -30,29 +30,53 @@ def _put_block(array, piece, block):
         array[np.ix_(r, c)] = block
 
 
+def _contiguous_block(array, piece):
+    """The block of the C-contiguous `array` that `piece` covers, as a view, when it is contiguous
+    (whole rows: a RowBlock piece); else None."""
+    r, c = _region(piece)
+    if isinstance(r, slice) and isinstance(c, slice) and c.start == 0 and c.stop == array.shape[1]:
+        return array[r]
+    return None
+
+
 def _host_blocks(call, dist, dtype):
     """This rank's pieces of the master's host array (call.payload, already in `dtype`).
 
-    The master first sends every other worker its pieces. A Partial matrix:
-    the first member's addend is the array, the others are zeros (so the sum
-    is the array, not a multiple of it); only it is sent, and the others get
-    None (their pieces are zeros).
+    The master sends every other worker its pieces at once (non-blocking,
+    straight from the array when a piece is whole rows), and every member
+    of a replicated matrix receives it by one broadcast. A Partial matrix:
+    the first member's addend is the array, the others are zeros (so the
+    sum is the array, not a multiple of it); only it is sent, and the others
+    get None (their pieces are zeros).
     """
     world, mine = call.world, dist.pieces[call.rank]
+    group = dist.group
+    if dist.replicated and 0 in group and len(group) > 1:
+        if call.rank not in group:
+            return None
+        block = host_block(call.payload, mine[0]) if call.rank == 0 else memory.host_empty(mine[0].shape, dtype)
+        members = world.group(group)
+        collectives.bcast_host(members, block, root=members.index(0))
+        return [block]
     if call.rank == 0:
         src = call.payload
+        requests, outgoing, nbytes = [], [], 0
         for r in range(1, dist.nworkers):
             if holds_value(dist, r):
                 for p in dist.pieces[r]:
-                    collectives.send_host(world, host_block(src, p), r)
-        return [host_block(src, p) for p in mine] if holds_value(dist, 0) else None
+                    block = _contiguous_block(src, p)
+                    block = host_block(src, p) if block is None else block
+                    outgoing.append(block)         # alive until the sends complete
+                    requests += collectives.send_host_start(world, block, r)
+                    nbytes += block.nbytes
+        own = [host_block(src, p) for p in mine] if holds_value(dist, 0) else None
+        collectives.wait_host(requests, nbytes)
+        return own
     if not holds_value(dist, call.rank):
         return None
-    blocks = []
-    for p in mine:
-        buf = memory.host_empty(p.shape, dtype)
-        collectives.recv_host(world, buf, 0)
-        blocks.append(buf)
+    blocks = [memory.host_empty(p.shape, dtype) for p in mine]
+    requests = [q for b in blocks for q in collectives.recv_host_start(world, b, 0)]
+    collectives.wait_host(requests, sum(b.nbytes for b in blocks))
     return blocks
 
 
@@ -112,17 +136,21 @@ def _gather(call):
         return []
     acc_dtype = np.float64 if dist.partial else dtype
     out = np.zeros(dist.shape, dtype=acc_dtype)
-    own = kinds.host_arrays(shard) if 0 in who else None
+    # every block is received at once, into its own buffer, then assembled
+    incoming, requests = [], []
     for r in who:
-        for k, p in enumerate(dist.pieces[r]):
-            if r == 0:
-                block = own[k]
-            else:
+        if r != 0:
+            for p in dist.pieces[r]:
                 block = memory.host_empty(p.shape, dtype)
-                collectives.recv_host(world, block, r)
-            if dist.partial:
-                out += block
-            else:
-                _put_block(out, p, block)
+                incoming.append((p, block))
+                requests += collectives.recv_host_start(world, block, r)
+    own = kinds.host_arrays(shard) if 0 in who else None
+    collectives.wait_host(requests, sum(b.nbytes for _, b in incoming))
+    parts = ([] if own is None else list(zip(dist.pieces[0], own))) + incoming
+    for p, block in parts:
+        if dist.partial:
+            out += block
+        else:
+            _put_block(out, p, block)
     call.result = out.astype(dtype, copy=False)
     return []

@@ -6,6 +6,8 @@ functions validate and dispatch them. This module registers itself with
 the runtime's ledger (which reports a worker's pool in a refusal), so that
 those lower layers never import this one.
 """
+import os
+
 from .. import backend, memory
 from ..comm.control import gather_objects
 from ..errors import OutOfMemoryError
@@ -59,6 +61,27 @@ def _device_free(call):
     return []
 
 
+def _free_memory():
+    """Bytes this worker could still allocate for its kernels: free device memory (GPU) or
+    physical memory (CPU), plus the pool's cached blocks, which it reuses first."""
+    be = backend.current()
+    cached = memory.local_stats()["cached"]
+    if be.is_gpu:
+        free, _ = be.xp.cuda.runtime.memGetInfo()
+    else:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):   # no sysconf: say nothing is known to be free
+            free = 0
+    return int(free) + int(cached)
+
+
+@kernel("memory_available")
+def _available(call):
+    call.result = gather_objects(call.world, _free_memory())
+    return []
+
+
 class _Commands:
     """What dmath.memory's public functions run once dmath is initialised (see set_command_hook)."""
 
@@ -77,6 +100,14 @@ class _Commands:
         for d, held in zip(per_worker, runtime().ledger.per_worker()):
             d["matrices"] = held
         return per_worker
+
+    @staticmethod
+    def available():
+        free = dispatch("memory_available")[1]
+        ledger = runtime().ledger
+        if ledger.limit is None:
+            return free
+        return [max(0, min(f, ledger.limit - held)) for f, held in zip(free, ledger.per_worker())]
 
     @staticmethod
     def clear():

@@ -31,7 +31,7 @@ from ..memory import replicas
 from . import protocol
 from .graphs import Replayer
 from .ledger import Ledger
-from .registry import KERNELS
+from .registry import lookup
 from .shard import Meta
 
 #: how long a failed worker waits for the master to end the job before ending it itself
@@ -40,11 +40,11 @@ FAILED_WORKER_GRACE_S = float(os.environ.get("DMATH_FAILED_WORKER_GRACE_S", "120
 
 class Entry:
     """A registered signature, prepared on every rank; `cache` keeps what kernels derive from it."""
-    __slots__ = ("op", "static", "inputs", "outputs", "in_dists", "out_dists", "kernel", "cache")
+    __slots__ = ("op", "static", "inputs", "outputs", "in_dists", "out_dists", "kernel", "capture_rule", "cache")
 
     def __init__(self, signature, nworkers):
         self.op, self.static, self.inputs, self.outputs = signature
-        self.kernel = KERNELS[self.op]
+        self.kernel, self.capture_rule = lookup(self.op, backend.current().name)
         self.in_dists = tuple(distribution(m.layout, m.shape, nworkers) for m in self.inputs)
         self.out_dists = tuple(distribution(m.layout, m.shape, nworkers) if isinstance(m, Meta) else None
                                for m in self.outputs)
@@ -145,11 +145,13 @@ class Runtime:
         frees, self.pending_frees = self.pending_frees[:protocol.MAX_FREES], self.pending_frees[protocol.MAX_FREES:]
         return frees
 
-    def call(self, op, inputs=(), outputs=(), static=(), scalars=(), payload=None):
+    def call(self, op, inputs=(), outputs=(), static=(), scalars=(), payload=None, pooled=True):
         """Run operation `op` on every worker.
 
         inputs: master-side handles (ints) with their Meta, as (handle, Meta) pairs.
         outputs: a Meta per new matrix, or an int k meaning "overwrite input k in place".
+        pooled: False when the new matrices live outside the pools the memory
+        limit caps (a memory-mapped file): they are not counted against it.
         Returns (output handles, the master's kernel result).
         """
         self.check_usable()
@@ -165,7 +167,7 @@ class Runtime:
         new_outs = [m for m in outputs if isinstance(m, Meta)]
         sig_id = self.sig_ids.get(signature)
         # past the memory limit this raises OutOfMemoryError here, before anything is sent
-        sizes = self.ledger.admit(op, sig_id, new_outs)
+        sizes = self.ledger.admit(op, sig_id, new_outs) if pooled else [(0,) * self.nworkers] * len(new_outs)
         out_handles_new = self.new_handles(len(new_outs))
         self.ledger.add(out_handles_new, sizes)
         it = iter(out_handles_new)

@@ -16,9 +16,10 @@ from .cifar import load_cifar10, read_cifar10_batch
 from .csv_reader import read_csv
 from .errors import DataError
 from .idx import load_mnist, read_idx, write_idx
+from .dataset import Augment, Dataset, Feed
 from .loader import DataLoader
 from .mnist_5k import load_mnist_5k
 from .synthetic import synthetic_classification
 
 __all__ = ["DataError", "read_idx", "write_idx", "load_mnist", "read_csv", "read_cifar10_batch", "load_cifar10",
-           "synthetic_classification", "load_mnist_5k", "DataLoader"]
+           "synthetic_classification", "load_mnist_5k", "DataLoader", "Dataset", "Augment", "Feed"]

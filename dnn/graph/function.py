@@ -20,9 +20,9 @@ class Function:
         forward(*xs)                -> the output dmath.Matrix
         backward(xs, y, gy, needs)  -> a tuple with one gradient (Matrix) or None per input;
                                        needs[i] says whether input i's gradient is wanted
-    and, when a step needs a new value the master chooses (a dropout mask):
-        before_step()               -> write it into a persistent matrix; a Program calls it
-                                       before every step, outside the recorded plan
+    A value that must change at every step (a dropout mask) is computed on the
+    workers from a counter matrix that the forward pass advances in place, so
+    that a recorded step draws a new one at every replay.
     """
 
     name = "function"

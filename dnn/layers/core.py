@@ -6,6 +6,7 @@ from .. import parallel as par
 from ..errors import ConfigError, ShapeError
 from ..ops import Dropout as DropoutFn, Reshape as ReshapeFn, activation as make_activation, linear
 from ..ops.activation import ACTIVATIONS
+from ..ops.dropout import new_counter
 from .base import Layer
 
 
@@ -141,11 +142,13 @@ class Dropout(Layer):
         if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
             raise ConfigError(f"Dropout: seed must be a non-negative integer or None, got {seed!r}")
         self.p, self.seed = float(p), seed
-        self.counter = [0]       # mask steps drawn so far, shared by every graph of this layer
+        self.counter = None      # the (1, 1) matrix of mask steps drawn, shared by every graph of this layer
 
     def forward(self, x, ctx):
         if not ctx.training or self.p == 0.0:
             return x
+        if self.counter is None:
+            self.counter = new_counter()
         return DropoutFn(self.p, self.seed or 0, self.counter).apply(x)
 
     def get_config(self):

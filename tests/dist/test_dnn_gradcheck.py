@@ -132,14 +132,14 @@ def test_losses():
 
 
 def test_dropout_with_a_fixed_mask():
-    counter = [41]
+    counter = dmath.zeros((1, 1), dtype="float64", layout=REP)
 
     def build(x):
         fn = ops.Dropout(0.4, seed=7, counter=counter)
         orig = fn.forward
 
-        def forward(x):   # every evaluation of the check must draw the same mask
-            counter[0] = 41
+        def forward(x):   # every evaluation of the check must draw the same mask (step 42)
+            counter.set((0, 0), 41)
             return orig(x)
         fn.forward = forward
         return fn.apply(x)

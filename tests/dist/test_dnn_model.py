@@ -77,16 +77,17 @@ def _small(record=True, parallel="data", dtype="float64", optimizer=None, dropou
 def test_recorded_steps_equal_eager_steps():
     """Dropout included: each replay must multiply by a new mask, as each eager step does."""
     x, y = _blobs()
+    data = dnn.data.Dataset(x, y)
     rec, eager = _small(record=True, dropout=0.3), _small(record=False, dropout=0.3)
     for m in (rec, eager):
-        m.fit(x, y, batch_size=60, epochs=2, shuffle=True, verbose=0)    # 60 does not divide 256: two plans
-    prog = rec._programs[("train", 60)]
-    assert prog.plan is not None and eager._programs[("train", 60)].plan is None
+        m.fit(data, batch_size=60, epochs=2, shuffle=True, verbose=0)    # 60 does not divide 256: two plans
+    prog = rec._feeds[data].programs[("train", 60)]
+    assert prog.plan is not None and eager._feeds[data].programs[("train", 60)].plan is None
     for a, b in zip(rec.get_weights(), eager.get_weights()):
         np.testing.assert_array_equal(a, b)
     drop = next(n.fn for n in prog.order if isinstance(n.fn, dnn.ops.Dropout))
     plan, before = prog.plan, drop.mask.to_numpy()
-    rec.fit(x[:60], y[:60], batch_size=60, epochs=1, verbose=0)
+    rec.fit(data, batch_size=60, epochs=1, verbose=0)
     assert prog.plan is plan and (drop.mask.to_numpy() != before).any()
 
 

@@ -106,16 +106,25 @@ def test_schedule_configs_round_trip():
 
 
 def test_loss_targets():
+    from dnn.data.dataset import _targets
     ce = losses.get("cross_entropy")
-    np.testing.assert_array_equal(ce.targets(np.array([2, 0]), 3), [[0, 0, 1], [1, 0, 0]])
-    np.testing.assert_array_equal(ce.targets(np.eye(3), 3), np.eye(3))
+    rows, kind, rng = _targets(np.array([2, 0]), 2)
+    assert kind == "labels" and rng == (0, 2) and rows.tolist() == [[2], [0]]
+    assert ce.one_hot(kind, 1, rng, 3) is True                # labels are one-hot encoded on the workers
+    rows, kind, rng = _targets(np.eye(3), 3)
+    assert kind == "rows" and ce.one_hot(kind, 3, rng, 3) is False
+    with pytest.raises(ShapeError, match="labels must be in"):
+        ce.one_hot("labels", 1, _targets(np.array([0, 3]), 2)[2], 3)
+    rows, kind, rng = _targets(np.array([0.5, 1.0]), 2)       # not integer labels: one value per sample
+    assert kind == "rows"
     with pytest.raises(ShapeError):
-        ce.targets(np.array([0, 3]), 3)
+        ce.one_hot(kind, rows.shape[1], rng, 3)
+    rows, kind, rng = _targets(np.array([0, 1, 1]), 3)
+    assert losses.get("binary_cross_entropy").one_hot(kind, rows.shape[1], rng, 1) is False
     with pytest.raises(ShapeError):
-        ce.targets(np.array([0.5, 1.0]), 3)
-    assert losses.get("binary_cross_entropy").targets(np.array([0, 1, 1]), 1).shape == (3, 1)
-    with pytest.raises(ShapeError):
-        losses.get("mse").targets(np.zeros((4, 2)), 3)
+        losses.get("mse").one_hot("rows", 2, None, 3)
+    with pytest.raises(ShapeError, match="targets for"):
+        _targets(np.zeros(4), 5)
     with pytest.raises(ConfigError):
         losses.get("hinge")
 

@@ -1,0 +1,273 @@
+"""Batches made on the workers from a resident dataset: permutations, row gathers, image transforms.
+
+A dataset lives on the workers as a matrix of samples (one row each),
+Replicated over the batch's workers, so every worker can take any sample
+without communication. A training step then needs no bytes from the master:
+
+- `nn_permutation` writes the epoch's order into a (1, N) float64 matrix,
+  computed on every worker from a key of integers alone (NumPy's PCG64 on
+  the host, so any backend and worker count draws the same order);
+- `nn_take_rows` overwrites a batch matrix with the samples
+  order[position + i], the position read from a (1, 1) counter matrix on
+  the device, so a recorded step that advances the counter in place gathers
+  the next batch at every replay. With a device-resident source it is pure
+  device work (capturable); a source in host memory or in a mapped file is
+  gathered on the host, the next batch read ahead on a background thread;
+- `nn_transform_images` shifts (random crop with zero padding), mirrors and
+  normalises image rows, the random draws a hash of (seed, the sample's
+  position in the stream of samples drawn so far, lane): independent of
+  how the batch is split over workers.
+"""
+import threading
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import backend, memory
+from ..layout import indexset as ix
+from ..memory import kinds
+from ..runtime import kernel
+from . import nn_rows as rows
+from .creation import _U, _uniform, stream_key
+
+#: generator lanes of the transform draws (dmath.random uses 0 and 1, dropout 2)
+SHIFT_Y_LANE, SHIFT_X_LANE, FLIP_LANE = 3, 4, 5
+
+
+# ---- permutations -----------------------------------------------------------------
+def permutation_values(n, key):
+    """The permutation of range(n) that `key` (a tuple of non-negative ints; () = identity) decides."""
+    if not key:
+        return np.arange(n, dtype=np.float64)
+    gen = np.random.Generator(np.random.PCG64(np.random.SeedSequence([int(k) for k in key])))
+    return gen.permutation(n).astype(np.float64)
+
+
+@kernel("nn_permutation")
+def _permutation(call):
+    """Input 0 (1, n) float64, overwritten in place; scalars = the key (empty: the identity)."""
+    target = call.inputs[0]
+    dist = target.dist
+    if not dist.pieces[call.rank]:
+        return [target]
+    values = permutation_values(dist.shape[1], call.scalars).reshape(1, -1)
+    be = backend.current()
+    for a, p in zip(target.pieces, dist.pieces[call.rank]):
+        block = values[ix.selection(p.rows), ix.selection(p.cols)]
+        a[...] = be.asarray(np.ascontiguousarray(block, dtype=a.dtype))
+    return [target]
+
+
+# ---- gathering a batch ----------------------------------------------------------------
+def held_on_host(shard):
+    """True when the shard's values live in host memory that kernels must not pull whole to the
+    device: a GPU's 'host' or 'managed' kind, or a memory-mapped file."""
+    return shard.home is not None or isinstance(shard.pieces[0] if shard.pieces else None, np.memmap)
+
+
+def _batch_geometry(call):
+    """(first global row of this worker's block of the batch, its number of rows) or None."""
+    out = call.inputs[0]
+    pieces = out.dist.pieces[call.rank]
+    if not pieces:
+        return None
+    rows_ = pieces[0].rows
+    return (rows_[0][0] if rows_ else 0), pieces[0].shape[0]
+
+
+def _write_rows(out, values, one_hot, xp):
+    """out[...] = values (rows of samples) or the one-hot rows of class labels (values (m, 1))."""
+    if one_hot:
+        out.fill(0)
+        if out.shape[0]:
+            out[xp.arange(out.shape[0]), values.reshape(-1).astype(xp.int64)] = 1
+    else:
+        out[...] = values
+
+
+class _ReadAhead:
+    """The next batch of a host-held source, gathered on a background thread while the step runs.
+
+    A dataset in host memory (or a mapped file) is read one batch ahead:
+    after serving rows starting at `pos`, the rows at `pos + m` (the next
+    step of the same batch size) are gathered into a second staging buffer.
+    A guess that does not come true (a new epoch, another batch size) costs
+    nothing but the wasted read: the rows are then gathered in the caller.
+    """
+
+    def __init__(self):
+        self.key = None
+        self.thread = None
+        self.result = None
+
+    def take(self, key, gather):
+        """The rows for `key`, from the read-ahead when it guessed `key`, else gathered now."""
+        if self.thread is not None:
+            self.thread.join()
+            self.thread = None
+            if self.key == key and self.result is not None:
+                return self.result
+        return gather()
+
+    def start(self, key, gather):
+        self.key, self.result = key, None
+
+        def run():
+            self.result = gather()
+        self.thread = threading.Thread(target=run, name="dmath-read-ahead", daemon=True)
+        self.thread.start()
+
+
+def _host_order(call, order_shard):
+    """The order as a host float64 vector, fetched once per version of the order matrix."""
+    cache = call.entry.cache
+    version = order_shard.version
+    if cache.get("order_version") != version:
+        cache["order_host"] = np.concatenate([a.reshape(-1) for a in kinds.host_arrays(order_shard)])
+        cache["order_version"] = version
+    return cache["order_host"]
+
+
+def _gather_host(source, idx, dtype):
+    """Rows `idx` of the host array `source` as a fresh host array of `dtype` (pinned on a GPU)."""
+    buf = memory.host_empty((len(idx), source.shape[1]), dtype)
+    if len(idx):
+        if source.dtype == dtype:
+            np.take(source, idx, axis=0, out=buf)
+        else:
+            buf[...] = source[idx]
+    return buf
+
+
+@kernel("nn_take_rows", capturable=lambda entry: entry.cache.get("device_source", True))
+def _take_rows(call):
+    """inputs: out (batch, written in place), source (N, F), order (1, N) float64, position (1, 1);
+    static = (one_hot,): out[i] = source[order[position + i]] (one-hot of that label when one_hot).
+
+    Only the rows of this worker's block of the batch are taken.
+    """
+    xp = backend.current().xp
+    out, source, order, position = call.inputs
+    (one_hot,) = call.entry.static
+    on_host = held_on_host(source)
+    # decided from the memory kind, the same on every rank (read by the capture rule)
+    call.entry.cache["device_source"] = not on_host
+    geo = _batch_geometry(call)
+    if geo is None:
+        return [out]
+    r0, m = geo
+    target = out.pieces[0]
+    if not on_host:
+        # resident on the device: every index stays there (no synchronisation, capturable)
+        offsets = call.entry.cache.get("offsets")
+        if offsets is None:
+            offsets = call.entry.cache["offsets"] = xp.arange(r0, r0 + m, dtype=xp.float64)
+        slots = (position.pieces[0].reshape(1) + offsets).astype(xp.int64)
+        idx = order.pieces[0].reshape(-1)[slots].astype(xp.int64)
+        _write_rows(target, source.pieces[0][idx], one_hot, xp)
+        return [out]
+    # held in host memory (a GPU's pinned 'host' kind, or a memory-mapped file): gather on the host
+    order_host = _host_order(call, order)
+    pos = int(kinds.host_arrays(position)[0].reshape(-1)[0])
+    host_src = source.home.host[0] if source.home is not None else source.pieces[0]
+    n = order_host.size
+    ahead = call.entry.cache.get("read_ahead")
+    if ahead is None:
+        ahead = call.entry.cache["read_ahead"] = _ReadAhead()
+    stype = np.dtype(target.dtype)
+
+    def gather_at(p):
+        return lambda: _gather_host(host_src, order_host[p + r0:p + r0 + m].astype(np.int64), stype)
+    block = ahead.take((pos, order.version), gather_at(pos))
+    _write_rows(target, backend.current().asarray(block), one_hot, xp)
+    if pos + r0 + 2 * m <= n:
+        ahead.start((pos + m, order.version), gather_at(pos + m))
+    return [out]
+
+
+# ---- image transforms -------------------------------------------------------------------
+def draws(xp, seed, counter, first_row, m, shift, flip):
+    """Per-sample random (dy, dx, flip) of the rows first_row .. first_row + m - 1 of a batch.
+
+    counter: the number of samples drawn before the batch (a device scalar);
+    a sample's draws depend on (seed, counter + its row, lane) only.
+    """
+    q = (counter.reshape(1).astype(_U) + xp.arange(first_row, first_row + m, dtype=_U))
+    out = []
+    with np.errstate(over="ignore"):
+        for lane, span in ((SHIFT_Y_LANE, shift), (SHIFT_X_LANE, shift)):
+            if span:
+                u = _uniform(xp, q, _U(stream_key(seed, 0, lane)))
+                out.append(xp.floor(u * (2 * span + 1)).astype(xp.int32) - span)
+            else:
+                out.append(xp.zeros(m, dtype=xp.int32))
+        if flip:
+            out.append((_uniform(xp, q, _U(stream_key(seed, 0, FLIP_LANE))) < 0.5).astype(xp.int8))
+        else:
+            out.append(xp.zeros(m, dtype=xp.int8))
+    return out
+
+
+class ImageTransform(NamedTuple):
+    """What nn_transform_images does to each (C, H, W) sample row (the static part of its signature)."""
+    image: tuple          # (C, H, W)
+    shift: int            # largest random shift in pixels each way (0: none)
+    flip: bool            # mirror left-right with probability 1/2
+    scale: float          # applied to the raw values first
+    mean: tuple           # per channel, subtracted after scaling
+    std: tuple            # per channel, divided by last
+
+    @property
+    def random(self):
+        return bool(self.shift or self.flip)
+
+
+def _affine(t, cdt):
+    """(scale, mean (C,), 1/std (C,)) of transform `t` as host values of the compute dtype."""
+    return (cdt.type(t.scale), np.asarray(t.mean, dtype=cdt),
+            (1.0 / np.asarray(t.std, dtype=np.float64)).astype(cdt))
+
+
+def source_pixels(xp, t, dy, dx, fl):
+    """Per sample, the source row (m, H) and column (m, W) of every output pixel, unclipped."""
+    _, h, w = t.image
+    ys = xp.arange(h, dtype=xp.int32)[None, :] - dy[:, None]
+    cols = xp.arange(w, dtype=xp.int32)[None, :]
+    xs = xp.where(fl[:, None] != 0, w - 1 - cols, cols) - dx[:, None]
+    return ys, xs
+
+
+@kernel("nn_transform_images", capturable=True)
+def _transform_images(call):
+    """inputs X[, counter (1, 1)]; output Y of X's shape and layout; static = (ImageTransform,);
+    scalars = (seed,).
+
+    Y(h, w) = (s X(h - dy, w' - dx) - mean_c) / std_c, with w' = W - 1 - w
+    when the sample is mirrored, and s X = 0 where (h - dy, w' - dx) falls
+    outside the image (zero padding: a padded random crop).
+    """
+    xp = backend.current().xp
+    src = call.inputs[0]
+    x = rows.local(src)
+    if x is None:
+        return rows.nothing_here(call)
+    (t,) = call.entry.static
+    c, h, w = t.image
+    m = x.shape[0]
+    (out,) = rows.new_output(call, 0)
+    cdt = rows.compute_dtype(x.dtype)
+    scale, mean, inv_std = _affine(t, cdt)
+    x4 = x.reshape(m, c, h, w)
+    if t.random and m:
+        r0 = src.dist.pieces[call.rank][0].rows[0][0]
+        dy, dx, fl = draws(xp, int(call.scalars[0]), rows.local(call.inputs[1]), r0, m, t.shift, t.flip)
+        ys, xs = source_pixels(xp, t, dy, dx, fl)
+        valid = ((ys >= 0) & (ys < h))[:, None, :, None] & ((xs >= 0) & (xs < w))[:, None, None, :]
+        g = x4[xp.arange(m)[:, None, None, None], xp.arange(c)[None, :, None, None],
+               xp.clip(ys, 0, h - 1)[:, None, :, None], xp.clip(xs, 0, w - 1)[:, None, None, :]]
+        g = xp.where(valid, g.astype(cdt), cdt.type(0))
+    else:
+        g = x4.astype(cdt, copy=False)
+    y4 = out.reshape(m, c, h, w)
+    y4[...] = (g * scale - xp.asarray(mean).reshape(1, c, 1, 1)) * xp.asarray(inv_std).reshape(1, c, 1, 1)
+    return [rows.shard(call, 0, [out])]

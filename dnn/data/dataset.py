@@ -1,0 +1,502 @@
+"""Datasets that live on the workers: placed once, batched, shuffled and augmented there.
+
+    train = dnn.data.Dataset(x, y, augment=dnn.data.Augment(shift=2))     # numpy arrays, placed once
+    test = dnn.data.Dataset.from_mnist("/data/mnist", split="test")        # workers read the files
+    big = dnn.data.Dataset.from_npy("/shared/x.npy", y, placement="mapped")
+    model.fit(train, epochs=5, validation_data=test)
+
+The samples are a matrix of one row per sample, Replicated on every worker,
+so each worker takes the samples of its rows of a batch without asking
+anyone (dMath's data residency: the master never ships sample bytes per
+step). Where they are kept is the placement:
+
+    'device'  device memory (on the CPU backend: the workers' memory)
+    'host'    pinned host memory on each worker; each batch is gathered there
+              and copied to the device, the next one read ahead
+    'mapped'  a .npy file that every worker maps; batches read from it on use
+    'auto'    'device' when the set takes at most DEVICE_SHARE of the memory
+              every worker has free (dmath.memory.available()), else 'mapped'
+              for a file and 'host' for arrays
+
+A model draws batches through a `Feed` (its order, position and counter
+matrices, see `Feed`); the order of an epoch depends only on a key of
+integers (the seeds and the epoch number), so every worker count gives the
+same batches, and augmentation draws depend on each sample's place in the
+stream of samples, never on which worker holds it.
+"""
+import math
+import numbers
+import os
+
+import numpy as np
+
+import dmath
+
+from ..errors import ConfigError, ShapeError
+from .errors import DataError
+from .files import find_file
+from .idx import IDX_TYPES, MNIST_FILES, read_idx
+
+PLACEMENTS = ("auto", "device", "host", "mapped")
+#: 'auto' keeps a dataset on the device when it takes at most this share of every worker's free memory
+DEVICE_SHARE = 0.5
+#: float16 stores every integer up to this exactly (pixel values, small counts)
+_F16_EXACT = 2048
+#: float32 stores every integer up to this exactly (class labels)
+_F32_EXACT = 2 ** 24
+
+
+class Augment:
+    """Random augmentation of image samples in training (never in evaluation).
+
+    shift: each image moves by a random (dy, dx) in [-shift, shift]^2 with
+    zeros moved in: a random crop of the image padded by `shift` pixels
+    (CIFAR's pad-4 crop is shift=4). flip: mirror left-right with
+    probability 1/2. The draws of a sample depend on the seed and its place
+    in the stream of samples only.
+    """
+
+    def __init__(self, shift=0, flip=False):
+        if isinstance(shift, bool) or not isinstance(shift, numbers.Integral) or shift < 0:
+            raise ConfigError(f"Augment: shift must be a non-negative integer, got {shift!r}")
+        self.shift, self.flip = int(shift), bool(flip)
+
+    @property
+    def active(self):
+        return bool(self.shift or self.flip)
+
+    def __repr__(self):
+        return f"Augment(shift={self.shift}, flip={self.flip})"
+
+
+def _per_channel(value, what):
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        vals = (float(value),)
+    else:
+        try:
+            vals = tuple(float(v) for v in value)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"Dataset: {what} must be a number or one number per channel, got {value!r}") from exc
+    if not vals or not all(math.isfinite(v) for v in vals):
+        raise ConfigError(f"Dataset: {what} must be finite numbers, got {value!r}")
+    return vals
+
+
+class _Store:
+    """The placed matrices shared by a dataset and its views (split)."""
+
+    def __init__(self, x, y, y_kind, label_range, placement):
+        self.x, self.y, self.y_kind, self.label_range, self.placement = x, y, y_kind, label_range, placement
+
+
+class Dataset:
+    """Samples (and targets) placed on the workers once; see the module docstring.
+
+    Args:
+        x: numpy array (N, ...) of samples (N, C, H, W for images).
+        y: None, 1-D class labels (N,), or target rows (N, T).
+        sample_shape: the shape of one sample (default: x.shape[1:]).
+        dtype: what the samples are stored as (default: x's float dtype;
+            integers that float16 holds exactly, such as uint8 pixels, as
+            float16; other integers as float32). Batches are converted to
+            the model's dtype on the device.
+        placement: 'auto', 'device', 'host' (see the module docstring).
+        augment: an Augment applied to training batches.
+        scale, mean, std: every batch (training and evaluation) becomes
+            (scale * x - mean) / std, mean and std per channel (or one value).
+    """
+
+    def __init__(self, x, y=None, *, sample_shape=None, dtype=None, placement="auto", augment=None,
+                 scale=1.0, mean=0.0, std=1.0):
+        _ensure_runtime()
+        x = _samples(x)
+        self._place(x, _targets(y, len(x)), sample_shape, dtype, placement, augment, scale, mean, std)
+
+    def _place(self, x, targets, sample_shape=None, dtype=None, placement="auto", augment=None,
+               scale=1.0, mean=0.0, std=1.0):
+        """Place checked samples x and targets (from `_targets`) on the workers."""
+        placement = _check_placement(placement, allow_mapped=False)
+        dtype = _storage_dtype(x, dtype)
+        sample_shape = _sample_shape(sample_shape, x)
+        flat = x.reshape(len(x), -1)
+        kind = _memory_kind(placement, flat.shape[0] * flat.shape[1] * np.dtype(dtype).itemsize)
+        xm = dmath.from_numpy(flat, layout=dmath.Replicated(), dtype=dtype, memory=kind)
+        self._init(_Store(xm, *_place_targets(targets), "device" if kind is None else "host"),
+                   0, len(x), sample_shape, augment, scale, mean, std)
+
+    # ---- other sources ------------------------------------------------------------------------
+    @classmethod
+    def from_npy(cls, path, y=None, *, sample_shape=None, dtype=None, placement="auto", augment=None,
+                 scale=1.0, mean=0.0, std=1.0):
+        """Samples from a .npy file that every worker reads itself (a shared file system).
+
+        placement 'mapped' (or 'auto' when the set does not fit the device)
+        maps the file on every worker: batches are read from it on use, the
+        next one ahead. y: labels or targets as numpy arrays (small: placed
+        from the master).
+        """
+        _ensure_runtime()
+        from dmath.ops.files import npy_spec     # the header is checked before anything is sent
+        try:
+            spec = npy_spec(os.fspath(path))
+        except dmath.DMathError as exc:
+            raise DataError(str(exc)) from exc
+        placement = _check_placement(placement, allow_mapped=True)
+        with open(spec.path, "rb") as f:
+            shape = _npy_shape(f)
+        n = spec.rows if len(shape) > 1 else 1
+        sample_shape = tuple(sample_shape) if sample_shape is not None else (tuple(shape[1:]) or (spec.cols,))
+        if math.prod(sample_shape) != spec.cols:
+            raise ShapeError(f"Dataset.from_npy: sample_shape {sample_shape} has {math.prod(sample_shape)} values, "
+                             f"the file's samples {spec.cols}")
+        stored = np.dtype(spec.file_dtype)
+        if dtype is None:
+            dtype = stored.name if stored.name in dmath.DTYPES else "float32"
+        nbytes = n * spec.cols * np.dtype(dtype).itemsize
+        if placement == "auto":
+            placement = "device" if _fits(nbytes) else "mapped"
+        y_matrix, y_kind, label_range = _place_targets(_targets(y, n))
+        try:
+            if placement == "mapped":
+                xm = dmath.from_file(spec.path, dtype=dtype, layout=dmath.Replicated(), memory="host", mapped=True)
+            else:
+                xm = dmath.from_file(spec.path, dtype=dtype, layout=dmath.Replicated(),
+                                     memory=_memory_kind(placement, nbytes))
+        except dmath.DMathError as exc:
+            raise DataError(str(exc)) from exc
+        ds = cls.__new__(cls)
+        ds._init(_Store(xm, y_matrix, y_kind, label_range, placement), 0, n, sample_shape, augment, scale, mean, std)
+        return ds
+
+    @classmethod
+    def from_mnist(cls, directory, split="train", *, placement="auto", augment=None):
+        """An MNIST split from the standard IDX files in `directory` (x in [0, 1], (1, 28, 28) samples).
+
+        Uncompressed image files are read by every worker itself (stored as
+        float16 pixel values 0..255, exact, scaled on the device); gzipped
+        ones are decompressed on the master and placed from there.
+        """
+        if split not in ("train", "test"):
+            raise ConfigError(f"Dataset.from_mnist: split must be 'train' or 'test', got {split!r}")
+        _ensure_runtime()
+        images = find_file(directory, MNIST_FILES[f"{split}_images"], "Dataset.from_mnist")
+        labels = read_idx(find_file(directory, MNIST_FILES[f"{split}_labels"], "Dataset.from_mnist"))
+        if labels.ndim != 1 or labels.dtype != np.uint8 or (labels.size and labels.max() > 9):
+            raise DataError(f"{directory}: MNIST labels must be a 1-D uint8 array of digits")
+        if images.endswith(".gz"):
+            pixels = read_idx(images)
+            if pixels.shape[0] != labels.size:
+                raise DataError(f"{images}: {pixels.shape[0]} images but {labels.size} labels")
+            return cls(pixels[:, None], labels.astype(np.int64), placement=placement, augment=augment,
+                       scale=1 / 255)
+        shape, offset = _idx_header(images, np.dtype(">u1"))
+        if len(shape) != 3 or shape[0] != labels.size:
+            raise DataError(f"{images}: expected {labels.size} images of 28x28, the header says {shape}")
+        placement = _check_placement(placement, allow_mapped=False)
+        n, features = shape[0], shape[1] * shape[2]
+        try:
+            xm = dmath.from_file(images, shape=(n, features), file_dtype="uint8", offset=offset, dtype="float16",
+                                 layout=dmath.Replicated(), memory=_memory_kind(placement, n * features * 2))
+        except dmath.DMathError as exc:
+            raise DataError(str(exc)) from exc
+        y_matrix, y_kind, label_range = _place_targets(_targets(labels.astype(np.int64), n))
+        ds = cls.__new__(cls)
+        ds._init(_Store(xm, y_matrix, y_kind, label_range, placement), 0, n, (1, shape[1], shape[2]),
+                 augment, 1 / 255, 0.0, 1.0)
+        return ds
+
+    # ---- views --------------------------------------------------------------------------------
+    def _init(self, store, lo, hi, sample_shape, augment, scale, mean, std):
+        if augment is not None and not isinstance(augment, Augment):
+            raise ConfigError(f"Dataset: augment must be a dnn.data.Augment, got {augment!r}")
+        self._store, self.lo, self.hi = store, lo, hi
+        self.sample_shape = tuple(int(v) for v in sample_shape)
+        self.augment = augment if augment is not None and augment.active else None
+        if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
+            raise ConfigError(f"Dataset: scale must be a finite number, got {scale!r}")
+        self.scale = float(scale)
+        self.mean, self.std = _per_channel(mean, "mean"), _per_channel(std, "std")
+        if min(self.std) <= 0:
+            raise ConfigError(f"Dataset: std must be positive, got {std!r}")
+        image = self.image_shape
+        for vals, what in ((self.mean, "mean"), (self.std, "std")):
+            if len(vals) not in (1, image[0]):
+                raise ConfigError(f"Dataset: {what} has {len(vals)} values for {image[0]} channels")
+        if self.augment is not None:
+            if len(self.sample_shape) != 3:
+                raise ConfigError(f"Dataset: augment needs image samples (C, H, W), got {self.sample_shape}")
+            if self.augment.shift >= min(image[1], image[2]):
+                raise ConfigError(f"Dataset: augment shift {self.augment.shift} does not fit {image[1]}x{image[2]} "
+                                  f"images")
+
+    def split(self, fraction):
+        """(first, last): the last `fraction` of the samples (in their stored order) becomes a second
+        dataset, as Keras's validation_split; both share the placed matrices, nothing is copied.
+        The second never augments."""
+        if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or not 0 < fraction < 1:
+            raise ConfigError(f"validation_split must be a number in (0, 1), got {fraction!r}")
+        cut = self.hi - int(round(len(self) * float(fraction)))
+        if cut <= self.lo or cut >= self.hi:
+            raise ConfigError(f"validation_split={fraction} leaves no samples on one side of {len(self)}")
+        first, last = (Dataset.__new__(Dataset) for _ in range(2))
+        first._init(self._store, self.lo, cut, self.sample_shape, self.augment, self.scale, self.mean, self.std)
+        last._init(self._store, cut, self.hi, self.sample_shape, None, self.scale, self.mean, self.std)
+        return first, last
+
+    # ---- what models ask ----------------------------------------------------------------------
+    def __len__(self):
+        return self.hi - self.lo
+
+    @property
+    def features(self):
+        return self._store.x.shape[1]
+
+    @property
+    def image_shape(self):
+        """(C, H, W) of a sample; (1, 1, features) for flat samples."""
+        return self.sample_shape if len(self.sample_shape) == 3 else (1, 1, self.features)
+
+    @property
+    def placement(self):
+        return self._store.placement
+
+    @property
+    def x(self):
+        """The samples matrix (all of the stored rows; this dataset is rows lo..hi-1)."""
+        return self._store.x
+
+    @property
+    def y(self):
+        return self._store.y
+
+    @property
+    def y_kind(self):
+        """None (no targets), 'labels' (integer classes, (N, 1)) or 'rows' ((N, T) targets)."""
+        return self._store.y_kind
+
+    @property
+    def label_range(self):
+        return self._store.label_range
+
+    @property
+    def normalizes(self):
+        return self.scale != 1.0 or any(self.mean) or any(s != 1.0 for s in self.std)
+
+    def feed(self):
+        """A new Feed: the order, position and counter matrices a model draws batches through."""
+        return Feed(self)
+
+    def __repr__(self):
+        return (f"dnn.data.Dataset({len(self)} samples of {self.sample_shape}, targets {self.y_kind}, "
+                f"placement {self.placement!r}{', ' + repr(self.augment) if self.augment else ''})")
+
+
+class Feed:
+    """A model's cursor over a dataset: the epoch's order and the counters a recorded step reads.
+
+    order (1, N) float64: the epoch's sample rows (a permutation of the
+    dataset's rows); position (1, 1): where the next batch starts in the
+    order; drawn (1, 1): samples drawn before this epoch and step (the
+    augmentation key). All three live on the workers, Replicated: a step
+    reads them on the device and advances position and drawn in place, so
+    a replayed step takes the next batch without a message. A Feed keeps
+    the dataset's matrices, not the Dataset object: a model holds its feeds
+    weakly by dataset, and they go when the dataset does.
+    """
+
+    def __init__(self, dataset):
+        self.store, self.lo, self.n = dataset._store, dataset.lo, len(dataset)
+        self.image_shape, self.augment = dataset.image_shape, dataset.augment
+        self.scale, self.mean, self.std = dataset.scale, dataset.mean, dataset.std
+        self.normalizes = dataset.normalizes
+        rep = dmath.Replicated()
+        self.order = dmath.zeros((1, self.n), dtype="float64", layout=rep)
+        self.position = dmath.zeros((1, 1), dtype="float64", layout=rep)
+        self.drawn = dmath.zeros((1, 1), dtype="float64", layout=rep)
+        self.programs = {}       # (kind, batch) -> the model's dnn.programs.Program on this feed
+
+    def start_epoch(self, key, epoch):
+        """Order the samples by `key` (None: stored order) and rewind: a few small commands."""
+        dmath.random.permutation(self.n, key=() if key is None else key, out=self.order)
+        if self.lo:
+            self.order += float(self.lo)
+        self.position.set((0, 0), 0.0)
+        self.drawn.set((0, 0), float(epoch) * self.n)
+
+    def batch_x(self, out, training, seed):
+        """Recordable: the next batch's samples into `out`, then transformed; returns the model's input."""
+        dmath.nn.take_rows(self.store.x, self.order, self.position, out)
+        augment = self.augment if training else None
+        if augment is None and not self.normalizes:
+            return out
+        c, h, w = self.image_shape
+        mean = self.mean if len(self.mean) == c else self.mean * c
+        std = self.std if len(self.std) == c else self.std * c
+        return dmath.nn.transform_images(out, self.image_shape, shift=augment.shift if augment else 0,
+                                         flip=bool(augment and augment.flip), scale=self.scale, mean=mean,
+                                         std=std, counter=self.drawn if augment else None, seed=seed)
+
+    def batch_y(self, out, one_hot):
+        """Recordable: the next batch's targets into `out` (one-hot rows of labels when one_hot)."""
+        dmath.nn.take_rows(self.store.y, self.order, self.position, out, one_hot=one_hot)
+
+    def advance(self, batch):
+        """Recordable: the next batch starts `batch` samples later."""
+        self.position += float(batch)
+        self.drawn += float(batch)
+
+
+# ---- helpers -----------------------------------------------------------------------------------
+def _ensure_runtime():
+    if not dmath.is_initialized():
+        dmath.init()
+
+
+def _samples(x):
+    if isinstance(x, dmath.Matrix):
+        raise ConfigError("Dataset: pass the samples as a numpy array (or use Dataset.from_npy)")
+    x = np.asarray(x)
+    if x.ndim < 1 or len(x) == 0:
+        raise DataError(f"Dataset: x must hold at least one sample, got shape {x.shape}")
+    if x.ndim == 1:
+        x = x[:, None]
+    if x.dtype.kind not in "iuf":
+        raise DataError(f"Dataset: samples must be real numbers, got dtype {x.dtype}")
+    if x.dtype.kind == "f":
+        bad = ~np.isfinite(x.reshape(len(x), -1)).all(axis=1)
+        if bad.any():
+            rows = np.flatnonzero(bad)
+            raise DataError(f"Dataset: {rows.size} sample(s) hold NaN or infinity, the first at index {rows[0]}")
+    return x
+
+
+def _storage_dtype(x, dtype):
+    if dtype is not None:
+        try:
+            name = np.dtype(dtype).name
+        except TypeError as exc:
+            raise ConfigError(f"Dataset: unknown dtype {dtype!r}") from exc
+        if name not in dmath.DTYPES:
+            raise ConfigError(f"Dataset: dtype must be one of {dmath.DTYPES}, got {name}")
+        return name
+    if x.dtype.name in dmath.DTYPES:
+        return x.dtype.name
+    if x.dtype.kind in "iu" and (x.size == 0 or (x.min() >= -_F16_EXACT and x.max() <= _F16_EXACT)):
+        return "float16"
+    return "float32"
+
+
+def _sample_shape(sample_shape, x):
+    shape = tuple(x.shape[1:]) if sample_shape is None else tuple(sample_shape)
+    if math.prod(shape) != math.prod(x.shape[1:]):
+        raise ShapeError(f"Dataset: sample_shape {shape} has {math.prod(shape)} values, samples have "
+                         f"{math.prod(x.shape[1:])}")
+    return shape
+
+
+def _check_placement(placement, allow_mapped):
+    ok = PLACEMENTS if allow_mapped else tuple(p for p in PLACEMENTS if p != "mapped")
+    if placement not in ok:
+        raise ConfigError(f"Dataset: placement must be one of {ok}, got {placement!r}"
+                          + ("" if allow_mapped else " ('mapped' needs a file: Dataset.from_npy)"))
+    return placement
+
+
+def _fits(nbytes):
+    return nbytes <= DEVICE_SHARE * min(dmath.memory.available())
+
+
+def _memory_kind(placement, nbytes):
+    """The memory kind of the samples: None (the default, device) or 'host'."""
+    if placement == "auto":
+        placement = "device" if _fits(nbytes) else "host"
+    return None if placement == "device" else "host"
+
+
+def _targets(y, n):
+    """(rows (n, T) numpy, kind, (min, max) of labels) of the targets y, checked; (None, None, None) for none.
+
+    kind 'labels': 1-D integer classes, stored as one value per sample;
+    'rows': anything else, T values per sample.
+    """
+    if y is None:
+        return None, None, None
+    if isinstance(y, dmath.Matrix):
+        raise ConfigError("Dataset: pass the targets as a numpy array")
+    y = np.asarray(y)
+    if y.ndim == 0 or len(y) != n:
+        raise ShapeError(f"{0 if y.ndim == 0 else len(y)} targets for {n} samples")
+    if y.dtype.kind not in "iufb":
+        raise DataError(f"Dataset: targets must be numbers (class labels or target rows), got dtype {y.dtype}")
+    if y.ndim == 1 and (y.dtype.kind in "iub" or (n and np.all(np.isfinite(y)) and np.all(np.mod(y, 1) == 0))):
+        labels = y.astype(np.int64)
+        lo, hi = (int(labels.min()), int(labels.max())) if n else (0, 0)
+        return labels[:, None], "labels", (lo, hi)
+    rows = y.reshape(n, -1)
+    if rows.dtype.kind == "f" and not np.isfinite(rows).all():
+        bad = np.flatnonzero(~np.isfinite(rows).all(axis=1))
+        raise DataError(f"Dataset: {bad.size} target row(s) hold NaN or infinity, the first at index {bad[0]}")
+    return rows, "rows", None
+
+
+def _place_targets(targets):
+    """(matrix or None, kind, label range) of checked targets: Replicated on every worker."""
+    rows, kind, label_range = targets
+    if rows is None:
+        return None, None, None
+    if kind == "labels":
+        if label_range[0] < 0:
+            raise DataError(f"Dataset: class labels must be non-negative, found {label_range[0]}")
+        dtype = "float32" if label_range[1] < _F32_EXACT else "float64"
+    else:
+        dtype = "float64" if rows.dtype == np.float64 else "float32"
+    return dmath.from_numpy(rows, layout=dmath.Replicated(), dtype=dtype), kind, label_range
+
+
+def _npy_shape(f):
+    version = np.lib.format.read_magic(f)
+    read = np.lib.format.read_array_header_1_0 if version == (1, 0) else np.lib.format.read_array_header_2_0
+    return read(f)[0]
+
+
+def _idx_header(path, expected):
+    """(shape, data offset) of an uncompressed IDX file holding `expected` values; checks its size."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(4)
+            if len(head) < 4 or head[0] or head[1] or IDX_TYPES.get(head[2]) != expected or head[3] == 0:
+                raise DataError(f"{path}: not an IDX file of {expected.name} values (header {head.hex()})")
+            dims = np.frombuffer(f.read(4 * head[3]), dtype=">u4")
+            size = os.fstat(f.fileno()).st_size
+    except OSError as exc:
+        raise DataError(f"{path}: cannot be read ({exc})") from exc
+    if dims.size != head[3] or 0 in dims:
+        raise DataError(f"{path}: truncated or empty IDX header")
+    offset = 4 + 4 * head[3]
+    need = offset + int(np.prod(dims, dtype=np.int64)) * expected.itemsize
+    if size != need:
+        raise DataError(f"{path}: {size:,} bytes, the IDX header announces {need:,}")
+    return tuple(int(d) for d in dims), offset
+
+
+def as_dataset(x, y, what="x", check=None):
+    """`x` itself when it is a Dataset (then y must be None), else a Dataset of the arrays (x, y).
+
+    check(features, targets kind, values per target, label range) runs
+    before arrays are placed on the workers (a mistake then sends nothing).
+    """
+    if isinstance(x, Dataset):
+        if y is not None:
+            raise ConfigError(f"{what}: a Dataset carries its own targets; pass y=None")
+        if check is not None:
+            check(x.features, x.y_kind, x.y.shape[1] if x.y is not None else 0, x.label_range)
+        return x
+    _ensure_runtime()
+    x = _samples(x)
+    targets = _targets(y, len(x))
+    if check is not None:
+        rows, kind, label_range = targets
+        check(math.prod(x.shape[1:]), kind, rows.shape[1] if rows is not None else 0, label_range)
+    ds = Dataset.__new__(Dataset)
+    ds._place(x, targets)
+    return ds
