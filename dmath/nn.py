@@ -229,10 +229,18 @@ def _geometry(image, kernel_hw, stride, padding, dilation, what):
     return g
 
 
+def _groups(groups, channels, k, what):
+    groups = _int(groups, f"{what}: groups", 1)
+    if channels % groups or k % groups:
+        raise ShapeError(f"{what}: groups={groups} must divide the input channels ({channels}) and the "
+                         f"kernels ({k})")
+    return groups
+
+
 def _conv_kernel_hw(w_cols, channels, kernel_hw, what):
     if w_cols % channels:
-        raise ShapeError(f"{what}: W has {w_cols} columns, not a multiple of C={channels} "
-                         f"(W is (K, C*kh*kw))")
+        raise ShapeError(f"{what}: W has {w_cols} columns, not a multiple of C/groups={channels} "
+                         f"(W is (K, C/groups*kh*kw))")
     taps = w_cols // channels
     if kernel_hw is None:
         side = math.isqrt(taps)
@@ -246,19 +254,24 @@ def _conv_kernel_hw(w_cols, channels, kernel_hw, what):
     return (kh, kw)
 
 
-def conv2d(x, w, b, image_shape, stride=(1, 1), padding=(0, 0), dilation=(1, 1), kernel_hw=None):
+def conv2d(x, w, b, image_shape, stride=(1, 1), padding=(0, 0), dilation=(1, 1), kernel_hw=None, groups=1):
     """2-D convolution (cross-correlation, as PyTorch's conv2d) of an image batch.
 
-    x (N, C*H*W); w (K, C*kh*kw), the (K, C, kh, kw) kernel flattened; b
-    (1, K) or None. stride, padding, dilation: an int or an (h, w) pair.
-    kernel_hw defaults to a square kernel. Returns Y (N, K*Ho*Wo) in x's row
-    layout and dtype. Each worker runs im2col and one GEMM on its samples.
+    x (N, C*H*W); w (K, C/groups*kh*kw), the (K, C/groups, kh, kw) kernel
+    flattened; b (1, K) or None. stride, padding, dilation: an int or an
+    (h, w) pair. kernel_hw defaults to a square kernel. groups: input and
+    output channels in that many groups, each convolved on its own (PyTorch's
+    groups). Returns Y (N, K*Ho*Wo) in x's row layout and dtype. Each worker
+    convolves its own samples: cuDNN on a GPU (the fastest plan timed at the
+    first use of a shape, see dmath.nn.explain_conv2d), im2col and GEMMs
+    otherwise.
     """
     x = _rows(x, "conv2d: x")
     _require(w, "conv2d: w")
     image = _image(image_shape, x.shape[1], "conv2d")
     k = w.shape[0]
-    g = _geometry(image, _conv_kernel_hw(w.shape[1], image[0], kernel_hw, "conv2d"),
+    groups = _groups(groups, image[0], k, "conv2d")
+    g = _geometry(image, _conv_kernel_hw(w.shape[1], image[0] // groups, kernel_hw, "conv2d"),
                   stride, padding, dilation, "conv2d")
     group = _group(x)
     inputs = [x, _replicated(w, group, "conv2d: w")]
@@ -267,11 +280,11 @@ def conv2d(x, w, b, image_shape, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
         _shape(b, (1, k), "conv2d: b")
         inputs.append(_replicated(b, group, "conv2d: b"))
     out = new_meta(x.layout, (x.shape[0], k * g.out_h * g.out_w), x.dtype)
-    return dispatch("nn_conv2d", inputs, [out], static=(g, b is not None))[0][0]
+    return dispatch("nn_conv2d", inputs, [out], static=(g, b is not None, groups))[0][0]
 
 
 def conv2d_backward(dy, x, w, image_shape, kernel_hw, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
-                    need_dx=True):
+                    need_dx=True, groups=1):
     """Gradients of conv2d: (dX or None, dW, dB).
 
     dX (N, C*H*W) in x's row layout (None when need_dx is False, e.g. for the
@@ -284,7 +297,8 @@ def conv2d_backward(dy, x, w, image_shape, kernel_hw, stride=(1, 1), padding=(0,
     _require(dy, "conv2d_backward: dy")
     image = _image(image_shape, x.shape[1], "conv2d_backward")
     k = w.shape[0]
-    g = _geometry(image, _conv_kernel_hw(w.shape[1], image[0], kernel_hw, "conv2d_backward"),
+    groups = _groups(groups, image[0], k, "conv2d_backward")
+    g = _geometry(image, _conv_kernel_hw(w.shape[1], image[0] // groups, kernel_hw, "conv2d_backward"),
                   stride, padding, dilation, "conv2d_backward")
     _shape(dy, (x.shape[0], k * g.out_h * g.out_w), "conv2d_backward: dy")
     dy = _like(dy, x, "conv2d_backward: dy")
@@ -293,8 +307,24 @@ def conv2d_backward(dy, x, w, image_shape, kernel_hw, stride=(1, 1), padding=(0,
     outs = [new_meta(sums, w.shape, w.dtype), new_meta(sums, (1, k), w.dtype)]
     if need_dx:
         outs.insert(0, new_meta(x.layout, x.shape, x.dtype))
-    made, _ = dispatch("nn_conv2d_backward", inputs, outs, static=(g, bool(need_dx)))
+    made, _ = dispatch("nn_conv2d_backward", inputs, outs, static=(g, bool(need_dx), groups))
     return tuple(made) if need_dx else (None,) + tuple(made)
+
+
+def explain_conv2d(print_fn=print):
+    """What each worker's convolutions run on: cuDNN's chosen plan per shape (with its time, its
+    workspace and why it won), or im2col + GEMM (CPU backend, no cuDNN, or a case cuDNN declined).
+
+    Plans are chosen by timing at the first use of a shape, so this lists the
+    shapes run so far. Prints worker 0's report (print_fn=None: silent) and
+    returns every worker's, a list by rank of {'status', 'shapes'}.
+    """
+    reports = dispatch("nn_explain_conv")[1]
+    if print_fn is not None:
+        from .cudnn import describe
+        r = reports[0]
+        print_fn(r["status"] + ("\n" + describe(r["shapes"]) if r["shapes"] else "\n(no convolution run yet)"))
+    return reports
 
 
 # ---- pooling --------------------------------------------------------------------------------
@@ -607,6 +637,6 @@ def transform_images(x, image_shape, shift=0, flip=False, scale=1.0, mean=0.0, s
                     scalars=(_counter(seed, "transform_images: seed"),))[0][0]
 
 
-__all__ = ["take_rows", "transform_images", "softmax", "log_softmax", "softmax_cross_entropy", "softmax_cross_entropy_backward",
+__all__ = ["take_rows", "transform_images", "explain_conv2d", "softmax", "log_softmax", "softmax_cross_entropy", "softmax_cross_entropy_backward",
            "conv2d", "conv2d_output_shape", "conv2d_backward", "pool2d", "pool2d_backward",
            "batchnorm", "batchnorm_backward", "BatchNormSaved", "dropout", "argmax_rows", "one_hot"]

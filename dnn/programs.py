@@ -42,9 +42,11 @@ class Metrics:
     """
 
     def __init__(self):
-        self._acc = {name: {kind: dmath.zeros((1, 1), dtype="float64", layout=lay)
-                            for kind, lay in (("rep", dmath.Replicated()), ("partial", dmath.Partial()))}
+        layouts = (("rep", dmath.Replicated()), ("partial", dmath.Partial()))
+        self._acc = {name: {kind: dmath.zeros((1, 1), dtype="float64", layout=lay) for kind, lay in layouts}
                      for name in ("loss", "correct")}
+        # copied over the accumulators to reset them: a local copy on every worker, no bytes from the master
+        self._zero = {kind: dmath.zeros((1, 1), dtype="float64", layout=lay) for kind, lay in layouts}
         self._all = tuple(range(dmath.num_workers()))
         self.samples = 0
 
@@ -66,10 +68,9 @@ class Metrics:
         return tuple(sum(m.get((0, 0)) for m in self._acc[name].values()) / n for name in ("loss", "correct"))
 
     def reset(self):
-        zero = np.zeros((1, 1))
         for accs in self._acc.values():
-            for m in accs.values():
-                m.assign(zero)
+            for kind, m in accs.items():
+                m.assign(self._zero[kind])
         self.samples = 0
 
 

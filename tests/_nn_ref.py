@@ -39,10 +39,11 @@ def cross_entropy(logits, labels):
     return -(labels * log_softmax(logits)).sum() / logits.shape[0]
 
 
-def conv2d(x, w, b, stride=(1, 1), padding=(0, 0), dilation=(1, 1)):
-    """x (N, C, H, W), w (K, C, kh, kw), b (K,) or None -> (N, K, Ho, Wo), by loops over outputs."""
+def conv2d(x, w, b, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):
+    """x (N, C, H, W), w (K, C/groups, kh, kw), b (K,) or None -> (N, K, Ho, Wo), by loops over outputs."""
     n, c, h, wd = x.shape
-    k, _, kh, kw = w.shape
+    k, cg, kh, kw = w.shape
+    kg = k // groups
     (sh, sw), (ph, pw), (dh, dw) = stride, padding, dilation
     xp = np.zeros((n, c, h + 2 * ph, wd + 2 * pw))
     xp[:, :, ph:ph + h, pw:pw + wd] = x
@@ -52,7 +53,9 @@ def conv2d(x, w, b, stride=(1, 1), padding=(0, 0), dilation=(1, 1)):
     for i in range(ho):
         for j in range(wo):
             patch = xp[:, :, i * sh:i * sh + dh * (kh - 1) + 1:dh, j * sw:j * sw + dw * (kw - 1) + 1:dw]
-            y[:, :, i, j] = np.einsum("ncab,kcab->nk", patch, w)
+            for q in range(groups):
+                y[:, q * kg:(q + 1) * kg, i, j] = np.einsum("ncab,kcab->nk", patch[:, q * cg:(q + 1) * cg],
+                                                             w[q * kg:(q + 1) * kg])
     if b is not None:
         y += b.reshape(1, k, 1, 1)
     return y

@@ -2,7 +2,9 @@
 
 Data parallelism splits every batch into row blocks and all-reduces the
 weight gradients; model parallelism splits a Dense kernel into column blocks;
-dropout masks depend on the global element index only.
+dropout masks depend on the global element index only; the dataset is resident
+on the workers, shuffled by (seed, epoch) and augmented by draws keyed by each
+sample's place in the stream, so every worker count takes the same batches.
 Only the order of floating-point sums may change with the worker count, so
 in float64 the trained weights agree to ~1e-12. Runs in the plain `pytest
 tests` stage and launches its own jobs.
@@ -28,9 +30,11 @@ model = dnn.Sequential([
     L.Input((2, 6, 6)), L.Conv2D(3, 3, padding="same"), L.BatchNorm(), L.Activation("relu"), L.Pool2D(2),
     L.Flatten(), L.Dense(12, parallel="model"), L.Activation("tanh"), L.Dropout(0.25), L.Dense(3, parallel="data"),
     L.Output("softmax")], dtype="float64", optimizer=dnn.optim.SGD(lr=0.05, momentum=0.9, weight_decay=1e-3))
-hist = model.fit(x, y, batch_size=20, epochs=2, verbose=0)
+data = dnn.data.Dataset(x, y, augment=dnn.data.Augment(shift=1, flip=True), mean=0.1, std=1.5)
+hist = model.fit(data, batch_size=20, epochs=2, validation_split=0.2, verbose=0)
 out = {f"w{i}": w for i, w in enumerate(model.get_weights())}
-out.update(loss=np.array(hist["loss"]), pred=model.predict(x[:9]), P=np.array(dmath.num_workers()))
+out.update(loss=np.array(hist["loss"]), val=np.array(hist["val_loss"]), pred=model.predict(x[:9]),
+           P=np.array(dmath.num_workers()))
 np.savez(sys.argv[1], **out)
 """
 
@@ -56,6 +60,6 @@ def test_same_trained_weights_at_1_and_4_workers(tmp_path):
     assert int(one["P"]) == 1 and int(four["P"]) == 4
     weights = sorted(k for k in one.files if k.startswith("w"))
     assert len(weights) == 10          # conv kernel, bias; gamma, beta, mean, var; two Dense kernels and biases
-    for k in weights + ["loss", "pred"]:
+    for k in weights + ["loss", "val", "pred"]:
         np.testing.assert_allclose(four[k], one[k], rtol=1e-10, atol=1e-12, err_msg=k)
     assert one["loss"][1] < one["loss"][0]

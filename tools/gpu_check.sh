@@ -8,16 +8,25 @@
 #   gemm    GEMM strong scaling at each of GEMM_GPUS (default "1 2 <all>"), SIZES, DTYPES
 #   chain   the 100-operation chain (eager, replay, DTensor) on all GPUs
 #   remap   remap throughput against NCCL at 2 and all GPUs
-#   mlp     the MagmaDNN MNIST MLP test against PyTorch eager on 1 GPU and on the CPU
-# The MNIST 5k wheel must already be in DNN_DATA_DIR (the machine has no network).
+#   mlp     the MagmaDNN MNIST MLP test against PyTorch eager on 1 GPU (and DDP on all), and on the CPU
+#   cnn     CNN training (LeNet, CIFAR net, AlexNet) against PyTorch eager on 1 GPU and DDP on all
+#   transfer from_numpy / to_numpy throughput on 1 GPU and on all
+#   pipeline the input pipeline alone (augmented 3x224x224 batches) against the copy bandwidth
+# The MNIST 5k wheel must already be in DNN_DATA_DIR (default: .data when it exists; the machine has
+# no network). Wheels in .whl (the cuDNN frontend) are installed into /tmp/site when not importable.
 set -u
 out=${1:-benchmarks/out/gpu}
 mkdir -p "$out"
+if [ -d .whl ] && ! python3 -c 'import cudnn' 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+if [ -z "${DNN_DATA_DIR:-}" ] && [ -d .data ]; then export DNN_DATA_DIR=$PWD/.data; fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
 ngpu=$(python3 -c 'import cupy; print(cupy.cuda.runtime.getDeviceCount())')
 run() { timeout "${TIMEOUT:-300}" mpiexec --oversubscribe -n "$1" python3 "${@:2}"; }
-stages=${STAGES:-tests main gemm chain remap mlp}
+stages=${STAGES:-tests main gemm chain remap mlp cnn transfer pipeline}
 has() { case " $stages " in *" $1 "*) return 0 ;; esac; return 1; }
 status=0
 if has tests; then
@@ -54,8 +63,25 @@ if has remap; then
   done
 fi
 if has mlp; then
-  echo "== MNIST MLP (MagmaDNN Table 1) on 1 GPU and on the CPU =="
+  echo "== MNIST MLP (MagmaDNN Table 1) on 1 GPU, on all GPUs and on the CPU =="
   run 1 benchmarks/mnist_mlp.py --device gpu --out "$out/mlp_gpu.json" || status=1
-  run 1 benchmarks/mnist_mlp.py --device cpu --out "$out/mlp_cpu.json" || status=1
+  if [ "$ngpu" -gt 1 ]; then run "$ngpu" benchmarks/mnist_mlp.py --device gpu --out "$out/mlp_gpu_p$ngpu.json" || status=1; fi
+  [ -n "${SKIP_CPU_MLP:-}" ] || run 1 benchmarks/mnist_mlp.py --device cpu --out "$out/mlp_cpu.json" || status=1
+fi
+if has cnn; then
+  for p in ${CNN_GPUS:-1 $ngpu}; do
+    echo "== CNN training on $p GPU(s) =="
+    run "$p" benchmarks/cnn_bench.py --device gpu ${CNN_ARGS:---nets lenet cifar alexnet} --out "$out/cnn_p$p.json" || status=1
+  done
+fi
+if has transfer; then
+  for p in 1 "$ngpu"; do
+    echo "== host <-> worker transfers on $p GPU(s) =="
+    run "$p" benchmarks/transfer_bench.py --device gpu --out "$out/transfer_p$p.json" || status=1
+  done
+fi
+if has pipeline; then
+  echo "== input pipeline on 1 GPU =="
+  run 1 benchmarks/pipeline_bench.py --device gpu --out "$out/pipeline.json" || status=1
 fi
 exit $status

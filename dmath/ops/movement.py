@@ -4,6 +4,7 @@ import numpy as np
 from .. import backend, memory, remap as _remap
 from ..comm.control import gather_objects
 from ..runtime import Shard, kernel
+from ..runtime.registry import COLLECTIVES_IN_GRAPHS
 
 
 def _stays_local(src, dst, offset=(0, 0)):
@@ -17,9 +18,17 @@ def _stays_local(src, dst, offset=(0, 0)):
     return True
 
 
+def _only_allreduces(src, dst, offset=(0, 0)):
+    """True when every step that communicates is an all-reduce (Partial to Replicated: a gradient)."""
+    return all(isinstance(step, _remap.AllReduce) or not _remap.involved(step)
+               for step in _remap.plan(src, dst, offset))
+
+
 def _remap_capturable(entry):
-    # a remap that communicates would put NCCL calls in the graph: not validated yet (graphs.py)
-    return _stays_local(entry.in_dists[0], entry.out_dists[0], entry.static[0])
+    # local copies, and the NCCL all-reduce of a Partial (a data-parallel gradient) when
+    # collectives may be captured; other exchanges stage through buffers sized per call
+    src, dst, offset = entry.in_dists[0], entry.out_dists[0], entry.static[0]
+    return _stays_local(src, dst, offset) or (COLLECTIVES_IN_GRAPHS and _only_allreduces(src, dst, offset))
 
 
 def _remap_into_capturable(entry):

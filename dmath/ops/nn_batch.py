@@ -271,3 +271,69 @@ def _transform_images(call):
     y4 = out.reshape(m, c, h, w)
     y4[...] = (g * scale - xp.asarray(mean).reshape(1, c, 1, 1)) * xp.asarray(inv_std).reshape(1, c, 1, 1)
     return [rows.shard(call, 0, [out])]
+
+
+_TRANSFORM_SOURCE = r"""
+#include <cuda_fp16.h>
+template <typename T> __device__ double dm_val(T v) { return (double)v; }
+template <> __device__ double dm_val<half>(half v) { return (double)__half2float(v); }
+template <typename T> __device__ T dm_cast(double v) { return (T)v; }
+template <> __device__ half dm_cast<half>(double v) { return __float2half((float)v); }
+
+template <typename T>
+__global__ void dm_transform(const T* x, T* y, const int* dy, const int* dx, const signed char* fl,
+                             const double* mean, const double* inv_std, double scale,
+                             int C, int H, int W, long long total) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    int w = (int)(i % W), h = (int)((i / W) % H);
+    long long sc = i / ((long long)W * H);
+    int c = (int)(sc % C);
+    long long s = sc / C;
+    int sy = h - dy[s];
+    int sx = (fl[s] ? W - 1 - w : w) - dx[s];
+    double v = 0.0;
+    if (sy >= 0 && sy < H && sx >= 0 && sx < W) v = dm_val(x[(sc * H + sy) * W + sx]) * scale;
+    y[i] = dm_cast<T>((v - mean[c]) * inv_std[c]);
+}
+"""
+_transform_module = []
+
+
+@kernel("nn_transform_images", backend="gpu", capturable=True)
+def _transform_images_cuda(call):
+    """nn_transform_images as one CUDA kernel: each output pixel reads its one source pixel."""
+    import cupy
+    src = call.inputs[0]
+    x = rows.local(src)
+    if x is None:
+        return rows.nothing_here(call)
+    (t,) = call.entry.static
+    c, h, w = t.image
+    m = x.shape[0]
+    (out,) = rows.new_output(call, 0)
+    if not m:
+        return [rows.shard(call, 0, [out])]
+    if not _transform_module:
+        _transform_module.append(cupy.RawModule(code=_TRANSFORM_SOURCE, options=("-std=c++14",),
+                                                name_expressions=[f"dm_transform<{n}>" for n in
+                                                                  ("half", "float", "double")]))
+    cache = call.entry.cache
+    if "affine" not in cache:
+        _, mean, inv_std = _affine(t, np.dtype(np.float64))
+        cache["affine"] = (cupy.asarray(mean), cupy.asarray(inv_std))
+    mean, inv_std = cache["affine"]
+    if t.random:
+        r0 = src.dist.pieces[call.rank][0].rows[0][0]
+        dy, dx, fl = draws(cupy, int(call.scalars[0]), rows.local(call.inputs[1]), r0, m, t.shift, t.flip)
+    else:
+        if "still" not in cache:
+            cache["still"] = (cupy.zeros(m, np.int32), cupy.zeros(m, np.int32), cupy.zeros(m, np.int8))
+        dy, dx, fl = cache["still"]
+    ctype = {"float16": "half", "float32": "float", "float64": "double"}[str(x.dtype)]
+    fn = _transform_module[0].get_function(f"dm_transform<{ctype}>")
+    total = out.size
+    fn(((total + 255) // 256,), (256,), (cupy.ascontiguousarray(x), out, dy, dx, fl, mean, inv_std,
+                                        np.float64(t.scale), np.int32(c), np.int32(h), np.int32(w),
+                                        np.int64(total)))
+    return [rows.shard(call, 0, [out])]

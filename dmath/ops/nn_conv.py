@@ -1,25 +1,37 @@
-"""2-D convolution kernels: im2col + one GEMM per worker on its own samples.
+"""2-D convolution kernels: cuDNN on a GPU, im2col + GEMM everywhere else (and where cuDNN declines).
 
 The batch is in a row layout (each worker holds whole samples) and the
-kernel matrix W (K, C*kh*kw) and bias (1, K) are replicated, so the forward
-pass and the data gradient need no communication. The weight gradients are
-each worker's sums over its samples: Partial over a RowBlock batch (the
-caller all-reduces them once, for all layers, when it wants), complete on
-every member of a Replicated batch. float16 data computes in float32.
+kernel matrix W (K, C/groups*kh*kw) and bias (1, K) are replicated, so the
+forward pass and the data gradient need no communication. The weight
+gradients are each worker's sums over its samples: Partial over a RowBlock
+batch (the caller all-reduces them once, for all layers, when it wants),
+complete on every member of a Replicated batch.
+
+Grouped convolution (groups > 1): input channel group q meets only the
+kernels of output group q; im2col's rows are channel-major, so group q is
+one contiguous band of them and each group is one GEMM. float16 data
+computes in float32.
 """
-from .. import backend, memory
-from ..runtime import kernel
+from .. import backend, cudnn, memory
+from ..comm.control import gather_objects
+from ..runtime import generic, kernel
 from . import nn_rows as rows
 from .nn_windows import col2im, im2col
 
 
-@kernel("nn_conv2d")
-def _conv2d(call):
-    """static = (Geometry, has_bias); inputs X, W[, b]; output Y (n, K*Ho*Wo).
+def _bands(g, groups, k):
+    """Per group: (kernel rows, im2col rows) as slices."""
+    cg, kg = g.channels // groups, k // groups
+    return [(slice(q * kg, (q + 1) * kg), slice(q * cg * g.taps, (q + 1) * cg * g.taps)) for q in range(groups)]
 
-    Y_k (K, n*Ho*Wo) = W @ im2col(X), then reordered to NCHW rows.
+
+@kernel("nn_conv2d", capturable=True)
+def _conv2d(call):
+    """static = (Geometry, has_bias, groups); inputs X, W[, b]; output Y (n, K*Ho*Wo).
+
+    Y_k (K, n*Ho*Wo) = W @ im2col(X), one GEMM per group, then reordered to NCHW rows.
     """
-    g, has_bias = call.entry.static
+    g, has_bias, groups = call.entry.static
     x = rows.local(call.inputs[0])
     if x is None:
         return rows.nothing_here(call)
@@ -27,7 +39,10 @@ def _conv2d(call):
     # the GEMM reads the data's dtype (float16 stays half: half the bytes) and accumulates in acc
     w = rows.local(call.inputs[1]).astype(x.dtype, copy=False)
     n, k, length = x.shape[0], w.shape[0], g.out_h * g.out_w
-    y = rows.matmul(w, im2col(x, g, x.dtype), memory.empty((k, n * length), acc))
+    cols = im2col(x, g, x.dtype)
+    y = memory.empty((k, n * length), acc)
+    for kr, cr in _bands(g, groups, k):
+        rows.matmul(w[kr], cols[cr], y[kr])
     y = y.reshape(k, n, length).transpose(1, 0, 2)
     (out,) = rows.new_output(call, 0)
     o3 = out.reshape(n, k, length)
@@ -38,16 +53,16 @@ def _conv2d(call):
     return [rows.shard(call, 0, [out])]
 
 
-@kernel("nn_conv2d_backward")
+@kernel("nn_conv2d_backward", capturable=True)
 def _conv2d_backward(call):
-    """static = (Geometry, need_dx); inputs dY, X, W; outputs [dX,] dW, db.
+    """static = (Geometry, need_dx, groups); inputs dY, X, W; outputs [dX,] dW, db.
 
-    With dY_k (K, n*Ho*Wo) the output gradient in GEMM order:
+    With dY_k (K, n*Ho*Wo) the output gradient in GEMM order, per group:
     dW = dY_k @ im2col(X)^T, db = row sums of dY_k (both over this worker's
     samples only), dX = col2im(W^T @ dY_k).
     """
     xp = backend.current().xp
-    g, need_dx = call.entry.static
+    g, need_dx, groups = call.entry.static
     dy, x = rows.local(call.inputs[0]), rows.local(call.inputs[1])
     if x is None:
         return rows.nothing_here(call)
@@ -59,12 +74,87 @@ def _conv2d_backward(call):
     first = 1 if need_dx else 0
     (dw,) = rows.new_output(call, first)
     (db,) = rows.new_output(call, first + 1)
-    rows.matmul(dy_k, im2col(x, g, x.dtype).T, dw)
+    cols = im2col(x, g, x.dtype)
+    bands = _bands(g, groups, k)
+    for kr, cr in bands:
+        rows.matmul(dy_k[kr], cols[cr].T, dw[kr])
     db[...] = dy_k.sum(axis=1, dtype=acc).reshape(1, k)
     shards = [rows.shard(call, first, [dw]), rows.shard(call, first + 1, [db])]
     if need_dx:
-        dcols = rows.matmul(w.T, dy_k, memory.empty((w.shape[1], n * length), acc))
+        dcols = memory.empty((g.channels * g.taps, n * length), acc)
+        for kr, cr in bands:
+            rows.matmul(w[kr].T, dy_k[kr], dcols[cr])
         (dx,) = rows.new_output(call, 0)
         dx.reshape(n, g.channels, g.height, g.width)[...] = col2im(dcols, n, g, acc)
         shards.insert(0, rows.shard(call, 0, [dx]))
     return shards
+
+
+# ---- cuDNN -------------------------------------------------------------------------------------
+def _key(direction, g, n, k, groups, dtype):
+    return cudnn.ConvKey(direction, n, g.channels, g.height, g.width, k, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw,
+                         g.dh, g.dw, groups, str(dtype))
+
+
+def _dense(a, dtype):
+    """`a` as a C-contiguous array of `dtype` (cuDNN is given packed NCHW strides)."""
+    return backend.current().xp.ascontiguousarray(a, dtype=dtype)
+
+
+@kernel("nn_conv2d", backend="gpu", capturable=True)
+def _conv2d_cudnn(call):
+    """nn_conv2d through cuDNN's chosen plan (see dmath.cudnn); im2col where cuDNN declines."""
+    g, has_bias, groups = call.entry.static
+    x = rows.local(call.inputs[0])
+    if x is None or x.shape[0] == 0 or not cudnn.available():
+        return generic("nn_conv2d")(call)
+    x = _dense(x, x.dtype)
+    w = _dense(rows.local(call.inputs[1]), x.dtype)
+    n, k = x.shape[0], w.shape[0]
+    (out,) = rows.new_output(call, 0)
+    try:
+        cudnn.conv(_key("fprop", g, n, k, groups, x.dtype), (x.data.ptr, w.data.ptr, out.data.ptr))
+    except cudnn.Refused:
+        return generic("nn_conv2d")(call)
+    if has_bias:
+        o3 = out.reshape(n, k, g.out_h * g.out_w)
+        o3 += rows.local(call.inputs[2]).astype(x.dtype, copy=False).reshape(1, k, 1)
+    return [rows.shard(call, 0, [out])]
+
+
+@kernel("nn_conv2d_backward", backend="gpu", capturable=True)
+def _conv2d_backward_cudnn(call):
+    """nn_conv2d_backward through cuDNN: the weight gradient (wgrad) and the data gradient (dgrad)."""
+    g, need_dx, groups = call.entry.static
+    dy, x = rows.local(call.inputs[0]), rows.local(call.inputs[1])
+    if x is None or x.shape[0] == 0 or not cudnn.available():
+        return generic("nn_conv2d_backward")(call)
+    dtype = x.dtype
+    x, dy = _dense(x, dtype), _dense(dy, dtype)
+    w = _dense(rows.local(call.inputs[2]), dtype)
+    n, k = x.shape[0], w.shape[0]
+    first = 1 if need_dx else 0
+    (dw,) = rows.new_output(call, first)
+    (db,) = rows.new_output(call, first + 1)
+    dw_io = dw if dw.dtype == dtype else memory.empty(dw.shape, dtype)
+    dx = rows.new_output(call, 0)[0] if need_dx else None
+    try:
+        cudnn.conv(_key("wgrad", g, n, k, groups, dtype), (x.data.ptr, dy.data.ptr, dw_io.data.ptr))
+        if need_dx:
+            cudnn.conv(_key("dgrad", g, n, k, groups, dtype), (dy.data.ptr, w.data.ptr, dx.data.ptr))
+    except cudnn.Refused:
+        return generic("nn_conv2d_backward")(call)
+    if dw_io is not dw:
+        dw[...] = dw_io
+    db[...] = dy.reshape(n, k, -1).sum(axis=(0, 2), dtype=rows.compute_dtype(dtype)).reshape(1, k)
+    shards = [rows.shard(call, first, [dw]), rows.shard(call, first + 1, [db])]
+    if need_dx:
+        shards.insert(0, rows.shard(call, 0, [dx]))
+    return shards
+
+
+@kernel("nn_explain_conv")
+def _explain_conv(call):
+    """Every worker's cuDNN status and plan choices, gathered on the master (a list by rank)."""
+    call.result = gather_objects(call.world, {"status": cudnn.status(), "shapes": cudnn.explain()})
+    return []

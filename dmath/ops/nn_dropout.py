@@ -46,7 +46,7 @@ def _key(seed, step):
     return _mix(base + step * np.uint64(_STEP_MUL))
 
 
-@kernel("nn_dropout")
+@kernel("nn_dropout", capturable=True)
 def _dropout(call):
     """inputs X[, counter (1, 1)]; outputs Y, mask; scalars = (p, seed[, step])."""
     xp = backend.current().xp

@@ -13,6 +13,7 @@ viewed as (n, C, S); per-channel statistics run over n and S.
 """
 from .. import backend
 from ..runtime import kernel
+from ..runtime.registry import COLLECTIVES_IN_GRAPHS
 from . import nn_rows as rows
 
 
@@ -26,7 +27,7 @@ def _vec(a, dtype):
     return a.reshape(-1, 1).astype(dtype, copy=False)
 
 
-@kernel("nn_batchnorm")
+@kernel("nn_batchnorm", capturable=lambda entry: COLLECTIVES_IN_GRAPHS or entry.in_dists[0].replicated)
 def _batchnorm(call):
     """static = (channels, training); inputs X, gamma, beta, running_mean, running_var;
     outputs Y, stats (2, C) = [mean; 1/sqrt(var + eps)], and, when training, running_mean
@@ -70,7 +71,7 @@ def _batchnorm(call):
     return shards
 
 
-@kernel("nn_batchnorm_backward")
+@kernel("nn_batchnorm_backward", capturable=lambda entry: COLLECTIVES_IN_GRAPHS or entry.in_dists[1].replicated)
 def _batchnorm_backward(call):
     """static = (channels, training); inputs dY, X, gamma, stats; outputs dX, dgamma, dbeta.
 

@@ -15,7 +15,7 @@ from . import nn_rows as rows
 from .nn_windows import images, padded, tap, windows
 
 
-@kernel("nn_pool2d")
+@kernel("nn_pool2d", capturable=True)
 def _pool2d(call):
     """static = (Geometry, mode); input X; outputs Y[, argmax] (n, C*Ho*Wo)."""
     g, mode = call.entry.static
@@ -40,7 +40,7 @@ def _pool2d(call):
     return [rows.shard(call, 0, [out]), rows.shard(call, 1, [am])]
 
 
-@kernel("nn_pool2d_backward")
+@kernel("nn_pool2d_backward", capturable=True)
 def _pool2d_backward(call):
     """static = (Geometry, mode); inputs dY[, argmax]; output dX (n, C*H*W).
 
@@ -73,3 +73,133 @@ def _pool2d_backward(call):
         dpad[:, :, g.ph:g.ph + g.height, g.pw:g.pw + g.width]
     return [rows.shard(call, 0, [dx])]
 
+
+
+# ---- CUDA kernels ------------------------------------------------------------------------------
+# cuDNN's pooling (its resample operation) is not reachable through the frontend's Python graph
+# API, so the GPU runs these: one thread per output (forward) or per input pixel (backward,
+# gathering from the windows that cover it: no atomics, the same sums on every run). Pooling
+# reads and writes each value once: memory-bound, as cuDNN's own kernels are.
+_CUDA_SOURCE = r"""
+template <typename T> __device__ double dm_val(T v) { return (double)v; }
+template <> __device__ double dm_val<half>(half v) { return (double)__half2float(v); }
+template <typename T> __device__ T dm_cast(double v) { return (T)v; }
+template <> __device__ half dm_cast<half>(double v) { return __float2half((float)v); }
+
+struct Win { int C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw; };
+#define DM_WIN_ARGS int C, int H, int W, int Ho, int Wo, int kh, int kw, int sh, int sw, int ph, int pw
+#define DM_WIN Win g = {C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw}
+
+template <typename T, typename A>
+__global__ void dm_pool_fwd(const T* x, T* y, A* arg, DM_WIN_ARGS, long long total, int is_max) {
+    DM_WIN;
+    const double neg_inf = __longlong_as_double(0xfff0000000000000ULL);
+    long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= total) return;
+    int ox = (int)(o % g.Wo), oy = (int)((o / g.Wo) % g.Ho);
+    long long plane = o / ((long long)g.Wo * g.Ho);
+    const T* src = x + plane * g.H * g.W;
+    double best = 0.0, sum = 0.0;
+    int at = -1;
+    for (int i = 0; i < g.kh; ++i) {
+        int yy = oy * g.sh - g.ph + i;
+        for (int j = 0; j < g.kw; ++j) {
+            int xx = ox * g.sw - g.pw + j;
+            bool inside = yy >= 0 && yy < g.H && xx >= 0 && xx < g.W;
+            double v = inside ? dm_val(src[yy * g.W + xx]) : (is_max ? neg_inf : 0.0);
+            if (is_max) {
+                // the first maximum in (i, j) order, as numpy's argmax; NaN wins and stays
+                if (at < 0 || v > best || (v != v && best == best)) { best = v; at = i * g.kw + j; }
+            } else {
+                sum += v;
+            }
+        }
+    }
+    if (is_max) { y[o] = dm_cast<T>(best); arg[o] = dm_cast<A>((double)at); }
+    else { y[o] = dm_cast<T>(sum / (g.kh * g.kw)); }
+}
+
+template <typename T, typename A>
+__global__ void dm_pool_bwd(const T* dy, const A* arg, T* dx, DM_WIN_ARGS, long long total, int is_max) {
+    DM_WIN;
+    long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= total) return;
+    int xx = (int)(p % g.W), yy = (int)((p / g.W) % g.H);
+    long long plane = p / ((long long)g.W * g.H);
+    int ys = yy + g.ph, xs = xx + g.pw;
+    // outputs whose window covers (yy, xx): oy in [ceil((ys - kh + 1) / sh), ys / sh]
+    int oy0 = ys - g.kh + 1 > 0 ? (ys - g.kh + 1 + g.sh - 1) / g.sh : 0, oy1 = min(ys / g.sh, g.Ho - 1);
+    int ox0 = xs - g.kw + 1 > 0 ? (xs - g.kw + 1 + g.sw - 1) / g.sw : 0, ox1 = min(xs / g.sw, g.Wo - 1);
+    double acc = 0.0;
+    for (int oy = oy0; oy <= oy1; ++oy) {
+        for (int ox = ox0; ox <= ox1; ++ox) {
+            long long o = (plane * g.Ho + oy) * g.Wo + ox;
+            int tap = (ys - oy * g.sh) * g.kw + (xs - ox * g.sw);
+            if (!is_max) acc += dm_val(dy[o]);
+            else if ((int)dm_val(arg[o]) == tap) acc += dm_val(dy[o]);
+        }
+    }
+    dx[p] = dm_cast<T>(is_max ? acc : acc / (g.kh * g.kw));
+}
+"""
+_C_TYPES = {"float16": "half", "float32": "float", "float64": "double"}
+_module = []
+
+
+def _cuda_kernel(direction, dtype, arg_dtype):
+    import cupy
+    if not _module:
+        names = [f"dm_pool_{d}<{t}, {a}>" for d in ("fwd", "bwd") for t in _C_TYPES.values()
+                 for a in _C_TYPES.values()]
+        _module.append(cupy.RawModule(code="#include <cuda_fp16.h>\n" + _CUDA_SOURCE,
+                                      options=("-std=c++14",), name_expressions=names))
+    name = f"dm_pool_{direction}<{_C_TYPES[str(dtype)]}, {_C_TYPES[str(arg_dtype)]}>"
+    return _module[0].get_function(name)
+
+
+def _win(g):
+    return tuple(np.int32(v) for v in (g.channels, g.height, g.width, g.out_h, g.out_w, g.kh, g.kw, g.sh, g.sw,
+                                       g.ph, g.pw))
+
+
+def _launch(fn, total, args):
+    if total:
+        threads = 256
+        fn(((total + threads - 1) // threads,), (threads,), args)
+
+
+@kernel("nn_pool2d", backend="gpu", capturable=True)
+def _pool2d_cuda(call):
+    """nn_pool2d as one CUDA kernel: each output reads its window once."""
+    import cupy
+    g, mode = call.entry.static
+    x = rows.local(call.inputs[0])
+    if x is None:
+        return rows.nothing_here(call)
+    x = cupy.ascontiguousarray(x)
+    (out,) = rows.new_output(call, 0)
+    is_max = mode == "max"
+    am = rows.new_output(call, 1)[0] if is_max else out        # a dummy of a valid type for average
+    fn = _cuda_kernel("fwd", x.dtype, am.dtype)
+    _launch(fn, out.size, (x, out, am) + _win(g) + (np.int64(out.size), np.int32(is_max)))
+    shards = [rows.shard(call, 0, [out])]
+    if is_max:
+        shards.append(rows.shard(call, 1, [am]))
+    return shards
+
+
+@kernel("nn_pool2d_backward", backend="gpu", capturable=True)
+def _pool2d_backward_cuda(call):
+    """nn_pool2d_backward as one CUDA kernel: each input pixel gathers from the windows covering it."""
+    import cupy
+    g, mode = call.entry.static
+    dy = rows.local(call.inputs[0])
+    if dy is None:
+        return rows.nothing_here(call)
+    dy = cupy.ascontiguousarray(dy)
+    is_max = mode == "max"
+    am = cupy.ascontiguousarray(rows.local(call.inputs[1])) if is_max else dy
+    (dx,) = rows.new_output(call, 0)
+    fn = _cuda_kernel("bwd", dy.dtype, am.dtype)
+    _launch(fn, dx.size, (dy, am, dx) + _win(g) + (np.int64(dx.size), np.int32(is_max)))
+    return [rows.shard(call, 0, [dx])]

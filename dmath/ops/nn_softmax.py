@@ -6,6 +6,7 @@ communication; only the batch-mean loss is summed over the batch's members
 """
 from .. import backend
 from ..runtime import kernel
+from ..runtime.registry import COLLECTIVES_IN_GRAPHS
 from . import nn_rows as rows
 
 
@@ -18,7 +19,7 @@ def log_softmax_rows(x, dtype):
     return z
 
 
-@kernel("nn_softmax")
+@kernel("nn_softmax", capturable=True)
 def _softmax(call):
     """static = (log,); input X; output softmax(X) or log_softmax(X), row-wise."""
     xp = backend.current().xp
@@ -33,9 +34,10 @@ def _softmax(call):
 
 
 def _batch_on_each_member(entry):
-    """Capturable when the loss needs no sum over workers: one member, or a replicated batch."""
+    """Capturable when the loss needs no sum over workers (one member, or a replicated batch),
+    or when the NCCL all-reduce of that sum may be captured."""
     d = entry.in_dists[0]
-    return d.replicated or len(d.group) == 1
+    return d.replicated or len(d.group) == 1 or COLLECTIVES_IN_GRAPHS
 
 
 @kernel("nn_softmax_cross_entropy", capturable=_batch_on_each_member)

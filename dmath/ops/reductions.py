@@ -12,6 +12,7 @@ from ..comm import collectives
 from ..comm.control import gather_objects
 from ..layout import indexset as ix
 from ..runtime import Shard, kernel
+from ..runtime.registry import COLLECTIVES_IN_GRAPHS
 
 _IDENTITY = {"sum": 0.0, "max": -np.inf, "min": np.inf}
 
@@ -33,7 +34,7 @@ def _reduce_axis_capturable(entry):
     if mode == "local":
         return True
     if mode == "allreduce":
-        return False
+        return COLLECTIVES_IN_GRAPHS
     return all(len(p.cols if axis == 0 else p.rows) <= 1 for ps in entry.in_dists[0].pieces for p in ps)
 
 

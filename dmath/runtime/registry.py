@@ -8,6 +8,13 @@ signature is registered, so no kernel tests which backend it runs on. Such a
 kernel may hand a case it cannot do to the generic one (`generic(name)`).
 """
 
+import os
+
+#: whether a kernel that runs NCCL collectives on the compute stream may be captured into a CUDA
+#: graph (NCCL supports capture: a data-parallel training step, its gradient all-reduce
+#: included, then replays as one graph launch per worker). DMATH_GRAPH_COLLECTIVES=0: never.
+COLLECTIVES_IN_GRAPHS = os.environ.get("DMATH_GRAPH_COLLECTIVES", "1") != "0"
+
 #: (name, backend name or None) -> kernel function; None: any backend
 KERNELS = {}
 

@@ -21,18 +21,25 @@ class Conv2D(Layer):
         stride, dilation: int or pair.
         padding: int, pair, 'valid' (0) or 'same' (output as large as the
             input; stride 1 and an odd dilated kernel, as PyTorch).
+        groups: input and output channels in that many groups, each
+            convolved on its own (PyTorch's groups; C and K must divide).
         activation: optional activation applied after.
         kernel_init, bias_init: initializers; the kernel's fans are
-            (C*kh*kw, K*kh*kw).
-    The kernel is stored as a (K, C*kh*kw) matrix; get_weights gives (K, C, kh, kw).
+            (C/groups*kh*kw, K*kh*kw), as PyTorch counts them.
+    The kernel is stored as a (K, C/groups*kh*kw) matrix; get_weights gives (K, C/groups, kh, kw).
     """
 
     def __init__(self, filters, kernel, stride=1, padding=0, dilation=1, activation=None, use_bias=True,
-                 kernel_init="glorot_uniform", bias_init="zeros", parallel="data", name=None):
+                 kernel_init="glorot_uniform", bias_init="zeros", parallel="data", groups=1, name=None):
         super().__init__(name, parallel)
         if isinstance(filters, bool) or not isinstance(filters, numbers.Integral) or filters < 1:
             raise ConfigError(f"Conv2D: filters must be a positive integer, got {filters!r}")
         self.filters = int(filters)
+        if isinstance(groups, bool) or not isinstance(groups, numbers.Integral) or groups < 1 \
+                or self.filters % groups:
+            raise ConfigError(f"Conv2D: groups must be a positive integer that divides filters={filters}, "
+                              f"got {groups!r}")
+        self.groups = int(groups)
         self.kernel_hw = pair(kernel, "kernel")
         self.stride = pair(stride, "stride")
         self.dilation = pair(dilation, "dilation")
@@ -59,7 +66,9 @@ class Conv2D(Layer):
     def output_shape(self, sample_shape):
         if len(sample_shape) != 3:
             raise ShapeError(f"Conv2D needs image samples (C, H, W), got {tuple(sample_shape)}")
-        _, h, w = sample_shape
+        c, h, w = sample_shape
+        if c % self.groups:
+            raise ShapeError(f"Conv2D: groups={self.groups} does not divide the {c} input channels")
         ho = window_output(h, self.kernel_hw[0], self.stride[0], self.padding[0], self.dilation[0])
         wo = window_output(w, self.kernel_hw[1], self.stride[1], self.padding[1], self.dilation[1])
         if ho < 1 or wo < 1:
@@ -67,19 +76,19 @@ class Conv2D(Layer):
         return (self.filters, ho, wo)
 
     def _create(self, sample_shape, dtype):
-        c = sample_shape[0]
+        cg = sample_shape[0] // self.groups
         kh, kw = self.kernel_hw
-        fans = (c * kh * kw, self.filters * kh * kw)
+        fans = (cg * kh * kw, self.filters * kh * kw)
         rep = dmath.Replicated()
-        self.kernel = self._add_weight("kernel", self.kernel_init, (self.filters, c * kh * kw), dtype, rep,
-                                       public_shape=(self.filters, c, kh, kw), fans=fans)
+        self.kernel = self._add_weight("kernel", self.kernel_init, (self.filters, cg * kh * kw), dtype, rep,
+                                       public_shape=(self.filters, cg, kh, kw), fans=fans)
         self.bias = None
         if self.use_bias:
             self.bias = self._add_weight("bias", self.bias_init, (1, self.filters), dtype, rep,
                                          public_shape=(self.filters,), fans=fans)
 
     def forward(self, x, ctx):
-        fn = ConvFn(self.kernel_hw, self.stride, self.padding, self.dilation)
+        fn = ConvFn(self.kernel_hw, self.stride, self.padding, self.dilation, self.groups)
         w = ctx.param(self.kernel)
         y = fn.apply(x, w) if self.bias is None else fn.apply(x, w, ctx.param(self.bias))
         return make_activation(self.activation).apply(y) if self.activation else y
@@ -88,7 +97,7 @@ class Conv2D(Layer):
         return {**super().get_config(), "filters": self.filters, "kernel": list(self.kernel_hw),
                 "stride": list(self.stride), "padding": self.padding_spec if isinstance(self.padding_spec, str)
                 else list(self.padding), "dilation": list(self.dilation), "activation": self.activation,
-                "use_bias": self.use_bias, "kernel_init": _init_config(self.kernel_init),
+                "use_bias": self.use_bias, "groups": self.groups, "kernel_init": _init_config(self.kernel_init),
                 "bias_init": _init_config(self.bias_init)}
 
 
@@ -97,7 +106,6 @@ class Pool2D(Layer):
 
     def __init__(self, kernel=2, stride=None, padding=0, mode="max", name=None):
         super().__init__(name)
-        self._fn_args = (kernel, stride, padding, mode)
         self._template = PoolFn(kernel, stride, padding, mode)     # validates the arguments
 
     def output_shape(self, sample_shape):

@@ -36,24 +36,32 @@ def window_output(size, k, stride, pad, dilation=1):
 
 
 class Conv2D(Function):
-    """y = conv2d(x, W) + b, W (K, C*kh*kw) the (K, C, kh, kw) kernel flattened; cross-correlation as PyTorch."""
+    """y = conv2d(x, W) + b, W (K, C/groups*kh*kw) the (K, C/groups, kh, kw) kernel flattened;
+    cross-correlation as PyTorch."""
     name = "conv2d"
 
-    def __init__(self, kernel_hw, stride=(1, 1), padding=(0, 0), dilation=(1, 1)):
+    def __init__(self, kernel_hw, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):
         self.kernel_hw = pair(kernel_hw, "kernel")
         self.stride = pair(stride, "stride")
         self.padding = pair(padding, "padding")
         self.dilation = pair(dilation, "dilation")
         if min(self.kernel_hw + self.stride + self.dilation) < 1:
             raise ConfigError("conv2d: kernel, stride and dilation must be at least 1")
+        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
+            raise ConfigError(f"conv2d: groups must be a positive integer, got {groups!r}")
+        self.groups = groups
 
     def infer(self, x, w, b=None):
         c, h, wd = self.image_shape = _image(self.name, x)
         kh, kw = self.kernel_hw
-        if w.shape[1] != c * kh * kw:
-            raise ShapeError(f"conv2d: a kernel for {c} input channels of {kh}x{kw} has {c * kh * kw} columns, "
-                             f"got a weight of shape {w.shape}")
         k = w.shape[0]
+        if c % self.groups or k % self.groups:
+            raise ShapeError(f"conv2d: groups={self.groups} must divide the input channels ({c}) and the "
+                             f"kernels ({k})")
+        cg = c // self.groups
+        if w.shape[1] != cg * kh * kw:
+            raise ShapeError(f"conv2d: a kernel for {cg} input channels per group of {kh}x{kw} has "
+                             f"{cg * kh * kw} columns, got a weight of shape {w.shape}")
         if b is not None and b.shape != (1, k):
             raise ShapeError(f"conv2d: the bias must be (1, {k}), got {b.shape}")
         ho = window_output(h, kh, self.stride[0], self.padding[0], self.dilation[0])
@@ -65,12 +73,12 @@ class Conv2D(Function):
 
     def forward(self, x, w, b=None):
         return dmath.nn.conv2d(x, w, b, self.image_shape, stride=self.stride, padding=self.padding,
-                               dilation=self.dilation, kernel_hw=self.kernel_hw)
+                               dilation=self.dilation, kernel_hw=self.kernel_hw, groups=self.groups)
 
     def backward(self, xs, y, gy, needs):
         x, w = xs[0], xs[1]
         gx, gw, gb = dmath.nn.conv2d_backward(gy, x, w, self.image_shape, self.kernel_hw, self.stride,
-                                              self.padding, self.dilation, need_dx=needs[0])
+                                              self.padding, self.dilation, need_dx=needs[0], groups=self.groups)
         grads = (gx if needs[0] else None, gw if needs[1] else None)
         return grads if len(xs) == 2 else grads + (gb if needs[2] else None,)
 
@@ -109,11 +117,11 @@ class Pool2D(Function):
                                          self.padding, self.mode),)
 
 
-def conv2d(x, w, b=None, kernel_hw=None, stride=1, padding=0, dilation=1):
-    """Convolution of an image-batch node x with the flattened kernel node w (K, C*kh*kw)."""
+def conv2d(x, w, b=None, kernel_hw=None, stride=1, padding=0, dilation=1, groups=1):
+    """Convolution of an image-batch node x with the flattened kernel node w (K, C/groups*kh*kw)."""
     if kernel_hw is None:
         raise ConfigError("conv2d: kernel_hw=(kh, kw) is required (w is stored flattened)")
-    fn = Conv2D(kernel_hw, stride, padding, dilation)
+    fn = Conv2D(kernel_hw, stride, padding, dilation, groups)
     return fn.apply(x, w) if b is None else fn.apply(x, w, b)
 
 

@@ -177,6 +177,63 @@ def test_against_torch():
     np.testing.assert_allclose(db.to_numpy(), bt.grad.numpy().reshape(1, -1), rtol=1e-12, atol=1e-12)
 
 
+# ---- grouped convolution ---------------------------------------------------------------------------
+GC, GK, GROUPS = 4, 6, 2
+
+
+@functools.lru_cache(maxsize=None)
+def _grouped(seed):
+    x = values((N, GC * H * W), seed)
+    w = values((GK, GC // GROUPS * 9), seed + 1)
+    b = values((1, GK), seed + 2)
+    r = values((N, GK * H * W), seed + 3)
+
+    def loss(xx, ww, bb):
+        y = ref.conv2d(xx.reshape(N, GC, H, W), ww.reshape(GK, GC // GROUPS, 3, 3), bb.reshape(-1),
+                       padding=(1, 1), groups=GROUPS)
+        return float((y.reshape(N, -1) * r).sum())
+    want = ref.conv2d(x.reshape(N, GC, H, W), w.reshape(GK, GC // GROUPS, 3, 3), b.reshape(-1), padding=(1, 1),
+                      groups=GROUPS).reshape(N, -1)
+    grads = (ref.numeric_grad(lambda z: loss(z, w, b), x), ref.numeric_grad(lambda z: loss(x, z, b), w),
+             ref.numeric_grad(lambda z: loss(x, w, z), b))
+    return x, w, b, r, want, grads
+
+
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_grouped_forward_and_backward(name):
+    """groups=2: each half of the channels meets its own half of the kernels (loops and differences)."""
+    x, w, b, r, want, grads = _grouped(90)
+    lay, rep = LAYOUTS[name](N), dmath.Replicated()
+    y = dmath.nn.conv2d(make(x, lay, "float64"), make(w, rep, "float64"), make(b, rep, "float64"), (GC, H, W),
+                        padding=1, groups=GROUPS)
+    np.testing.assert_allclose(y.to_numpy(), want, rtol=1e-12, atol=1e-12)
+    got = dmath.nn.conv2d_backward(make(r, lay, "float64"), make(x, lay, "float64"), make(w, rep, "float64"),
+                                   (GC, H, W), 3, padding=1, groups=GROUPS)
+    for g, want_g in zip(got, grads):
+        np.testing.assert_allclose(g.to_numpy(), want_g, rtol=1e-6, atol=1e-8)
+
+
+def test_grouped_errors():
+    x = dmath.from_numpy(values((N, GC * H * W), 1))
+    with pytest.raises(dmath.ShapeError, match="groups=3 must divide"):
+        dmath.nn.conv2d(x, dmath.zeros((GK, 9)), None, (GC, H, W), groups=3)
+    with pytest.raises(dmath.ShapeError, match="groups must be at least 1"):
+        dmath.nn.conv2d(x, dmath.zeros((GK, 9)), None, (GC, H, W), groups=0)
+    with pytest.raises(dmath.ShapeError, match="C/groups"):
+        dmath.nn.conv2d(x, dmath.zeros((GK, GC * 9 + 1)), None, (GC, H, W), groups=2)
+
+
+def test_explain_conv2d_lists_what_runs():
+    reports = dmath.nn.explain_conv2d(print_fn=None)
+    assert len(reports) == P
+    for r in reports:
+        assert "cuDNN" in r["status"]
+        for row in r["shapes"]:
+            assert row["key"]["direction"] in ("fprop", "dgrad", "wgrad") and "engine" in row
+    if dmath.device() == "cpu":
+        assert all(r["status"].startswith("cuDNN not used") and not r["shapes"] for r in reports)
+
+
 ERRORS = {
     "image_mismatch": lambda x, w, b: dmath.nn.conv2d(x, w, b, (C, H, W + 1)),
     "image_not_triple": lambda x, w, b: dmath.nn.conv2d(x, w, b, (C, H * W)),

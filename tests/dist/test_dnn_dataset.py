@@ -1,0 +1,209 @@
+"""dnn.data.Dataset: samples placed on the workers once, batches taken, shuffled and augmented there.
+
+The master sends no sample bytes during an epoch (its traffic is exactly the
+gradient all-reduce), every placement trains to the same weights, resumed
+epochs equal uninterrupted ones, and bad data raises before anything runs.
+"""
+import gzip
+
+import numpy as np
+import pytest
+
+import dmath
+import dnn
+from dnn import layers as L
+
+P = dmath.num_workers()
+
+
+def _blobs(n=120, features=6, seed=0):
+    x, y = dnn.data.synthetic_classification(n, features, classes=3, seed=seed, noise=0.7)
+    return x.astype(np.float64), y
+
+
+def _model(dropout=0.25, features=6, seed=0):
+    dmath.random.seed(5)
+    return dnn.Sequential([L.Input(features), L.Dense(16), L.Activation("tanh"), L.Dropout(dropout),
+                           L.Dense(3), L.Output("softmax")], dtype="float64", seed=seed,
+                          optimizer=dnn.optim.Adam(lr=0.01, weight_decay=1e-3))
+
+
+def _allreduce_bytes(n, itemsize, rank):
+    """What dmath's all-reduce of n values sends from `rank` (reduce-scatter + all-gather)."""
+    if P == 1:
+        return 0
+    mine = n // P + (1 if rank < n % P else 0)
+    return itemsize * (n + (P - 2) * mine)
+
+
+class _Traffic(dnn.callbacks.Callback):
+    """Each worker's bytes sent during the second epoch, read after its last step."""
+
+    def on_epoch_begin(self, epoch, logs=None):
+        if epoch == 1:
+            dmath.reset_stats()
+
+    def on_batch_end(self, batch, logs=None):
+        if self.model.epochs_trained == 1:          # inside the second epoch
+            self.sent = [s["data_bytes_sent"] for s in dmath.stats()]
+
+
+def test_an_epoch_moves_no_sample_bytes():
+    """Per step each worker sends exactly its share of the gradient and loss all-reduces: no batch
+    travels from the master (before, every step scattered its samples from rank 0)."""
+    x, y = _blobs(n=120, features=40)
+    model = _model(features=40)
+    probe = _Traffic()
+    model.fit(x, y, batch_size=24, epochs=2, verbose=0, callbacks=[probe])
+    sizes = [p.value.size for p in model.params] + [1]      # the parameters' gradients and the loss
+    steps = 120 // 24
+    for rank in range(P):
+        want = steps * sum(_allreduce_bytes(n, 8, rank) for n in sizes)
+        assert probe.sent[rank] == want, (rank, probe.sent, want)
+
+
+def test_placements_train_to_the_same_weights(tmp_path):
+    """device, host and a mapped .npy file (the fallback when the set does not fit) are the same run."""
+    x, y = _blobs()
+    np.save(tmp_path / "x.npy", x)
+    runs = {}
+    for name, data in (("device", dnn.data.Dataset(x, y, placement="device")),
+                       ("host", dnn.data.Dataset(x, y, placement="host")),
+                       ("mapped", dnn.data.Dataset.from_npy(str(tmp_path / "x.npy"), y, placement="mapped"))):
+        assert data.placement == name
+        model = _model()
+        hist = model.fit(data, batch_size=32, epochs=2, verbose=0)
+        runs[name] = (model.get_weights(), hist["loss"])
+    for name in ("host", "mapped"):
+        for a, b in zip(runs[name][0], runs["device"][0]):
+            np.testing.assert_array_equal(a, b)
+        assert runs[name][1] == runs["device"][1]
+
+
+def test_auto_placement_falls_back_to_the_file_under_a_memory_limit(tmp_path):
+    x, y = _blobs(n=400, features=50)
+    np.save(tmp_path / "x.npy", x)
+    held = max(s["matrices"] for s in dmath.memory.stats())
+    dmath.memory.set_limit(held + 3 * x.nbytes // 2)     # room for the samples once, not for twice them
+    try:
+        data = dnn.data.Dataset.from_npy(str(tmp_path / "x.npy"), y)
+        assert data.placement == "mapped"
+        model = _model(features=50)
+        hist = model.fit(data, batch_size=50, epochs=2, verbose=0)
+        assert hist["loss"][1] < hist["loss"][0]
+    finally:
+        dmath.memory.set_limit(None)
+    small = dnn.data.Dataset.from_npy(str(tmp_path / "x.npy"), y)
+    assert small.placement == "device"
+    reference = _model(features=50)
+    reference.fit(small, batch_size=50, epochs=2, verbose=0)
+    for a, b in zip(model.get_weights(), reference.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_resumed_epochs_equal_an_uninterrupted_run():
+    """fit(epochs=2) == fit(epochs=1) then fit(epochs=2, initial_epoch=1): the order and the draws
+    of an epoch depend on its number only (dropout and Adam state continue in place)."""
+    x, y = _blobs()
+    data = dnn.data.Dataset(x, y)
+    once, twice = _model(), _model()
+    h = once.fit(data, batch_size=25, epochs=2, verbose=0)
+    twice.fit(data, batch_size=25, epochs=1, verbose=0)
+    h2 = twice.fit(data, batch_size=25, epochs=2, initial_epoch=1, verbose=0)
+    for a, b in zip(once.get_weights(), twice.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert h2["loss"] == h["loss"][1:]
+    with pytest.raises(dnn.ConfigError, match="initial_epoch"):
+        once.fit(data, epochs=2, initial_epoch=2, verbose=0)
+
+
+def test_validation_split_holds_out_the_last_samples():
+    x, y = _blobs()
+    model = _model(dropout=0.0)
+    hist = model.fit(x, y, batch_size=20, epochs=1, validation_split=0.25, shuffle=False, verbose=0)
+    held = model.evaluate(x[90:], y[90:])
+    assert hist["val_loss"][0] == pytest.approx(held["loss"], rel=1e-12)
+    assert hist["val_accuracy"][0] == pytest.approx(held["accuracy"])
+    # the training part was x[:90]: the same run on those samples alone gives the same weights
+    alone = _model(dropout=0.0)
+    alone.fit(x[:90], y[:90], batch_size=20, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(model.get_weights(), alone.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+    with pytest.raises(dnn.ConfigError, match="not both"):
+        model.fit(x, y, validation_split=0.2, validation_data=(x, y), verbose=0)
+    with pytest.raises(dnn.ConfigError, match="validation_split"):
+        model.fit(x, y, validation_split=1.5, verbose=0)
+
+
+def test_augmented_images_train_and_evaluate_unaugmented():
+    x, y = dnn.data.synthetic_classification(96, (1, 8, 8), classes=3, seed=2, noise=0.3, dtype="float64")
+    data = dnn.data.Dataset(x, y, augment=dnn.data.Augment(shift=1), mean=0.1, std=2.0)
+    dmath.random.seed(3)
+    model = dnn.Sequential([L.Input((1, 8, 8)), L.Conv2D(4, 3, padding="same"), L.Activation("relu"),
+                            L.Pool2D(2), L.Flatten(), L.Dense(3), L.Output("softmax")], dtype="float64",
+                           optimizer=dnn.optim.Adam(lr=0.02))
+    hist = model.fit(data, batch_size=16, epochs=3, verbose=0)
+    assert hist["loss"][-1] < hist["loss"][0]
+    # evaluation normalises without augmenting: the same as normalised arrays
+    plain = model.evaluate(dnn.data.Dataset(x, y, mean=0.1, std=2.0))
+    assert plain == pytest.approx(model.evaluate((x - 0.1) / 2.0, y), rel=1e-12)
+    preds = model.predict(dnn.data.Dataset(x, mean=0.1, std=2.0))
+    np.testing.assert_allclose(preds, model.predict((x - 0.1) / 2.0), rtol=1e-12)
+
+
+def test_mnist_idx_files_read_by_the_workers(tmp_path):
+    rng = np.random.default_rng(4)
+    images = rng.integers(0, 256, (30, 28, 28)).astype(np.uint8)
+    labels = rng.integers(0, 10, 30).astype(np.uint8)
+    for folder, opener in (("plain", open), ("gz", gzip.open)):
+        d = tmp_path / folder
+        d.mkdir()
+        suffix = ".gz" if folder == "gz" else ""
+        for name, arr in (("t10k-images-idx3-ubyte", images), ("t10k-labels-idx1-ubyte", labels)):
+            tmp = tmp_path / "tmp.idx"
+            dnn.data.write_idx(str(tmp), arr)
+            with opener(str(d / (name + suffix)), "wb") as f:
+                f.write(tmp.read_bytes())
+        data = dnn.data.Dataset.from_mnist(str(d), split="test")
+        assert len(data) == 30 and data.sample_shape == (1, 28, 28) and data.y_kind == "labels"
+        assert data.x.dtype == "float16"          # pixel values 0..255 are exact in float16
+        dmath.random.seed(1)
+        model = dnn.Sequential([L.Input((1, 28, 28)), L.Flatten(), L.Dense(10), L.Output("softmax")])
+        probs = model.predict(data)
+        np.testing.assert_allclose(probs, model.predict(images[:, None] / 255.0), rtol=2e-5, atol=1e-6)
+    (tmp_path / "plain" / "t10k-images-idx3-ubyte").write_bytes(b"\0\0\x08\x03" + b"\0" * 20)
+    with pytest.raises(dnn.data.DataError):
+        dnn.data.Dataset.from_mnist(str(tmp_path / "plain"), split="test")
+
+
+def test_bad_data_raises_before_anything_is_sent():
+    x, y = _blobs()
+    bad = x.copy()
+    bad[17, 2] = np.nan
+    with pytest.raises(dnn.data.DataError, match="index 17"):
+        dnn.data.Dataset(bad, y)
+    with pytest.raises(dnn.data.DataError, match="at least one sample"):
+        dnn.data.Dataset(np.zeros((0, 6)), np.zeros(0))
+    with pytest.raises(dnn.ShapeError, match="targets for"):
+        dnn.data.Dataset(x, y[:5])
+    with pytest.raises(dnn.data.DataError, match="non-negative"):
+        dnn.data.Dataset(x, y - 1)
+    with pytest.raises(dnn.ConfigError, match="placement"):
+        dnn.data.Dataset(x, y, placement="mapped")
+    with pytest.raises(dnn.ConfigError, match="image samples"):
+        dnn.data.Dataset(x, y, augment=dnn.data.Augment(flip=True))
+    with pytest.raises(dnn.ConfigError, match="shift"):
+        dnn.data.Augment(shift=-1)
+    model = _model()
+    data = dnn.data.Dataset(x, y)
+    with pytest.raises(dnn.ConfigError, match="carries its own targets"):
+        model.fit(data, y, verbose=0)
+    with pytest.raises(dnn.ConfigError, match="targets are needed"):
+        model.fit(dnn.data.Dataset(x), verbose=0)
+    with pytest.raises(dnn.ShapeError, match="labels must be in"):
+        model.fit(x, y + 5, verbose=0)
+    dmath.reset_stats()
+    with pytest.raises(dnn.ShapeError, match="samples must have shape"):
+        model.fit(np.zeros((120, 7)), y, verbose=0)
+    assert all(s["data_bytes_sent"] == 0 for s in dmath.stats())      # refused before placing anything
+    assert model.fit(data, batch_size=40, epochs=1, verbose=0)["loss"]   # still usable
