@@ -94,16 +94,31 @@ def torch_model(torch, net):
     return nn.Sequential(*mods)
 
 
-def resident_batches(net):
-    """Distinct batches of images resident on the GPUs (AlexNet's are 150 KB each: fewer)."""
-    return 2 if net == "alexnet" else 8
+def resident_batches(net, batch):
+    """Distinct batches of images resident on the GPUs: an epoch's steps (AlexNet's images are 600 KB
+    each: at most 2048 of them). Epochs end with a read of the metrics, which drains the GPU."""
+    return max(2, min(8, 2048 // batch)) if net == "alexnet" else 8
 
 
-def time_dnn(net, batch, dtype, steps, parallel):
+def kernel_profile(run, rows=25):
+    """run() under PyTorch's profiler (CUPTI sees every CUDA kernel of the process, CuPy's and cuDNN's
+    included): the table of GPU time by kernel, or None without PyTorch."""
+    try:
+        import torch
+        from torch.profiler import ProfilerActivity, profile
+    except ImportError:
+        return None
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+        torch.cuda.synchronize()
+    return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70)
+
+
+def time_dnn(net, batch, dtype, steps, parallel, profile_kernels=False):
     """(images/s, peak pool bytes less the resident images, Dense strategies) of fit over `steps` batches."""
     shape, classes, _ = NETS[net]
     rng = np.random.default_rng(0)
-    per_epoch = resident_batches(net)
+    per_epoch = resident_batches(net, batch)
     n = batch * per_epoch
     x = rng.random((n,) + shape, dtype=np.float32)
     y = rng.integers(0, classes, n)
@@ -120,7 +135,20 @@ def time_dnn(net, batch, dtype, steps, parallel):
     model.fit(data, batch_size=batch, epochs=epochs, shuffle=True, verbose=0)
     dmath.synchronize()
     secs = time.perf_counter() - t0
-    peak = max(s["pool"]["high_water"] for s in dmath.stats()) - resident
+    stats = dmath.stats()
+    peak = max(s["pool"]["high_water"] for s in stats) - resident
+    print(f"  {stats[0]['plan_graphs']} of {stats[0]['plans']} recorded plans run as CUDA graphs"
+          + (f"; kept step by step by: {stats[0]['plan_blockers']}" if stats[0]["plan_blockers"] else ""))
+    if profile_kernels:
+        table = kernel_profile(lambda: (model.fit(data, batch_size=batch, epochs=1, shuffle=True, verbose=0),
+                                        dmath.synchronize()))
+        print(f"  GPU kernels of one epoch ({per_epoch} steps), dnn:\n{table}")
+    if "profile" in stats[0]:       # DMATH_PROFILE=1: where worker 0's time went, by operation
+        prof = sorted(stats[0]["profile"].items(), key=lambda kv: -kv[1][1])
+        total = sum(v[1] for _, v in prof)
+        print("  profile of worker 0: " + ", ".join(f"{op} {v[1] / epochs / per_epoch * 1e3:.2f} ms/step "
+                                                     f"({v[0] // (epochs * per_epoch)}x)" for op, v in prof[:12])
+              + f"; total {total / epochs / per_epoch * 1e3:.2f} ms/step")
     strategies = sorted({layer.strategy for layer in model.layers if layer.weights and layer.strategy})
     del model, data
     dmath.memory.clear()
@@ -130,14 +158,14 @@ def time_dnn(net, batch, dtype, steps, parallel):
 @kernel("bench_torch_cnn")
 def _torch_cnn(call):
     """PyTorch eager (P = 1) or DDP over the dmath workers; static = (net, batch, dtype, steps, port)."""
-    net, batch, dtype, steps, port = call.entry.static
+    net, batch, dtype, steps, port, profile_kernels = call.entry.static
     result = None
     try:
         torch, dev = torch_distributed(call, port) if call.world.size > 1 else _torch_local()
         torch.backends.cudnn.benchmark = True
         shape, classes, _ = NETS[net]
         local = batch // call.world.size
-        per_epoch = resident_batches(net)
+        per_epoch = resident_batches(net, batch)
         gen = torch.Generator(device=dev).manual_seed(call.rank)
         x = torch.rand((local * per_epoch,) + shape, device=dev, generator=gen)
         y = torch.randint(0, classes, (local * per_epoch,), device=dev, generator=gen)
@@ -170,6 +198,8 @@ def _torch_cnn(call):
         secs = time.perf_counter() - t0
         resident = x.element_size() * x.nelement() + y.element_size() * y.nelement()
         result = (batch * steps / secs, torch.cuda.max_memory_allocated(dev) - resident)
+        if profile_kernels and call.rank == 0:
+            print(f"  GPU kernels of {per_epoch} steps, PyTorch:\n{kernel_profile(lambda: epoch(per_epoch))}")
         del model, opt, x, y
         torch.cuda.empty_cache()
     except ImportError:
@@ -192,7 +222,7 @@ def main():
     ap.add_argument("--nets", nargs="+", default=["lenet", "cifar", "alexnet"], choices=list(NETS))
     ap.add_argument("--batches", type=int, nargs="+", default=[256])
     ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "float16"])
-    ap.add_argument("--steps", type=int, default=None, help="timed steps (default: 60 small nets, 20 AlexNet)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps (default: 64 small nets, 24 AlexNet)")
     ap.add_argument("--parallel", default="auto", choices=["data", "model", "auto"],
                     help="the Dense layers' strategy (convolutions are always data parallel)")
     ap.add_argument("--device", default=None, choices=["cpu", "gpu"])
@@ -200,6 +230,8 @@ def main():
     ap.add_argument("--only", nargs="*", default=None,
                     help="cases to run as net:batch:dtype (default: every combination)")
     ap.add_argument("--port", type=int, default=29533)
+    ap.add_argument("--kernel-profile", action="store_true",
+                    help="print the GPU time of every kernel of one dnn epoch and one PyTorch epoch (needs PyTorch)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     dmath.init(device=args.device)
@@ -211,12 +243,13 @@ def main():
     rows = []
     print(dnn_header := f"{p} worker(s), {dmath.device()}; Dense layers parallel={args.parallel}")
     for net, batch, dtype in cases:
-        steps = args.steps or (20 if net == "alexnet" else 60)
-        steps = max(steps, resident_batches(net))
-        ips, peak, strategies = time_dnn(net, batch, dtype, steps, args.parallel)
+        steps = args.steps or (24 if net == "alexnet" else 64)
+        steps = max(steps, resident_batches(net, batch))
+        ips, peak, strategies = time_dnn(net, batch, dtype, steps, args.parallel, args.kernel_profile)
         torch_res = None
         if not args.no_torch and dmath.device() == "gpu":
-            torch_res = dispatch("bench_torch_cnn", static=(net, batch, dtype, steps, args.port))[1]
+            torch_res = dispatch("bench_torch_cnn", static=(net, batch, dtype, steps, args.port,
+                                                            args.kernel_profile))[1]
         row = {"net": net, "global_batch": batch, "dtype": dtype, "workers": p, "steps": steps,
                "dnn_images_per_s": ips, "dnn_peak_bytes": peak, "dense_strategies": strategies,
                "torch_images_per_s": torch_res[0] if torch_res else None,

@@ -57,6 +57,26 @@ class Backend:
         """
         return _NO_CONTEXT if self.is_gpu else np.errstate(all="ignore")
 
+    def copy_to_device(self, out, host):
+        """out[...] = host (a host array): asynchronous on the current stream from pinned memory on a
+        GPU (the caller keeps `host` unchanged until the stream has passed the copy)."""
+        if self.is_gpu:
+            out.set(host, stream=self.xp.cuda.get_current_stream())
+        else:
+            out[...] = host
+
+    def where(self, out, cond, a, b):
+        """out[...] = a where cond != 0, else b (arrays broadcasting to out, or Python floats).
+
+        One pass on a GPU (a fused kernel); NumPy has no `out` for where.
+        """
+        if self.is_gpu:
+            args = (cond, a, b)
+            _fused_where(self.xp, tuple(hasattr(v, "dtype") for v in args))(*args, out)
+        else:
+            out[...] = np.where(cond != 0, a, b)
+        return out
+
     def synchronize(self):
         if self.is_gpu:
             self.xp.cuda.get_current_stream().synchronize()
@@ -89,6 +109,19 @@ class Backend:
 
 
 _NO_CONTEXT = contextlib.nullcontext()
+_kernels = {}
+
+
+def _fused_where(cupy, arrays):
+    """The one-pass where kernel for operands that are arrays (True) or Python floats (False):
+    a kernel's type placeholders are decided by arrays only, so a float operand is typed double."""
+    k = _kernels.get(("where", arrays))
+    if k is None:
+        params = ", ".join(f"{t if is_array else 'float64'} {v}" for t, v, is_array in zip("CAB", "cab", arrays))
+        zero = "(C)0" if arrays[0] else "0.0"
+        k = _kernels[("where", arrays)] = cupy.ElementwiseKernel(
+            params, "O out", f"out = (c != {zero}) ? (O)a : (O)b", "dmath_where")
+    return k
 _current = Backend("cpu", np)
 
 

@@ -51,6 +51,7 @@ class ConvKey(NamedTuple):
     dw: int
     groups: int
     dtype: str
+    epilogue: str = ""  # fprop only: '', 'bias', 'relu' or 'bias_relu', fused after the convolution
 
     @property
     def out_hw(self):
@@ -125,10 +126,17 @@ class ConvPlan:
         try:
             g = cudnn.pygraph(io_data_type=io, intermediate_data_type=inter, compute_data_type=comp,
                               handle=_state["handle"])
+            extra = ()
             if key.direction == "fprop":
                 a = g.tensor(name="x", dim=x_dims, stride=_nchw(x_dims), data_type=io)
                 b = g.tensor(name="w", dim=w_dims, stride=_nchw(w_dims), data_type=io)
                 out, out_dims = g.conv_fprop(image=a, weight=b, **conv), y_dims
+                if "bias" in key.epilogue:
+                    bias = g.tensor(name="b", dim=[1, key.k, 1, 1], stride=[key.k, 1, 1, 1], data_type=io)
+                    out = g.bias(input=out, bias=bias)
+                    extra = (bias,)
+                if "relu" in key.epilogue:
+                    out = g.relu(input=out)
             elif key.direction == "dgrad":
                 a = g.tensor(name="dy", dim=y_dims, stride=_nchw(y_dims), data_type=io)
                 b = g.tensor(name="w", dim=w_dims, stride=_nchw(w_dims), data_type=io)
@@ -146,7 +154,7 @@ class ConvPlan:
             count = g.get_execution_plan_count()
         except Exception as exc:  # noqa: BLE001 - cuDNN's many "not supported" errors all mean: fall back
             raise Refused(f"cuDNN declined {key}: {type(exc).__name__}: {exc}") from exc
-        self.graph, self.tensors = g, (a, b, out)
+        self.graph, self.tensors = g, (a, b) + extra + (out,)
         self.candidates = []
         for i in range(count):
             try:
@@ -227,7 +235,8 @@ def _budget():
 
 
 def conv(key, ptrs):
-    """Run the convolution `key` on device pointers (two inputs, then the output).
+    """Run the convolution `key` on device pointers (two inputs, the bias of a bias epilogue, then
+    the output).
 
     The first call of a key builds and times its plans (raises Refused when
     cuDNN cannot do it; the caller falls back); later calls only execute.
@@ -275,7 +284,8 @@ def describe(rows):
     for r in rows:
         k = r["key"]
         shape = (f"{k['direction']:5s} n{k['n']} c{k['c']} {k['h']}x{k['w']} -> k{k['k']} {k['kh']}x{k['kw']}"
-                 f" s{k['sh']} p{k['ph']} d{k['dh']} g{k['groups']} {k['dtype']}")
+                 f" s{k['sh']} p{k['ph']} d{k['dh']} g{k['groups']} {k['dtype']}"
+                 + (f" +{k['epilogue']}" if k.get("epilogue") else ""))
         if "ms" not in r:
             lines.append(f"{shape}: {r['engine']}")
         else:

@@ -81,7 +81,7 @@ def from_file(path, shape=None, dtype=None, *, offset=None, file_dtype=None, lay
                              f"file's {stored}")
         if not (type(out.layout) is RowBlock or out.layout.replicated) or out.layout.partial:
             raise LayoutError(f"from_file: mapped=True maps whole rows: use RowBlock or Replicated, got {out.layout}")
-        memory = _check_memory(memory)
+        memory = "host" if memory is None else _check_memory(memory)
         if memory != "host":
             raise DMathError(f"from_file: a mapped matrix lives in host memory (memory='host'), got {memory!r}")
         made = dispatch("from_file", [], [out], static=(spec, True), scalars=(kind_scalar("host"),), pooled=False)

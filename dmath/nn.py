@@ -254,14 +254,18 @@ def _conv_kernel_hw(w_cols, channels, kernel_hw, what):
     return (kh, kw)
 
 
-def conv2d(x, w, b, image_shape, stride=(1, 1), padding=(0, 0), dilation=(1, 1), kernel_hw=None, groups=1):
+def conv2d(x, w, b, image_shape, stride=(1, 1), padding=(0, 0), dilation=(1, 1), kernel_hw=None, groups=1,
+           activation=None):
     """2-D convolution (cross-correlation, as PyTorch's conv2d) of an image batch.
 
     x (N, C*H*W); w (K, C/groups*kh*kw), the (K, C/groups, kh, kw) kernel
     flattened; b (1, K) or None. stride, padding, dilation: an int or an
     (h, w) pair. kernel_hw defaults to a square kernel. groups: input and
     output channels in that many groups, each convolved on its own (PyTorch's
-    groups). Returns Y (N, K*Ho*Wo) in x's row layout and dtype. Each worker
+    groups). activation: None or 'relu', applied in the same kernel where
+    cuDNN fuses it (the values before the activation are never stored; its
+    backward needs only Y: pass where(Y, dY, 0) to conv2d_backward).
+    Returns Y (N, K*Ho*Wo) in x's row layout and dtype. Each worker
     convolves its own samples: cuDNN on a GPU (the fastest plan timed at the
     first use of a shape, see dmath.nn.explain_conv2d), im2col and GEMMs
     otherwise.
@@ -279,8 +283,10 @@ def conv2d(x, w, b, image_shape, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
         _require(b, "conv2d: b")
         _shape(b, (1, k), "conv2d: b")
         inputs.append(_replicated(b, group, "conv2d: b"))
+    if activation not in (None, "relu"):
+        raise DMathError(f"conv2d: activation must be None or 'relu', got {activation!r}")
     out = new_meta(x.layout, (x.shape[0], k * g.out_h * g.out_w), x.dtype)
-    return dispatch("nn_conv2d", inputs, [out], static=(g, b is not None, groups))[0][0]
+    return dispatch("nn_conv2d", inputs, [out], static=(g, b is not None, groups, activation or ""))[0][0]
 
 
 def conv2d_backward(dy, x, w, image_shape, kernel_hw, stride=(1, 1), padding=(0, 0), dilation=(1, 1),

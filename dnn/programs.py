@@ -95,9 +95,18 @@ class Program:
         body, act = split_head(model.layers)
         h = self.inputs
         self.layer_nodes = []
-        for layer in body:
+        i = 0
+        while i < len(body):
+            layer = body[i]
+            if i + 1 < len(body) and getattr(layer, "absorbs", None) and layer.absorbs(body[i + 1]):
+                # Conv2D then relu: one fused kernel (cuDNN's epilogue), one node for both layers
+                h = layer.forward(h, ctx, activation="relu") if layer.built else layer(h, ctx)
+                self.layer_nodes += [h, h]
+                i += 2
+                continue
             h = layer(h, ctx)
             self.layer_nodes.append(h)
+            i += 1
         self.output = h if act is None else model.layers[-1](h, ctx)
         if act is not None:
             self.layer_nodes.append(self.output)

@@ -11,29 +11,35 @@ from ..layout import indexset as ix
 from ..runtime import Shard, kernel
 
 
-def _sigmoid(xp, a):
+def _sigmoid(xp, out, a):
     # tanh form: no overflow for large |a|
-    return 0.5 * (xp.tanh(0.5 * a) + 1.0)
+    return xp.multiply(xp.tanh(0.5 * a) + 1.0, 0.5, out=out)
 
 
-#: name -> (function of (xp, *args), number of operands)
+def _ufunc(name):
+    """f(xp, out, *args): the array module's ufunc `name`, written straight into `out` (one pass, no
+    temporary: an elementwise command reads its operands and writes its result once)."""
+    return lambda xp, out, *args: getattr(xp, name)(*args, out=out)
+
+
+#: name -> (function of (xp, out, *args) that writes the result into out, number of operands)
 FUNCTIONS = {
-    "add": (lambda xp, a, b: a + b, 2),
-    "sub": (lambda xp, a, b: a - b, 2),
-    "mul": (lambda xp, a, b: a * b, 2),
-    "div": (lambda xp, a, b: a / b, 2),
-    "pow": (lambda xp, a, b: a ** b, 2),
-    "maximum": (lambda xp, a, b: xp.maximum(a, b), 2),
-    "minimum": (lambda xp, a, b: xp.minimum(a, b), 2),
-    "where": (lambda xp, c, a, b: xp.where(c != 0, a, b), 3),
-    "neg": (lambda xp, a: -a, 1),
-    "exp": (lambda xp, a: xp.exp(a), 1),
-    "log": (lambda xp, a: xp.log(a), 1),
-    "sqrt": (lambda xp, a: xp.sqrt(a), 1),
-    "abs": (lambda xp, a: xp.abs(a), 1),
-    "tanh": (lambda xp, a: xp.tanh(a), 1),
-    "sigmoid": (lambda xp, a: _sigmoid(xp, a), 1),
-    "relu": (lambda xp, a: xp.maximum(a, 0), 1),
+    "add": (_ufunc("add"), 2),
+    "sub": (_ufunc("subtract"), 2),
+    "mul": (_ufunc("multiply"), 2),
+    "div": (_ufunc("true_divide"), 2),
+    "pow": (_ufunc("power"), 2),
+    "maximum": (_ufunc("maximum"), 2),
+    "minimum": (_ufunc("minimum"), 2),
+    "where": (lambda xp, out, c, a, b: backend.current().where(out, c, a, b), 3),
+    "neg": (_ufunc("negative"), 1),
+    "exp": (_ufunc("exp"), 1),
+    "log": (_ufunc("log"), 1),
+    "sqrt": (_ufunc("sqrt"), 1),
+    "abs": (_ufunc("absolute"), 1),
+    "tanh": (_ufunc("tanh"), 1),
+    "sigmoid": (_sigmoid, 1),
+    "relu": (lambda xp, out, a: xp.maximum(a, 0, out=out), 1),
 }
 
 #: functions for which a Partial (sum of addends) operand can stay Partial
@@ -96,7 +102,7 @@ def _ewise(call):
                     args.append(ins[idx].pieces[0])
                 else:
                     args.append(call.scalars[idx])   # a Python float: no device transfer
-            out[k][...] = f(xp, *args)
+            f(xp, out[k], *args)
     if out_index is not None:
         target.version += 1
         return [target]

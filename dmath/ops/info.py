@@ -16,6 +16,7 @@ def _reset_stats(call):
     counters.reset()
     memory.reset_local_stats()
     call.rt.commands = 0
+    call.rt.profile.clear()
     return []
 
 

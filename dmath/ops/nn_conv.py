@@ -27,11 +27,12 @@ def _bands(g, groups, k):
 
 @kernel("nn_conv2d", capturable=True)
 def _conv2d(call):
-    """static = (Geometry, has_bias, groups); inputs X, W[, b]; output Y (n, K*Ho*Wo).
+    """static = (Geometry, has_bias, groups, activation); inputs X, W[, b]; output Y (n, K*Ho*Wo).
 
-    Y_k (K, n*Ho*Wo) = W @ im2col(X), one GEMM per group, then reordered to NCHW rows.
+    Y_k (K, n*Ho*Wo) = W @ im2col(X), one GEMM per group, then reordered to NCHW rows (plus the
+    bias, then the activation: '' or 'relu').
     """
-    g, has_bias, groups = call.entry.static
+    g, has_bias, groups, activation = call.entry.static
     x = rows.local(call.inputs[0])
     if x is None:
         return rows.nothing_here(call)
@@ -50,6 +51,8 @@ def _conv2d(call):
         o3[...] = y + rows.local(call.inputs[2]).astype(acc, copy=False).reshape(1, k, 1)
     else:
         o3[...] = y
+    if activation == "relu":
+        backend.current().xp.maximum(out, 0, out=out)
     return [rows.shard(call, 0, [out])]
 
 
@@ -90,10 +93,17 @@ def _conv2d_backward(call):
     return shards
 
 
+def bias_gradient(dy, n, k, acc):
+    """The (1, K) sums of an (n, K*L) NCHW gradient over samples and pixels: first along each
+    contiguous (sample, channel) row, then over the n samples (a reduction over two strided axes
+    at once is several times slower on a GPU)."""
+    return dy.reshape(n * k, -1).sum(axis=1, dtype=acc).reshape(n, k).sum(axis=0).reshape(1, k)
+
+
 # ---- cuDNN -------------------------------------------------------------------------------------
-def _key(direction, g, n, k, groups, dtype):
+def _key(direction, g, n, k, groups, dtype, epilogue=""):
     return cudnn.ConvKey(direction, n, g.channels, g.height, g.width, k, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw,
-                         g.dh, g.dw, groups, str(dtype))
+                         g.dh, g.dw, groups, str(dtype), epilogue)
 
 
 def _dense(a, dtype):
@@ -103,22 +113,35 @@ def _dense(a, dtype):
 
 @kernel("nn_conv2d", backend="gpu", capturable=True)
 def _conv2d_cudnn(call):
-    """nn_conv2d through cuDNN's chosen plan (see dmath.cudnn); im2col where cuDNN declines."""
-    g, has_bias, groups = call.entry.static
+    """nn_conv2d through cuDNN's chosen plan (see dmath.cudnn), the bias and the activation fused
+    into it (the graph's epilogue) where cuDNN can; im2col where cuDNN declines the convolution."""
+    xp = backend.current().xp
+    g, has_bias, groups, activation = call.entry.static
     x = rows.local(call.inputs[0])
     if x is None or x.shape[0] == 0 or not cudnn.available():
         return generic("nn_conv2d")(call)
     x = _dense(x, x.dtype)
     w = _dense(rows.local(call.inputs[1]), x.dtype)
     n, k = x.shape[0], w.shape[0]
+    b = _dense(rows.local(call.inputs[2]), x.dtype) if has_bias else None
     (out,) = rows.new_output(call, 0)
+    fused = ("bias" if has_bias else "") + ("_" if has_bias and activation else "") + activation
+    if fused:
+        ptrs = (x.data.ptr, w.data.ptr) + ((b.data.ptr,) if has_bias else ()) + (out.data.ptr,)
+        try:
+            cudnn.conv(_key("fprop", g, n, k, groups, x.dtype, fused), ptrs)
+            return [rows.shard(call, 0, [out])]
+        except cudnn.Refused:
+            pass                     # the convolution alone, then the epilogue as separate passes
     try:
         cudnn.conv(_key("fprop", g, n, k, groups, x.dtype), (x.data.ptr, w.data.ptr, out.data.ptr))
     except cudnn.Refused:
         return generic("nn_conv2d")(call)
     if has_bias:
         o3 = out.reshape(n, k, g.out_h * g.out_w)
-        o3 += rows.local(call.inputs[2]).astype(x.dtype, copy=False).reshape(1, k, 1)
+        o3 += b.reshape(1, k, 1)
+    if activation == "relu":
+        xp.maximum(out, 0, out=out)
     return [rows.shard(call, 0, [out])]
 
 
@@ -146,7 +169,7 @@ def _conv2d_backward_cudnn(call):
         return generic("nn_conv2d_backward")(call)
     if dw_io is not dw:
         dw[...] = dw_io
-    db[...] = dy.reshape(n, k, -1).sum(axis=(0, 2), dtype=rows.compute_dtype(dtype)).reshape(1, k)
+    db[...] = bias_gradient(dy, n, k, rows.compute_dtype(dtype))
     shards = [rows.shard(call, first, [dw]), rows.shard(call, first + 1, [db])]
     if need_dx:
         shards.insert(0, rows.shard(call, 0, [dx]))

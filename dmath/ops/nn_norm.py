@@ -22,6 +22,12 @@ def _channels(x, channels, dtype):
     return x.reshape(x.shape[0], channels, x.shape[1] // channels).astype(dtype, copy=False)
 
 
+def _channel_sums(a3):
+    """Sums over samples and pixels of an (n, C, S) array: along each contiguous row of pixels first
+    (one strided reduction over two axes at once is several times slower on a GPU)."""
+    return a3.sum(axis=2).sum(axis=0)
+
+
 def _vec(a, dtype):
     """A replicated (1, C) or (2, C) parameter row as a (C, 1) column that broadcasts over (n, C, S)."""
     return a.reshape(-1, 1).astype(dtype, copy=False)
@@ -46,11 +52,11 @@ def _batchnorm(call):
     rm, rv = rows.local(call.inputs[3]), rows.local(call.inputs[4])
     if training:
         count = src.dist.shape[0] * x3.shape[2]
-        mean = x3.sum(axis=(0, 2))
+        mean = _channel_sums(x3)
         rows.sum_over_batch(call, src.dist, mean)
         mean *= 1.0 / count
         dev = x3 - mean.reshape(-1, 1)
-        var = (dev * dev).sum(axis=(0, 2))
+        var = _channel_sums(dev * dev)
         rows.sum_over_batch(call, src.dist, var)
         var *= 1.0 / count
         # PyTorch's convention: the running variance is the unbiased estimate
@@ -92,8 +98,8 @@ def _batchnorm_backward(call):
     mean, r = stats[0].reshape(-1, 1), stats[1].reshape(-1, 1)
     xhat = (x3 - mean) * r
     sums = xp.empty(2 * channels, dtype=cdt)
-    sums[:channels] = dy3.sum(axis=(0, 2))
-    sums[channels:] = (dy3 * xhat).sum(axis=(0, 2))
+    sums[:channels] = _channel_sums(dy3)
+    sums[channels:] = _channel_sums(dy3 * xhat)
     rows.sum_over_batch(call, src.dist, sums)
     dbeta, dgamma = sums[:channels].reshape(-1, 1), sums[channels:].reshape(-1, 1)
     g = _vec(rows.local(call.inputs[2]), cdt)

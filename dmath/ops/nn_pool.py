@@ -30,13 +30,22 @@ def _pool2d(call):
         v = windows(padded(images(x, g), g, 0, cdt), g)
         y[...] = v.sum(axis=(2, 3)) * (1.0 / g.taps)
         return [rows.shard(call, 0, [out])]
-    # the max is exact in the data's own dtype: no widening needed
-    v = windows(padded(images(x, g), g, -np.inf, x.dtype), g)
-    flat = v.transpose(0, 1, 4, 5, 2, 3).reshape(n, g.channels, g.out_h, g.out_w, g.taps)
+    # the max is exact in the data's own dtype: no widening needed. One pass per kernel tap over
+    # the output (a strided slab each), keeping the first maximum as argmax does; NaN wins and stays
+    xp = backend.current().xp
+    xpad = padded(images(x, g), g, -np.inf, x.dtype)
     (am,) = rows.new_output(call, 1)
-    arg = flat.argmax(axis=-1)
-    am.reshape(y.shape)[...] = arg
-    y[...] = flat.max(axis=-1)
+    arg = am.reshape(y.shape)
+    for i in range(g.kh):
+        for j in range(g.kw):
+            slab = tap(xpad, g, i, j)
+            if i == 0 and j == 0:
+                y[...] = slab
+                arg.fill(0)
+                continue
+            better = (slab > y) | (xp.isnan(slab) & ~xp.isnan(y))
+            xp.copyto(y, slab, where=better)
+            xp.copyto(arg, i * g.kw + j, where=better)
     return [rows.shard(call, 0, [out]), rows.shard(call, 1, [am])]
 
 
@@ -81,8 +90,11 @@ def _pool2d_backward(call):
 # gathering from the windows that cover it: no atomics, the same sums on every run). Pooling
 # reads and writes each value once: memory-bound, as cuDNN's own kernels are.
 _CUDA_SOURCE = r"""
-template <typename T> __device__ double dm_val(T v) { return (double)v; }
-template <> __device__ double dm_val<half>(half v) { return (double)__half2float(v); }
+// arithmetic in float for half and float data, in double for double (as the NumPy kernels)
+template <typename T> struct Acc { typedef float type; };
+template <> struct Acc<double> { typedef double type; };
+template <typename T> __device__ typename Acc<T>::type dm_val(T v) { return (typename Acc<T>::type)v; }
+template <> __device__ float dm_val<half>(half v) { return __half2float(v); }
 template <typename T> __device__ T dm_cast(double v) { return (T)v; }
 template <> __device__ half dm_cast<half>(double v) { return __float2half((float)v); }
 
@@ -93,20 +105,21 @@ struct Win { int C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw; };
 template <typename T, typename A>
 __global__ void dm_pool_fwd(const T* x, T* y, A* arg, DM_WIN_ARGS, long long total, int is_max) {
     DM_WIN;
-    const double neg_inf = __longlong_as_double(0xfff0000000000000ULL);
+    typedef typename Acc<T>::type R;
+    const R neg_inf = (R)__longlong_as_double(0xfff0000000000000ULL);
     long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (o >= total) return;
     int ox = (int)(o % g.Wo), oy = (int)((o / g.Wo) % g.Ho);
     long long plane = o / ((long long)g.Wo * g.Ho);
     const T* src = x + plane * g.H * g.W;
-    double best = 0.0, sum = 0.0;
+    R best = 0, sum = 0;
     int at = -1;
     for (int i = 0; i < g.kh; ++i) {
         int yy = oy * g.sh - g.ph + i;
         for (int j = 0; j < g.kw; ++j) {
             int xx = ox * g.sw - g.pw + j;
             bool inside = yy >= 0 && yy < g.H && xx >= 0 && xx < g.W;
-            double v = inside ? dm_val(src[yy * g.W + xx]) : (is_max ? neg_inf : 0.0);
+            R v = inside ? dm_val(src[yy * g.W + xx]) : (is_max ? neg_inf : (R)0);
             if (is_max) {
                 // the first maximum in (i, j) order, as numpy's argmax; NaN wins and stays
                 if (at < 0 || v > best || (v != v && best == best)) { best = v; at = i * g.kw + j; }
@@ -115,8 +128,8 @@ __global__ void dm_pool_fwd(const T* x, T* y, A* arg, DM_WIN_ARGS, long long tot
             }
         }
     }
-    if (is_max) { y[o] = dm_cast<T>(best); arg[o] = dm_cast<A>((double)at); }
-    else { y[o] = dm_cast<T>(sum / (g.kh * g.kw)); }
+    if (is_max) { y[o] = dm_cast<T>((double)best); arg[o] = dm_cast<A>((double)at); }
+    else { y[o] = dm_cast<T>((double)(sum / (R)(g.kh * g.kw))); }
 }
 
 template <typename T, typename A>
@@ -130,16 +143,16 @@ __global__ void dm_pool_bwd(const T* dy, const A* arg, T* dx, DM_WIN_ARGS, long 
     // outputs whose window covers (yy, xx): oy in [ceil((ys - kh + 1) / sh), ys / sh]
     int oy0 = ys - g.kh + 1 > 0 ? (ys - g.kh + 1 + g.sh - 1) / g.sh : 0, oy1 = min(ys / g.sh, g.Ho - 1);
     int ox0 = xs - g.kw + 1 > 0 ? (xs - g.kw + 1 + g.sw - 1) / g.sw : 0, ox1 = min(xs / g.sw, g.Wo - 1);
-    double acc = 0.0;
+    typedef typename Acc<T>::type R;
+    R acc = 0;
     for (int oy = oy0; oy <= oy1; ++oy) {
+        const long long row = (plane * g.Ho + oy) * g.Wo;
+        const int tap_y = (ys - oy * g.sh) * g.kw + xs;
         for (int ox = ox0; ox <= ox1; ++ox) {
-            long long o = (plane * g.Ho + oy) * g.Wo + ox;
-            int tap = (ys - oy * g.sh) * g.kw + (xs - ox * g.sw);
-            if (!is_max) acc += dm_val(dy[o]);
-            else if ((int)dm_val(arg[o]) == tap) acc += dm_val(dy[o]);
+            if (!is_max || (int)dm_val(arg[row + ox]) == tap_y - ox * g.sw) acc += dm_val(dy[row + ox]);
         }
     }
-    dx[p] = dm_cast<T>(is_max ? acc : acc / (g.kh * g.kw));
+    dx[p] = dm_cast<T>((double)(is_max ? acc : acc / (R)(g.kh * g.kw)));
 }
 """
 _C_TYPES = {"float16": "half", "float32": "float", "float64": "double"}

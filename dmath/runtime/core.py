@@ -36,6 +36,9 @@ from .shard import Meta
 
 #: how long a failed worker waits for the master to end the job before ending it itself
 FAILED_WORKER_GRACE_S = float(os.environ.get("DMATH_FAILED_WORKER_GRACE_S", "120"))
+#: DMATH_PROFILE=1: every kernel is timed on its worker (the device synchronised before and after,
+#: so kernels run one at a time and CUDA graphs are off); dmath.stats() reports it under 'profile'
+PROFILE = os.environ.get("DMATH_PROFILE", "0") not in ("", "0")
 
 
 class Entry:
@@ -94,6 +97,7 @@ class Runtime:
         self.next_plan = 1
         self.recorder = None       # master: the plans.Recorder of an open record block
         self.watchers = {}         # master: handle -> plans to tell when it is released
+        self.profile = {}          # op -> [kernels run, seconds] when PROFILE is on
 
     # ---- master side -------------------------------------------------------
     @property
@@ -243,7 +247,10 @@ class Runtime:
         table = self.table
         call = Call(self, entry, [table[h] for h in in_handles], scalars, payload, in_handles)
         self.commands += 1
-        shards = entry.kernel(call)
+        if PROFILE:
+            shards = self._profiled(entry, call)
+        else:
+            shards = entry.kernel(call)
         for s in call.inputs:
             if s.home is not None:
                 # held in host memory on a GPU: a write makes its device copy the newer one,
@@ -255,6 +262,18 @@ class Runtime:
             self.next_version += 1
             table[h] = s
         return call.result
+
+    def _profiled(self, entry, call):
+        """Run the kernel alone on the device and add its seconds to self.profile[op]."""
+        be = self.backend
+        be.synchronize_all()
+        t0 = time.perf_counter()
+        shards = entry.kernel(call)
+        be.synchronize_all()
+        slot = self.profile.setdefault(entry.op, [0, 0.0])
+        slot[0] += 1
+        slot[1] += time.perf_counter() - t0
+        return shards
 
     def _free(self, handles):
         for h in handles:
@@ -283,8 +302,13 @@ class Runtime:
         d = dict(counters.counters)
         d.update(commands=self.commands, pool=memory.local_stats(),
                  signatures=len(self.entries), handles=len(self.table), plans=len(self.programs),
-                 plan_graphs=sum(1 for r in self.programs.values() if r.graph is not None))
+                 plan_graphs=sum(1 for r in self.programs.values() if r.graph is not None),
+                 # operation -> plans it keeps step by step (not capturable into a CUDA graph)
+                 plan_blockers={op: sum(op in r.blockers for r in self.programs.values())
+                                for op in {op for r in self.programs.values() for op in r.blockers}})
         d.update(replicas.cache.stats())
+        if PROFILE:
+            d["profile"] = {op: tuple(v) for op, v in self.profile.items()}
         return d
 
     # ---- worker side -------------------------------------------------------

@@ -37,7 +37,8 @@ from .. import blas
 from ..comm import counters
 from .registry import capturable
 
-ENABLED = os.environ.get("DMATH_CUDA_GRAPHS", "1") != "0"
+# a profiled run times every kernel in Python, which a graph launch would skip
+ENABLED = os.environ.get("DMATH_CUDA_GRAPHS", "1") != "0" and os.environ.get("DMATH_PROFILE", "0") in ("", "0")
 
 
 def external_inputs(rt, program):
@@ -60,8 +61,10 @@ class Replayer:
         self.program = program
         self.runs = 0
         self.graph = None
-        self.capturable = (ENABLED and rt.backend.is_gpu and bool(program.steps)
-                           and all(capturable(rt.entries[s.sig_id]) for s in program.steps))
+        # the operations that keep this plan out of a CUDA graph (reported by dmath.stats())
+        self.blockers = sorted({rt.entries[s.sig_id].op for s in program.steps
+                                if not capturable(rt.entries[s.sig_id])})
+        self.capturable = ENABLED and rt.backend.is_gpu and bool(program.steps) and not self.blockers
 
     def replay(self):
         rt = self.rt

@@ -87,11 +87,20 @@ class Conv2D(Layer):
             self.bias = self._add_weight("bias", self.bias_init, (1, self.filters), dtype, rep,
                                          public_shape=(self.filters,), fans=fans)
 
-    def forward(self, x, ctx):
-        fn = ConvFn(self.kernel_hw, self.stride, self.padding, self.dilation, self.groups)
+    def forward(self, x, ctx, activation=None):
+        """The layer's nodes; `activation` ('relu') is fused into the convolution (a following
+        Activation layer that a Program folds in), as is the layer's own relu."""
+        own = self.activation
+        fused = "relu" if "relu" in (own, activation) else None
+        fn = ConvFn(self.kernel_hw, self.stride, self.padding, self.dilation, self.groups, fused)
         w = ctx.param(self.kernel)
         y = fn.apply(x, w) if self.bias is None else fn.apply(x, w, ctx.param(self.bias))
-        return make_activation(self.activation).apply(y) if self.activation else y
+        return make_activation(own).apply(y) if own and own != "relu" else y
+
+    def absorbs(self, layer):
+        """True when `layer`, coming right after this one, can run inside this layer's convolution."""
+        return (self.activation in (None, "relu") and type(layer).__name__ == "Activation"
+                and layer.activation == "relu")
 
     def get_config(self):
         return {**super().get_config(), "filters": self.filters, "kernel": list(self.kernel_hw),

@@ -40,7 +40,7 @@ class Conv2D(Function):
     cross-correlation as PyTorch."""
     name = "conv2d"
 
-    def __init__(self, kernel_hw, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1):
+    def __init__(self, kernel_hw, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, activation=None):
         self.kernel_hw = pair(kernel_hw, "kernel")
         self.stride = pair(stride, "stride")
         self.padding = pair(padding, "padding")
@@ -49,7 +49,9 @@ class Conv2D(Function):
             raise ConfigError("conv2d: kernel, stride and dilation must be at least 1")
         if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
             raise ConfigError(f"conv2d: groups must be a positive integer, got {groups!r}")
-        self.groups = groups
+        if activation not in (None, "relu"):
+            raise ConfigError(f"conv2d: a fused activation must be None or 'relu', got {activation!r}")
+        self.groups, self.activation = groups, activation
 
     def infer(self, x, w, b=None):
         c, h, wd = self.image_shape = _image(self.name, x)
@@ -73,10 +75,13 @@ class Conv2D(Function):
 
     def forward(self, x, w, b=None):
         return dmath.nn.conv2d(x, w, b, self.image_shape, stride=self.stride, padding=self.padding,
-                               dilation=self.dilation, kernel_hw=self.kernel_hw, groups=self.groups)
+                               dilation=self.dilation, kernel_hw=self.kernel_hw, groups=self.groups,
+                               activation=self.activation)
 
     def backward(self, xs, y, gy, needs):
         x, w = xs[0], xs[1]
+        if self.activation == "relu":
+            gy = dmath.where(y, gy, 0.0)         # y > 0 exactly where the pre-activation was
         gx, gw, gb = dmath.nn.conv2d_backward(gy, x, w, self.image_shape, self.kernel_hw, self.stride,
                                               self.padding, self.dilation, need_dx=needs[0], groups=self.groups)
         grads = (gx if needs[0] else None, gw if needs[1] else None)

@@ -154,6 +154,13 @@ def test_conv2d(stride, padding, dilation):
     gradcheck(build, [x, wt, b], [dmath.RowBlock(), REP, REP], sample_shapes=[(c, h, w), None, None])
 
 
+def test_conv2d_with_fused_relu_and_groups():
+    c, h, w, k = 4, 5, 5, 4
+    x, wt, b = _u((4, c * h * w), 11), _u((k, c // 2 * 9), 12), _u((1, k), 13)
+    build = lambda x, wt, b: ops.Conv2D(3, 1, 1, 1, groups=2, activation="relu").apply(x, wt, b)  # noqa: E731
+    gradcheck(build, [x, wt, b], [dmath.RowBlock(), REP, REP], sample_shapes=[(c, h, w), None, None])
+
+
 @pytest.mark.parametrize("mode,kernel,stride,padding", [("max", 2, None, 0), ("max", 3, 2, 1),
                                                         ("average", 2, 1, 0), ("average", 3, 2, 1)])
 def test_pool2d(mode, kernel, stride, padding):

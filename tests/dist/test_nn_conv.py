@@ -213,6 +213,22 @@ def test_grouped_forward_and_backward(name):
         np.testing.assert_allclose(g.to_numpy(), want_g, rtol=1e-6, atol=1e-8)
 
 
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_fused_relu_equals_relu_after(name):
+    x, w, b, want = _problem("stride2_pad1", seed=95)
+    kw_args, kernel_hw = _args("stride2_pad1")
+    lay, rep = LAYOUTS[name](N), dmath.Replicated()
+    for bias in (b, None):
+        bm = make(bias, rep, "float64") if bias is not None else None
+        y = dmath.nn.conv2d(make(x, lay, "float64"), make(w, rep, "float64"), bm, (C, H, W),
+                            kernel_hw=kernel_hw, activation="relu", **kw_args)
+        plain = ref.conv2d(x.reshape(N, C, H, W), w.reshape(K, C, 3, 3), None if bias is None else bias.reshape(-1),
+                           **kw_args).reshape(N, -1)
+        np.testing.assert_allclose(y.to_numpy(), np.maximum(plain, 0), rtol=1e-12, atol=1e-12)
+    with pytest.raises(dmath.DMathError, match="activation"):
+        dmath.nn.conv2d(make(x, lay, "float64"), make(w, rep, "float64"), None, (C, H, W), activation="tanh")
+
+
 def test_grouped_errors():
     x = dmath.from_numpy(values((N, GC * H * W), 1))
     with pytest.raises(dmath.ShapeError, match="groups=3 must divide"):
