@@ -12,6 +12,8 @@ optimizer in PyTorch eager on the same device in the same run (on the
 master's GPU, or the CPU with PyTorch's threads), and reports seconds per
 run, the dnn/PyTorch ratio, and the added time per hidden layer (the slope
 of a least-squares line through the L points, as in the paper's table).
+Under mpiexec the PyTorch peer is DistributedDataParallel over the same
+GPUs, each rank taking its share of every batch of 100.
 """
 import argparse
 import os
@@ -24,7 +26,10 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dmath                                    # noqa: E402
 import dnn                                      # noqa: E402
 from dnn import layers as L                     # noqa: E402
-from common import environment, write_json      # noqa: E402
+from dmath.comm.control import gather_objects   # noqa: E402
+from dmath.ops.base import dispatch             # noqa: E402
+from dmath.runtime import kernel                # noqa: E402
+from common import environment, torch_distributed, write_json      # noqa: E402
 
 
 def build(hidden, units, dtype):
@@ -36,22 +41,45 @@ def build(hidden, units, dtype):
                           optimizer=dnn.optim.SGD(lr=0.05, weight_decay=0.001))
 
 
-def time_dnn(x, y, hidden, units, epochs, batch, dtype):
+def time_dnn(data, hidden, units, epochs, batch, dtype):
+    """Seconds of `epochs` epochs of fit over the resident dataset, after one warm-up epoch (which
+    records the step and captures it; PyTorch's peer has its tensors on the device too)."""
     model = build(hidden, units, dtype)
-    model.fit(x[:10 * batch], y[:10 * batch], batch_size=batch, epochs=1, shuffle=False, verbose=0)  # warm-up
+    model.fit(data, batch_size=batch, epochs=1, shuffle=False, verbose=0)
     dmath.synchronize()
     t0 = time.perf_counter()
-    hist = model.fit(x, y, batch_size=batch, epochs=epochs, shuffle=False, verbose=0)
+    hist = model.fit(data, batch_size=batch, epochs=epochs, shuffle=False, verbose=0)
     dmath.synchronize()
     return time.perf_counter() - t0, float(hist.history["loss"][-1])
 
 
-def time_torch(x, y, hidden, units, epochs, batch, dtype, device):
+@kernel("bench_torch_ddp_mlp")
+def _torch_ddp(call):
+    """The PyTorch peer as DDP over the dmath workers' GPUs; static = (hidden, units, epochs, batch,
+    dtype, samples, port). Every rank makes the same data and takes its share of each batch."""
+    hidden, units, epochs, batch, dtype, samples, port = call.entry.static
+    rng = np.random.default_rng(0)
+    x = rng.random((samples, 784), dtype=np.float32)
+    y = rng.integers(0, 10, samples)
+    p, r = call.world.size, call.rank
+    share = batch // p
+    keep = np.concatenate([np.arange(s + r * share, s + (r + 1) * share) for s in range(0, samples, batch)])
+    result = time_torch(x[keep], y[keep], hidden, units, epochs, share, dtype, "gpu", call=call, port=port)
+    results = gather_objects(call.world, result)
+    if call.rank == 0:
+        call.result = results[0]
+    return []
+
+
+def time_torch(x, y, hidden, units, epochs, batch, dtype, device, call=None, port=None):
     try:
         import torch
     except ImportError:
         return None, None
-    dev = torch.device("cuda", 0) if device == "gpu" else torch.device("cpu")
+    if call is not None:
+        torch, dev = torch_distributed(call, port)
+    else:
+        dev = torch.device("cuda", 0) if device == "gpu" else torch.device("cpu")
     tdt = getattr(torch, dtype)
     mods = []
     width = 784
@@ -60,6 +88,8 @@ def time_torch(x, y, hidden, units, epochs, batch, dtype, device):
         width = units
     mods.append(torch.nn.Linear(width, 10))
     net = torch.nn.Sequential(*mods).to(dev, tdt)
+    if call is not None:
+        net = torch.nn.parallel.DistributedDataParallel(net, device_ids=[dev.index])
     opt = torch.optim.SGD(net.parameters(), lr=0.05, weight_decay=0.001)
     lossf = torch.nn.CrossEntropyLoss()
     xt = torch.as_tensor(x, device=dev, dtype=tdt)
@@ -108,16 +138,23 @@ def main():
     rng = np.random.default_rng(0)
     x = rng.random((args.samples, 784), dtype=np.float32)
     y = rng.integers(0, 10, args.samples)
+    data = dnn.data.Dataset(x, y)           # placed on the workers once
     rows = []
     for hidden in args.layers:
-        t_dnn, loss_dnn = time_dnn(x, y, hidden, args.units, args.epochs, args.batch, args.dtype)
-        t_torch, loss_torch = (None, None) if args.no_torch else time_torch(
-            x, y, hidden, args.units, args.epochs, args.batch, args.dtype, device)
+        t_dnn, loss_dnn = time_dnn(data, hidden, args.units, args.epochs, args.batch, args.dtype)
+        if args.no_torch:
+            t_torch, loss_torch = None, None
+        elif dmath.num_workers() > 1 and device == "gpu":
+            t_torch, loss_torch = dispatch("bench_torch_ddp_mlp", static=(
+                hidden, args.units, args.epochs, args.batch, args.dtype, args.samples, 29541))[1]
+        else:
+            t_torch, loss_torch = time_torch(x, y, hidden, args.units, args.epochs, args.batch, args.dtype, device)
         row = {"hidden_layers": hidden, "dnn_s": t_dnn, "dnn_final_loss": loss_dnn,
                "torch_s": t_torch, "torch_final_loss": loss_torch,
+               "torch_peer": ("DDP" if dmath.num_workers() > 1 else "eager") if t_torch else None,
                "torch_over_dnn": (t_torch / t_dnn) if t_torch else None}
         rows.append(row)
-        print(f"L={hidden}: dnn {t_dnn:7.2f} s   PyTorch eager "
+        print(f"L={hidden}: dnn {t_dnn:7.2f} s   PyTorch {row['torch_peer'] or ''} "
               f"{'-' if t_torch is None else f'{t_torch:7.2f} s'}   ratio "
               f"{'-' if t_torch is None else f'{t_torch / t_dnn:.2f}'}", flush=True)
     result = {"workers": dmath.num_workers(), "device": device, "dtype": args.dtype, "samples": args.samples,
