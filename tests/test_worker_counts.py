@@ -54,3 +54,36 @@ def test_same_results_at_1_and_3_workers(tmp_path):
     np.testing.assert_allclose(one["norm"], three["norm"], rtol=1e-12)
     u = one["u"]
     assert u.min() >= 0 and u.max() < 1 and len(np.unique(u)) == u.size
+
+
+GATHER_SCRIPT = """
+import sys
+import dmath
+from dmath.comm.control import gather_objects
+from dmath.ops.base import dispatch
+from dmath.runtime import kernel
+
+
+@kernel("test_big_objects")          # registered before init: every rank knows it
+def _big(call):
+    call.result = gather_objects(call.world, {"rank": call.rank, "text": "x" * (300000 + call.rank)})
+    return []
+
+
+dmath.init(device="cpu")
+got = dispatch("test_big_objects")[1]
+assert [g["rank"] for g in got] == list(range(dmath.num_workers())), got
+assert [len(g["text"]) for g in got] == [300000 + r for r in range(dmath.num_workers())]
+print("ok")
+"""
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec found")
+def test_objects_of_any_size_reach_the_master(tmp_path):
+    """Per-worker reports (dmath.nn.explain_conv2d's plan lists) can be far larger than MPI's
+    eager limit; a receive posted before the size is known truncated them (MPI_ERR_TRUNCATE)."""
+    script = tmp_path / "gather.py"
+    script.write_text(GATHER_SCRIPT)
+    p = subprocess.run([MPIEXEC, "-n", "3", sys.executable, str(script)], cwd=str(tmp_path), env=job_env(),
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0 and "ok" in p.stdout, f"exit {p.returncode}\n{p.stdout}\n{p.stderr}"

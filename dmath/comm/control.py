@@ -73,14 +73,16 @@ def gather_objects(world, obj):
         return None
     out = [obj]
     for r in range(1, world.size):
-        req = world.err.irecv(source=r, tag=OBJECT_TAG)
         box = {}
 
-        def done(req=req, box=box):
-            flag, value = req.test()
-            if flag:
-                box["v"] = value
-            return flag
+        def done(r=r, box=box):
+            # a matched probe, then a receive of exactly the message's size: an object of any
+            # size arrives whole (a receive posted first gets a fixed-size buffer and truncates)
+            msg = world.err.improbe(source=r, tag=OBJECT_TAG)
+            if msg is None:
+                return False
+            box["v"] = msg.recv()
+            return True
         poll(done)
         out.append(box["v"])
     return out
