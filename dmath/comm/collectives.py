@@ -245,21 +245,21 @@ def recv_host(world, array, source, tag=7):
     wait_host(recv_host_start(world, array, source, tag), array.nbytes)
 
 
-def bcast_host(group, array, root=0):
-    """Broadcast the C-contiguous host array `array` from group member `root`, in place (MPI, any backend).
+def bcast_host_start(group, array, root=0):
+    """Start broadcasting the C-contiguous host array `array` from group member `root` (MPI, any
+    backend); returns the requests for `wait_host`. The root's array is only read.
 
     One collective (a tree or pipeline inside MPI) instead of a send per
     member: the root's link carries the bytes about once, not size - 1 times.
     """
     if group.size == 1:
-        return
+        return []
     if group.rank == root:
         counters.count_send(array.nbytes * (group.size - 1), group.size - 1)
     else:
         counters.count_recv(array.nbytes, 1)
     BYTE = group.world.mpi_module.BYTE
-    for part in _parts(array):
-        wait(group.mpi.Ibcast([part, BYTE], root=root), part.nbytes)
+    return [group.mpi.Ibcast([part, BYTE], root=root) for part in _parts(array)]
 
 
 def device_done():

@@ -54,9 +54,15 @@ def _host_blocks(call, dist, dtype):
     if dist.replicated and 0 in group and len(group) > 1:
         if call.rank not in group:
             return None
-        block = host_block(call.payload, mine[0]) if call.rank == 0 else memory.host_empty(mine[0].shape, dtype)
         members = world.group(group)
-        collectives.bcast_host(members, block, root=members.index(0))
+        if call.rank == 0:
+            # broadcast straight from the array, and make the master's own copy meanwhile
+            requests = collectives.bcast_host_start(members, call.payload, root=members.index(0))
+            block = host_block(call.payload, mine[0])
+        else:
+            block = memory.host_empty(mine[0].shape, dtype)
+            requests = collectives.bcast_host_start(members, block, root=members.index(0))
+        collectives.wait_host(requests, block.nbytes)
         return [block]
     if call.rank == 0:
         src = call.payload
@@ -159,17 +165,22 @@ def _gather(call):
                 collectives.send_host(world, a, 0)
         return []
     acc_dtype = np.float64 if dist.partial else dtype
-    out = np.zeros(dist.shape, dtype=acc_dtype)
-    # every block is received at once, into its own buffer, then assembled
-    incoming, requests = [], []
+    # the pieces of a distributed or replicated matrix cover it exactly: no need to clear it first
+    out = np.zeros(dist.shape, dtype=acc_dtype) if dist.partial else np.empty(dist.shape, dtype=acc_dtype)
+    # every block is received at once: straight into the result where it is whole rows of it,
+    # else into a buffer of its own, assembled afterwards
+    incoming, requests, nbytes = [], [], 0
     for r in who:
         if r != 0:
             for p in dist.pieces[r]:
-                block = memory.host_empty(p.shape, dtype)
-                incoming.append((p, block))
+                block = None if dist.partial else _contiguous_block(out, p)
+                if block is None:
+                    block = memory.host_empty(p.shape, dtype)
+                    incoming.append((p, block))
                 requests += collectives.recv_host_start(world, block, r)
+                nbytes += block.nbytes
     own = kinds.host_arrays(shard) if 0 in who else None
-    collectives.wait_host(requests, sum(b.nbytes for _, b in incoming))
+    collectives.wait_host(requests, nbytes)
     parts = ([] if own is None else list(zip(dist.pieces[0], own))) + incoming
     for p, block in parts:
         if dist.partial:
