@@ -27,7 +27,7 @@ from .. import backend, memory
 from ..layout import indexset as ix
 from ..memory import kinds
 from ..runtime import kernel
-from . import nn_rows as rows
+from . import cuda, nn_rows as rows
 from .creation import _U, _uniform, stream_key
 
 #: generator lanes of the transform draws (dmath.random uses 0 and 1, dropout 2)
@@ -279,12 +279,6 @@ def _transform_images(call):
 
 
 _TRANSFORM_SOURCE = r"""
-#include <cuda_fp16.h>
-template <typename T> __device__ double dm_val(T v) { return (double)v; }
-template <> __device__ double dm_val<half>(half v) { return (double)__half2float(v); }
-template <typename T> __device__ T dm_cast(double v) { return (T)v; }
-template <> __device__ half dm_cast<half>(double v) { return __float2half((float)v); }
-
 template <typename T>
 __global__ void dm_transform(const T* x, T* y, const int* dy, const int* dx, const signed char* fl,
                              const double* mean, const double* inv_std, double scale,
@@ -298,11 +292,11 @@ __global__ void dm_transform(const T* x, T* y, const int* dy, const int* dx, con
     int sy = h - dy[s];
     int sx = (fl[s] ? W - 1 - w : w) - dx[s];
     double v = 0.0;
-    if (sy >= 0 && sy < H && sx >= 0 && sx < W) v = dm_val(x[(sc * H + sy) * W + sx]) * scale;
+    if (sy >= 0 && sy < H && sx >= 0 && sx < W) v = (double)dm_val(x[(sc * H + sy) * W + sx]) * scale;
     y[i] = dm_cast<T>((v - mean[c]) * inv_std[c]);
 }
 """
-_transform_module = []
+_TRANSFORM_INSTANCES = [f"dm_transform<{t}>" for t in cuda.C_TYPES.values()]
 
 
 @kernel("nn_transform_images", backend="gpu", capturable=True)
@@ -319,10 +313,6 @@ def _transform_images_cuda(call):
     (out,) = rows.new_output(call, 0)
     if not m:
         return [rows.shard(call, 0, [out])]
-    if not _transform_module:
-        _transform_module.append(cupy.RawModule(code=_TRANSFORM_SOURCE, options=("-std=c++14",),
-                                                name_expressions=[f"dm_transform<{n}>" for n in
-                                                                  ("half", "float", "double")]))
     cache = call.entry.cache
     if "affine" not in cache:
         _, mean, inv_std = _affine(t, np.dtype(np.float64))
@@ -335,10 +325,7 @@ def _transform_images_cuda(call):
         if "still" not in cache:
             cache["still"] = (cupy.zeros(m, np.int32), cupy.zeros(m, np.int32), cupy.zeros(m, np.int8))
         dy, dx, fl = cache["still"]
-    ctype = {"float16": "half", "float32": "float", "float64": "double"}[str(x.dtype)]
-    fn = _transform_module[0].get_function(f"dm_transform<{ctype}>")
-    total = out.size
-    fn(((total + 255) // 256,), (256,), (cupy.ascontiguousarray(x), out, dy, dx, fl, mean, inv_std,
-                                        np.float64(t.scale), np.int32(c), np.int32(h), np.int32(w),
-                                        np.int64(total)))
+    fn = cuda.function(_TRANSFORM_SOURCE, f"dm_transform<{cuda.C_TYPES[str(x.dtype)]}>", _TRANSFORM_INSTANCES)
+    cuda.launch(fn, out.size, (cupy.ascontiguousarray(x), out, dy, dx, fl, mean, inv_std, np.float64(t.scale),
+                               np.int32(c), np.int32(h), np.int32(w), np.int64(out.size)))
     return [rows.shard(call, 0, [out])]

@@ -18,7 +18,7 @@ import numpy as np
 from .. import backend
 from ..layout import indexset as ix
 from ..runtime import kernel
-from . import nn_rows as rows
+from . import cuda, nn_rows as rows
 from .creation import _mix, _uniform
 
 #: the generator lane of dropout masks (dmath.random uses lanes 0 and 1 of a stream)
@@ -69,16 +69,13 @@ def _dropout(call):
 
 
 _CUDA_SOURCE = r"""
-#include <cuda_fp16.h>
 __device__ unsigned long long dm_mix(unsigned long long z) {
     z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
     return z ^ (z >> 31);
 }
-template <typename T> __device__ float dm_f(T v) { return (float)v; }
-template <> __device__ float dm_f<half>(half v) { return __half2float(v); }
-template <> __device__ float dm_f<double>(double v) { return (float)v; }
 
+// creation.py's _uniform of the element's global index, keyed as nn_dropout._key(seed, step)
 template <typename T>
 __global__ void dm_dropout(const T* x, T* y, T* mask, const double* step, unsigned long long base,
                            long long first_row, long long ncols, long long total, double p, double keep) {
@@ -89,26 +86,12 @@ __global__ void dm_dropout(const T* x, T* y, T* mask, const double* step, unsign
                                + (unsigned long long)(i % ncols);
     unsigned long long z = dm_mix(index * 0x9E3779B97F4A7C15ULL + key);
     double u = (double)(z >> 11) * (1.0 / 9007199254740992.0);
-    T m = (T)(u >= p ? keep : 0.0);
+    T m = dm_cast<T>(u >= p ? keep : 0.0);
     mask[i] = m;
-    y[i] = x[i] * m;
-}
-template <>
-__global__ void dm_dropout<half>(const half* x, half* y, half* mask, const double* step, unsigned long long base,
-                                 long long first_row, long long ncols, long long total, double p, double keep) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    unsigned long long key = dm_mix(base + (unsigned long long)step[0] * 0xD1B54A32D192ED03ULL);
-    unsigned long long index = (unsigned long long)(first_row + i / ncols) * (unsigned long long)ncols
-                               + (unsigned long long)(i % ncols);
-    unsigned long long z = dm_mix(index * 0x9E3779B97F4A7C15ULL + key);
-    double u = (double)(z >> 11) * (1.0 / 9007199254740992.0);
-    half m = __float2half((float)(u >= p ? keep : 0.0));
-    mask[i] = m;
-    y[i] = __float2half(__half2float(x[i]) * __half2float(m));
+    y[i] = dm_cast<T>((double)(dm_val(x[i]) * dm_val(m)));     // rounded once, as NumPy's x * mask
 }
 """
-_module = []
+_INSTANCES = [f"dm_dropout<{t}>" for t in cuda.C_TYPES.values()]
 
 
 @kernel("nn_dropout", backend="gpu", capturable=True)
@@ -126,17 +109,10 @@ def _dropout_cuda(call):
         step = rows.local(call.inputs[1]).reshape(1).astype(cupy.float64)    # stays on the device
     else:
         step = cupy.full(1, float(int(call.scalars[2])), dtype=cupy.float64)
-    if not _module:
-        _module.append(cupy.RawModule(code=_CUDA_SOURCE, options=("-std=c++14",),
-                                      name_expressions=[f"dm_dropout<{t}>" for t in ("half", "float", "double")]))
-    ctype = {"float16": "half", "float32": "float", "float64": "double"}[str(x.dtype)]
-    fn = _module[0].get_function(f"dm_dropout<{ctype}>")
+    fn = cuda.function(_CUDA_SOURCE, f"dm_dropout<{cuda.C_TYPES[str(x.dtype)]}>", _INSTANCES)
     piece = src.dist.pieces[call.rank][0]
     first_row = piece.rows[0][0] if piece.rows else 0
     base = np.uint64((int(seed) * _SEED_MUL + DROPOUT_LANE * _LANE_MUL) & _MASK64)
-    total = x.size
-    if total:
-        fn(((total + 255) // 256,), (256,), (cupy.ascontiguousarray(x), y, mask, step, base, np.int64(first_row),
-                                            np.int64(src.dist.shape[1]), np.int64(total), np.float64(p),
-                                            np.float64(1.0 / (1.0 - p))))
+    cuda.launch(fn, x.size, (cupy.ascontiguousarray(x), y, mask, step, base, np.int64(first_row),
+                             np.int64(src.dist.shape[1]), np.int64(x.size), np.float64(p), np.float64(1.0 / (1.0 - p))))
     return [rows.shard(call, 0, [y]), rows.shard(call, 1, [mask])]

@@ -11,7 +11,7 @@ import numpy as np
 
 from .. import backend, memory
 from ..runtime import kernel
-from . import nn_rows as rows
+from . import cuda, nn_rows as rows
 from .nn_windows import images, padded, tap, windows
 
 
@@ -90,14 +90,6 @@ def _pool2d_backward(call):
 # gathering from the windows that cover it: no atomics, the same sums on every run). Pooling
 # reads and writes each value once: memory-bound, as cuDNN's own kernels are.
 _CUDA_SOURCE = r"""
-// arithmetic in float for half and float data, in double for double (as the NumPy kernels)
-template <typename T> struct Acc { typedef float type; };
-template <> struct Acc<double> { typedef double type; };
-template <typename T> __device__ typename Acc<T>::type dm_val(T v) { return (typename Acc<T>::type)v; }
-template <> __device__ float dm_val<half>(half v) { return __half2float(v); }
-template <typename T> __device__ T dm_cast(double v) { return (T)v; }
-template <> __device__ half dm_cast<half>(double v) { return __float2half((float)v); }
-
 struct Win { int C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw; };
 #define DM_WIN_ARGS int C, int H, int W, int Ho, int Wo, int kh, int kw, int sh, int sw, int ph, int pw
 #define DM_WIN Win g = {C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw}
@@ -155,30 +147,18 @@ __global__ void dm_pool_bwd(const T* dy, const A* arg, T* dx, DM_WIN_ARGS, long 
     dx[p] = dm_cast<T>((double)(is_max ? acc : acc / (R)(g.kh * g.kw)));
 }
 """
-_C_TYPES = {"float16": "half", "float32": "float", "float64": "double"}
-_module = []
+_INSTANCES = [f"dm_pool_{d}<{t}, {a}>" for d in ("fwd", "bwd") for t in cuda.C_TYPES.values()
+              for a in cuda.C_TYPES.values()]
 
 
 def _cuda_kernel(direction, dtype, arg_dtype):
-    import cupy
-    if not _module:
-        names = [f"dm_pool_{d}<{t}, {a}>" for d in ("fwd", "bwd") for t in _C_TYPES.values()
-                 for a in _C_TYPES.values()]
-        _module.append(cupy.RawModule(code="#include <cuda_fp16.h>\n" + _CUDA_SOURCE,
-                                      options=("-std=c++14",), name_expressions=names))
-    name = f"dm_pool_{direction}<{_C_TYPES[str(dtype)]}, {_C_TYPES[str(arg_dtype)]}>"
-    return _module[0].get_function(name)
+    name = f"dm_pool_{direction}<{cuda.C_TYPES[str(dtype)]}, {cuda.C_TYPES[str(arg_dtype)]}>"
+    return cuda.function(_CUDA_SOURCE, name, _INSTANCES)
 
 
 def _win(g):
     return tuple(np.int32(v) for v in (g.channels, g.height, g.width, g.out_h, g.out_w, g.kh, g.kw, g.sh, g.sw,
                                        g.ph, g.pw))
-
-
-def _launch(fn, total, args):
-    if total:
-        threads = 256
-        fn(((total + threads - 1) // threads,), (threads,), args)
 
 
 @kernel("nn_pool2d", backend="gpu", capturable=True)
@@ -194,7 +174,7 @@ def _pool2d_cuda(call):
     is_max = mode == "max"
     am = rows.new_output(call, 1)[0] if is_max else out        # a dummy of a valid type for average
     fn = _cuda_kernel("fwd", x.dtype, am.dtype)
-    _launch(fn, out.size, (x, out, am) + _win(g) + (np.int64(out.size), np.int32(is_max)))
+    cuda.launch(fn, out.size, (x, out, am) + _win(g) + (np.int64(out.size), np.int32(is_max)))
     shards = [rows.shard(call, 0, [out])]
     if is_max:
         shards.append(rows.shard(call, 1, [am]))
@@ -214,5 +194,5 @@ def _pool2d_backward_cuda(call):
     am = cupy.ascontiguousarray(rows.local(call.inputs[1])) if is_max else dy
     (dx,) = rows.new_output(call, 0)
     fn = _cuda_kernel("bwd", dy.dtype, am.dtype)
-    _launch(fn, dx.size, (dy, am, dx) + _win(g) + (np.int64(dx.size), np.int32(is_max)))
+    cuda.launch(fn, dx.size, (dy, am, dx) + _win(g) + (np.int64(dx.size), np.int32(is_max)))
     return [rows.shard(call, 0, [dx])]
