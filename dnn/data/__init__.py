@@ -6,6 +6,7 @@
     x, y = data.read_csv("train.csv", label_column=0)           # MagmaDNN's read_csv_to_tensor
     (x, y), (xt, yt) = data.load_cifar10("/path/to/cifar-10-batches-bin")
     x, y = data.synthetic_classification(1000, (1, 8, 8), classes=3, seed=0)
+    train = data.Dataset(x, y, augment=data.Augment(shift=1))  # placed on the workers once (see dataset.py)
     for xb, yb in data.DataLoader(x, y, batch_size=100, shuffle=True, seed=1): ...
 
 Images come as float32 (N, C, H, W) in [0, 1] and labels as int64 (N,).
