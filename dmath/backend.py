@@ -122,6 +122,8 @@ def _fused_where(cupy, arrays):
         k = _kernels[("where", arrays)] = cupy.ElementwiseKernel(
             params, "O out", f"out = (c != {zero}) ? (O)a : (O)b", "dmath_where")
     return k
+
+
 _current = Backend("cpu", np)
 
 

@@ -191,8 +191,9 @@ class Sequential:
         (N, features) with y: integer labels (N,) or target rows (N,
         outputs); arrays become a Dataset, placed on the workers once for
         this call. Every epoch the samples are ordered by a permutation of
-        (the model's seed, the epoch number) when shuffle, cut into batches of batch_size (the last one may be
-        smaller), and each step takes its batch on the workers: the master
+        (the model's seed, the epoch number) when shuffle, cut into batches
+        of batch_size (the last one may be smaller), and each step takes its
+        batch on the workers: the master
         sends no sample bytes. validation_data: (x, y) arrays or a Dataset;
         validation_split: the last fraction of x (before shuffling) held out
         instead, as Keras. epochs: how many epochs to run, continuing the

@@ -104,6 +104,7 @@ class _ReadAhead:
         self.key = None
         self.thread = None
         self.result = None
+        self.in_flight = None       # the block last copied to the device (kept alive for the copy)
 
     def take(self, key, gather):
         """The rows for `key`, from the read-ahead when it guessed `key`, else gathered now."""
@@ -184,7 +185,13 @@ def _take_rows(call):
     def gather_at(p):
         return lambda: _gather_host(host_src, order_host[p + r0:p + r0 + m].astype(np.int64), stype)
     block = ahead.take((pos, order.version), gather_at(pos))
-    _write_rows(target, backend.current().asarray(block), one_hot, xp)
+    if one_hot:
+        _write_rows(target, backend.current().asarray(block), True, xp)
+    else:
+        # straight into the batch, asynchronously from pinned memory on a GPU; the block is kept
+        # until the next call, whose read of the position waits for the stream to pass this copy
+        backend.current().copy_to_device(target, block)
+        ahead.in_flight = block
     if pos + r0 + 2 * m <= n:
         ahead.start((pos + m, order.version), gather_at(pos + m))
     return [out]
