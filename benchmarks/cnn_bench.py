@@ -14,11 +14,13 @@ eagerly with cudnn.benchmark=True (DDP when P > 1; float16 through autocast
 and a GradScaler, dnn's float16 keeps float32 master weights and dynamic
 loss scaling too). Reported per case: images/s of both, their ratio, and
 each side's peak device memory less its resident images (dnn: the largest
-pool high-water mark of any worker; PyTorch: max_memory_allocated on GPU 0).
+pool high-water mark of any worker over the timed steps plus the bytes its
+captured CUDA graphs hold; PyTorch: max_memory_allocated on GPU 0).
 Efficiency across GPU counts comes from comparing the JSON of P = 1 and P
 (benchmarks/plot_cnn.py draws it).
 """
 import argparse
+import gc
 import os
 import sys
 import time
@@ -129,6 +131,7 @@ def time_dnn(net, batch, dtype, steps, parallel, profile_kernels=False):
     model = dnn_model(net, dtype, parallel)
     model.fit(data, batch_size=batch, epochs=1, shuffle=True, verbose=0)      # records, captures, tunes
     dmath.synchronize()
+    dmath.memory.clear()            # what the warm-up left cached (tuning's trial workspaces, first runs)
     dmath.reset_stats()
     epochs = max(1, steps // per_epoch)
     t0 = time.perf_counter()
@@ -136,7 +139,9 @@ def time_dnn(net, batch, dtype, steps, parallel, profile_kernels=False):
     dmath.synchronize()
     secs = time.perf_counter() - t0
     stats = dmath.stats()
-    peak = max(s["pool"]["high_water"] for s in stats) - resident
+    # the pool's high-water mark over the timed steps plus what the captured step's graph holds
+    # in its own pool (its activations, gradients and workspaces)
+    peak = max(s["pool"]["high_water"] + s["pool"].get("graphs", 0) for s in stats) - resident
     print(f"  {stats[0]['plan_graphs']} of {stats[0]['plans']} recorded plans run as CUDA graphs"
           + (f"; kept step by step by: {stats[0]['plan_blockers']}" if stats[0]["plan_blockers"] else ""))
     if profile_kernels:
@@ -151,6 +156,7 @@ def time_dnn(net, batch, dtype, steps, parallel, profile_kernels=False):
               + f"; total {total / epochs / per_epoch * 1e3:.2f} ms/step")
     strategies = sorted({layer.strategy for layer in model.layers if layer.weights and layer.strategy})
     del model, data
+    gc.collect()                    # a model's graph has reference cycles: free its plans and graphs now
     dmath.memory.clear()
     return epochs * n / secs, peak, strategies
 

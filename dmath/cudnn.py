@@ -9,9 +9,15 @@ timing samples and system constraints"; PyTorch's cudnn.benchmark). Plans
 whose workspace does not fit the memory the worker has (the pool's limit or
 the device's free memory) are never tried. `explain()` lists the choices.
 
-Execution runs on the current stream with raw device pointers and a
-workspace from the pool, so a step of cuDNN calls can be captured into a
-CUDA graph once its plans are built (a capture never builds or times).
+Execution runs on the current stream with raw device pointers and one
+workspace per worker, shared by every plan: it grows to the largest chosen
+plan's need and stays. Plans of several hundred MB each, allocated and freed
+per call, fragment a pool (above all a captured graph's own pool, which
+keeps whatever it grew to); one buffer, reused in stream order, does not. A
+step of cuDNN calls can be captured into a CUDA graph once its plans are
+built (a capture never builds or times); the graph keeps the buffer it was
+captured with alive (memory.keep_for_capture), even after a later plan makes
+the worker's workspace grow.
 
 cuDNN is optional: without the package or the library, or when cuDNN
 declines a case (`Refused`), the callers use im2col and cuBLAS instead.
@@ -218,8 +224,19 @@ class ConvPlan:
     def run(self, ptrs):
         """Run the chosen plan on device pointers (inputs, then the output), on the current stream."""
         c = self.choice
-        ws = self._workspace(c["workspace"])
+        ws = shared_workspace(c["workspace"])
+        memory.keep_for_capture(ws)
         self._execute(c["index"], ptrs, ws.data.ptr)
+
+
+def shared_workspace(nbytes):
+    """The worker's cuDNN workspace, grown to at least `nbytes` (a new buffer replaces a smaller one:
+    the old one lives on only in the graphs captured with it)."""
+    ws = _state.get("workspace")
+    if ws is None or ws.size < nbytes:
+        _state["workspace"] = None                  # the old buffer may go back to the pool first
+        ws = _state["workspace"] = memory.empty((max(nbytes, 1),), np.uint8)
+    return ws
 
 
 def _budget():

@@ -1,5 +1,6 @@
 """Neural-network operations on distributed batches: softmax, cross-entropy, convolution, pooling,
-batch normalisation, dropout, labels.
+batch normalisation, dropout, labels; and fused optimizer steps (sgd_update, adam_update,
+all_finite: dmath/updates.py).
 
 A batch is a matrix of shape (N, features): row i is sample i, an image
 batch is (N, C*H*W) in NCHW order with the image shape (C, H, W) passed as a
@@ -643,6 +644,9 @@ def transform_images(x, image_shape, shift=0, flip=False, scale=1.0, mean=0.0, s
                     scalars=(_counter(seed, "transform_images: seed"),))[0][0]
 
 
-__all__ = ["take_rows", "transform_images", "explain_conv2d", "softmax", "log_softmax", "softmax_cross_entropy", "softmax_cross_entropy_backward",
+# the fused optimizer steps live in their own module; dmath.nn is where users find them
+from .updates import adam_update, all_finite, sgd_update  # noqa: E402
+
+__all__ = ["sgd_update", "adam_update", "all_finite", "take_rows", "transform_images", "explain_conv2d", "softmax", "log_softmax", "softmax_cross_entropy", "softmax_cross_entropy_backward",
            "conv2d", "conv2d_output_shape", "conv2d_backward", "pool2d", "pool2d_backward",
            "batchnorm", "batchnorm_backward", "BatchNormSaved", "dropout", "argmax_rows", "one_hot"]

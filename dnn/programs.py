@@ -163,7 +163,8 @@ class Program:
         if scaler is None:
             model.optimizer.apply(params, grads)
             return
-        grads = [to_layout_of(g, p.value) if g is not None else None for g, p in zip(grads, params)]
-        grads, ok = scaler.unscale(grads)
-        model.optimizer.apply(params, grads, gate=ok)
+        # summed over the workers first (in the weights' precision), so the finiteness test reads the sums
+        grads = [to_layout_of(g, p.value, keep_dtype=True) if g is not None else None for g, p in zip(grads, params)]
+        ok = scaler.check(grads)
+        model.optimizer.apply(params, grads, gate=ok, grad_scale=scaler.scale)
         scaler.update(ok)

@@ -19,7 +19,7 @@ from .kinds import KINDS
 from .pool import size_class
 
 __all__ = ["stats", "set_limit", "limit", "clear", "available", "KINDS", "install", "empty", "zeros", "host_empty",
-           "local_stats", "reset_local_stats", "set_local_limit", "release_cached", "block_bytes",
+           "keep_for_capture", "local_stats", "reset_local_stats", "set_local_limit", "release_cached", "block_bytes",
            "size_class", "kinds", "replicas"]
 
 
@@ -44,6 +44,13 @@ def zeros(shape, dtype):
 def host_empty(shape, dtype):
     """An uninitialised numpy array from the pool for host staging (pinned memory on a GPU)."""
     return pool.current().host_empty(shape, dtype)
+
+
+def keep_for_capture(obj):
+    """Tie `obj`'s lifetime to the CUDA graph being captured, if one is (runtime/graphs.py)."""
+    keep = getattr(pool.current(), "keep_for_capture", None)
+    if keep is not None:
+        keep(obj)
 
 
 def block_bytes(nbytes):
@@ -101,8 +108,10 @@ def stats():
     reuse), 'high_water' (the most bytes the pool has held at once, in use
     plus cached, since init or the last reset), 'new_allocs' and
     'reused_allocs' (allocations that took new memory or reused a cached
-    block), 'limit', and 'matrices' (the bytes of live matrices on that worker,
-    as the master counts them against the limit).
+    block), 'limit', 'graphs' (device bytes held by the private pools of
+    captured CUDA graphs: a replayed step's buffers, outside the pool above),
+    and 'matrices' (the bytes of live matrices on that worker, as the master
+    counts them against the limit).
     """
     if _everywhere():
         return _commands.stats()

@@ -175,7 +175,8 @@ class HostPool:
     def stats(self):
         self._file_returned()
         return {"in_use": self.in_use, "cached": self.cached, "high_water": self.high_water,
-                "new_allocs": self.new_allocs, "reused_allocs": self.reused_allocs, "limit": self.limit}
+                "new_allocs": self.new_allocs, "reused_allocs": self.reused_allocs, "limit": self.limit,
+                "graphs": 0}
 
     def reset_stats(self):
         self._file_returned()
@@ -202,6 +203,8 @@ class CudaPool:
         self.high_water = 0
         self.new_allocs = self.reused_allocs = 0
         self.unified = 0             # bytes of live CUDA managed ('cuda_managed') allocations
+        self.graph_pools = {}        # id(owner) -> the private MemoryPool of a live captured CUDA graph
+        self.capture_refs = None     # during a capture: what the graph being captured must keep alive
         self._unified_freed = []
         cupy.cuda.set_allocator(self._malloc)
         cupy.cuda.set_pinned_memory_allocator(self._pinned_malloc)
@@ -311,12 +314,26 @@ class CudaPool:
     def block_bytes(self, nbytes):
         return -(-nbytes // self._UNIT) * self._UNIT
 
+    def keep_for_capture(self, obj):
+        """Keep `obj` (a buffer the current capture reads or writes but did not allocate, such as a
+        shared workspace) alive as long as the graph being captured; nothing outside a capture."""
+        if self.capture_refs is not None:
+            self.capture_refs.append(obj)
+
+    def hold_graph_pool(self, owner, mem_pool):
+        """Count `mem_pool` (a captured graph's own pool: its buffers, held while the graph lives) in
+        stats()['graphs'] until `owner` is collected."""
+        key = id(owner)
+        self.graph_pools[key] = mem_pool
+        weakref.finalize(owner, self.graph_pools.pop, key, None)
+
     def stats(self):
         self._file_unified()
         return {"in_use": self.device.used_bytes(), "cached": self.device.free_bytes(),
                 "high_water": self.high_water, "new_allocs": self.new_allocs,
                 "reused_allocs": self.reused_allocs, "limit": self.limit,
-                "pinned_free_blocks": self.pinned.n_free_blocks(), "unified": self.unified}
+                "pinned_free_blocks": self.pinned.n_free_blocks(), "unified": self.unified,
+                "graphs": sum(p.total_bytes() for p in self.graph_pools.values())}
 
     def reset_stats(self):
         self.new_allocs = self.reused_allocs = 0

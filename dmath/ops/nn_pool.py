@@ -94,15 +94,14 @@ struct Win { int C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw; };
 #define DM_WIN_ARGS int C, int H, int W, int Ho, int Wo, int kh, int kw, int sh, int sw, int ph, int pw
 #define DM_WIN Win g = {C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw}
 
-template <typename T, typename A>
-__global__ void dm_pool_fwd(const T* x, T* y, A* arg, DM_WIN_ARGS, long long total, int is_max) {
-    DM_WIN;
+// The bodies are templates on the index type: 32-bit index arithmetic (divisions above all) is
+// several times cheaper on a GPU than 64-bit, so arrays below 2**31 elements take the int path.
+template <typename T, typename A, typename I>
+__device__ void pool_fwd(const T* x, T* y, A* arg, const Win& g, I o, int is_max) {
     typedef typename Acc<T>::type R;
     const R neg_inf = (R)__longlong_as_double(0xfff0000000000000ULL);
-    long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (o >= total) return;
     int ox = (int)(o % g.Wo), oy = (int)((o / g.Wo) % g.Ho);
-    long long plane = o / ((long long)g.Wo * g.Ho);
+    I plane = o / ((I)g.Wo * g.Ho);
     const T* src = x + plane * g.H * g.W;
     R best = 0, sum = 0;
     int at = -1;
@@ -125,12 +124,18 @@ __global__ void dm_pool_fwd(const T* x, T* y, A* arg, DM_WIN_ARGS, long long tot
 }
 
 template <typename T, typename A>
-__global__ void dm_pool_bwd(const T* dy, const A* arg, T* dx, DM_WIN_ARGS, long long total, int is_max) {
+__global__ void dm_pool_fwd(const T* x, T* y, A* arg, DM_WIN_ARGS, long long total, int is_max) {
     DM_WIN;
-    long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (p >= total) return;
+    long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (o >= total) return;
+    if (total <= 2147483647LL) pool_fwd<T, A, int>(x, y, arg, g, (int)o, is_max);
+    else pool_fwd<T, A, long long>(x, y, arg, g, o, is_max);
+}
+
+template <typename T, typename A, typename I>
+__device__ void pool_bwd(const T* dy, const A* arg, T* dx, const Win& g, I p, int is_max) {
     int xx = (int)(p % g.W), yy = (int)((p / g.W) % g.H);
-    long long plane = p / ((long long)g.W * g.H);
+    I plane = p / ((I)g.W * g.H);
     int ys = yy + g.ph, xs = xx + g.pw;
     // outputs whose window covers (yy, xx): oy in [ceil((ys - kh + 1) / sh), ys / sh]
     int oy0 = ys - g.kh + 1 > 0 ? (ys - g.kh + 1 + g.sh - 1) / g.sh : 0, oy1 = min(ys / g.sh, g.Ho - 1);
@@ -138,13 +143,22 @@ __global__ void dm_pool_bwd(const T* dy, const A* arg, T* dx, DM_WIN_ARGS, long 
     typedef typename Acc<T>::type R;
     R acc = 0;
     for (int oy = oy0; oy <= oy1; ++oy) {
-        const long long row = (plane * g.Ho + oy) * g.Wo;
+        const I row = (plane * g.Ho + oy) * g.Wo;
         const int tap_y = (ys - oy * g.sh) * g.kw + xs;
         for (int ox = ox0; ox <= ox1; ++ox) {
             if (!is_max || (int)dm_val(arg[row + ox]) == tap_y - ox * g.sw) acc += dm_val(dy[row + ox]);
         }
     }
     dx[p] = dm_cast<T>((double)(is_max ? acc : acc / (R)(g.kh * g.kw)));
+}
+
+template <typename T, typename A>
+__global__ void dm_pool_bwd(const T* dy, const A* arg, T* dx, DM_WIN_ARGS, long long total, int is_max) {
+    DM_WIN;
+    long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (p >= total) return;
+    if (total <= 2147483647LL) pool_bwd<T, A, int>(dy, arg, dx, g, (int)p, is_max);
+    else pool_bwd<T, A, long long>(dy, arg, dx, g, p, is_max);
 }
 """
 _INSTANCES = [f"dm_pool_{d}<{t}, {a}>" for d in ("fwd", "bwd") for t in cuda.C_TYPES.values()

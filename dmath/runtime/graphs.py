@@ -33,7 +33,7 @@ GPUs (see docs/ARCHITECTURE.md). `DMATH_CUDA_GRAPHS=0` turns graphs off.
 """
 import os
 
-from .. import blas
+from .. import blas, memory
 from ..comm import counters
 from .registry import capturable
 
@@ -98,6 +98,8 @@ class CapturedProgram:
         self.pool = xp.cuda.MemoryPool()
         self.stream = xp.cuda.Stream(non_blocking=True)
         blas.prepare_capture()                  # cuBLAS may not allocate its workspace mid-capture
+        owner = memory.pool.current()
+        owner.capture_refs = []                 # buffers the kernels share between steps (a workspace)
         with xp.cuda.using_allocator(self.pool.malloc), self.stream:
             self.stream.begin_capture()
             try:
@@ -108,8 +110,14 @@ class CapturedProgram:
                 except Exception:  # noqa: S110 - the capture is invalid anyway; report the first error
                     pass
                 raise
+            finally:
+                self.keep, owner.capture_refs = owner.capture_refs, None
             self.graph = self.stream.end_capture()
         self.traffic = {k: counters.counters[k] - before[k] for k in before}
+        owner.hold_graph_pool(self, self.pool)
+        # the step-by-step runs before the capture left their temporaries cached in the shared pool;
+        # the graph has its own buffers now, so that memory goes back to the device
+        owner.release_cached()
         # what the program leaves in the table: its outputs and the inputs it wrote in place
         self.final = {h: table[h] for h in dict.fromkeys(self.writes) if h in table}
         # the capture ran nothing and counted once: the first launch is this replay's execution

@@ -12,9 +12,11 @@ class Adam(Optimizer):
     w -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps),  g = grad + weight_decay * w.
 
     Args: lr=0.001, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, schedule=None.
+    Each parameter's step is one fused command (dmath.nn.adam_update).
     """
 
     state_names = ("exp_avg", "exp_avg_sq")
+    fused = True
 
     def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, schedule=None):
         super().__init__(lr, weight_decay, schedule)
@@ -41,12 +43,8 @@ class Adam(Optimizer):
         h.step_size = h.lr / dmath.maximum(1.0 - s["beta1_power"], tiny)
         h.inv_sqrt_bc2 = dmath.pow(dmath.maximum(1.0 - s["beta2_power"], tiny), -0.5)
 
-    def update(self, p, g, state, h):
+    def fused_update(self, p, g, state, h):
         b1, b2 = self.betas
-        m, v = state["exp_avg"], state["exp_avg_sq"]
-        m *= h.factor(b1)
-        m += g * (1.0 - b1)
-        v *= h.factor(b2)
-        v += (g * g) * (1.0 - b2)
-        denom = dmath.sqrt(v) * h.inv_sqrt_bc2 + self.eps
-        p -= (m / denom) * h.step_size
+        dmath.nn.adam_update(p, g, state["exp_avg"], state["exp_avg_sq"], h.step_size, h.inv_sqrt_bc2,
+                             beta1=b1, beta2=b2, eps=self.eps, weight_decay=self.weight_decay,
+                             grad_scale=h.grad_scale, gate=h.gate)

@@ -60,8 +60,8 @@ class Optimizer:
 
     #: names of the per-parameter state matrices (zeros at the start)
     state_names = ()
-    #: True when `update` applies the weight decay itself (the base adds it to the gradient otherwise)
-    folds_weight_decay = False
+    #: True when the rule has a one-pass kernel: `fused_update` is called instead of `update`
+    fused = False
 
     def __init__(self, lr, weight_decay=0.0, schedule=None):
         self.lr = _positive(lr, "lr")
@@ -112,11 +112,14 @@ class Optimizer:
                 s["lr"].set((0, 0), lr)
                 self._lr_written[dtype] = lr
 
-    def apply(self, params, grads, gate=None):
+    def apply(self, params, grads, gate=None, grad_scale=None):
         """Issue the update commands (recordable): gradients to the parameters' layouts, then the rules.
 
         grads: one matrix per parameter (None: no gradient, the parameter is left alone).
         gate: None, or a (1, 1) matrix, 0 to skip this step (mixed-precision overflow).
+        grad_scale: None, or a (1, 1) matrix the gradients are divided by (the loss scale).
+        Rules with a fused kernel (`fused_update`) read each gradient, parameter and state once;
+        the others run as elementwise commands.
         """
         if len(params) != len(grads):
             raise GraphError(f"{len(params)} parameters but {len(grads)} gradients")
@@ -124,15 +127,24 @@ class Optimizer:
         for p in params:
             if p.dtype not in by_dtype:
                 s = self._step_scalars(p.dtype)
-                lr = s["lr"] if gate is None else s["lr"] * gate
+                # a fused rule skips a gated step on the device: its learning rate needs no gating
+                lr = s["lr"] if gate is None or self.fused else s["lr"] * gate
                 by_dtype[p.dtype] = StepScalars(lr, gate)
                 self.begin_step(s, by_dtype[p.dtype])
         for p, g in zip(params, grads):
             if g is None:
                 continue
             h = by_dtype[p.dtype]
+            if self.fused:
+                # the kernel reads a float16 gradient as it is, skips a gated step on the device
+                # and applies the weight decay itself
+                h.grad_scale, h.gate = grad_scale, gate
+                self.fused_update(p.value, to_layout_of(g, p.value, keep_dtype=True), self._state[id(p)], h)
+                continue
             g = to_layout_of(g, p.value)
-            if self.weight_decay and not self.folds_weight_decay:
+            if grad_scale is not None:
+                g = g / grad_scale
+            if self.weight_decay:
                 g = g + p.value * self.weight_decay
             if gate is not None:
                 g = dmath.where(gate, g, 0.0)     # NaN/inf -> 0 on a skipped step
@@ -163,6 +175,12 @@ class Optimizer:
 
     def update(self, p, g, state, h):
         """Update the matrix `p` in place from the gradient `g` (already in p's layout)."""
+        raise NotImplementedError
+
+    def fused_update(self, p, g, state, h):
+        """The whole update of `p` as one dmath.nn command (rules with `fused = True`): g is the raw
+        gradient in p's layout (any float dtype), h.grad_scale and h.gate are None or (1, 1) matrices,
+        the weight decay is the rule's to apply."""
         raise NotImplementedError
 
     def new_scalars(self, dtype):
@@ -216,11 +234,14 @@ class Optimizer:
             raise GraphError(f"optimizers update dnn.graph Variables, got {p!r}")
 
 
-def to_layout_of(g, p):
-    """The gradient g in the layout and dtype of the parameter matrix p (an all-reduce for a Partial g)."""
+def to_layout_of(g, p, keep_dtype=False):
+    """The gradient g in the layout and dtype of the parameter matrix p (an all-reduce for a Partial g).
+
+    keep_dtype: a gradient already in p's layout keeps its dtype (a fused rule reads it as it is);
+    one that must move is converted on the way, so a sum over workers runs in p's precision."""
     if tuple(g.shape) != tuple(p.shape):
         raise GraphError(f"a gradient of shape {tuple(g.shape)} for a parameter of shape {tuple(p.shape)}")
-    if g.layout == p.layout and g.dtype == p.dtype:
+    if g.layout == p.layout and (g.dtype == p.dtype or keep_dtype):
         return g
     return g.remap(p.layout, dtype=p.dtype)
 

@@ -1,12 +1,13 @@
 """Dynamic loss scaling for float16 training, decided on the workers (no master-side branch).
 
 The backward pass starts from `scale` instead of 1, so small float16
-gradients do not flush to zero; `unscale` divides the (float32) gradients by
-it and computes `ok`, a (1, 1) matrix that is 1 when every gradient is finite.
-The optimizer applies the step gated by `ok` (a skipped step changes
-nothing); `update(ok)` then halves the scale after an overflow and doubles it
-after `growth_interval` finite steps in a row (PyTorch's GradScaler policy).
-All of it is elementwise work on (1, 1) matrices, so it records and replays
+gradients do not flush to zero; `check` computes `ok`, a (1, 1) matrix that
+is 1 when every gradient is finite (dmath.nn.all_finite: one reading pass per
+gradient). The optimizer divides the gradients by `scale` and applies the
+step gated by `ok` (a skipped step changes nothing; fused rules do both in
+their one pass); `update(ok)` then halves the scale after an overflow and
+doubles it after `growth_interval` finite steps in a row (PyTorch's
+GradScaler policy). All of it runs on the workers, so it records and replays
 with the rest of the step.
 """
 import dmath
@@ -38,23 +39,12 @@ class DynamicLossScale:
             self.scale = dmath.full((1, 1), self.init_scale, dtype="float32", layout=rep)
             self.good_steps = dmath.zeros((1, 1), dtype="float32", layout=rep)
 
-    def unscale(self, grads):
-        """(grads / scale, ok): ok is 1 when every unscaled gradient is finite, else 0 (all on the workers)."""
-        inv = 1.0 / self.scale
-        out, total = [], None
-        for g in grads:
-            if g is None:
-                out.append(None)
-                continue
-            g = g * inv
-            out.append(g)
-            s = g.sum(axis=0).sum(axis=1)
-            total = s if total is None else total + s
-        if total is None:
-            return out, dmath.ones((1, 1), dtype="float32", layout=dmath.Replicated())
-        # x - x is 0 for a finite x and NaN for inf or NaN; where() maps 0 -> 1 and NaN -> 0
-        ok = dmath.where(total - total, 0.0, 1.0)
-        return out, ok.astype("float32") if ok.dtype != "float32" else ok
+    def check(self, grads):
+        """ok: a (1, 1) float32 matrix, 1 when every gradient (None: none) is finite, else 0 (on the workers)."""
+        grads = [g for g in grads if g is not None]
+        if not grads:
+            return dmath.ones((1, 1), dtype="float32", layout=dmath.Replicated())
+        return dmath.nn.all_finite(grads)
 
     def update(self, ok):
         """Adjust the scale after a step whose gradients were finite (ok = 1) or not (ok = 0)."""

@@ -1,4 +1,6 @@
 """Stochastic gradient descent with momentum and Nesterov momentum (PyTorch's conventions)."""
+import dmath
+
 from ..errors import ConfigError
 from .base import Optimizer, _unit
 
@@ -8,7 +10,10 @@ class SGD(Optimizer):
     d = g + momentum * v (nesterov), v (momentum) or g (plain).
 
     Args: lr=0.01, momentum=0.0, nesterov=False, weight_decay=0.0, schedule=None.
+    Each parameter's step is one fused command (dmath.nn.sgd_update).
     """
+
+    fused = True
 
     def __init__(self, lr=0.01, momentum=0.0, nesterov=False, weight_decay=0.0, schedule=None):
         super().__init__(lr, weight_decay, schedule)
@@ -17,25 +22,11 @@ class SGD(Optimizer):
         if self.nesterov and self.momentum == 0:
             raise ConfigError("nesterov momentum needs momentum > 0")
         self.state_names = ("momentum_buffer",) if self.momentum else ()
-        # plain SGD: w - lr (g + wd w) = (1 - lr wd) w - lr g, one pass over w fewer per step
-        self.folds_weight_decay = not self.momentum and self.weight_decay > 0
 
     def _hyper(self):
         return {"momentum": self.momentum, "nesterov": self.nesterov}
 
-    def begin_step(self, scalars, h):
-        if self.folds_weight_decay:
-            h.decay = 1.0 - h.lr * self.weight_decay      # 1 on a skipped step: its lr is 0
-
-    def update(self, p, g, state, h):
-        if self.folds_weight_decay:
-            p *= h.decay
-            p -= g * h.lr
-            return
-        d = g
-        if self.momentum:
-            v = state["momentum_buffer"]
-            v *= h.factor(self.momentum)
-            v += g
-            d = g + v * self.momentum if self.nesterov else v
-        p -= d * h.lr
+    def fused_update(self, p, g, state, h):
+        dmath.nn.sgd_update(p, g, h.lr, state.get("momentum_buffer"), momentum=self.momentum,
+                            nesterov=self.nesterov, weight_decay=self.weight_decay,
+                            grad_scale=h.grad_scale, gate=h.gate)

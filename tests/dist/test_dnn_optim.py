@@ -152,12 +152,34 @@ def test_dynamic_loss_scale_backs_off_and_grows():
     nan = dmath.from_numpy(np.array([[np.nan, 1.0], [0, 0]]), layout=dmath.Replicated(), dtype="float32")
     seen = []
     for g in (inf, nan, finite, finite, finite, finite, inf, finite):
-        unscaled, ok = scaler.unscale([g, finite])
+        ok = scaler.check([g, None, finite])
         seen.append((ok.get((0, 0)), scaler.value()))
         scaler.update(ok)
     assert [s[0] for s in seen] == [0, 0, 1, 1, 1, 1, 0, 1]
     assert [s[1] for s in seen] == [1024, 512, 256, 256, 256, 512, 512, 256]
-    np.testing.assert_allclose(unscaled[0].to_numpy(), np.ones((2, 2)) / 256.0)
+
+
+@pytest.mark.parametrize("make", [lambda: optim.SGD(lr=0.5, momentum=0.9, weight_decay=0.1),
+                                  lambda: optim.Adam(lr=0.01, weight_decay=0.1),
+                                  lambda: optim.RMSProp(lr=0.01)], ids=["sgd", "adam", "rmsprop"])
+def test_a_scaled_gradient_steps_as_the_unscaled_one(make):
+    """apply(grad_scale=s) with s * g is the step of g: fused rules divide inside their kernel, the others
+    before their elementwise rule; float16 gradients of float64 weights are read as they are."""
+    p0 = np.random.default_rng(3).normal(size=SHAPE)
+    g = np.random.default_rng(4).normal(size=SHAPE).astype(np.float16).astype(np.float64)
+    scale = dmath.full((1, 1), 512.0, dtype="float32", layout=dmath.Replicated())
+    results = []
+    for grad, kw in ((dmath.from_numpy(g), {}),
+                     (dmath.from_numpy(g * 512.0, dtype="float16", layout=dmath.Partial()), {"grad_scale": scale}),
+                     (dmath.from_numpy(g * 512.0, dtype="float16"), {"grad_scale": scale})):
+        p, opt = _param(p0), make()
+        for _ in range(2):
+            opt.prepare([p])
+            opt.apply([p], [grad], **kw)
+            opt.finish()
+        results.append(p.value.to_numpy())
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(results[2], results[0], rtol=1e-12, atol=1e-12)
 
 
 def test_optimizer_config_round_trip_and_errors():
