@@ -86,9 +86,15 @@ class Matrix:
         """Gather the whole matrix on the master as a numpy array."""
         return dispatch("gather", [self])[1]
 
-    def remap(self, layout, dtype=None):
-        """A new Matrix with the same values in `layout` (and `dtype`, converted on the narrower side)."""
-        return _remap(self, layout, dtype)
+    def remap(self, layout, dtype=None, background=False):
+        """A new Matrix with the same values in `layout` (and `dtype`, converted on the narrower side).
+
+        background: when the remap sums a Partial matrix (an all-reduce: data-parallel gradients),
+        run that sum on the GPU's communication stream (in the new dtype), so that the commands
+        issued next overlap it; the first command that reads the result waits for it on the
+        device (the host never blocks). Elsewhere, and on the CPU, it changes nothing.
+        """
+        return _remap(self, layout, dtype, background=bool(background))
 
     def astype(self, dtype):
         return _remap(self, self.layout, dtype)
@@ -256,10 +262,11 @@ def _is_matrix(x):
 
 
 # ---- remap --------------------------------------------------------------------
-def _remap(m, layout, dtype, offset=(0, 0), shape=None):
+def _remap(m, layout, dtype, offset=(0, 0), shape=None, background=False):
     _require_matrix(m, "remap")
     out = new_meta(layout, shape or m.shape, m.dtype if dtype is None else dtype)
-    return dispatch("remap", [m], [out], static=(tuple(offset),))[0][0]
+    background = background and m.layout.partial        # only a sum has anything to run beside
+    return dispatch("remap", [m], [out], static=(tuple(offset), background))[0][0]
 
 
 def _require_matrix(m, what):

@@ -159,12 +159,14 @@ class Program:
         model, params = self.model, self.params
         scaler = model.loss_scale
         seed = scaler.scale if scaler is not None else model.one
-        grads = backward(self.loss, params, seed=seed, order=self.order)
+        # each weight gradient moves to its weight's layout as soon as the backward pass completes it:
+        # a data-parallel all-reduce then runs beside the layers below (on a GPU's communication
+        # stream, inside the step's graph), as DDP's buckets do, but per weight and known in advance
+        grads = backward(self.loss, params, seed=seed, order=self.order,
+                         ready=lambda k, g: to_layout_of(g, params[k].value, keep_dtype=True, background=True))
         if scaler is None:
             model.optimizer.apply(params, grads)
             return
-        # summed over the workers first (in the weights' precision), so the finiteness test reads the sums
-        grads = [to_layout_of(g, p.value, keep_dtype=True) if g is not None else None for g, p in zip(grads, params)]
-        ok = scaler.check(grads)
+        ok = scaler.check(grads)            # on the sums over the workers
         model.optimizer.apply(params, grads, gate=ok, grad_scale=scaler.scale)
         scaler.update(ok)

@@ -163,6 +163,17 @@ def reduce_scatter(group, sendbuf, recvbuf, counts, op="sum"):
     recvbuf[:mine] = acc
 
 
+def _count_allreduce(group, buf):
+    # counted as the reduce-scatter + all-gather of the CPU path moves it (member k owns
+    # counts[k]): exact totals, 2 (p - 1) n over the group, with no rounding that would
+    # make the bytes differ between backends
+    n, p = buf.size, group.size
+    mine = n // p + (1 if group.rank < n % p else 0)
+    moved = buf.dtype.itemsize * (n + (p - 2) * mine)
+    counters.count_send(moved, 2 * (p - 1))
+    counters.count_recv(moved, 2 * (p - 1))
+
+
 def allreduce(group, buf, op="sum"):
     """Reduce `buf` (1-D, contiguous) over the group, in place on every member."""
     if group.size == 1:
@@ -170,18 +181,31 @@ def allreduce(group, buf, op="sum"):
     n, p = buf.size, group.size
     counts = [n // p + (1 if k < n % p else 0) for k in range(p)]
     if backend.current().is_gpu:
-        # counted as the reduce-scatter + all-gather below moves it (member k
-        # owns counts[k]): exact totals, 2 (p - 1) n over the group, with no
-        # rounding that would make the bytes differ between backends
-        mine = counts[group.rank]
-        moved = buf.dtype.itemsize * (n + (p - 2) * mine)
-        counters.count_send(moved, 2 * (p - 1))
-        counters.count_recv(moved, 2 * (p - 1))
+        _count_allreduce(group, buf)
         group.nccl.allReduce(buf.data.ptr, buf.data.ptr, n, _nccl_dtype(buf.dtype), _nccl_op(op), _stream_ptr())
         return
     part = _empty(counts[group.rank], buf.dtype)
     reduce_scatter(group, buf, part, counts, op)
     allgatherv(group, part, buf, counts)
+
+
+def allreduce_start(group, buf, op="sum"):
+    """Start reducing `buf` (1-D, contiguous) over the group in place; returns a `Pending`.
+
+    On the GPU it runs on the side stream over the group's side communicator,
+    after the work queued so far on the compute stream (so it sees `buf`'s
+    writes); computation queued next overlaps it until `Pending.wait()`. On
+    the CPU it is the blocking `allreduce` (the Pending is already done).
+    """
+    be = backend.current()
+    if group.size == 1 or not be.is_gpu:
+        allreduce(group, buf, op)
+        return Pending()
+    side_begin()
+    side = be.side_stream()
+    _count_allreduce(group, buf)
+    group.nccl_side.allReduce(buf.data.ptr, buf.data.ptr, buf.size, _nccl_dtype(buf.dtype), _nccl_op(op), side.ptr)
+    return Pending(event=side.record())
 
 
 def bcast(group, buf, root=0):

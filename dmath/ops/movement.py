@@ -37,12 +37,17 @@ def _remap_into_capturable(entry):
 
 @kernel("remap", capturable=_remap_capturable)
 def _remap_kernel(call):
-    """Redistribute input 0 (read from window `static[0]`) into the output's layout and dtype."""
+    """Redistribute input 0 (read from window `static[0]`) into the output's layout and dtype;
+    static[1]: sum a Partial input in the background (Matrix.remap's `background`)."""
     src = call.inputs[0]
     dst, dtype = call.entry.out_dists[0], call.entry.outputs[0].dtype
-    pieces = _remap.run(call.world, call.entry.cache, src.pieces, src.dist, dst, src.dtype, dtype,
-                        call.entry.static[0])
-    return [Shard(pieces, dst, dtype)]
+    offset, background = call.entry.static
+    pending = [] if background else None
+    pieces = _remap.run(call.world, call.entry.cache, src.pieces, src.dist, dst, src.dtype, dtype, offset, pending)
+    out = Shard(pieces, dst, dtype)
+    if pending:
+        out.pending = pending
+    return [out]
 
 
 @kernel("remap_into", capturable=_remap_into_capturable)

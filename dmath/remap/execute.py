@@ -64,26 +64,38 @@ def prepared_steps(cache, src, dst, offset, rank):
     return steps
 
 
-def run(world, cache, pieces, src, dst, src_dtype, dst_dtype, offset=(0, 0)):
-    """Redistribute this rank's `pieces` of `src` into new pieces of `dst` (returned)."""
+def run(world, cache, pieces, src, dst, src_dtype, dst_dtype, offset=(0, 0), pending=None):
+    """Redistribute this rank's `pieces` of `src` into new pieces of `dst` (returned).
+
+    pending: None, or a list: then a final all-reduce (Partial to its sums) runs
+    in the background (collectives.allreduce_start, in the destination dtype)
+    and its Pending is appended; the pieces are complete once it is waited for.
+    """
     rank = world.rank
     wire = send_dtype(src_dtype, dst_dtype)
     for step, loc in prepared_steps(cache, src, dst, offset, rank):
         last = step.dst is dst
         dtype = dst_dtype if last else wire
         if isinstance(step, AllReduce):
+            if last and pending is not None:
+                # converted first, summed after: nothing is left to do once the reduction lands
+                pieces = _allreduce(world, step, pieces, rank, dtype, dtype, offset, pending)
+                continue
             pieces = _allreduce(world, step, pieces, rank, wire, dtype, offset)
         else:
             pieces = _exchange(world, step, loc, pieces, rank, wire, dtype)
     return pieces
 
 
-def _allreduce(world, step, pieces, rank, wire, dtype, offset):
+def _allreduce(world, step, pieces, rank, wire, dtype, offset, pending=None):
     if rank not in step.dst.group:
         return []
     m, n = step.dst.shape
     buf = memory.empty((m * n,), wire)
     buf.reshape(m, n)[...] = pieces[0][offset[0]:offset[0] + m, offset[1]:offset[1] + n]
+    if pending is not None:
+        pending.append(collectives.allreduce_start(world.group(step.src.group), buf))
+        return [buf.reshape(m, n)]
     collectives.allreduce(world.group(step.src.group), buf)
     if np.dtype(dtype) == np.dtype(wire):
         return [buf.reshape(m, n)]

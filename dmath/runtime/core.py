@@ -246,6 +246,9 @@ class Runtime:
     def _execute(self, entry, in_handles, out_handles, scalars, payload=None):
         table = self.table
         call = Call(self, entry, [table[h] for h in in_handles], scalars, payload, in_handles)
+        for s in call.inputs:
+            if s.pending is not None:
+                s.settle()              # written by a background all-reduce: wait for it on the device
         self.commands += 1
         if PROFILE:
             shards = self._profiled(entry, call)
@@ -280,7 +283,9 @@ class Runtime:
             if h < 0:                       # -k drops plan k (protocol.py)
                 self.programs.pop(-h, None)
                 continue
-            self.table.pop(h, None)
+            s = self.table.pop(h, None)
+            if s is not None and s.pending is not None:
+                s.settle()              # its buffers go back to the pool: the side stream must be done
             replicas.cache.drop(h)
 
     def _define(self, plan_id, program):

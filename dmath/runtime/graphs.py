@@ -104,6 +104,9 @@ class CapturedProgram:
             self.stream.begin_capture()
             try:
                 rt._run_program(program)
+                for s in table.values():        # side-stream work the program left running joins the graph
+                    if s.pending is not None:
+                        s.settle()
             except BaseException:
                 try:
                     self.stream.end_capture()

@@ -12,8 +12,12 @@ class Shard:
     home: for a shard held in host memory on a GPU, its `memory.kinds.HostCopies`:
         reading `pieces` brings the data to the device (the one place this
         happens), and the runtime settles it when the command ends.
+    pending: None, or a list of collectives.Pending while the pieces are
+        still being written on the side stream (a background all-reduce); the
+        runtime makes the next command that reads or frees the shard wait for
+        it on the device (`settle`).
     """
-    __slots__ = ("_pieces", "dist", "dtype", "version", "memory", "home")
+    __slots__ = ("_pieces", "dist", "dtype", "version", "memory", "home", "pending")
 
     def __init__(self, pieces, dist, dtype, memory=None, home=None):
         self._pieces = pieces
@@ -22,6 +26,13 @@ class Shard:
         self.version = 0
         self.memory = memory
         self.home = home
+        self.pending = None
+
+    def settle(self):
+        """Make the compute stream wait for the side-stream work still writing this shard (if any)."""
+        pending, self.pending = self.pending, None
+        for p in pending or ():
+            p.wait()
 
     @property
     def pieces(self):

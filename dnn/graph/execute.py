@@ -40,7 +40,7 @@ def forward(outputs, order=None):
     return [node.value for node in outputs]
 
 
-def backward(loss, wrt, seed=None, order=None):
+def backward(loss, wrt, seed=None, order=None, ready=None):
     """Gradients of `loss` with respect to the nodes `wrt` (a list of matrices, None where no path).
 
     seed: the gradient of `loss` itself (a dmath.Matrix of its shape); None
@@ -48,6 +48,10 @@ def backward(loss, wrt, seed=None, order=None):
     gradients. Only nodes on a path from some `wrt` to `loss` are visited,
     and a function is asked only for the input gradients that are needed
     (so the first layer never computes a gradient for the data).
+    ready: None, or f(k, gradient) -> gradient, called as soon as the
+    gradient of wrt[k] is complete (its last consumer is done), while the
+    rest of the backward pass is still to be issued: data parallelism starts
+    that gradient's all-reduce there, so it overlaps the layers below.
     """
     order = order if order is not None else topological_order([loss])
     if loss.value is None:
@@ -62,6 +66,15 @@ def backward(loss, wrt, seed=None, order=None):
     elif tuple(seed.shape) != loss.shape:
         raise GraphError(f"the seed gradient must have the loss's shape {loss.shape}, got {tuple(seed.shape)}")
     grads = {loss.id: seed}
+    # consumers still to contribute to each target's gradient (for `ready`)
+    waiting = {}
+    if ready is not None:
+        for node in order:
+            if node.fn is not None and node.id in needed:
+                for x in node.inputs:
+                    if x.id in targets:
+                        waiting[x.id] = waiting.get(x.id, 0) + 1
+        index = {n.id: k for k, n in enumerate(wrt)}
     for node in reversed(order):
         gy = grads.get(node.id)
         if gy is None or node.fn is None or node.id not in needed:
@@ -80,6 +93,12 @@ def backward(loss, wrt, seed=None, order=None):
                 gx = gx.astype(x.dtype)     # a gradient has its node's precision
             prev = grads.get(x.id)
             grads[x.id] = gx if prev is None else prev + gx
+        if ready is not None:
+            for x in node.inputs:
+                if x.id in waiting:
+                    waiting[x.id] -= 1
+                    if waiting[x.id] == 0 and x.id in grads and x.id in index:
+                        grads[x.id] = ready(index[x.id], grads[x.id])
     return [grads.get(n.id) for n in wrt]
 
 

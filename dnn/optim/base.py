@@ -234,16 +234,17 @@ class Optimizer:
             raise GraphError(f"optimizers update dnn.graph Variables, got {p!r}")
 
 
-def to_layout_of(g, p, keep_dtype=False):
+def to_layout_of(g, p, keep_dtype=False, background=False):
     """The gradient g in the layout and dtype of the parameter matrix p (an all-reduce for a Partial g).
 
     keep_dtype: a gradient already in p's layout keeps its dtype (a fused rule reads it as it is);
-    one that must move is converted on the way, so a sum over workers runs in p's precision."""
+    one that must move is converted on the way, so a sum over workers runs in p's precision.
+    background: the all-reduce overlaps the commands issued after it (Matrix.remap)."""
     if tuple(g.shape) != tuple(p.shape):
         raise GraphError(f"a gradient of shape {tuple(g.shape)} for a parameter of shape {tuple(p.shape)}")
     if g.layout == p.layout and (g.dtype == p.dtype or keep_dtype):
         return g
-    return g.remap(p.layout, dtype=p.dtype)
+    return g.remap(p.layout, dtype=p.dtype, background=background)
 
 
 def _plain(m):

@@ -141,3 +141,26 @@ def test_remap_between_block_cyclic_block_sizes(blocks):
     _check_bytes(dmath.stats(), a, b, 4)
     np.testing.assert_array_equal(b.to_numpy(), x.astype("float32"))
     np.testing.assert_array_equal(b.remap(a.layout, dtype="float64").to_numpy(), x.astype("float32"))
+
+
+@pytest.mark.parametrize("dtype", [None, "float64"])
+def test_background_sum_equals_the_blocking_one(dtype):
+    """remap(background=True) of a Partial matrix: the same values, whether read next, freed unread, or
+    replayed in a recorded plan (on a GPU the sum runs on the communication stream; here it blocks)."""
+    rng = np.random.default_rng(7)
+    a = rng.normal(size=(9, 5)).astype(np.float32)
+    part = dmath.from_numpy(a, layout=dmath.Partial())
+    want = part.remap(dmath.Replicated(), dtype=dtype).to_numpy()
+    got = part.remap(dmath.Replicated(), dtype=dtype, background=True)
+    assert got.dtype == (dtype or "float32")
+    np.testing.assert_array_equal((got * 2.0).to_numpy(), want * 2.0)     # read by the next command
+    part.remap(dmath.Replicated(), background=True)                        # dropped without a reader
+    x = dmath.zeros((9, 5), dtype="float32", layout=dmath.Replicated())
+    with dmath.record() as plan:
+        g = part.remap(dmath.Replicated(), background=True)
+        x += g
+    for _ in range(2):
+        plan.replay()
+    np.testing.assert_allclose(x.to_numpy(), 3 * want.astype(np.float32), rtol=1e-6)
+    # not a sum: nothing runs in the background, the flag changes nothing
+    np.testing.assert_array_equal(got.remap(dmath.ColBlock(), background=True).to_numpy(), want)
