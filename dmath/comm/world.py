@@ -127,7 +127,7 @@ class World:
 
     def __init__(self):
         self.mpi_module = None
-        self.rank, self.size, self.local_rank = 0, 1, 0
+        self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
         self._groups = {}
         if launched_by_mpi():
             from mpi4py import MPI
@@ -138,8 +138,9 @@ class World:
             self.ctl = world.Dup()
             self.err = world.Dup()
             self.data = world.Dup()
+            self.hb = world.Dup()      # the heartbeat's pings and answers (heartbeat.py)
             node = world.Split_type(MPI.COMM_TYPE_SHARED)
-            self.local_rank = node.Get_rank()
+            self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
             node.Free()
 
     @property

@@ -26,6 +26,7 @@ class DynamicLossScale:
         self.backoff_factor, self.growth_interval = float(backoff_factor), growth_interval
         self.scale = None
         self.good_steps = None
+        self.skipped = None     # steps skipped in a row (not saved: a resumed run counts afresh)
 
     def get_config(self):
         return {"init_scale": self.init_scale, "growth_factor": self.growth_factor,
@@ -37,6 +38,7 @@ class DynamicLossScale:
             rep = dmath.Replicated()
             self.scale = dmath.full((1, 1), self.init_scale, dtype="float32", layout=rep)
             self.good_steps = dmath.zeros((1, 1), dtype="float32", layout=rep)
+            self.skipped = dmath.zeros((1, 1), dtype="float32", layout=rep)
 
     def unscale(self, grads):
         """(grads / scale, ok): ok is 1 when every unscaled gradient is finite, else 0 (all on the workers)."""
@@ -65,6 +67,13 @@ class DynamicLossScale:
         factor = ok * (grow * (self.growth_factor - 1.0) + 1.0) + (1.0 - ok) * self.backoff_factor
         self.scale *= factor
         good *= 1.0 - grow
+        skipped = self.skipped
+        skipped += 1.0
+        skipped *= 1.0 - ok                               # a good step ends the run of skips
+
+    def skipped_in_a_row(self):
+        """How many of the latest steps were skipped one after another (a master-side read)."""
+        return int(self.skipped.get((0, 0)))
 
     def value(self):
         """The current scale (a master-side read: one gather)."""
