@@ -190,7 +190,9 @@ def available():
 
 
 def clear():
-    """Give every worker's cached free blocks back to the system (matrices stay); returns the bytes per worker."""
+    """Give back, on every worker, what no matrix needs: cached free blocks, replica copies and the
+    memory of captured CUDA graphs (a plan replayed later captures again). Matrices stay. Returns
+    the bytes released per worker."""
     if _everywhere():
         return _commands.clear()
     return [release_cached()]

@@ -42,18 +42,29 @@ def _stats(call):
     return []
 
 
+def _release_all(rt):
+    """Give back everything a worker holds that nothing needs: replica copies, the memory of captured
+    CUDA graphs (replayed plans capture again), the pool's cached blocks. Returns the bytes released.
+
+    Every rank runs it in the same command, so the replica caches stay alike.
+    """
+    replicas.cache.clear()
+    graphs = sum(replayer.release_graph() for replayer in rt.programs.values())
+    return graphs + memory.release_cached()
+
+
 @kernel("memory_release")
 def _release(call):
-    """Every worker gives its cached blocks back; the master gets (bytes released, pool stats) per worker."""
-    released = memory.release_cached()
+    """Every worker gives its cached memory back; the master gets (bytes released, pool stats) per worker."""
+    released = _release_all(call.rt)
     call.result = gather_objects(call.world, (released, memory.local_stats()))
     return []
 
 
 @kernel("memory_device_free")
 def _device_free(call):
-    """Free device memory per worker, after the pool gave its cached blocks back (GPU only)."""
-    memory.release_cached()
+    """Free device memory per worker, after the worker gave its cached memory back (GPU only)."""
+    _release_all(call.rt)
     free, _ = backend.current().xp.cuda.runtime.memGetInfo()
     call.result = gather_objects(call.world, int(free))
     return []

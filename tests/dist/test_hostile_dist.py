@@ -275,3 +275,24 @@ def test_fuzz_random_calls_return_numpy_results_or_typed_errors(seed):
     assert fuzz.errors > 20 and fuzz.checked > 40, vars(fuzz)      # both kinds of outcome were exercised
     print(f"fuzz seed {seed} at P={P}: {fuzz.cases} cases, {fuzz.errors} typed errors, "
           f"{fuzz.checked} results compared with NumPy")
+
+
+# ---- 8: a long-lived process gets its memory back -------------------------------------------------------
+def test_clear_releases_replica_copies_and_captured_plans():
+    a = dmath.from_numpy(X, layout=dmath.RowBlock())
+    b = dmath.from_numpy(X.T.copy(), layout=dmath.ColBlock())
+    a.replicate()
+    out = dmath.zeros((7, 7), dtype="float64")
+    with dmath.record() as plan:
+        out.assign(a @ b)
+    for _ in range(3):
+        plan.replay()                       # on a GPU the second replay captures a CUDA graph
+    # (one worker holds every matrix whole already: nothing to cache)
+    assert all(s["cache_entries"] > 0 for s in dmath.stats()) or P == 1
+    released = dmath.memory.clear()
+    assert len(released) == P and all(r >= 0 for r in released)
+    assert all(s["cache_entries"] == 0 and s["cache_bytes"] == 0 and s["plan_graphs"] == 0
+               for s in dmath.stats())
+    plan.replay()                           # re-captured (GPU) or run step by step: the same values
+    np.testing.assert_allclose(out.to_numpy(), X @ X.T)
+    assert dmath.stats()[0]["cache_entries"] > 0 or P == 1     # the replica cache fills again
