@@ -369,7 +369,7 @@ class Runtime:
         Any exception, waiting for a command (Ctrl-C, an MPI error) or running
         one, goes to the master as a failure report.
         """
-        responder = Responder(self.world, self._status) if self.world.is_mpi else None
+        responder = Responder(self.world, self._status) if _heartbeat(self.world) else None
         while True:
             try:
                 self.activity = ("idle, waiting for the next command", time.monotonic())
@@ -436,6 +436,11 @@ class Runtime:
         return False
 
 
+def _heartbeat(world):
+    """Whether the heartbeat runs: several ranks, and an MPI that allows calls from its thread."""
+    return world.is_mpi and world.thread_multiple
+
+
 def _exit_worker(world, code):
     sys.stdout.flush()
     sys.stderr.flush()
@@ -493,7 +498,7 @@ def init(device=None):
     if world.rank != 0:
         rt.serve()
     rt.ledger.set_capacity(capacities)
-    if world.is_mpi and timeout > 0:
+    if _heartbeat(world) and timeout > 0:
         rt.pinger = Pinger(world, timeout)
     set_progress_hook(rt.check_failures)
     atexit.register(finalize)
