@@ -10,8 +10,8 @@ See docs/ARCHITECTURE.md for the layers and how to add an operation.
 """
 from . import memory, random
 from .backend import DTYPES
-from .errors import (DMathError, DTypeError, LayoutError, OutOfMemoryError, PlanError, RuntimeStateError,
-                     ShapeError, WorkerError)
+from .errors import (DMathError, DTypeError, LayoutError, NotSupportedError, OutOfMemoryError, PlanError,
+                     RuntimeStateError, ShapeError, WorkerError)
 from .files import from_file
 from .linalg import explain_gemm, gemm
 from .layout import Block2D, BlockCyclic, ColBlock, Layout, Partial, Replicated, RowBlock, Tiles
@@ -53,4 +53,4 @@ __all__ = ["init", "finalize", "is_initialized", "num_workers", "device", "stats
            "exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "pow", "maximum", "minimum", "where",
            "Layout", "Replicated", "Partial", "RowBlock", "ColBlock", "Block2D", "BlockCyclic", "Tiles",
            "DMathError", "ShapeError", "LayoutError", "DTypeError", "WorkerError", "OutOfMemoryError",
-           "RuntimeStateError", "PlanError", "record", "Plan", "DTYPES"]
+           "RuntimeStateError", "PlanError", "NotSupportedError", "record", "Plan", "DTYPES"]

@@ -41,6 +41,11 @@ class OutOfMemoryError(DMathError, MemoryError):
     """An allocation would exceed the memory limit (dmath.memory.set_limit)."""
 
 
+class NotSupportedError(DMathError, TypeError):
+    """A Python protocol a Matrix does not offer: pickling, implicit conversion to numpy, iteration,
+    in-place writes into a slice or transpose (which are copies)."""
+
+
 class RuntimeStateError(DMathError, RuntimeError):
     """The runtime is not in a state that allows the call (not initialised, broken)."""
 

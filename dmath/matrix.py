@@ -10,7 +10,7 @@ import numbers
 import numpy as np
 
 from .backend import canonical_dtype
-from .errors import DMathError, DTypeError, LayoutError, ShapeError
+from .errors import DMathError, DTypeError, LayoutError, NotSupportedError, ShapeError
 from .layout import ColBlock, Partial, Replicated, RowBlock, Tiles, distribution
 from . import linalg
 from .ops import base, elementwise, storage
@@ -21,7 +21,7 @@ from .runtime import Meta, runtime
 class Matrix:
     """A distributed 2-D matrix; its blocks stay on the workers until `to_numpy()`."""
 
-    __slots__ = ("_handle", "shape", "dtype", "layout", "_memory", "__weakref__")
+    __slots__ = ("_handle", "shape", "dtype", "layout", "_memory", "_derived", "__weakref__")
     # numpy scalars on the left (np.float32(2) * M) must defer to our reflected
     # operators instead of treating the Matrix as a sequence to convert
     __array_ufunc__ = None
@@ -30,6 +30,7 @@ class Matrix:
         self._handle = handle
         self.layout, self.shape, self.dtype = m.layout, m.shape, m.dtype
         self._memory = None        # the backend's default memory kind
+        self._derived = None       # "A.T" or "A[r0:r1, c0:c1]": a copy that in-place writes must not touch
 
     def __del__(self):
         try:
@@ -55,6 +56,35 @@ class Matrix:
 
     def __len__(self):
         return self.shape[0]
+
+    # ---- Python protocols that would alias or hide a gather ---------------------
+    def __copy__(self):
+        """copy.copy(M) is M.copy(): a new matrix with its own blocks (a copied handle would be freed twice)."""
+        return self.copy()
+
+    def __deepcopy__(self, memo):
+        return self.copy()
+
+    def __reduce_ex__(self, protocol):
+        raise NotSupportedError(
+            "a dmath.Matrix cannot be pickled: it is a handle to blocks held by this run's workers, "
+            "meaningless in another process. Save the values with M.to_numpy() (then numpy.save), "
+            "or a dnn model with model.save(path)")
+
+    def __array__(self, dtype=None, copy=None):
+        raise NotSupportedError(f"a dmath.Matrix {self.shape} is not converted to numpy implicitly (that "
+                                f"would gather it from every worker): call M.to_numpy()")
+
+    def __iter__(self):
+        raise NotSupportedError(f"a dmath.Matrix {self.shape} is not iterable (each row would be a command): "
+                                f"call M.to_numpy() and iterate over that, or slice rows with M[r0:r1]")
+
+    def _check_writable(self, what):
+        if self._derived is not None:
+            raise NotSupportedError(
+                f"{what} on {self._derived}: that is a new matrix (a copy), not a view, so the write would "
+                f"leave the original unchanged. Write the result to a name (B = B + 1), or make an "
+                f"independent copy first (B = {self._derived}.copy())")
 
     # ---- memory kinds -------------------------------------------------------
     @property
@@ -106,7 +136,9 @@ class Matrix:
     def T(self):
         """The transpose; every piece stays on its worker, transposed locally."""
         lay = self.layout.transposed(runtime().nworkers)
-        return dispatch("transpose", [self], [new_meta(lay, self.shape[::-1], self.dtype)])[0][0]
+        out = dispatch("transpose", [self], [new_meta(lay, self.shape[::-1], self.dtype)])[0][0]
+        out._derived = "A.T"
+        return out
 
     def __getitem__(self, key):
         rows, cols = _parse_key(key, self.shape)
@@ -115,7 +147,9 @@ class Matrix:
         rows = slice(rows, rows + 1) if isinstance(rows, int) else rows
         cols = slice(cols, cols + 1) if isinstance(cols, int) else cols
         shape = (rows.stop - rows.start, cols.stop - cols.start)
-        return _remap(self, _slice_layout(self.layout), None, offset=(rows.start, cols.start), shape=shape)
+        out = _remap(self, _slice_layout(self.layout), None, offset=(rows.start, cols.start), shape=shape)
+        out._derived = f"A[{rows.start}:{rows.stop}, {cols.start}:{cols.stop}]"
+        return out
 
     def get(self, index):
         """The element at (i, j) as a Python float."""
@@ -125,6 +159,7 @@ class Matrix:
     def set(self, index, value):
         """Write one element (i, j) = value in place."""
         i, j = _check_index(index, self.shape)
+        self._check_writable("set")
         dispatch("set", [self], [0], scalars=(i, j, _check_scalar(value)))
 
     def assign(self, value):
@@ -135,6 +170,7 @@ class Matrix:
         (redistributed into this matrix's layout and dtype). This is how new
         data enters a recorded plan: assign the next batch, then replay.
         """
+        self._check_writable("assign")
         if _is_matrix(value):
             if value.shape != self.shape:
                 raise ShapeError(f"assign: the source matrix has shape {value.shape}, this matrix {self.shape}")
@@ -171,8 +207,11 @@ class Matrix:
     def __matmul__(self, o):
         """self @ o: `dmath.gemm(self, o)` (any layouts; the cost model picks the strategy)."""
         if not _is_matrix(o):
-            return NotImplemented
+            return _matmul_operand(o)
         return linalg.gemm(self, o)
+
+    def __rmatmul__(self, o):
+        return _matmul_operand(o)
 
     def replicate(self, wait=True):
         """Keep a Replicated copy on every worker (the replica cache); wait=False overlaps it. Returns self."""
@@ -261,6 +300,14 @@ def _is_matrix(x):
     return isinstance(x, Matrix)
 
 
+def _matmul_operand(o):
+    """`A @ o` or `o @ A` with `o` not a Matrix: say what to do (NotImplemented for other types)."""
+    if isinstance(o, np.ndarray):
+        raise NotSupportedError(f"@ between a dmath.Matrix and a numpy array {o.shape}: make the array a "
+                                f"Matrix first (dmath.from_numpy(array)), or gather the Matrix (M.to_numpy())")
+    return NotImplemented
+
+
 # ---- remap --------------------------------------------------------------------
 def _remap(m, layout, dtype, offset=(0, 0), shape=None, background=False):
     _require_matrix(m, "remap")
@@ -282,6 +329,8 @@ def _resolve_partial(m):
 # ---- elementwise ----------------------------------------------------------------
 def _ewise(fn, *operands, inplace=False):
     """Validate, align and dispatch an elementwise function of matrices and scalars."""
+    if inplace and _is_matrix(operands[0]):
+        operands[0]._check_writable(f"in-place {fn}")
     metas = []
     for x in operands:
         if _is_matrix(x):
@@ -373,6 +422,9 @@ def _ewise_plan(fn, metas, inplace, nworkers):
 
 
 # ---- reductions -------------------------------------------------------------------
+_NAN = float("nan")     # one object: a signature holding it compares equal to itself (cached)
+
+
 def _reduce(m, op, axis):
     _require_matrix(m, op)
     if axis not in (None, 0, 1):
@@ -386,7 +438,7 @@ def _reduce(m, op, axis):
         return dispatch("reduce_all", [m], static=(kind, finish))[1]
     kind = "sum" if op == "mean" else op
     count = m.shape[axis]
-    scale = 1.0 / count if op == "mean" and count else 1.0
+    scale = (1.0 / count if count else _NAN) if op == "mean" else 1.0   # NumPy: the mean of nothing is nan
     shape = (1, m.shape[1]) if axis == 0 else (m.shape[0], 1)
     lay = m.layout
     local = (lay.replicated or (lay.partial and kind == "sum")
@@ -430,12 +482,13 @@ def _create(out, op, memory, static=(), scalars=(), payload=None):
     """
     storage.check_room(memory, out)
     scalars = tuple(scalars) + (storage.kind_scalar(memory),)
-    return _placed(dispatch(op, [], [out], static=static, scalars=scalars, payload=payload)[0][0], memory)
+    made = dispatch(op, [], [out], static=static, scalars=scalars, payload=payload, pooled=storage.pooled(memory))
+    return _placed(made[0][0], memory)
 
 
 def _placed(m, kind):
     m._memory = kind
-    return storage.placed(m, kind)
+    return m
 
 
 def zeros(shape, dtype="float32", layout=None, memory=None):
@@ -472,7 +525,10 @@ def from_numpy(array, layout=None, dtype=None, memory=None):
     if a.ndim != 2:
         raise ShapeError(f"from_numpy needs a 1-D or 2-D array, got {a.ndim}-D of shape {a.shape}")
     if not np.issubdtype(a.dtype, np.number):
-        raise DMathError(f"from_numpy needs a numeric array, got dtype {a.dtype}")
+        raise DTypeError(f"from_numpy needs a numeric array, got dtype {a.dtype}")
+    if a.dtype.kind == "c":
+        raise DTypeError(f"from_numpy: dmath matrices are real; the array is {a.dtype}. Pass a.real and "
+                         f"a.imag as two matrices (converting would drop the imaginary part)")
     dtype = canonical_dtype(dtype if dtype is not None else
                             (a.dtype if a.dtype.name in ("float16", "float32", "float64") else "float64"))
     out = new_meta(layout, a.shape, dtype)

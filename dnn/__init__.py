@@ -12,8 +12,8 @@ functions), layers, optim, losses, model; parallel holds the per-layer
 strategies. See docs/ARCHITECTURE.md, section dnn.
 """
 from . import callbacks, data, graph, initializers, layers, losses, ops, optim, parallel
-from .errors import ConfigError, DNNError, GraphError, ModelFileError, ShapeError
+from .errors import ConfigError, DNNError, GraphError, ModelFileError, ShapeError, TrainingError
 from .model import Sequential, load
 
 __all__ = ["Sequential", "load", "data", "graph", "layers", "ops", "optim", "losses", "initializers", "callbacks",
-           "parallel", "DNNError", "ShapeError", "ConfigError", "GraphError", "ModelFileError"]
+           "parallel", "DNNError", "ShapeError", "ConfigError", "GraphError", "ModelFileError", "TrainingError"]

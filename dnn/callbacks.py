@@ -6,8 +6,11 @@ no values: reading the loss costs a gather from the workers, so the model
 reads it once per epoch (and when the progress bar redraws).
 """
 import math
+import numbers
 
-from .errors import ConfigError
+import dmath
+
+from .errors import ConfigError, TrainingError
 
 
 class Callback:
@@ -108,3 +111,69 @@ class ModelCheckpoint(Callback):
                 return
             self.best = value
         self.model.save(str(self.path).format(epoch=epoch + 1, **(logs or {})))
+
+
+class TerminateOnNaN(Callback):
+    """Stop training with TrainingError when it has gone numerically wrong (on by default in fit).
+
+    Checked every `check_every` batches (one small gather) and at the end of
+    every epoch: the running loss is NaN or infinite; at an epoch's end, also
+    a weight holding NaN or infinity, or a non-finite validation loss; with
+    float16 and dynamic loss scaling, `max_skipped` steps in a row skipped
+    for inf/NaN gradients (the scale then only shrinks: the inputs or the
+    learning rate are wrong). Keras's TerminateOnNaN only stops; this one
+    raises, so that a script does not go on with a broken model. Pass
+    `fit(..., terminate_on_nan=False)` to train without it.
+    """
+
+    def __init__(self, check_every=50, max_skipped=30):
+        for name, v in (("check_every", check_every), ("max_skipped", max_skipped)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+                raise ConfigError(f"TerminateOnNaN: {name} must be a positive integer, got {v!r}")
+        self.check_every, self.max_skipped = int(check_every), int(max_skipped)
+        self.epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_batch_end(self, batch, logs=None):
+        if (batch + 1) % self.check_every == 0:
+            self._check_running(f"after batch {batch + 1} of epoch {self.epoch}")
+
+    def on_epoch_end(self, epoch, logs=None):
+        where = f"at the end of epoch {epoch}"
+        for key in ("loss", "val_loss"):
+            value = (logs or {}).get(key)
+            if value is not None and not math.isfinite(value):
+                self._stop(f"the {key} is {value} {where}")
+        self._check_skips(where)
+        for layer in self.model.layers:
+            for w in layer.weights:
+                if not _all_finite(w.value):
+                    self._stop(f"the weight {w.name} holds NaN or infinity {where}")
+
+    def _check_running(self, where):
+        loss = self.model.train_metrics.read()[0]
+        if not math.isfinite(loss):
+            self._stop(f"the loss is {loss} {where}")
+        self._check_skips(where)
+
+    def _check_skips(self, where):
+        scaler = self.model.loss_scale
+        if scaler is not None:
+            n = scaler.skipped_in_a_row()
+            if n >= self.max_skipped:
+                self._stop(f"the last {n} steps were all skipped {where}: their float16 gradients held inf "
+                           f"or NaN at every loss scale down to {scaler.value():g}")
+
+    def _stop(self, what):
+        self.model.stop_training = True
+        raise TrainingError(
+            f"training stopped: {what}. Usual causes: inputs with huge values (normalise them), a "
+            f"learning rate too large, or float16 where float32 is needed. fit(..., "
+            f"terminate_on_nan=False) trains on regardless")
+
+
+def _all_finite(m):
+    """Whether every value of matrix `m` is finite (x - x is 0 for finite x, NaN otherwise)."""
+    return m.size == 0 or dmath.where(m - m, 0.0, 1.0).min() == 1.0

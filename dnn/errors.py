@@ -23,5 +23,10 @@ class GraphError(DNNError, RuntimeError):
     """The compute graph cannot do what was asked (no value fed, no path to the loss, ...)."""
 
 
+class TrainingError(DNNError, ArithmeticError):
+    """Training cannot usefully go on: a non-finite loss or weights, or a loss scale that skips
+    every step (dnn.callbacks.TerminateOnNaN raises it; fit(..., terminate_on_nan=False) turns it off)."""
+
+
 class ModelFileError(DNNError, OSError):
     """A model file is not a dnn model file, is truncated or corrupt, or does not match the model."""

@@ -145,6 +145,7 @@ class Sequential:
         """`x` as a Dataset checked against the model (arrays are checked first, then placed once)."""
         if isinstance(x, dmath.Matrix):
             raise ConfigError(f"{what}: pass numpy arrays or a dnn.data.Dataset; batches are made on the workers")
+        _check_range(x, self.dtype, what)
 
         def check(features, kind, width, label_range):
             if features != math.prod(self.input_shape):
@@ -183,7 +184,7 @@ class Sequential:
 
     # ---- training ---------------------------------------------------------------------------
     def fit(self, x, y=None, batch_size=32, epochs=1, validation_data=None, shuffle=True, callbacks=None,
-            verbose=1, validation_split=0.0, initial_epoch=None):
+            verbose=1, validation_split=0.0, initial_epoch=None, terminate_on_nan=True):
         """Train; returns a History whose `history` maps 'loss', 'accuracy', 'val_loss',
         'val_accuracy' and 'samples_per_s' to one value per epoch.
 
@@ -200,7 +201,10 @@ class Sequential:
         epoch count of earlier fit calls; with initial_epoch=k (Keras) the
         epochs k .. epochs - 1 run instead (resuming a saved run).
         callbacks: dnn.callbacks.Callback objects. verbose: 0 silent, 1
-        progress bar, 2 one line per epoch.
+        progress bar, 2 one line per epoch. terminate_on_nan: add a
+        dnn.callbacks.TerminateOnNaN (unless callbacks hold one), which stops
+        training with TrainingError at a NaN or infinite loss or weight, or
+        a float16 loss scale that skips every step.
         """
         batch_size = _positive_int(batch_size, "batch_size")
         epochs = _positive_int(epochs, "epochs")
@@ -227,7 +231,7 @@ class Sequential:
                     raise ConfigError("validation_data must be a pair (x, y) or a dnn.data.Dataset") from exc
                 val = self._dataset(xv, yv, "validation_data")
         history = cbs.History()
-        hooks = [history] + list(callbacks or [])
+        hooks = [history] + _with_nan_guard(callbacks, terminate_on_nan)
         for cb in hooks:
             if not isinstance(cb, cbs.Callback):
                 raise ConfigError(f"callbacks must be dnn.callbacks.Callback objects, got {cb!r}")
@@ -387,6 +391,27 @@ class Sequential:
 def load(path):
     """The model saved in `path` by Model.save (architecture, weights, optimizer state)."""
     return serialization.load_model(path)
+
+
+def _with_nan_guard(callbacks, terminate_on_nan):
+    """The user's callbacks, plus a TerminateOnNaN when asked and none is there."""
+    callbacks = list(callbacks or [])
+    if terminate_on_nan and not any(isinstance(cb, cbs.TerminateOnNaN) for cb in callbacks):
+        callbacks.append(cbs.TerminateOnNaN())
+    return callbacks
+
+
+def _check_range(x, dtype, what):
+    """Refuse numpy samples that the model's dtype turns into infinity (float16 above 65504)."""
+    if dtype != "float16" or isinstance(x, Dataset):
+        return
+    a = np.asarray(x)
+    if a.dtype.kind in "iuf" and a.size:
+        biggest = float(np.nanmax(np.abs(a)))
+        if biggest > float(np.finfo(np.float16).max):
+            raise ConfigError(f"{what}: a float16 model needs inputs within +-{np.finfo(np.float16).max:g}; "
+                              f"the largest magnitude here is {biggest:g}, which becomes infinity. Normalise "
+                              f"the inputs (or Dataset(..., scale=...)), or use dtype='float32'")
 
 
 def _positive_int(v, what):

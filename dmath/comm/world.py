@@ -127,19 +127,22 @@ class World:
 
     def __init__(self):
         self.mpi_module = None
-        self.rank, self.size, self.local_rank = 0, 1, 0
+        self.rank, self.size, self.local_rank, self.local_size = 0, 1, 0, 1
+        self.thread_multiple = False    # MPI may be called from several threads at once (the heartbeat's)
         self._groups = {}
         if launched_by_mpi():
             from mpi4py import MPI
             self.mpi_module = MPI
             world = MPI.COMM_WORLD
             self.rank, self.size = world.Get_rank(), world.Get_size()
+            self.thread_multiple = MPI.Query_thread() == MPI.THREAD_MULTIPLE
             # separate communicators so control, error and data traffic never match each other
             self.ctl = world.Dup()
             self.err = world.Dup()
             self.data = world.Dup()
+            self.hb = world.Dup()      # the heartbeat's pings and answers (heartbeat.py)
             node = world.Split_type(MPI.COMM_TYPE_SHARED)
-            self.local_rank = node.Get_rank()
+            self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
             node.Free()
 
     @property

@@ -5,6 +5,7 @@
 on the workers alike, without communication.
 """
 import functools
+import operator
 from dataclasses import dataclass
 
 import numpy as np
@@ -76,7 +77,8 @@ def _contains(s, i):
 
 def check_shape(shape):
     try:
-        m, n = (int(v) for v in shape)
+        # operator.index, not int(): a shape of (2.7, 3) is a mistake, not a (2, 3) matrix
+        m, n = (operator.index(v) for v in shape)
     except (TypeError, ValueError) as exc:
         raise LayoutError(f"a matrix shape is a pair of non-negative integers, got {shape!r}") from exc
     if m < 0 or n < 0:

@@ -11,7 +11,9 @@ registers (so this layer never imports the ones above it). Before
 `dmath.init()`, `stats` and `clear` act on this process alone.
 """
 import numbers
+import os
 
+from .. import backend
 from ..comm import collectives
 from ..errors import DMathError, RuntimeStateError
 from . import kinds, pool, replicas
@@ -19,8 +21,8 @@ from .kinds import KINDS
 from .pool import size_class
 
 __all__ = ["stats", "set_limit", "limit", "clear", "available", "KINDS", "install", "empty", "zeros", "host_empty",
-           "keep_for_capture", "local_stats", "reset_local_stats", "set_local_limit", "release_cached", "block_bytes",
-           "size_class", "kinds", "replicas"]
+           "keep_for_capture", "local_stats", "reset_local_stats", "set_local_limit", "release_cached",
+           "block_bytes", "size_class", "kinds", "replicas", "free_bytes", "capacity", "host_available"]
 
 
 # ---- worker side: allocation ---------------------------------------------------
@@ -85,6 +87,46 @@ def local_limit():
 def release_cached():
     """Give this process's cached free blocks back to the system; returns the bytes released."""
     return pool.current().release_cached()
+
+
+def host_available():
+    """Bytes of host memory the system could give this process now (Linux MemAvailable: free memory
+    plus reclaimable caches; else free pages; 0 when nothing is known)."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return 0
+
+
+def free_bytes():
+    """Bytes this worker's kernels could still allocate: free device memory (GPU) or available host
+    memory (CPU), plus the pool's cached blocks, which it reuses first."""
+    be = backend.current()
+    if be.is_gpu:
+        free, _ = be.xp.cuda.runtime.memGetInfo()
+    else:
+        free = host_available()
+    return int(free) + int(local_stats()["cached"])
+
+
+def capacity(ranks_on_host):
+    """(compute, host): the bytes this worker may hold in matrices, as dmath.init measures them.
+
+    compute: the memory the kernels compute in (the device on a GPU, host memory on the CPU
+    backend); host: host memory (pinned 'host' and 'managed' matrices on a GPU). Host memory is
+    shared by the `ranks_on_host` ranks of this machine, so each is given its share.
+    """
+    host = host_available() // max(1, ranks_on_host)
+    if backend.current().is_gpu:
+        return free_bytes(), host
+    return host, host
 
 
 # ---- user side: every worker -------------------------------------------------------
@@ -157,7 +199,9 @@ def available():
 
 
 def clear():
-    """Give every worker's cached free blocks back to the system (matrices stay); returns the bytes per worker."""
+    """Give back, on every worker, what no matrix needs: cached free blocks, replica copies and the
+    memory of captured CUDA graphs (a plan replayed later captures again). Matrices stay. Returns
+    the bytes released per worker."""
     if _everywhere():
         return _commands.clear()
     return [release_cached()]

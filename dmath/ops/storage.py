@@ -6,8 +6,6 @@ functions validate and dispatch them. This module registers itself with
 the runtime's ledger (which reports a worker's pool in a refusal), so that
 those lower layers never import this one.
 """
-import os
-
 from .. import backend, memory
 from ..comm.control import gather_objects
 from ..errors import OutOfMemoryError
@@ -44,41 +42,37 @@ def _stats(call):
     return []
 
 
+def _release_all(rt):
+    """Give back everything a worker holds that nothing needs: replica copies, the memory of captured
+    CUDA graphs (replayed plans capture again), the pool's cached blocks. Returns the bytes released.
+
+    Every rank runs it in the same command, so the replica caches stay alike.
+    """
+    replicas.cache.clear()
+    graphs = sum(replayer.release_graph() for replayer in rt.programs.values())
+    return graphs + memory.release_cached()
+
+
 @kernel("memory_release")
 def _release(call):
-    """Every worker gives its cached blocks back; the master gets (bytes released, pool stats) per worker."""
-    released = memory.release_cached()
+    """Every worker gives its cached memory back; the master gets (bytes released, pool stats) per worker."""
+    released = _release_all(call.rt)
     call.result = gather_objects(call.world, (released, memory.local_stats()))
     return []
 
 
 @kernel("memory_device_free")
 def _device_free(call):
-    """Free device memory per worker, after the pool gave its cached blocks back (GPU only)."""
-    memory.release_cached()
+    """Free device memory per worker, after the worker gave its cached memory back (GPU only)."""
+    _release_all(call.rt)
     free, _ = backend.current().xp.cuda.runtime.memGetInfo()
     call.result = gather_objects(call.world, int(free))
     return []
 
 
-def _free_memory():
-    """Bytes this worker could still allocate for its kernels: free device memory (GPU) or
-    physical memory (CPU), plus the pool's cached blocks, which it reuses first."""
-    be = backend.current()
-    cached = memory.local_stats()["cached"]
-    if be.is_gpu:
-        free, _ = be.xp.cuda.runtime.memGetInfo()
-    else:
-        try:
-            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):   # no sysconf: say nothing is known to be free
-            free = 0
-    return int(free) + int(cached)
-
-
 @kernel("memory_available")
 def _available(call):
-    call.result = gather_objects(call.world, _free_memory())
+    call.result = gather_objects(call.world, memory.free_bytes())
     return []
 
 
@@ -149,11 +143,24 @@ def compute_empty(kind, shape, dtype):
     return kinds.compute_empty(kind, shape, dtype)
 
 
+def pooled(kind):
+    """Whether matrices of `kind` count against the pool's limit and capacity (dispatch's `pooled`)."""
+    return kinds.pooled(kind)
+
+
 def check_room(kind, m):
-    """Refuse, on the master, a 'cuda_managed' matrix some worker's device has no free memory for."""
-    if kind != "cuda_managed" or not backend.current().is_gpu:
+    """Refuse, on the master, a matrix outside the capped pool that some worker has no room for.
+
+    A 'host' matrix on a GPU (pinned host memory) is checked against each worker's share of the
+    host memory measured at init; a 'cuda_managed' one against the free device memory now.
+    """
+    if kinds.pooled(kind):
+        return                 # the ledger checks it, in Runtime.call
+    led = runtime().ledger
+    need = led.worker_bytes(m)
+    if kind != "cuda_managed":
+        led.check_host(m, need)
         return
-    need = runtime().ledger.worker_bytes(m)
     free = dispatch("memory_device_free")[1]
     for r, (n, f) in enumerate(zip(need, free)):
         if n > f:
@@ -163,18 +170,11 @@ def check_room(kind, m):
                 f"blocks); unified memory is not allowed to oversubscribe the device")
 
 
-def placed(m, kind):
-    """Account for a new matrix `m` in memory `kind` (outside the capped pool: off the ledger)."""
-    if not kinds.pooled(kind):
-        runtime().ledger.exempt(m._handle)
-    return m
-
-
 def to_memory(m, kind):
     """A new matrix with m's layout and values in memory `kind` (validated by the caller)."""
     out = meta(m)
     check_room(kind, out)
-    return dispatch("to_memory", [m], [out], scalars=(kinds.code(kind),))[0][0]
+    return dispatch("to_memory", [m], [out], scalars=(kinds.code(kind),), pooled=kinds.pooled(kind))[0][0]
 
 
 @kernel("to_memory")

@@ -18,12 +18,14 @@ captured of them (graphs.py).
 import atexit
 import os
 import sys
+import threading
 import time
 import traceback
 import weakref
 
 from .. import backend, memory
 from ..comm import World, counters, set_progress_hook
+from ..comm.heartbeat import Hang, Pinger, Responder
 from ..comm.control import ControlChannel, gather_objects, pending_failure, report_failure
 from ..errors import PlanError, RuntimeStateError, WorkerError
 from ..layout import distribution
@@ -39,6 +41,18 @@ FAILED_WORKER_GRACE_S = float(os.environ.get("DMATH_FAILED_WORKER_GRACE_S", "120
 #: DMATH_PROFILE=1: every kernel is timed on its worker (the device synchronised before and after,
 #: so kernels run one at a time and CUDA graphs are off); dmath.stats() reports it under 'profile'
 PROFILE = os.environ.get("DMATH_PROFILE", "0") not in ("", "0")
+
+
+def _timeout_s():
+    """DMATH_TIMEOUT_S: seconds a worker may leave the master's pings unanswered (0: no limit)."""
+    text = os.environ.get("DMATH_TIMEOUT_S", "120")
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not value >= 0:
+        raise RuntimeStateError(f"DMATH_TIMEOUT_S must be a number of seconds >= 0 (0: no limit), got {text!r}")
+    return value
 
 
 class Entry:
@@ -98,6 +112,9 @@ class Runtime:
         self.recorder = None       # master: the plans.Recorder of an open record block
         self.watchers = {}         # master: handle -> plans to tell when it is released
         self.profile = {}          # op -> [kernels run, seconds] when PROFILE is on
+        self.owner = threading.get_ident()   # master: the only thread that may issue commands
+        self.pinger = None         # master: heartbeat.Pinger when a timeout is set (MPI only)
+        self.activity = ("starting", time.monotonic())   # worker: what its main thread does, since when
 
     # ---- master side -------------------------------------------------------
     @property
@@ -109,9 +126,19 @@ class Runtime:
             raise RuntimeStateError("dmath has been finalized")
         if self.broken is not None:
             raise RuntimeStateError(f"dmath cannot continue after a worker failure: {self.broken}")
+        if threading.get_ident() != self.owner:
+            # two threads' commands would interleave their frames and collectives on the workers
+            raise RuntimeStateError(
+                f"dmath operations must come from the thread that called dmath.init() "
+                f"({self._owner_name()}); this is thread {threading.current_thread().name!r}. "
+                f"Compute with numpy in other threads and hand the arrays to that thread")
+
+    def _owner_name(self):
+        return next((f"thread {t.name!r}" for t in threading.enumerate() if t.ident == self.owner),
+                    "a thread that has ended")
 
     def check_failures(self):
-        """Raise a pending worker failure as WorkerError (the progress hook of every wait)."""
+        """Raise a pending worker failure or a hung worker as WorkerError (the progress hook of every wait)."""
         if self.broken is not None:
             return
         report = pending_failure(self.world)
@@ -119,6 +146,12 @@ class Runtime:
             rank, text = report
             self.broken = WorkerError(rank, text)
             raise self.broken
+        if self.pinger is not None:
+            try:
+                self.pinger.tick()
+            except Hang as hang:
+                self.broken = WorkerError(hang.rank, hang.report, message=hang.report.splitlines()[0])
+                raise self.broken from None
 
     def new_handles(self, n):
         first = self.next_handle
@@ -184,12 +217,21 @@ class Runtime:
             kind = protocol.REGISTER
         message, total = protocol.encode(kind, sig_id, in_handles + out_handles, scalars, frees,
                                          signature if kind == protocol.REGISTER else None)
-        self.ctl.send(message, total)
+        self._send(message, total, op)
         self._free(frees)
         result = self._own_share(self._execute, self.entries[sig_id], in_handles, out_handles, scalars, payload)
         if recorder is not None:
             recorder.command(sig_id, inputs, out_handles, out_handles_new, scalars, frees, result is not None)
         return out_handles, result
+
+    def _send(self, message, total, what):
+        try:
+            self.ctl.send(message, total)
+        except WorkerError:
+            raise
+        except BaseException as exc:
+            self._interrupted(exc, what)
+            raise
 
     def _own_share(self, fn, *args):
         try:
@@ -201,6 +243,15 @@ class Runtime:
             # collective waiting for it, so the runtime cannot go on
             self.broken = WorkerError(0, traceback.format_exc())
             raise self.broken from exc
+        except BaseException as exc:        # KeyboardInterrupt, SystemExit: the same, said plainly
+            self._interrupted(exc, getattr(args[0], "op", "a plan replay"))
+            raise
+
+    def _interrupted(self, exc, what):
+        """The master was interrupted inside a command: the workers may be inside it; no going on."""
+        self.broken = RuntimeStateError(
+            f"the master was interrupted ({type(exc).__name__}) in the middle of {what!r}, which the "
+            f"workers may still be running; the job ends at exit")
 
     # ---- recorded plans (master side) ----------------------------------------
     def define_plan(self, program):
@@ -216,7 +267,7 @@ class Runtime:
         plan_id, self.next_plan = self.next_plan, self.next_plan + 1
         frees = self._take_frees()
         message, total = protocol.encode(protocol.DEFINE, plan_id, frees=frees, program=program)
-        self.ctl.send(message, total)
+        self._send(message, total, "a plan definition")
         self._free(frees)
         self._define(plan_id, program)
         return plan_id
@@ -231,7 +282,7 @@ class Runtime:
             raise PlanError(f"plan {plan_id} is not defined (closed?)")
         frees = self._take_frees()
         message, total = protocol.encode(protocol.REPLAY, plan_id, frees=frees)
-        self.ctl.send(message, total)
+        self._send(message, total, "a plan replay")
         self._free(frees)
         return self._own_share(self.programs[plan_id].replay)
 
@@ -318,10 +369,16 @@ class Runtime:
 
     # ---- worker side -------------------------------------------------------
     def serve(self):
-        """Worker loop: execute commands until the master shuts down. Never returns."""
+        """Worker loop: execute commands until the master shuts down. Never returns.
+
+        Any exception, waiting for a command (Ctrl-C, an MPI error) or running
+        one, goes to the master as a failure report.
+        """
+        responder = Responder(self.world, self._status) if _heartbeat(self.world) else None
         while True:
-            message = self.ctl.recv(protocol.total_length)
             try:
+                self.activity = ("idle, waiting for the next command", time.monotonic())
+                message = self.ctl.recv(protocol.total_length)
                 kind, sig_id, handles, scalars, frees, extra = protocol.decode(message)
                 self._free(frees)
                 if kind == protocol.SHUTDOWN:
@@ -330,15 +387,24 @@ class Runtime:
                     self.entries[sig_id] = Entry(extra, self.nworkers)
                 if kind in (protocol.EXEC, protocol.REGISTER):
                     entry = self.entries[sig_id]
+                    self.activity = (f"running {entry.op!r}", time.monotonic())
                     n_in = len(entry.inputs)
                     self._execute(entry, handles[:n_in], handles[n_in:], scalars)
                 elif kind == protocol.DEFINE:
                     self._define(sig_id, extra)
                 elif kind == protocol.REPLAY:
+                    self.activity = (f"replaying plan {sig_id}", time.monotonic())
                     self.programs[sig_id].replay()
             except BaseException:  # noqa: B036 - any failure must reach the master
                 self._fail(traceback.format_exc())
+        if responder is not None:
+            responder.stop()
         _exit_worker(self.world, 0)
+
+    def _status(self):
+        """What this worker's main thread is doing, for the heartbeat's answer."""
+        what, since = self.activity
+        return f"{what} for {time.monotonic() - since:.1f} s"
 
     def _fail(self, text):
         req = report_failure(self.world, self.world.rank, text)
@@ -373,6 +439,11 @@ class Runtime:
         except WorkerError:
             return True
         return False
+
+
+def _heartbeat(world):
+    """Whether the heartbeat runs: several ranks, and an MPI that allows calls from its thread."""
+    return world.is_mpi and world.thread_multiple
 
 
 def _exit_worker(world, code):
@@ -417,6 +488,7 @@ def init(device=None):
         if _runtime.closed:
             raise RuntimeStateError("dmath was finalized in this process and cannot start again")
         return _runtime
+    timeout = _timeout_s()       # checked on every rank before any of them starts serving
     world = World()
     watchdog = float(os.environ.get("DMATH_WATCHDOG_S", "0"))
     if watchdog > 0:
@@ -426,8 +498,13 @@ def init(device=None):
     be = backend.select(device, world.local_rank)
     memory.install()       # the pool (on a GPU: CuPy's allocators) serves every allocation from here on
     rt = _runtime = Runtime(world, be)
+    # every worker's memory, so that the master refuses what cannot fit before sending it
+    capacities = gather_objects(world, memory.capacity(world.local_size))
     if world.rank != 0:
         rt.serve()
+    rt.ledger.set_capacity(capacities)
+    if _heartbeat(world) and timeout > 0:
+        rt.pinger = Pinger(world, timeout)
     set_progress_hook(rt.check_failures)
     atexit.register(finalize)
     if world.is_mpi:

@@ -79,6 +79,19 @@ class Replayer:
             return self.graph.launch(rt)
         return rt._run_program(self.program)
 
+    def release_graph(self):
+        """Drop the captured graph and give its pool's free blocks back; returns the bytes released.
+
+        The buffers the graph wrote its outputs into stay with those matrices;
+        the temporaries' fixed addresses go, so the next replay captures again.
+        """
+        if self.graph is None:
+            return 0
+        pool, self.graph = self.graph.pool, None
+        before = pool.total_bytes()
+        pool.free_all_blocks()
+        return before - pool.total_bytes()
+
     def _inputs_on_device(self):
         # a shard held in host memory gets a new device copy for every command
         return all(self.rt.table[h].home is None for h in external_inputs(self.rt, self.program))

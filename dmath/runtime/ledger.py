@@ -1,16 +1,19 @@
-"""The master's account of the bytes each worker holds in live matrices, checked against the limit.
+"""The master's account of the bytes each worker holds in live matrices, checked before dispatch.
 
 A worker cannot refuse an allocation on its own: the others may be waiting
 for it in a collective, and a worker failure ends the job. So the master,
 which creates every matrix, keeps per worker the bytes of the live matrices'
 local pieces (sized as the pool sizes its blocks) and refuses, before
-anything is sent, a command whose new matrices would take some worker past
-`dmath.memory.set_limit`: an OutOfMemoryError, after which the runtime goes
-on. Temporaries, communication buffers and replica copies are not in this
+anything is sent, a command whose new matrices would not fit on some worker:
+an OutOfMemoryError, after which the runtime goes on. "Fit" means within the
+worker's capacity, the memory its kernels compute in as `dmath.init` measured
+it (free device memory on a GPU, the worker's share of the host's available
+memory on the CPU backend), and within `dmath.memory.set_limit` when one is
+set. Temporaries, communication buffers and replica copies are not in this
 account; the pool on each worker enforces the limit on everything it holds.
 
-Without a limit the cost per command is a dictionary lookup per signature
-and one insertion per new matrix.
+The cost per command is a dictionary lookup per signature and, per new
+matrix, one insertion and a comparison per worker.
 """
 import numpy as np
 
@@ -31,13 +34,16 @@ def set_refusal_reporter(fn):
 
 
 class Ledger:
-    """Bytes of live matrices per worker (master side)."""
+    """Bytes of live matrices per worker (master side), against each worker's capacity and the limit."""
 
     def __init__(self, nworkers):
         self.nworkers = nworkers
         self.limit = None
+        self.capacity = None    # bytes per worker the kernels' memory had at init (None: not measured)
+        self.host_capacity = None   # each worker's share of host memory at init
+        self.ceiling = None     # per worker: the smaller of capacity and limit (None: no check)
         self.live = {}          # handle -> bytes per worker (a tuple)
-        self.held = None        # bytes per worker, kept while a limit is set
+        self.held = [0] * nworkers   # bytes of live matrices per worker
         self._by_sig = {}       # signature id -> (bytes per worker of each new output, their sum)
 
     def worker_bytes(self, meta):
@@ -47,8 +53,19 @@ class Ledger:
         return tuple(sum(memory.block_bytes(p.shape[0] * p.shape[1] * isz) for p in dist.pieces[r])
                      for r in range(self.nworkers))
 
+    def set_capacity(self, per_worker):
+        """`per_worker`: (compute, host) bytes from every worker's `memory.capacity`, gathered at init."""
+        self.capacity = [c for c, _ in per_worker]
+        self.host_capacity = [h for _, h in per_worker]
+        self._set_ceiling()
+
+    def _set_ceiling(self):
+        caps = self.capacity or [None] * self.nworkers
+        self.ceiling = None if self.capacity is None and self.limit is None else [
+            min(v for v in (c, self.limit) if v is not None) for c in caps]
+
     def admit(self, op, sig_id, metas):
-        """The per-worker bytes of each new matrix of a command; raises OutOfMemoryError past the limit."""
+        """The per-worker bytes of each new matrix of a command; raises OutOfMemoryError if one does not fit."""
         entry = self._by_sig.get(sig_id) if sig_id is not None else None
         if entry is None:
             sizes = tuple(self.worker_bytes(m) for m in metas)
@@ -56,49 +73,63 @@ class Ledger:
             entry = (sizes, need)
             if sig_id is not None:
                 self._by_sig[sig_id] = entry
-        if self.limit is not None and metas:
-            need = entry[1]
+        ceiling = self.ceiling
+        if ceiling is not None and metas:
+            need, held = entry[1], self.held
             for r in range(self.nworkers):
-                if self.held[r] + need[r] > self.limit:
+                if held[r] + need[r] > ceiling[r]:
                     raise OutOfMemoryError(self._refusal(op, metas, r, need[r]))
         return entry[0]
 
     def _refusal(self, op, metas, rank, need):
         what = ", ".join(f"{m.shape} {m.dtype}" for m in metas)
+        held = self.held[rank]
+        by_limit = self.limit is not None and self.limit == self.ceiling[rank]
+        if by_limit:
+            cap = f"its memory limit is {self.limit:,} bytes (dmath.memory.set_limit)"
+            fix = "delete matrices you no longer need or raise the limit"
+        else:
+            cap = (f"the memory it computes in had {self.capacity[rank]:,} bytes for matrices when "
+                   f"dmath.init measured it")
+            fix = ("delete matrices you no longer need, use more workers, or a layout that splits "
+                   "the matrix (RowBlock, Block2D) instead of replicating it")
         text = (f"{op}: the new matrix ({what}) needs {need:,} bytes on worker {rank}, which holds "
-                f"{self.held[rank]:,} bytes of live matrices; its memory limit is {self.limit:,} bytes "
-                f"(dmath.memory.set_limit). Nothing was allocated: delete matrices you no longer need "
-                f"or raise the limit.")
-        if _reporter is not None:
+                f"{held:,} bytes of live matrices; {cap}. Nothing was allocated: {fix}.")
+        if _reporter is not None and by_limit:
             text += " " + _reporter(rank)
         return text
+
+    def check_host(self, meta, need):
+        """Refuse a matrix in pinned host memory (a GPU's 'host' kind) larger than a worker's share."""
+        if self.host_capacity is None:
+            return
+        for r, (n, cap) in enumerate(zip(need, self.host_capacity)):
+            if n > cap:
+                raise OutOfMemoryError(
+                    f"memory='host': the {meta.shape} {meta.dtype} matrix needs {n:,} bytes of host memory "
+                    f"on worker {r}, whose share of its machine's available memory was {cap:,} bytes at "
+                    f"dmath.init. Nothing was allocated: split it over more workers or read it from a "
+                    f"file (dmath.from_file(..., mapped=True))")
 
     def add(self, handles, sizes):
         """New matrices `handles` hold `sizes` (from `admit`)."""
         live, held = self.live, self.held
         for h, s in zip(handles, sizes):
             live[h] = s
-            if held is not None:
-                for r, b in enumerate(s):
-                    held[r] += b
+            for r, b in enumerate(s):
+                held[r] += b
 
     def release(self, handle):
-        """The matrix is gone (or, `exempt`, lives outside the capped pool)."""
+        """The matrix is gone."""
         s = self.live.pop(handle, None)
-        if s is not None and self.held is not None:
+        if s is not None:
             for r, b in enumerate(s):
                 self.held[r] -= b
 
-    exempt = release
-
     def set_limit(self, nbytes):
         self.limit = nbytes
-        self.held = None if nbytes is None else self.per_worker()
+        self._set_ceiling()
 
     def per_worker(self):
         """Bytes of live matrices on each worker."""
-        held = [0] * self.nworkers
-        for s in self.live.values():
-            for r, b in enumerate(s):
-                held[r] += b
-        return held
+        return list(self.held)

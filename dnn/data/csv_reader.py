@@ -51,7 +51,7 @@ def parse_csv(text, what="CSV data", label_column=None, delimiter=",", header="a
         raise DataError(f"{what}: no data")
     names = None
     if header == "auto":
-        header = not all(_is_number(f) for f in _fields(rows[0][1], delimiter))
+        header = _auto_header(rows[0], delimiter, what)
     if header:
         names = _fields(rows[0][1], delimiter)
         rows = rows[1:]
@@ -67,15 +67,44 @@ def parse_csv(text, what="CSV data", label_column=None, delimiter=",", header="a
         r, c = bad[0]
         raise DataError(f"{what}: line {rows[r][0]}, column {c}: non-finite value {data[r, c]}")
     if label_column is None:
-        return data.astype(dtype), None
+        return _narrowed(data, dtype, rows, what), None
     col = _label_index(label_column, names, data.shape[1], what)
     labels = data[:, col]
-    wrong = np.flatnonzero((labels != np.round(labels)) | (labels < 0))
+    wrong = np.flatnonzero((labels != np.round(labels)) | (labels < 0) | (labels > _LABEL_MAX))
     if wrong.size:
         k = wrong[0]
-        raise DataError(f"{what}: line {rows[k][0]}: label {labels[k]} in column {col} is not a "
-                        f"non-negative integer")
-    return np.delete(data, col, axis=1).astype(dtype), labels.astype(np.int64)
+        raise DataError(f"{what}: line {rows[k][0]}: label {labels[k]:g} in column {col} is not a "
+                        f"non-negative integer up to 2**53 (a class index)")
+    return _narrowed(np.delete(data, col, axis=1), dtype, rows, what), labels.astype(np.int64)
+
+
+#: the largest label read exactly (float64 holds every integer up to 2**53; int64 would wrap beyond 2**63)
+_LABEL_MAX = 2.0 ** 53
+
+
+def _auto_header(first, delimiter, what):
+    """header='auto': a first line of names only is a header, of numbers only is data; a mix is refused
+    (a data row with a typo would otherwise be dropped as a header without a word)."""
+    lineno, line = first
+    numeric = [_is_number(f) for f in _fields(line, delimiter)]
+    if all(numeric):
+        return False
+    if not any(numeric):
+        return True
+    col = numeric.index(False)
+    raise DataError(f"{what}: line {lineno} mixes numbers and text (column {col}: "
+                    f"{_fields(line, delimiter)[col]!r}), so it is neither clearly a header nor data: fix "
+                    f"the value, or pass header=True (or False)")
+
+
+def _narrowed(data, dtype, rows, what):
+    """`data` (float64) as `dtype`, refusing values that it turns into infinity."""
+    big = np.argwhere(np.abs(data) > np.finfo(dtype).max)
+    if big.size:
+        r, c = big[0]
+        raise DataError(f"{what}: line {rows[r][0]}, column {c}: {data[r, c]:g} exceeds {dtype}'s range "
+                        f"(+-{np.finfo(dtype).max:g}); read it with dtype='float64' or scale the data")
+    return data.astype(dtype)
 
 
 def _label_index(label_column, names, width, what):

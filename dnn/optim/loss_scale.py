@@ -27,6 +27,7 @@ class DynamicLossScale:
         self.backoff_factor, self.growth_interval = float(backoff_factor), growth_interval
         self.scale = None
         self.good_steps = None
+        self.skipped = None     # steps skipped in a row (not saved: a resumed run counts afresh)
 
     def get_config(self):
         return {"init_scale": self.init_scale, "growth_factor": self.growth_factor,
@@ -38,6 +39,7 @@ class DynamicLossScale:
             rep = dmath.Replicated()
             self.scale = dmath.full((1, 1), self.init_scale, dtype="float32", layout=rep)
             self.good_steps = dmath.zeros((1, 1), dtype="float32", layout=rep)
+            self.skipped = dmath.zeros((1, 1), dtype="float32", layout=rep)
 
     def check(self, grads):
         """ok: a (1, 1) float32 matrix, 1 when every gradient (None: none) is finite, else 0 (on the workers)."""
@@ -55,6 +57,13 @@ class DynamicLossScale:
         factor = ok * (grow * (self.growth_factor - 1.0) + 1.0) + (1.0 - ok) * self.backoff_factor
         self.scale *= factor
         good *= 1.0 - grow
+        skipped = self.skipped
+        skipped += 1.0
+        skipped *= 1.0 - ok                               # a good step ends the run of skips
+
+    def skipped_in_a_row(self):
+        """How many of the latest steps were skipped one after another (a master-side read)."""
+        return int(self.skipped.get((0, 0)))
 
     def value(self):
         """The current scale (a master-side read: one gather)."""

@@ -184,10 +184,13 @@ def test_slicing(name):
     np.testing.assert_array_equal(m[:, 3].to_numpy(), x[:, 3:4])     # one column
     np.testing.assert_array_equal(m[-1, 1:3].to_numpy(), x[-1:, 1:3])
     assert m[3, 4] == x[3, 4] and m[-1, -1] == x[-1, -1]
-    # a slice is a new matrix: writing to it leaves the source alone
+    # a slice is a copy, not a view: a write into it would leave the source unchanged, so it is refused
     s = m[0:2, 0:2]
+    with pytest.raises(dmath.NotSupportedError, match=r"A\[0:2, 0:2\].*copy"):
+        s.set((0, 0), -5.0)
+    s = m[0:2, 0:2].copy()            # an explicit copy is the user's own matrix
     s.set((0, 0), -5.0)
-    assert m.get((0, 0)) == x[0, 0]
+    assert m.get((0, 0)) == x[0, 0] and s.get((0, 0)) == -5.0
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64"])

@@ -151,8 +151,15 @@ def test_ledger_refuses_past_the_limit_and_counts_releases():
     ledger.release(2)
     ledger.add([3], ledger.admit("fill", 7, [rep]))
     assert ledger.per_worker() == [6144, 6144]
-    ledger.exempt(3)                                                    # e.g. a 'host' matrix on a GPU
+    ledger.release(3)
     assert ledger.per_worker() == [2048, 2048] == ledger.held
+    # without a limit, each worker's capacity as measured at init is the ceiling
+    ledger.set_limit(None)
+    ledger.set_capacity([(4096, 10 ** 9), (10 ** 9, 10 ** 9)])
+    with pytest.raises(OutOfMemoryError, match=r"on worker 0, which holds 2,048 bytes of live matrices; the memory "
+                                               r"it computes in had 4,096 bytes for matrices when dmath.init"):
+        ledger.admit("fill", 7, [rep])
+    assert ledger.admit("fill", None, [row]) == ((2048, 2048),)        # 2048 + 2048 fits in 4096
 
 
 def test_ledger_subset_layouts_count_only_their_workers():

@@ -1,0 +1,82 @@
+"""fit stops on numerical failure instead of training on NaN (issue 12), at every worker count."""
+import numpy as np
+import pytest
+
+import dmath
+import dnn
+from dnn import layers as L
+from dnn.callbacks import TerminateOnNaN
+
+RNG = np.random.default_rng(12)
+X = RNG.random((96, 4))
+Y = np.arange(96) % 3
+
+
+def model(dtype="float32", lr=0.1, **kw):
+    return dnn.Sequential([L.Input(4), L.Dense(3), L.Output("softmax")], dtype=dtype,
+                          optimizer=dnn.optim.SGD(lr=lr), **kw)
+
+
+def test_a_diverging_run_stops_with_a_clear_error():
+    m = model(lr=1e38)
+    with pytest.raises(dnn.TrainingError, match=r"loss is (nan|inf).*terminate_on_nan=False"):
+        m.fit(X, Y, batch_size=4, epochs=3, verbose=0)
+    assert m.epochs_trained == 1          # 24 batches (< check_every): found at the first epoch's end
+
+
+def test_the_check_can_be_switched_off():
+    hist = model(lr=1e38).fit(X, Y, batch_size=4, epochs=1, verbose=0, terminate_on_nan=False)
+    assert not np.isfinite(hist.history["loss"][0])
+
+
+def test_non_finite_weights_are_found_at_the_end_of_an_epoch():
+    m = model()
+    bad = [w.copy() for w in m.get_weights()]
+    bad[0][1, 2] = np.inf
+    m.set_weights(bad)
+    # a check after every batch would see the loss first; checked only at the epoch's end, the weight is named
+    with pytest.raises(dnn.TrainingError, match=r"(weight dense_1/kernel holds NaN or infinity|loss is)"):
+        m.fit(X, Y, batch_size=32, epochs=1, verbose=0, callbacks=[TerminateOnNaN(check_every=1000)])
+
+
+def test_float16_loss_scale_that_skips_every_step_stops():
+    # a scale of 1e38 overflows every float16 gradient: the scaler halves it each step and skips
+    m = model("float16", loss_scale=dnn.optim.DynamicLossScale(init_scale=1e38))
+    with pytest.raises(dnn.TrainingError, match=r"last (\d+) steps were all skipped"):
+        m.fit(X, Y, batch_size=2, epochs=1, verbose=0, callbacks=[TerminateOnNaN(check_every=10, max_skipped=8)])
+
+
+def test_float16_inputs_beyond_its_range_are_refused_before_training():
+    m = model("float16")
+    before = m.get_weights()
+    with pytest.raises(dnn.ConfigError, match=r"needs inputs within \+-65504; the largest magnitude here is 99\d{4}"):
+        m.fit(X * 1e6, Y, verbose=0)
+    with pytest.raises(dnn.ConfigError, match="float16"):
+        m.predict(X * 1e6)
+    for a, b in zip(before, m.get_weights()):
+        np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("call", ["fit", "evaluate", "predict"])
+@pytest.mark.parametrize("case", ["nan", "empty", "strings", "complex"])
+def test_bad_inputs_are_refused_by_dnn(call, case):
+    m = model()
+    x, y = X.copy(), Y
+    if case == "nan":
+        x[5, 1] = np.nan
+    elif case == "empty":
+        x, y = X[:0], Y[:0]
+    elif case == "strings":
+        y = np.array(["a", "b", "c"] * 32)
+    else:
+        x = X * 1j
+    if call == "predict" and case in ("empty", "strings"):
+        if case == "empty":               # as Keras: no samples, no outputs
+            assert m.predict(x).shape == (0, 3)
+        return
+    fn = {"fit": lambda: m.fit(x, y, verbose=0), "evaluate": lambda: m.evaluate(x, y),
+          "predict": lambda: m.predict(x)}[call]
+    with pytest.raises(dnn.DNNError, match={"nan": "NaN or infinity, the first at index 5", "empty": "at least one",
+                                            "strings": "must be numbers", "complex": "real numbers"}[case]):
+        fn()
+    assert dmath.ones((2, 2)).sum() == 4.0
