@@ -219,6 +219,35 @@ def test_corrupt_truncated_and_mismatched_files_raise(tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(before, other.get_weights()))
 
 
+def test_file_describing_an_impossible_model_raises_before_allocating(tmp_path):
+    """Valid checksums, but the architecture says units=10**10: the weights it would need are compared
+    with the file's before anything is built."""
+    from dnn import serialization
+    m = _small()
+    path = tmp_path / "m.dnn"
+    m.save(path)
+    header, arrays = serialization.read_file(path)
+    assert header["version"] == 2 and header["training"]["epochs_trained"] == 0
+    header["model"]["layers"][1]["units"] = 10 ** 10
+    bad = tmp_path / "huge.dnn"
+    serialization.write_file(bad, {k: v for k, v in header.items() if k not in ("arrays", "data_bytes")},
+                             list(arrays.items()))
+    with pytest.raises(dnn.ModelFileError, match="needs weights"):
+        dnn.load(bad)
+    header["training"]["position"] = {"epoch": 0, "batch": 1, "batch_size": 8}     # no metrics arrays
+    header["model"]["layers"][1]["units"] = m.layers[1].units
+    serialization.write_file(bad, {k: v for k, v in header.items() if k not in ("arrays", "data_bytes")},
+                             list(arrays.items()))
+    with pytest.raises(dnn.ModelFileError, match="metrics"):
+        dnn.load(bad)
+
+
+def test_model_checkpoint_arguments_are_checked(tmp_path):
+    for kw in ({"unit": "batch"}, {"every": 0}, {"keep": 0}, {"save_best_only": True, "unit": "step"}):
+        with pytest.raises(dnn.ConfigError, match="ModelCheckpoint"):
+            dnn.callbacks.ModelCheckpoint(tmp_path / "m.dnn", **kw)
+
+
 def test_summary_lists_layers_parameters_strategies_and_layouts():
     m = dnn.Sequential([L.Input((1, 8, 8)), L.Conv2D(2, 3, padding="same"), L.Activation("relu"), L.Flatten(),
                         L.Dense(5, parallel="model"), L.Dense(3), L.Output("softmax")])
