@@ -238,7 +238,7 @@ class Sequential:
         for cb in hooks:
             cb.on_train_begin()
         feed = self._feed(train)
-        resume = self._take_resume(first, batch_size)
+        resume = self._take_resume(first, batch_size, feed.n)
         for epoch in range(first, last):
             for cb in hooks:
                 cb.on_epoch_begin(epoch)
@@ -257,7 +257,7 @@ class Sequential:
         number (the same order at any worker count, and for a run resumed at that epoch)."""
         return (self.seed, int(epoch))
 
-    def _take_resume(self, first, batch_size):
+    def _take_resume(self, first, batch_size, n):
         """(batches to skip, metrics state) when a loaded mid-epoch checkpoint continues at epoch `first`."""
         r = self.resume
         if r is None or r["epoch"] != first:
@@ -266,6 +266,9 @@ class Sequential:
         if r["batch_size"] != batch_size:
             raise ConfigError(f"the checkpoint was saved after batch {r['batch']} of epoch {r['epoch']} with "
                               f"batch_size={r['batch_size']}: resume it with that batch size, not {batch_size}")
+        if r["batch"] > len(self._batches(n, batch_size)):
+            raise ConfigError(f"the checkpoint was saved after batch {r['batch']} of an epoch, but this data "
+                              f"has fewer batches of {batch_size}: resume with the data it was trained on")
         self.resume = None
         return r["batch"], r["metrics"]
 

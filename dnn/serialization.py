@@ -215,7 +215,7 @@ def load_model(path):
     except (ConfigError, KeyError, TypeError, ValueError) as exc:
         raise ModelFileError(f"{os.fspath(path)!r}: the model described in the file cannot be built: {exc}") from exc
     load_state(model, header, arrays, path)
-    random_state = header.get("training", {}).get("random")
+    random_state = (header.get("training") or {}).get("random")
     if random_state is not None:
         try:
             dmath.random.set_state(random_state)

@@ -242,6 +242,21 @@ def test_file_describing_an_impossible_model_raises_before_allocating(tmp_path):
         dnn.load(bad)
 
 
+def test_step_checkpoint_resumes_inside_the_epoch(tmp_path):
+    x, y = _blobs(96)
+    ref = _small(dropout=0.2)
+    ckpt = dnn.callbacks.ModelCheckpoint(tmp_path / "s{step}.dnn", unit="step", every=2)
+    hist = ref.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[ckpt])      # 3 steps: saved at 2
+    m = dnn.load(tmp_path / "s2.dnn")
+    assert m.resume["batch"] == 2 and m.epochs_trained == 0
+    with pytest.raises(dnn.ConfigError, match="batch_size=32"):
+        m.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    h = m.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    for a, b in zip(ref.get_weights(), m.get_weights()):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(h["loss"], hist["loss"], rtol=1e-12)
+
+
 def test_model_checkpoint_arguments_are_checked(tmp_path):
     for kw in ({"unit": "batch"}, {"every": 0}, {"keep": 0}, {"save_best_only": True, "unit": "step"}):
         with pytest.raises(dnn.ConfigError, match="ModelCheckpoint"):
