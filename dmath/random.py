@@ -25,6 +25,23 @@ def get_seed():
     return _state["seed"]
 
 
+def get_state():
+    """(seed, stream): where the random streams stand; `set_state` continues from there (checkpoints)."""
+    return _state["seed"], _state["stream"]
+
+
+def set_state(state):
+    """Continue the random streams from a `get_state()` pair: the next draw is the one that followed it."""
+    try:
+        s, stream = state
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"a random state is a pair (seed, stream), got {state!r}") from exc
+    seed(s)
+    if isinstance(stream, bool) or not isinstance(stream, int) or not 0 <= stream < 2 ** 53:
+        raise ValueError(f"the stream of a random state must be an integer in [0, 2**53), got {stream!r}")
+    _state["stream"] = stream
+
+
 def _draw(kind, shape, dtype, layout, memory):
     memory = _check_memory(memory)
     out = new_meta(layout, shape, dtype)

@@ -7,6 +7,7 @@ reads it once per epoch (and when the progress bar redraws).
 """
 import math
 import numbers
+import os
 
 import dmath
 
@@ -95,14 +96,40 @@ class EarlyStopping(Callback):
 
 
 class ModelCheckpoint(Callback):
-    """Save the model after each epoch (only when `monitor` improved, with save_best_only)."""
+    """Save a checkpoint (Model.save: everything needed to resume) every `every` epochs or steps.
 
-    def __init__(self, path, monitor="val_loss", save_best_only=False):
+    path: the file name, formatted with {epoch} (1-based: epochs completed), {batch} (batches done in
+        the epoch being trained, 0 at an epoch's end), {step} (optimizer steps taken) and, at an
+        epoch's end, the epoch's logs ({val_loss:.3f}).
+    unit: 'epoch' or 'step' (a step checkpoint inside an epoch resumes at its batch:
+        dnn.load(path).fit(..., same batch_size) continues from there).
+    keep: keep the last `keep` files this callback wrote (older ones are deleted); None keeps all.
+    save_best_only: per epoch only, save when `monitor` improved.
+    """
+
+    def __init__(self, path, monitor="val_loss", save_best_only=False, every=1, unit="epoch", keep=None):
+        if unit not in ("epoch", "step"):
+            raise ConfigError(f"ModelCheckpoint: unit must be 'epoch' or 'step', got {unit!r}")
+        if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1:
+            raise ConfigError(f"ModelCheckpoint: every must be a positive integer, got {every!r}")
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, numbers.Integral) or keep < 1):
+            raise ConfigError(f"ModelCheckpoint: keep must be None or a positive integer, got {keep!r}")
+        if save_best_only and unit != "epoch":
+            raise ConfigError("ModelCheckpoint: save_best_only compares epoch logs; use it with unit='epoch'")
         self.path, self.monitor, self.save_best_only = path, monitor, bool(save_best_only)
+        self.every, self.unit, self.keep = int(every), unit, keep
         self.best = math.inf
         self.sign = -1.0 if "acc" in monitor else 1.0
+        self.written = []       # the files this callback wrote, oldest first
+
+    def on_batch_end(self, batch, logs=None):
+        if self.unit == "step" and self.model.optimizer.iterations % self.every == 0:
+            epoch = self.model.position[0] if self.model.position else self.model.epochs_trained
+            self._save(epoch=epoch, batch=batch + 1)
 
     def on_epoch_end(self, epoch, logs=None):
+        if self.unit != "epoch" or (epoch + 1) % self.every:
+            return
         if self.save_best_only:
             if not logs or self.monitor not in logs:
                 raise ConfigError(f"ModelCheckpoint: {self.monitor!r} is not in the epoch's logs")
@@ -110,7 +137,20 @@ class ModelCheckpoint(Callback):
             if value >= self.best:
                 return
             self.best = value
-        self.model.save(str(self.path).format(epoch=epoch + 1, **(logs or {})))
+        self._save(epoch=epoch + 1, batch=0, **(logs or {}))
+
+    def _save(self, **fields):
+        path = os.fspath(self.path).format(step=self.model.optimizer.iterations, **fields)
+        self.model.save(path)
+        if path in self.written:
+            self.written.remove(path)
+        self.written.append(path)
+        while self.keep is not None and len(self.written) > self.keep:
+            old = self.written.pop(0)
+            try:
+                os.remove(old)
+            except FileNotFoundError:
+                pass
 
 
 class TerminateOnNaN(Callback):
@@ -175,5 +215,5 @@ class TerminateOnNaN(Callback):
 
 
 def _all_finite(m):
-    """Whether every value of matrix `m` is finite (x - x is 0 for finite x, NaN otherwise)."""
-    return m.size == 0 or dmath.where(m - m, 0.0, 1.0).min() == 1.0
+    """Whether every value of matrix `m` is finite (decided on the workers, one value read)."""
+    return m.size == 0 or dmath.nn.all_finite([m]).get((0, 0)) == 1.0

@@ -96,6 +96,8 @@ class Sequential:
         self._last_program = None
         self.epochs_trained = 0
         self.stop_training = False
+        self.position = None      # (epoch, batches done, batch_size) while an epoch runs: what a checkpoint saves
+        self.resume = None        # {'epoch', 'batch', 'batch_size', 'metrics'}: a loaded mid-epoch checkpoint
 
     def _name_layers(self):
         counts, taken = {}, {x.name for x in self.layers if x.name}
@@ -240,10 +242,12 @@ class Sequential:
         for cb in hooks:
             cb.on_train_begin()
         feed = self._feed(train)
+        resume = self._take_resume(first, batch_size, feed.n)
         for epoch in range(first, last):
             for cb in hooks:
                 cb.on_epoch_begin(epoch)
-            logs = self._train_epoch(feed, batch_size, shuffle, epoch, last, verbose, hooks, val)
+            logs = self._train_epoch(feed, batch_size, shuffle, epoch, last, verbose, hooks, val,
+                                     resume if epoch == first else None)
             for cb in hooks:
                 cb.on_epoch_end(epoch, logs)
             if self.stop_training:
@@ -257,21 +261,43 @@ class Sequential:
         number (the same order at any worker count, and for a run resumed at that epoch)."""
         return (self.seed, int(epoch))
 
-    def _train_epoch(self, feed, batch_size, shuffle, epoch, epochs, verbose, hooks, val):
+    def _take_resume(self, first, batch_size, n):
+        """(batches to skip, metrics state) when a loaded mid-epoch checkpoint continues at epoch `first`."""
+        r = self.resume
+        if r is None or r["epoch"] != first:
+            self.resume = None
+            return None
+        if r["batch_size"] != batch_size:
+            raise ConfigError(f"the checkpoint was saved after batch {r['batch']} of epoch {r['epoch']} with "
+                              f"batch_size={r['batch_size']}: resume it with that batch size, not {batch_size}")
+        if r["batch"] > len(self._batches(n, batch_size)):
+            raise ConfigError(f"the checkpoint was saved after batch {r['batch']} of an epoch, but this data "
+                              f"has fewer batches of {batch_size}: resume with the data it was trained on")
+        self.resume = None
+        return r["batch"], r["metrics"]
+
+    def _train_epoch(self, feed, batch_size, shuffle, epoch, epochs, verbose, hooks, val, resume=None):
         n = feed.n
-        feed.start_epoch(self.shuffle_key(epoch) if shuffle else None, epoch)
+        sizes = self._batches(n, batch_size)
+        skip = resume[0] if resume is not None else 0
+        feed.start_epoch(self.shuffle_key(epoch) if shuffle else None, epoch, skip=skip * batch_size)
         metrics = self.train_metrics
         metrics.reset()
+        if resume is not None:
+            metrics.set_state(resume[1])
         bar = ProgressBar(epoch, epochs, n, verbose)
         start = time.perf_counter()
-        done = 0
-        for b, size in enumerate(self._batches(n, batch_size)):
+        done = skip * batch_size
+        for b in range(skip, len(sizes)):
+            size = sizes[b]
             self._program("train", size, feed).run()
             done += size
             metrics.samples = done
+            self.position = (epoch, b + 1, batch_size)
             bar.update(done, metrics.read)
             for cb in hooks:
                 cb.on_batch_end(b)
+        self.position = None
         self.epochs_trained = epoch + 1
         loss, acc = metrics.read()            # a gather: also waits for the epoch's last step
         elapsed = time.perf_counter() - start
@@ -281,7 +307,7 @@ class Sequential:
         if val is not None:
             v = self._evaluate(val, EVAL_BATCH)
             logs.update({f"val_{k}": v for k, v in v.items()})
-        logs["samples_per_s"] = n / elapsed if elapsed > 0 else float("inf")
+        logs["samples_per_s"] = (n - skip * batch_size) / elapsed if elapsed > 0 else float("inf")
         bar.finish(logs)
         return logs
 
@@ -379,17 +405,22 @@ class Sequential:
                    record=config.get("record", True), seed=config.get("seed", 0), name=config.get("name"))
 
     def save(self, path):
-        """Write the architecture, weights and optimizer state to `path` (see dnn.serialization)."""
+        """Write a checkpoint to `path` (see dnn.serialization): the architecture, the weights as global
+        arrays, the optimizer's state and clock, the loss scale, the epoch (and the batch, when called
+        inside an epoch, e.g. by a callback), the layers' random counters and dmath's random streams.
+        dnn.load resumes it at any worker count: fit(..., initial_epoch=k) continues as if never stopped."""
         serialization.save_model(self, path)
 
     def load_weights(self, path):
-        """Load the weights (and optimizer state) of a model file into this model; they must match."""
+        """Load the weights and training state (optimizer, counters, epoch) of a model file into this
+        model; they must match."""
         header, arrays = serialization.read_file(path)
         serialization.load_state(self, header, arrays, path)
 
 
 def load(path):
-    """The model saved in `path` by Model.save (architecture, weights, optimizer state)."""
+    """The model saved in `path` by Model.save, ready to continue training at this run's worker count
+    and layouts; dmath's random streams continue from where the saving run stood."""
     return serialization.load_model(path)
 
 

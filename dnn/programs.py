@@ -67,6 +67,20 @@ class Metrics:
         n = max(self.samples, 1)
         return tuple(sum(m.get((0, 0)) for m in self._acc[name].values()) / n for name in ("loss", "correct"))
 
+    def get_state(self):
+        """{name: numpy array}: the accumulated sums and the sample count (a mid-epoch checkpoint)."""
+        out = {name: np.array(sum(m.get((0, 0)) for m in accs.values()), dtype=np.float64)
+               for name, accs in self._acc.items()}
+        out["samples"] = np.array(self.samples, dtype=np.int64)
+        return out
+
+    def set_state(self, arrays):
+        """Continue from `get_state`'s arrays: each sum goes into the Replicated accumulator."""
+        self.reset()
+        for name, accs in self._acc.items():
+            accs["rep"].set((0, 0), float(np.asarray(arrays[name]).reshape(-1)[0]))
+        self.samples = int(np.asarray(arrays["samples"]).reshape(-1)[0])
+
     def reset(self):
         for accs in self._acc.values():
             for kind, m in accs.items():

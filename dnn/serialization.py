@@ -3,7 +3,7 @@
 Layout of a file (all integers little-endian):
 
     offset 0   magic        8 bytes  b"DNNMODEL"
-    8          version      u32      1
+    8          version      u32      2 (version 1 files, without "training", are read too)
     12         header size  u32      H
     16         header crc   u32      CRC-32 of the header bytes
     20         header       H bytes  UTF-8 JSON (below)
@@ -15,11 +15,29 @@ Layout of a file (all integers little-endian):
               "model": {"class": "Sequential", "name", "dtype", "loss", "seed",
                         "layers": [layer.get_config(), ...], "loss_scale": {...} or null},
               "optimizer": optimizer.get_config(),
+              "training": {"epochs_trained": int, "random": [seed, stream] of dmath.random,
+                           "position": null, or {"epoch", "batch", "batch_size"} when saved
+                           inside an epoch (after that many batches of it)},
               "data_bytes": total bytes after the header,
               "arrays": [{"name", "dtype", "shape", "offset", "nbytes", "crc32"}, ...]}
 
 Array names: "weights/<layer>/<weight>" in get_weights order, then
-"optimizer/<key>" (state and counters) and "loss_scale/<key>".
+"optimizer/<key>" (state and counters), "loss_scale/<key>", "state/<layer>/<key>"
+(a layer's counters, Layer.get_state) and, inside an epoch, "metrics/<key>"
+(the epoch's loss and correct sums so far).
+
+A checkpoint holds global arrays: the saving run gathers every matrix to the
+master, the loading run writes each into the layout it chose itself (at its
+own worker count), so resharding is the scatter of an ordinary load. A file
+is a complete resume point: with the same data, a loaded model's
+fit(..., initial_epoch=k) repeats the uninterrupted run's steps (the same
+batches, dropout masks, augmentations, optimizer moments and schedule).
+
+Before a model is built from a file its weights' shapes are derived from the
+architecture without allocating anything (Layer.weight_shapes) and compared
+with the arrays the file holds, so a file with valid checksums that
+describes an impossible model (units=10**10) raises ModelFileError instead
+of trying to allocate it.
 
 Writing goes to a temporary file in the same directory, is fsync'ed, then
 renamed over the destination (os.replace) and the directory fsync'ed: a
@@ -36,10 +54,13 @@ import zlib
 
 import numpy as np
 
+import dmath
+
 from .errors import ConfigError, DNNError, ModelFileError
 
 MAGIC = b"DNNMODEL"
-VERSION = 1
+VERSION = 2
+_READABLE = (1, 2)
 ALIGN = 64
 _PREFIX = struct.Struct("<8sIII")          # magic, version, header size, header crc
 _DTYPES = ("float16", "float32", "float64", "int64")
@@ -112,8 +133,8 @@ def read_file(path):
     magic, version, hsize, hcrc = _PREFIX.unpack_from(blob)
     if magic != MAGIC:
         raise ModelFileError(f"{path!r} is not a dnn model file (magic {magic!r}, expected {MAGIC!r})")
-    if version != VERSION:
-        raise ModelFileError(f"{path!r} has format version {version}; this dnn reads version {VERSION}")
+    if version not in _READABLE:
+        raise ModelFileError(f"{path!r} has format version {version}; this dnn reads versions {_READABLE}")
     if hsize > _MAX_HEADER or _PREFIX.size + hsize > len(blob):
         raise ModelFileError(f"{path!r} is truncated: its header of {hsize} bytes ends past the file "
                              f"({len(blob)} bytes)")
@@ -172,8 +193,14 @@ def save_model(model, path):
     if model.loss_scale is not None:
         arrays += [("loss_scale/scale", model.loss_scale.scale.to_numpy()),
                    ("loss_scale/good_steps", model.loss_scale.good_steps.to_numpy())]
+    arrays += [(f"state/{layer.name}/{k}", v) for layer in model.layers for k, v in layer.get_state().items()]
+    training = {"epochs_trained": model.epochs_trained, "random": list(dmath.random.get_state()), "position": None}
+    if model.position is not None:
+        epoch, batch, batch_size = model.position
+        training["position"] = {"epoch": epoch, "batch": batch, "batch_size": batch_size}
+        arrays += [(f"metrics/{k}", v) for k, v in model.train_metrics.get_state().items()]
     header = {"format": "dnn.model", "version": VERSION, "model": model.get_config(),
-              "optimizer": model.optimizer.get_config()}
+              "optimizer": model.optimizer.get_config(), "training": training}
     write_file(path, header, arrays)
 
 
@@ -183,11 +210,37 @@ def load_model(path):
     from .model import Sequential
     header, arrays = read_file(path)
     try:
+        check_weight_shapes(header["model"], arrays, path)
         model = Sequential.from_config(header["model"], optimizer=optim.get(header.get("optimizer")))
     except (ConfigError, KeyError, TypeError, ValueError) as exc:
         raise ModelFileError(f"{os.fspath(path)!r}: the model described in the file cannot be built: {exc}") from exc
     load_state(model, header, arrays, path)
+    random_state = (header.get("training") or {}).get("random")
+    if random_state is not None:
+        try:
+            dmath.random.set_state(random_state)
+        except ValueError as exc:
+            raise ModelFileError(f"{os.fspath(path)!r}: bad random state: {exc}") from exc
     return model
+
+
+def check_weight_shapes(config, arrays, path):
+    """Raise ModelFileError unless the weights the architecture `config` would create are exactly
+    the file's weight arrays (names and shapes), without creating anything."""
+    from .layers import Input, from_config
+    if not isinstance(config, dict) or not isinstance(config.get("layers"), list) or not config["layers"]:
+        raise ModelFileError(f"{os.fspath(path)!r}: the header's model has no layers")
+    layers = [from_config(c) for c in config["layers"]]
+    if not isinstance(layers[0], Input):
+        raise ModelFileError(f"{os.fspath(path)!r}: the model's first layer is not an Input")
+    shape, expected = layers[0].shape, []
+    for layer in layers:
+        expected += [(f"weights/{name}", s) for name, s in layer.weight_shapes(shape)]
+        shape = layer.output_shape(shape)
+    found = [(k, tuple(a.shape)) for k, a in arrays.items() if k.startswith("weights/")]
+    if found != expected:
+        raise ModelFileError(f"{os.fspath(path)!r}: the architecture in the file needs weights {expected}, "
+                             f"the file holds {found}")
 
 
 def load_state(model, header, arrays, path):
@@ -204,10 +257,46 @@ def load_state(model, header, arrays, path):
                                  f"the model expects {tuple(shape)}")
     model.set_weights([arrays[k] for k, _ in expected])
     state = {k[len("optimizer/"):]: v for k, v in arrays.items() if k.startswith("optimizer/")}
-    if state:
-        model.optimizer.set_state(model.params, state)
+    try:
+        if state:
+            model.optimizer.set_state(model.params, state)
+        for layer in model.layers:
+            prefix = f"state/{layer.name}/"
+            layer.set_state({k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)})
+    except (DNNError, IndexError, KeyError, TypeError, ValueError) as exc:
+        raise ModelFileError(f"{path!r}: the training state in the file does not fit the model: {exc}") from exc
+    _load_training(model, header.get("training"), arrays, path)
     if model.loss_scale is not None and "loss_scale/scale" in arrays:
         model.loss_scale.setup()
         model.loss_scale.scale.assign(np.asarray(arrays["loss_scale/scale"], dtype=np.float32).reshape(1, 1))
         model.loss_scale.good_steps.assign(
             np.asarray(arrays["loss_scale/good_steps"], dtype=np.float32).reshape(1, 1))
+
+
+def _load_training(model, training, arrays, path):
+    """The epoch count and, for a file saved inside an epoch, where `fit` resumes (version 1: none)."""
+    if training is None:
+        return
+    if not isinstance(training, dict):
+        raise ModelFileError(f"{path!r}: the header's 'training' is not an object")
+    model.epochs_trained = _count(training, "epochs_trained", path)
+    pos = training.get("position")
+    model.resume = None
+    if pos is None:
+        return
+    if not isinstance(pos, dict):
+        raise ModelFileError(f"{path!r}: the header's training position is not an object")
+    resume = {k: _count(pos, k, path) for k in ("epoch", "batch", "batch_size")}
+    metrics = {k[len("metrics/"):]: v for k, v in arrays.items() if k.startswith("metrics/")}
+    if sorted(metrics) != ["correct", "loss", "samples"] or any(v.size != 1 for v in metrics.values()):
+        raise ModelFileError(f"{path!r}: a checkpoint inside an epoch needs the metrics loss, correct and "
+                             f"samples, one value each; found {sorted(metrics)}")
+    resume["metrics"] = metrics
+    model.resume = resume
+
+
+def _count(d, key, path):
+    v = d.get(key)
+    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
+        raise ModelFileError(f"{path!r}: the header's training {key!r} must be a non-negative integer, got {v!r}")
+    return v

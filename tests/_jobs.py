@@ -1,6 +1,7 @@
 """Launching separate dmath jobs from the tests (tests/test_failures.py, tests/test_worker_counts.py)."""
 import os
 import shutil
+import subprocess
 import sys
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -31,3 +32,16 @@ def job_env(**extra):
     env["DMATH_FAILED_WORKER_GRACE_S"] = "20"
     env.update(extra)
     return env
+
+
+def run_python(args, n, cwd, timeout=240):
+    """Run `python *args` in a job of n workers (n == 1: plain python, no mpiexec); assert it exits 0."""
+    cmd = [sys.executable] + [str(a) for a in args]
+    env = job_env()
+    if n > 1:
+        cmd = [MPIEXEC, "-n", str(n)] + cmd
+    else:
+        env = {k: v for k, v in env.items() if not k.startswith(("PMI_", "HYDRA_", "OMPI_"))}
+    p = subprocess.run(cmd, cwd=str(cwd), env=env, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+    return p

@@ -9,13 +9,10 @@ Only the order of floating-point sums may change with the worker count, so
 in float64 the trained weights agree to ~1e-12. Runs in the plain `pytest
 tests` stage and launches its own jobs.
 """
-import subprocess
-import sys
-
 import numpy as np
 import pytest
 
-from _jobs import MPIEXEC, job_env
+from _jobs import MPIEXEC, run_python
 
 SCRIPT = """
 import sys
@@ -43,14 +40,7 @@ def _run(tmp_path, n):
     script = tmp_path / "train.py"
     script.write_text(SCRIPT)
     out = tmp_path / f"out{n}.npz"
-    cmd = [sys.executable, str(script), str(out)]
-    env = job_env()
-    if n > 1:
-        cmd = [MPIEXEC, "-n", str(n)] + cmd
-    else:
-        env = {k: v for k, v in env.items() if not k.startswith(("PMI_", "HYDRA_", "OMPI_"))}
-    p = subprocess.run(cmd, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=240)
-    assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+    run_python([script, out], n, tmp_path)
     return np.load(out)
 
 

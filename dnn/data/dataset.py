@@ -315,13 +315,14 @@ class Feed:
         self.drawn = dmath.zeros((1, 1), dtype="float64", layout=rep)
         self.programs = {}       # (kind, batch) -> the model's dnn.programs.Program on this feed
 
-    def start_epoch(self, key, epoch):
-        """Order the samples by `key` (None: stored order) and rewind: a few small commands."""
+    def start_epoch(self, key, epoch, skip=0):
+        """Order the samples by `key` (None: stored order) and rewind (to sample `skip` of the epoch,
+        for a run resumed inside it): a few small commands."""
         dmath.random.permutation(self.n, key=() if key is None else key, out=self.order)
         if self.lo:
             self.order += float(self.lo)
-        self.position.set((0, 0), 0.0)
-        self.drawn.set((0, 0), float(epoch) * self.n)
+        self.position.set((0, 0), float(skip))
+        self.drawn.set((0, 0), float(epoch) * self.n + skip)
 
     def batch_x(self, out, training, seed):
         """Recordable: the next batch's samples into `out`, then transformed; returns the model's input."""

@@ -101,6 +101,7 @@ class Layer:
         self.weights = []
         self.input_shape = None
         self.built = False
+        self._dry = None          # a list while weight_shapes runs _create without allocating
 
     # ---- shapes and building -------------------------------------------------
     def output_shape(self, sample_shape):
@@ -122,7 +123,20 @@ class Layer:
     def _create(self, sample_shape, dtype):
         """Make the weights (none by default)."""
 
+    def weight_shapes(self, sample_shape):
+        """[(weight name, public shape)] that `build` would create for `sample_shape`, found without
+        allocating anything (a model file is checked with it before its model is built)."""
+        self._dry = []
+        try:
+            self._create(tuple(sample_shape), None)
+            return self._dry
+        finally:
+            self._dry = None
+
     def _add_weight(self, name, init, shape, dtype, layout, public_shape=None, fans=None, trainable=True):
+        if self._dry is not None:
+            self._dry.append((f"{self.name}/{name}", tuple(public_shape or shape)))
+            return None
         from .. import initializers
         value = initializers.get(init)(shape, dtype=dtype, layout=layout, fans=fans)
         w = Weight(f"{self.name}/{name}", value, public_shape or shape, trainable)
@@ -161,6 +175,14 @@ class Layer:
                              f"({', '.join(w.name for w in self.weights) or 'none'}), got {len(arrays)} arrays")
         for w, a in zip(self.weights, arrays):
             w.write(a)
+
+    def get_state(self):
+        """{name: numpy array} of what the layer keeps besides its weights to continue training
+        identically (a Dropout's mask counter); saved in checkpoints."""
+        return {}
+
+    def set_state(self, arrays):
+        """Restore `get_state`'s arrays (missing names keep their values)."""
 
     def get_config(self):
         return {"class": type(self).__name__, "name": self.name}

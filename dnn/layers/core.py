@@ -2,6 +2,8 @@
 import math
 import numbers
 
+import numpy as np
+
 from .. import parallel as par
 from ..errors import ConfigError, ShapeError
 from ..ops import Dropout as DropoutFn, Reshape as ReshapeFn, activation as make_activation, linear
@@ -150,6 +152,19 @@ class Dropout(Layer):
         if self.counter is None:
             self.counter = new_counter()
         return DropoutFn(self.p, self.seed or 0, self.counter).apply(x)
+
+    def get_state(self):
+        return {"counter": np.array(self.counter.get((0, 0)) if self.counter is not None else 0.0)}
+
+    def set_state(self, arrays):
+        if "counter" not in arrays:
+            return
+        value = float(np.asarray(arrays["counter"]).reshape(-1)[0])
+        if not (value >= 0 and value == int(value)):
+            raise ShapeError(f"{self.name}: a dropout counter must be a non-negative integer, got {value!r}")
+        if self.counter is None:
+            self.counter = new_counter()
+        self.counter.set((0, 0), value)     # in place: recorded steps keep reading it
 
     def get_config(self):
         return {**super().get_config(), "p": self.p, "seed": self.seed}

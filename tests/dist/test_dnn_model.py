@@ -219,6 +219,50 @@ def test_corrupt_truncated_and_mismatched_files_raise(tmp_path):
     assert all(np.array_equal(a, b) for a, b in zip(before, other.get_weights()))
 
 
+def test_file_describing_an_impossible_model_raises_before_allocating(tmp_path):
+    """Valid checksums, but the architecture says units=10**10: the weights it would need are compared
+    with the file's before anything is built."""
+    from dnn import serialization
+    m = _small()
+    path = tmp_path / "m.dnn"
+    m.save(path)
+    header, arrays = serialization.read_file(path)
+    assert header["version"] == 2 and header["training"]["epochs_trained"] == 0
+    header["model"]["layers"][1]["units"] = 10 ** 10
+    bad = tmp_path / "huge.dnn"
+    serialization.write_file(bad, {k: v for k, v in header.items() if k not in ("arrays", "data_bytes")},
+                             list(arrays.items()))
+    with pytest.raises(dnn.ModelFileError, match="needs weights"):
+        dnn.load(bad)
+    header["training"]["position"] = {"epoch": 0, "batch": 1, "batch_size": 8}     # no metrics arrays
+    header["model"]["layers"][1]["units"] = m.layers[1].units
+    serialization.write_file(bad, {k: v for k, v in header.items() if k not in ("arrays", "data_bytes")},
+                             list(arrays.items()))
+    with pytest.raises(dnn.ModelFileError, match="metrics"):
+        dnn.load(bad)
+
+
+def test_step_checkpoint_resumes_inside_the_epoch(tmp_path):
+    x, y = _blobs(96)
+    ref = _small(dropout=0.2)
+    ckpt = dnn.callbacks.ModelCheckpoint(tmp_path / "s{step}.dnn", unit="step", every=2)
+    hist = ref.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[ckpt])      # 3 steps: saved at 2
+    m = dnn.load(tmp_path / "s2.dnn")
+    assert m.resume["batch"] == 2 and m.epochs_trained == 0
+    with pytest.raises(dnn.ConfigError, match="batch_size=32"):
+        m.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    h = m.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    for a, b in zip(ref.get_weights(), m.get_weights()):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(h["loss"], hist["loss"], rtol=1e-12)
+
+
+def test_model_checkpoint_arguments_are_checked(tmp_path):
+    for kw in ({"unit": "batch"}, {"every": 0}, {"keep": 0}, {"save_best_only": True, "unit": "step"}):
+        with pytest.raises(dnn.ConfigError, match="ModelCheckpoint"):
+            dnn.callbacks.ModelCheckpoint(tmp_path / "m.dnn", **kw)
+
+
 def test_summary_lists_layers_parameters_strategies_and_layouts():
     m = dnn.Sequential([L.Input((1, 8, 8)), L.Conv2D(2, 3, padding="same"), L.Activation("relu"), L.Flatten(),
                         L.Dense(5, parallel="model"), L.Dense(3), L.Output("softmax")])

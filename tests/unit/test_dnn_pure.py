@@ -27,7 +27,15 @@ def test_file_round_trip_keeps_dtypes_shapes_and_values(tmp_path):
         np.testing.assert_array_equal(arrays[name], a)
     blob = path.read_bytes()
     magic, version, hsize, _ = struct.unpack_from("<8sIII", blob)
-    assert magic == b"DNNMODEL" and version == 1
+    assert magic == b"DNNMODEL" and version == 2
+    for v, readable in ((1, True), (3, False)):      # version 1 files (no training state) still load
+        other = tmp_path / f"v{v}.dnn"
+        other.write_bytes(blob[:8] + struct.pack("<I", v) + blob[12:])
+        if readable:
+            assert list(serialization.read_file(other)[1]) == ["a", "b", "c", "empty"]
+        else:
+            with pytest.raises(ModelFileError, match="version 3"):
+                serialization.read_file(other)
     entries = json.loads(blob[20:20 + hsize])["arrays"]
     start = (20 + hsize + 63) // 64 * 64
     assert all(e["offset"] % 64 == 0 for e in entries)
