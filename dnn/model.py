@@ -200,7 +200,8 @@ class Sequential:
         epoch count of earlier fit calls; with initial_epoch=k (Keras) the
         epochs k .. epochs - 1 run instead (resuming a saved run).
         callbacks: dnn.callbacks.Callback objects. verbose: 0 silent, 1
-        progress bar, 2 one line per epoch.
+        a tqdm progress bar on stderr (when tqdm is installed) and one line
+        per epoch on stdout, 2 the lines only.
         """
         batch_size = _positive_int(batch_size, "batch_size")
         epochs = _positive_int(epochs, "epochs")

@@ -28,6 +28,12 @@ sys.exit(rc)'
 
 summary=()
 failed=0
+# PyTorch is the oracle of some tests: say whether they run (tools/oracle.py decides the install)
+if oracle=$(python -c 'import torch; print(torch.__version__)' 2>/dev/null); then
+    summary+=("PyTorch oracle tests: run (torch $oracle)")
+else
+    summary+=("PyTorch oracle tests: SKIPPED (no torch in .venv; see DMATH_ORACLE in README)")
+fi
 for p in ${DMATH_TEST_WORKERS:-1 2 3 4}; do
     echo "== tests at $p workers =="
     rc=0
