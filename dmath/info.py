@@ -8,6 +8,7 @@ Nothing here starts the runtime: no command is sent, no GPU memory is
 allocated beyond what CuPy needs to name the devices. Each section that
 cannot be filled says why (a package missing, no GPU visible).
 """
+import importlib.metadata
 import json
 import os
 import platform
@@ -31,12 +32,12 @@ ENVIRONMENT = {
 }
 
 
-def _version(module):
+def _version(distribution):
+    """The installed version, read from its metadata: nothing is imported (torch takes seconds)."""
     try:
-        mod = __import__(module)
-        return getattr(mod, "__version__", "installed")
-    except Exception as exc:       # missing, or broken (a CUDA library that does not load)
-        return None if isinstance(exc, ImportError) else f"unusable: {exc}"
+        return importlib.metadata.version(distribution)
+    except importlib.metadata.PackageNotFoundError:
+        return None
 
 
 def _mpi():
