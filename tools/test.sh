@@ -78,7 +78,7 @@ for p in ${DMATH_TEST_WORKERS:-1 2 3 4}; do
     if [ "$p" = 1 ]; then stage tests 1 tests "$@"; else stage tests "$p" tests/dist "$@"; fi
 done
 # the pytest-benchmark benchmarks, each run once at the smallest sizes: their checks are tests
-for p in ${DMATH_BENCH_WORKERS:-1 2}; do
+for p in ${DMATH_BENCH_WORKERS-1 2}; do
     stage "benchmarks (--benchmark-disable)" "$p" benchmarks --benchmark-disable "$@"
 done
 
