@@ -17,7 +17,7 @@ each side's peak device memory less its resident images (dnn: the largest
 pool high-water mark of any worker over the timed steps plus the bytes its
 captured CUDA graphs hold; PyTorch: max_memory_allocated on GPU 0).
 Efficiency across GPU counts comes from comparing the JSON of P = 1 and P
-(benchmarks/plot_cnn.py draws it).
+(`benchmarks/plots.py cnn` draws it).
 """
 import argparse
 import gc

@@ -6,8 +6,11 @@
     B = A.remap(dmath.ColBlock(), dtype='float16')
     print((B.astype('float32') - A).norm())
 
-See docs/ARCHITECTURE.md for the layers and how to add an operation.
+See docs/ARCHITECTURE.md for the layers and how to add an operation;
+`python -m dmath.info` reports what dmath finds on this machine.
 """
+__version__ = "0.1.0"   # the package's version (pyproject.toml reads it from here)
+
 from . import memory, random
 from .backend import DTYPES
 from .errors import (DMathError, DTypeError, LayoutError, NotSupportedError, OutOfMemoryError, PlanError,
@@ -48,7 +51,7 @@ def reset_stats():
     _dispatch("reset_stats")
 
 
-__all__ = ["init", "finalize", "is_initialized", "num_workers", "device", "stats", "reset_stats", "synchronize",
+__all__ = ["__version__", "init", "finalize", "is_initialized", "num_workers", "device", "stats", "reset_stats", "synchronize",
            "Matrix", "gemm", "explain_gemm", "zeros", "ones", "full", "eye", "from_numpy", "from_file", "random", "memory",
            "exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "pow", "maximum", "minimum", "where",
            "Layout", "Replicated", "Partial", "RowBlock", "ColBlock", "Block2D", "BlockCyclic", "Tiles",

@@ -77,7 +77,7 @@ def _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout):
         if layout is not None and layout.resolved(P) != C.layout:
             raise LayoutError(f"gemm: layout={layout!r} differs from C's layout {C.layout!r}; "
                               f"the result is written into C")
-        want, dtype = C.layout, C.dtype
+        want, dtype = C.layout, C.dtype.name
     else:
         dtype = np.result_type(A.dtype, B.dtype).name
         want = None if layout is None else new_meta(layout, (m, n), dtype).layout

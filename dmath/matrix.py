@@ -5,6 +5,7 @@ before anything is sent), aligns operands by remapping where layouts differ,
 and dispatches one command per kernel.
 """
 import functools
+import math
 import numbers
 
 import numpy as np
@@ -12,6 +13,7 @@ import numpy as np
 from .backend import canonical_dtype
 from .errors import DMathError, DTypeError, LayoutError, NotSupportedError, ShapeError
 from .layout import ColBlock, Partial, Replicated, RowBlock, Tiles, distribution
+from .layout.indexset import split_even
 from . import linalg
 from .ops import base, elementwise, storage
 from .ops.base import dispatch, dist_of, meta, new_meta
@@ -21,14 +23,14 @@ from .runtime import Meta, runtime
 class Matrix:
     """A distributed 2-D matrix; its blocks stay on the workers until `to_numpy()`."""
 
-    __slots__ = ("_handle", "shape", "dtype", "layout", "_memory", "_derived", "__weakref__")
+    __slots__ = ("_handle", "shape", "_dtype", "layout", "_memory", "_derived", "__weakref__")
     # numpy scalars on the left (np.float32(2) * M) must defer to our reflected
     # operators instead of treating the Matrix as a sequence to convert
     __array_ufunc__ = None
 
     def __init__(self, handle, m):
         self._handle = handle
-        self.layout, self.shape, self.dtype = m.layout, m.shape, m.dtype
+        self.layout, self.shape, self._dtype = m.layout, m.shape, np.dtype(m.dtype)
         self._memory = None        # the backend's default memory kind
         self._derived = None       # "A.T" or "A[r0:r1, c0:c1]": a copy that in-place writes must not touch
 
@@ -38,10 +40,21 @@ class Matrix:
         except Exception:  # interpreter shutdown or dmath finalized: nothing left to free
             pass
 
-    # ---- metadata -----------------------------------------------------------
+    # ---- metadata (NumPy's names and meanings) -------------------------------
+    @property
+    def dtype(self):
+        """The element type, a numpy dtype (float16, float32 or float64); it compares equal to its name."""
+        return self._dtype
+
+    @property
+    def itemsize(self):
+        """Bytes per element."""
+        return self._dtype.itemsize
+
     @property
     def nbytes(self):
-        return self.shape[0] * self.shape[1] * np.dtype(self.dtype).itemsize
+        """Bytes of the whole matrix (one copy; replicated layouts hold one per worker)."""
+        return self.size * self._dtype.itemsize
 
     @property
     def ndim(self):
@@ -49,12 +62,14 @@ class Matrix:
 
     @property
     def size(self):
+        """The number of elements."""
         return self.shape[0] * self.shape[1]
 
     def __repr__(self):
         return f"dmath.Matrix(shape={self.shape}, dtype={self.dtype}, layout={self.layout})"
 
     def __len__(self):
+        """The number of rows, as len() of a 2-D numpy array."""
         return self.shape[0]
 
     # ---- Python protocols that would alias or hide a gather ---------------------
@@ -131,6 +146,17 @@ class Matrix:
 
     def copy(self):
         return _remap(self, self.layout, None)
+
+    def reshape(self, *shape, layout=None):
+        """The same elements in row-major (C) order as a matrix of `shape`; one entry may be -1.
+
+        A remap: the elements go to row blocks whose boundaries fall on whole
+        rows of both shapes, each worker reshapes its block in place, and the
+        result is remapped to `layout` (None: this matrix's layout when it
+        fits the new shape, else RowBlock()). Only elements that change owner
+        travel.
+        """
+        return _reshape(self, shape[0] if len(shape) == 1 else shape, layout)
 
     @property
     def T(self):
@@ -314,6 +340,53 @@ def _remap(m, layout, dtype, offset=(0, 0), shape=None, background=False):
     out = new_meta(layout, shape or m.shape, m.dtype if dtype is None else dtype)
     background = background and m.layout.partial        # only a sum has anything to run beside
     return dispatch("remap", [m], [out], static=(tuple(offset), background))[0][0]
+
+
+def _reshape(m, shape, layout):
+    shape = _reshape_target(shape, m.shape)
+    if layout is None:
+        layout = m.layout if _fits(m.layout, shape) else RowBlock()
+    if shape == m.shape:
+        return _remap(m, layout, None)
+    if m.size == 0:
+        return zeros(shape, m.dtype, layout)
+    # a block of whole rows of both shapes holds a multiple of lcm(n, n2) elements
+    (_, n), (_, n2) = m.shape, shape
+    unit = math.lcm(n, n2)
+    chunks = split_even(m.size // unit, runtime().nworkers)
+    src = _remap(m, RowBlock(sizes=[c * unit // n for c in chunks]), None)
+    out = new_meta(RowBlock(sizes=[c * unit // n2 for c in chunks]), shape, m.dtype)
+    flat = dispatch("reshape_rows", [src], [out])[0][0]
+    return flat if _same_layout(flat, layout) else _remap(flat, layout, None)
+
+
+def _reshape_target(shape, old):
+    if not isinstance(shape, (tuple, list)) or len(shape) != 2:
+        raise ShapeError(f"a Matrix is 2-D: reshape needs two sizes (one may be -1), got {shape!r}")
+    shape = tuple(base.as_int(v, "reshape size") for v in shape)
+    if shape.count(-1) > 1 or any(v < -1 for v in shape):
+        raise ShapeError(f"reshape needs two sizes (one may be -1), got {shape}")
+    count = old[0] * old[1]
+    if -1 in shape:
+        other = shape[1 - shape.index(-1)]
+        if other == 0 or count % other:
+            raise ShapeError(f"cannot reshape a {old} matrix into {shape}")
+        shape = tuple(count // other if v == -1 else v for v in shape)
+    if shape[0] * shape[1] != count:
+        raise ShapeError(f"cannot reshape a {old} matrix ({count} elements) into {shape}")
+    return shape
+
+
+def _fits(layout, shape):
+    try:
+        distribution(layout, shape, runtime().nworkers)
+    except LayoutError:
+        return False
+    return True
+
+
+def _same_layout(m, layout):
+    return m.layout == layout.resolved(runtime().nworkers)
 
 
 def _require_matrix(m, what):

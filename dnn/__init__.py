@@ -11,9 +11,11 @@ Packages, bottom to top: graph (nodes, autodiff), ops (differentiable
 functions), layers, optim, losses, model; parallel holds the per-layer
 strategies. See docs/ARCHITECTURE.md, section dnn.
 """
+from dmath import __version__  # one project, one version
 from . import callbacks, data, graph, initializers, layers, losses, ops, optim, parallel
 from .errors import ConfigError, DNNError, GraphError, ModelFileError, ShapeError, TrainingError
 from .model import Sequential, load
 
-__all__ = ["Sequential", "load", "data", "graph", "layers", "ops", "optim", "losses", "initializers", "callbacks",
-           "parallel", "DNNError", "ShapeError", "ConfigError", "GraphError", "ModelFileError", "TrainingError"]
+__all__ = ["__version__", "Sequential", "load", "data", "graph", "layers", "ops", "optim", "losses", "initializers",
+           "callbacks", "parallel", "DNNError", "ShapeError", "ConfigError", "GraphError", "ModelFileError",
+           "TrainingError"]

@@ -56,6 +56,57 @@ class History(Callback):
     def __repr__(self):
         return f"History({self.history})"
 
+    def plot(self, path=None):
+        """Training curves: loss (and val_loss) and accuracy (and val_accuracy) against the epoch.
+
+        Returns the matplotlib Figure; with `path` it is also written there
+        (PNG, SVG, ... by the suffix). Needs matplotlib (the `plot` extra).
+        """
+        return plot_curves(self.epoch, self.history, path)
+
+
+def pyplot():
+    """matplotlib.pyplot (imported on first use: matplotlib stays optional), or an ImportError that
+    says how to get it. Without a display matplotlib picks a file-only backend itself."""
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ImportError("plots need matplotlib: pip install 'dmath-dnn[plot]' (or pip install matplotlib)") \
+            from exc
+    return plt
+
+
+def plot_curves(epochs, history, path=None):
+    """The figure of History.plot from epoch numbers and {'loss': [...], 'val_loss': [...], ...}."""
+    plt = pyplot()
+    panels = [k for k in ("loss", "accuracy") if k in history or f"val_{k}" in history]
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5 * max(len(panels), 1), 3.6), squeeze=False)
+    x = [e + 1 for e in epochs]
+    for ax, key in zip(axes[0], panels):
+        for name, style in ((key, "-o"), (f"val_{key}", "--s")):
+            if name in history:
+                ax.plot(x, history[name], style, label=name, markersize=4)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=100)
+    return fig
+
+
+class PlotHistory(Callback):
+    """Write the training curves to `path` (a PNG) at the end of every epoch: a run can be watched."""
+
+    def __init__(self, path):
+        self.path = path
+        self.history = History()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.history.on_epoch_end(epoch, logs)
+        pyplot().close(self.history.plot(self.path))
+
 
 class LambdaCallback(Callback):
     """A callback from functions: on_epoch_end=lambda epoch, logs: ..., and so on."""

@@ -203,7 +203,8 @@ class Sequential:
         epoch count of earlier fit calls; with initial_epoch=k (Keras) the
         epochs k .. epochs - 1 run instead (resuming a saved run).
         callbacks: dnn.callbacks.Callback objects. verbose: 0 silent, 1
-        progress bar, 2 one line per epoch. terminate_on_nan: add a
+        a tqdm progress bar on stderr (when tqdm is installed) and one line
+        per epoch on stdout, 2 the lines only. terminate_on_nan: add a
         dnn.callbacks.TerminateOnNaN (unless callbacks hold one), which stops
         training with TrainingError at a NaN or infinite loss or weight, or
         a float16 loss scale that skips every step.

@@ -46,6 +46,8 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float16", "float32", "float64"])
     ap.add_argument("--device", default=None, choices=["cpu", "gpu"])
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--curves", metavar="PNG", help="write the training curves there after every epoch "
+                    "(needs matplotlib)")
     args = ap.parse_args()
     dmath.init(device=args.device)
     dmath.random.seed(args.seed)
@@ -64,9 +66,12 @@ def main():
     def report(epoch, logs):
         print(f"epoch {epoch + 1:2d}/{args.epochs}: loss {logs['loss']:.4f} accuracy {logs['accuracy']:.4f} "
               f"- held-out accuracy {logs['val_accuracy']:.4f} - {logs['samples_per_s']:.0f} samples/s", flush=True)
+    callbacks = [dnn.callbacks.LambdaCallback(on_epoch_end=report)]
+    if args.curves:
+        callbacks.append(dnn.callbacks.PlotHistory(args.curves))
     t0 = time.perf_counter()
     model.fit(train_set, batch_size=args.batch_size, epochs=args.epochs, validation_data=test_set, shuffle=True,
-              verbose=0, callbacks=[dnn.callbacks.LambdaCallback(on_epoch_end=report)])
+              verbose=0, callbacks=callbacks)
     secs = time.perf_counter() - t0
     result = model.evaluate(test_set)
     ok = result["accuracy"] >= TARGET

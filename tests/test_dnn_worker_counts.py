@@ -53,3 +53,29 @@ def test_same_trained_weights_at_1_and_4_workers(tmp_path):
     for k in weights + ["loss", "val", "pred"]:
         np.testing.assert_allclose(four[k], one[k], rtol=1e-10, atol=1e-12, err_msg=k)
     assert one["loss"][1] < one["loss"][0]
+
+
+PROGRESS = """
+import dmath, dnn
+from dnn import layers as L
+dmath.init(device="cpu")
+x, y = dnn.data.synthetic_classification(64, (8,), classes=2, seed=3)
+model = dnn.Sequential([L.Input(8), L.Dense(4), L.Output("softmax")])
+model.fit(x, y, batch_size=16, epochs=2, verbose=1)
+"""
+
+
+@pytest.mark.skipif(MPIEXEC is None, reason="no mpiexec found")
+def test_progress_is_drawn_by_rank_0_through_pipes(tmp_path):
+    """Under mpiexec every rank writes to a pipe: the tqdm bar still shows (on stderr), once, and
+    stdout keeps one Keras-style line per epoch."""
+    script = tmp_path / "progress.py"
+    script.write_text(PROGRESS)
+    p = subprocess.run([MPIEXEC, "-n", "2", sys.executable, str(script)], cwd=str(tmp_path), env=job_env(),
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, f"exit {p.returncode}\n{p.stdout}\n{p.stderr}"
+    lines = p.stdout.splitlines()
+    assert [s.split(" - ")[0] for s in lines] == ["epoch 1/2", "epoch 2/2"], p.stdout
+    assert all("loss" in s and "samples/s" in s for s in lines)
+    for epoch in ("epoch 1/2", "epoch 2/2"):
+        assert f"{epoch}:" in p.stderr and "/64" in p.stderr, p.stderr      # tqdm's 'epoch 1/2:  25%|.. 16/64'

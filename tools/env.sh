@@ -33,7 +33,11 @@ _dmath_pkgs=
 for _dmath_p in dmath dnn; do
     if [ -d "$DMATH_ROOT/$_dmath_p" ]; then _dmath_pkgs="$_dmath_pkgs $_dmath_p"; fi
 done
-_dmath_stamp="$_dmath_spec$_dmath_pkgs $(cksum < "$DMATH_ROOT/pyproject.toml")" || return 1
+# PyTorch, the oracle of some tests (the `oracle` extra, test-only), is installed only when
+# that downloads no CUDA build of several GB: tools/oracle.py says when. DMATH_ORACLE=auto
+# (default), 1 (always) or 0 (never); DMATH_TORCH_INDEX: an index with the CPU build.
+_dmath_oracle=${DMATH_ORACLE:-auto}
+_dmath_stamp="$_dmath_spec$_dmath_pkgs oracle=$_dmath_oracle${DMATH_TORCH_INDEX:+@$DMATH_TORCH_INDEX} $(cksum < "$DMATH_ROOT/pyproject.toml")" || return 1
 if [ "$(cat "$_dmath_venv/.dmath-install-stamp" 2>/dev/null)" != "$_dmath_stamp" ]; then
     echo "env.sh: installing $_dmath_spec into .venv ..." >&2
     (cd "$DMATH_ROOT" && PIP_DISABLE_PIP_VERSION_CHECK=1 \
@@ -41,9 +45,13 @@ if [ "$(cat "$_dmath_venv/.dmath-install-stamp" 2>/dev/null)" != "$_dmath_stamp"
         echo "env.sh: pip install -e '$_dmath_spec' failed" >&2
         return 1
     }
+    "$_dmath_venv/bin/python" "$DMATH_ROOT/tools/oracle.py" "$_dmath_oracle" || {
+        echo "env.sh: installing the oracle extra failed" >&2
+        return 1
+    }
     printf '%s\n' "$_dmath_stamp" > "$_dmath_venv/.dmath-install-stamp" || return 1
 fi
-unset _dmath_py _dmath_spec _dmath_stamp _dmath_pkgs _dmath_p
+unset _dmath_py _dmath_spec _dmath_stamp _dmath_pkgs _dmath_p _dmath_oracle
 
 export VIRTUAL_ENV=$_dmath_venv
 export PATH="$_dmath_venv/bin:$PATH"

@@ -1,9 +1,16 @@
 #!/usr/bin/env bash
-# GPU checks on a machine with cupy, mpi4py and Open MPI already installed (no network):
-# the distributed tests, the main job and the benchmarks.
+# GPU checks on a machine with cupy and mpi4py already installed (no network needed):
+# the environment report, the distributed tests, the main job and the benchmarks.
 #   bash tools/gpu_check.sh [OUTDIR]        results (JSON) and logs under OUTDIR
-# STAGES picks what runs (default: all, in this order):
+# Works with any mpiexec on PATH (MPIEXEC overrides): Open MPI's gets --oversubscribe (and, as
+# root, OMPI_ALLOW_RUN_AS_ROOT*), MPICH's Hydra (the mpich wheel's) needs neither.
+# STAGES picks what runs (default: all but bytest, in this order):
+#   info    python -m dmath.info (MPI library, GPUs, NCCL, cuDNN) into OUTDIR/info.txt
 #   tests   tests/dist at each of TEST_GPUS (default "1 <all>")
+#   bytest  tests/dist one file per job at each of TEST_GPUS (a worker failure breaks its job:
+#           this shows every failing file, not only the first)
+#   bench   the pytest-benchmark benchmarks (GEMM, remap, dispatch; DTensor peer) at 1 and all
+#           GPUs, --benchmark-json OUTDIR/bench_p<P>.json
 #   main    the README's main job (CNN training) on all GPUs
 #   gemm    GEMM strong scaling at each of GEMM_GPUS (default "1 2 <all>"), SIZES, DTYPES
 #   chain   the 100-operation chain (eager, replay, DTensor) on all GPUs
@@ -17,18 +24,26 @@
 set -u
 out=${1:-benchmarks/out/gpu}
 mkdir -p "$out"
-if [ -d .whl ] && ! python3 -c 'import cudnn' 2>/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+py=${PYTHON:-python3}
+if [ -d .whl ] && ! "$py" -c 'import cudnn' 2>/dev/null; then
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
 fi
 if [ -z "${DNN_DATA_DIR:-}" ] && [ -d .data ]; then export DNN_DATA_DIR=$PWD/.data; fi
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
-ngpu=$(python3 -c 'import cupy; print(cupy.cuda.runtime.getDeviceCount())')
-run() { timeout "${TIMEOUT:-300}" mpiexec --oversubscribe -n "$1" python3 "${@:2}"; }
-stages=${STAGES:-tests main gemm chain remap mlp cnn transfer pipeline}
+ngpu=$("$py" -c 'import cupy; print(cupy.cuda.runtime.getDeviceCount())')
+mpiexec=${MPIEXEC:-mpiexec}
+mpiflags=()
+if "$mpiexec" --version 2>&1 | grep -qiE 'open mpi|openrte'; then mpiflags=(--oversubscribe); fi
+run() { timeout "${TIMEOUT:-300}" "$mpiexec" ${mpiflags[@]+"${mpiflags[@]}"} -n "$1" "$py" "${@:2}"; }
+stages=${STAGES:-info tests bench main gemm chain remap mlp cnn transfer pipeline}
 has() { case " $stages " in *" $1 "*) return 0 ;; esac; return 1; }
 status=0
+if has info; then
+  echo "== environment =="
+  run "$ngpu" -m dmath.info | tee "$out/info.txt" || status=1
+fi
 if has tests; then
   for p in ${TEST_GPUS:-1 $ngpu}; do
     echo "== tests/dist on $p GPU(s) =="
@@ -37,6 +52,24 @@ if has tests; then
     DMATH_DEVICE=gpu run "$p" -m pytest -q -p no:cacheprovider tests/dist ${PYTEST_ARGS:-} \
       > "$out/tests_$p.log" 2>&1 || status=1
     tail -n 5 "$out/tests_$p.log"
+  done
+fi
+if has bytest; then
+  for p in ${TEST_GPUS:-1 $ngpu}; do
+    for f in tests/dist/test_*.py; do
+      log="$out/gpu${p}_$(basename "$f" .py).log"
+      DMATH_DEVICE=gpu TIMEOUT=${TIMEOUT:-150} run "$p" -m pytest -q -p no:cacheprovider --maxfail=1 "$f" \
+        > "$log" 2>&1 || status=1
+      echo "$p GPU $(basename "$f" .py): $(grep -aE '[0-9]+ (passed|failed)' "$log" | tail -n 1)"
+    done
+  done
+fi
+if has bench; then
+  for p in 1 "$ngpu"; do
+    echo "== pytest-benchmark benchmarks on $p GPU(s) =="
+    DMATH_DEVICE=gpu TIMEOUT=${TIMEOUT:-900} run "$p" -m pytest -q -p no:cacheprovider benchmarks \
+      --bench-scale gpu --bench-peers --benchmark-json "$out/bench_p$p.json" > "$out/bench_p$p.log" 2>&1 || status=1
+    tail -n 25 "$out/bench_p$p.log"
   done
 fi
 if has main; then

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The whole test suite: `tests` at 1 worker (plain python, no mpiexec), then
-# `tests/dist` under mpiexec at 2, 3 and 4 workers. Worker counts come from
-# DMATH_TEST_WORKERS (default "1 2 3 4"; 1 is the plain run). Extra arguments
+# `tests/dist` under mpiexec at 2, 3 and 4 workers, then the benchmarks once each
+# (`--benchmark-disable`) at 1 and 2 workers. Worker counts come from
+# DMATH_TEST_WORKERS (default "1 2 3 4"; 1 is the plain run) and
+# DMATH_BENCH_WORKERS (default "1 2"; empty: none). Extra arguments
 # go to every pytest call. All stages run; the exit status is non-zero if any
 # stage failed.
 set -euo pipefail
@@ -28,18 +30,27 @@ sys.exit(rc)'
 
 summary=()
 failed=0
-for p in ${DMATH_TEST_WORKERS:-1 2 3 4}; do
-    echo "== tests at $p workers =="
-    rc=0
-    note=
+# PyTorch is the oracle of some tests: say whether they run (tools/oracle.py decides the install)
+if oracle=$(python -c 'import torch; print(torch.__version__)' 2>/dev/null); then
+    summary+=("PyTorch oracle tests: run (torch $oracle)")
+else
+    summary+=("PyTorch oracle tests: SKIPPED (no torch in .venv; see DMATH_ORACLE in README)")
+fi
+# stage WHAT P PATH [pytest args]: pytest on PATH at P workers (plain python at 1, else mpiexec);
+# adds a summary line; "no tests collected" fails only the plain run of the whole suite (it holds
+# every test), elsewhere it is fine (e.g. -k selected none there).
+stage() {
+    local what=$1 p=$2 path=$3 rc=0 note= r0 result
+    shift 3
+    echo "== $what at $p workers =="
     if [ "$p" = 1 ]; then
-        python -m pytest -q tests "$@" || rc=$?
+        python -m pytest -q "$path" "$@" || rc=$?
     else
         : > "$DMATH_RANK0_RC"
         # No cache plugin: all ranks run pytest and would race on .pytest_cache.
         # -k: SIGKILL if mpiexec ignores the TERM.
         timeout -k 30 "$cap" mpiexec -n "$p" python -c "$pytest_rank0" \
-            -q -p no:cacheprovider tests/dist "$@" || rc=$?
+            -q -p no:cacheprovider "$path" "$@" || rc=$?
         r0=$(cat "$DMATH_RANK0_RC")
         if [ "$rc" = 124 ] || [ "$rc" = 137 ]; then
             :  # timed out
@@ -54,15 +65,21 @@ for p in ${DMATH_TEST_WORKERS:-1 2 3 4}; do
     fi
     case $rc in
         0) result=passed ;;
-        # No tests collected fails only the plain run (it holds the whole
-        # suite); in tests/dist it is fine (e.g. -k selected none there).
-        5) if [ "$p" = 1 ]; then result="FAILED (no tests collected)"; else
+        5) if [ "$path" = tests ]; then result="FAILED (no tests collected)"; else
                result="no tests collected"; rc=0; fi ;;
         124 | 137) result="TIMED OUT after ${cap}s" ;;
         *) result="FAILED (exit $rc)$note" ;;
     esac
     if [ "$rc" != 0 ]; then failed=1; fi
-    summary+=("tests at $p workers: $result")
+    summary+=("$what at $p workers: $result")
+}
+
+for p in ${DMATH_TEST_WORKERS:-1 2 3 4}; do
+    if [ "$p" = 1 ]; then stage tests 1 tests "$@"; else stage tests "$p" tests/dist "$@"; fi
+done
+# the pytest-benchmark benchmarks, each run once at the smallest sizes: their checks are tests
+for p in ${DMATH_BENCH_WORKERS-1 2}; do
+    stage "benchmarks (--benchmark-disable)" "$p" benchmarks --benchmark-disable "$@"
 done
 
 echo "== summary =="

@@ -87,6 +87,19 @@ def _transpose(call):
     return [Shard(out, dst, src.dtype)]
 
 
+@kernel("reshape_rows", capturable=True)
+def _reshape_rows(call):
+    """Row blocks whose boundaries are whole rows of both shapes: each local block reshaped (row-major)."""
+    src = call.inputs[0]
+    dst = call.entry.out_dists[0]
+    out = []
+    for a, p in zip(src.pieces, dst.pieces[call.rank]):
+        b = memory.empty(p.shape, src.dtype)
+        b[...] = a.reshape(p.shape)
+        out.append(b)
+    return [Shard(out, dst, src.dtype)]
+
+
 def designated(dist, locs):
     """The stored copy of an element that speaks for it: the first, or all of them for Partial."""
     return locs if dist.partial else locs[:1]

@@ -51,7 +51,9 @@ class Meta(tuple):
     __slots__ = ()
 
     def __new__(cls, layout, shape, dtype):
-        return tuple.__new__(cls, (layout, tuple(shape), dtype))
+        # the dtype's name, so that a Meta made from Matrix.dtype (a numpy dtype) hashes
+        # and pickles like one made from a string: Metas key the command caches
+        return tuple.__new__(cls, (layout, tuple(shape), dtype if type(dtype) is str else dtype.name))
 
     def __getnewargs__(self):
         return tuple(self)

@@ -229,3 +229,50 @@ def test_catalog_covers_every_kind(P, layouts):
         assert {type(lay) for lay in subsets} >= {dmath.Replicated, dmath.Partial, dmath.RowBlock}
     for lay in made:   # and every one of them works at this P
         np.testing.assert_array_equal(dmath.ones((7, 5), layout=lay).to_numpy(), np.ones((7, 5)))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_numpy_metadata(dtype):
+    """dtype, itemsize, nbytes, size, ndim and len() mean what they mean for a 2-D numpy array."""
+    x = values(SHAPE, 47).astype(dtype)
+    m = dmath.from_numpy(x)
+    assert isinstance(m.dtype, np.dtype) and m.dtype == x.dtype == np.dtype(dtype) == dtype
+    assert str(m.dtype) == dtype and m.dtype.name == dtype
+    assert m.dtype.type is x.dtype.type                      # np.float32, as numpy's .dtype.type
+    assert (m.itemsize, m.nbytes, m.size, m.ndim, len(m)) == (x.itemsize, x.nbytes, x.size, x.ndim, len(x))
+    assert f"dtype={dtype}" in repr(m)
+    # a dtype taken from a Matrix is accepted wherever a dtype is
+    np.testing.assert_array_equal(dmath.zeros(SHAPE, dtype=m.dtype).to_numpy(), np.zeros(SHAPE, dtype))
+    assert (m + m).dtype == m.dtype and m.astype(np.float64).dtype == np.float64
+
+
+RESHAPES = [((7, 5), (5, 7)), ((7, 5), (35, 1)), ((7, 5), (1, 35)), ((6, 4), (8, 3)), ((6, 4), (-1, 12)),
+            ((12, 2), (3, -1)), ((7, 5), (7, 5)), ((0, 4), (2, 0))]
+
+
+@pytest.mark.parametrize("shapes", RESHAPES, ids=lambda s: f"{s[0][0]}x{s[0][1]}-{s[1][0]}x{s[1][1]}")
+@pytest.mark.parametrize("name", NAMES)
+def test_reshape_as_numpy(name, shapes):
+    old, new = shapes
+    x = values(old, 48)
+    m = dmath.from_numpy(x, layout(name, old, P), dtype="float64")
+    want = x.reshape(new)
+    r = m.reshape(new)
+    assert r.shape == want.shape and r.dtype == m.dtype
+    np.testing.assert_array_equal(r.to_numpy(), want, err_msg=name)
+    np.testing.assert_array_equal(m.reshape(*new).to_numpy(), want, err_msg=name)
+    np.testing.assert_array_equal(m.to_numpy(), x, err_msg=name)          # the source is unchanged
+
+
+def test_reshape_layouts_and_errors():
+    x = values((6, 4), 49)
+    m = dmath.from_numpy(x, dmath.ColBlock())
+    assert m.reshape(4, 6).layout == dmath.ColBlock().resolved(P)        # the source's layout kind when it fits
+    r = m.reshape((3, 8), layout=dmath.Replicated())
+    assert r.layout == dmath.Replicated().resolved(P)
+    np.testing.assert_array_equal(r.to_numpy(), x.reshape(3, 8))
+    uneven = dmath.from_numpy(x, dmath.RowBlock(sizes=[6] + [0] * (P - 1)))
+    assert uneven.reshape(8, 3).layout == dmath.RowBlock().resolved(P)   # sizes for 6 rows do not fit 8
+    for bad in [(5, 5), (-1, 5), (-1, -1), (24,), (2, 3, 4)]:
+        with pytest.raises(dmath.ShapeError):
+            m.reshape(bad)

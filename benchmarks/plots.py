@@ -1,0 +1,163 @@
+"""The README's figures, from the JSON results in benchmarks/results.
+
+    python benchmarks/plots.py gemm  RESULT.json ... [--out F.png]   # efficiency against GPU count
+    python benchmarks/plots.py cnn   RESULT.json ... [--out F.png]   # efficiency and images/s against PyTorch
+    python benchmarks/plots.py mlp   RESULT.json     [--out F.png]   # time against hidden layers (MagmaDNN's table)
+    python benchmarks/plots.py remap RESULT.json ... [--out F.png]   # remap GB/s against the raw collective
+    python benchmarks/plots.py readme                                # all four from the committed H200 results
+
+Every figure shows a ratio or a peer measured in the same run: parallel
+efficiency is dmath's rate over P times the single-GPU rate, so 1.0 is
+perfect scaling. Needs matplotlib (the `plot` extra).
+"""
+import argparse
+import collections
+import glob
+import json
+import os
+import sys
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+RESULTS = os.path.join(ROOT, "benchmarks", "results")
+sys.path.insert(0, ROOT)
+from dnn.callbacks import pyplot  # noqa: E402  (the lazy import with a clear error)
+
+COLORS = {"float64": "tab:blue", "float32": "tab:green", "float16": "tab:red"}
+MARKS = {"RowBlock": "o", "Block2D": "s", "BlockCyclic": "^", "ColBlock": "D"}
+
+
+def _rows(paths):
+    rows = []
+    for p in paths:
+        with open(p) as f:
+            rows.extend(json.load(f)["results"])
+    return rows
+
+
+def _save(fig, out):
+    fig.tight_layout()
+    fig.savefig(out, dpi=90)
+    print(f"wrote {out}")
+
+
+def gemm(paths, out, sizes=None):
+    rows = [r for r in _rows(paths) if sizes is None or r["n"] in sizes]
+    plt = pyplot()
+    sizes = sorted({r["n"] for r in rows})
+    fig, axes = plt.subplots(1, len(sizes), figsize=(5.2 * len(sizes), 3.8), squeeze=False, sharey=True)
+    for ax, n in zip(axes[0], sizes):
+        series = collections.defaultdict(dict)
+        for r in rows:
+            if r["n"] == n:
+                series[(r["dtype"], r["layout"])][r["workers"]] = r["efficiency_cold"]
+        for (dtype, lay), pts in sorted(series.items()):
+            ps = sorted(pts)
+            ax.plot(ps, [pts[p] for p in ps], marker=MARKS.get(lay, "x"), color=COLORS.get(dtype),
+                    label=f"{dtype} {lay}")
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_xticks(sorted({r["workers"] for r in rows}))
+        ax.set_ylim(0, 1.1)
+        ax.set_xlabel("GPUs")
+        ax.set_title(f"GEMM n = {n}", fontsize=10)
+        ax.grid(alpha=0.3)
+    axes[0][0].set_ylabel("efficiency vs P x 1-GPU cuBLAS")
+    axes[0][-1].legend(fontsize=7, loc="lower left")
+    _save(fig, out)
+
+
+def cnn(paths, out):
+    rows = _rows(paths)
+    plt = pyplot()
+    key = lambda r: (r["net"], r["global_batch"], r["dtype"])   # noqa: E731
+    base = {key(r): r for r in rows if r["workers"] == 1}
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    cases = sorted(base)
+    counts = sorted({r["workers"] for r in rows})
+    width = 0.8 / len(counts)
+    for k, p in enumerate(counts):
+        ratios = [next((r["dnn_over_torch"] for r in rows if key(r) == c and r["workers"] == p), 0) for c in cases]
+        left.bar([i + k * width for i in range(len(cases))], ratios, width,
+                 label=f"{p} GPU{'s' if p > 1 else ''} (vs {'DDP' if p > 1 else 'eager'})")
+    left.axhline(1.0, color="black", lw=0.8)
+    left.set_xticks([i + width * (len(counts) - 1) / 2 for i in range(len(cases))])
+    left.set_xticklabels([f"{n}\nb{b} {d[5:]}" for n, b, d in cases], fontsize=7)
+    left.set_ylabel("dnn images/s / PyTorch's")
+    left.legend(fontsize=7)
+    for who, field, style in (("dnn", "dnn_images_per_s", "-o"), ("PyTorch", "torch_images_per_s", "--s")):
+        effs = [(c, r["workers"], r[field] / (r["workers"] * base[c][field])) for r in rows
+                for c in [key(r)] if r["workers"] > 1 and c in base]
+        right.bar([i + (0.4 if who == "PyTorch" else 0) for i, _ in enumerate(effs)], [e for *_, e in effs], 0.4,
+                  label=who)
+        right.set_xticks([i + 0.2 for i in range(len(effs))])
+        right.set_xticklabels([f"{c[0]}\nb{c[1]} {c[2][5:]}" for c, _, _ in effs], fontsize=7)
+    right.axhline(1.0, color="black", lw=0.8)
+    right.set_ylim(0, 1.1)
+    right.set_ylabel(f"efficiency, {max(counts)} GPUs vs 1")
+    right.legend(fontsize=7)
+    _save(fig, out)
+
+
+def mlp(paths, out):
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.2, 3.8))
+    for p in paths:
+        with open(p) as f:
+            res = json.load(f)["results"]
+        rows = sorted(res["rows"], key=lambda r: r["hidden_layers"])
+        layers = [r["hidden_layers"] for r in rows]
+        tag = f"{res['device']}, {res['workers']} worker{'s' if res['workers'] > 1 else ''}"
+        ax.plot(layers, [r["dnn_s"] for r in rows], "-o", label=f"dnn ({tag})")
+        if all(r.get("torch_s") for r in rows):
+            ax.plot(layers, [r["torch_s"] for r in rows], "--s", label=f"PyTorch eager ({tag})")
+    ax.set_xlabel("hidden layers (MagmaDNN's MNIST MLP)")
+    ax.set_ylabel(f"seconds for {res['epochs']} epochs")
+    ax.set_xticks(layers)
+    ax.set_ylim(bottom=0)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    _save(fig, out)
+
+
+def remap(paths, out):
+    rows = _rows(paths)
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(5.2, 3.8))
+    cases = sorted({(r["target"], r["n"]) for r in rows})
+    for k, (field, label) in enumerate((("dmath_GBps", "dmath remap"), ("raw_GBps", "raw collective"))):
+        ax.bar([i + 0.4 * k for i in range(len(cases))],
+               [next(r[field] for r in rows if (r["target"], r["n"]) == c) for c in cases], 0.4, label=label)
+    ax.set_xticks([i + 0.2 for i in range(len(cases))])
+    ax.set_xticklabels([f"to {t.split('(')[0]}\nn={n}" for t, n in cases], fontsize=8)
+    ax.set_ylabel("GB/s moved between workers")
+    ax.set_title(f"remap from RowBlock, {rows[0]['workers']} workers\n(raw: NCCL send/recv of the same bytes "
+                 "on GPUs, MPI Alltoallv on CPUs)", fontsize=9)
+    ax.legend(fontsize=7)
+    _save(fig, out)
+
+
+def readme():
+    """The README's figures from the committed H200 results."""
+    r = lambda pattern: sorted(glob.glob(os.path.join(RESULTS, pattern)))   # noqa: E731
+    gemm(r("gemm_h200_p1_random_baseline_*.json") + r("gemm_h200_p2_2*.json")
+         + r("gemm_h200_p4_random_baseline_*.json"), os.path.join(RESULTS, "gemm_efficiency_h200.png"),
+         sizes=[32768])     # the size measured at 1, 2 and 4 GPUs with random data on both sides
+    cnn(r("cnn_h200_p1_*.json") + r("cnn_h200_p2_data_*.json"), os.path.join(RESULTS, "cnn_efficiency_h200.png"))
+    mlp(r("mnist_mlp_h200_graphs_*.json"), os.path.join(RESULTS, "mlp_layers_h200.png"))
+    remap(r("remap_h200_p4_*.json"), os.path.join(RESULTS, "remap_h200_p4.png"))
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("kind", choices=["gemm", "cnn", "mlp", "remap", "readme"])
+    ap.add_argument("files", nargs="*")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    if args.kind == "readme":
+        return readme()
+    if not args.files:
+        ap.error(f"{args.kind} needs result files")
+    globals()[args.kind](args.files, args.out or f"{args.kind}.png")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""Training curves (History.plot, PlotHistory) and the benchmark figures; matplotlib stays optional."""
+import glob
+import os
+import subprocess
+import sys
+
+import pytest
+
+from dnn import callbacks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _history(epochs=3):
+    h = callbacks.History()
+    for e in range(epochs):
+        h.on_epoch_end(e, {"loss": 1.0 / (e + 1), "accuracy": 0.5 + 0.1 * e, "val_loss": 1.2 / (e + 1),
+                           "val_accuracy": 0.45 + 0.1 * e, "samples_per_s": 100.0})
+    return h
+
+
+def test_history_plot_draws_each_curve(tmp_path):
+    fig = _history().plot(tmp_path / "curves.png")
+    (loss, acc) = fig.axes
+    assert [line.get_label() for line in loss.lines] == ["loss", "val_loss"]
+    assert [line.get_label() for line in acc.lines] == ["accuracy", "val_accuracy"]
+    assert list(loss.lines[0].get_xdata()) == [1, 2, 3] and list(acc.lines[1].get_ydata()) == [0.45, 0.55, 0.65]
+    assert (tmp_path / "curves.png").read_bytes().startswith(PNG)
+
+
+def test_plot_history_callback_rewrites_the_png_every_epoch(tmp_path):
+    path = tmp_path / "live.png"
+    cb = callbacks.PlotHistory(str(path))
+    cb.on_epoch_end(0, {"loss": 2.0})
+    first = path.stat().st_size
+    cb.on_epoch_end(1, {"loss": 1.0})
+    assert path.read_bytes().startswith(PNG) and cb.history["loss"] == [2.0, 1.0] and first > 0
+
+
+def test_without_matplotlib_the_error_says_what_to_install(monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)     # import fails as if not installed
+    with pytest.raises(ImportError, match=r"dmath-dnn\[plot\]"):
+        _history().plot()
+
+
+@pytest.mark.parametrize("kind,pattern", [("gemm", "gemm_h200_p*_2026-11-21.json"), ("cnn", "cnn_h200_p*.json"),
+                                          ("mlp", "mnist_mlp_h200_graphs_*.json"), ("remap", "remap_h200_p4_*.json")])
+def test_benchmark_figures_from_the_committed_results(tmp_path, kind, pattern):
+    files = sorted(glob.glob(os.path.join(ROOT, "benchmarks", "results", pattern)))
+    out = tmp_path / f"{kind}.png"
+    subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "plots.py"), kind, *files, "--out", str(out)],
+                   check=True, capture_output=True, timeout=120)
+    assert out.read_bytes().startswith(PNG)
