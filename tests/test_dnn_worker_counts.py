@@ -9,10 +9,13 @@ Only the order of floating-point sums may change with the worker count, so
 in float64 the trained weights agree to ~1e-12. Runs in the plain `pytest
 tests` stage and launches its own jobs.
 """
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
-from _jobs import MPIEXEC, run_python
+from _jobs import MPIEXEC, job_env, run_python
 
 SCRIPT = """
 import sys

@@ -58,7 +58,7 @@ def test_pickling_is_refused_with_how_to_save():
 # ---- 2: allocations that cannot fit ------------------------------------------------------------
 @pytest.mark.parametrize("make", [
     lambda: dmath.zeros((10 ** 6, 10 ** 6)),
-    lambda: dmath.ones((10 ** 5, 10 ** 5), layout=dmath.Replicated()),
+    lambda: dmath.ones((10 ** 6, 10 ** 5), layout=dmath.Replicated()),      # 400 GB on every worker
     lambda: dmath.random.rand((10 ** 6, 10 ** 6), layout=dmath.Block2D()),
     lambda: dmath.eye(10 ** 6, dtype="float64"),
 ], ids=["zeros", "replicated", "rand", "eye"])
