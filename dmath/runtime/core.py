@@ -16,6 +16,7 @@ through the same entries (`_run_program`), or launches the CUDA graph it
 captured of them (graphs.py).
 """
 import atexit
+import gc
 import os
 import sys
 import threading
@@ -399,6 +400,7 @@ class Runtime:
                 self._fail(traceback.format_exc())
         if responder is not None:
             responder.stop()
+        self._release_graphs()
         _exit_worker(self.world, 0)
 
     def _status(self):
@@ -431,7 +433,19 @@ class Runtime:
             self.world.abort(1)
         message, total = protocol.encode(protocol.SHUTDOWN, frees=self.pending_frees[:protocol.MAX_FREES])
         self.ctl.send(message, total)
+        self._release_graphs()
         self.world.close()
+
+    def _release_graphs(self):
+        """Destroy every captured CUDA graph (at shutdown, before the NCCL communicators go).
+
+        ncclCommDestroy waits until every graph that captured an operation of
+        the communicator has been destroyed; a replayed training step still
+        held here would make the exit hang on every rank.
+        """
+        for replayer in self.programs.values():
+            replayer.release_graph()
+        gc.collect()      # a graph kept alive by a reference cycle (a traceback's frames) goes too
 
     def _failure_pending(self):
         try:
