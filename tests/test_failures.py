@@ -197,3 +197,84 @@ def test_a_job_whose_step_captured_collectives_exits(tmp_path):
     assert "REPLAYED" in out, f"stdout:\n{out}\nstderr:\n{err}"
     assert rc == 0, f"exit {rc}\nstdout:\n{out}\nstderr:\n{err}"
     assert seconds < PROMPT_S, seconds
+
+
+REFUSALS = """
+    import time
+    import dmath
+    from dmath.runtime import kernel
+    from dmath.ops.base import dispatch, new_meta
+    from dmath.ops.creation import _fill
+    from dmath.comm.control import gather_objects
+
+    @kernel("test_refuse")
+    def _refuse(call):
+        # static (who, then): `who` ("all" or a rank) is refused an allocation; the others go on,
+        # and with then == "gather" wait for every rank (as inside a collective)
+        who, then = call.entry.static
+        if who == "all" or call.rank == who:
+            raise dmath.OutOfMemoryError("injected refusal")
+        if then == "gather":
+            gather_objects(call.world, call.rank)
+        if then == "make":
+            return _fill(call)
+        return []
+
+    dmath.init(device="cpu")
+    a = dmath.ones((6, 4), layout=dmath.ColBlock())
+
+    def refused(who, then="none", pause=0.0):
+        outs = [new_meta(dmath.RowBlock(), (6, 4), "float64")] if then == "make" else []
+        try:
+            made = dispatch("test_refuse", outputs=outs, static=(who, then), scalars=(7.0, 0.0))[0]
+            time.sleep(pause)               # the worker's report arrives while the master waits
+            a.sum()
+        except dmath.OutOfMemoryError as e:
+            print("UNDONE", str(e).splitlines()[0][:60], flush=True)
+            return
+        print("NOT REFUSED", made, flush=True)
+
+    refused("all")
+    print("SUM", a.sum(), flush=True)
+    refused(1, pause=0.5)               # found at the next command, before it is sent
+    print("SUM", a.sum(), flush=True)
+    made, _ = dispatch("test_refuse", outputs=[new_meta(dmath.RowBlock(), (6, 4), "float64")],
+                       static=(2, "make"), scalars=(7.0, 0.0))
+    time.sleep(0.5)
+    try:
+        a.sum()
+    except dmath.OutOfMemoryError as e:
+        print("UNDONE", str(e).splitlines()[0][:60], flush=True)
+    try:
+        made[0].sum()
+    except dmath.OutOfMemoryError as e:
+        print("POISONED", str(e)[:60], flush=True)
+    print("SUM", a.sum(), dmath.memory.stats()[2]["matrices"] == dmath.memory.stats()[1]["matrices"], flush=True)
+    {last}
+"""
+
+
+def test_a_refused_allocation_is_undone_when_every_worker_is_out_of_the_command(tmp_path):
+    rc, out, err, _ = run_job(tmp_path, REFUSALS.format(last="print('END', flush=True)"))
+    assert out.count("UNDONE test_refuse: worker") == 3, f"stdout:\n{out}\nstderr:\n{err}"
+    assert "UNDONE test_refuse: worker 0, 1, 2 could not allocate" in out
+    assert "UNDONE test_refuse: worker 1 could not allocate" in out
+    assert "UNDONE test_refuse: worker 2 could not allocate" in out
+    assert "POISONED reduce_all: an operand was never computed" in out
+    assert out.count("SUM 24.0") == 3 and "SUM 24.0 True" in out and "END" in out
+    assert "NOT REFUSED" not in out
+    assert rc == 0, f"exit {rc}\nstdout:\n{out}\nstderr:\n{err}"
+
+
+def test_a_refusal_inside_a_collective_breaks_the_runtime(tmp_path):
+    # rank 1 is refused while the others wait for it in a gather: nothing can be undone
+    last = """
+    try:
+        dispatch("test_refuse", static=(1, "gather"))
+        print("NO ERROR", flush=True)
+    except dmath.WorkerError as e:
+        print("BROKEN", e.rank, flush=True)
+    """
+    rc, out, err, seconds = run_job(tmp_path, REFUSALS.format(last=textwrap.indent(textwrap.dedent(last), "    ").strip()))
+    assert "BROKEN 1" in out, f"stdout:\n{out}\nstderr:\n{err}"
+    assert rc != 0 and seconds < PROMPT_S

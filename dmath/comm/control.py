@@ -5,6 +5,8 @@ the rest in a second broadcast, whose length the first frame carries. A cached
 command or a plan replay fits one frame. Small Python objects a worker owes
 the master (statistics, failure reports) travel point to point.
 """
+import time
+
 import numpy as np
 
 from . import counters
@@ -21,10 +23,12 @@ class ControlChannel:
     def __init__(self, world):
         self.world = world
         self._frame = np.zeros(FRAME, dtype=np.uint8)
+        self.seq = 0     # messages sent (master) or received (worker): both sides count alike
 
     def send(self, message, total_len):
         """Master: broadcast `message` (bytes whose bytes 8..12 hold its total length)."""
         counters.count_control(max(FRAME, total_len))
+        self.seq += 1
         if not self.world.is_mpi:
             return
         MPI = self.world.mpi_module
@@ -45,18 +49,29 @@ class ControlChannel:
             wait(self.world.ctl.Ibcast([rest, MPI.BYTE], root=0))
             message += rest.tobytes()
         counters.count_control(max(FRAME, total))
+        self.seq += 1
         return message[:total]
 
 
-def report_failure(world, rank, text):
-    """Worker: send a failure report to the master without waiting for it to be received."""
-    return world.err.isend((rank, text), dest=0, tag=ERROR_TAG)
+def report_failure(world, rank, text, seq=None):
+    """Worker: send a failure report to the master without waiting for it to be received.
+
+    `seq`: None for a failure that ends the job; for an allocation refused in the
+    command that was control message number `seq`, which the master may undo.
+    """
+    return world.err.isend((rank, text, seq), dest=0, tag=ERROR_TAG)
 
 
-def pending_failure(world):
-    """Master: a (rank, traceback) failure report if one has arrived, else None."""
-    if world.is_mpi and world.err.Iprobe(source=world.mpi_module.ANY_SOURCE, tag=ERROR_TAG):
-        return world.err.recv(source=world.mpi_module.ANY_SOURCE, tag=ERROR_TAG)
+def pending_failure(world, source=None):
+    """Master: a (rank, traceback, seq) failure report (from `source`, else any rank) if one has arrived,
+    else None."""
+    if not world.is_mpi:
+        return None
+    src = world.mpi_module.ANY_SOURCE if source is None else source
+    # twice: MPICH's first probe may only make progress, matching a report that arrived while the
+    # master ran the user's code on the second (a refusal found between commands can be undone)
+    if world.err.Iprobe(source=src, tag=ERROR_TAG) or world.err.Iprobe(source=src, tag=ERROR_TAG):
+        return world.err.recv(source=src, tag=ERROR_TAG)
     return None
 
 
@@ -85,4 +100,25 @@ def gather_objects(world, obj):
             return True
         poll(done)
         out.append(box["v"])
+    return out
+
+
+def gather_within(world, seconds):
+    """Master: the objects every worker sends with `gather_objects`, waiting at most `seconds`.
+
+    Returns one entry per rank (index 0, the master's, is None), None for a rank
+    that has not answered in time. No progress hook runs: the caller is deciding
+    what a failure means, and must see the workers' answers, not be interrupted.
+    """
+    out = [None] * world.size
+    missing = set(range(1, world.size))
+    deadline = time.monotonic() + seconds
+    while missing and time.monotonic() < deadline:
+        for r in sorted(missing):
+            msg = world.err.improbe(source=r, tag=OBJECT_TAG)
+            if msg is not None:
+                out[r] = msg.recv()
+                missing.discard(r)
+        if missing:
+            time.sleep(0.001)
     return out

@@ -60,9 +60,9 @@ def refusal(nbytes, what, in_use, released, limit):
     """The message of an allocation refused by a worker's pool: what was asked, what is held."""
     cap = f"its memory limit of {limit:,} bytes (dmath.memory.set_limit)" if limit is not None \
         else "the memory of its device"
+    after = "" if released is None else f" after {released:,} cached bytes were released first"
     return (f"allocating {nbytes:,} bytes for {what} would exceed {cap} on this worker: "
-            f"{in_use:,} bytes are in use (matrices, replica copies and buffers) after "
-            f"{released:,} cached bytes were released first")
+            f"{in_use:,} bytes are in use (matrices, replica copies and buffers){after}")
 
 
 _DTYPES = {}      # dtype spec -> np.dtype (np.dtype() is slow on the allocation path)
@@ -212,20 +212,17 @@ class CudaPool:
     # ---- the allocators CuPy calls ------------------------------------------
     def _malloc(self, size):
         pool = self.device
+        limit = self.limit
+        if limit is not None and pool.used_bytes() + self.block_bytes(size) > limit:
+            # the limit caps the bytes in use (what the master's ledger predicts), not the pool's
+            # cache: a cached block inside a chunk that is partly in use cannot be given back, and
+            # counting it would refuse here what the master admitted (a worker failure)
+            raise OutOfMemoryError(refusal(size, "a device array", pool.used_bytes(), None, limit))
         before = pool.total_bytes()
         try:
-            mem = pool.malloc(size)
+            mem = pool.malloc(size)     # on a full device CuPy frees its cached blocks and retries
         except self._cp.cuda.memory.OutOfMemoryError:
-            # CuPy refuses at its limit without looking at its cache: release it, then retry once
-            in_use = pool.used_bytes()
-            before = pool.total_bytes()
-            pool.free_all_blocks()
-            released = before - pool.total_bytes()
-            before = pool.total_bytes()
-            try:
-                mem = pool.malloc(size)
-            except self._cp.cuda.memory.OutOfMemoryError:
-                raise OutOfMemoryError(refusal(size, "a device array", in_use, released, self.limit)) from None
+            raise OutOfMemoryError(refusal(size, "a device array", pool.used_bytes(), None, None)) from None
         after = pool.total_bytes()
         if after > before:
             self.new_allocs += 1
@@ -305,9 +302,8 @@ class CudaPool:
         return before - self.device.total_bytes()
 
     def set_limit(self, nbytes):
-        """Cap the device pool's in-use plus cached bytes (None: no cap)."""
+        """Cap the device bytes in use (None: no cap); cached blocks beyond it go back to the driver."""
         self.limit = nbytes
-        self.device.set_limit(size=0 if nbytes is None else nbytes)   # CuPy: 0 means no limit
         if nbytes is not None and self.device.total_bytes() > nbytes:
             self.release_cached()
 

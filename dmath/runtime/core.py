@@ -28,10 +28,10 @@ from .. import backend, memory
 from ..comm import World, counters, set_progress_hook
 from ..comm.heartbeat import Hang, Pinger, Responder
 from ..comm.control import ControlChannel, gather_objects, pending_failure, report_failure
-from ..errors import PlanError, RuntimeStateError, WorkerError
+from ..errors import OutOfMemoryError, PlanError, RuntimeStateError, WorkerError
 from ..layout import distribution
 from ..memory import replicas
-from . import protocol
+from . import oom, protocol
 from .graphs import Replayer
 from .ledger import Ledger
 from .registry import lookup
@@ -116,6 +116,9 @@ class Runtime:
         self.owner = threading.get_ident()   # master: the only thread that may issue commands
         self.pinger = None         # master: heartbeat.Pinger when a timeout is set (MPI only)
         self.activity = ("starting", time.monotonic())   # worker: what its main thread does, since when
+        self.last_command = None   # master: oom.LastCommand of the last message sent, if a command
+        self.poisoned = set()      # master: handles of matrices whose command was undone (oom.py)
+        self.deciding = False      # master: inside oom.verdict, whose waits must not raise failures
 
     # ---- master side -------------------------------------------------------
     @property
@@ -138,13 +141,20 @@ class Runtime:
         return next((f"thread {t.name!r}" for t in threading.enumerate() if t.ident == self.owner),
                     "a thread that has ended")
 
-    def check_failures(self):
-        """Raise a pending worker failure or a hung worker as WorkerError (the progress hook of every wait)."""
-        if self.broken is not None:
+    def check_failures(self, between=False):
+        """Raise a pending worker failure or a hung worker as WorkerError (the progress hook of every wait).
+
+        between: called between commands (not inside a wait), where a worker's
+        refused allocation in the last command may be undone (oom.verdict).
+        """
+        if self.broken is not None or self.deciding:
             return
         report = pending_failure(self.world)
         if report is not None:
-            rank, text = report
+            rank, text, seq = report
+            last = self.last_command
+            if between and seq is not None and last is not None and seq == last.seq:
+                oom.verdict(self, rank, text, reported={rank})      # raises
             self.broken = WorkerError(rank, text)
             raise self.broken
         if self.pinger is not None:
@@ -163,6 +173,8 @@ class Runtime:
         """Called when a master-side Matrix is collected; freed with the next command."""
         self.pending_frees.append(handle)
         self.ledger.release(handle)
+        if self.poisoned:
+            self.poisoned.discard(handle)
         plans = self.watchers.pop(handle, None)
         if plans:
             for plan in list(plans):
@@ -193,7 +205,7 @@ class Runtime:
         Returns (output handles, the master's kernel result).
         """
         self.check_usable()
-        self.check_failures()
+        self.check_failures(between=True)
         recorder = self.recorder
         if recorder is not None and payload is not None:
             raise PlanError(f"{op}: a command that carries data from the master (from_numpy, assign of a "
@@ -201,6 +213,9 @@ class Runtime:
                             f"into an existing matrix with Matrix.assign() outside the record block, then "
                             f"replay")
         in_handles = [h for h, _ in inputs]
+        if self.poisoned and not self.poisoned.isdisjoint(in_handles):
+            raise OutOfMemoryError(f"{op}: an operand was never computed: the operation that made it ran "
+                                   f"out of memory and was undone")
         signature = (op, tuple(static), tuple(m for _, m in inputs), tuple(outputs))
         new_outs = [m for m in outputs if isinstance(m, Meta)]
         sig_id = self.sig_ids.get(signature)
@@ -219,6 +234,7 @@ class Runtime:
         message, total = protocol.encode(kind, sig_id, in_handles + out_handles, scalars, frees,
                                          signature if kind == protocol.REGISTER else None)
         self._send(message, total, op)
+        self.last_command = oom.LastCommand(op, self.ctl.seq, out_handles_new, len(out_handles_new) < len(outputs))
         self._free(frees)
         result = self._own_share(self._execute, self.entries[sig_id], in_handles, out_handles, scalars, payload)
         if recorder is not None:
@@ -226,6 +242,7 @@ class Runtime:
         return out_handles, result
 
     def _send(self, message, total, what):
+        self.last_command = None
         try:
             self.ctl.send(message, total)
         except WorkerError:
@@ -239,6 +256,12 @@ class Runtime:
             return fn(*args)
         except WorkerError:
             raise
+        except OutOfMemoryError as exc:
+            # refused an allocation: undone if every worker is out of the command (oom.py), else broken
+            if oom.master_refused(self, exc):
+                raise AssertionError("oom.verdict returned") from exc    # it always raises
+            self.broken = WorkerError(0, traceback.format_exc())
+            raise self.broken from exc
         except Exception as exc:
             # the master's own share failed: the other workers may be inside a
             # collective waiting for it, so the runtime cannot go on
@@ -377,6 +400,7 @@ class Runtime:
         """
         responder = Responder(self.world, self._status) if _heartbeat(self.world) else None
         while True:
+            kind = None
             try:
                 self.activity = ("idle, waiting for the next command", time.monotonic())
                 message = self.ctl.recv(protocol.total_length)
@@ -396,6 +420,17 @@ class Runtime:
                 elif kind == protocol.REPLAY:
                     self.activity = (f"replaying plan {sig_id}", time.monotonic())
                     self.programs[sig_id].replay()
+                elif kind == protocol.OOM_CHECK:
+                    oom.worker_check(self)
+            except OutOfMemoryError:
+                # a refused allocation in a command (not in a replay) may be undone: the master decides
+                text = traceback.format_exc()
+                if kind not in (protocol.EXEC, protocol.REGISTER):
+                    self._fail(text)
+                try:
+                    oom.worker_refused(self, text)
+                except BaseException:  # noqa: B036 - the master went on: this worker cannot
+                    self._fail(traceback.format_exc())
             except BaseException:  # noqa: B036 - any failure must reach the master
                 self._fail(traceback.format_exc())
         if responder is not None:

@@ -10,6 +10,9 @@ carries a whole program, the recorded steps each encoded as an EXEC message
 and the frees after the last step as FREE messages, concatenated; a REPLAY
 message is the header alone (12 bytes, plus any pending frees). A negative
 entry -k among the frees drops plan k.
+
+OOM_CHECK (the header alone) asks every worker whether it is out of the last
+command after a refused allocation (oom.py).
 """
 import pickle
 import struct
@@ -17,7 +20,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-EXEC, REGISTER, SHUTDOWN, FREE, REPLAY, DEFINE = 1, 2, 3, 4, 5, 6
+EXEC, REGISTER, SHUTDOWN, FREE, REPLAY, DEFINE, OOM_CHECK = 1, 2, 3, 4, 5, 6, 7
 HEADER = struct.Struct("<BBBBII")   # kind, n_handles, n_scalars, n_frees, sig_id, total_len
 MAX_FREES = 255
 
