@@ -12,7 +12,11 @@ from ..comm import collectives
 from ..layout import RowBlock, distribution, indexset as ix
 from ..memory import replicas
 from ..runtime import Shard, kernel
+from ..runtime.registry import capture_hook
 from .gemm_plan import grid_sets
+
+# cuBLAS sets up its capture workspace before a plan with products is captured
+capture_hook(blas.prepare_capture)
 
 
 def _global_bytes(shape, dtype):

@@ -200,7 +200,9 @@ class Runtime:
                             f"into an existing matrix with Matrix.assign() outside the record block, then "
                             f"replay")
         in_handles = [h for h, _ in inputs]
-        signature = (op, tuple(static), tuple(m for _, m in inputs), tuple(outputs))
+        # an op's typed static arguments (a NamedTuple) stay what they are: kernels read them by name
+        signature = (op, static if isinstance(static, tuple) else tuple(static), tuple(m for _, m in inputs),
+                     tuple(outputs))
         new_outs = [m for m in outputs if isinstance(m, Meta)]
         sig_id = self.sig_ids.get(signature)
         # past the memory limit this raises OutOfMemoryError here, before anything is sent
