@@ -33,6 +33,7 @@ from ..memory import replicas
 from . import protocol
 from .graphs import Replayer
 from .ledger import Ledger
+from .replica_ledger import ReplicaLedger, budget as replica_budget
 from .registry import lookup
 from .shard import Meta
 
@@ -107,6 +108,7 @@ class Runtime:
         self.broken = None         # set to the WorkerError that broke the runtime
         self.closed = False
         self.ledger = Ledger(world.size)   # master: bytes of live matrices per worker, vs the limit
+        self.replicas = ReplicaLedger(lambda: replica_budget(self.ledger.limit))   # master: cached copies
         self.programs = {}         # plan id -> graphs.Replayer of its protocol.Program (every rank)
         self.next_plan = 1
         self.recorder = None       # master: the plans.Recorder of an open record block
@@ -162,6 +164,7 @@ class Runtime:
         """Called when a master-side Matrix is collected; freed with the next command."""
         self.pending_frees.append(handle)
         self.ledger.release(handle)
+        self.replicas.written(handle)
         plans = self.watchers.pop(handle, None)
         if plans:
             for plan in list(plans):
@@ -211,6 +214,9 @@ class Runtime:
         self.ledger.add(out_handles_new, sizes)
         it = iter(out_handles_new)
         out_handles = [next(it) if isinstance(m, Meta) else in_handles[m] for m in outputs]
+        for m in outputs:
+            if not isinstance(m, Meta):
+                self.replicas.written(in_handles[m])    # written in place: its cached copies are stale
         frees = self._take_frees()
         kind = protocol.EXEC
         if sig_id is None:

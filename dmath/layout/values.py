@@ -1,4 +1,4 @@
-"""The layout kinds: immutable, hashable values that say where each block lives.
+"""The layout values: immutable, hashable values that say where each block lives.
 
 A layout is independent of the matrix shape (except `Tiles`, whose splits
 name global indices): `pieces(shape, nworkers)` gives, for every worker rank,
