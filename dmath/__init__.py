@@ -18,8 +18,11 @@ from .errors import (DMathError, DTypeError, LayoutError, NotSupportedError, Out
 from .files import from_file
 from .linalg import explain_gemm, gemm
 from .layout import Block2D, BlockCyclic, ColBlock, Layout, Partial, Replicated, RowBlock, Tiles
-from .matrix import (Matrix, abs, eye, exp, from_numpy, full, log, maximum, minimum, ones, pow,
-                     relu, sigmoid, sqrt, tanh, where, zeros)
+from .matrix import Matrix, eye, from_numpy, full, ones, zeros
+# every elementwise function (arithmetic, comparisons, logic): one definition each in ops/elementwise.py
+from .ops.elementwise import (abs, equal, exp, greater, greater_equal, isfinite, isnan, less, less_equal,
+                              log, logical_and, logical_not, logical_or, maximum, minimum, not_equal, pow,
+                              relu, sigmoid, sqrt, tanh, where)
 from .runtime import Plan, finalize, init, is_initialized, record
 from .runtime import runtime as _runtime
 from .ops.base import dispatch as _dispatch
@@ -54,6 +57,8 @@ def reset_stats():
 __all__ = ["__version__", "init", "finalize", "is_initialized", "num_workers", "device", "stats", "reset_stats", "synchronize",
            "Matrix", "gemm", "explain_gemm", "zeros", "ones", "full", "eye", "from_numpy", "from_file", "random", "memory",
            "exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "pow", "maximum", "minimum", "where",
+           "equal", "not_equal", "greater", "greater_equal", "less", "less_equal", "isfinite", "isnan",
+           "logical_and", "logical_or", "logical_not",
            "Layout", "Replicated", "Partial", "RowBlock", "ColBlock", "Block2D", "BlockCyclic", "Tiles",
            "DMathError", "ShapeError", "LayoutError", "DTypeError", "WorkerError", "OutOfMemoryError",
            "RuntimeStateError", "PlanError", "NotSupportedError", "record", "Plan", "DTYPES"]

@@ -2,19 +2,18 @@
 
 `gemm` validates everything on the master, looks up which operand copies
 the workers already hold (the replica cache, identical on every worker),
-asks the cost model (`ops/gemm_plan.py`) for the cheapest strategy and
+asks the cost model (`planning/gemm.py`) for the cheapest strategy and
 sends one command. `explain_gemm` prints the same decision without running it.
 """
 import numbers
 
 import numpy as np
 
-from . import backend, memory
+from . import backend
 from .errors import DMathError, LayoutError, ShapeError
 from .layout import Layout, Replicated
-from .memory import replicas
-from .ops import gemm as _gemm_kernels  # noqa: F401  (registers the kernels)
-from .ops import gemm_plan
+from .ops.gemm import GEMM
+from .planning import gemm as gemm_plan
 from .ops.base import dispatch, new_meta
 from .runtime import Meta, runtime
 
@@ -29,7 +28,7 @@ def machine():
 
 
 def set_machine(m):
-    """Replace the cost model's machine figures (a `dmath.ops.gemm_plan.Machine`)."""
+    """Replace the cost model's machine figures (a `dmath.planning.gemm.Machine`)."""
     global _machine
     if m is not None and not isinstance(m, gemm_plan.Machine):
         raise DMathError(f"set_machine needs a gemm_plan.Machine, got {type(m).__name__}")
@@ -84,56 +83,42 @@ def _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout):
     a_op = A.layout.transposed(P) if trans_a else A.layout
     b_op = B.layout.transposed(P) if trans_b else B.layout
     shapes = ((m, k), (k, n))
-    cached = _cached(rt, A, B, a_op, b_op, want, trans_a, trans_b, dtype, P, shapes)
-    plan = gemm_plan.choose(a_op, b_op, want, shapes, dtype, P, _budgeted(machine()), cached)
-    static = (plan.strategy, plan.result, trans_a, trans_b, C is not None)
+    cached = _cached(rt.replicas, A, B, a_op, b_op, want, (trans_a, trans_b), dtype, P, shapes)
+    plan = gemm_plan.choose(a_op, b_op, want, shapes, dtype, P, _budgeted(machine(), rt.ledger.limit), cached)
+    static = GEMM.static(strategy=plan.strategy, result=plan.result, trans_a=trans_a, trans_b=trans_b,
+                         has_c=C is not None)
     return plan, shapes, dtype, static, (alpha, beta)
 
 
-def _budgeted(m):
-    """The machine with its memory budget capped by the memory limit, if one is set.
-
-    set_limit runs on every worker, so worker 0's (this process's) limit is everyone's.
-    """
-    limit = memory.local_limit()
+def _budgeted(m, limit):
+    """The machine with its memory budget capped by the memory limit (the master's ledger), if set."""
     if limit is not None and limit < m.budget:
         return gemm_plan.Machine(m.bandwidth, m.latency, m.rates, int(limit))
     return m
 
 
-def _cached(rt, A, B, a_op, b_op, want, trans_a, trans_b, dtype, P, shapes):
-    """Operand copies the workers hold (read from worker 0's cache: every worker holds the same)."""
-    found = set()
-    if rt.world.rank != 0 or not (replicas.cache.holds(A._handle) or replicas.cache.holds(B._handle)):
+def _cached(ledger, A, B, a_op, b_op, want, trans, dtype, P, shapes):
+    """The operand copies and panels the workers hold for the candidate strategies, from the
+    master's replica ledger (`runtime/replica_ledger.py`), as (operand or panel tag, layout) pairs."""
+    if not (ledger.holds_any(A._handle) or ledger.holds_any(B._handle)):
         return frozenset()
+    found = set()
+    inputs = (A._meta, B._meta)
     for s in gemm_plan.candidates(a_op, b_op, want, P, shapes):
-        for name, x, need, trans in (("A", A, s.a, trans_a), ("B", B, s.b, trans_b)):
-            shard = rt.table.get(x._handle)
-            if shard is None:
-                continue
-            raw = need.transposed(P) if trans else need
-            if replicas.cache.peek((x._handle, shard.version, raw, dtype)):
-                found.add((name, need))
-            if s.grid is not None:
-                kind = {"astat": "B-tiles", "bstat": "A-tiles"}.get(s.name, f"{name}-panels")
-                ranks = _panel_ranks(s, name, P)
-                if ranks and replicas.cache.peek((x._handle, shard.version, (kind, raw, ranks), dtype)):
-                    found.add((kind, need))
+        for k, form, _ in gemm_plan.kept_copies(s, inputs, trans, dtype, P):
+            if ledger.holds((A, B)[k]._handle, form):
+                layout, _ = form
+                name = "AB"[k]
+                need = s.a if k == 0 else s.b
+                found.add((layout[0], need) if isinstance(layout, tuple) else (name, need))
     return frozenset(found)
 
 
-def _panel_ranks(s, name, P):
-    """The ranks in worker 0's panel cache key for strategy `s` (see ops/gemm.py)."""
-    stat = {"astat": s.a, "bstat": s.b.transposed(P) if s.name == "bstat" else None}.get(s.name, s.a)
-    group = stat.members(P)
-    if 0 not in group:
-        return None
-    pr, pc = s.grid
-    i, j = divmod(group.index(0), pc)
-    if s.name in ("astat", "bstat"):
-        tiles = "B" if s.name == "astat" else "A"
-        return tuple(group[(q % pr) * pc + j] for q in range(pc)) if name == tiles else None
-    return group[i * pc:(i + 1) * pc] if name == "A" else group[j::pc]
+def _record_copies(rt, plan, inputs, handles, trans, dtype, written=None):
+    """Note in the master's replica ledger the copies the GEMM just sent keeps on the workers."""
+    for k, form, nbytes in gemm_plan.kept_copies(plan.strategy, inputs, trans, dtype, rt.nworkers):
+        if handles[k] != written:          # an operand that is also C was written: its copies are stale
+            rt.replicas.store(handles[k], form, nbytes)
 
 
 def gemm(A, B, C=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, layout=None):
@@ -148,11 +133,16 @@ def gemm(A, B, C=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, layout
     `explain_gemm`.
     """
     plan, shapes, dtype, static, scalars = _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout)
+    rt = runtime()
+    inputs, handles, trans = (A._meta, B._meta), (A._handle, B._handle), (static.trans_a, static.trans_b)
     if C is not None:
         dispatch("gemm", [A, B, C], [2], static=static, scalars=scalars)
+        _record_copies(rt, plan, inputs, handles, trans, dtype, written=C._handle)
         return C
     out = Meta(plan.result, (shapes[0][0], shapes[1][1]), dtype)
-    return dispatch("gemm", [A, B], [out], static=static, scalars=scalars)[0][0]
+    result = dispatch("gemm", [A, B], [out], static=static, scalars=scalars)[0][0]
+    _record_copies(rt, plan, inputs, handles, trans, dtype)
+    return result
 
 
 def explain_gemm(A, B, C=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, layout=None, file=None):
@@ -174,6 +164,8 @@ def replicate(M, wait=True):
     if not _is_matrix(M):
         raise DMathError(f"replicate needs a dmath.Matrix, got {type(M).__name__}")
     wait = _flag(wait, "wait")
-    P = runtime().nworkers
-    dispatch("replicate", [M], static=(Replicated(tuple(range(P))), wait))
+    rt = runtime()
+    layout = Replicated(tuple(range(rt.nworkers)))
+    dispatch("replicate", [M], static=(layout, wait))
+    rt.replicas.store(M._handle, (layout, M.dtype.name), M.nbytes)     # the copy the workers keep
     return M

@@ -4,32 +4,33 @@ Every method validates on the master (raising ShapeError, LayoutError, ...
 before anything is sent), aligns operands by remapping where layouts differ,
 and dispatches one command per kernel.
 """
-import functools
 import math
-import numbers
 
 import numpy as np
 
 from .backend import canonical_dtype
 from .errors import DMathError, DTypeError, LayoutError, NotSupportedError, ShapeError
-from .layout import ColBlock, Partial, Replicated, RowBlock, Tiles, distribution
+from .layout import ColBlock, RowBlock, Tiles, distribution
 from .layout.indexset import split_even
 from . import linalg
-from .ops import base, elementwise, storage
-from .ops.base import dispatch, dist_of, meta, new_meta
+from .ops import base, elementwise, movement, reductions, storage
+from .ops.base import dispatch, new_meta
 from .runtime import Meta, runtime
+
+_ewise = elementwise.apply       # the elementwise op unit's master half (operators below)
 
 
 class Matrix:
     """A distributed 2-D matrix; its blocks stay on the workers until `to_numpy()`."""
 
-    __slots__ = ("_handle", "shape", "_dtype", "layout", "_memory", "_derived", "__weakref__")
+    __slots__ = ("_handle", "_meta", "shape", "_dtype", "layout", "_memory", "_derived", "__weakref__")
     # numpy scalars on the left (np.float32(2) * M) must defer to our reflected
     # operators instead of treating the Matrix as a sequence to convert
     __array_ufunc__ = None
 
     def __init__(self, handle, m):
         self._handle = handle
+        self._meta = m             # the (layout, shape, dtype) commands carry: made once, not per use
         self.layout, self.shape, self._dtype = m.layout, m.shape, np.dtype(m.dtype)
         self._memory = None        # the backend's default memory kind
         self._derived = None       # "A.T" or "A[r0:r1, c0:c1]": a copy that in-place writes must not touch
@@ -246,20 +247,20 @@ class Matrix:
     # ---- reductions ---------------------------------------------------------
     def sum(self, axis=None):
         """Sum over everything (a float) or along axis 0 / 1 (a (1, n) / (m, 1) Matrix)."""
-        return _reduce(self, "sum", axis)
+        return reductions.reduce(self, "sum", axis)
 
     def mean(self, axis=None):
-        return _reduce(self, "mean", axis)
+        return reductions.reduce(self, "mean", axis)
 
     def max(self, axis=None):
-        return _reduce(self, "max", axis)
+        return reductions.reduce(self, "max", axis)
 
     def min(self, axis=None):
-        return _reduce(self, "min", axis)
+        return reductions.reduce(self, "min", axis)
 
     def norm(self):
         """The Frobenius norm (a float)."""
-        return _reduce(self, "norm", None)
+        return reductions.reduce(self, "norm", None)
 
 
 def _make(handle, m):
@@ -271,9 +272,7 @@ base.set_matrix_factory(_make)
 
 # ---- validation helpers ------------------------------------------------------
 def _check_scalar(v):
-    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
-        raise DMathError(f"expected a real number, got {v!r}")
-    return float(v)
+    return base.check_scalar(v, "the value")
 
 
 def _check_index(index, shape):
@@ -322,8 +321,7 @@ def _slice_layout(lay):
     return lay
 
 
-def _is_matrix(x):
-    return isinstance(x, Matrix)
+_is_matrix = base.is_matrix
 
 
 def _matmul_operand(o):
@@ -337,9 +335,7 @@ def _matmul_operand(o):
 # ---- remap --------------------------------------------------------------------
 def _remap(m, layout, dtype, offset=(0, 0), shape=None, background=False):
     _require_matrix(m, "remap")
-    out = new_meta(layout, shape or m.shape, m.dtype if dtype is None else dtype)
-    background = background and m.layout.partial        # only a sum has anything to run beside
-    return dispatch("remap", [m], [out], static=(tuple(offset), background))[0][0]
+    return movement.remap(m, layout, dtype, offset, shape, background)
 
 
 def _reshape(m, shape, layout):
@@ -394,154 +390,11 @@ def _require_matrix(m, what):
         raise DMathError(f"{what} needs a dmath.Matrix, got {type(m).__name__}")
 
 
-def _resolve_partial(m):
-    """A Partial matrix as the RowBlock of its sums over the same workers (a reduce-scatter)."""
-    return _remap(m, RowBlock(m.layout.group), None) if m.layout.partial else m
-
-
-# ---- elementwise ----------------------------------------------------------------
-def _ewise(fn, *operands, inplace=False):
-    """Validate, align and dispatch an elementwise function of matrices and scalars."""
-    if inplace and _is_matrix(operands[0]):
-        operands[0]._check_writable(f"in-place {fn}")
-    metas = []
-    for x in operands:
-        if _is_matrix(x):
-            metas.append(meta(x))
-        elif isinstance(x, np.ndarray):
-            raise DMathError(f"{fn}: numpy arrays must be made Matrices first (dmath.from_numpy)")
-        else:
-            _check_scalar(x)
-            metas.append(None)
-    # the whole decision is a pure function of the metadata, cached: a repeated
-    # operation costs a dictionary lookup before its command is sent
-    aligns, pattern, out = _ewise_plan(fn, tuple(metas), inplace, runtime().nworkers)
-    inputs = []
-    for x, (how, target) in zip(operands, aligns):
-        if how == "scalar":
-            continue
-        if how == "resolve":
-            x = _resolve_partial(x)
-        elif how == "remap":
-            x = _remap(x, target, None)      # a Partial operand reduces straight into place
-        inputs.append(x)
-    scalars = [float(x) for x in operands if not _is_matrix(x)]
-    if inplace:
-        dispatch("ewise", inputs, [0], static=(fn, pattern, 0), scalars=scalars)
-        return operands[0]
-    return dispatch("ewise", inputs, [out], static=(fn, pattern, None), scalars=scalars)[0][0]
-
-
-@functools.lru_cache(maxsize=4096)
-def _ewise_plan(fn, metas, inplace, nworkers):
-    """(per-operand alignment, operand pattern, output Meta) for an elementwise call."""
-    arity = elementwise.FUNCTIONS[fn][1]
-    if len(metas) != arity:
-        raise DMathError(f"{fn} takes {arity} operands, got {len(metas)}")
-    mats = [m for m in metas if m is not None]
-    if not mats:
-        raise DMathError(f"{fn} needs at least one dmath.Matrix operand")
-    try:
-        shape = tuple(np.broadcast_shapes(*[m.shape for m in mats]))
-    except ValueError as exc:
-        raise ShapeError(f"{fn}: shapes {[m.shape for m in mats]} do not broadcast "
-                         f"(a (1, n) row or (m, 1) column vector broadcasts against (m, n))") from exc
-    if inplace and metas[0].shape != shape:
-        raise ShapeError(f"in-place {fn}: the result shape {shape} differs from the target's {metas[0].shape}")
-    dtype = metas[0].dtype if inplace else np.result_type(*[m.dtype for m in mats]).name
-    # the result takes the layout of the first operand of its shape; a row
-    # vector against a column vector (an outer broadcast) has none: RowBlock
-    primary = 0 if inplace else next((k for k, m in enumerate(metas) if m is not None and m.shape == shape),
-                                     None)
-    lay = metas[primary].layout if primary is not None else RowBlock()
-    # a Partial result is only right for functions linear in the addends; a
-    # scalar term is not (every member would add it: P times in the sum)
-    partial_ok = lay.partial and (
-        (fn in elementwise.LINEAR and len(mats) == len(metas)
-         and all(m.layout == lay and m.shape == shape for m in mats))
-        or (fn in ("mul", "div") and len(mats) == 1 and metas[0] is not None))
-    if lay.partial and not partial_ok:
-        if inplace:
-            raise LayoutError(f"in-place {fn} on a Partial matrix is not linear in its addends; "
-                              f"remap it first (M = M.remap(dmath.RowBlock()))")
-        lay = RowBlock(lay.group)
-    pdist = distribution(lay, shape, nworkers)
-    rep = Replicated(tuple(r for r in range(nworkers) if pdist.pieces[r]) or (0,))
-    aligns, pattern, n_in, n_sc = [], [], 0, 0
-    for k, m in enumerate(metas):
-        if m is None:
-            aligns.append(("scalar", None))
-            pattern.append(("scalar", n_sc))
-            n_sc += 1
-            continue
-        if m.shape == shape:
-            here = distribution(m.layout, shape, nworkers)
-            if here.same_placement(pdist):
-                aligns.append(("as-is", None))
-            elif k == primary and m.layout.partial and lay == RowBlock(m.layout.group):
-                aligns.append(("resolve", None))
-            else:
-                aligns.append(("remap", lay))
-            kind = "full"
-        else:
-            here = distribution(m.layout, m.shape, nworkers)
-            same = here.same_placement(distribution(rep, m.shape, nworkers))
-            aligns.append(("as-is", None) if same else ("remap", rep))
-            kind = "one" if m.shape == (1, 1) else ("row" if m.shape[0] == 1 else "col")
-        pattern.append((kind, n_in))
-        n_in += 1
-    out = None if inplace else Meta(lay.resolved(nworkers), shape, dtype)
-    return tuple(aligns), tuple(pattern), out
-
-
-# ---- reductions -------------------------------------------------------------------
-_NAN = float("nan")     # one object: a signature holding it compares equal to itself (cached)
-
-
-def _reduce(m, op, axis):
-    _require_matrix(m, op)
-    if axis not in (None, 0, 1):
-        raise ShapeError(f"axis must be None, 0 or 1, got {axis!r}")
-    if op in ("max", "min") and m.size == 0:
-        raise ShapeError(f"{op} of an empty {m.shape} matrix has no value")
-    if op not in ("sum", "mean") and m.layout.partial:
-        m = _resolve_partial(m)
-    if axis is None:
-        kind, finish = {"mean": ("sum", "mean"), "norm": ("sumsq", "sqrt")}.get(op, (op, None))
-        return dispatch("reduce_all", [m], static=(kind, finish))[1]
-    kind = "sum" if op == "mean" else op
-    count = m.shape[axis]
-    scale = (1.0 / count if count else _NAN) if op == "mean" else 1.0   # NumPy: the mean of nothing is nan
-    shape = (1, m.shape[1]) if axis == 0 else (m.shape[0], 1)
-    lay = m.layout
-    local = (lay.replicated or (lay.partial and kind == "sum")
-             or (axis == 0 and type(lay) is ColBlock) or (axis == 1 and type(lay) is RowBlock))
-    if local:
-        mode, out_layout = "local", lay
-    elif kind == "sum":
-        mode, out_layout = "partial", Partial(dist_of(m).group)
-    else:
-        mode, out_layout = "allreduce", Replicated(dist_of(m).group)
-    return dispatch("reduce_axis", [m], [new_meta(out_layout, shape, m.dtype)],
-                    static=(kind, axis, mode, scale))[0][0]
-
-
 # ---- functions of the public API -------------------------------------------------
-def exp(m): return _ewise("exp", m)
-def log(m): return _ewise("log", m)
-def sqrt(m): return _ewise("sqrt", m)
-def abs(m): return _ewise("abs", m)            # noqa: A001 - the numpy name, on purpose
-def tanh(m): return _ewise("tanh", m)
-def sigmoid(m): return _ewise("sigmoid", m)
-def relu(m): return _ewise("relu", m)
-def pow(m, p): return _ewise("pow", m, p)      # noqa: A001
-def maximum(a, b): return _ewise("maximum", a, b)
-def minimum(a, b): return _ewise("minimum", a, b)
-
-
-def where(cond, a, b):
-    """Elementwise `a` where `cond` is non-zero, else `b` (matrices or scalars)."""
-    return _ewise("where", cond, a, b)
+# the elementwise functions are defined in ops/elementwise.py (one definition each)
+for _name in elementwise.PUBLIC:
+    globals()[_name] = getattr(elementwise, _name)
+del _name
 
 
 def _creation(op, shape, dtype, layout, memory, static=(), scalars=()):
@@ -608,5 +461,4 @@ def from_numpy(array, layout=None, dtype=None, memory=None):
     return _create(out, "scatter", memory, payload=np.ascontiguousarray(a, dtype=dtype))
 
 
-__all__ = ["Matrix", "zeros", "ones", "full", "eye", "from_numpy", "exp", "log", "sqrt", "abs",
-           "tanh", "sigmoid", "relu", "pow", "maximum", "minimum", "where", "Meta"]
+__all__ = ["Matrix", "zeros", "ones", "full", "eye", "from_numpy", "Meta", *elementwise.PUBLIC]

@@ -112,9 +112,9 @@ def correct_count(pred, target, kind, threshold):
     """
     if kind == "categorical":
         labelled = (pred * target).sum(axis=1)                     # the label's output, (N, 1)
-        hits = dmath.where(labelled - pred.max(axis=1), 0.0, 1.0)  # 1 where it is the maximum
+        hits = dmath.equal(labelled, pred.max(axis=1))             # 1 where it is the maximum
     elif kind == "binary":
-        above = dmath.where(dmath.relu(pred - threshold), 1.0, 0.0)
+        above = dmath.greater(pred, threshold)
         hits = (1.0 - dmath.abs(above - target)).sum(axis=1) * (1.0 / pred.shape[1])
     else:
         raise ConfigError(f"no accuracy for loss kind {kind!r}")

@@ -20,12 +20,6 @@ from .errors import ConfigError
 STRATEGIES = ("data", "model", "auto")
 
 
-def check_strategy(parallel, allowed=STRATEGIES):
-    if parallel not in allowed:
-        raise ConfigError(f"parallel must be one of {allowed}, got {parallel!r}")
-    return parallel
-
-
 def dense_traffic(in_features, out_features, batch, nworkers, itemsize=4):
     """{'data': bytes, 'model': bytes} a worker sends per training step for a Dense layer."""
     if nworkers <= 1:

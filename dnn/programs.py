@@ -30,6 +30,7 @@ from .layers.core import Activation
 from .losses import correct_count
 from .ops import cast
 from .optim.base import to_layout_of
+from . import parallel
 
 
 class Metrics:
@@ -101,7 +102,7 @@ class Program:
     def __init__(self, model, feed, batch, training, with_targets, one_hot=False):
         self.model, self.feed, self.batch, self.training = model, feed, batch, training
         features = int(np.prod(model.input_shape))
-        lay = dmath.RowBlock()
+        lay = parallel.batch_layout()
         self.x = dmath.zeros((batch, features), dtype=model.dtype, layout=lay)
         self.inputs = Placeholder((batch, features), model.dtype, name="x", sample_shape=model.input_shape)
         self.inputs.feed(self.x)

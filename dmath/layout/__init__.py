@@ -1,5 +1,5 @@
 """Layouts: immutable, hashable values, and the pure index math derived from them."""
-from .kinds import (Layout, Piece, Replicated, Partial, RowBlock, ColBlock, Block2D,
+from .values import (Layout, Piece, Replicated, Partial, RowBlock, ColBlock, Block2D,
                     BlockCyclic, Tiles, near_square_grid)
 from .distribution import Distribution, distribution, check_shape
 

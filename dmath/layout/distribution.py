@@ -12,7 +12,7 @@ import numpy as np
 
 from ..errors import LayoutError
 from . import indexset as ix
-from .kinds import Layout
+from .values import Layout
 
 
 @dataclass(frozen=True)

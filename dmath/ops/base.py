@@ -1,4 +1,6 @@
 """Master-side helpers shared by the operations: metadata, validation, dispatch."""
+import numbers
+
 import numpy as np
 
 from ..backend import canonical_dtype
@@ -16,7 +18,8 @@ def set_matrix_factory(fn):
 
 
 def meta(m):
-    return Meta(m.layout, m.shape, m.dtype)
+    """The Meta of Matrix m (kept by the Matrix: a dtype's name costs microseconds to look up)."""
+    return m._meta
 
 
 def new_meta(layout, shape, dtype):
@@ -51,3 +54,15 @@ def as_int(value, what):
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
         raise DMathError(f"{what} must be an integer, got {value!r}")
     return int(value)
+
+
+def is_matrix(x):
+    """Whether x is a dmath.Matrix (duck-typed: this layer sits below matrix.py)."""
+    return hasattr(x, "_handle") and hasattr(x, "layout")
+
+
+def check_scalar(v, what="a scalar operand"):
+    """v as a float; DMathError unless it is a real number (bool is not)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
+        raise DMathError(f"{what} must be a real number, got {v!r}")
+    return float(v)

@@ -1,14 +1,72 @@
-"""Elementwise kernels: n-ary functions over aligned pieces, with row/column-vector broadcasting.
+"""The elementwise family: n-ary functions over aligned pieces, with row/column-vector broadcasting.
 
-The master aligns the operands before dispatch: full-size operands are
-remapped to the result's layout, vectors to Replicated, so that a kernel only
-ever combines local pieces (and slices of replicated vectors).
+One op unit (`ewise`) serves every function. A function is one `function(...)`
+definition below: its name, operand names, how it computes into `out` with
+the array module, how a Partial (sum of addends) operand may pass through it,
+and its docstring; the definition returns the public function that
+`dmath/__init__.py` exports. Nothing else names it.
+
+Master half (`apply`): validate, then align the operands (a cached pure plan):
+the result takes the layout of the first operand of the result's shape;
+other full-size operands are remapped to it; row and column vectors are
+replicated on the workers that hold result pieces. Worker half (the kernel):
+combine local pieces (and slices of replicated vectors), one pass, written
+straight into the result.
 """
+import functools
+import inspect
+from typing import NamedTuple, Optional
+
 import numpy as np
 
 from .. import backend, memory
+from ..errors import DMathError, LayoutError, ShapeError
+from ..layout import Replicated, RowBlock, distribution
 from ..layout import indexset as ix
-from ..runtime import Shard, kernel
+from ..runtime import Meta, Shard, define, runtime
+from .base import check_scalar, dispatch, is_matrix, meta
+from .movement import remap, resolve_partial
+
+
+class Function(NamedTuple):
+    """One elementwise function of the family."""
+    name: str
+    params: tuple          # operand names, as the public function takes them
+    compute: object        # f(xp, out, *operands): writes the result into out
+    partial: Optional[str]  # 'linear': Partial operands stay Partial when all are alike (a sum of
+    #                         addends maps to a sum); 'scale': a Partial first operand and scalars
+    #                         only (each addend scaled); None: Partial operands are summed first
+
+
+#: name -> Function
+FUNCTIONS = {}
+
+
+def function(name, params, compute, doc, partial=None):
+    """Define elementwise function `name` with operands `params`; returns its public function."""
+    if name in FUNCTIONS:
+        raise ValueError(f"elementwise function {name!r} defined twice")
+    if partial not in (None, "linear", "scale"):
+        raise ValueError(f"{name}: partial must be None, 'linear' or 'scale', got {partial!r}")
+    FUNCTIONS[name] = Function(name, tuple(params), compute, partial)
+    sig = inspect.Signature([inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params])
+
+    arity = len(params)
+
+    def public(*operands, **named):
+        if named or len(operands) != arity:   # rare: the common call binds nothing (dispatch cost)
+            operands = sig.bind(*operands, **named).args    # a wrong call: Python's TypeError
+        return apply(name, *operands)
+    public.__name__ = public.__qualname__ = name
+    public.__doc__ = doc
+    public.__signature__ = sig
+    return public
+
+
+def _ufunc(name):
+    """f(xp, out, *args): the array module's ufunc `name`, written straight into `out` (one pass, no
+    temporary). A comparison or logical ufunc writes its booleans as 0/1 in out's dtype."""
+    return lambda xp, out, *args: getattr(xp, name)(*args, out=out)
 
 
 def _sigmoid(xp, out, a):
@@ -16,49 +74,177 @@ def _sigmoid(xp, out, a):
     return xp.multiply(xp.tanh(0.5 * a) + 1.0, 0.5, out=out)
 
 
-def _ufunc(name):
-    """f(xp, out, *args): the array module's ufunc `name`, written straight into `out` (one pass, no
-    temporary: an elementwise command reads its operands and writes its result once)."""
-    return lambda xp, out, *args: getattr(xp, name)(*args, out=out)
+def _where(xp, out, c, a, b):
+    return backend.current().where(out, c, a, b)
 
 
-#: name -> (function of (xp, out, *args) that writes the result into out, number of operands)
-FUNCTIONS = {
-    "add": (_ufunc("add"), 2),
-    "sub": (_ufunc("subtract"), 2),
-    "mul": (_ufunc("multiply"), 2),
-    "div": (_ufunc("true_divide"), 2),
-    "pow": (_ufunc("power"), 2),
-    "maximum": (_ufunc("maximum"), 2),
-    "minimum": (_ufunc("minimum"), 2),
-    "where": (lambda xp, out, c, a, b: backend.current().where(out, c, a, b), 3),
-    "neg": (_ufunc("negative"), 1),
-    "exp": (_ufunc("exp"), 1),
-    "log": (_ufunc("log"), 1),
-    "sqrt": (_ufunc("sqrt"), 1),
-    "abs": (_ufunc("absolute"), 1),
-    "tanh": (_ufunc("tanh"), 1),
-    "sigmoid": (_sigmoid, 1),
-    "relu": (lambda xp, out, a: xp.maximum(a, 0, out=out), 1),
-}
+# ---- the functions (the public API names; arithmetic operators use the first four) ----------
+add = function("add", ("a", "b"), _ufunc("add"), "a + b elementwise.", partial="linear")
+sub = function("sub", ("a", "b"), _ufunc("subtract"), "a - b elementwise.", partial="linear")
+mul = function("mul", ("a", "b"), _ufunc("multiply"), "a * b elementwise.", partial="scale")
+div = function("div", ("a", "b"), _ufunc("true_divide"), "a / b elementwise.", partial="scale")
+neg = function("neg", ("m",), _ufunc("negative"), "-m elementwise.", partial="linear")
+pow = function("pow", ("m", "p"), _ufunc("power"), "m ** p elementwise.")      # noqa: A001
+maximum = function("maximum", ("a", "b"), _ufunc("maximum"), "The larger of a and b elementwise.")
+minimum = function("minimum", ("a", "b"), _ufunc("minimum"), "The smaller of a and b elementwise.")
+where = function("where", ("cond", "a", "b"), _where,
+                 "Elementwise `a` where `cond` is non-zero, else `b` (matrices or scalars).")
+exp = function("exp", ("m",), _ufunc("exp"), "e ** m elementwise.")
+log = function("log", ("m",), _ufunc("log"), "The natural logarithm elementwise.")
+sqrt = function("sqrt", ("m",), _ufunc("sqrt"), "The square root elementwise.")
+abs = function("abs", ("m",), _ufunc("absolute"), "|m| elementwise.")          # noqa: A001
+tanh = function("tanh", ("m",), _ufunc("tanh"), "The hyperbolic tangent elementwise.")
+sigmoid = function("sigmoid", ("m",), _sigmoid, "1 / (1 + e ** -m) elementwise.")
+relu = function("relu", ("m",), lambda xp, out, a: xp.maximum(a, 0, out=out), "max(m, 0) elementwise.")
 
-#: functions for which a Partial (sum of addends) operand can stay Partial
-LINEAR = {"add", "sub", "neg"}
+# comparisons and logic: 1 where true, else 0, in the operands' dtype (NumPy's type promotion)
+equal = function("equal", ("a", "b"), _ufunc("equal"), "1 where a == b, else 0.")
+not_equal = function("not_equal", ("a", "b"), _ufunc("not_equal"), "1 where a != b, else 0.")
+greater = function("greater", ("a", "b"), _ufunc("greater"), "1 where a > b, else 0.")
+greater_equal = function("greater_equal", ("a", "b"), _ufunc("greater_equal"), "1 where a >= b, else 0.")
+less = function("less", ("a", "b"), _ufunc("less"), "1 where a < b, else 0.")
+less_equal = function("less_equal", ("a", "b"), _ufunc("less_equal"), "1 where a <= b, else 0.")
+isfinite = function("isfinite", ("m",), _ufunc("isfinite"), "1 where m is neither inf nor NaN, else 0.")
+isnan = function("isnan", ("m",), _ufunc("isnan"), "1 where m is NaN, else 0.")
+logical_and = function("logical_and", ("a", "b"), _ufunc("logical_and"),
+                       "1 where both a and b are non-zero, else 0.")
+logical_or = function("logical_or", ("a", "b"), _ufunc("logical_or"), "1 where a or b is non-zero, else 0.")
+logical_not = function("logical_not", ("m",), _ufunc("logical_not"), "1 where m is zero, else 0.")
+
+#: the public functions, by name, in the order defined (dmath/__init__.py exports them)
+PUBLIC = ("exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "pow", "maximum", "minimum", "where",
+          "equal", "not_equal", "greater", "greater_equal", "less", "less_equal", "isfinite", "isnan",
+          "logical_and", "logical_or", "logical_not")
 
 
+# ---- the op unit -------------------------------------------------------------------------------
+class EwiseArgs(NamedTuple):
+    """Static arguments of `ewise`."""
+    fn: str               # the Function's name
+    pattern: tuple        # per operand: (kind, index) with kind 'full', 'row', 'col', 'one' or 'scalar'
+    out_index: Optional[int]   # the input overwritten in place, or None: a new result
+
+
+EWISE = define("ewise", EwiseArgs)
+
+
+def apply(fn, *operands, inplace=False):
+    """Master half: validate, align and dispatch elementwise function `fn` of matrices and scalars."""
+    first = operands[0] if operands else None
+    if inplace and is_matrix(first):
+        first._check_writable(f"in-place {fn}")
+    metas = []
+    for x in operands:
+        if is_matrix(x):
+            metas.append(meta(x))
+        elif isinstance(x, np.ndarray):
+            raise DMathError(f"{fn}: numpy arrays must be made Matrices first (dmath.from_numpy)")
+        else:
+            check_scalar(x, f"{fn}: an operand")
+            metas.append(None)
+    # the whole decision is a pure function of the metadata, cached: a repeated
+    # operation costs a dictionary lookup before its command is sent
+    aligns, args, out = plan(fn, tuple(metas), inplace, runtime().nworkers)
+    inputs, scalars = [], []
+    for x, (how, target) in zip(operands, aligns):
+        if how == "scalar":
+            scalars.append(float(x))
+            continue
+        if how == "resolve":
+            x = resolve_partial(x)
+        elif how == "remap":
+            x = remap(x, target)      # a Partial operand reduces straight into place
+        inputs.append(x)
+    if inplace:
+        dispatch("ewise", inputs, [0], static=args, scalars=scalars)
+        return first
+    return dispatch("ewise", inputs, [out], static=args, scalars=scalars)[0][0]
+
+
+def _partial_stays(f, metas, lay, shape):
+    """Whether a Partial result of layout `lay` is right for function f: only for functions linear
+    in the addends; a scalar term is not (every member would add it: P times in the sum)."""
+    mats = [m for m in metas if m is not None]
+    if f.partial == "linear":
+        return len(mats) == len(metas) and all(m.layout == lay and m.shape == shape for m in mats)
+    if f.partial == "scale":
+        return len(mats) == 1 and metas[0] is not None
+    return False
+
+
+@functools.lru_cache(maxsize=4096)
+def plan(fn, metas, inplace, nworkers):
+    """(per-operand alignment, EwiseArgs, output Meta) for an elementwise call: a pure function."""
+    f = FUNCTIONS.get(fn)
+    if f is None:
+        raise DMathError(f"unknown elementwise function {fn!r}")
+    if len(metas) != len(f.params):
+        raise DMathError(f"{fn} takes {len(f.params)} operands, got {len(metas)}")
+    mats = [m for m in metas if m is not None]
+    if not mats:
+        raise DMathError(f"{fn} needs at least one dmath.Matrix operand")
+    try:
+        shape = tuple(np.broadcast_shapes(*[m.shape for m in mats]))
+    except ValueError as exc:
+        raise ShapeError(f"{fn}: shapes {[m.shape for m in mats]} do not broadcast "
+                         f"(a (1, n) row or (m, 1) column vector broadcasts against (m, n))") from exc
+    if inplace and metas[0].shape != shape:
+        raise ShapeError(f"in-place {fn}: the result shape {shape} differs from the target's {metas[0].shape}")
+    dtype = metas[0].dtype if inplace else np.result_type(*[m.dtype for m in mats]).name
+    # the result takes the layout of the first operand of its shape; a row
+    # vector against a column vector (an outer broadcast) has none: RowBlock
+    primary = 0 if inplace else next((k for k, m in enumerate(metas) if m is not None and m.shape == shape),
+                                     None)
+    lay = metas[primary].layout if primary is not None else RowBlock()
+    if lay.partial and not _partial_stays(f, metas, lay, shape):
+        if inplace:
+            raise LayoutError(f"in-place {fn} on a Partial matrix is not linear in its addends; "
+                              f"remap it first (M = M.remap(dmath.RowBlock()))")
+        lay = RowBlock(lay.group)
+    pdist = distribution(lay, shape, nworkers)
+    rep = Replicated(tuple(r for r in range(nworkers) if pdist.pieces[r]) or (0,))
+    aligns, pattern, n_in, n_sc = [], [], 0, 0
+    for k, m in enumerate(metas):
+        if m is None:
+            aligns.append(("scalar", None))
+            pattern.append(("scalar", n_sc))
+            n_sc += 1
+            continue
+        if m.shape == shape:
+            here = distribution(m.layout, shape, nworkers)
+            if here.same_placement(pdist):
+                aligns.append(("as-is", None))
+            elif k == primary and m.layout.partial and lay == RowBlock(m.layout.group):
+                aligns.append(("resolve", None))
+            else:
+                aligns.append(("remap", lay))
+            kind = "full"
+        else:
+            here = distribution(m.layout, m.shape, nworkers)
+            same = here.same_placement(distribution(rep, m.shape, nworkers))
+            aligns.append(("as-is", None) if same else ("remap", rep))
+            kind = "one" if m.shape == (1, 1) else ("row" if m.shape[0] == 1 else "col")
+        pattern.append((kind, n_in))
+        n_in += 1
+    out = None if inplace else Meta(lay.resolved(nworkers), shape, dtype)
+    args = EWISE.static(fn=fn, pattern=tuple(pattern), out_index=0 if inplace else None)
+    return tuple(aligns), args, out
+
+
+# ---- worker half -------------------------------------------------------------------------------
 def _operand_selections(call):
     """Per output piece, per operand: how to read it (piece index, vector slice, or scalar)."""
     sel = call.entry.cache.get("sel")
     if sel is not None:
         return sel
     xp = backend.current().xp
-    fn, pattern, out_index = call.entry.static
-    dist = call.entry.out_dists[0] if out_index is None else call.entry.in_dists[out_index]
+    args = call.entry.static
+    dist = call.entry.out_dists[0] if args.out_index is None else call.entry.in_dists[args.out_index]
     to_dev = (lambda s: s if isinstance(s, slice) else xp.asarray(s))
     sel = []
     for k, p in enumerate(dist.pieces[call.rank]):
         row = []
-        for kind, idx in pattern:
+        for kind, idx in args.pattern:
             if kind == "full":
                 row.append(("piece", idx, k))
             elif kind == "row":        # (1, n): columns of this piece
@@ -74,36 +260,37 @@ def _operand_selections(call):
     return sel
 
 
-@kernel("ewise", capturable=True)
+@EWISE.kernel(capturable=True)
 def _ewise(call):
-    """static = (function, operand pattern, index of the input overwritten in place or None)."""
-    xp = backend.current().xp
-    fn, pattern, out_index = call.entry.static
-    f = FUNCTIONS[fn][0]
-    if out_index is None:
+    """Function `fn` of the aligned operands, into a new result or in place into input `out_index`."""
+    be = backend.current()
+    xp = be.xp
+    args = call.entry.static
+    f = FUNCTIONS[args.fn].compute
+    if args.out_index is None:
         out_meta, dist = call.entry.outputs[0], call.entry.out_dists[0]
         dtype = out_meta.dtype
         out = [memory.empty(p.shape, dtype) for p in dist.pieces[call.rank]]
     else:
-        target = call.inputs[out_index]
+        target = call.inputs[args.out_index]
         dtype, out = target.dtype, target.pieces
     ins = call.inputs
-    with backend.current().quiet():
+    with be.quiet():
         for k, row in enumerate(_operand_selections(call)):
-            args = []
+            operands = []
             for what, idx, s in row:
                 if what == "piece":
-                    args.append(ins[idx].pieces[s])
+                    operands.append(ins[idx].pieces[s])
                 elif what == "cols":
-                    args.append(ins[idx].pieces[0][:, s])
+                    operands.append(ins[idx].pieces[0][:, s])
                 elif what == "rows":
-                    args.append(ins[idx].pieces[0][s, :])
+                    operands.append(ins[idx].pieces[0][s, :])
                 elif what == "one":
-                    args.append(ins[idx].pieces[0])
+                    operands.append(ins[idx].pieces[0])
                 else:
-                    args.append(call.scalars[idx])   # a Python float: no device transfer
-            f(xp, out[k], *args)
-    if out_index is not None:
+                    operands.append(call.scalars[idx])   # a Python float: no device transfer
+            f(xp, out[k], *operands)
+    if args.out_index is not None:
         target.version += 1
         return [target]
     return [Shard(out, dist, dtype)]

@@ -5,14 +5,32 @@ the requested layout, and the alpha/beta update of C.
 The whole GEMM is one command: a repeated product with cached operands costs
 one control frame and moves no operand bytes.
 """
+from typing import NamedTuple
+
 import numpy as np
 
 from .. import backend, blas, memory, remap as _remap
 from ..comm import collectives
-from ..layout import RowBlock, distribution, indexset as ix
+from ..layout import Layout, RowBlock, distribution, indexset as ix
 from ..memory import replicas
-from ..runtime import Shard, kernel
-from .gemm_plan import grid_sets
+from ..planning.gemm import Strategy, grid_sets, operand_form, panel_kind
+from ..runtime import Shard, define, kernel
+from ..runtime.registry import capture_hook
+
+# cuBLAS sets up its capture workspace before a plan with products is captured
+capture_hook(blas.prepare_capture)
+
+
+class GemmArgs(NamedTuple):
+    """Static arguments of `gemm` (chosen on the master by planning/gemm.py)."""
+    strategy: Strategy       # the operands' layouts, the product's natural layout, the algorithm
+    result: Layout           # the layout the product is delivered in
+    trans_a: bool
+    trans_b: bool
+    has_c: bool              # the product is written into input 2 (C)
+
+
+GEMM = define("gemm", GemmArgs)
 
 
 def _global_bytes(shape, dtype):
@@ -29,7 +47,7 @@ def operand(call, k, need, trans, dtype):
     decided = call.entry.cache.get(("need", k))
     if decided is None:
         P = call.world.size
-        raw_layout = need.transposed(P) if trans else need
+        raw_layout = operand_form(need, trans, P)
         target = distribution(raw_layout, x.dist.shape, P)
         as_is = x.dist.same_placement(target) and np.dtype(x.dtype) == np.dtype(dtype)
         decided = call.entry.cache[("need", k)] = (raw_layout, target, as_is)
@@ -58,16 +76,16 @@ def _capturable(entry):
     P = entry.in_dists[0].nworkers
     out = entry.inputs[2] if has_c else entry.outputs[0]
     for k, (need, trans) in enumerate(((strategy.a, trans_a), (strategy.b, trans_b))):
-        raw = need.transposed(P) if trans else need
+        raw = operand_form(need, trans, P)
         if (entry.inputs[k].dtype != out.dtype
                 or not entry.in_dists[k].same_placement(distribution(raw, entry.inputs[k].shape, P))):
             return False
     return distribution(strategy.c, out.shape, P).same_placement(distribution(result_layout, out.shape, P))
 
 
-@kernel("gemm", capturable=_capturable)
+@GEMM.kernel(capturable=_capturable)
 def _gemm(call):
-    """static: (Strategy, result Meta layout, trans_a, trans_b, has_c); scalars: alpha, beta."""
+    """alpha op(A) op(B) (+ beta C) by the strategy of the static GemmArgs; scalars: alpha, beta."""
     strategy, result_layout, trans_a, trans_b, has_c = call.entry.static
     alpha, beta = call.scalars
     P, rank = call.world.size, call.rank
@@ -82,11 +100,12 @@ def _gemm(call):
         prod = _summa(call, strategy, a, b, akey, bkey, (m, k, n), dtype, alpha, trans_a, trans_b)
     elif strategy.name == "astat":
         prod = _a_stationary(call, strategy.a, strategy.b, a[0], b, bkey, (m, k, n), dtype, alpha, trans_b,
-                             "B-tiles")
+                             panel_kind("astat", "B"))
     elif strategy.name == "bstat":
         # C^T = op(B)^T op(A)^T with op(B)^T stationary; the result comes back transposed
         ct = _a_stationary(call, strategy.b.transposed(P), strategy.a.transposed(P), b[0].T,
-                           [p.T for p in a], akey, (n, k, m), dtype, alpha, not trans_a, "A-tiles")
+                           [p.T for p in a], akey, (n, k, m), dtype, alpha, not trans_a,
+                           panel_kind("bstat", "A"))
         prod = [backend.current().xp.ascontiguousarray(p.T) for p in ct]
     else:
         prod = _local(a, b, natural.shard_shapes(rank), dtype, alpha)
@@ -151,10 +170,10 @@ def _summa(call, strategy, a, b, akey, bkey, mkn, dtype, alpha, trans_a, trans_b
         col_ranks = group[j::pc]
         geo = call.entry.cache["summa"] = (ra[i], cb[j], ka, kb, steps, row_ranks, col_ranks)
     rows_i, cols_j, ka, kb, steps, row_ranks, col_ranks = geo
-    a_pan, a_wait = _panels(call, {j: a[0]}, akey, "A-panels", row_ranks,
+    a_pan, a_wait = _panels(call, {j: a[0]}, akey, panel_kind("summa", "A"), row_ranks,
                             [(ix.size(rows_i), ix.size(s)) for s in ka], dtype, _global_bytes((m, k), dtype),
                             trans_a)
-    b_pan, b_wait = _panels(call, {i: b[0]}, bkey, "B-panels", col_ranks,
+    b_pan, b_wait = _panels(call, {i: b[0]}, bkey, panel_kind("summa", "B"), col_ranks,
                             [(ix.size(s), ix.size(cols_j)) for s in kb], dtype, _global_bytes((k, n), dtype),
                             trans_b)
     xp = backend.current().xp

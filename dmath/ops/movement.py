@@ -1,10 +1,36 @@
-"""Kernels that move or reinterpret data: remap (with window and dtype change), transpose, get, set."""
+"""Operations that move or reinterpret data: remap (with window and dtype change), transpose, get, set."""
+from typing import NamedTuple
+
 import numpy as np
 
 from .. import backend, memory, remap as _remap
 from ..comm.control import gather_objects
-from ..runtime import Shard, kernel
+from ..layout import RowBlock
+from ..runtime import Shard, define, kernel
 from ..runtime.registry import COLLECTIVES_IN_GRAPHS
+from .base import dispatch, new_meta
+
+
+class RemapArgs(NamedTuple):
+    """Static arguments of `remap`: the window's top-left corner in the source; sum in the background."""
+    offset: tuple
+    background: bool
+
+
+REMAP = define("remap", RemapArgs)
+
+
+def remap(m, layout, dtype=None, offset=(0, 0), shape=None, background=False):
+    """Master half: a new Matrix holding `m` (read from the window at `offset` of `shape`) in
+    `layout` and `dtype` (None: m's). background only matters for a Partial source (a sum)."""
+    out = new_meta(layout, shape or m.shape, m.dtype if dtype is None else dtype)
+    args = REMAP.static(offset=tuple(offset), background=bool(background) and m.layout.partial)
+    return dispatch("remap", [m], [out], static=args)[0][0]
+
+
+def resolve_partial(m):
+    """A Partial matrix as the RowBlock of its sums over the same workers (a reduce-scatter); others as they are."""
+    return remap(m, RowBlock(m.layout.group)) if m.layout.partial else m
 
 
 def _stays_local(src, dst, offset=(0, 0)):
@@ -27,7 +53,7 @@ def _only_allreduces(src, dst, offset=(0, 0)):
 def _remap_capturable(entry):
     # local copies, and the NCCL all-reduce of a Partial (a data-parallel gradient) when
     # collectives may be captured; other exchanges stage through buffers sized per call
-    src, dst, offset = entry.in_dists[0], entry.out_dists[0], entry.static[0]
+    src, dst, offset = entry.in_dists[0], entry.out_dists[0], entry.static.offset
     return _stays_local(src, dst, offset) or (COLLECTIVES_IN_GRAPHS and _only_allreduces(src, dst, offset))
 
 
@@ -35,13 +61,13 @@ def _remap_into_capturable(entry):
     return _stays_local(entry.in_dists[1], entry.in_dists[0])
 
 
-@kernel("remap", capturable=_remap_capturable)
+@REMAP.kernel(capturable=_remap_capturable)
 def _remap_kernel(call):
-    """Redistribute input 0 (read from window `static[0]`) into the output's layout and dtype;
-    static[1]: sum a Partial input in the background (Matrix.remap's `background`)."""
+    """Redistribute input 0 (read from the window at `offset`) into the output's layout and dtype;
+    background: sum a Partial input on the communication stream (Matrix.remap's `background`)."""
     src = call.inputs[0]
     dst, dtype = call.entry.out_dists[0], call.entry.outputs[0].dtype
-    offset, background = call.entry.static
+    offset, background = call.entry.static.offset, call.entry.static.background
     pending = [] if background else None
     pieces = _remap.run(call.world, call.entry.cache, src.pieces, src.dist, dst, src.dtype, dtype, offset, pending)
     out = Shard(pieces, dst, dtype)

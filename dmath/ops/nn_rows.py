@@ -12,6 +12,10 @@ import numpy as np
 from .. import blas, memory
 from ..comm import collectives
 from ..runtime import Shard
+from ..runtime.registry import capture_hook
+
+# cuBLAS sets up its capture workspace before a plan with these products is captured
+capture_hook(blas.prepare_capture)
 
 
 def compute_dtype(dtype):
@@ -36,12 +40,6 @@ def matmul(a, b, out):
 def local(shard):
     """This worker's block of whole rows, or None when it holds no part of the matrix."""
     return shard.pieces[0] if shard.pieces else None
-
-
-def row_start(dist, rank):
-    """The global index of the first row of `rank`'s block (0 for an empty block)."""
-    rows = dist.pieces[rank][0].rows
-    return rows[0][0] if rows else 0
 
 
 def out_dist(call, k):

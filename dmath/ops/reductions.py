@@ -1,18 +1,76 @@
-"""Reduction kernels: sum, mean, max, min along an axis or over everything, and sum of squares.
+"""The reductions: sum, mean, max, min along an axis or over everything, and the Frobenius norm.
 
-Along an axis, a layout that keeps the reduced axis on one worker reduces
-locally ('local'); otherwise sums come out Partial ('partial', no
-communication) and max/min are combined by an all-reduce ('allreduce').
-Float16 data is accumulated in float32.
+Two op units. `reduce_axis`: along an axis, a layout that keeps the reduced
+axis on one worker reduces locally ('local'); otherwise sums come out
+Partial ('partial', no communication) and max/min are combined by an
+all-reduce ('allreduce'). `reduce_all`: every worker reduces what it holds
+and the master combines the values (a float). Float16 data is accumulated
+in float32.
 """
+from typing import NamedTuple, Optional
+
 import numpy as np
 
 from .. import backend, memory
 from ..comm import collectives
 from ..comm.control import gather_objects
+from ..errors import DMathError, ShapeError
+from ..layout import ColBlock, Partial, Replicated, RowBlock
 from ..layout import indexset as ix
-from ..runtime import Shard, kernel
+from ..runtime import Shard, define
 from ..runtime.registry import COLLECTIVES_IN_GRAPHS
+from .base import dispatch, dist_of, is_matrix, new_meta
+from .movement import resolve_partial
+
+
+class ReduceAxisArgs(NamedTuple):
+    """Static arguments of `reduce_axis`."""
+    op: str          # 'sum', 'max' or 'min'
+    axis: int        # 0: down the columns, (1, n) result; 1: along the rows, (m, 1)
+    mode: str        # 'local', 'partial' or 'allreduce' (see the module's docstring)
+    scale: float     # the result is multiplied by it (1/count for a mean)
+
+
+class ReduceAllArgs(NamedTuple):
+    """Static arguments of `reduce_all`."""
+    op: str                  # 'sum', 'max', 'min' or 'sumsq'
+    finish: Optional[str]    # 'mean', 'sqrt' or None: how the master completes the value
+
+
+REDUCE_AXIS = define("reduce_axis", ReduceAxisArgs)
+REDUCE_ALL = define("reduce_all", ReduceAllArgs)
+
+_NAN = float("nan")     # one object: a signature holding it compares equal to itself (cached)
+
+
+def reduce(m, op, axis):
+    """Master half of M.sum/mean/max/min/norm: a float (axis None) or a (1, n) / (m, 1) Matrix."""
+    if not is_matrix(m):
+        raise DMathError(f"{op} needs a dmath.Matrix, got {type(m).__name__}")
+    if axis not in (None, 0, 1):
+        raise ShapeError(f"axis must be None, 0 or 1, got {axis!r}")
+    if op in ("max", "min") and m.size == 0:
+        raise ShapeError(f"{op} of an empty {m.shape} matrix has no value")
+    if op not in ("sum", "mean") and m.layout.partial:
+        m = resolve_partial(m)
+    if axis is None:
+        kind, finish = {"mean": ("sum", "mean"), "norm": ("sumsq", "sqrt")}.get(op, (op, None))
+        return dispatch("reduce_all", [m], static=REDUCE_ALL.static(op=kind, finish=finish))[1]
+    kind = "sum" if op == "mean" else op
+    count = m.shape[axis]
+    scale = (1.0 / count if count else _NAN) if op == "mean" else 1.0   # NumPy: the mean of nothing is nan
+    shape = (1, m.shape[1]) if axis == 0 else (m.shape[0], 1)
+    lay = m.layout
+    local = (lay.replicated or (lay.partial and kind == "sum")
+             or (axis == 0 and type(lay) is ColBlock) or (axis == 1 and type(lay) is RowBlock))
+    if local:
+        mode, out_layout = "local", lay
+    elif kind == "sum":
+        mode, out_layout = "partial", Partial(dist_of(m).group)
+    else:
+        mode, out_layout = "allreduce", Replicated(dist_of(m).group)
+    args = REDUCE_AXIS.static(op=kind, axis=int(axis), mode=mode, scale=scale)
+    return dispatch("reduce_axis", [m], [new_meta(out_layout, shape, m.dtype)], static=args)[0][0]
 
 _IDENTITY = {"sum": 0.0, "max": -np.inf, "min": np.inf}
 
@@ -30,7 +88,7 @@ def _local_reduce(xp, a, op, axis):
 def _reduce_axis_capturable(entry):
     """Capturable without communication and with every piece's result slots a slice (no index
     array to copy to the device during a capture)."""
-    op, axis, mode, scale = entry.static
+    axis, mode = entry.static.axis, entry.static.mode
     if mode == "local":
         return True
     if mode == "allreduce":
@@ -38,9 +96,9 @@ def _reduce_axis_capturable(entry):
     return all(len(p.cols if axis == 0 else p.rows) <= 1 for ps in entry.in_dists[0].pieces for p in ps)
 
 
-@kernel("reduce_axis", capturable=_reduce_axis_capturable)
+@REDUCE_AXIS.kernel(capturable=_reduce_axis_capturable)
 def _reduce_axis(call):
-    """static = (op, axis, mode, scale); the result is multiplied by scale (1/count for mean)."""
+    """`op` along `axis` in `mode`; the result is multiplied by `scale` (1/count for mean)."""
     xp = backend.current().xp
     op, axis, mode, scale = call.entry.static
     src = call.inputs[0]
@@ -84,17 +142,16 @@ def _reduce_axis(call):
     return [Shard([out], dist, dtype)]
 
 
-@kernel("reduce_all")
+@REDUCE_ALL.kernel()
 def _reduce_all(call):
-    """static = (op, finish) with op in sum, max, min, sumsq; the master gets a float.
+    """`op` (sum, max, min, sumsq) over everything; the master gets a float.
 
     finish ('mean', 'sqrt' or None) completes the value on the master inside
     the kernel, so that the kernel's result is what the user sees (a
     recorded plan's replay returns kernel results).
     """
     xp = backend.current().xp
-    op = call.entry.static[0]
-    finish = call.entry.static[1] if len(call.entry.static) > 1 else None
+    op, finish = call.entry.static.op, call.entry.static.finish
     src = call.inputs[0]
     dist = src.dist
     contributes = call.rank in dist.group[:1] if dist.replicated else True

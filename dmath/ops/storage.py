@@ -49,6 +49,7 @@ def _release_all(rt):
     Every rank runs it in the same command, so the replica caches stay alike.
     """
     replicas.cache.clear()
+    rt.replicas.clear()          # the master's ledger of those copies (unused on other ranks)
     graphs = sum(replayer.release_graph() for replayer in rt.programs.values())
     return graphs + memory.release_cached()
 

@@ -34,6 +34,7 @@ from ..memory import replicas
 from . import oom, protocol
 from .graphs import Replayer
 from .ledger import Ledger
+from .replica_ledger import ReplicaLedger, budget as replica_budget
 from .registry import lookup
 from .shard import Meta
 
@@ -108,6 +109,7 @@ class Runtime:
         self.broken = None         # set to the WorkerError that broke the runtime
         self.closed = False
         self.ledger = Ledger(world.size)   # master: bytes of live matrices per worker, vs the limit
+        self.replicas = ReplicaLedger(lambda: replica_budget(self.ledger.limit))   # master: cached copies
         self.programs = {}         # plan id -> graphs.Replayer of its protocol.Program (every rank)
         self.next_plan = 1
         self.recorder = None       # master: the plans.Recorder of an open record block
@@ -173,6 +175,7 @@ class Runtime:
         """Called when a master-side Matrix is collected; freed with the next command."""
         self.pending_frees.append(handle)
         self.ledger.release(handle)
+        self.replicas.written(handle)
         if self.poisoned:
             self.poisoned.discard(handle)
         plans = self.watchers.pop(handle, None)
@@ -216,7 +219,9 @@ class Runtime:
         if self.poisoned and not self.poisoned.isdisjoint(in_handles):
             raise OutOfMemoryError(f"{op}: an operand was never computed: the operation that made it ran "
                                    f"out of memory and was undone")
-        signature = (op, tuple(static), tuple(m for _, m in inputs), tuple(outputs))
+        # an op's typed static arguments (a NamedTuple) stay what they are: kernels read them by name
+        signature = (op, static if isinstance(static, tuple) else tuple(static), tuple(m for _, m in inputs),
+                     tuple(outputs))
         new_outs = [m for m in outputs if isinstance(m, Meta)]
         sig_id = self.sig_ids.get(signature)
         # past the memory limit this raises OutOfMemoryError here, before anything is sent
@@ -225,6 +230,9 @@ class Runtime:
         self.ledger.add(out_handles_new, sizes)
         it = iter(out_handles_new)
         out_handles = [next(it) if isinstance(m, Meta) else in_handles[m] for m in outputs]
+        for m in outputs:
+            if not isinstance(m, Meta):
+                self.replicas.written(in_handles[m])    # written in place: its cached copies are stale
         frees = self._take_frees()
         kind = protocol.EXEC
         if sig_id is None:

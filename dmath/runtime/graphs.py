@@ -33,9 +33,9 @@ GPUs (see docs/ARCHITECTURE.md). `DMATH_CUDA_GRAPHS=0` turns graphs off.
 """
 import os
 
-from .. import blas, memory
+from .. import memory
 from ..comm import counters
-from .registry import capturable
+from .registry import capturable, prepare_capture
 
 # a profiled run times every kernel in Python, which a graph launch would skip
 ENABLED = os.environ.get("DMATH_CUDA_GRAPHS", "1") != "0" and os.environ.get("DMATH_PROFILE", "0") in ("", "0")
@@ -110,7 +110,7 @@ class CapturedProgram:
         before = dict(counters.counters)
         self.pool = xp.cuda.MemoryPool()
         self.stream = xp.cuda.Stream(non_blocking=True)
-        blas.prepare_capture()                  # cuBLAS may not allocate its workspace mid-capture
+        prepare_capture()                       # e.g. cuBLAS may not allocate its workspace mid-capture
         owner = memory.pool.current()
         owner.capture_refs = []                 # buffers the kernels share between steps (a workspace)
         with xp.cuda.using_allocator(self.pool.malloc), self.stream:

@@ -103,9 +103,8 @@ def verdict(rt, rank, text, reported):
         rt.broken = WorkerError(first, refused[first] + f"\n(the operation cannot be undone: {reason})")
         raise rt.broken
     for h in last.new_handles:
-        rt.poisoned.add(h)
-        rt.pending_frees.append(h)
-        rt.ledger.release(h)
+        rt.release(h)           # freed on every rank with the next command
+        rt.poisoned.add(h)      # until the Matrix holding it is collected (it releases it again: harmless)
     where = ", ".join(str(r) for r in sorted(refused))
     cause = refused[first].strip().splitlines()[-1]
     raise OutOfMemoryError(f"{last.op}: worker {where} could not allocate the memory the operation needs "

@@ -120,6 +120,8 @@ class Plan:
         self._returns = tuple(rec.returns)
         self._inputs = dict(rec.inputs)
         self._outputs = frozenset(rec.live)
+        # every matrix a replay writes: the master's replica ledger forgets their copies at each replay
+        self._writes = tuple({h for s in program.steps for h in s.handles[len(rt.entries[s.sig_id].inputs):]})
         self._dead_inputs = set(rec.freed_inputs)
         for h in self._inputs:
             if h not in self._dead_inputs:
@@ -160,6 +162,8 @@ class Plan:
                             f"into it with Matrix.assign())")
         rt = self._rt
         results = rt.replay_plan(self.id)
+        for h in self._writes:
+            rt.replicas.written(h)
         if self._dead_outputs:
             # outputs the user dropped are written again by the replay: free them with the next command
             rt.pending_frees.extend(sorted(self._dead_outputs))

@@ -14,11 +14,10 @@ entry -k among the frees drops plan k.
 OOM_CHECK (the header alone) asks every worker whether it is out of the last
 command after a refused allocation (oom.py).
 """
+import functools
 import pickle
 import struct
 from typing import NamedTuple
-
-import numpy as np
 
 EXEC, REGISTER, SHUTDOWN, FREE, REPLAY, DEFINE, OOM_CHECK = 1, 2, 3, 4, 5, 6, 7
 HEADER = struct.Struct("<BBBBII")   # kind, n_handles, n_scalars, n_frees, sig_id, total_len
@@ -69,10 +68,17 @@ def encode(kind, sig_id=0, handles=(), scalars=(), frees=(), signature=None, pro
         blob = encode_program(program)
     else:
         blob = b""
-    body = (np.asarray(handles, dtype="<i4").tobytes() + np.asarray(scalars, dtype="<f8").tobytes()
-            + np.asarray(frees, dtype="<i4").tobytes() + blob)
+    nh, ns, nf = len(handles), len(scalars), len(frees)
+    # struct, not numpy: a cached command is a few numbers, and this runs once per operation
+    body = _numbers(nh, ns, nf).pack(*handles, *scalars, *frees) + blob
     total = HEADER.size + len(body)
-    return HEADER.pack(kind, len(handles), len(scalars), len(frees), sig_id, total) + body, total
+    return HEADER.pack(kind, nh, ns, nf, sig_id, total) + body, total
+
+
+@functools.lru_cache(maxsize=1024)
+def _numbers(nh, ns, nf):
+    """The struct of a message's numbers: nh int32 handles, ns float64 scalars, nf int32 frees."""
+    return struct.Struct(f"<{nh}i{ns}d{nf}i")
 
 
 def total_length(frame):
@@ -83,13 +89,10 @@ def decode(message):
     """(kind, sig_id, handles, scalars, frees, extra): extra is the signature of a REGISTER,
     the Program of a DEFINE, else None."""
     kind, nh, ns, nf, sig_id, total = HEADER.unpack_from(message)
-    o = HEADER.size
-    handles = np.frombuffer(message, "<i4", nh, o).tolist()
-    o += 4 * nh
-    scalars = np.frombuffer(message, "<f8", ns, o).tolist()
-    o += 8 * ns
-    frees = np.frombuffer(message, "<i4", nf, o).tolist()
-    o += 4 * nf
+    numbers = _numbers(nh, ns, nf)
+    values = numbers.unpack_from(message, HEADER.size)
+    handles, scalars, frees = list(values[:nh]), list(values[nh:nh + ns]), list(values[nh + ns:])
+    o = HEADER.size + numbers.size
     if kind == REGISTER:
         # the signature comes from our own master over MPI, never from a file
         return kind, sig_id, handles, scalars, frees, pickle.loads(message[o:total])

@@ -1,11 +1,19 @@
-"""Worker-side kernels, registered by name (and, optionally, by backend); commands name them.
+"""Operation units: one definition per operation, its typed static arguments and its kernels by backend.
 
-A kernel written once with the backend's array module (`xp`) serves both
-backends. Where a library only one backend has does the work better (cuDNN
-for convolutions, a CUDA kernel for pooling), a second kernel is registered
-under the same name for that backend: the runtime picks it when the command's
-signature is registered, so no kernel tests which backend it runs on. Such a
-kernel may hand a case it cannot do to the generic one (`generic(name)`).
+An `Op` is what a command names. It holds
+- `args`: the class of its static arguments, a `typing.NamedTuple` whose
+  annotations are checked when the master builds them (`Op.static(...)`), so
+  a kernel reads `call.entry.static.axis`, never a position in a tuple;
+- its worker kernels keyed by backend: None (written once with `xp`, serves
+  every backend) or a backend's name ('cpu', 'gpu'), which takes precedence
+  there. A backend's kernel may hand what it cannot do to the generic one
+  (`generic(name)`), as the cuDNN convolution does;
+- per kernel, whether a recorded plan may capture it into a CUDA graph;
+- `capture_hooks`: what must be ready before any capture (cuBLAS's workspace).
+The master half of an operation (validation, result layout, dispatch) lives
+beside its kernels in `dmath/ops/<family>.py`; the registry dispatches by
+(op, backend) when a signature is registered, so no kernel tests which backend
+it runs on.
 """
 
 import os
@@ -15,48 +23,102 @@ import os
 #: included, then replays as one graph launch per worker). DMATH_GRAPH_COLLECTIVES=0: never.
 COLLECTIVES_IN_GRAPHS = os.environ.get("DMATH_GRAPH_COLLECTIVES", "1") != "0"
 
-#: (name, backend name or None) -> kernel function; None: any backend
-KERNELS = {}
+#: name -> Op
+OPS = {}
 
-#: same keys -> False, True or a predicate of the command's Entry: whether a recorded plan
-#: may capture the kernel into a CUDA graph (see graphs.py for what that requires)
-CAPTURABLE = {}
+#: functions run before a plan is captured into a CUDA graph (in registration order, each once)
+CAPTURE_HOOKS = {}
+
+
+class Op:
+    """One operation: its name, the class of its static arguments, its kernels by backend."""
+
+    __slots__ = ("name", "args", "kernels")
+
+    def __init__(self, name, args=None):
+        self.name = name
+        self.args = args          # a NamedTuple class, or None: positional static tuples (unchecked)
+        self.kernels = {}         # backend name or None -> (kernel, capture rule)
+
+    def __repr__(self):
+        return f"Op({self.name!r}, backends={sorted(self.kernels, key=str)})"
+
+    def kernel(self, backend=None, capturable=False):
+        """Register `fn(call)` as this operation's worker kernel on `backend` (None: every backend).
+
+        capturable: True (or a function of the command's Entry returning True)
+        when the kernel, on the GPU backend, only enqueues device work on the
+        current stream: CuPy kernels and copies, library calls that accept a
+        capture (cuDNN, NCCL; cuBLAS through `dmath.blas`), no host
+        synchronisation, no host-device transfer, no MPI, no replica-cache use,
+        and every allocation through the array module. Such kernels may be
+        replayed from a CUDA graph (graphs.py).
+        """
+        def register(fn):
+            if backend in self.kernels:
+                raise ValueError(f"kernel {self.name!r} registered twice for backend {backend!r}")
+            self.kernels[backend] = (fn, capturable)
+            return fn
+        return register
+
+    def static(self, **values):
+        """The static arguments as this op's `args` (checked against its annotations)."""
+        args = self.args(**values)
+        for field, value in zip(args._fields, args):
+            want = self.args.__annotations__.get(field)
+            if want is not None and not isinstance(value, want):
+                raise TypeError(f"operation {self.name!r}: static argument {field}={value!r} is not {want}")
+        return args
+
+    def lookup(self, backend):
+        """(kernel, capture rule) on the backend named `backend`."""
+        found = self.kernels.get(backend) or self.kernels.get(None)
+        if found is None:
+            raise KeyError(f"operation {self.name!r} has no kernel for backend {backend!r}")
+        return found
+
+
+def define(name, args=None):
+    """Define operation `name` (once) with static arguments of class `args`; returns the Op."""
+    if name in OPS:
+        raise ValueError(f"operation {name!r} defined twice")
+    op = OPS[name] = Op(name, args)
+    return op
 
 
 def kernel(name, capturable=False, backend=None):
-    """Register `fn(call)` as the worker-side kernel of operation `name`.
+    """Shorthand for an operation with positional static arguments: its Op's `kernel` decorator.
 
-    backend: None (every backend) or 'gpu' / 'cpu' (that backend only; it
-    takes precedence over the generic kernel there).
-    capturable: True (or a function of the command's Entry returning True)
-    when the kernel, on the GPU backend, only enqueues device work on the
-    current stream: CuPy kernels and copies, library calls that accept a
-    capture (cuDNN, NCCL; cuBLAS through `dmath.blas`), no host
-    synchronisation, no host-device transfer, no MPI, no replica-cache use,
-    and every allocation through the array module. Such kernels may be
-    replayed from a CUDA graph (graphs.py).
+    The first kernel defines the Op; a backend's kernel registered later
+    under the same name joins it.
     """
-    def register(fn):
-        key = (name, backend)
-        if key in KERNELS:
-            raise ValueError(f"kernel {name!r} registered twice for backend {backend!r}")
-        KERNELS[key] = fn
-        CAPTURABLE[key] = capturable
-        return fn
-    return register
+    op = OPS.get(name) or define(name)
+    return op.kernel(backend, capturable)
 
 
 def lookup(name, backend):
     """(kernel, capture rule) of operation `name` on the backend named `backend` ('cpu' or 'gpu')."""
-    key = (name, backend) if (name, backend) in KERNELS else (name, None)
-    if key not in KERNELS:
+    op = OPS.get(name)
+    if op is None:
         raise KeyError(f"no kernel registered for operation {name!r}")
-    return KERNELS[key], CAPTURABLE[key]
+    return op.lookup(backend)
 
 
 def generic(name):
     """The backend-independent kernel of `name` (what a backend's own kernel falls back to)."""
-    return KERNELS[(name, None)]
+    return OPS[name].kernels[None][0]
+
+
+def capture_hook(fn):
+    """Have `fn()` run before every CUDA-graph capture (a library's one-time setup); returns fn."""
+    CAPTURE_HOOKS[fn] = None
+    return fn
+
+
+def prepare_capture():
+    """Run every capture hook (graphs.py, before a capture begins)."""
+    for fn in CAPTURE_HOOKS:
+        fn()
 
 
 def capturable(entry):

@@ -62,7 +62,7 @@ def backward(loss, wrt, seed=None, order=None, ready=None):
         if node.id in targets or (node.fn is not None and any(x.id in needed for x in node.inputs)):
             needed.add(node.id)
     if seed is None:
-        seed = dmath.ones(loss.shape, dtype=loss.dtype, layout=_plain_layout(loss.value))
+        seed = dmath.ones(loss.shape, dtype=loss.dtype, layout=plain_layout(loss.value))
     elif tuple(seed.shape) != loss.shape:
         raise GraphError(f"the seed gradient must have the loss's shape {loss.shape}, got {tuple(seed.shape)}")
     grads = {loss.id: seed}
@@ -102,7 +102,7 @@ def backward(loss, wrt, seed=None, order=None, ready=None):
     return [grads.get(n.id) for n in wrt]
 
 
-def _plain_layout(m):
+def plain_layout(m):
     """m's layout, or the row blocks of its group where m is Partial (a new matrix cannot be a sum)."""
     lay = m.layout
     return dmath.RowBlock(lay.group) if lay.partial else lay

@@ -21,18 +21,16 @@ from ..errors import ConfigError, GraphError, ShapeError
 
 _ids = itertools.count(1)
 
-DTYPES = ("float16", "float32", "float64")
 
 
 def canonical_dtype(dtype):
-    """'float16' | 'float32' | 'float64' from any spelling numpy accepts; ConfigError otherwise."""
+    """'float16' | 'float32' | 'float64' from any spelling numpy accepts; ConfigError otherwise.
+
+    dmath's rule (`dmath.backend.canonical_dtype`), raised as dnn's configuration error."""
     try:
-        name = np.dtype(dtype).name
-    except TypeError as exc:
-        raise ConfigError(f"unknown dtype {dtype!r}; expected one of {DTYPES}") from exc
-    if name not in DTYPES:
-        raise ConfigError(f"dtype {name} is not supported; expected one of {DTYPES}")
-    return name
+        return dmath.backend.canonical_dtype(dtype)
+    except dmath.DTypeError as exc:
+        raise ConfigError(str(exc)) from exc
 
 
 def check_shape(shape, what="shape"):

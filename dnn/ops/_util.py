@@ -4,12 +4,7 @@ import numpy as np
 import dmath
 
 from ..errors import ShapeError
-
-
-def plain_layout(m):
-    """m's layout, or the row blocks of its group where m is Partial (a new matrix cannot be a sum)."""
-    lay = m.layout
-    return dmath.RowBlock(lay.group) if lay.partial else lay
+from ..graph.execute import plain_layout  # noqa: F401  (the ops use it from here)
 
 
 def broadcast_shape(name, *shapes):

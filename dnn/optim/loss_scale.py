@@ -53,7 +53,7 @@ class DynamicLossScale:
         good = self.good_steps
         good += 1.0
         good *= ok                                        # an overflow restarts the count
-        grow = dmath.where(good - float(self.growth_interval), 0.0, 1.0)   # 1 when the count is reached
+        grow = dmath.equal(good, float(self.growth_interval))   # 1 when the count is reached
         factor = ok * (grow * (self.growth_factor - 1.0) + 1.0) + (1.0 - ok) * self.backoff_factor
         self.scale *= factor
         good *= 1.0 - grow

@@ -166,7 +166,7 @@ def test_errors_raise_on_master_and_runtime_stays_usable():
 @pytest.mark.parametrize("trans", [(False, False), (True, False), (False, True), (True, True)])
 def test_every_strategy_kernel_is_correct(mkn, trans):
     """Each candidate strategy run as is (not only the cheapest), from RowBlock and BlockCyclic inputs."""
-    from dmath.ops import gemm_plan
+    from dmath.planning import gemm as gemm_plan
     from dmath.ops.base import dispatch
     from dmath.runtime import Meta
     m, k, n = mkn

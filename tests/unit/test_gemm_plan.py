@@ -4,7 +4,7 @@ import dataclasses
 import pytest
 
 from dmath.layout import Block2D, BlockCyclic, ColBlock, Partial, Replicated, RowBlock, distribution
-from dmath.ops import gemm_plan as gp
+from dmath.planning import gemm as gp
 
 M = gp.Machine(bandwidth=10e9, latency=20e-6, rates=(("float16", 1e12), ("float32", 1e12), ("float64", 5e11)),
                budget=1 << 40)

@@ -111,17 +111,54 @@ def grid_sets(dist, grid, group):
     return tuple(rows), tuple(cols)
 
 
+# ---- the copies a strategy keeps in the workers' replica caches ---------------------------
+# One definition of each form, used by the kernel (its cache keys) and by the master (its ledger).
+def operand_form(need, trans, P):
+    """The layout operand X is stored in when op(X) must be in `need` (the transpose when trans)."""
+    return need.transposed(P) if trans else need
+
+
+def panel_kind(strategy_name, operand):
+    """The replica-cache tag of the blocks a strategy broadcasts of operand 'A' or 'B' (None: none)."""
+    if strategy_name == "summa":
+        return f"{operand}-panels"
+    if strategy_name == "astat":
+        return "B-tiles" if operand == "B" else None
+    if strategy_name == "bstat":
+        return "A-tiles" if operand == "A" else None
+    return None
+
+
+def _panels_kept(strategy, operand):
+    """Whether the kernel keeps operand's broadcast blocks: only when some arrive from other workers."""
+    pr, pc = strategy.grid
+    if strategy.name == "summa":
+        return (pc if operand == "A" else pr) > 1
+    return pr > 1 and pc > 1        # A- or B-stationary: tiles travel down grid columns
+
+
+def kept_copies(strategy, inputs, trans, dtype, P):
+    """[(operand index, form, global bytes)]: the copies a GEMM with `strategy` keeps in the
+    workers' replica caches, for input Metas `inputs` (A, B) transposed as `trans`; a form is
+    (layout, dtype) for an operand remapped into place, ((kind, layout), dtype) for its panels."""
+    kept = []
+    isz = np.dtype(dtype).itemsize
+    for k, (name, need, x, tr) in enumerate((("A", strategy.a, inputs[0], trans[0]),
+                                             ("B", strategy.b, inputs[1], trans[1]))):
+        raw = operand_form(need, tr, P)
+        nbytes = x.shape[0] * x.shape[1] * isz
+        as_is = (np.dtype(x.dtype) == np.dtype(dtype)
+                 and distribution(x.layout, x.shape, P).same_placement(distribution(raw, x.shape, P)))
+        if not as_is:
+            kept.append((k, (raw, dtype), nbytes))
+        kind = panel_kind(strategy.name, name) if strategy.grid is not None else None
+        if kind is not None and _panels_kept(strategy, name):
+            kept.append((k, ((kind, raw), dtype), nbytes))
+    return kept
+
+
 def _grid_of(layout):
     return getattr(layout, "grid", None) if isinstance(layout, (Block2D, BlockCyclic)) else None
-
-
-def _on_grid(layout, grid, group, block=None):
-    """The layout of kind `layout` (if it is grid-shaped) on `grid`, else Block2D on it."""
-    if isinstance(layout, BlockCyclic) and layout.grid == grid and layout.group == group:
-        return layout
-    if block is not None:
-        return BlockCyclic(block, grid, group)
-    return Block2D(grid, group)
 
 
 # ---- candidates ----------------------------------------------------------------------

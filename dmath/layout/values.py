@@ -1,4 +1,4 @@
-"""The layout kinds: immutable, hashable values that say where each block lives.
+"""The layout values: immutable, hashable values that say where each block lives.
 
 A layout is independent of the matrix shape (except `Tiles`, whose splits
 name global indices): `pieces(shape, nworkers)` gives, for every worker rank,
@@ -7,6 +7,7 @@ column index set. Everything else (ownership, local indices, shard shapes,
 remap plans) is derived from those pieces by pure functions.
 """
 import abc
+import functools
 import math
 from dataclasses import dataclass
 
@@ -20,8 +21,10 @@ class Piece:
     rows: tuple
     cols: tuple
 
-    @property
+    @functools.cached_property
     def shape(self):
+        # kernels ask for it on every command: computed once per piece (pieces are cached with
+        # their distribution)
         return (ix.size(self.rows), ix.size(self.cols))
 
 

@@ -1,0 +1,8 @@
+"""Master-side planning: pure functions of metadata that choose how an operation runs.
+
+`gemm.py`: the GEMM strategies, their cost model and the forms of the
+copies a strategy keeps in the replica cache. What the planners know of the
+workers comes from the master's own ledgers (`runtime/ledger.py`: bytes
+held; `runtime/replica_ledger.py`: cached copies). Nothing here runs on a
+worker or sends a command; the worker kernels are in `dmath/ops/`.
+"""

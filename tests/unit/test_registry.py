@@ -1,0 +1,68 @@
+"""The op unit registry: typed static arguments, kernels by backend, capture hooks (no MPI)."""
+from typing import NamedTuple
+
+import pytest
+
+from dmath.runtime import registry
+
+
+class _Args(NamedTuple):
+    axis: int
+    mode: str
+
+
+def _fresh(name):
+    registry.OPS.pop(name, None)
+    return registry.define(name, _Args)
+
+
+def test_static_arguments_are_named_and_checked():
+    op = _fresh("test_typed")
+    args = op.static(axis=1, mode="local")
+    assert args.axis == 1 and args.mode == "local"
+    assert args == (1, "local") and hash(args) == hash((1, "local"))   # a signature key like a tuple
+    with pytest.raises(TypeError, match="axis"):
+        op.static(axis="1", mode="local")
+    with pytest.raises(TypeError):
+        op.static(axis=1)                       # a missing argument
+
+
+def test_kernels_are_keyed_by_backend():
+    op = _fresh("test_backends")
+    generic = op.kernel(capturable=True)(lambda call: "generic")
+    gpu = op.kernel(backend="gpu")(lambda call: "gpu")
+    assert registry.lookup("test_backends", "cpu") == (generic, True)
+    assert registry.lookup("test_backends", "gpu") == (gpu, False)
+    assert registry.generic("test_backends") is generic
+    with pytest.raises(ValueError):
+        op.kernel()(lambda call: None)          # a second generic kernel
+    with pytest.raises(ValueError):
+        registry.define("test_backends")        # defined twice
+    with pytest.raises(KeyError):
+        registry.lookup("test_no_such_op", "cpu")
+
+
+def test_a_backend_only_op_has_no_generic_fallback():
+    op = _fresh("test_gpu_only")
+    op.kernel(backend="gpu")(lambda call: None)
+    with pytest.raises(KeyError, match="cpu"):
+        op.lookup("cpu")
+
+
+def test_capture_hooks_run_once_each_in_order(monkeypatch):
+    monkeypatch.setattr(registry, "CAPTURE_HOOKS", {})    # not the library hooks (cuBLAS needs a GPU)
+    ran = []
+    first = registry.capture_hook(lambda: ran.append(1))
+    registry.capture_hook(first)                 # registering twice runs it once
+    registry.capture_hook(lambda: ran.append(2))
+    registry.prepare_capture()
+    assert ran == [1, 2]
+
+
+def test_every_public_elementwise_function_is_one_definition():
+    import dmath
+    from dmath.ops import elementwise
+    for name in elementwise.PUBLIC:
+        f = getattr(dmath, name)
+        assert f is getattr(elementwise, name) and name in dmath.__all__
+        assert f.__doc__ and name in elementwise.FUNCTIONS
