@@ -26,7 +26,7 @@ import numpy as np
 
 import dmath
 
-from . import callbacks as cbs, losses, optim, serialization
+from . import asgd, callbacks as cbs, losses, optim, serialization
 from .data import Dataset
 from .data.dataset import as_dataset
 from .errors import ConfigError, ShapeError
@@ -186,7 +186,8 @@ class Sequential:
 
     # ---- training ---------------------------------------------------------------------------
     def fit(self, x, y=None, batch_size=32, epochs=1, validation_data=None, shuffle=True, callbacks=None,
-            verbose=1, validation_split=0.0, initial_epoch=None, terminate_on_nan=True):
+            verbose=1, validation_split=0.0, initial_epoch=None, terminate_on_nan=True, asynchronous=False,
+            max_staleness=None, groups=None):
         """Train; returns a History whose `history` maps 'loss', 'accuracy', 'val_loss',
         'val_accuracy' and 'samples_per_s' to one value per epoch.
 
@@ -208,7 +209,19 @@ class Sequential:
         dnn.callbacks.TerminateOnNaN (unless callbacks hold one), which stops
         training with TrainingError at a NaN or infinite loss or weight, or
         a float16 loss scale that skips every step.
+
+        asynchronous: True trains with asynchronous SGD (dnn.asgd): the workers
+        split into `groups` groups (default: one per worker; it must divide
+        the number of workers), each computing gradients on its own batches
+        with its own copy of the weights, which a parameter store on worker
+        0 applies as they arrive; a gradient is computed on weights at most
+        `max_staleness` updates old (default groups - 1; 0 is synchronous
+        SGD). The epoch's logs add 'max_staleness' and 'mean_staleness'.
         """
+        options = asgd.check_options(self, asynchronous, max_staleness, groups, callbacks)
+        if options is not None and self.resume is not None and self.resume["batch"]:
+            raise ConfigError("a checkpoint saved inside an epoch resumes synchronously (asynchronous=False); "
+                              "asynchronous training starts at an epoch's beginning")
         batch_size = _positive_int(batch_size, "batch_size")
         epochs = _positive_int(epochs, "epochs")
         if initial_epoch is None:
@@ -242,6 +255,8 @@ class Sequential:
         self.stop_training = False
         for cb in hooks:
             cb.on_train_begin()
+        if options is not None:
+            return self._fit_async(train, val, batch_size, shuffle, first, last, verbose, hooks, history, *options)
         feed = self._feed(train)
         resume = self._take_resume(first, batch_size, feed.n)
         for epoch in range(first, last):
@@ -253,6 +268,30 @@ class Sequential:
                 cb.on_epoch_end(epoch, logs)
             if self.stop_training:
                 break
+        for cb in hooks:
+            cb.on_train_end()
+        return history
+
+    def _fit_async(self, train, val, batch_size, shuffle, first, last, verbose, hooks, history, groups,
+                   max_staleness):
+        """fit's epochs with asynchronous SGD (dnn.asgd.AsyncTrainer)."""
+        self.resume = None
+        trainer = asgd.AsyncTrainer(self, train, batch_size, groups, max_staleness)
+        evaluate = (lambda: self._evaluate(val, EVAL_BATCH)) if val is not None else None
+        # callbacks reading the running metrics (TerminateOnNaN, the bar) read every group's
+        synchronous, self.train_metrics = self.train_metrics, trainer.metrics
+        try:
+            for epoch in range(first, last):
+                for cb in hooks:
+                    cb.on_epoch_begin(epoch)
+                logs = trainer.train_epoch(epoch, last, shuffle, verbose, hooks, evaluate)
+                for cb in hooks:
+                    cb.on_epoch_end(epoch, logs)
+                if self.stop_training:
+                    break
+        finally:
+            self.train_metrics = synchronous
+            trainer.close()
         for cb in hooks:
             cb.on_train_end()
         return history

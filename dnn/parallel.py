@@ -45,6 +45,7 @@ def weight_layout(strategy):
     raise ConfigError(f"no layout for the undecided strategy {strategy!r}")
 
 
-def batch_layout():
-    """The layout of every batch matrix: samples in row blocks over all workers (data parallelism)."""
-    return dmath.RowBlock()
+def batch_layout(group=None):
+    """The layout of every batch matrix: samples in row blocks over the workers of `group` (None: all
+    of them), which is data parallelism."""
+    return dmath.RowBlock(group)

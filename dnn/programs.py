@@ -42,13 +42,15 @@ class Metrics:
     without any communication, and the two are added only when read.
     """
 
-    def __init__(self):
-        layouts = (("rep", dmath.Replicated()), ("partial", dmath.Partial()))
+    def __init__(self, group=None):
+        # group: the workers whose steps add into these sums (None: all); asynchronous training keeps
+        # one Metrics per worker group, so that adding a step's values never involves other groups
+        layouts = (("rep", dmath.Replicated(group)), ("partial", dmath.Partial(group)))
         self._acc = {name: {kind: dmath.zeros((1, 1), dtype="float64", layout=lay) for kind, lay in layouts}
                      for name in ("loss", "correct")}
         # copied over the accumulators to reset them: a local copy on every worker, no bytes from the master
         self._zero = {kind: dmath.zeros((1, 1), dtype="float64", layout=lay) for kind, lay in layouts}
-        self._all = tuple(range(dmath.num_workers()))
+        self._all = tuple(group) if group is not None else tuple(range(dmath.num_workers()))
         self.samples = 0
 
     def _add(self, name, value):
@@ -97,16 +99,21 @@ def split_head(layers):
 
 
 class Program:
-    """The graph of one batch size and mode over one feed, its batch matrices and its recorded plan."""
+    """The graph of one batch size and mode over one feed, its batch matrices and its recorded plan.
 
-    def __init__(self, model, feed, batch, training, with_targets, one_hot=False):
+    group: the workers the batch is split over (None: all of them); context: the layers.Context the
+    graph reads its weights through (None: the model's own weights). Asynchronous training
+    (dnn.asgd) builds its per-group steps with both.
+    """
+
+    def __init__(self, model, feed, batch, training, with_targets, one_hot=False, group=None, context=None):
         self.model, self.feed, self.batch, self.training = model, feed, batch, training
         features = int(np.prod(model.input_shape))
-        lay = parallel.batch_layout()
+        lay = parallel.batch_layout(group)
         self.x = dmath.zeros((batch, features), dtype=model.dtype, layout=lay)
         self.inputs = Placeholder((batch, features), model.dtype, name="x", sample_shape=model.input_shape)
         self.inputs.feed(self.x)
-        ctx = Context(training, model.dtype, model.param_dtype)
+        ctx = context if context is not None else Context(training, model.dtype, model.param_dtype)
         body, act = split_head(model.layers)
         h = self.inputs
         self.layer_nodes = []

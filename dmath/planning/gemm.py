@@ -175,7 +175,10 @@ def _col_like(lay):
 @functools.lru_cache(maxsize=1024)
 def candidates(a, b, want, P, shapes):
     """Every strategy worth costing for op(A) layout `a`, op(B) layout `b` and wanted result `want` (or None)."""
-    everyone = tuple(range(P))
+    # the workers holding an operand: a product of matrices that live on a group of workers (one
+    # group's replica in dnn's asynchronous SGD) stays on that group instead of spreading to all
+    everyone = tuple(sorted(set(a.members(P)) | set(b.members(P))))
+    n = len(everyone)
     out = []
     # local products: keep the operand that is split, replicate the other
     # (a row-split A times a replicated B is split like A, and symmetrically for B's columns)
@@ -192,8 +195,8 @@ def candidates(a, b, want, P, shapes):
     else:
         ia, ib = ColBlock(everyone), RowBlock(everyone)
     out.append(Strategy("inner", ia, ib, Partial(ia.group)))
-    if P > 1:
-        grids = {near_square_grid(P), (P, 1), (1, P)}
+    if n > 1:
+        grids = {near_square_grid(n), (n, 1), (1, n)}
         for lay in (a, b, want):
             g = _grid_of(lay)
             if g is not None and lay.group == everyone:
@@ -343,7 +346,7 @@ def _work(strategy, shapes, P, cached):
             flops = max((2 * p.shape[0] * p.shape[1] * k for ps in c.pieces for p in ps), default=0)
         return flops, 0, 0, 0
     pr, pc = strategy.grid
-    group = tuple(range(P))
+    group = strategy.a.members(P)
     ra, ka = grid_sets(distribution(strategy.a, (m, k), P), strategy.grid, group)
     kb, cb = grid_sets(distribution(strategy.b, (k, n), P), strategy.grid, group)
     flops = recv = held = 0

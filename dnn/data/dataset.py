@@ -282,9 +282,10 @@ class Dataset:
     def normalizes(self):
         return self.scale != 1.0 or any(self.mean) or any(s != 1.0 for s in self.std)
 
-    def feed(self):
-        """A new Feed: the order, position and counter matrices a model draws batches through."""
-        return Feed(self)
+    def feed(self, group=None):
+        """A new Feed: the order, position and counter matrices a model draws batches through
+        (on the workers of `group`, None: all)."""
+        return Feed(self, group)
 
     def __repr__(self):
         return (f"dnn.data.Dataset({len(self)} samples of {self.sample_shape}, targets {self.y_kind}, "
@@ -301,15 +302,17 @@ class Feed:
     reads them on the device and advances position and drawn in place, so
     a replayed step takes the next batch without a message. A Feed keeps
     the dataset's matrices, not the Dataset object: a model holds its feeds
-    weakly by dataset, and they go when the dataset does.
+    weakly by dataset, and they go when the dataset does. group: the
+    workers that take batches through this feed (None: all); its matrices
+    are Replicated there only, so its commands involve no other worker.
     """
 
-    def __init__(self, dataset):
+    def __init__(self, dataset, group=None):
         self.store, self.lo, self.n = dataset._store, dataset.lo, len(dataset)
         self.image_shape, self.augment = dataset.image_shape, dataset.augment
         self.scale, self.mean, self.std = dataset.scale, dataset.mean, dataset.std
         self.normalizes = dataset.normalizes
-        rep = dmath.Replicated()
+        rep = dmath.Replicated(group)
         self.order = dmath.zeros((1, self.n), dtype="float64", layout=rep)
         self.position = dmath.zeros((1, 1), dtype="float64", layout=rep)
         self.drawn = dmath.zeros((1, 1), dtype="float64", layout=rep)

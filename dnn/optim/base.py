@@ -216,6 +216,19 @@ class Optimizer:
                 if name in s:
                     s[name].set((0, 0), float(np.asarray(a).reshape(-1)[0]))
 
+    def copy_state(self, src, dst):
+        """Write the state of parameter `src` into that of `dst` (Variables of one shape, both
+        prepared), in place and whatever their layouts: recorded steps reading dst's state stay
+        valid. Asynchronous training moves the state between the model and its parameter store."""
+        for name, m in self._state[id(dst)].items():
+            m.assign(self._state[id(src)][name])
+
+    def forget(self, params):
+        """Drop the state of `params`, Variables about to go away (the state is keyed by the
+        Variable's id, which a later Variable may reuse)."""
+        for p in params:
+            self._state.pop(id(p), None)
+
     # ---- helpers -------------------------------------------------------------------------
     def _step_scalars(self, dtype):
         s = self._scalars.get(dtype)

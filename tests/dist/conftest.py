@@ -25,6 +25,20 @@ def P():
 
 
 @pytest.fixture(scope="session")
+def mnist_5k():
+    """The 5,000 real MNIST digits of dnn.data.load_mnist_5k (sorted by label there), shuffled with
+    seed 0; the test is skipped where they cannot be had."""
+    import numpy as np
+    import dnn
+    try:
+        x, y = dnn.data.load_mnist_5k()
+    except dnn.data.DataError as exc:
+        pytest.skip(f"the MNIST 5k subset is not available here: {exc}")
+    perm = np.random.default_rng(0).permutation(len(y))
+    return x[perm], y[perm]
+
+
+@pytest.fixture(scope="session")
 def layouts(P):
     """[(name, factory)] covering every layout kind at this P; factory(shape) -> layout."""
     return layout_cases(P)

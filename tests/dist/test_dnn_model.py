@@ -13,14 +13,9 @@ P = dmath.num_workers()
 
 
 @pytest.fixture(scope="module")
-def digits():
+def digits(mnist_5k):
     """2,000 training and 1,000 held-out real MNIST digits (the 5k subset), shuffled."""
-    try:
-        x, y = dnn.data.load_mnist_5k()
-    except dnn.data.DataError as exc:
-        pytest.skip(f"the MNIST 5k subset is not available here: {exc}")
-    perm = np.random.default_rng(0).permutation(len(y))
-    x, y = x[perm], y[perm]
+    x, y = mnist_5k
     return (x[:2000], y[:2000]), (x[4000:], y[4000:])
 
 

@@ -27,6 +27,19 @@ def test_row_times_replicated_is_local_without_traffic():
     assert all(nbytes == 0 for _, nbytes, _ in p.cost.items)
 
 
+@pytest.mark.parametrize("group", [(1,), (2, 3), (1, 3)])
+def test_a_groups_product_stays_on_the_group(group):
+    """Operands on a group of workers (a replica in asynchronous SGD): every candidate runs there,
+    so the chosen product moves nothing and involves no other worker."""
+    a, b = RowBlock(group), Replicated(group)
+    for m, k, n in ((64, 784, 528), (4096, 4096, 4096)):
+        p = choose(a, b, None, m, k, n, 4)
+        assert p.strategy.name == "local" and p.result == res(a, 4)
+        assert all(nbytes == 0 for _, nbytes, _ in p.cost.items)
+        for strategy, _ in p.considered:
+            assert {r for lay in (strategy.a, strategy.b, strategy.c) for r in lay.members(4)} <= set(group)
+
+
 def test_replicated_times_colblock_is_local():
     p = choose(Replicated(), ColBlock(), None, 100, 200, 3000, 4)
     assert p.strategy.name == "local" and p.result == res(ColBlock(), 4)
