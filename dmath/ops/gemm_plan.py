@@ -137,8 +137,16 @@ def _col_like(lay):
 
 @functools.lru_cache(maxsize=1024)
 def candidates(a, b, want, P, shapes):
-    """Every strategy worth costing for op(A) layout `a`, op(B) layout `b` and wanted result `want` (or None)."""
-    everyone = tuple(range(P))
+    """Every strategy worth costing for op(A) layout `a`, op(B) layout `b` and wanted result `want` (or None).
+
+    The strategies use the workers that hold an operand or the result (all
+    P for the usual layouts): a product of matrices on a worker group is
+    computed by that group, and the other workers, which may be busy with
+    another group's work, take no part (PyTorch DTensor's ops likewise run
+    on their operands' device mesh).
+    """
+    everyone = involved(a, b, want, P)
+    n = len(everyone)
     out = []
     # local products: keep the operand that is split, replicate the other
     # (a row-split A times a replicated B is split like A, and symmetrically for B's columns)
@@ -155,8 +163,8 @@ def candidates(a, b, want, P, shapes):
     else:
         ia, ib = ColBlock(everyone), RowBlock(everyone)
     out.append(Strategy("inner", ia, ib, Partial(ia.group)))
-    if P > 1:
-        grids = {near_square_grid(P), (P, 1), (1, P)}
+    if n > 1:
+        grids = {near_square_grid(n), (n, 1), (1, n)}
         for lay in (a, b, want):
             g = _grid_of(lay)
             if g is not None and lay.group == everyone:
@@ -165,8 +173,16 @@ def candidates(a, b, want, P, shapes):
             out.append(_summa(a, b, want, grid, everyone))
             if grid[0] > 1 and grid[1] > 1:
                 out.append(_a_stationary(grid, everyone, shapes))
-                out.append(_b_stationary(grid, everyone, shapes))
+                out.append(_b_stationary(grid, everyone, shapes, P))
     return tuple(dict.fromkeys(out))
+
+
+def involved(a, b, want, P):
+    """The ranks (ascending) that hold op(A), op(B) or the wanted result."""
+    ranks = set(a.members(P)) | set(b.members(P))
+    if want is not None:
+        ranks |= set(want.members(P))
+    return tuple(sorted(ranks))
 
 
 def stationary_tiles(grid, group, k, n):
@@ -185,10 +201,9 @@ def _a_stationary(grid, group, shapes):
     return Strategy("astat", lay, stationary_tiles(grid, group, k, n), lay, grid)
 
 
-def _b_stationary(grid, group, shapes):
+def _b_stationary(grid, group, shapes, P):
     """The B-stationary 2D strategy: B in Block2D, A's tiles travel (A-stationary on C^T = B^T A^T)."""
     (m, k), (_, n) = shapes
-    P = len(group)
     lay = Block2D(grid, group)
     x = lay.transposed(P)                       # op(B)^T, stationary
     y = stationary_tiles(x.grid, x.group, k, m)  # op(A)^T in tiles on x's grid
@@ -306,7 +321,7 @@ def _work(strategy, shapes, P, cached):
             flops = max((2 * p.shape[0] * p.shape[1] * k for ps in c.pieces for p in ps), default=0)
         return flops, 0, 0, 0
     pr, pc = strategy.grid
-    group = tuple(range(P))
+    group = strategy.a.members(P)
     ra, ka = grid_sets(distribution(strategy.a, (m, k), P), strategy.grid, group)
     kb, cb = grid_sets(distribution(strategy.b, (k, n), P), strategy.grid, group)
     flops = recv = held = 0
