@@ -9,18 +9,15 @@ import dmath
 import dnn
 from dnn import layers as L
 
+from _cases import shuffled_digits
+
 P = dmath.num_workers()
 
 
 @pytest.fixture(scope="module")
 def digits():
     """2,000 training and 1,000 held-out real MNIST digits (the 5k subset), shuffled."""
-    try:
-        x, y = dnn.data.load_mnist_5k()
-    except dnn.data.DataError as exc:
-        pytest.skip(f"the MNIST 5k subset is not available here: {exc}")
-    perm = np.random.default_rng(0).permutation(len(y))
-    x, y = x[perm], y[perm]
+    x, y = shuffled_digits()
     return (x[:2000], y[:2000]), (x[4000:], y[4000:])
 
 
