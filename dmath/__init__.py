@@ -16,6 +16,7 @@ from .backend import DTYPES
 from .errors import (DMathError, DTypeError, LayoutError, NotSupportedError, OutOfMemoryError, PlanError,
                      RuntimeStateError, ShapeError, WorkerError)
 from .files import from_file
+from .groups import current_group, on_group
 from .linalg import explain_gemm, gemm
 from .layout import Block2D, BlockCyclic, ColBlock, Layout, Partial, Replicated, RowBlock, Tiles
 from .matrix import Matrix, eye, from_numpy, full, ones, zeros
@@ -61,4 +62,5 @@ __all__ = ["__version__", "init", "finalize", "is_initialized", "num_workers", "
            "logical_and", "logical_or", "logical_not",
            "Layout", "Replicated", "Partial", "RowBlock", "ColBlock", "Block2D", "BlockCyclic", "Tiles",
            "DMathError", "ShapeError", "LayoutError", "DTypeError", "WorkerError", "OutOfMemoryError",
-           "RuntimeStateError", "PlanError", "NotSupportedError", "record", "Plan", "DTYPES"]
+           "RuntimeStateError", "PlanError", "NotSupportedError", "record", "Plan", "DTYPES", "on_group",
+           "current_group"]

@@ -91,6 +91,8 @@ class Sequential:
         self.outputs = math.prod(shape)
         self.one = dmath.ones((1, 1), dtype="float32" if self.dtype == "float16" else self.dtype,
                               layout=dmath.Replicated())
+        # the ranks the model lives on: every worker, or the group of the dmath.on_group block it was built in
+        self.workers = tuple(self.one.layout.group)
         self.train_metrics, self.eval_metrics = Metrics(), Metrics()
         self._feeds = weakref.WeakKeyDictionary()    # Dataset -> its Feed (with this model's programs)
         self._last_program = None
@@ -170,7 +172,7 @@ class Sequential:
         prog = feed.programs.get((kind, batch))
         if prog is None:
             for layer in self.layers:
-                layer.decide(batch, dmath.num_workers())
+                layer.decide(batch, len(self.workers))
             store = feed.store
             one_hot = kind != "predict" and self.loss.one_hot(store.y_kind, store.y.shape[1], store.label_range,
                                                              self.outputs)

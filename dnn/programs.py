@@ -50,7 +50,8 @@ class Metrics:
                      for name in ("loss", "correct")}
         # copied over the accumulators to reset them: a local copy on every worker, no bytes from the master
         self._zero = {kind: dmath.zeros((1, 1), dtype="float64", layout=lay) for kind, lay in layouts}
-        self._all = tuple(group) if group is not None else tuple(range(dmath.num_workers()))
+        # the model's workers: every worker, or the group of the dmath.on_group block it was built in
+        self._all = tuple(self._zero["partial"].layout.group)
         self.samples = 0
 
     def _add(self, name, value):

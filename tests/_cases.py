@@ -152,3 +152,17 @@ def make(x, lay, dtype=None):
 def values(shape, seed=0, lo=-1.0, hi=1.0):
     """Reproducible float64 test values in [lo, hi)."""
     return np.random.default_rng(seed).uniform(lo, hi, size=shape)
+
+
+def shuffled_digits():
+    """The 5,000 real MNIST digits of dnn.data.load_mnist_5k in a fixed shuffled order (x, y); the
+    calling test is skipped where the subset cannot be had."""
+    import pytest
+
+    import dnn
+    try:
+        x, y = dnn.data.load_mnist_5k()
+    except dnn.data.DataError as exc:
+        pytest.skip(f"the MNIST 5k subset is not available here: {exc}")
+    perm = np.random.default_rng(0).permutation(len(y))
+    return x[perm], y[perm]

@@ -75,19 +75,27 @@ def pending_failure(world, source=None):
     return None
 
 
-def gather_objects(world, obj):
+def gather_objects(world, obj, ranks=None):
     """Gather one small Python object per rank on the master (in memory only; never read from disk).
 
-    Returns the list on the master, None elsewhere.
+    ranks: the ranks that take part (ascending; None: every rank); the others
+    return at once, so reading a value held by a group waits for that group
+    only. Returns the list (in `ranks` order) on the master, None elsewhere.
     """
+    if ranks is None:
+        ranks = range(world.size)
     if not world.is_mpi:
         return [obj]
     if world.rank != 0:
+        if world.rank not in ranks:
+            return None
         req = world.err.isend(obj, dest=0, tag=OBJECT_TAG)
         poll(lambda: req.test()[0])
         return None
-    out = [obj]
-    for r in range(1, world.size):
+    out = [obj] if 0 in ranks else []
+    for r in ranks:
+        if r == 0:
+            continue
         box = {}
 
         def done(r=r, box=box):

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import LayoutError
 from . import indexset as ix
+from .scope import default_group
 
 
 @dataclass(frozen=True)
@@ -30,7 +31,8 @@ class Piece:
 
 def _norm_group(group):
     if group is None:
-        return None
+        # inside `dmath.on_group(ranks)` a layout made without a group lives on those ranks
+        return default_group()
     try:
         g = tuple(int(r) for r in group)
     except TypeError as exc:

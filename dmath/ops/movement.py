@@ -136,10 +136,12 @@ def _get(call):
     shard = call.inputs[0]
     i, j = int(call.scalars[0]), int(call.scalars[1])
     value = 0.0
-    for r, k, li, lj in designated(shard.dist, shard.dist.locate(i, j)):
+    locs = designated(shard.dist, shard.dist.locate(i, j))
+    for r, k, li, lj in locs:
         if r == call.rank:
             value += float(backend.current().asnumpy(shard.pieces[k][li, lj]))
-    values = gather_objects(call.world, value)
+    # only the holders answer: a read of a worker group's matrix waits for that group alone
+    values = gather_objects(call.world, value, sorted({loc[0] for loc in locs}))
     if call.rank == 0:
         call.result = float(np.dtype(shard.dtype).type(sum(values)))
     return []

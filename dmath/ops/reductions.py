@@ -154,7 +154,10 @@ def _reduce_all(call):
     op, finish = call.entry.static.op, call.entry.static.finish
     src = call.inputs[0]
     dist = src.dist
-    contributes = call.rank in dist.group[:1] if dist.replicated else True
+    # one member of a replicated matrix speaks for it; only contributors answer the master, so a
+    # reduction of a worker group's matrix waits for that group alone
+    contributors = sorted(dist.group[:1] if dist.replicated else dist.group)
+    contributes = call.rank in contributors
     value = _IDENTITY["sum" if op == "sumsq" else op]
     if contributes:
         for a in src.pieces:
@@ -167,7 +170,7 @@ def _reduce_all(call):
             else:
                 v = float(a.max() if op == "max" else a.min())
             value = value + v if op in ("sum", "sumsq") else (max(value, v) if op == "max" else min(value, v))
-    values = gather_objects(call.world, value)
+    values = gather_objects(call.world, value, contributors)
     if call.rank == 0:
         value = sum(values) if op in ("sum", "sumsq") else (max(values) if op == "max" else min(values))
         if finish == "mean":

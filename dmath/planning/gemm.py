@@ -174,10 +174,15 @@ def _col_like(lay):
 
 @functools.lru_cache(maxsize=1024)
 def candidates(a, b, want, P, shapes):
-    """Every strategy worth costing for op(A) layout `a`, op(B) layout `b` and wanted result `want` (or None)."""
-    # the workers holding an operand: a product of matrices that live on a group of workers (one
-    # group's replica in dnn's asynchronous SGD) stays on that group instead of spreading to all
-    everyone = tuple(sorted(set(a.members(P)) | set(b.members(P))))
+    """Every strategy worth costing for op(A) layout `a`, op(B) layout `b` and wanted result `want` (or None).
+
+    The strategies use the workers that hold an operand or the result (all
+    P for the usual layouts): a product of matrices on a worker group is
+    computed by that group, and the other workers, which may be busy with
+    another group's work, take no part (PyTorch DTensor's ops likewise run
+    on their operands' device mesh).
+    """
+    everyone = involved(a, b, want, P)
     n = len(everyone)
     out = []
     # local products: keep the operand that is split, replicate the other
@@ -205,8 +210,16 @@ def candidates(a, b, want, P, shapes):
             out.append(_summa(a, b, want, grid, everyone))
             if grid[0] > 1 and grid[1] > 1:
                 out.append(_a_stationary(grid, everyone, shapes))
-                out.append(_b_stationary(grid, everyone, shapes))
+                out.append(_b_stationary(grid, everyone, shapes, P))
     return tuple(dict.fromkeys(out))
+
+
+def involved(a, b, want, P):
+    """The ranks (ascending) that hold op(A), op(B) or the wanted result."""
+    ranks = set(a.members(P)) | set(b.members(P))
+    if want is not None:
+        ranks |= set(want.members(P))
+    return tuple(sorted(ranks))
 
 
 def stationary_tiles(grid, group, k, n):
@@ -225,10 +238,9 @@ def _a_stationary(grid, group, shapes):
     return Strategy("astat", lay, stationary_tiles(grid, group, k, n), lay, grid)
 
 
-def _b_stationary(grid, group, shapes):
+def _b_stationary(grid, group, shapes, P):
     """The B-stationary 2D strategy: B in Block2D, A's tiles travel (A-stationary on C^T = B^T A^T)."""
     (m, k), (_, n) = shapes
-    P = len(group)
     lay = Block2D(grid, group)
     x = lay.transposed(P)                       # op(B)^T, stationary
     y = stationary_tiles(x.grid, x.group, k, m)  # op(A)^T in tiles on x's grid

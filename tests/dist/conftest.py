@@ -15,7 +15,7 @@ import dmath
 # the CPU backend unless DMATH_DEVICE says otherwise (tools/gpu_check.sh runs this suite on GPUs)
 dmath.init(device=os.environ.get("DMATH_DEVICE", "cpu"))
 
-from _cases import layout_cases  # noqa: E402  (after init: workers never get here)
+from _cases import layout_cases, shuffled_digits  # noqa: E402  (after init: workers never get here)
 
 
 @pytest.fixture(scope="session")
@@ -26,16 +26,8 @@ def P():
 
 @pytest.fixture(scope="session")
 def mnist_5k():
-    """The 5,000 real MNIST digits of dnn.data.load_mnist_5k (sorted by label there), shuffled with
-    seed 0; the test is skipped where they cannot be had."""
-    import numpy as np
-    import dnn
-    try:
-        x, y = dnn.data.load_mnist_5k()
-    except dnn.data.DataError as exc:
-        pytest.skip(f"the MNIST 5k subset is not available here: {exc}")
-    perm = np.random.default_rng(0).permutation(len(y))
-    return x[perm], y[perm]
+    """The 5,000 real MNIST digits in a fixed shuffled order (_cases.shuffled_digits)."""
+    return shuffled_digits()
 
 
 @pytest.fixture(scope="session")

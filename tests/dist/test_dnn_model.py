@@ -9,6 +9,7 @@ import dmath
 import dnn
 from dnn import layers as L
 
+
 P = dmath.num_workers()
 
 
