@@ -264,10 +264,10 @@ class Runtime:
             return fn(*args)
         except WorkerError:
             raise
-        except OutOfMemoryError as exc:
-            # refused an allocation: undone if every worker is out of the command (oom.py), else broken
-            if oom.master_refused(self, exc):
-                raise AssertionError("oom.verdict returned") from exc    # it always raises
+        except OutOfMemoryError:
+            # refused an allocation in a command (not a replay): undone if every worker is out of it
+            if self.last_command is not None:
+                oom.verdict(self, 0, traceback.format_exc(), reported=set())     # raises
             self.broken = WorkerError(0, traceback.format_exc())
             raise self.broken from exc
         except Exception as exc:
@@ -433,11 +433,11 @@ class Runtime:
             except OutOfMemoryError:
                 # a refused allocation in a command (not in a replay) may be undone: the master decides
                 text = traceback.format_exc()
-                if kind not in (protocol.EXEC, protocol.REGISTER):
-                    self._fail(text)
                 try:
+                    if kind not in (protocol.EXEC, protocol.REGISTER):
+                        raise
                     oom.worker_refused(self, text)
-                except BaseException:  # noqa: B036 - the master went on: this worker cannot
+                except BaseException:  # noqa: B036 - in a replay, or the master went on: no way back
                     self._fail(traceback.format_exc())
             except BaseException:  # noqa: B036 - any failure must reach the master
                 self._fail(traceback.format_exc())

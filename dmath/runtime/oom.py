@@ -24,7 +24,6 @@ The usual case is the safe one: workers allocate alike, so the master's own
 share is refused too, at the same point, before any collective.
 """
 import time
-import traceback
 
 from ..comm.control import gather_objects, gather_within, pending_failure, report_failure
 from ..errors import OutOfMemoryError, RuntimeStateError, WorkerError
@@ -124,10 +123,3 @@ def _take_report(rt, r):
             return
         time.sleep(0.001)
 
-
-def master_refused(rt, exc):
-    """Master: its own share of the last command was refused an allocation; decide as `verdict`."""
-    if rt.last_command is None:
-        return False
-    verdict(rt, 0, "".join(traceback.format_exception(exc)), reported=set())
-    return True
