@@ -66,6 +66,8 @@ def main():
     ap.add_argument("--port", type=int, default=29534)
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--eager-only", action="store_true",
+                    help="time the eager chain only (with DMATH_CPROFILE: profiles of its steady state)")
     args = ap.parse_args()
     dmath.init(device=args.device)
     P, n, groups = dmath.num_workers(), args.n, args.groups
@@ -85,6 +87,7 @@ def main():
         for _ in range(2):
             fn()
         dmath.synchronize()
+        dmath.reset_stats()     # (and DMATH_CPROFILE's profiles: the steady state only)
         t0 = time.perf_counter()
         for _ in range(args.reps):
             fn()
@@ -94,6 +97,9 @@ def main():
         return issued / (args.reps * ops), done / (args.reps * ops)
 
     eager_issue, eager_s = timed(chain)
+    if args.eager_only:
+        print(f"eager_master_us_per_op: {eager_issue * 1e6:.2f}\neager_us_per_op: {eager_s * 1e6:.2f}")
+        return
     with dmath.record() as plan:
         y.assign(chain())
     expect = y.to_numpy()

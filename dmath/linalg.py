@@ -5,6 +5,7 @@ the workers already hold (the replica cache, identical on every worker),
 asks the cost model (`planning/gemm.py`) for the cheapest strategy and
 sends one command. `explain_gemm` prints the same decision without running it.
 """
+import functools
 import numbers
 
 import numpy as np
@@ -60,34 +61,51 @@ def _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout):
         raise DMathError(f"gemm: C must be a dmath.Matrix or None, got {type(C).__name__}")
     trans_a, trans_b = _flag(trans_a, "trans_a"), _flag(trans_b, "trans_b")
     alpha, beta = _scalar(alpha, "alpha"), _scalar(beta, "beta")
-    m, k = A.shape[::-1] if trans_a else A.shape
-    k2, n = B.shape[::-1] if trans_b else B.shape
-    if k != k2:
-        raise ShapeError(f"gemm: op(A) is {m} x {k} but op(B) is {k2} x {n}; the inner sizes must agree")
-    if C is not None and C.shape != (m, n):
-        raise ShapeError(f"gemm: C is {C.shape[0]} x {C.shape[1]}, the product is {m} x {n}")
     if C is None and beta != 0.0:
         raise DMathError("gemm: beta is only meaningful with C (C=None means beta must be 0)")
     if layout is not None and not isinstance(layout, Layout):
         raise LayoutError(f"gemm: layout must be a dmath layout or None, got {layout!r}")
     rt = runtime()
     P = rt.nworkers
-    if C is not None:
-        if layout is not None and layout.resolved(P) != C.layout:
-            raise LayoutError(f"gemm: layout={layout!r} differs from C's layout {C.layout!r}; "
-                              f"the result is written into C")
-        want, dtype = C.layout, C.dtype.name
-    else:
-        dtype = np.result_type(A.dtype, B.dtype).name
-        want = None if layout is None else new_meta(layout, (m, n), dtype).layout
-    a_op = A.layout.transposed(P) if trans_a else A.layout
-    b_op = B.layout.transposed(P) if trans_b else B.layout
-    shapes = ((m, k), (k, n))
+    a_op, b_op, want, shapes, dtype = _operands(A._meta, B._meta, None if C is None else C._meta,
+                                                trans_a, trans_b, layout, P)
     cached = _cached(rt.replicas, A, B, a_op, b_op, want, (trans_a, trans_b), dtype, P, shapes)
     plan = gemm_plan.choose(a_op, b_op, want, shapes, dtype, P, _budgeted(machine(), rt.ledger.limit), cached)
-    static = GEMM.static(strategy=plan.strategy, result=plan.result, trans_a=trans_a, trans_b=trans_b,
-                         has_c=C is not None)
-    return plan, shapes, dtype, static, (alpha, beta)
+    return plan, shapes, dtype, _static(plan, trans_a, trans_b, C is not None), (alpha, beta)
+
+
+@functools.lru_cache(maxsize=1024)
+def _operands(a, b, c, trans_a, trans_b, layout, P):
+    """(op(A) layout, op(B) layout, wanted result layout or None, ((m, k), (k, n)), result dtype) for
+    operand Metas a, b (and c, or None): a pure function of the metadata, cached (a repeated GEMM
+    costs a dictionary lookup here); raises ShapeError/LayoutError for what does not fit."""
+    m, k = a.shape[::-1] if trans_a else a.shape
+    k2, n = b.shape[::-1] if trans_b else b.shape
+    if k != k2:
+        raise ShapeError(f"gemm: op(A) is {m} x {k} but op(B) is {k2} x {n}; the inner sizes must agree")
+    if c is not None:
+        if c.shape != (m, n):
+            raise ShapeError(f"gemm: C is {c.shape[0]} x {c.shape[1]}, the product is {m} x {n}")
+        if layout is not None and layout.resolved(P) != c.layout:
+            raise LayoutError(f"gemm: layout={layout!r} differs from C's layout {c.layout!r}; "
+                              f"the result is written into C")
+        want, dtype = c.layout, c.dtype
+    else:
+        dtype = np.result_type(a.dtype, b.dtype).name
+        want = None if layout is None else new_meta(layout, (m, n), dtype).layout
+    a_op = a.layout.transposed(P) if trans_a else a.layout
+    b_op = b.layout.transposed(P) if trans_b else b.layout
+    return a_op, b_op, want, ((m, k), (k, n)), dtype
+
+
+@functools.lru_cache(maxsize=1024)
+def _static_args(strategy, result, trans_a, trans_b, has_c):
+    return GEMM.static(strategy=strategy, result=result, trans_a=trans_a, trans_b=trans_b, has_c=has_c)
+
+
+def _static(plan, trans_a, trans_b, has_c):
+    """The command's GemmArgs (checked once per distinct value, then cached)."""
+    return _static_args(plan.strategy, plan.result, trans_a, trans_b, has_c)
 
 
 def _budgeted(m, limit):

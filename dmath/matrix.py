@@ -17,6 +17,16 @@ from .ops import base, elementwise, movement, reductions, storage
 from .ops.base import dispatch, new_meta
 from .runtime import Meta, runtime
 
+class _Dtypes(dict):
+    """dtype name -> numpy dtype, filled on first use (np.dtype() of a name costs a microsecond,
+    and every new Matrix needs one)."""
+    def __missing__(self, name):
+        d = self[name] = np.dtype(name)
+        return d
+
+
+_DTYPE = _Dtypes()
+
 _ewise = elementwise.apply       # the elementwise op unit's master half (operators below)
 
 
@@ -31,7 +41,7 @@ class Matrix:
     def __init__(self, handle, m):
         self._handle = handle
         self._meta = m             # the (layout, shape, dtype) commands carry: made once, not per use
-        self.layout, self.shape, self._dtype = m.layout, m.shape, np.dtype(m.dtype)
+        self.layout, self.shape, self._dtype = m.layout, m.shape, _DTYPE[m.dtype]
         self._memory = None        # the backend's default memory kind
         self._derived = None       # "A.T" or "A[r0:r1, c0:c1]": a copy that in-place writes must not touch
 

@@ -23,6 +23,7 @@ class ControlChannel:
     def __init__(self, world):
         self.world = world
         self._frame = np.zeros(FRAME, dtype=np.uint8)
+        self._out = bytearray(FRAME)     # the master's frame: reused (each broadcast completes before the next)
         self.seq = 0     # messages sent (master) or received (worker): both sides count alike
 
     def send(self, message, total_len):
@@ -32,10 +33,12 @@ class ControlChannel:
         if not self.world.is_mpi:
             return
         MPI = self.world.mpi_module
-        head = np.frombuffer(message[:FRAME].ljust(FRAME, b"\0"), dtype=np.uint8).copy()
+        head = self._out
+        n = min(len(message), FRAME)
+        head[:n] = message[:n]          # the frame's tail is never read: no need to clear it
         wait(self.world.ctl.Ibcast([head, MPI.BYTE], root=0))
         if total_len > FRAME:
-            rest = np.frombuffer(message[FRAME:], dtype=np.uint8).copy()
+            rest = bytearray(message[FRAME:])
             wait(self.world.ctl.Ibcast([rest, MPI.BYTE], root=0))
 
     def recv(self, total_len_of):

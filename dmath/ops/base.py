@@ -43,11 +43,11 @@ def dispatch(op, inputs=(), outputs=(), static=(), scalars=(), payload=None, poo
     """Run `op`; returns (new Matrix objects for the Meta outputs, the master's kernel result).
 
     pooled=False: the new matrices live outside the capped pools (see Runtime.call)."""
-    rt = runtime()
-    handles, result = rt.call(op, [(m._handle, meta(m)) for m in inputs], outputs, static,
-                              [float(s) for s in scalars], payload, pooled)
-    made = [_make_matrix(h, o) for h, o in zip(handles, outputs) if isinstance(o, Meta)]
-    return made, result
+    handles, result = runtime().call(op, [m._handle for m in inputs], tuple([m._meta for m in inputs]),
+                                     tuple(outputs), static, [float(s) for s in scalars] if scalars else (),
+                                     payload, pooled)
+    make = _make_matrix
+    return [make(h, o) for h, o in zip(handles, outputs) if type(o) is Meta], result
 
 
 def as_int(value, what):

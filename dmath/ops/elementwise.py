@@ -130,35 +130,37 @@ EWISE = define("ewise", EwiseArgs)
 
 def apply(fn, *operands, inplace=False):
     """Master half: validate, align and dispatch elementwise function `fn` of matrices and scalars."""
-    first = operands[0] if operands else None
-    if inplace and is_matrix(first):
-        first._check_writable(f"in-place {fn}")
     metas = []
     for x in operands:
-        if is_matrix(x):
-            metas.append(meta(x))
-        elif isinstance(x, np.ndarray):
-            raise DMathError(f"{fn}: numpy arrays must be made Matrices first (dmath.from_numpy)")
-        else:
+        m = getattr(x, "_meta", None)      # a Matrix (one attribute lookup: this runs per operand)
+        if m is None:
+            if isinstance(x, np.ndarray):
+                raise DMathError(f"{fn}: numpy arrays must be made Matrices first (dmath.from_numpy)")
             check_scalar(x, f"{fn}: an operand")
-            metas.append(None)
+        metas.append(m)
+    if inplace and metas and metas[0] is not None:
+        operands[0]._check_writable(f"in-place {fn}")
     # the whole decision is a pure function of the metadata, cached: a repeated
     # operation costs a dictionary lookup before its command is sent
-    aligns, args, out = plan(fn, tuple(metas), inplace, runtime().nworkers)
-    inputs, scalars = [], []
-    for x, (how, target) in zip(operands, aligns):
-        if how == "scalar":
-            scalars.append(float(x))
-            continue
-        if how == "resolve":
-            x = resolve_partial(x)
-        elif how == "remap":
-            x = remap(x, target)      # a Partial operand reduces straight into place
-        inputs.append(x)
+    aligns, args, out, aligned = plan(fn, tuple(metas), inplace, runtime().nworkers)
+    if aligned:       # every operand already where the result needs it (the usual case)
+        inputs = [x for x, m in zip(operands, metas) if m is not None]
+        scalars = [float(x) for x, m in zip(operands, metas) if m is None]
+    else:
+        inputs, scalars = [], []
+        for x, (how, target) in zip(operands, aligns):
+            if how == "scalar":
+                scalars.append(float(x))
+                continue
+            if how == "resolve":
+                x = resolve_partial(x)
+            elif how == "remap":
+                x = remap(x, target)      # a Partial operand reduces straight into place
+            inputs.append(x)
     if inplace:
-        dispatch("ewise", inputs, [0], static=args, scalars=scalars)
-        return first
-    return dispatch("ewise", inputs, [out], static=args, scalars=scalars)[0][0]
+        dispatch("ewise", inputs, (0,), static=args, scalars=scalars)
+        return operands[0]
+    return dispatch("ewise", inputs, (out,), static=args, scalars=scalars)[0][0]
 
 
 def _partial_stays(f, metas, lay, shape):
@@ -174,7 +176,8 @@ def _partial_stays(f, metas, lay, shape):
 
 @functools.lru_cache(maxsize=4096)
 def plan(fn, metas, inplace, nworkers):
-    """(per-operand alignment, EwiseArgs, output Meta) for an elementwise call: a pure function."""
+    """(per-operand alignment, EwiseArgs, output Meta, whether no operand moves) for an elementwise
+    call: a pure function."""
     f = FUNCTIONS.get(fn)
     if f is None:
         raise DMathError(f"unknown elementwise function {fn!r}")
@@ -228,7 +231,7 @@ def plan(fn, metas, inplace, nworkers):
         n_in += 1
     out = None if inplace else Meta(lay.resolved(nworkers), shape, dtype)
     args = EWISE.static(fn=fn, pattern=tuple(pattern), out_index=0 if inplace else None)
-    return tuple(aligns), args, out
+    return tuple(aligns), args, out, all(how in ("as-is", "scalar") for how, _ in aligns)
 
 
 # ---- worker half -------------------------------------------------------------------------------

@@ -95,7 +95,11 @@ def _gemm(call):
     k = call.inputs[0].dist.shape[0 if trans_a else 1]
     a, akey = operand(call, 0, strategy.a, trans_a, dtype)
     b, bkey = operand(call, 1, strategy.b, trans_b, dtype)
-    natural = distribution(strategy.c, (m, n), P)
+    dists = call.entry.cache.get("dists")
+    if dists is None:     # a function of the signature: worked out on its first command only
+        natural, final = distribution(strategy.c, (m, n), P), distribution(result_layout, (m, n), P)
+        dists = call.entry.cache["dists"] = (natural, final, natural.same_placement(final))
+    natural, final, in_place = dists
     if strategy.name == "summa":
         prod = _summa(call, strategy, a, b, akey, bkey, (m, k, n), dtype, alpha, trans_a, trans_b)
     elif strategy.name == "astat":
@@ -109,8 +113,7 @@ def _gemm(call):
         prod = [backend.current().xp.ascontiguousarray(p.T) for p in ct]
     else:
         prod = _local(a, b, natural.shard_shapes(rank), dtype, alpha)
-    final = distribution(result_layout, (m, n), P)
-    if not natural.same_placement(final):
+    if not in_place:
         prod = _remap.run(call.world, call.entry.cache.setdefault("result", {}), prod, natural, final,
                           dtype, dtype)
     if not has_c:

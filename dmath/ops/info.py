@@ -3,6 +3,7 @@ from .. import memory
 from ..comm import counters
 from ..comm.control import gather_objects
 from ..runtime import kernel
+from ..runtime.core import clear_cprofile
 
 
 @kernel("stats")
@@ -17,6 +18,7 @@ def _reset_stats(call):
     memory.reset_local_stats()
     call.rt.commands = 0
     call.rt.profile.clear()
+    clear_cprofile()
     return []
 
 

@@ -137,8 +137,9 @@ def _panels_kept(strategy, operand):
     return pr > 1 and pc > 1        # A- or B-stationary: tiles travel down grid columns
 
 
+@functools.lru_cache(maxsize=1024)
 def kept_copies(strategy, inputs, trans, dtype, P):
-    """[(operand index, form, global bytes)]: the copies a GEMM with `strategy` keeps in the
+    """((operand index, form, global bytes), ...): the copies a GEMM with `strategy` keeps in the
     workers' replica caches, for input Metas `inputs` (A, B) transposed as `trans`; a form is
     (layout, dtype) for an operand remapped into place, ((kind, layout), dtype) for its panels."""
     kept = []
@@ -154,7 +155,7 @@ def kept_copies(strategy, inputs, trans, dtype, P):
         kind = panel_kind(strategy.name, name) if strategy.grid is not None else None
         if kind is not None and _panels_kept(strategy, name):
             kept.append((k, ((kind, raw), dtype), nbytes))
-    return kept
+    return tuple(kept)
 
 
 def _grid_of(layout):

@@ -43,6 +43,9 @@ FAILED_WORKER_GRACE_S = float(os.environ.get("DMATH_FAILED_WORKER_GRACE_S", "120
 #: DMATH_PROFILE=1: every kernel is timed on its worker (the device synchronised before and after,
 #: so kernels run one at a time and CUDA graphs are off); dmath.stats() reports it under 'profile'
 PROFILE = os.environ.get("DMATH_PROFILE", "0") not in ("", "0")
+#: DMATH_CPROFILE=PREFIX: every rank runs Python's profiler from init and writes PREFIX.<rank>.prof
+#: (pstats format) when it ends: where the master's and the workers' dispatch time goes
+CPROFILE = os.environ.get("DMATH_CPROFILE", "")
 
 
 def _timeout_s():
@@ -198,16 +201,21 @@ class Runtime:
         frees, self.pending_frees = self.pending_frees[:protocol.MAX_FREES], self.pending_frees[protocol.MAX_FREES:]
         return frees
 
-    def call(self, op, inputs=(), outputs=(), static=(), scalars=(), payload=None, pooled=True):
+    def call(self, op, in_handles, in_metas, outputs=(), static=(), scalars=(), payload=None, pooled=True):
         """Run operation `op` on every worker.
 
-        inputs: master-side handles (ints) with their Meta, as (handle, Meta) pairs.
-        outputs: a Meta per new matrix, or an int k meaning "overwrite input k in place".
+        in_handles, in_metas: the inputs' master-side handles (ints) and their Metas (a tuple).
+        outputs: a tuple of a Meta per new matrix, or an int k meaning "overwrite input k in place".
         pooled: False when the new matrices live outside the pools the memory
         limit caps (a memory-mapped file): they are not counted against it.
         Returns (output handles, the master's kernel result).
+
+        This runs once per operation: every step is a dictionary lookup or a
+        few arithmetic operations once the signature is known (the eager
+        dispatch cost is its sum).
         """
-        self.check_usable()
+        if self.closed or self.broken is not None or threading.get_ident() != self.owner:
+            self.check_usable()
         self.check_failures(between=True)
         recorder = self.recorder
         if recorder is not None and payload is not None:
@@ -215,38 +223,48 @@ class Runtime:
                             f"numpy array) cannot be recorded: a replay sends no data. Write new values "
                             f"into an existing matrix with Matrix.assign() outside the record block, then "
                             f"replay")
-        in_handles = [h for h, _ in inputs]
         if self.poisoned and not self.poisoned.isdisjoint(in_handles):
             raise OutOfMemoryError(f"{op}: an operand was never computed: the operation that made it ran "
                                    f"out of memory and was undone")
         # an op's typed static arguments (a NamedTuple) stay what they are: kernels read them by name
-        signature = (op, static if isinstance(static, tuple) else tuple(static), tuple(m for _, m in inputs),
-                     tuple(outputs))
-        new_outs = [m for m in outputs if isinstance(m, Meta)]
+        signature = (op, static if isinstance(static, tuple) else tuple(static), in_metas, outputs)
         sig_id = self.sig_ids.get(signature)
-        # past the memory limit this raises OutOfMemoryError here, before anything is sent
-        sizes = self.ledger.admit(op, sig_id, new_outs) if pooled else [(0,) * self.nworkers] * len(new_outs)
-        out_handles_new = self.new_handles(len(new_outs))
-        self.ledger.add(out_handles_new, sizes)
-        it = iter(out_handles_new)
-        out_handles = [next(it) if isinstance(m, Meta) else in_handles[m] for m in outputs]
-        for m in outputs:
-            if not isinstance(m, Meta):
-                self.replicas.written(in_handles[m])    # written in place: its cached copies are stale
-        frees = self._take_frees()
-        kind = protocol.EXEC
+        new_outs = [m for m in outputs if type(m) is Meta]
+        n_new = len(new_outs)
+        if n_new:
+            # past the memory limit this raises OutOfMemoryError here, before anything is sent
+            sizes = self.ledger.admit(op, sig_id, new_outs) if pooled else [(0,) * self.nworkers] * n_new
+            first = self.next_handle
+            self.next_handle = first + n_new
+            out_handles_new = list(range(first, first + n_new))
+            self.ledger.add(out_handles_new, sizes)
+        else:
+            out_handles_new = []
+        if n_new == len(outputs):
+            out_handles = out_handles_new
+        else:
+            it = iter(out_handles_new)
+            out_handles = [next(it) if type(m) is Meta else in_handles[m] for m in outputs]
+            for m in outputs:
+                if type(m) is not Meta:
+                    self.replicas.written(in_handles[m])    # written in place: its cached copies are stale
+        frees = self._take_frees() if self.pending_frees else ()
         if sig_id is None:
             sig_id = self.sig_ids[signature] = len(self.sig_ids) + 1
-            self.entries[sig_id] = Entry(signature, self.nworkers)
-            kind = protocol.REGISTER
-        message, total = protocol.encode(kind, sig_id, in_handles + out_handles, scalars, frees,
-                                         signature if kind == protocol.REGISTER else None)
+            entry = self.entries[sig_id] = Entry(signature, self.nworkers)
+            message, total = protocol.encode(protocol.REGISTER, sig_id, in_handles + out_handles, scalars,
+                                             frees, signature)
+        else:
+            entry = self.entries[sig_id]
+            message, total = protocol.encode(protocol.EXEC, sig_id, in_handles + out_handles, scalars, frees)
         self._send(message, total, op)
-        self.last_command = oom.LastCommand(op, self.ctl.seq, out_handles_new, len(out_handles_new) < len(outputs))
-        self._free(frees)
-        result = self._own_share(self._execute, self.entries[sig_id], in_handles, out_handles, scalars, payload)
+        self.last_command = oom.LastCommand(op, self.ctl.seq, out_handles_new, n_new < len(outputs))
+        if frees:
+            self._free(frees)
+        result = self._own_share(self._execute, entry, in_handles, out_handles, scalars, payload)
         if recorder is not None:
-            recorder.command(sig_id, inputs, out_handles, out_handles_new, scalars, frees, result is not None)
+            recorder.command(sig_id, tuple(zip(in_handles, in_metas)), out_handles, out_handles_new, scalars,
+                             frees, result is not None)
         return out_handles, result
 
     def _send(self, message, total, what):
@@ -328,25 +346,29 @@ class Runtime:
     # ---- both sides --------------------------------------------------------
     def _execute(self, entry, in_handles, out_handles, scalars, payload=None):
         table = self.table
-        call = Call(self, entry, [table[h] for h in in_handles], scalars, payload, in_handles)
-        for s in call.inputs:
+        inputs = [table[h] for h in in_handles]
+        call = Call(self, entry, inputs, scalars, payload, in_handles)
+        homed = False
+        for s in inputs:
             if s.pending is not None:
                 s.settle()              # written by a background all-reduce: wait for it on the device
-        self.commands += 1
-        if PROFILE:
-            shards = self._profiled(entry, call)
-        else:
-            shards = entry.kernel(call)
-        for s in call.inputs:
             if s.home is not None:
-                # held in host memory on a GPU: a write makes its device copy the newer one,
-                # and a 'host' shard gives its device copy up until the next command needs it
-                s.home.after_command(any(o is s for o in shards))
+                homed = True
+        self.commands += 1
+        shards = self._profiled(entry, call) if PROFILE else entry.kernel(call)
+        if homed:
+            for s in inputs:
+                if s.home is not None:
+                    # held in host memory on a GPU: a write makes its device copy the newer one,
+                    # and a 'host' shard gives its device copy up until the next command needs it
+                    s.home.after_command(any(o is s for o in shards))
+        version = self.next_version
         for h, s in zip(out_handles, shards):
             # every write makes a new version: replica-cache keys of the old one go stale
-            s.version = self.next_version
-            self.next_version += 1
+            s.version = version
+            version += 1
             table[h] = s
+        self.next_version = version
         return call.result
 
     def _profiled(self, entry, call):
@@ -444,6 +466,7 @@ class Runtime:
         if responder is not None:
             responder.stop()
         self._release_graphs()
+        _dump_profile(self.world.rank)
         _exit_worker(self.world, 0)
 
     def _status(self):
@@ -477,6 +500,7 @@ class Runtime:
         message, total = protocol.encode(protocol.SHUTDOWN, frees=self.pending_frees[:protocol.MAX_FREES])
         self.ctl.send(message, total)
         self._release_graphs()
+        _dump_profile(0)
         self.world.close()
 
     def _release_graphs(self):
@@ -496,6 +520,29 @@ class Runtime:
         except WorkerError:
             return True
         return False
+
+
+_profiler = None
+
+
+def _start_profile():
+    global _profiler
+    if CPROFILE:
+        import cProfile
+        _profiler = cProfile.Profile()
+        _profiler.enable()
+
+
+def clear_cprofile():
+    """Forget what the Python profiler (DMATH_CPROFILE) has seen so far (dmath.reset_stats)."""
+    if _profiler is not None:
+        _profiler.clear()
+
+
+def _dump_profile(rank):
+    if _profiler is not None:
+        _profiler.disable()
+        _profiler.dump_stats(f"{CPROFILE}.{rank}.prof")
 
 
 def _heartbeat(world):
@@ -555,6 +602,7 @@ def init(device=None):
     be = backend.select(device, world.local_rank)
     memory.install()       # the pool (on a GPU: CuPy's allocators) serves every allocation from here on
     rt = _runtime = Runtime(world, be)
+    _start_profile()
     # every worker's memory, so that the master refuses what cannot fit before sending it
     capacities = gather_objects(world, memory.capacity(world.local_size))
     if world.rank != 0:
