@@ -7,13 +7,14 @@ sends one command. `explain_gemm` prints the same decision without running it.
 """
 import functools
 import numbers
+from typing import NamedTuple, Optional
 
 import numpy as np
 
 from . import backend
 from .errors import DMathError, LayoutError, ShapeError
 from .layout import Layout, Replicated
-from .ops.gemm import GEMM
+from .ops.gemm import GEMM, GemmArgs
 from .planning import gemm as gemm_plan
 from .ops.base import dispatch, new_meta
 from .runtime import Meta, runtime
@@ -41,23 +42,37 @@ def _is_matrix(x):
 
 
 def _scalar(v, what):
+    if type(v) is float:          # the usual case, without the ABC check below (dispatch cost)
+        return v
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
         raise DMathError(f"{what} must be a real number, got {v!r}")
     return float(v)
 
 
 def _flag(v, what):
-    if not isinstance(v, (bool, np.bool_)):
+    if v is True or v is False:
+        return v
+    if not isinstance(v, np.bool_):
         raise DMathError(f"{what} must be True or False, got {v!r}")
     return bool(v)
 
 
+class _Decision(NamedTuple):
+    """Everything a GEMM call decides from its operands' metadata (cached per distinct call)."""
+    plan: object          # the GemmPlan
+    shapes: tuple         # ((m, k), (k, n))
+    dtype: str            # the result's
+    static: GemmArgs
+    out: Optional[Meta]   # the new result's Meta, or None when it is written into C
+    kept: tuple           # planning/gemm.kept_copies: what the command leaves in the replica caches
+
+
 def _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout):
-    """Validate a GEMM call; returns (plan, shapes, dtype, static, scalars)."""
-    for x, name in ((A, "A"), (B, "B")):
-        if not _is_matrix(x):
-            raise DMathError(f"gemm: {name} must be a dmath.Matrix, got {type(x).__name__}")
-    if C is not None and not _is_matrix(C):
+    """Validate a GEMM call; returns (its _Decision, (alpha, beta))."""
+    if getattr(A, "_meta", None) is None or getattr(B, "_meta", None) is None:
+        name, x = ("A", A) if getattr(A, "_meta", None) is None else ("B", B)
+        raise DMathError(f"gemm: {name} must be a dmath.Matrix, got {type(x).__name__}")
+    if C is not None and getattr(C, "_meta", None) is None:
         raise DMathError(f"gemm: C must be a dmath.Matrix or None, got {type(C).__name__}")
     trans_a, trans_b = _flag(trans_a, "trans_a"), _flag(trans_b, "trans_b")
     alpha, beta = _scalar(alpha, "alpha"), _scalar(beta, "beta")
@@ -67,18 +82,36 @@ def _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout):
         raise LayoutError(f"gemm: layout must be a dmath layout or None, got {layout!r}")
     rt = runtime()
     P = rt.nworkers
-    a_op, b_op, want, shapes, dtype = _operands(A._meta, B._meta, None if C is None else C._meta,
-                                                trans_a, trans_b, layout, P)
-    cached = _cached(rt.replicas, A, B, a_op, b_op, want, (trans_a, trans_b), dtype, P, shapes)
-    plan = gemm_plan.choose(a_op, b_op, want, shapes, dtype, P, _budgeted(machine(), rt.ledger.limit), cached)
-    return plan, shapes, dtype, _static(plan, trans_a, trans_b, C is not None), (alpha, beta)
+    c_meta = None if C is None else C._meta
+    replicas = rt.replicas
+    if replicas.holds_any(A._handle) or replicas.holds_any(B._handle):
+        a_op, b_op, want, shapes, dtype = _operands(A._meta, B._meta, c_meta, trans_a, trans_b, layout, P)
+        cached = _cached(replicas, A, B, a_op, b_op, want, (trans_a, trans_b), dtype, P, shapes)
+    else:
+        cached = _NONE_CACHED
+    decision = _decide(A._meta, B._meta, c_meta, trans_a, trans_b, layout, P, machine(), rt.ledger.limit, cached)
+    return decision, (alpha, beta)
+
+
+_NONE_CACHED = frozenset()
+
+
+@functools.lru_cache(maxsize=1024)
+def _decide(a, b, c, trans_a, trans_b, layout, P, mach, limit, cached):
+    """The _Decision of a GEMM of operand Metas a, b (c: C's, or None): a pure function, cached."""
+    a_op, b_op, want, shapes, dtype = _operands(a, b, c, trans_a, trans_b, layout, P)
+    plan = gemm_plan.choose(a_op, b_op, want, shapes, dtype, P, _budgeted(mach, limit), cached)
+    static = GEMM.static(strategy=plan.strategy, result=plan.result, trans_a=trans_a, trans_b=trans_b,
+                         has_c=c is not None)
+    out = None if c is not None else Meta(plan.result, (shapes[0][0], shapes[1][1]), dtype)
+    kept = gemm_plan.kept_copies(plan.strategy, (a, b), (trans_a, trans_b), dtype, P)
+    return _Decision(plan, shapes, dtype, static, out, kept)
 
 
 @functools.lru_cache(maxsize=1024)
 def _operands(a, b, c, trans_a, trans_b, layout, P):
     """(op(A) layout, op(B) layout, wanted result layout or None, ((m, k), (k, n)), result dtype) for
-    operand Metas a, b (and c, or None): a pure function of the metadata, cached (a repeated GEMM
-    costs a dictionary lookup here); raises ShapeError/LayoutError for what does not fit."""
+    operand Metas a, b (and c, or None); raises ShapeError/LayoutError for what does not fit."""
     m, k = a.shape[::-1] if trans_a else a.shape
     k2, n = b.shape[::-1] if trans_b else b.shape
     if k != k2:
@@ -98,16 +131,6 @@ def _operands(a, b, c, trans_a, trans_b, layout, P):
     return a_op, b_op, want, ((m, k), (k, n)), dtype
 
 
-@functools.lru_cache(maxsize=1024)
-def _static_args(strategy, result, trans_a, trans_b, has_c):
-    return GEMM.static(strategy=strategy, result=result, trans_a=trans_a, trans_b=trans_b, has_c=has_c)
-
-
-def _static(plan, trans_a, trans_b, has_c):
-    """The command's GemmArgs (checked once per distinct value, then cached)."""
-    return _static_args(plan.strategy, plan.result, trans_a, trans_b, has_c)
-
-
 def _budgeted(m, limit):
     """The machine with its memory budget capped by the memory limit (the master's ledger), if set."""
     if limit is not None and limit < m.budget:
@@ -118,8 +141,6 @@ def _budgeted(m, limit):
 def _cached(ledger, A, B, a_op, b_op, want, trans, dtype, P, shapes):
     """The operand copies and panels the workers hold for the candidate strategies, from the
     master's replica ledger (`runtime/replica_ledger.py`), as (operand or panel tag, layout) pairs."""
-    if not (ledger.holds_any(A._handle) or ledger.holds_any(B._handle)):
-        return frozenset()
     found = set()
     inputs = (A._meta, B._meta)
     for s in gemm_plan.candidates(a_op, b_op, want, P, shapes):
@@ -132,9 +153,9 @@ def _cached(ledger, A, B, a_op, b_op, want, trans, dtype, P, shapes):
     return frozenset(found)
 
 
-def _record_copies(rt, plan, inputs, handles, trans, dtype, written=None):
+def _record_copies(rt, kept, handles, written=None):
     """Note in the master's replica ledger the copies the GEMM just sent keeps on the workers."""
-    for k, form, nbytes in gemm_plan.kept_copies(plan.strategy, inputs, trans, dtype, rt.nworkers):
+    for k, form, nbytes in kept:
         if handles[k] != written:          # an operand that is also C was written: its copies are stale
             rt.replicas.store(handles[k], form, nbytes)
 
@@ -150,23 +171,22 @@ def gemm(A, B, C=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, layout
     The strategy comes from a cost model and is cached per signature; see
     `explain_gemm`.
     """
-    plan, shapes, dtype, static, scalars = _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout)
-    rt = runtime()
-    inputs, handles, trans = (A._meta, B._meta), (A._handle, B._handle), (static.trans_a, static.trans_b)
+    d, scalars = _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout)
     if C is not None:
-        dispatch("gemm", [A, B, C], [2], static=static, scalars=scalars)
-        _record_copies(rt, plan, inputs, handles, trans, dtype, written=C._handle)
+        dispatch("gemm", [A, B, C], (2,), static=d.static, scalars=scalars)
+        if d.kept:
+            _record_copies(runtime(), d.kept, (A._handle, B._handle), written=C._handle)
         return C
-    out = Meta(plan.result, (shapes[0][0], shapes[1][1]), dtype)
-    result = dispatch("gemm", [A, B], [out], static=static, scalars=scalars)[0][0]
-    _record_copies(rt, plan, inputs, handles, trans, dtype)
+    result = dispatch("gemm", [A, B], (d.out,), static=d.static, scalars=scalars)[0][0]
+    if d.kept:
+        _record_copies(runtime(), d.kept, (A._handle, B._handle))
     return result
 
 
 def explain_gemm(A, B, C=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, layout=None, file=None):
     """Print (and return) the plan `gemm` would run: strategy, operand remaps, bytes, expected time."""
-    plan, shapes, dtype, _, _ = _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout)
-    text = gemm_plan.describe(plan, shapes, dtype)
+    d, _ = _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout)
+    text = gemm_plan.describe(d.plan, d.shapes, d.dtype)
     print(text, file=file)
     return text
 

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import LayoutError
+from ..frozen import frozen
 from . import indexset as ix
 from .scope import default_group
 
@@ -112,14 +113,14 @@ class _WholeOnEachMember(Layout):
         return self
 
 
-@dataclass(frozen=True)
+@frozen
 class Replicated(_WholeOnEachMember):
     """Every member holds the whole matrix."""
     group: tuple = None
     replicated = True
 
 
-@dataclass(frozen=True)
+@frozen
 class Partial(_WholeOnEachMember):
     """The value is the sum of every member's full-size addend."""
     group: tuple = None
@@ -148,7 +149,7 @@ def _norm_sizes(sizes):
     return s
 
 
-@dataclass(frozen=True)
+@frozen
 class RowBlock(Layout):
     """Contiguous blocks of rows, one per member in group order (uneven with sizes=)."""
     group: tuple = None
@@ -177,7 +178,7 @@ class RowBlock(Layout):
         return ColBlock(self.group, self.sizes)
 
 
-@dataclass(frozen=True)
+@frozen
 class ColBlock(RowBlock):
     """Contiguous blocks of columns, one per member in group order."""
     group: tuple = None
@@ -207,7 +208,7 @@ def _transposed_group(grid, g):
     return tuple(g[i * pc + j] for j in range(pc) for i in range(pr))
 
 
-@dataclass(frozen=True)
+@frozen
 class Block2D(Layout):
     """A pr x pc grid of contiguous blocks; member k sits at (k // pc, k % pc)."""
     grid: tuple = None
@@ -234,7 +235,7 @@ class Block2D(Layout):
         return Block2D((grid[1], grid[0]), _transposed_group(grid, g))
 
 
-@dataclass(frozen=True)
+@frozen
 class BlockCyclic(Layout):
     """ScaLAPACK's 2D block-cyclic layout: block (mb, nb) at grid position (bi % pr, bj % pc).
 
@@ -278,7 +279,7 @@ def _norm_splits(splits, what):
     return s
 
 
-@dataclass(frozen=True)
+@frozen
 class Tiles(Layout):
     """Any grid of tiles: rows split at row_splits, columns at col_splits, tile (i, j) on owners[i][j].
 

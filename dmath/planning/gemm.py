@@ -29,12 +29,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..frozen import frozen
 from ..layout import (Block2D, BlockCyclic, ColBlock, Partial, Replicated, RowBlock, Tiles, distribution,
                       indexset as ix, near_square_grid)
 from ..remap.plan import AllReduce, moved_elements, plan as remap_plan
 
 
-@dataclass(frozen=True)
+@frozen
 class Machine:
     """Figures of one worker the cost model uses (measured by `dmath.calibrate`)."""
     bandwidth: float = 5e9          # bytes/s a worker receives from its peers
@@ -53,7 +54,7 @@ GPU_MACHINE = Machine(bandwidth=150e9, latency=30e-6,
 CPU_MACHINE = Machine()
 
 
-@dataclass(frozen=True)
+@frozen
 class Strategy:
     """A way to compute C = op(A) op(B): operand layouts it needs, the layout C comes out in."""
     name: str               # 'local', 'inner' or 'summa'
@@ -72,7 +73,7 @@ class Cost:
     feasible: bool = True
 
 
-@dataclass(frozen=True)
+@frozen
 class GemmPlan:
     strategy: Strategy
     result: object          # the layout the caller gets
