@@ -38,7 +38,8 @@ from .matrix import Matrix
 from .ops.base import dispatch, dist_of, new_meta
 from .ops.nn_rows import compute_dtype
 from .ops.nn_batch import ImageTransform as TransformSpec
-from .ops.nn_windows import geometry
+from .planning import conv as window
+from .planning.conv import image as _image, integer as _int
 from .runtime import runtime
 
 #: float16 represents every integer up to 2**11 exactly (max-pool window positions)
@@ -64,38 +65,6 @@ def _require(m, what):
     if not isinstance(m, Matrix):
         raise DMathError(f"{what} must be a dmath.Matrix, got {type(m).__name__}")
     return m
-
-
-def _int(value, what, low):
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
-        raise ShapeError(f"{what} must be an integer, got {value!r}")
-    if value < low:
-        raise ShapeError(f"{what} must be at least {low}, got {value}")
-    return int(value)
-
-
-def _pair(value, what, low):
-    """An int or a pair of ints, each >= low, as a pair."""
-    if isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, (bool, np.bool_)):
-        value = (value, value)
-    try:
-        a, b = value
-    except (TypeError, ValueError) as exc:
-        raise ShapeError(f"{what} must be an integer or a pair of integers, got {value!r}") from exc
-    return (_int(a, what, low), _int(b, what, low))
-
-
-def _image(image_shape, features, what):
-    """A validated (C, H, W) whose product is the batch's number of columns (unless features is None)."""
-    try:
-        c, h, w = image_shape
-    except (TypeError, ValueError) as exc:
-        raise ShapeError(f"{what}: image_shape must be (C, H, W), got {image_shape!r}") from exc
-    shape = tuple(_int(v, f"{what}: image_shape entry", 1) for v in (c, h, w))
-    if features is not None and shape[0] * shape[1] * shape[2] != features:
-        raise ShapeError(f"{what}: image_shape {shape} has {shape[0] * shape[1] * shape[2]} values per "
-                         f"sample, the batch has {features} columns")
-    return shape
 
 
 def _real(value, what):
@@ -217,42 +186,8 @@ def conv2d_output_shape(image_shape, kernel_hw, K, stride=(1, 1), padding=(0, 0)
     Ho = (H + 2 ph - dh (kh - 1) - 1) // sh + 1, and likewise Wo; raises
     ShapeError when the (dilated) kernel does not fit the padded image.
     """
-    g = _geometry(_image(image_shape, None, "conv2d"), kernel_hw, stride, padding, dilation, "conv2d")
+    g = window.geometry(image_shape, kernel_hw, stride, padding, dilation, "conv2d")
     return (_int(K, "conv2d: number of kernels K", 1), g.out_h, g.out_w)
-
-
-def _geometry(image, kernel_hw, stride, padding, dilation, what):
-    g = geometry(image, _pair(kernel_hw, f"{what}: kernel", 1), _pair(stride, f"{what}: stride", 1),
-                 _pair(padding, f"{what}: padding", 0), _pair(dilation, f"{what}: dilation", 1))
-    if g.out_h < 1 or g.out_w < 1:
-        raise ShapeError(f"{what}: a {g.kh}x{g.kw} kernel (dilation {g.dh}x{g.dw}) does not fit a "
-                         f"{g.height}x{g.width} image padded by {g.ph}x{g.pw}")
-    return g
-
-
-def _groups(groups, channels, k, what):
-    groups = _int(groups, f"{what}: groups", 1)
-    if channels % groups or k % groups:
-        raise ShapeError(f"{what}: groups={groups} must divide the input channels ({channels}) and the "
-                         f"kernels ({k})")
-    return groups
-
-
-def _conv_kernel_hw(w_cols, channels, kernel_hw, what):
-    if w_cols % channels:
-        raise ShapeError(f"{what}: W has {w_cols} columns, not a multiple of C/groups={channels} "
-                         f"(W is (K, C/groups*kh*kw))")
-    taps = w_cols // channels
-    if kernel_hw is None:
-        side = math.isqrt(taps)
-        if side * side != taps:
-            raise ShapeError(f"{what}: W holds {taps} taps per channel, not a square kernel; "
-                             f"pass kernel_hw=(kh, kw)")
-        return (side, side)
-    kh, kw = _pair(kernel_hw, f"{what}: kernel_hw", 1)
-    if kh * kw != taps:
-        raise ShapeError(f"{what}: kernel_hw {(kh, kw)} has {kh * kw} taps, W holds {taps} per channel")
-    return (kh, kw)
 
 
 def conv2d(x, w, b, image_shape, stride=(1, 1), padding=(0, 0), dilation=(1, 1), kernel_hw=None, groups=1,
@@ -275,9 +210,9 @@ def conv2d(x, w, b, image_shape, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
     _require(w, "conv2d: w")
     image = _image(image_shape, x.shape[1], "conv2d")
     k = w.shape[0]
-    groups = _groups(groups, image[0], k, "conv2d")
-    g = _geometry(image, _conv_kernel_hw(w.shape[1], image[0] // groups, kernel_hw, "conv2d"),
-                  stride, padding, dilation, "conv2d")
+    groups = window.groups(groups, image[0], k, "conv2d")
+    g = window.geometry(image, window.kernel_from_weights(w.shape[1], image[0] // groups, kernel_hw, "conv2d"),
+                        stride, padding, dilation, "conv2d")
     group = _group(x)
     inputs = [x, _replicated(w, group, "conv2d: w")]
     if b is not None:
@@ -304,9 +239,9 @@ def conv2d_backward(dy, x, w, image_shape, kernel_hw, stride=(1, 1), padding=(0,
     _require(dy, "conv2d_backward: dy")
     image = _image(image_shape, x.shape[1], "conv2d_backward")
     k = w.shape[0]
-    groups = _groups(groups, image[0], k, "conv2d_backward")
-    g = _geometry(image, _conv_kernel_hw(w.shape[1], image[0] // groups, kernel_hw, "conv2d_backward"),
-                  stride, padding, dilation, "conv2d_backward")
+    groups = window.groups(groups, image[0], k, "conv2d_backward")
+    kernel_hw = window.kernel_from_weights(w.shape[1], image[0] // groups, kernel_hw, "conv2d_backward")
+    g = window.geometry(image, kernel_hw, stride, padding, dilation, "conv2d_backward")
     _shape(dy, (x.shape[0], k * g.out_h * g.out_w), "conv2d_backward: dy")
     dy = _like(dy, x, "conv2d_backward: dy")
     inputs = [dy, x, _replicated(w, _group(x), "conv2d_backward: w")]
@@ -341,13 +276,7 @@ _POOL_MODES = ("max", "average")
 def _pool_geometry(image, kernel, stride, padding, mode, what):
     if mode not in _POOL_MODES:
         raise DMathError(f"{what}: mode must be 'max' or 'average', got {mode!r}")
-    kernel = _pair(kernel, f"{what}: kernel", 1)
-    stride = kernel if stride is None else stride
-    g = _geometry(image, kernel, stride, padding, (1, 1), what)
-    if 2 * g.ph > g.kh or 2 * g.pw > g.kw:
-        # as PyTorch: a window that reads only padding has no value to pool
-        raise ShapeError(f"{what}: padding {(g.ph, g.pw)} must be at most half the kernel {(g.kh, g.kw)}")
-    return g
+    return window.pool_geometry(image, kernel, stride, padding, what)
 
 
 def _argmax_dtype(dtype, taps):
