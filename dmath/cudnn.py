@@ -29,6 +29,7 @@ from typing import NamedTuple
 import numpy as np
 
 from . import backend, memory
+from .planning.conv import output_length
 
 ENABLED = os.environ.get("DMATH_CUDNN", "1") != "0"
 #: timed runs per candidate plan (after one warm-up run); the median decides
@@ -61,9 +62,8 @@ class ConvKey(NamedTuple):
 
     @property
     def out_hw(self):
-        ho = (self.h + 2 * self.ph - self.dh * (self.kh - 1) - 1) // self.sh + 1
-        wo = (self.w + 2 * self.pw - self.dw * (self.kw - 1) - 1) // self.sw + 1
-        return ho, wo
+        return (output_length(self.h, self.kh, self.sh, self.ph, self.dh),
+                output_length(self.w, self.kw, self.sw, self.pw, self.dw))
 
     @property
     def flops(self):

@@ -18,16 +18,21 @@ without communication. A training step then needs no bytes from the master:
   position in the stream of samples drawn so far, lane): independent of
   how the batch is split over workers.
 """
+import numbers
 import threading
 from typing import NamedTuple
 
 import numpy as np
 
 from .. import backend, memory
+from ..errors import DMathError, DTypeError, LayoutError, ShapeError
+from ..layout import RowBlock
 from ..layout import indexset as ix
 from ..memory import kinds
-from ..runtime import kernel
-from . import cuda, nn_rows as rows
+from ..planning.conv import image, integer
+from ..runtime import define, runtime
+from . import cuda, nn_args as args, nn_rows as rows
+from .base import dispatch, new_meta
 from .creation import _U, _uniform, stream_key
 
 #: generator lanes of the transform draws (dmath.random uses 0 and 1, dropout 2)
@@ -35,6 +40,10 @@ SHIFT_Y_LANE, SHIFT_X_LANE, FLIP_LANE = 3, 4, 5
 
 
 # ---- permutations -----------------------------------------------------------------
+# the key travels as scalars (dmath.random.permutation is the master half): no static arguments
+PERMUTATION = define("nn_permutation")
+
+
 def permutation_values(n, key):
     """The permutation of range(n) that `key` (a tuple of non-negative ints; () = identity) decides."""
     if not key:
@@ -43,7 +52,7 @@ def permutation_values(n, key):
     return gen.permutation(n).astype(np.float64)
 
 
-@kernel("nn_permutation")
+@PERMUTATION.kernel()
 def _permutation(call):
     """Input 0 (1, n) float64, overwritten in place; scalars = the key (empty: the identity)."""
     target = call.inputs[0]
@@ -64,6 +73,62 @@ def _permutation(call):
 
 
 # ---- gathering a batch ----------------------------------------------------------------
+class TakeRowsArgs(NamedTuple):
+    """Static arguments of `nn_take_rows`."""
+    one_hot: bool    # the source holds (N, 1) class labels; the batch gets their one-hot rows
+
+
+TAKE_ROWS = define("nn_take_rows", TakeRowsArgs)
+
+
+def _resident(m, group, what):
+    """`m` as it is, when it is Replicated on every worker of `group` (a dataset is never copied here)."""
+    args.require(m, what)
+    lay = m.layout
+    if not lay.replicated or not set(group) <= set(lay.members(runtime().nworkers)):
+        raise LayoutError(f"{what} must be Replicated on every worker of the batch {tuple(group)} (each takes "
+                          f"any sample without communication); it is {lay}")
+    return m
+
+
+def take_rows(source, order, position, out, one_hot=False):
+    """Overwrite the batch `out` in place with the samples `source[order[position + i]]`; returns `out`.
+
+    source (N, F): the samples, Replicated on the batch's workers (device
+    memory: pure device work; host memory or a mapped file: gathered on
+    the host, the next batch read ahead). order (1, M) float64: row
+    numbers of `source` (a permutation of range(N) from
+    dmath.random.permutation, or of a part of the rows), Replicated there
+    too. position: a (1, 1) float32/float64 counter holding the first
+    position in `order`; it is read on the device, so a recorded step that
+    advances it in place (`position += batch`) takes the next batch at
+    every replay. Keep position + batch <= M and the row numbers below N:
+    they are not checked on the device. out (B, F) in a row layout
+    (RowBlock or Replicated); each worker writes its own rows. one_hot:
+    source is (N, 1) class labels and out (B, K) gets their one-hot rows.
+    """
+    args.require(out, "take_rows: out")
+    if not (type(out.layout) is RowBlock or out.layout.replicated):
+        raise LayoutError(f"take_rows: out must be in a row layout (RowBlock or Replicated), got {out.layout}")
+    group = args.group_of(out)
+    source = _resident(source, group, "take_rows: source")
+    order = _resident(order, group, "take_rows: order")
+    if order.shape[0] != 1:
+        raise ShapeError(f"take_rows: order must be one row (1, M) of sample indices, got shape {order.shape}")
+    if order.dtype != "float64":
+        raise DTypeError(f"take_rows: order must be float64 (exact sample indices), got {order.dtype}")
+    if out.shape[0] > order.shape[1]:
+        raise ShapeError(f"take_rows: a batch of {out.shape[0]} rows from an order of {order.shape[1]} samples")
+    if one_hot:
+        if source.shape[1] != 1:
+            raise ShapeError(f"take_rows: one_hot needs (N, 1) class labels, got source shape {source.shape}")
+    elif source.shape[1] != out.shape[1]:
+        raise ShapeError(f"take_rows: source rows have {source.shape[1]} values, out rows {out.shape[1]}")
+    position = args.counter_matrix(position, group, "take_rows: position")
+    dispatch("nn_take_rows", [out, source, order, position], [0], static=TAKE_ROWS.static(one_hot=bool(one_hot)))
+    return out
+
+
 def held_on_host(shard):
     """True when the shard's values live in host memory that kernels must not pull whole to the
     device: a GPU's 'host' or 'managed' kind, or a memory-mapped file."""
@@ -145,16 +210,16 @@ def _gather_host(source, idx, dtype):
     return buf
 
 
-@kernel("nn_take_rows", capturable=lambda entry: entry.cache.get("device_source", True))
+@TAKE_ROWS.kernel(capturable=lambda entry: entry.cache.get("device_source", True))
 def _take_rows(call):
-    """inputs: out (batch, written in place), source (N, F), order (1, N) float64, position (1, 1);
-    static = (one_hot,): out[i] = source[order[position + i]] (one-hot of that label when one_hot).
+    """inputs: out (batch, written in place), source (N, F), order (1, N) float64, position (1, 1):
+    out[i] = source[order[position + i]] (one-hot of that label when static.one_hot).
 
     Only the rows of this worker's block of the batch are taken.
     """
     xp = backend.current().xp
     out, source, order, position = call.inputs
-    (one_hot,) = call.entry.static
+    one_hot = call.entry.static.one_hot
     on_host = held_on_host(source)
     # decided from the memory kind, the same on every rank (read by the capture rule)
     call.entry.cache["device_source"] = not on_host
@@ -221,7 +286,7 @@ def draws(xp, seed, counter, first_row, m, shift, flip):
 
 
 class ImageTransform(NamedTuple):
-    """What nn_transform_images does to each (C, H, W) sample row (the static part of its signature)."""
+    """What nn_transform_images does to each (C, H, W) sample row: its static arguments."""
     image: tuple          # (C, H, W)
     shift: int            # largest random shift in pixels each way (0: none)
     flip: bool            # mirror left-right with probability 1/2
@@ -232,6 +297,51 @@ class ImageTransform(NamedTuple):
     @property
     def random(self):
         return bool(self.shift or self.flip)
+
+
+TRANSFORM_IMAGES = define("nn_transform_images", ImageTransform)
+
+
+def _per_channel(value, channels, what, positive=False):
+    vals = (value,) * channels if isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_)) \
+        else tuple(value)
+    if len(vals) != channels:
+        raise ShapeError(f"transform_images: {what} needs one value per channel ({channels}), got {len(vals)}")
+    vals = tuple(args.real(v, f"transform_images: {what}") for v in vals)
+    if positive and min(vals) <= 0:
+        raise DMathError(f"transform_images: {what} must be positive, got {vals}")
+    return vals
+
+
+def transform_images(x, image_shape, shift=0, flip=False, scale=1.0, mean=0.0, std=1.0, counter=None, seed=0):
+    """Per-sample image augmentation and normalisation of a batch x (N, C*H*W): a new matrix.
+
+    Each sample is moved by a random (dy, dx) in [-shift, shift]^2 (pixels
+    moved in are 0: a random crop of the image padded by `shift`),
+    mirrored left-right with probability 1/2 when flip, then scaled and
+    normalised per channel: (scale * v - mean_c) / std_c. The draws of a
+    sample depend on (seed, counter + its row) only: counter is a (1, 1)
+    matrix holding the number of samples drawn before this batch (read on
+    the device, so a recorded step advances it in place), required when
+    shift or flip is on. With neither, it is the affine normalisation only.
+    """
+    x = args.rows(x, "transform_images: x")
+    c, h, w = image(image_shape, x.shape[1], "transform_images")
+    shift = integer(shift, "transform_images: shift", 0)
+    if shift >= min(h, w):
+        raise ShapeError(f"transform_images: shift {shift} must be smaller than the image ({h}x{w})")
+    t = TRANSFORM_IMAGES.static(image=(c, h, w), shift=shift, flip=bool(flip),
+                                scale=args.real(scale, "transform_images: scale"),
+                                mean=_per_channel(mean, c, "mean"), std=_per_channel(std, c, "std", positive=True))
+    inputs = [x]
+    if t.random:
+        if counter is None:
+            raise DMathError("transform_images: random shifts or flips need counter=, a (1, 1) matrix of the "
+                             "samples drawn so far")
+        inputs.append(args.counter_matrix(counter, args.group_of(x), "transform_images: counter"))
+    out = new_meta(x.layout, x.shape, x.dtype)
+    return dispatch("nn_transform_images", inputs, [out], static=t,
+                    scalars=(args.counter(seed, "transform_images: seed"),))[0][0]
 
 
 def _affine(t, cdt):
@@ -249,9 +359,9 @@ def source_pixels(xp, t, dy, dx, fl):
     return ys, xs
 
 
-@kernel("nn_transform_images", capturable=True)
+@TRANSFORM_IMAGES.kernel(capturable=True)
 def _transform_images(call):
-    """inputs X[, counter (1, 1)]; output Y of X's shape and layout; static = (ImageTransform,);
+    """inputs X[, counter (1, 1)]; output Y of X's shape and layout; static: the ImageTransform;
     scalars = (seed,).
 
     Y(h, w) = (s X(h - dy, w' - dx) - mean_c) / std_c, with w' = W - 1 - w
@@ -263,7 +373,7 @@ def _transform_images(call):
     x = rows.local(src)
     if x is None:
         return rows.nothing_here(call)
-    (t,) = call.entry.static
+    t = call.entry.static
     c, h, w = t.image
     m = x.shape[0]
     (out,) = rows.new_output(call, 0)
@@ -306,7 +416,7 @@ __global__ void dm_transform(const T* x, T* y, const int* dy, const int* dx, con
 _TRANSFORM_INSTANCES = [f"dm_transform<{t}>" for t in cuda.C_TYPES.values()]
 
 
-@kernel("nn_transform_images", backend="gpu", capturable=True)
+@TRANSFORM_IMAGES.kernel(backend="gpu", capturable=True)
 def _transform_images_cuda(call):
     """nn_transform_images as one CUDA kernel: each output pixel reads its one source pixel."""
     import cupy
@@ -314,7 +424,7 @@ def _transform_images_cuda(call):
     x = rows.local(src)
     if x is None:
         return rows.nothing_here(call)
-    (t,) = call.entry.static
+    t = call.entry.static
     c, h, w = t.image
     m = x.shape[0]
     (out,) = rows.new_output(call, 0)

@@ -11,12 +11,136 @@ Grouped convolution (groups > 1): input channel group q meets only the
 kernels of output group q; im2col's rows are channel-major, so group q is
 one contiguous band of them and each group is one GEMM. float16 data
 computes in float32.
+
+The master halves (`conv2d`, `conv2d_backward`, `explain_conv2d`) check the
+window with dmath/planning/conv.py, the geometry every caller shares.
 """
+from typing import NamedTuple
+
 from .. import backend, cudnn, memory
 from ..comm.control import gather_objects
-from ..runtime import generic, kernel
-from . import nn_rows as rows
+from ..errors import DMathError
+from ..planning import conv as window
+from ..planning.conv import Geometry
+from ..runtime import define, generic
+from . import nn_args as args, nn_rows as rows
+from .base import dispatch, new_meta
 from .nn_windows import col2im, im2col
+
+
+class Conv2dArgs(NamedTuple):
+    """Static arguments of `nn_conv2d`."""
+    geometry: Geometry
+    has_bias: bool       # a (1, K) bias is the third input
+    groups: int          # channel groups, each convolved on its own
+    activation: str      # '' or 'relu', applied in the same kernel
+
+
+class Conv2dBackwardArgs(NamedTuple):
+    """Static arguments of `nn_conv2d_backward`."""
+    geometry: Geometry
+    need_dx: bool        # the data gradient is wanted (not for a first layer)
+    groups: int
+
+
+CONV2D = define("nn_conv2d", Conv2dArgs)
+CONV2D_BACKWARD = define("nn_conv2d_backward", Conv2dBackwardArgs)
+EXPLAIN_CONV = define("nn_explain_conv")
+
+
+# ---- master halves ----------------------------------------------------------------------
+def conv2d_output_shape(image_shape, kernel_hw, K, stride=(1, 1), padding=(0, 0), dilation=(1, 1)):
+    """(K, Ho, Wo) of a convolution of (C, H, W) images with K kernels of kernel_hw (pure).
+
+    Ho = (H + 2 ph - dh (kh - 1) - 1) // sh + 1, and likewise Wo; raises
+    ShapeError when the (dilated) kernel does not fit the padded image.
+    """
+    g = window.geometry(image_shape, kernel_hw, stride, padding, dilation, "conv2d")
+    return (window.integer(K, "conv2d: number of kernels K", 1), g.out_h, g.out_w)
+
+
+def _checked(x, w, image_shape, kernel_hw, stride, padding, dilation, groups, what):
+    """(Geometry, groups) of a convolution of the row batch `x` with the kernel matrix `w`."""
+    args.require(w, f"{what}: w")
+    image = window.image(image_shape, x.shape[1], what)
+    groups = window.groups(groups, image[0], w.shape[0], what)
+    kernel_hw = window.kernel_from_weights(w.shape[1], image[0] // groups, kernel_hw, what)
+    return window.geometry(image, kernel_hw, stride, padding, dilation, what), groups
+
+
+def conv2d(x, w, b, image_shape, stride=(1, 1), padding=(0, 0), dilation=(1, 1), kernel_hw=None, groups=1,
+           activation=None):
+    """2-D convolution (cross-correlation, as PyTorch's conv2d) of an image batch.
+
+    x (N, C*H*W); w (K, C/groups*kh*kw), the (K, C/groups, kh, kw) kernel
+    flattened; b (1, K) or None. stride, padding, dilation: an int or an
+    (h, w) pair. kernel_hw defaults to a square kernel. groups: input and
+    output channels in that many groups, each convolved on its own (PyTorch's
+    groups). activation: None or 'relu', applied in the same kernel where
+    cuDNN fuses it (the values before the activation are never stored; its
+    backward needs only Y: pass where(Y, dY, 0) to conv2d_backward).
+    Returns Y (N, K*Ho*Wo) in x's row layout and dtype. Each worker
+    convolves its own samples: cuDNN on a GPU (the fastest plan timed at the
+    first use of a shape, see dmath.nn.explain_conv2d), im2col and GEMMs
+    otherwise.
+    """
+    x = args.rows(x, "conv2d: x")
+    g, groups = _checked(x, w, image_shape, kernel_hw, stride, padding, dilation, groups, "conv2d")
+    k = w.shape[0]
+    group = args.group_of(x)
+    inputs = [x, args.replicated(w, group, "conv2d: w")]
+    if b is not None:
+        args.require(b, "conv2d: b")
+        args.expect_shape(b, (1, k), "conv2d: b")
+        inputs.append(args.replicated(b, group, "conv2d: b"))
+    if activation not in (None, "relu"):
+        raise DMathError(f"conv2d: activation must be None or 'relu', got {activation!r}")
+    out = new_meta(x.layout, (x.shape[0], k * g.out_h * g.out_w), x.dtype)
+    static = CONV2D.static(geometry=g, has_bias=b is not None, groups=groups, activation=activation or "")
+    return dispatch("nn_conv2d", inputs, [out], static=static)[0][0]
+
+
+def conv2d_backward(dy, x, w, image_shape, kernel_hw, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
+                    need_dx=True, groups=1):
+    """Gradients of conv2d: (dX or None, dW, dB).
+
+    dX (N, C*H*W) in x's row layout (None when need_dx is False, e.g. for the
+    first layer); dW (K, C*kh*kw) and dB (1, K) in w's dtype are sums over
+    the samples: Partial over the batch's workers for a RowBlock batch,
+    Replicated for a Replicated batch (see dmath.nn's docstring).
+    """
+    x = args.rows(x, "conv2d_backward: x")
+    args.require(dy, "conv2d_backward: dy")
+    g, groups = _checked(x, w, image_shape, kernel_hw, stride, padding, dilation, groups, "conv2d_backward")
+    k = w.shape[0]
+    args.expect_shape(dy, (x.shape[0], k * g.out_h * g.out_w), "conv2d_backward: dy")
+    dy = args.like(dy, x, "conv2d_backward: dy")
+    inputs = [dy, x, args.replicated(w, args.group_of(x), "conv2d_backward: w")]
+    sums = args.sum_layout(x)
+    outs = [new_meta(sums, w.shape, w.dtype), new_meta(sums, (1, k), w.dtype)]
+    if need_dx:
+        outs.insert(0, new_meta(x.layout, x.shape, x.dtype))
+    static = CONV2D_BACKWARD.static(geometry=g, need_dx=bool(need_dx), groups=groups)
+    made, _ = dispatch("nn_conv2d_backward", inputs, outs, static=static)
+    return tuple(made) if need_dx else (None,) + tuple(made)
+
+
+def explain_conv2d(print_fn=print):
+    """What each worker's convolutions run on: cuDNN's chosen plan per shape (with its time, its
+    workspace and why it won), or im2col + GEMM (CPU backend, no cuDNN, or a case cuDNN declined).
+
+    Plans are chosen by timing at the first use of a shape, so this lists the
+    shapes run so far. Prints worker 0's report (print_fn=None: silent) and
+    returns every worker's, a list by rank of {'status', 'shapes'}.
+    """
+    reports = dispatch("nn_explain_conv")[1]
+    if print_fn is not None:
+        r = reports[0]
+        print_fn(r["status"] + ("\n" + cudnn.describe(r["shapes"]) if r["shapes"] else "\n(no convolution run yet)"))
+    return reports
+
+
+# ---- kernels -------------------------------------------------------------------------------
 
 
 def _bands(g, groups, k):
@@ -25,14 +149,15 @@ def _bands(g, groups, k):
     return [(slice(q * kg, (q + 1) * kg), slice(q * cg * g.taps, (q + 1) * cg * g.taps)) for q in range(groups)]
 
 
-@kernel("nn_conv2d", capturable=True)
+@CONV2D.kernel(capturable=True)
 def _conv2d(call):
-    """static = (Geometry, has_bias, groups, activation); inputs X, W[, b]; output Y (n, K*Ho*Wo).
+    """Inputs X, W[, b]; output Y (n, K*Ho*Wo).
 
     Y_k (K, n*Ho*Wo) = W @ im2col(X), one GEMM per group, then reordered to NCHW rows (plus the
     bias, then the activation: '' or 'relu').
     """
-    g, has_bias, groups, activation = call.entry.static
+    st = call.entry.static
+    g, has_bias, groups, activation = st.geometry, st.has_bias, st.groups, st.activation
     x = rows.local(call.inputs[0])
     if x is None:
         return rows.nothing_here(call)
@@ -56,16 +181,17 @@ def _conv2d(call):
     return [rows.shard(call, 0, [out])]
 
 
-@kernel("nn_conv2d_backward", capturable=True)
+@CONV2D_BACKWARD.kernel(capturable=True)
 def _conv2d_backward(call):
-    """static = (Geometry, need_dx, groups); inputs dY, X, W; outputs [dX,] dW, db.
+    """Inputs dY, X, W; outputs [dX,] dW, db.
 
     With dY_k (K, n*Ho*Wo) the output gradient in GEMM order, per group:
     dW = dY_k @ im2col(X)^T, db = row sums of dY_k (both over this worker's
     samples only), dX = col2im(W^T @ dY_k).
     """
     xp = backend.current().xp
-    g, need_dx, groups = call.entry.static
+    st = call.entry.static
+    g, need_dx, groups = st.geometry, st.need_dx, st.groups
     dy, x = rows.local(call.inputs[0]), rows.local(call.inputs[1])
     if x is None:
         return rows.nothing_here(call)
@@ -111,12 +237,13 @@ def _dense(a, dtype):
     return backend.current().xp.ascontiguousarray(a, dtype=dtype)
 
 
-@kernel("nn_conv2d", backend="gpu", capturable=True)
+@CONV2D.kernel(backend="gpu", capturable=True)
 def _conv2d_cudnn(call):
     """nn_conv2d through cuDNN's chosen plan (see dmath.cudnn), the bias and the activation fused
     into it (the graph's epilogue) where cuDNN can; im2col where cuDNN declines the convolution."""
     xp = backend.current().xp
-    g, has_bias, groups, activation = call.entry.static
+    st = call.entry.static
+    g, has_bias, groups, activation = st.geometry, st.has_bias, st.groups, st.activation
     x = rows.local(call.inputs[0])
     if x is None or x.shape[0] == 0 or not cudnn.available():
         return generic("nn_conv2d")(call)
@@ -145,10 +272,11 @@ def _conv2d_cudnn(call):
     return [rows.shard(call, 0, [out])]
 
 
-@kernel("nn_conv2d_backward", backend="gpu", capturable=True)
+@CONV2D_BACKWARD.kernel(backend="gpu", capturable=True)
 def _conv2d_backward_cudnn(call):
     """nn_conv2d_backward through cuDNN: the weight gradient (wgrad) and the data gradient (dgrad)."""
-    g, need_dx, groups = call.entry.static
+    st = call.entry.static
+    g, need_dx, groups = st.geometry, st.need_dx, st.groups
     dy, x = rows.local(call.inputs[0]), rows.local(call.inputs[1])
     if x is None or x.shape[0] == 0 or not cudnn.available():
         return generic("nn_conv2d_backward")(call)
@@ -176,7 +304,7 @@ def _conv2d_backward_cudnn(call):
     return shards
 
 
-@kernel("nn_explain_conv")
+@EXPLAIN_CONV.kernel()
 def _explain_conv(call):
     """Every worker's cuDNN status and plan choices, gathered on the master (a list by rank)."""
     call.result = gather_objects(call.world, {"status": cudnn.status(), "shapes": cudnn.explain()})

@@ -16,9 +16,11 @@ counter.
 import numpy as np
 
 from .. import backend
+from ..errors import DMathError
 from ..layout import indexset as ix
-from ..runtime import kernel
-from . import cuda, nn_rows as rows
+from ..runtime import define
+from . import cuda, nn_args as args, nn_rows as rows
+from .base import dispatch, is_matrix, new_meta
 from .creation import _mix, _uniform
 
 #: the generator lane of dropout masks (dmath.random uses lanes 0 and 1 of a stream)
@@ -26,6 +28,37 @@ DROPOUT_LANE = 2
 _MASK64 = (1 << 64) - 1
 # creation.stream_key's multipliers of the seed, the stream (here: the step) and the lane
 _SEED_MUL, _STEP_MUL, _LANE_MUL = 0x9E3779B97F4A7C15, 0xD1B54A32D192ED03, 0x8CB92BA72F3D8DD7
+
+# p, the seed and the step travel as scalars (the signature stays cached): no static arguments
+DROPOUT = define("nn_dropout")
+
+
+def dropout(x, p, seed, step):
+    """Inverted dropout: (Y, mask) with Y = x * mask.
+
+    mask holds 0 (dropped, probability p) or 1 / (1 - p) (kept), so the
+    backward pass is dY * mask. The mask depends only on (seed, step, the
+    element's global index): the same at any worker count and layout. seed
+    is an integer below 2**53. step is either an integer below 2**53 (a
+    dynamic scalar: the signature stays cached) or a (1, 1) float32/float64
+    Matrix holding one: a counter that stays on the workers. A recorded
+    plan replays its scalars unchanged, so a recorded training step passes
+    the counter and advances it in place inside the block (`counter += 1`):
+    each replay then draws a new mask. Both forms give the same mask for the
+    same step.
+    """
+    x = args.rows(x, "dropout: x")
+    p = args.real(p, "dropout: p")
+    if not 0.0 <= p < 1.0:
+        raise DMathError(f"dropout: p must be in [0, 1), got {p}")
+    inputs, scalars = [x], [p, args.counter(seed, "dropout: seed")]
+    if is_matrix(step):
+        inputs.append(args.counter_matrix(step, args.group_of(x), "dropout: step counter"))
+    else:
+        scalars.append(args.counter(step, "dropout: step"))
+    outs = [new_meta(x.layout, x.shape, x.dtype)] * 2
+    made, _ = dispatch("nn_dropout", inputs, outs, scalars=scalars)
+    return made[0], made[1]
 
 
 def _global_index(call, piece, ncols):
@@ -46,7 +79,7 @@ def _key(seed, step):
     return _mix(base + step * np.uint64(_STEP_MUL))
 
 
-@kernel("nn_dropout", capturable=True)
+@DROPOUT.kernel(capturable=True)
 def _dropout(call):
     """inputs X[, counter (1, 1)]; outputs Y, mask; scalars = (p, seed[, step])."""
     xp = backend.current().xp
@@ -94,7 +127,7 @@ __global__ void dm_dropout(const T* x, T* y, T* mask, const double* step, unsign
 _INSTANCES = [f"dm_dropout<{t}>" for t in cuda.C_TYPES.values()]
 
 
-@kernel("nn_dropout", backend="gpu", capturable=True)
+@DROPOUT.kernel(backend="gpu", capturable=True)
 def _dropout_cuda(call):
     """nn_dropout as one CUDA kernel: the hash, the mask and the product in a single pass."""
     import cupy

@@ -7,14 +7,58 @@ instead of N * classes floats).
 import numpy as np
 
 from .. import backend
+from ..backend import canonical_dtype
 from ..comm import collectives
+from ..errors import DMathError, ShapeError
+from ..layout import RowBlock, distribution
 from ..layout import indexset as ix
-from ..runtime import kernel
-from . import nn_rows as rows
+from ..planning.conv import integer
+from ..runtime import define, runtime
+from . import nn_args as args, nn_rows as rows
+from .base import dispatch, new_meta
 from .data import senders
 
+# neither has static arguments: the labels are the payload, the rows' places the signature's
+ONE_HOT = define("nn_one_hot")
+ARGMAX_ROWS = define("nn_argmax_rows")
 
-@kernel("nn_one_hot")
+
+# ---- master halves ----------------------------------------------------------------------
+def argmax_rows(x):
+    """The column index of each row's maximum (the first on ties) as a numpy int64 array (N,),
+    gathered on the master (predicted classes)."""
+    x = args.rows(x, "argmax_rows: x")
+    if x.shape[1] == 0:
+        raise ShapeError(f"argmax_rows needs at least one column, got shape {x.shape}")
+    return dispatch("nn_argmax_rows", [x])[1]
+
+
+def one_hot(labels, classes, dtype="float32", layout=None):
+    """The (N, classes) one-hot Matrix of integer labels (a numpy array or sequence of N ints).
+
+    layout None means RowBlock(). Only the labels travel to the workers,
+    which build their rows themselves.
+    """
+    classes = integer(classes, "one_hot: classes", 1)
+    a = np.asarray(labels)
+    if a.ndim != 1:
+        raise ShapeError(f"one_hot: labels must be 1-D, got shape {a.shape}")
+    if a.size and (a.dtype == np.bool_ or not np.issubdtype(a.dtype, np.integer)):
+        raise DMathError(f"one_hot: labels must be integers, got dtype {a.dtype}")
+    a = np.ascontiguousarray(a, dtype=np.int64)
+    if a.size and (a.min() < 0 or a.max() >= classes):
+        raise DMathError(f"one_hot: labels must be in [0, {classes}), got values from {a.min()} to {a.max()}")
+    canonical_dtype(dtype)
+    target = new_meta(layout, (a.size, classes), dtype)
+    lay = target.layout
+    row_layout = lay if (type(lay) is RowBlock or lay.replicated) \
+        else RowBlock(distribution(lay, target.shape, runtime().nworkers).group)
+    made = dispatch("nn_one_hot", [], [new_meta(row_layout, target.shape, target.dtype)], payload=a)[0][0]
+    return made if row_layout == lay else made.remap(lay)
+
+
+# ---- kernels -------------------------------------------------------------------------------
+@ONE_HOT.kernel()
 def _one_hot(call):
     """Output (N, classes) in a row layout; the master's payload is the int64 labels (N,)."""
     xp = backend.current().xp
@@ -38,7 +82,7 @@ def _one_hot(call):
     return [rows.shard(call, 0, out)]
 
 
-@kernel("nn_argmax_rows")
+@ARGMAX_ROWS.kernel()
 def _argmax_rows(call):
     """Input X in a row layout; the master's result is the int64 column index of each row's maximum."""
     be = backend.current()

@@ -11,10 +11,129 @@ in float32.
 A batch of N samples with C channels of S = H*W pixels (S = 1 for 1d) is
 viewed as (n, C, S); per-channel statistics run over n and S.
 """
+from typing import NamedTuple
+
 from .. import backend
-from ..runtime import kernel
+from ..errors import DMathError, LayoutError, ShapeError
+from ..layout import Replicated
+from ..planning.conv import image
+from ..runtime import define, runtime
 from ..runtime.registry import COLLECTIVES_IN_GRAPHS
-from . import nn_rows as rows
+from . import nn_args as args, nn_rows as rows
+from .base import dispatch, new_meta
+
+
+class BatchNormArgs(NamedTuple):
+    """Static arguments of `nn_batchnorm` and `nn_batchnorm_backward`."""
+    channels: int    # C: features (1d) or image channels (2d)
+    training: bool   # the batch's statistics (True) or the running ones (False)
+
+
+BATCHNORM = define("nn_batchnorm", BatchNormArgs)
+BATCHNORM_BACKWARD = define("nn_batchnorm_backward", BatchNormArgs)
+
+
+# ---- master halves ----------------------------------------------------------------------
+class BatchNormSaved(NamedTuple):
+    """What batchnorm hands to batchnorm_backward.
+
+    stats: (2, C) Matrix replicated over the batch's workers, row 0 the mean
+    and row 1 1/sqrt(var + eps) that normalised the batch (float32 for a
+    float16 batch); training: whether they were the batch's statistics
+    (True) or the running ones (False).
+    """
+    stats: object    # a dmath.Matrix (this layer sits below matrix.py)
+    training: bool
+
+
+def _channels_of(x, image_shape, what):
+    """(C, pixels per channel) of batch `x`: image channels, or its features when image_shape is None."""
+    if image_shape is None:
+        return x.shape[1], 1
+    c, h, w = image(image_shape, x.shape[1], what)
+    return c, h * w
+
+
+def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, training=True,
+              momentum=0.1, eps=1e-5):
+    """Batch normalisation: (Y, saved).
+
+    image_shape (C, H, W): per-channel statistics over N, H and W
+    (BatchNorm2d); None: per-feature statistics over N (BatchNorm1d). gamma,
+    beta, running_mean, running_var are (1, C). Training normalises with the
+    batch's statistics, all-reduced over the batch's workers, and updates
+    running_mean and running_var in place (PyTorch's rule: r = (1 - m) r + m
+    s, with the unbiased variance); they must then be Replicated over exactly
+    the batch's workers. training=False normalises with the running
+    statistics. `saved` (a BatchNormSaved) goes to batchnorm_backward.
+    """
+    x = args.rows(x, "batchnorm: x")
+    channels, pixels = _channels_of(x, image_shape, "batchnorm")
+    training = bool(training)
+    for m, what in ((gamma, "gamma"), (beta, "beta"), (running_mean, "running_mean"),
+                    (running_var, "running_var")):
+        args.require(m, f"batchnorm: {what}")
+        args.expect_shape(m, (1, channels), f"batchnorm: {what}")
+    eps = args.real(eps, "batchnorm: eps")
+    if eps <= 0:
+        raise DMathError(f"batchnorm: eps must be positive, got {eps}")
+    momentum = args.real(momentum, "batchnorm: momentum")
+    if not 0.0 <= momentum <= 1.0:
+        raise DMathError(f"batchnorm: momentum must be in [0, 1], got {momentum}")
+    group = args.group_of(x)
+    count = x.shape[0] * pixels
+    if training:
+        if count < 2:
+            raise ShapeError(f"batchnorm: training needs more than one value per channel, "
+                             f"got {x.shape[0]} samples of {pixels} pixels")
+        p = runtime().nworkers
+        for m, what in ((running_mean, "running_mean"), (running_var, "running_var")):
+            if not m.layout.replicated or set(m.layout.members(p)) != set(group):
+                raise LayoutError(f"batchnorm: {what} is updated in place, so it must be Replicated over "
+                                  f"the batch's workers {group}; it is {m.layout}")
+        running = [running_mean, running_var]
+    else:
+        running = [args.replicated(running_mean, group, "batchnorm: running_mean"),
+                   args.replicated(running_var, group, "batchnorm: running_var")]
+    inputs = [x, args.replicated(gamma, group, "batchnorm: gamma"),
+              args.replicated(beta, group, "batchnorm: beta")] + running
+    outs = [new_meta(x.layout, x.shape, x.dtype),
+            new_meta(Replicated(group), (2, channels), rows.compute_dtype(x.dtype).name)]
+    if training:
+        outs += [3, 4]
+    made, _ = dispatch("nn_batchnorm", inputs, outs, static=BATCHNORM.static(channels=channels, training=training),
+                       scalars=(momentum, eps, count / (count - 1) if count > 1 else 1.0))
+    return made[0], BatchNormSaved(made[1], training)
+
+
+def batchnorm_backward(dy, x, gamma, saved, image_shape=None):
+    """Gradients of batchnorm: (dX, dgamma, dbeta).
+
+    dX in x's row layout; dgamma and dbeta (1, C), in gamma's dtype,
+    Replicated over the batch's workers (already summed over the batch).
+    """
+    x = args.rows(x, "batchnorm_backward: x")
+    channels, _ = _channels_of(x, image_shape, "batchnorm_backward")
+    args.require(dy, "batchnorm_backward: dy")
+    args.expect_shape(dy, x.shape, "batchnorm_backward: dy")
+    args.require(gamma, "batchnorm_backward: gamma")
+    args.expect_shape(gamma, (1, channels), "batchnorm_backward: gamma")
+    if not isinstance(saved, BatchNormSaved):
+        raise DMathError(f"batchnorm_backward: saved must be what batchnorm returned, got {type(saved).__name__}")
+    args.require(saved.stats, "batchnorm_backward: saved.stats")
+    args.expect_shape(saved.stats, (2, channels), "batchnorm_backward: saved.stats")
+    group = args.group_of(x)
+    inputs = [args.like(dy, x, "batchnorm_backward: dy"), x,
+              args.replicated(gamma, group, "batchnorm_backward: gamma"),
+              args.replicated(saved.stats, group, "batchnorm_backward: saved.stats")]
+    rep = Replicated(group)
+    outs = [new_meta(x.layout, x.shape, x.dtype), new_meta(rep, (1, channels), gamma.dtype),
+            new_meta(rep, (1, channels), gamma.dtype)]
+    static = BATCHNORM_BACKWARD.static(channels=channels, training=bool(saved.training))
+    return tuple(dispatch("nn_batchnorm_backward", inputs, outs, static=static)[0])
+
+
+# ---- kernels -------------------------------------------------------------------------------
 
 
 def _channels(x, channels, dtype):
@@ -33,14 +152,14 @@ def _vec(a, dtype):
     return a.reshape(-1, 1).astype(dtype, copy=False)
 
 
-@kernel("nn_batchnorm", capturable=lambda entry: COLLECTIVES_IN_GRAPHS or entry.in_dists[0].replicated)
+@BATCHNORM.kernel(capturable=lambda entry: COLLECTIVES_IN_GRAPHS or entry.in_dists[0].replicated)
 def _batchnorm(call):
-    """static = (channels, training); inputs X, gamma, beta, running_mean, running_var;
+    """Inputs X, gamma, beta, running_mean, running_var;
     outputs Y, stats (2, C) = [mean; 1/sqrt(var + eps)], and, when training, running_mean
     and running_var updated in place. scalars = (momentum, eps, M / (M - 1)), M = N * S.
     """
     xp = backend.current().xp
-    channels, training = call.entry.static
+    channels, training = call.entry.static.channels, call.entry.static.training
     momentum, eps, unbias = call.scalars
     src = call.inputs[0]
     x = rows.local(src)
@@ -77,9 +196,9 @@ def _batchnorm(call):
     return shards
 
 
-@kernel("nn_batchnorm_backward", capturable=lambda entry: COLLECTIVES_IN_GRAPHS or entry.in_dists[1].replicated)
+@BATCHNORM_BACKWARD.kernel(capturable=lambda entry: COLLECTIVES_IN_GRAPHS or entry.in_dists[1].replicated)
 def _batchnorm_backward(call):
-    """static = (channels, training); inputs dY, X, gamma, stats; outputs dX, dgamma, dbeta.
+    """Inputs dY, X, gamma, stats; outputs dX, dgamma, dbeta.
 
     With x_hat = (x - mean) * r (r = 1/sqrt(var + eps)), over the M values of a channel:
       dbeta = sum(dy), dgamma = sum(dy * x_hat),
@@ -87,7 +206,7 @@ def _batchnorm_backward(call):
       eval:     dx = gamma * r * dy   (the running statistics are constants)
     """
     xp = backend.current().xp
-    channels, training = call.entry.static
+    channels, training = call.entry.static.channels, call.entry.static.training
     src = call.inputs[1]
     dy, x = rows.local(call.inputs[0]), rows.local(src)
     if x is None:

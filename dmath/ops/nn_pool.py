@@ -7,18 +7,93 @@ chose, and an ordinary matrix, so that a recorded training step replays it
 like any other. Average pooling divides by kh*kw, padding included
 (PyTorch's count_include_pad=True). Padding of a max pool is -inf.
 """
+from typing import NamedTuple
+
 import numpy as np
 
 from .. import backend, memory
-from ..runtime import kernel
-from . import cuda, nn_rows as rows
+from ..errors import DMathError
+from ..planning import conv as window
+from ..planning.conv import Geometry
+from ..runtime import define
+from . import cuda, nn_args as args, nn_rows as rows
+from .base import dispatch, new_meta
 from .nn_windows import images, padded, tap, windows
 
+#: float16 represents every integer up to 2**11 exactly (max-pool window positions)
+_F16_EXACT_INT = 2048
+_POOL_MODES = ("max", "average")
 
-@kernel("nn_pool2d", capturable=True)
+
+class PoolArgs(NamedTuple):
+    """Static arguments of `nn_pool2d` and `nn_pool2d_backward`."""
+    geometry: Geometry
+    mode: str            # 'max' or 'average'
+
+
+POOL2D = define("nn_pool2d", PoolArgs)
+POOL2D_BACKWARD = define("nn_pool2d_backward", PoolArgs)
+
+
+# ---- master halves ----------------------------------------------------------------------
+def _pool_args(op, image, kernel, stride, padding, mode, what):
+    """`op`'s checked static arguments."""
+    if mode not in _POOL_MODES:
+        raise DMathError(f"{what}: mode must be 'max' or 'average', got {mode!r}")
+    return op.static(geometry=window.pool_geometry(image, kernel, stride, padding, what), mode=mode)
+
+
+def _argmax_dtype(dtype, taps):
+    return "float32" if dtype == "float16" and taps > _F16_EXACT_INT else dtype
+
+
+def pool2d(x, image_shape, kernel, stride=None, padding=(0, 0), mode="max"):
+    """Max or average pooling of an image batch x (N, C*H*W): (Y, argmax).
+
+    kernel, stride (default: the kernel) and padding are ints or (h, w)
+    pairs. Y is (N, C*Ho*Wo) in x's row layout. For 'max', argmax is a
+    matrix of Y's shape holding the position i*kw + j of each maximum in its
+    window (exact small integers, in Y's dtype; float32 for float16 windows
+    of more than 2048 taps), to pass to pool2d_backward; None for 'average',
+    which divides by kh*kw including padding (PyTorch's count_include_pad).
+    """
+    x = args.rows(x, "pool2d: x")
+    image = window.image(image_shape, x.shape[1], "pool2d")
+    static = _pool_args(POOL2D, image, kernel, stride, padding, mode, "pool2d")
+    g = static.geometry
+    shape = (x.shape[0], image[0] * g.out_h * g.out_w)
+    outs = [new_meta(x.layout, shape, x.dtype)]
+    if mode == "max":
+        outs.append(new_meta(x.layout, shape, _argmax_dtype(x.dtype, g.taps)))
+    made, _ = dispatch("nn_pool2d", [x], outs, static=static)
+    return (made[0], made[1]) if mode == "max" else (made[0], None)
+
+
+def pool2d_backward(dy, argmax, image_shape, kernel, stride=None, padding=(0, 0), mode="max"):
+    """d loss / d x of pool2d: dX (N, C*H*W) in dy's row layout and dtype.
+
+    argmax: the matrix pool2d returned (required for 'max'; ignored for
+    'average', pass None). The other arguments are pool2d's.
+    """
+    dy = args.rows(dy, "pool2d_backward: dy")
+    image = window.image(image_shape, None, "pool2d_backward")
+    static = _pool_args(POOL2D_BACKWARD, image, kernel, stride, padding, mode, "pool2d_backward")
+    g = static.geometry
+    args.expect_shape(dy, (dy.shape[0], image[0] * g.out_h * g.out_w), "pool2d_backward: dy")
+    inputs = [dy]
+    if mode == "max":
+        args.require(argmax, "pool2d_backward: argmax (from pool2d with mode='max')")
+        args.expect_shape(argmax, dy.shape, "pool2d_backward: argmax")
+        inputs.append(args.like(argmax, dy, "pool2d_backward: argmax"))
+    out = new_meta(dy.layout, (dy.shape[0], image[0] * image[1] * image[2]), dy.dtype)
+    return dispatch("nn_pool2d_backward", inputs, [out], static=static)[0][0]
+
+
+# ---- kernels -------------------------------------------------------------------------------
+@POOL2D.kernel(capturable=True)
 def _pool2d(call):
-    """static = (Geometry, mode); input X; outputs Y[, argmax] (n, C*Ho*Wo)."""
-    g, mode = call.entry.static
+    """Input X; outputs Y[, argmax] (n, C*Ho*Wo)."""
+    g, mode = call.entry.static.geometry, call.entry.static.mode
     x = rows.local(call.inputs[0])
     if x is None:
         return rows.nothing_here(call)
@@ -49,14 +124,14 @@ def _pool2d(call):
     return [rows.shard(call, 0, [out]), rows.shard(call, 1, [am])]
 
 
-@kernel("nn_pool2d_backward", capturable=True)
+@POOL2D_BACKWARD.kernel(capturable=True)
 def _pool2d_backward(call):
-    """static = (Geometry, mode); inputs dY[, argmax]; output dX (n, C*H*W).
+    """Inputs dY[, argmax]; output dX (n, C*H*W).
 
     One pass per kernel tap: each adds its (n, C, Ho, Wo) slab of gradient
     (masked by argmax for max pooling) into the padded input gradient.
     """
-    g, mode = call.entry.static
+    g, mode = call.entry.static.geometry, call.entry.static.mode
     dy = rows.local(call.inputs[0])
     if dy is None:
         return rows.nothing_here(call)
@@ -175,11 +250,11 @@ def _win(g):
                                        g.ph, g.pw))
 
 
-@kernel("nn_pool2d", backend="gpu", capturable=True)
+@POOL2D.kernel(backend="gpu", capturable=True)
 def _pool2d_cuda(call):
     """nn_pool2d as one CUDA kernel: each output reads its window once."""
     import cupy
-    g, mode = call.entry.static
+    g, mode = call.entry.static.geometry, call.entry.static.mode
     x = rows.local(call.inputs[0])
     if x is None:
         return rows.nothing_here(call)
@@ -195,11 +270,11 @@ def _pool2d_cuda(call):
     return shards
 
 
-@kernel("nn_pool2d_backward", backend="gpu", capturable=True)
+@POOL2D_BACKWARD.kernel(backend="gpu", capturable=True)
 def _pool2d_backward_cuda(call):
     """nn_pool2d_backward as one CUDA kernel: each input pixel gathers from the windows covering it."""
     import cupy
-    g, mode = call.entry.static
+    g, mode = call.entry.static.geometry, call.entry.static.mode
     dy = rows.local(call.inputs[0])
     if dy is None:
         return rows.nothing_here(call)

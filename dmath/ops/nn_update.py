@@ -16,25 +16,213 @@ branch. Values are computed in float32 for float16/float32 parameters and in
 float64 for float64 ones; the gradient may have another dtype (float16
 gradients of float32 master weights are read as they are).
 
-Operands arrive aligned by the master (dmath/updates.py): gradient and state
-in the parameter's distribution, the (1, 1) step scalars replicated on its
-workers, so a worker only combines its own pieces.
+The master halves (`sgd_update`, `adam_update`, `all_finite`, exported by
+dmath.nn) check everything first: shapes, float dtypes, the state in the
+parameter's layout (the gradient is remapped to it, a Partial one summed on
+the way), (1, 1) scalars replicated on the parameter's workers. Operands
+therefore arrive aligned: gradient and state in the parameter's
+distribution, the step scalars on its workers, so a worker only combines its
+own pieces. A step scalar is either a Python float or a (1, 1) matrix that
+lives on the workers: a recorded training step keeps reading the current
+values of the matrices at every replay, with no message from the master.
 """
+import math
+import numbers
+from typing import NamedTuple
+
 import numpy as np
 
 from .. import backend
-from ..runtime import kernel
-from ..runtime.registry import COLLECTIVES_IN_GRAPHS
 from ..comm import collectives
+from ..errors import DMathError, DTypeError, LayoutError, ShapeError
+from ..layout import Replicated, RowBlock, distribution
+from ..runtime import define, runtime
+from ..runtime.registry import COLLECTIVES_IN_GRAPHS
 from . import cuda, nn_rows as rows
-
-#: the rules' names; static = (rule, hyper-parameters..., which optional operands are present)
-RULES = ("sgd", "adam")
+from .base import dispatch, dist_of, is_matrix, new_meta
 
 
+class UpdateArgs(NamedTuple):
+    """Static arguments of `nn_update`."""
+    rule: str            # 'sgd' or 'adam'
+    hyper: tuple         # sgd: (momentum, nesterov, weight_decay); adam: (beta1, beta2, eps, weight_decay)
+    step_scalars: tuple  # per step scalar, in the kernel's order: (name, present, on the device)
+
+
+UPDATE = define("nn_update", UpdateArgs)
+# the matrices' number and layouts are the signature: no static arguments
+ALL_FINITE = define("nn_all_finite")
+
+
+# ---- master halves ----------------------------------------------------------------------
+_FLOATS = ("float16", "float32", "float64")
+
+
+def _matrix(m, what):
+    """`m`, which must be a Matrix of a float dtype."""
+    if not is_matrix(m):
+        raise DMathError(f"{what} must be a dmath.Matrix, got {type(m).__name__}")
+    if m.dtype not in _FLOATS:
+        raise DTypeError(f"{what} must have a float dtype {_FLOATS}, got {m.dtype}")
+    return m
+
+
+def _same_place(m, ref):
+    p = runtime().nworkers
+    return distribution(m.layout, m.shape, p).same_placement(distribution(ref.layout, ref.shape, p))
+
+
+def _state(m, param, what):
+    """A state matrix: the parameter's shape, dtype and placement (it is written in place)."""
+    _matrix(m, what)
+    if m.shape != param.shape or m.dtype != param.dtype:
+        raise ShapeError(f"{what} must have the parameter's shape {param.shape} and dtype {param.dtype}, "
+                         f"got {m.shape} {m.dtype}")
+    if m.layout.partial or not _same_place(m, param):
+        raise LayoutError(f"{what} must be laid out as the parameter ({param.layout}), got {m.layout}")
+    return m
+
+
+def _grad(g, param):
+    _matrix(g, "the gradient")
+    if g.shape != param.shape:
+        raise ShapeError(f"the gradient has shape {g.shape}, the parameter {param.shape}")
+    if g.layout.partial or not _same_place(g, param):
+        g = g.remap(param.layout)             # a Partial gradient is all-reduced into place
+    return g
+
+
+def _scalar(x, name, group, positive=False):
+    """('device', Matrix replicated on `group`) or ('host', float) or None."""
+    if x is None:
+        return None
+    if is_matrix(x):
+        _matrix(x, name)
+        if x.shape != (1, 1):
+            raise ShapeError(f"{name} must be a (1, 1) Matrix or a float, got shape {x.shape}")
+        lay = x.layout
+        if not (lay.replicated and set(group) <= set(lay.members(runtime().nworkers))):
+            x = x.remap(Replicated(group))
+        return ("device", x)
+    if isinstance(x, (bool, np.bool_)) or not isinstance(x, numbers.Real) or not math.isfinite(x) \
+            or (positive and not x > 0):
+        raise DMathError(f"{name} must be a {'positive ' if positive else ''}finite number or a (1, 1) Matrix, "
+                         f"got {x!r}")
+    return ("host", float(x))
+
+
+def _unit(v, what):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real) or not 0 <= v < 1:
+        raise DMathError(f"{what} must be in [0, 1), got {v!r}")
+    return float(v)
+
+
+def _non_negative(v, what):
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real) or not (v >= 0 and math.isfinite(v)):
+        raise DMathError(f"{what} must be a finite number >= 0, got {v!r}")
+    return float(v)
+
+
+def _run(rule, hyper, param, grad, state, scalars):
+    """Dispatch nn_update: scalars is [(name, None | ('device', M) | ('host', v))] in the kernel's order."""
+    _matrix(param, "the parameter")
+    if param.layout.partial:
+        raise LayoutError("the parameter must not be Partial (it is updated in place)")
+    grad = _grad(grad, param)
+    group = tuple(dist_of(param).group)
+    inputs, dyn, has = [param, grad] + list(state), [], []
+    for name, value, kw in scalars:
+        s = _scalar(value, name, group, **kw)
+        has.append((name, s is not None, s is not None and s[0] == "device"))
+        if s is None:
+            continue
+        (inputs if s[0] == "device" else dyn).append(s[1])
+    outputs = [0] + [2 + k for k in range(len(state))]
+    static = UPDATE.static(rule=rule, hyper=hyper, step_scalars=tuple(has))
+    dispatch("nn_update", inputs, outputs, static=static, scalars=dyn)
+    return param
+
+
+def sgd_update(param, grad, lr, momentum_buffer=None, *, momentum=0.0, nesterov=False, weight_decay=0.0,
+               grad_scale=None, gate=None):
+    """One SGD step of `param` in place, in one pass (PyTorch's rule); returns `param`.
+
+        g = grad / grad_scale + weight_decay * param
+        v = momentum * v + g;  d = g + momentum * v (nesterov) or v;  param -= lr * d
+
+    grad: any layout (remapped to the parameter's; a Partial gradient is
+    summed on the way), any float dtype (a float16 gradient of float32
+    weights is read as it is). momentum_buffer: the state v (the
+    parameter's shape, dtype and layout), required when momentum > 0.
+    lr, grad_scale: floats or (1, 1) matrices read on the workers at every
+    run (a recorded step follows their current values). gate: None or a
+    (1, 1) matrix; where it holds 0 the step changes nothing
+    (mixed precision after a non-finite gradient, see all_finite).
+    """
+    _matrix(param, "the parameter")
+    momentum = _unit(momentum, "momentum")
+    if nesterov and not momentum:
+        raise DMathError("nesterov momentum needs momentum > 0")
+    state = []
+    if momentum:
+        if momentum_buffer is None:
+            raise DMathError("momentum > 0 needs a momentum_buffer (zeros of the parameter's shape and layout)")
+        state.append(_state(momentum_buffer, param, "momentum_buffer"))
+    hyper = (momentum, bool(nesterov), _non_negative(weight_decay, "weight_decay"))
+    return _run("sgd", hyper, param, grad, state, [
+        ("lr", lr, {}), ("gate", gate, {}),
+        ("grad_scale", grad_scale, {"positive": True})])
+
+
+def adam_update(param, grad, exp_avg, exp_avg_sq, step_size, denom_scale=1.0, *, beta1=0.9, beta2=0.999,
+                eps=1e-8, weight_decay=0.0, grad_scale=None, gate=None):
+    """One Adam step of `param` in place, in one pass; returns `param`.
+
+        g = grad / grad_scale + weight_decay * param
+        m = beta1 m + (1 - beta1) g;  v = beta2 v + (1 - beta2) g^2
+        param -= step_size * m / (sqrt(v) * denom_scale + eps)
+
+    With t steps taken, PyTorch's Adam is step_size = lr / (1 - beta1^t) and
+    denom_scale = 1 / sqrt(1 - beta2^t). exp_avg, exp_avg_sq: the state (the
+    parameter's shape, dtype and layout). step_size, denom_scale,
+    grad_scale: floats or (1, 1) matrices; grad and gate as in sgd_update.
+    """
+    _matrix(param, "the parameter")
+    state = [_state(exp_avg, param, "exp_avg"), _state(exp_avg_sq, param, "exp_avg_sq")]
+    eps = float(eps) if isinstance(eps, numbers.Real) and not isinstance(eps, bool) else eps
+    if not isinstance(eps, float) or not (eps > 0 and math.isfinite(eps)):
+        raise DMathError(f"eps must be a positive number, got {eps!r}")
+    hyper = (_unit(beta1, "beta1"), _unit(beta2, "beta2"), eps, _non_negative(weight_decay, "weight_decay"))
+    return _run("adam", hyper, param, grad, state, [
+        ("step_size", step_size, {}), ("denom_scale", denom_scale, {}),
+        ("gate", gate, {}), ("grad_scale", grad_scale, {"positive": True})])
+
+
+def all_finite(matrices):
+    """A (1, 1) float32 Matrix, Replicated on the matrices' workers: 1.0 when every element of every
+    matrix is finite, else 0.0. Decided on the workers (no value comes back to the master), so it
+    can gate a recorded mixed-precision step: `sgd_update(..., gate=all_finite(grads))`.
+
+    The matrices may have any float dtype and layout, but must live on the same workers; a Partial
+    matrix is summed first (a non-finite addend makes a non-finite sum).
+    """
+    mats = [_matrix(m, "all_finite: each matrix") for m in matrices]
+    if not mats:
+        raise DMathError("all_finite needs at least one matrix")
+    mats = [m.remap(RowBlock(dist_of(m).group)) if m.layout.partial else m for m in mats]
+    group = tuple(dist_of(mats[0]).group)
+    for m in mats[1:]:
+        if tuple(dist_of(m).group) != group:
+            raise LayoutError(f"all_finite: the matrices live on different workers ({group} and "
+                              f"{tuple(dist_of(m).group)}); remap them to one group first")
+    out = new_meta(Replicated(group), (1, 1), "float32")
+    return dispatch("nn_all_finite", mats, [out])[0][0]
+
+
+# ---- kernels -------------------------------------------------------------------------------
 def _operands(call):
     """(param, grad, state shards, {name: (1, 1) piece or None}, python scalars by name)."""
-    rule, hyper, has = call.entry.static[0], call.entry.static[1], call.entry.static[2]
+    rule, hyper, has = call.entry.static.rule, call.entry.static.hyper, call.entry.static.step_scalars
     ins = list(call.inputs)
     nstate = {"sgd": 1 if hyper[0] else 0, "adam": 2}[rule]
     param, grad, state = ins[0], ins[1], ins[2:2 + nstate]
@@ -56,7 +244,7 @@ def _value(x):
     return None if x is None else (float(x.reshape(-1)[0]) if hasattr(x, "reshape") else float(x))
 
 
-@kernel("nn_update", capturable=True)
+@UPDATE.kernel(capturable=True)
 def _update(call):
     """inputs param, grad, state..., then the (1, 1) step scalars that live on the workers;
     outputs param and state, in place. Computed with the array module (the CPU path)."""
@@ -170,7 +358,7 @@ def _device_scalar(x, dummy):
     return dummy, float(x), np.int32(0)
 
 
-@kernel("nn_update", backend="gpu", capturable=True)
+@UPDATE.kernel(backend="gpu", capturable=True)
 def _update_cuda(call):
     """nn_update as one CuPy elementwise kernel per piece (no host read of the gate: capturable)."""
     rule, hyper, param, grad, state, scal = _operands(call)
@@ -258,5 +446,5 @@ def _mark_device(piece, bad):
     fn((min((x.size + threads - 1) // threads, 2048),), (threads,), (x, np.int64(x.size), bad))
 
 
-kernel("nn_all_finite", capturable=_finite_capturable)(_finite_kernel(_mark_host))
-kernel("nn_all_finite", backend="gpu", capturable=_finite_capturable)(_finite_kernel(_mark_device))
+ALL_FINITE.kernel(capturable=_finite_capturable)(_finite_kernel(_mark_host))
+ALL_FINITE.kernel(backend="gpu", capturable=_finite_capturable)(_finite_kernel(_mark_device))

@@ -1,52 +1,13 @@
-"""Sliding windows over NCHW image batches: the geometry, im2col and its adjoint (col2im).
+"""Sliding windows over NCHW image batches: im2col and its adjoint (col2im).
 
 An image batch is stored as (n, C*H*W) rows. A window view of the padded
 batch is built with `as_strided` (no copy, no loop over pixels); im2col
 copies it once into GEMM-ready rows. The adjoint loops over the kh*kw kernel
 taps only: each tap adds one strided (n, C, Ho, Wo) slab, so overlapping
 windows accumulate correctly and no scatter with index arrays is needed.
+`g` is always a `planning.conv.Geometry`, the operation's checked window.
 """
-from typing import NamedTuple
-
 from .. import backend, memory
-
-
-class Geometry(NamedTuple):
-    """Image size, kernel, stride, padding and dilation of a convolution or pooling window."""
-    channels: int
-    height: int
-    width: int
-    kh: int
-    kw: int
-    sh: int
-    sw: int
-    ph: int
-    pw: int
-    dh: int
-    dw: int
-
-    @property
-    def out_h(self):
-        return (self.height + 2 * self.ph - self.dh * (self.kh - 1) - 1) // self.sh + 1
-
-    @property
-    def out_w(self):
-        return (self.width + 2 * self.pw - self.dw * (self.kw - 1) - 1) // self.sw + 1
-
-    @property
-    def in_features(self):
-        return self.channels * self.height * self.width
-
-    @property
-    def taps(self):
-        return self.kh * self.kw
-
-
-def geometry(image_shape, kernel_hw, stride, padding, dilation=(1, 1)):
-    """The Geometry of validated arguments (pure; the master checks them first)."""
-    c, h, w = image_shape
-    return Geometry(c, h, w, kernel_hw[0], kernel_hw[1], stride[0], stride[1],
-                    padding[0], padding[1], dilation[0], dilation[1])
 
 
 def images(x, g):

@@ -2,14 +2,13 @@
 import numbers
 
 import dmath
-
+from dmath.planning import conv as window
 
 from ..errors import ConfigError, ShapeError
 from ..ops import Conv2D as ConvFn, Pool2D as PoolFn, activation as make_activation
-from ..ops.conv import pair, window_output
+from ..ops.conv import window_errors
 from .base import Layer
 from .core import _check_activation, _init_config
-
 
 
 class Conv2D(Layer):
@@ -35,16 +34,14 @@ class Conv2D(Layer):
         if isinstance(filters, bool) or not isinstance(filters, numbers.Integral) or filters < 1:
             raise ConfigError(f"Conv2D: filters must be a positive integer, got {filters!r}")
         self.filters = int(filters)
-        if isinstance(groups, bool) or not isinstance(groups, numbers.Integral) or groups < 1 \
-                or self.filters % groups:
-            raise ConfigError(f"Conv2D: groups must be a positive integer that divides filters={filters}, "
-                              f"got {groups!r}")
-        self.groups = int(groups)
-        self.kernel_hw = pair(kernel, "kernel")
-        self.stride = pair(stride, "stride")
-        self.dilation = pair(dilation, "dilation")
-        if min(self.kernel_hw + self.stride + self.dilation) < 1:
-            raise ConfigError("Conv2D: kernel, stride and dilation must be at least 1")
+        with window_errors():
+            self.groups = window.integer(groups, "Conv2D: groups", 1)
+            self.kernel_hw = window.pair(kernel, "Conv2D: kernel", 1)
+            self.stride = window.pair(stride, "Conv2D: stride", 1)
+            self.dilation = window.pair(dilation, "Conv2D: dilation", 1)
+        if self.filters % self.groups:
+            # the input channels are checked alike when the layer sees its input (output_shape)
+            raise ShapeError(f"Conv2D: groups={self.groups} must divide the kernels (filters={self.filters})")
         self.padding_spec = padding
         self.padding = self._padding(padding)
         self.activation = _check_activation(activation)
@@ -61,19 +58,16 @@ class Conv2D(Layer):
             if any(s % 2 for s in span):
                 raise ConfigError(f"Conv2D: padding='same' needs an odd (dilated) kernel, got {self.kernel_hw}")
             return (span[0] // 2, span[1] // 2)
-        return pair(padding, "padding")
+        with window_errors():
+            return window.pair(padding, "Conv2D: padding", 0)
 
     def output_shape(self, sample_shape):
         if len(sample_shape) != 3:
             raise ShapeError(f"Conv2D needs image samples (C, H, W), got {tuple(sample_shape)}")
-        c, h, w = sample_shape
-        if c % self.groups:
-            raise ShapeError(f"Conv2D: groups={self.groups} does not divide the {c} input channels")
-        ho = window_output(h, self.kernel_hw[0], self.stride[0], self.padding[0], self.dilation[0])
-        wo = window_output(w, self.kernel_hw[1], self.stride[1], self.padding[1], self.dilation[1])
-        if ho < 1 or wo < 1:
-            raise ShapeError(f"Conv2D: a {self.kernel_hw} kernel does not fit a {h}x{w} image")
-        return (self.filters, ho, wo)
+        with window_errors():
+            window.groups(self.groups, sample_shape[0], self.filters, "Conv2D")
+            g = window.geometry(sample_shape, self.kernel_hw, self.stride, self.padding, self.dilation, "Conv2D")
+        return (self.filters, g.out_h, g.out_w)
 
     def _create(self, sample_shape, dtype):
         cg = sample_shape[0] // self.groups
@@ -120,13 +114,7 @@ class Pool2D(Layer):
     def output_shape(self, sample_shape):
         if len(sample_shape) != 3:
             raise ShapeError(f"Pool2D needs image samples (C, H, W), got {tuple(sample_shape)}")
-        c, h, w = sample_shape
-        t = self._template
-        ho = window_output(h, t.kernel[0], t.stride[0], t.padding[0])
-        wo = window_output(w, t.kernel[1], t.stride[1], t.padding[1])
-        if ho < 1 or wo < 1:
-            raise ShapeError(f"Pool2D: a {t.kernel} window does not fit a {h}x{w} image")
-        return (c, ho, wo)
+        return self._template.output_image(sample_shape, "Pool2D")
 
     def forward(self, x, ctx):
         t = self._template

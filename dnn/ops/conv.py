@@ -3,24 +3,28 @@
 The kernels run on each worker's samples (a row layout of the batch); the
 weight gradient of a convolution comes out Partial over the batch's workers,
 like a dense layer's, and the optimizer all-reduces it.
+
+The window (pairs, minimums, fit, pooling padding, groups) is checked by
+dmath's one geometry validator (dmath/planning/conv.py), the rule dmath.nn
+applies too; its mistakes are ShapeErrors, raised here as dnn's.
 """
+import contextlib
+
 import dmath
+from dmath.planning import conv as window
 
 from ..errors import ConfigError, ShapeError
 from ..graph.function import Function
 
 
-def pair(v, what):
-    """(a, b) from an int or a pair of non-negative ints."""
-    if isinstance(v, int) and not isinstance(v, bool):
-        v = (v, v)
+@contextlib.contextmanager
+def window_errors():
+    """Raise a dmath.ShapeError of the window geometry inside the block as dnn's ShapeError
+    (a dnn user catches dnn's errors; the rule and the class are the same as dmath.nn's)."""
     try:
-        a, b = (int(x) for x in v)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{what} must be an int or a pair of ints, got {v!r}") from exc
-    if a < 0 or b < 0:
-        raise ConfigError(f"{what} must be non-negative, got {v!r}")
-    return (a, b)
+        yield
+    except dmath.ShapeError as exc:
+        raise ShapeError(str(exc)) from exc
 
 
 def _image(name, x):
@@ -30,48 +34,32 @@ def _image(name, x):
     return x.sample_shape
 
 
-def window_output(size, k, stride, pad, dilation=1):
-    """Output length of a sliding window along one axis (floor mode, as PyTorch)."""
-    return (size + 2 * pad - dilation * (k - 1) - 1) // stride + 1
-
-
 class Conv2D(Function):
     """y = conv2d(x, W) + b, W (K, C/groups*kh*kw) the (K, C/groups, kh, kw) kernel flattened;
     cross-correlation as PyTorch."""
     name = "conv2d"
 
     def __init__(self, kernel_hw, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, activation=None):
-        self.kernel_hw = pair(kernel_hw, "kernel")
-        self.stride = pair(stride, "stride")
-        self.padding = pair(padding, "padding")
-        self.dilation = pair(dilation, "dilation")
-        if min(self.kernel_hw + self.stride + self.dilation) < 1:
-            raise ConfigError("conv2d: kernel, stride and dilation must be at least 1")
-        if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1:
-            raise ConfigError(f"conv2d: groups must be a positive integer, got {groups!r}")
+        with window_errors():
+            self.kernel_hw = window.pair(kernel_hw, "conv2d: kernel", 1)
+            self.stride = window.pair(stride, "conv2d: stride", 1)
+            self.padding = window.pair(padding, "conv2d: padding", 0)
+            self.dilation = window.pair(dilation, "conv2d: dilation", 1)
+            self.groups = window.integer(groups, "conv2d: groups", 1)
         if activation not in (None, "relu"):
             raise ConfigError(f"conv2d: a fused activation must be None or 'relu', got {activation!r}")
-        self.groups, self.activation = groups, activation
+        self.activation = activation
 
     def infer(self, x, w, b=None):
         c, h, wd = self.image_shape = _image(self.name, x)
-        kh, kw = self.kernel_hw
         k = w.shape[0]
-        if c % self.groups or k % self.groups:
-            raise ShapeError(f"conv2d: groups={self.groups} must divide the input channels ({c}) and the "
-                             f"kernels ({k})")
-        cg = c // self.groups
-        if w.shape[1] != cg * kh * kw:
-            raise ShapeError(f"conv2d: a kernel for {cg} input channels per group of {kh}x{kw} has "
-                             f"{cg * kh * kw} columns, got a weight of shape {w.shape}")
+        with window_errors():
+            window.groups(self.groups, c, k, "conv2d")
+            window.kernel_from_weights(w.shape[1], c // self.groups, self.kernel_hw, "conv2d")
+            g = window.geometry(self.image_shape, self.kernel_hw, self.stride, self.padding, self.dilation, "conv2d")
         if b is not None and b.shape != (1, k):
             raise ShapeError(f"conv2d: the bias must be (1, {k}), got {b.shape}")
-        ho = window_output(h, kh, self.stride[0], self.padding[0], self.dilation[0])
-        wo = window_output(wd, kw, self.stride[1], self.padding[1], self.dilation[1])
-        if ho < 1 or wo < 1:
-            raise ShapeError(f"conv2d: a {kh}x{kw} kernel (dilation {self.dilation}, padding {self.padding}) "
-                             f"does not fit a {h}x{wd} image")
-        return (x.shape[0], k * ho * wo), x.dtype, (k, ho, wo)
+        return (x.shape[0], k * g.out_h * g.out_w), x.dtype, (k, g.out_h, g.out_w)
 
     def forward(self, x, w, b=None):
         return dmath.nn.conv2d(x, w, b, self.image_shape, stride=self.stride, padding=self.padding,
@@ -95,21 +83,19 @@ class Pool2D(Function):
     def __init__(self, kernel, stride=None, padding=(0, 0), mode="max"):
         if mode not in ("max", "average"):
             raise ConfigError(f"pool2d: mode must be 'max' or 'average', got {mode!r}")
-        self.kernel = pair(kernel, "kernel")
-        self.stride = pair(stride if stride is not None else self.kernel, "stride")
-        self.padding = pair(padding, "padding")
+        with window_errors():
+            self.kernel, self.stride, self.padding = window.pool_window(kernel, stride, padding, "pool2d")
         self.mode = mode
-        if min(self.kernel + self.stride) < 1:
-            raise ConfigError("pool2d: kernel and stride must be at least 1")
-        if self.padding[0] * 2 > self.kernel[0] or self.padding[1] * 2 > self.kernel[1]:
-            raise ConfigError(f"pool2d: padding {self.padding} must be at most half the kernel {self.kernel}")
+
+    def output_image(self, image_shape, what):
+        """(C, Ho, Wo) of pooling (C, H, W) images."""
+        with window_errors():
+            g = window.pool_geometry(image_shape, self.kernel, self.stride, self.padding, what)
+        return (g.channels, g.out_h, g.out_w)
 
     def infer(self, x):
-        c, h, w = self.image_shape = _image(self.name, x)
-        ho = window_output(h, self.kernel[0], self.stride[0], self.padding[0])
-        wo = window_output(w, self.kernel[1], self.stride[1], self.padding[1])
-        if ho < 1 or wo < 1:
-            raise ShapeError(f"pool2d: a {self.kernel} window does not fit a {h}x{w} image")
+        self.image_shape = _image(self.name, x)
+        c, ho, wo = self.output_image(self.image_shape, self.name)
         return (x.shape[0], c * ho * wo), x.dtype, (c, ho, wo)
 
     def forward(self, x):
