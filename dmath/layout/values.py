@@ -29,27 +29,24 @@ class Piece:
         return (ix.size(self.rows), ix.size(self.cols))
 
 
-def _norm_group(group):
-    if group is None:
-        # inside `dmath.on_group(ranks)` a layout made without a group lives on those ranks
-        return default_group()
-    try:
-        g = tuple(int(r) for r in group)
-    except TypeError as exc:
-        raise LayoutError(f"group must be a sequence of worker ranks, got {group!r}") from exc
-    if not g:
-        raise LayoutError("group must name at least one worker")
-    if len(set(g)) != len(g) or min(g) < 0:
-        raise LayoutError(f"group must hold distinct non-negative ranks, got {g}")
-    return g
-
-
 def _int_tuple(value, error):
     """The sequence `value` as a tuple of ints; LayoutError(error) where it is not one."""
     try:
         return tuple(int(v) for v in value)
     except (TypeError, ValueError) as exc:
         raise LayoutError(error) from exc
+
+
+def _norm_group(group):
+    if group is None:
+        # inside `dmath.on_group(ranks)` a layout made without a group lives on those ranks
+        return default_group()
+    g = _int_tuple(group, f"group must be a sequence of worker ranks, got {group!r}")
+    if not g:
+        raise LayoutError("group must name at least one worker")
+    if len(set(g)) != len(g) or min(g) < 0:
+        raise LayoutError(f"group must hold distinct non-negative ranks, got {g}")
+    return g
 
 
 def _norm_pair(value, what):
