@@ -15,9 +15,9 @@ from . import memory, random
 from .backend import DTYPES
 from .errors import (DMathError, DTypeError, LayoutError, NotSupportedError, OutOfMemoryError, PlanError,
                      RuntimeStateError, ShapeError, WorkerError)
-from .files import from_file
+from .ops.files import from_file
 from .groups import current_group, on_group
-from .linalg import explain_gemm, gemm
+from .ops.gemm import explain_gemm, gemm
 from .layout import Block2D, BlockCyclic, ColBlock, Layout, Partial, Replicated, RowBlock, Tiles
 from .matrix import Matrix, eye, from_numpy, full, ones, zeros
 # every elementwise function (arithmetic, comparisons, logic): one definition each in ops/elementwise.py
@@ -26,7 +26,7 @@ from .ops.elementwise import (abs, equal, exp, greater, greater_equal, isfinite,
                               relu, sigmoid, sqrt, tanh, where)
 from .runtime import Plan, finalize, init, is_initialized, record
 from .runtime import runtime as _runtime
-from .ops.base import dispatch as _dispatch
+from .ops.info import reset_stats, stats, synchronize
 from . import nn  # noqa: E402  (the neural-network operations: dmath.nn.conv2d, ...)
 
 
@@ -38,21 +38,6 @@ def num_workers():
 def device():
     """'cpu' or 'gpu': the backend chosen by init."""
     return _runtime().backend.name
-
-
-def stats():
-    """Per-worker counters since init or the last reset_stats(), a list indexed by rank."""
-    return _dispatch("stats")[1]
-
-
-def synchronize():
-    """Wait until every worker has finished the work queued so far (for timing)."""
-    _dispatch("sync")
-
-
-def reset_stats():
-    """Zero every worker's counters."""
-    _dispatch("reset_stats")
 
 
 __all__ = ["__version__", "init", "finalize", "is_initialized", "num_workers", "device", "stats", "reset_stats", "synchronize",

@@ -5,6 +5,8 @@ this is one cuBLAS GemmEx call on the current stream, float16 accumulating
 in float32; on the CPU NumPy's matmul, float16 computed in float32 (NumPy
 has no half-precision BLAS).
 """
+from typing import NamedTuple
+
 import numpy as np
 
 from . import backend
@@ -13,6 +15,11 @@ _CUDA_TYPE = {"float16": 2, "float32": 0, "float64": 1}          # cudaDataType
 _COMPUTE = {"float16": 68, "float32": 68, "float64": 70}         # CUBLAS_COMPUTE_32F / _64F
 _SCALAR = {"float16": np.float32, "float32": np.float32, "float64": np.float64}
 _DEFAULT_ALGO, _TENSOR_OP_ALGO = -1, 99                           # CUBLAS_GEMM_DEFAULT(_TENSOR_OP)
+_DEFAULT_MATH, _TENSOR_OP_MATH = 0, 1                            # CUBLAS_DEFAULT_MATH, CUBLAS_TENSOR_OP_MATH
+_HOST_POINTERS = 0                                               # CUBLAS_POINTER_MODE_HOST
+
+#: "cupy" and "captured": the two ways to call cuBLAS (`_Calls`), made at first use
+_CALLS = {}
 
 
 def gemm(a, b, out, alpha=1.0, beta=0.0):
@@ -74,9 +81,8 @@ def _row_major(x):
 
 def _gemm_gpu(a, b, out, alpha, beta):
     import cupy
-    from cupy_backends.cuda.libs import cublas
-    if _capturing(cupy):
-        return _gemm_captured(cupy, a, b, out, alpha, beta)
+    handle = cupy.cuda.device.get_cublas_handle()
+    calls = _captured_calls(handle) if _capturing(cupy) else _cupy_calls()
     dtype = a.dtype.name
     a, lda, ta = _row_major(a)
     b, ldb, tb = _row_major(b)
@@ -87,28 +93,46 @@ def _gemm_gpu(a, b, out, alpha, beta):
     n = b.shape[1]
     scalar = _SCALAR[dtype]
     al, be = np.array(alpha, dtype=scalar), np.array(beta, dtype=scalar)
-    handle = cupy.cuda.device.get_cublas_handle()
-    cublas.setStream(handle, cupy.cuda.get_current_stream().ptr)
-    cublas.setPointerMode(handle, cublas.CUBLAS_POINTER_MODE_HOST)   # alpha, beta live on the host
+    calls.set_stream(handle, cupy.cuda.get_current_stream().ptr)
+    calls.set_pointer_mode(handle, _HOST_POINTERS)     # alpha, beta live on the host (copied at a capture)
     # row-major C = A B is column-major C^T = B^T A^T: hand cuBLAS b first
-    typ = _CUDA_TYPE[dtype]
     if dtype == "float64":
         # Dgemm picks faster kernels than GemmEx with compute type 64F on an H200
         # (65 against 52 TFLOP/s at 32768^3, measured)
-        cublas.dgemm(handle, int(tb), int(ta), n, m, k, al.ctypes.data, b.data.ptr, ldb,
-                     a.data.ptr, lda, be.ctypes.data, out.data.ptr, ldc)
+        calls.dgemm(handle, int(tb), int(ta), n, m, k, al.ctypes.data, b.data.ptr, ldb,
+                    a.data.ptr, lda, be.ctypes.data, out.data.ptr, ldc)
         return out
     tensor_ops = dtype == "float16"
+    typ = _CUDA_TYPE[dtype]
     if tensor_ops:
-        cublas.setMathMode(handle, cublas.CUBLAS_TENSOR_OP_MATH)
+        calls.set_math_mode(handle, _TENSOR_OP_MATH)
     try:
-        cublas.gemmEx(handle, int(tb), int(ta), n, m, k, al.ctypes.data, b.data.ptr, typ, ldb,
+        calls.gemm_ex(handle, int(tb), int(ta), n, m, k, al.ctypes.data, b.data.ptr, typ, ldb,
                       a.data.ptr, typ, lda, be.ctypes.data, out.data.ptr, _CUDA_TYPE[out.dtype.name], ldc,
                       _COMPUTE[dtype], _TENSOR_OP_ALGO if tensor_ops else _DEFAULT_ALGO)
     finally:
         if tensor_ops:
-            cublas.setMathMode(handle, cublas.CUBLAS_DEFAULT_MATH)
+            calls.set_math_mode(handle, _DEFAULT_MATH)
     return out
+
+
+class _Calls(NamedTuple):
+    """The cuBLAS functions `_gemm_gpu` calls, each taking the C API's arguments in its order."""
+    set_stream: object
+    set_pointer_mode: object
+    set_math_mode: object
+    dgemm: object
+    gemm_ex: object
+
+
+def _cupy_calls():
+    """CuPy's bindings (they raise on a failed call)."""
+    calls = _CALLS.get("cupy")
+    if calls is None:
+        from cupy_backends.cuda.libs import cublas
+        calls = _CALLS["cupy"] = _Calls(cublas.setStream, cublas.setPointerMode, cublas.setMathMode,
+                                        cublas.dgemm, cublas.gemmEx)
+    return calls
 
 
 # ---- GEMM inside a CUDA graph capture -------------------------------------------------
@@ -173,34 +197,22 @@ def prepare_capture():
         _CAPTURE[handle] = ws
 
 
-def _gemm_captured(cupy, a, b, out, alpha, beta):
-    lib = _libcublas()
-    handle = cupy.cuda.device.get_cublas_handle()
+def _captured_calls(handle):
+    """The C library's functions, called directly (CuPy's bindings refuse during a capture), each
+    raising on a failed call."""
     if handle not in _CAPTURE:
         raise RuntimeError("dmath.blas.prepare_capture() must run before a capture that multiplies")
-    dtype = a.dtype.name
-    a, lda, ta = _row_major(a)
-    b, ldb, tb = _row_major(b)
-    _, ldc, _ = _row_major(out)
-    m, k = a.shape
-    n = b.shape[1]
-    scalar = _SCALAR[dtype]
-    al, be = np.array(alpha, dtype=scalar), np.array(beta, dtype=scalar)
-    _check(lib.cublasSetStream_v2(handle, cupy.cuda.get_current_stream().ptr), "SetStream")
-    _check(lib.cublasSetPointerMode_v2(handle, 0), "SetPointerMode")   # host scalars, copied at capture
-    if dtype == "float64":
-        _check(lib.cublasDgemm_v2(handle, int(tb), int(ta), n, m, k, al.ctypes.data, b.data.ptr, ldb,
-                                  a.data.ptr, lda, be.ctypes.data, out.data.ptr, ldc), "Dgemm")
-        return out
-    tensor_ops = dtype == "float16"
-    typ = _CUDA_TYPE[dtype]
-    if tensor_ops:
-        _check(lib.cublasSetMathMode(handle, 1), "SetMathMode")        # CUBLAS_TENSOR_OP_MATH
-    try:
-        _check(lib.cublasGemmEx(handle, int(tb), int(ta), n, m, k, al.ctypes.data, b.data.ptr, typ, ldb,
-                                a.data.ptr, typ, lda, be.ctypes.data, out.data.ptr, _CUDA_TYPE[out.dtype.name],
-                                ldc, _COMPUTE[dtype], _TENSOR_OP_ALGO if tensor_ops else _DEFAULT_ALGO), "GemmEx")
-    finally:
-        if tensor_ops:
-            lib.cublasSetMathMode(handle, 0)
-    return out
+    calls = _CALLS.get("captured")
+    if calls is None:
+        lib = _libcublas()
+        calls = _CALLS["captured"] = _Calls(
+            _checked(lib.cublasSetStream_v2, "SetStream"), _checked(lib.cublasSetPointerMode_v2, "SetPointerMode"),
+            _checked(lib.cublasSetMathMode, "SetMathMode"), _checked(lib.cublasDgemm_v2, "Dgemm"),
+            _checked(lib.cublasGemmEx, "GemmEx"))
+    return calls
+
+
+def _checked(fn, what):
+    def call(*args):
+        _check(fn(*args), what)
+    return call

@@ -2,19 +2,16 @@
 
 Every method validates on the master (raising ShapeError, LayoutError, ...
 before anything is sent), aligns operands by remapping where layouts differ,
-and dispatches one command per kernel.
+and dispatches one command per kernel: the validation and the dispatch are
+the op units' master halves (`dmath/ops/<family>.py`), which this module
+only names.
 """
-import math
-
 import numpy as np
 
-from .backend import canonical_dtype
-from .errors import DMathError, DTypeError, LayoutError, NotSupportedError, ShapeError
-from .layout import ColBlock, RowBlock, Tiles, distribution
-from .layout.indexset import split_even
-from . import linalg
-from .ops import base, elementwise, movement, reductions, storage
-from .ops.base import dispatch, new_meta
+from .errors import DMathError, NotSupportedError
+from .ops import base, data, elementwise, gemm, movement, reductions, storage
+from .ops.creation import eye, full, ones, zeros
+from .ops.data import from_numpy
 from .runtime import Meta, runtime
 
 class _Dtypes(dict):
@@ -124,8 +121,7 @@ class Matrix:
 
     def to_memory(self, kind):
         """A new Matrix with this one's layout and values, held in memory `kind`."""
-        kind = _check_memory(kind)
-        return _placed(storage.to_memory(self, kind), kind)
+        return storage.to_memory(self, kind)
 
     def prefetch(self):
         """Start copying a 'host' or 'managed' matrix to the devices in the background; returns self.
@@ -140,7 +136,7 @@ class Matrix:
     # ---- movement -----------------------------------------------------------
     def to_numpy(self):
         """Gather the whole matrix on the master as a numpy array."""
-        return dispatch("gather", [self])[1]
+        return data.to_numpy(self)
 
     def remap(self, layout, dtype=None, background=False):
         """A new Matrix with the same values in `layout` (and `dtype`, converted on the narrower side).
@@ -167,37 +163,24 @@ class Matrix:
         fits the new shape, else RowBlock()). Only elements that change owner
         travel.
         """
-        return _reshape(self, shape[0] if len(shape) == 1 else shape, layout)
+        return movement.reshape(self, shape[0] if len(shape) == 1 else shape, layout)
 
     @property
     def T(self):
         """The transpose; every piece stays on its worker, transposed locally."""
-        lay = self.layout.transposed(runtime().nworkers)
-        out = dispatch("transpose", [self], [new_meta(lay, self.shape[::-1], self.dtype)])[0][0]
-        out._derived = "A.T"
-        return out
+        return movement.transpose(self)
 
     def __getitem__(self, key):
-        rows, cols = _parse_key(key, self.shape)
-        if isinstance(rows, int) and isinstance(cols, int):
-            return self.get((rows, cols))
-        rows = slice(rows, rows + 1) if isinstance(rows, int) else rows
-        cols = slice(cols, cols + 1) if isinstance(cols, int) else cols
-        shape = (rows.stop - rows.start, cols.stop - cols.start)
-        out = _remap(self, _slice_layout(self.layout), None, offset=(rows.start, cols.start), shape=shape)
-        out._derived = f"A[{rows.start}:{rows.stop}, {cols.start}:{cols.stop}]"
-        return out
+        """M[i, j]: the element (a float); M[r0:r1, c0:c1] (or a row, a column): a new matrix."""
+        return movement.getitem(self, key)
 
     def get(self, index):
         """The element at (i, j) as a Python float."""
-        i, j = _check_index(index, self.shape)
-        return dispatch("get", [self], scalars=(i, j))[1]
+        return movement.get_element(self, index)
 
     def set(self, index, value):
         """Write one element (i, j) = value in place."""
-        i, j = _check_index(index, self.shape)
-        self._check_writable("set")
-        dispatch("set", [self], [0], scalars=(i, j, _check_scalar(value)))
+        movement.set_element(self, index, value)
 
     def assign(self, value):
         """Overwrite every value in place (same handle and buffers, a new version); returns self.
@@ -207,20 +190,7 @@ class Matrix:
         (redistributed into this matrix's layout and dtype). This is how new
         data enters a recorded plan: assign the next batch, then replay.
         """
-        self._check_writable("assign")
-        if _is_matrix(value):
-            if value.shape != self.shape:
-                raise ShapeError(f"assign: the source matrix has shape {value.shape}, this matrix {self.shape}")
-            dispatch("remap_into", [self, value], [0])
-            return self
-        if not isinstance(value, np.ndarray):
-            raise DMathError(f"assign needs a numpy array or a dmath.Matrix, got {type(value).__name__}")
-        if value.shape != self.shape:
-            raise ShapeError(f"assign: the array has shape {value.shape}, this matrix {self.shape}")
-        if value.dtype.kind not in "iuf":
-            raise DTypeError(f"assign needs a real numeric array, got dtype {value.dtype}")
-        dispatch("scatter_into", [self], [0], payload=np.ascontiguousarray(value, dtype=self.dtype))
-        return self
+        return data.assign(self, value)
 
     # ---- arithmetic ---------------------------------------------------------
     def __add__(self, o): return _ewise("add", self, o)
@@ -243,16 +213,16 @@ class Matrix:
     # ---- products -------------------------------------------------------------
     def __matmul__(self, o):
         """self @ o: `dmath.gemm(self, o)` (any layouts; the cost model picks the strategy)."""
-        if not _is_matrix(o):
+        if not base.is_matrix(o):
             return _matmul_operand(o)
-        return linalg.gemm(self, o)
+        return gemm.gemm(self, o)
 
     def __rmatmul__(self, o):
         return _matmul_operand(o)
 
     def replicate(self, wait=True):
         """Keep a Replicated copy on every worker (the replica cache); wait=False overlaps it. Returns self."""
-        return linalg.replicate(self, wait)
+        return gemm.replicate(self, wait)
 
     # ---- reductions ---------------------------------------------------------
     def sum(self, axis=None):
@@ -280,60 +250,6 @@ def _make(handle, m):
 base.set_matrix_factory(_make)
 
 
-# ---- validation helpers ------------------------------------------------------
-def _check_scalar(v):
-    return base.check_scalar(v, "the value")
-
-
-def _check_index(index, shape):
-    try:
-        i, j = index
-    except (TypeError, ValueError) as exc:
-        raise ShapeError(f"an element index is a pair (i, j), got {index!r}") from exc
-    i, j = base.as_int(i, "row index"), base.as_int(j, "column index")
-    if i < 0:
-        i += shape[0]
-    if j < 0:
-        j += shape[1]
-    if not (0 <= i < shape[0] and 0 <= j < shape[1]):
-        raise ShapeError(f"index {index} is out of bounds for a matrix of shape {shape}")
-    return i, j
-
-
-def _parse_axis_key(k, n, what):
-    if isinstance(k, slice):
-        start, stop, step = k.indices(n)
-        if step != 1:
-            raise ShapeError(f"{what} slice step must be 1, got {k.step}")
-        return slice(start, max(start, stop))
-    i = base.as_int(k, f"{what} index")
-    if i < 0:
-        i += n
-    if not 0 <= i < n:
-        raise ShapeError(f"{what} index {k} is out of bounds for size {n}")
-    return i
-
-
-def _parse_key(key, shape):
-    if not isinstance(key, tuple):
-        key = (key, slice(None))
-    if len(key) != 2:
-        raise ShapeError(f"a Matrix takes two indices (rows, cols), got {len(key)}")
-    return _parse_axis_key(key[0], shape[0], "row"), _parse_axis_key(key[1], shape[1], "column")
-
-
-def _slice_layout(lay):
-    """The layout of a submatrix: the source's kind; split sizes and tile grids refer to the old shape."""
-    if isinstance(lay, (RowBlock, ColBlock)):
-        return type(lay)(lay.group)
-    if isinstance(lay, Tiles):
-        return RowBlock()
-    return lay
-
-
-_is_matrix = base.is_matrix
-
-
 def _matmul_operand(o):
     """`A @ o` or `o @ A` with `o` not a Matrix: say what to do (NotImplemented for other types)."""
     if isinstance(o, np.ndarray):
@@ -342,62 +258,10 @@ def _matmul_operand(o):
     return NotImplemented
 
 
-# ---- remap --------------------------------------------------------------------
-def _remap(m, layout, dtype, offset=(0, 0), shape=None, background=False):
-    _require_matrix(m, "remap")
-    return movement.remap(m, layout, dtype, offset, shape, background)
-
-
-def _reshape(m, shape, layout):
-    shape = _reshape_target(shape, m.shape)
-    if layout is None:
-        layout = m.layout if _fits(m.layout, shape) else RowBlock()
-    if shape == m.shape:
-        return _remap(m, layout, None)
-    if m.size == 0:
-        return zeros(shape, m.dtype, layout)
-    # a block of whole rows of both shapes holds a multiple of lcm(n, n2) elements
-    (_, n), (_, n2) = m.shape, shape
-    unit = math.lcm(n, n2)
-    chunks = split_even(m.size // unit, runtime().nworkers)
-    src = _remap(m, RowBlock(sizes=[c * unit // n for c in chunks]), None)
-    out = new_meta(RowBlock(sizes=[c * unit // n2 for c in chunks]), shape, m.dtype)
-    flat = dispatch("reshape_rows", [src], [out])[0][0]
-    return flat if _same_layout(flat, layout) else _remap(flat, layout, None)
-
-
-def _reshape_target(shape, old):
-    if not isinstance(shape, (tuple, list)) or len(shape) != 2:
-        raise ShapeError(f"a Matrix is 2-D: reshape needs two sizes (one may be -1), got {shape!r}")
-    shape = tuple(base.as_int(v, "reshape size") for v in shape)
-    if shape.count(-1) > 1 or any(v < -1 for v in shape):
-        raise ShapeError(f"reshape needs two sizes (one may be -1), got {shape}")
-    count = old[0] * old[1]
-    if -1 in shape:
-        other = shape[1 - shape.index(-1)]
-        if other == 0 or count % other:
-            raise ShapeError(f"cannot reshape a {old} matrix into {shape}")
-        shape = tuple(count // other if v == -1 else v for v in shape)
-    if shape[0] * shape[1] != count:
-        raise ShapeError(f"cannot reshape a {old} matrix ({count} elements) into {shape}")
-    return shape
-
-
-def _fits(layout, shape):
-    try:
-        distribution(layout, shape, runtime().nworkers)
-    except LayoutError:
-        return False
-    return True
-
-
-def _same_layout(m, layout):
-    return m.layout == layout.resolved(runtime().nworkers)
-
-
-def _require_matrix(m, what):
-    if not _is_matrix(m):
-        raise DMathError(f"{what} needs a dmath.Matrix, got {type(m).__name__}")
+def _remap(m, layout, dtype, background=False):
+    if not base.is_matrix(m):
+        raise DMathError(f"remap needs a dmath.Matrix, got {type(m).__name__}")
+    return movement.remap(m, layout, dtype, background=background)
 
 
 # ---- functions of the public API -------------------------------------------------
@@ -405,70 +269,6 @@ def _require_matrix(m, what):
 for _name in elementwise.PUBLIC:
     globals()[_name] = getattr(elementwise, _name)
 del _name
-
-
-def _creation(op, shape, dtype, layout, memory, static=(), scalars=()):
-    return _create(new_meta(layout, shape, dtype), op, memory, static, scalars)
-
-
-def _create(out, op, memory, static=(), scalars=(), payload=None):
-    """Run creation kernel `op` for a new matrix `out` (a Meta) in the validated memory kind `memory`.
-
-    The kind travels as the command's last scalar, never in its signature.
-    """
-    storage.check_room(memory, out)
-    scalars = tuple(scalars) + (storage.kind_scalar(memory),)
-    made = dispatch(op, [], [out], static=static, scalars=scalars, payload=payload, pooled=storage.pooled(memory))
-    return _placed(made[0][0], memory)
-
-
-def _placed(m, kind):
-    m._memory = kind
-    return m
-
-
-def zeros(shape, dtype="float32", layout=None, memory=None):
-    """A matrix of zeros (layout None means RowBlock())."""
-    return full(shape, 0.0, dtype, layout, memory)
-
-
-def ones(shape, dtype="float32", layout=None, memory=None):
-    return full(shape, 1.0, dtype, layout, memory)
-
-
-def full(shape, value, dtype="float32", layout=None, memory=None):
-    memory = _check_memory(memory)
-    return _creation("fill", shape, dtype, layout, memory, scalars=(_check_scalar(value),))
-
-
-def eye(n, dtype="float32", layout=None, memory=None):
-    memory = _check_memory(memory)
-    n = base.as_int(n, "n")
-    return _creation("eye", (n, n), dtype, layout, memory)
-
-
-def _check_memory(memory):
-    """The memory kind validated: 'device', 'host', 'managed', 'cuda_managed' (None: the backend's default)."""
-    return storage.check_kind(memory)
-
-
-def from_numpy(array, layout=None, dtype=None, memory=None):
-    """Scatter a 2-D numpy array (1-D arrays become one row) from the master."""
-    memory = _check_memory(memory)
-    a = np.asarray(array)
-    if a.ndim == 1:
-        a = a[None, :]
-    if a.ndim != 2:
-        raise ShapeError(f"from_numpy needs a 1-D or 2-D array, got {a.ndim}-D of shape {a.shape}")
-    if not np.issubdtype(a.dtype, np.number):
-        raise DTypeError(f"from_numpy needs a numeric array, got dtype {a.dtype}")
-    if a.dtype.kind == "c":
-        raise DTypeError(f"from_numpy: dmath matrices are real; the array is {a.dtype}. Pass a.real and "
-                         f"a.imag as two matrices (converting would drop the imaginary part)")
-    dtype = canonical_dtype(dtype if dtype is not None else
-                            (a.dtype if a.dtype.name in ("float16", "float32", "float64") else "float64"))
-    out = new_meta(layout, a.shape, dtype)
-    return _create(out, "scatter", memory, payload=np.ascontiguousarray(a, dtype=dtype))
 
 
 __all__ = ["Matrix", "zeros", "ones", "full", "eye", "from_numpy", "Meta", *elementwise.PUBLIC]

@@ -7,8 +7,9 @@ import numbers
 
 from .errors import DMathError, ShapeError
 from .layout import Replicated
-from .matrix import Matrix, _check_memory, _create, zeros
-from .ops.base import dispatch, new_meta
+from .matrix import Matrix
+from .ops import creation
+from .ops.base import dispatch
 
 _state = {"seed": 0, "stream": 0}
 
@@ -42,21 +43,14 @@ def set_state(state):
     _state["stream"] = stream
 
 
-def _draw(kind, shape, dtype, layout, memory):
-    memory = _check_memory(memory)
-    out = new_meta(layout, shape, dtype)
-    _state["stream"] += 1
-    return _create(out, "random", memory, static=(kind,), scalars=(_state["seed"], _state["stream"]))
-
-
 def rand(shape, dtype="float32", layout=None, memory=None):
     """Uniform [0, 1) values."""
-    return _draw("uniform", shape, dtype, layout, memory)
+    return creation.random("uniform", shape, dtype, layout, memory, _state)
 
 
 def randn(shape, dtype="float32", layout=None, memory=None):
     """Standard normal values."""
-    return _draw("normal", shape, dtype, layout, memory)
+    return creation.random("normal", shape, dtype, layout, memory, _state)
 
 
 def permutation(n, key=None, out=None, layout=None):
@@ -82,7 +76,7 @@ def permutation(n, key=None, out=None, layout=None):
     if out is None:
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
             raise ShapeError(f"permutation: n must be a non-negative integer, got {n!r}")
-        out = zeros((1, int(n)), dtype="float64", layout=layout if layout is not None else Replicated())
+        out = creation.zeros((1, int(n)), dtype="float64", layout=layout if layout is not None else Replicated())
     elif not isinstance(out, Matrix) or out.shape != (1, n) or out.dtype != "float64":
         raise ShapeError(f"permutation: out must be a (1, {n}) float64 dmath.Matrix, got {out!r}")
     dispatch("nn_permutation", [out], [0], scalars=key)

@@ -30,14 +30,19 @@ class Piece:
         return (ix.size(self.rows), ix.size(self.cols))
 
 
+def _int_tuple(value, error):
+    """The sequence `value` as a tuple of ints; LayoutError(error) where it is not one."""
+    try:
+        return tuple(int(v) for v in value)
+    except (TypeError, ValueError) as exc:
+        raise LayoutError(error) from exc
+
+
 def _norm_group(group):
     if group is None:
         # inside `dmath.on_group(ranks)` a layout made without a group lives on those ranks
         return default_group()
-    try:
-        g = tuple(int(r) for r in group)
-    except TypeError as exc:
-        raise LayoutError(f"group must be a sequence of worker ranks, got {group!r}") from exc
+    g = _int_tuple(group, f"group must be a sequence of worker ranks, got {group!r}")
     if not g:
         raise LayoutError("group must name at least one worker")
     if len(set(g)) != len(g) or min(g) < 0:
@@ -46,13 +51,11 @@ def _norm_group(group):
 
 
 def _norm_pair(value, what):
-    try:
-        a, b = (int(v) for v in value)
-    except (TypeError, ValueError) as exc:
-        raise LayoutError(f"{what} must be a pair of positive integers, got {value!r}") from exc
-    if a < 1 or b < 1:
-        raise LayoutError(f"{what} must be a pair of positive integers, got {value!r}")
-    return (a, b)
+    error = f"{what} must be a pair of positive integers, got {value!r}"
+    pair = _int_tuple(value, error)
+    if len(pair) != 2 or min(pair) < 1:
+        raise LayoutError(error)
+    return pair
 
 
 def near_square_grid(p):
@@ -140,10 +143,7 @@ def _check_sizes(sizes, n, parts, what):
 def _norm_sizes(sizes):
     if sizes is None:
         return None
-    try:
-        s = tuple(int(v) for v in sizes)
-    except (TypeError, ValueError) as exc:
-        raise LayoutError(f"sizes must be a sequence of integers, got {sizes!r}") from exc
+    s = _int_tuple(sizes, f"sizes must be a sequence of integers, got {sizes!r}")
     if any(v < 0 for v in s):
         raise LayoutError(f"sizes must be non-negative, got {s}")
     return s
@@ -270,10 +270,7 @@ class BlockCyclic(Layout):
 
 
 def _norm_splits(splits, what):
-    try:
-        s = tuple(int(v) for v in splits)
-    except (TypeError, ValueError) as exc:
-        raise LayoutError(f"{what} must be a sequence of integers, got {splits!r}") from exc
+    s = _int_tuple(splits, f"{what} must be a sequence of integers, got {splits!r}")
     if len(s) < 2 or s[0] != 0 or any(b < a for a, b in zip(s, s[1:])):
         raise LayoutError(f"{what} must start at 0 and not decrease, got {s}")
     return s

@@ -63,6 +63,8 @@ def is_matrix(x):
 
 def check_scalar(v, what="a scalar operand"):
     """v as a float; DMathError unless it is a real number (bool is not)."""
+    if type(v) is float:          # the usual case, without the ABC check below (dispatch cost)
+        return v
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
         raise DMathError(f"{what} must be a real number, got {v!r}")
     return float(v)

@@ -1,18 +1,68 @@
-"""Creation kernels: constant fill, identity, and counter-based random numbers.
+"""Creation: constant fill, identity, and counter-based random numbers (master halves and kernels).
 
 Random values are a hash of (seed, stream, global linear index), so a matrix
 drawn with the same seed is the same for any layout and any worker count.
 The last scalar of every creation command is the new matrix's memory kind.
 """
+from typing import NamedTuple
+
 import numpy as np
 
 from .. import backend
 from ..layout import indexset as ix
 from ..memory import kinds
-from ..runtime import kernel
-from .storage import compute_empty, new_shard
+from ..runtime import define
+from .base import as_int, check_scalar, new_meta
+from .storage import check_kind, compute_empty, create, new_shard
 
 _U = np.uint64
+
+
+class RandomArgs(NamedTuple):
+    """Static arguments of `random`."""
+    kind: str        # 'uniform' ([0, 1)) or 'normal' (standard normal)
+
+
+FILL = define("fill")
+EYE = define("eye")
+RANDOM = define("random", RandomArgs)
+
+
+# ---- master halves ------------------------------------------------------------------------
+def zeros(shape, dtype="float32", layout=None, memory=None):
+    """A matrix of zeros (layout None means RowBlock())."""
+    return full(shape, 0.0, dtype, layout, memory)
+
+
+def ones(shape, dtype="float32", layout=None, memory=None):
+    """A matrix of ones (layout None means RowBlock())."""
+    return full(shape, 1.0, dtype, layout, memory)
+
+
+def full(shape, value, dtype="float32", layout=None, memory=None):
+    """A matrix with every element `value` (layout None means RowBlock())."""
+    memory = check_kind(memory)
+    value = check_scalar(value, "the value")
+    return create(new_meta(layout, shape, dtype), "fill", memory, scalars=(value,))
+
+
+def eye(n, dtype="float32", layout=None, memory=None):
+    """The n x n identity matrix (layout None means RowBlock())."""
+    memory = check_kind(memory)
+    n = as_int(n, "n")
+    return create(new_meta(layout, (n, n), dtype), "eye", memory)
+
+
+def random(kind, shape, dtype, layout, memory, state):
+    """Master half of dmath.random.rand/randn: `kind` values from the next stream of `state`
+    (dmath.random's {'seed', 'stream'}), which advances only once the call is valid."""
+    memory = check_kind(memory)
+    out = new_meta(layout, shape, dtype)
+    state["stream"] += 1
+    return create(out, "random", memory, static=RANDOM.static(kind=kind), scalars=(state["seed"], state["stream"]))
+
+
+# ---- kernels ------------------------------------------------------------------------------
 
 
 def _out(call):
@@ -37,7 +87,7 @@ def _filled(pieces, dtype, kind, value):
     return arrays
 
 
-@kernel("fill")
+@FILL.kernel()
 def _fill(call):
     """scalars = (value, memory kind)."""
     dist, dtype, pieces, kind = _out(call)
@@ -49,7 +99,7 @@ def _grid(xp, piece):
     return xp.asarray(ix.to_array(piece.rows))[:, None], xp.asarray(ix.to_array(piece.cols))[None, :]
 
 
-@kernel("eye")
+@EYE.kernel()
 def _eye(call):
     xp = backend.current().xp
     dist, dtype, pieces, kind = _out(call)
@@ -86,13 +136,13 @@ def stream_key(seed, stream, lane):
     return x ^ (x >> 31)
 
 
-@kernel("random")
+@RANDOM.kernel()
 def _random(call):
     xp = backend.current().xp
     dist, dtype, pieces, memory_kind = _out(call)
     if not holds_value(dist, call.rank):
         return [new_shard(_filled(pieces, dtype, memory_kind, 0.0), dist, dtype, memory_kind)]
-    kind = call.entry.static[0]
+    kind = call.entry.static.kind
     seed, stream = int(call.scalars[0]), int(call.scalars[1])
     n = dist.shape[1]
     arrays = []

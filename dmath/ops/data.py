@@ -1,13 +1,68 @@
-"""Moving whole matrices between the master's host memory and the workers: scatter and gather."""
+"""Moving whole matrices between the master's host memory and the workers: scatter and gather
+(`from_numpy`, `Matrix.to_numpy`, `Matrix.assign`: master halves and kernels)."""
 import numpy as np
 
 from .. import backend, memory
+from ..backend import canonical_dtype
 from ..comm import collectives
+from ..errors import DMathError, DTypeError, ShapeError
 from ..layout import indexset as ix
 from ..memory import kinds
-from ..runtime import kernel
+from ..runtime import define
+from .base import dispatch, is_matrix, new_meta
 from .creation import holds_value
-from .storage import compute_empty, new_shard
+from .movement import remap_into
+from .storage import check_kind, compute_empty, create, new_shard
+
+SCATTER = define("scatter")
+SCATTER_INTO = define("scatter_into")
+GATHER = define("gather")
+
+
+# ---- master halves ------------------------------------------------------------------------
+def from_numpy(array, layout=None, dtype=None, memory=None):
+    """Scatter a 2-D numpy array (1-D arrays become one row) from the master."""
+    memory = check_kind(memory)
+    a = np.asarray(array)
+    if a.ndim == 1:
+        a = a[None, :]
+    if a.ndim != 2:
+        raise ShapeError(f"from_numpy needs a 1-D or 2-D array, got {a.ndim}-D of shape {a.shape}")
+    if not np.issubdtype(a.dtype, np.number):
+        raise DTypeError(f"from_numpy needs a numeric array, got dtype {a.dtype}")
+    if a.dtype.kind == "c":
+        raise DTypeError(f"from_numpy: dmath matrices are real; the array is {a.dtype}. Pass a.real and "
+                         f"a.imag as two matrices (converting would drop the imaginary part)")
+    dtype = canonical_dtype(dtype if dtype is not None else
+                            (a.dtype if a.dtype.name in ("float16", "float32", "float64") else "float64"))
+    out = new_meta(layout, a.shape, dtype)
+    return create(out, "scatter", memory, payload=np.ascontiguousarray(a, dtype=dtype))
+
+
+def to_numpy(m):
+    """Master half of Matrix.to_numpy: the whole matrix gathered on the master."""
+    return dispatch("gather", [m])[1]
+
+
+def assign(m, value):
+    """Master half of Matrix.assign: overwrite m in place with a numpy array or a Matrix; returns m."""
+    m._check_writable("assign")
+    if is_matrix(value):
+        if value.shape != m.shape:
+            raise ShapeError(f"assign: the source matrix has shape {value.shape}, this matrix {m.shape}")
+        remap_into(m, value)
+        return m
+    if not isinstance(value, np.ndarray):
+        raise DMathError(f"assign needs a numpy array or a dmath.Matrix, got {type(value).__name__}")
+    if value.shape != m.shape:
+        raise ShapeError(f"assign: the array has shape {value.shape}, this matrix {m.shape}")
+    if value.dtype.kind not in "iuf":
+        raise DTypeError(f"assign needs a real numeric array, got dtype {value.dtype}")
+    dispatch("scatter_into", [m], [0], payload=np.ascontiguousarray(value, dtype=m.dtype))
+    return m
+
+
+# ---- kernels ------------------------------------------------------------------------------
 
 
 def _region(piece):
@@ -108,7 +163,7 @@ def _scatter_by_device_broadcast(call, dist, dtype, kind):
     return new_shard([out], dist, dtype, kind)
 
 
-@kernel("scatter")
+@SCATTER.kernel()
 def _scatter(call):
     """Master sends every worker its pieces of the host array it holds (call.payload).
 
@@ -128,7 +183,7 @@ def _scatter(call):
     return [new_shard(blocks, dist, dtype, kind)]
 
 
-@kernel("scatter_into")
+@SCATTER_INTO.kernel()
 def _scatter_into(call):
     """Overwrite input 0 in place with the master's host array (call.payload, in its dtype).
 
@@ -151,7 +206,7 @@ def senders(dist):
     return tuple(r for r in range(dist.nworkers) if dist.pieces[r])
 
 
-@kernel("gather")
+@GATHER.kernel()
 def _gather(call):
     """Every sender ships its pieces to the master, which assembles (and sums, for Partial) them."""
     world = call.world

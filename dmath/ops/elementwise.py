@@ -3,8 +3,10 @@
 One op unit (`ewise`) serves every function. A function is one `function(...)`
 definition below: its name, operand names, how it computes into `out` with
 the array module, how a Partial (sum of addends) operand may pass through it,
-and its docstring; the definition returns the public function that
-`dmath/__init__.py` exports. Nothing else names it.
+its docstring and, where dnn differentiates it, its gradient; the definition
+returns the public function that `dmath/__init__.py` exports. Nothing else
+names it (dnn's differentiable function of the same name reads the gradient
+from the public function: `dnn/ops/elementwise.py`).
 
 Master half (`apply`): validate, then align the operands (a cached pure plan):
 the result takes the layout of the first operand of the result's shape;
@@ -42,12 +44,21 @@ class Function(NamedTuple):
 FUNCTIONS = {}
 
 
-def function(name, params, compute, doc, partial=None):
-    """Define elementwise function `name` with operands `params`; returns its public function."""
+def function(name, params, compute, doc, partial=None, grad=None):
+    """Define elementwise function `name` with operands `params`; returns its public function.
+
+    grad: for a function of one operand, g(x, y, gy) giving x's gradient from
+    the operand x, the result y and y's gradient gy (reverse mode: gy times
+    the derivative), written with dmath operations. The public function
+    carries it as its `grad` attribute (`dmath.tanh.grad`), which dnn
+    differentiates `name` with.
+    """
     if name in FUNCTIONS:
         raise ValueError(f"elementwise function {name!r} defined twice")
     if partial not in (None, "linear", "scale"):
         raise ValueError(f"{name}: partial must be None, 'linear' or 'scale', got {partial!r}")
+    if grad is not None and len(params) != 1:
+        raise ValueError(f"{name}: a gradient is defined for functions of one operand only")
     FUNCTIONS[name] = Function(name, tuple(params), compute, partial)
     sig = inspect.Signature([inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params])
 
@@ -60,6 +71,7 @@ def function(name, params, compute, doc, partial=None):
     public.__name__ = public.__qualname__ = name
     public.__doc__ = doc
     public.__signature__ = sig
+    public.grad = grad
     return public
 
 
@@ -89,13 +101,20 @@ maximum = function("maximum", ("a", "b"), _ufunc("maximum"), "The larger of a an
 minimum = function("minimum", ("a", "b"), _ufunc("minimum"), "The smaller of a and b elementwise.")
 where = function("where", ("cond", "a", "b"), _where,
                  "Elementwise `a` where `cond` is non-zero, else `b` (matrices or scalars).")
-exp = function("exp", ("m",), _ufunc("exp"), "e ** m elementwise.")
-log = function("log", ("m",), _ufunc("log"), "The natural logarithm elementwise.")
+exp = function("exp", ("m",), _ufunc("exp"), "e ** m elementwise.",
+               grad=lambda x, y, gy: gy * y)
+log = function("log", ("m",), _ufunc("log"), "The natural logarithm elementwise.",
+               grad=lambda x, y, gy: gy / x)
 sqrt = function("sqrt", ("m",), _ufunc("sqrt"), "The square root elementwise.")
 abs = function("abs", ("m",), _ufunc("absolute"), "|m| elementwise.")          # noqa: A001
-tanh = function("tanh", ("m",), _ufunc("tanh"), "The hyperbolic tangent elementwise.")
-sigmoid = function("sigmoid", ("m",), _sigmoid, "1 / (1 + e ** -m) elementwise.")
-relu = function("relu", ("m",), lambda xp, out, a: xp.maximum(a, 0, out=out), "max(m, 0) elementwise.")
+# the gradients of tanh and sigmoid read the result only
+tanh = function("tanh", ("m",), _ufunc("tanh"), "The hyperbolic tangent elementwise.",
+                grad=lambda x, y, gy: gy - gy * (y * y))
+sigmoid = function("sigmoid", ("m",), _sigmoid, "1 / (1 + e ** -m) elementwise.",
+                   grad=lambda x, y, gy: gy * (y - y * y))
+# y > 0 exactly where x > 0 (the subgradient at 0 is 0, as PyTorch's)
+relu = function("relu", ("m",), lambda xp, out, a: xp.maximum(a, 0, out=out), "max(m, 0) elementwise.",
+                grad=lambda x, y, gy: where(y, gy, 0.0))
 
 # comparisons and logic: 1 where true, else 0, in the operands' dtype (NumPy's type promotion)
 equal = function("equal", ("a", "b"), _ufunc("equal"), "1 where a == b, else 0.")

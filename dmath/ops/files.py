@@ -5,6 +5,16 @@ each worker reads its own pieces, converting them to the matrix's dtype, or
 memory-maps them (copy-on-write: a write stays private to the process and
 never reaches the file). The bytes of the matrix never pass through the
 master, and a mapped matrix is read only where and when it is used.
+
+    X = dmath.from_file("train_x.npy", layout=dmath.Replicated())          # each worker reads it all
+    X = dmath.from_file("images.idx", shape=(60000, 784), file_dtype="uint8", offset=16,
+                        dtype="float16", layout=dmath.Replicated())
+    X = dmath.from_file("huge.npy", layout=dmath.Replicated(), mapped=True)  # read on use
+
+The file must be visible to every worker under the same path (a shared or
+node-local copy). The master checks the header and the size first, so a
+truncated or malformed file raises DMathError there and the runtime stays
+usable.
 """
 import os
 from typing import NamedTuple
@@ -12,11 +22,14 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import memory
-from ..errors import DMathError
+from ..backend import canonical_dtype
+from ..errors import DMathError, LayoutError, ShapeError
+from ..layout import RowBlock
 from ..layout import indexset as ix
 from ..memory import kinds
-from ..runtime import kernel
-from .storage import compute_empty, new_shard
+from ..runtime import define
+from .base import as_int, dispatch, new_meta
+from .storage import check_kind, compute_empty, create, kind_scalar, new_shard, placed
 
 #: rows converted per read, so that a large file needs little temporary memory
 _READ_BYTES = 64 << 20
@@ -73,6 +86,89 @@ def check_size(spec):
                          f"({spec.offset + spec.nbytes:,} bytes); truncated?")
 
 
+class FromFileArgs(NamedTuple):
+    """Static arguments of `from_file`."""
+    spec: FileSpec     # the file, where the matrix lies in it, its stored element type
+    mapped: bool       # map the pieces (copy-on-write host memory) instead of reading them
+
+
+FROM_FILE = define("from_file", FromFileArgs)
+
+
+# ---- master half --------------------------------------------------------------------------
+def _file_dtype(value):
+    try:
+        dt = np.dtype(value)
+    except TypeError as exc:
+        raise DMathError(f"from_file: unknown file_dtype {value!r}") from exc
+    if dt.kind not in "iuf":
+        raise DMathError(f"from_file: file_dtype must be an integer or float type, got {dt}")
+    return dt
+
+
+def _spec(path, shape, offset, file_dtype):
+    """The FileSpec of the call: from a .npy header (reshaped to `shape` if given), or of a raw file."""
+    if path.endswith(".npy") or (shape is None and file_dtype is None):
+        spec = npy_spec(path)
+        if offset is not None or file_dtype is not None:
+            raise DMathError("from_file: a .npy file gives its own offset and file_dtype; pass neither")
+        if shape is not None:
+            rows, cols = (as_int(v, "from_file: shape entry") for v in shape)
+            if rows * cols != spec.rows * spec.cols:
+                raise ShapeError(f"from_file: {path} holds {spec.rows * spec.cols} values, shape {tuple(shape)} "
+                                 f"has {rows * cols}")
+            spec = spec._replace(rows=rows, cols=cols)
+        return spec
+    if shape is None or file_dtype is None:
+        raise DMathError("from_file: a raw file needs shape=(rows, cols) and file_dtype=")
+    rows, cols = (as_int(v, "from_file: shape entry") for v in shape)
+    off = as_int(0 if offset is None else offset, "from_file: offset")
+    if rows < 0 or cols < 0 or off < 0:
+        raise ShapeError(f"from_file: shape and offset must be non-negative, got {shape}, {off}")
+    return FileSpec(os.path.abspath(path), off, _file_dtype(file_dtype).str, rows, cols)
+
+
+def from_file(path, shape=None, dtype=None, *, offset=None, file_dtype=None, layout=None, memory=None,
+              mapped=False):
+    """A matrix whose pieces every worker reads from the file at `path` (the master sends only the path).
+
+    path: a .npy file (shape, element type and offset from its header; a 1-D
+    array is one row, an N-D array (n, rest...) is the (n, prod(rest))
+    matrix), or a raw binary file with shape, file_dtype and offset given
+    (C order, e.g. the pixels of an IDX file after its header). shape
+    reshapes a .npy array of the same size. dtype: the matrix's dtype
+    (default: the file's when it is float16/32/64, else float32); values are
+    converted as they are read. layout None means RowBlock(). memory: the
+    memory kind of the pieces read. mapped=True maps the pieces instead of
+    reading them: host memory that the OS reads on use (copy-on-write: a
+    write never reaches the file); needs dtype equal to the file's, a
+    RowBlock or Replicated layout, and memory None or 'host'. A mapped matrix
+    is outside the memory limit.
+    """
+    path = os.fspath(path)
+    spec = _spec(path, shape, offset, file_dtype)
+    check_size(spec)
+    stored = np.dtype(spec.file_dtype)
+    if dtype is None:
+        dtype = stored.name if stored.kind == "f" and stored.name in ("float16", "float32", "float64") else "float32"
+    dtype = canonical_dtype(dtype)
+    out = new_meta(layout, (spec.rows, spec.cols), dtype)
+    if mapped:
+        if stored != np.dtype(dtype):       # also refuses a byte order other than the machine's
+            raise DMathError(f"from_file: mapped=True reads the file as it is: dtype {dtype} differs from the "
+                             f"file's {stored}")
+        if not (type(out.layout) is RowBlock or out.layout.replicated) or out.layout.partial:
+            raise LayoutError(f"from_file: mapped=True maps whole rows: use RowBlock or Replicated, got {out.layout}")
+        memory = "host" if memory is None else check_kind(memory)
+        if memory != "host":
+            raise DMathError(f"from_file: a mapped matrix lives in host memory (memory='host'), got {memory!r}")
+        made = dispatch("from_file", [], [out], static=FROM_FILE.static(spec=spec, mapped=True),
+                        scalars=(kind_scalar("host"),), pooled=False)
+        return placed(made[0][0], "host")
+    return create(out, "from_file", check_kind(memory), static=FROM_FILE.static(spec=spec, mapped=False))
+
+
+# ---- kernel -------------------------------------------------------------------------------
 def _mapped(spec):
     if spec.rows * spec.cols == 0:
         return np.zeros((spec.rows, spec.cols), dtype=spec.file_dtype)
@@ -99,10 +195,10 @@ def _read_piece(src, piece, out):
             out[k:k + len(sel)].set(part)       # synchronous: the staging rows are refilled next
 
 
-@kernel("from_file")
+@FROM_FILE.kernel()
 def _from_file(call):
-    """static = (FileSpec, mapped); scalars = (memory kind,). Each worker reads its own pieces."""
-    spec, mapped = call.entry.static
+    """scalars = (memory kind,). Each worker reads its own pieces (or maps them)."""
+    spec, mapped = call.entry.static.spec, call.entry.static.mapped
     dist, dtype = call.entry.out_dists[0], call.entry.outputs[0].dtype
     kind = kinds.from_code(call.scalars[-1])
     pieces = dist.pieces[call.rank]

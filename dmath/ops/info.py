@@ -1,18 +1,39 @@
-"""Statistics kernels: gather every worker's counters on the master, or reset them."""
+"""Statistics and synchronisation: every worker's counters gathered on the master, reset, sync
+(`dmath.stats`, `dmath.reset_stats`, `dmath.synchronize`: master halves and kernels)."""
 from .. import memory
 from ..comm import counters
 from ..comm.control import gather_objects
-from ..runtime import kernel
+from ..runtime import define
 from ..runtime.core import clear_cprofile
+from .base import dispatch
+
+STATS = define("stats")
+RESET_STATS = define("reset_stats")
+SYNC = define("sync")
 
 
-@kernel("stats")
+def stats():
+    """Per-worker counters since init or the last reset_stats(), a list indexed by rank."""
+    return dispatch("stats")[1]
+
+
+def synchronize():
+    """Wait until every worker has finished the work queued so far (for timing)."""
+    dispatch("sync")
+
+
+def reset_stats():
+    """Zero every worker's counters."""
+    dispatch("reset_stats")
+
+
+@STATS.kernel()
 def _stats(call):
     call.result = gather_objects(call.world, call.rt.local_stats())
     return []
 
 
-@kernel("reset_stats")
+@RESET_STATS.kernel()
 def _reset_stats(call):
     counters.reset()
     memory.reset_local_stats()
@@ -22,7 +43,7 @@ def _reset_stats(call):
     return []
 
 
-@kernel("sync")
+@SYNC.kernel()
 def _sync(call):
     """Every worker finishes its queued device work, then checks in with the master."""
     from ..comm.collectives import device_done

@@ -1,14 +1,19 @@
-"""Operations that move or reinterpret data: remap (with window and dtype change), transpose, get, set."""
+"""Operations that move or reinterpret data: remap (with window and dtype change), transpose,
+reshape, slices, get, set (master halves and kernels)."""
+import math
 from typing import NamedTuple
 
 import numpy as np
 
 from .. import backend, memory, remap as _remap
 from ..comm.control import gather_objects
-from ..layout import RowBlock
-from ..runtime import Shard, define, kernel
+from ..errors import LayoutError, ShapeError
+from ..layout import ColBlock, RowBlock, Tiles, distribution
+from ..layout.indexset import split_even
+from ..runtime import Shard, define, runtime
 from ..runtime.registry import COLLECTIVES_IN_GRAPHS
-from .base import dispatch, new_meta
+from .base import as_int, check_scalar, dispatch, new_meta
+from .creation import zeros
 
 
 class RemapArgs(NamedTuple):
@@ -18,6 +23,11 @@ class RemapArgs(NamedTuple):
 
 
 REMAP = define("remap", RemapArgs)
+REMAP_INTO = define("remap_into")
+TRANSPOSE = define("transpose")
+RESHAPE_ROWS = define("reshape_rows")
+GET = define("get")
+SET = define("set")
 
 
 def remap(m, layout, dtype=None, offset=(0, 0), shape=None, background=False):
@@ -31,6 +41,140 @@ def remap(m, layout, dtype=None, offset=(0, 0), shape=None, background=False):
 def resolve_partial(m):
     """A Partial matrix as the RowBlock of its sums over the same workers (a reduce-scatter); others as they are."""
     return remap(m, RowBlock(m.layout.group)) if m.layout.partial else m
+
+
+def remap_into(target, src):
+    """Master half of Matrix.assign(Matrix): overwrite `target` in place with `src` (same shape) in
+    target's layout and dtype."""
+    dispatch("remap_into", [target, src], [0])
+
+
+def transpose(m):
+    """Master half of Matrix.T: a new matrix; every piece stays on its worker, transposed locally."""
+    lay = m.layout.transposed(runtime().nworkers)
+    out = dispatch("transpose", [m], [new_meta(lay, m.shape[::-1], m.dtype)])[0][0]
+    out._derived = "A.T"
+    return out
+
+
+def getitem(m, key):
+    """Master half of M[key]: an element (a float) for two integers, else the submatrix (a remap)."""
+    rows, cols = _parse_key(key, m.shape)
+    if isinstance(rows, int) and isinstance(cols, int):
+        return get_element(m, (rows, cols))
+    rows = slice(rows, rows + 1) if isinstance(rows, int) else rows
+    cols = slice(cols, cols + 1) if isinstance(cols, int) else cols
+    shape = (rows.stop - rows.start, cols.stop - cols.start)
+    out = remap(m, _slice_layout(m.layout), None, offset=(rows.start, cols.start), shape=shape)
+    out._derived = f"A[{rows.start}:{rows.stop}, {cols.start}:{cols.stop}]"
+    return out
+
+
+def get_element(m, index):
+    """Master half of Matrix.get: the element at (i, j) as a Python float."""
+    i, j = _check_index(index, m.shape)
+    return dispatch("get", [m], scalars=(i, j))[1]
+
+
+def set_element(m, index, value):
+    """Master half of Matrix.set: write one element (i, j) = value in place."""
+    i, j = _check_index(index, m.shape)
+    m._check_writable("set")
+    dispatch("set", [m], [0], scalars=(i, j, check_scalar(value, "the value")))
+
+
+def reshape(m, shape, layout):
+    """Master half of Matrix.reshape (see there): row blocks on whole rows of both shapes, reshaped locally."""
+    shape = _reshape_target(shape, m.shape)
+    if layout is None:
+        layout = m.layout if _fits(m.layout, shape) else RowBlock()
+    if shape == m.shape:
+        return remap(m, layout)
+    if m.size == 0:
+        return zeros(shape, m.dtype, layout)
+    # a block of whole rows of both shapes holds a multiple of lcm(n, n2) elements
+    (_, n), (_, n2) = m.shape, shape
+    unit = math.lcm(n, n2)
+    chunks = split_even(m.size // unit, runtime().nworkers)
+    src = remap(m, RowBlock(sizes=[c * unit // n for c in chunks]))
+    out = new_meta(RowBlock(sizes=[c * unit // n2 for c in chunks]), shape, m.dtype)
+    flat = dispatch("reshape_rows", [src], [out])[0][0]
+    return flat if flat.layout == layout.resolved(runtime().nworkers) else remap(flat, layout)
+
+
+# ---- validation of indices and shapes -------------------------------------------------------
+def _check_index(index, shape):
+    try:
+        i, j = index
+    except (TypeError, ValueError) as exc:
+        raise ShapeError(f"an element index is a pair (i, j), got {index!r}") from exc
+    i, j = as_int(i, "row index"), as_int(j, "column index")
+    if i < 0:
+        i += shape[0]
+    if j < 0:
+        j += shape[1]
+    if not (0 <= i < shape[0] and 0 <= j < shape[1]):
+        raise ShapeError(f"index {index} is out of bounds for a matrix of shape {shape}")
+    return i, j
+
+
+def _parse_axis_key(k, n, what):
+    if isinstance(k, slice):
+        start, stop, step = k.indices(n)
+        if step != 1:
+            raise ShapeError(f"{what} slice step must be 1, got {k.step}")
+        return slice(start, max(start, stop))
+    i = as_int(k, f"{what} index")
+    if i < 0:
+        i += n
+    if not 0 <= i < n:
+        raise ShapeError(f"{what} index {k} is out of bounds for size {n}")
+    return i
+
+
+def _parse_key(key, shape):
+    if not isinstance(key, tuple):
+        key = (key, slice(None))
+    if len(key) != 2:
+        raise ShapeError(f"a Matrix takes two indices (rows, cols), got {len(key)}")
+    return _parse_axis_key(key[0], shape[0], "row"), _parse_axis_key(key[1], shape[1], "column")
+
+
+def _slice_layout(lay):
+    """The layout of a submatrix: the source's kind; split sizes and tile grids refer to the old shape."""
+    if isinstance(lay, (RowBlock, ColBlock)):
+        return type(lay)(lay.group)
+    if isinstance(lay, Tiles):
+        return RowBlock()
+    return lay
+
+
+def _reshape_target(shape, old):
+    if not isinstance(shape, (tuple, list)) or len(shape) != 2:
+        raise ShapeError(f"a Matrix is 2-D: reshape needs two sizes (one may be -1), got {shape!r}")
+    shape = tuple(as_int(v, "reshape size") for v in shape)
+    if shape.count(-1) > 1 or any(v < -1 for v in shape):
+        raise ShapeError(f"reshape needs two sizes (one may be -1), got {shape}")
+    count = old[0] * old[1]
+    if -1 in shape:
+        other = shape[1 - shape.index(-1)]
+        if other == 0 or count % other:
+            raise ShapeError(f"cannot reshape a {old} matrix into {shape}")
+        shape = tuple(count // other if v == -1 else v for v in shape)
+    if shape[0] * shape[1] != count:
+        raise ShapeError(f"cannot reshape a {old} matrix ({count} elements) into {shape}")
+    return shape
+
+
+def _fits(layout, shape):
+    try:
+        distribution(layout, shape, runtime().nworkers)
+    except LayoutError:
+        return False
+    return True
+
+
+# ---- kernels ------------------------------------------------------------------------------
 
 
 def _stays_local(src, dst, offset=(0, 0)):
@@ -76,7 +220,7 @@ def _remap_kernel(call):
     return [out]
 
 
-@kernel("remap_into", capturable=_remap_into_capturable)
+@REMAP_INTO.kernel(capturable=_remap_into_capturable)
 def _remap_into(call):
     """Overwrite input 0 in place with input 1 redistributed into input 0's layout and dtype.
 
@@ -92,7 +236,7 @@ def _remap_into(call):
     return [target]
 
 
-@kernel("transpose", capturable=True)
+@TRANSPOSE.kernel(capturable=True)
 def _transpose(call):
     """Each local piece transposed; the transposed layout puts it on the same worker."""
     src = call.inputs[0]
@@ -113,7 +257,7 @@ def _transpose(call):
     return [Shard(out, dst, src.dtype)]
 
 
-@kernel("reshape_rows", capturable=True)
+@RESHAPE_ROWS.kernel(capturable=True)
 def _reshape_rows(call):
     """Row blocks whose boundaries are whole rows of both shapes: each local block reshaped (row-major)."""
     src = call.inputs[0]
@@ -131,7 +275,7 @@ def designated(dist, locs):
     return locs if dist.partial else locs[:1]
 
 
-@kernel("get")
+@GET.kernel()
 def _get(call):
     shard = call.inputs[0]
     i, j = int(call.scalars[0]), int(call.scalars[1])
@@ -147,7 +291,7 @@ def _get(call):
     return []
 
 
-@kernel("set")
+@SET.kernel()
 def _set(call):
     shard = call.inputs[0]
     i, j, v = int(call.scalars[0]), int(call.scalars[1]), call.scalars[2]

@@ -1,4 +1,5 @@
-"""Memory on every worker: the limit, pool statistics, memory kinds (to_memory, prefetch).
+"""Memory on every worker: the limit, pool statistics, memory kinds (to_memory, prefetch, and
+the kind of every new matrix: `create`).
 
 The kernels act on each worker's pool (`dmath.memory`); the master-side
 functions validate and dispatch them. This module registers itself with
@@ -10,16 +11,25 @@ from .. import backend, memory
 from ..comm.control import gather_objects
 from ..errors import OutOfMemoryError
 from ..memory import kinds, replicas
-from ..runtime import Shard, is_initialized, kernel, runtime
+from ..runtime import Shard, define, is_initialized, runtime
 from ..runtime import ledger
 from .base import dispatch, meta
+
+SET_LIMIT = define("memory_set_limit")
+STATS = define("memory_stats")
+RELEASE = define("memory_release")
+DEVICE_FREE = define("memory_device_free")
+AVAILABLE = define("memory_available")
+TO_MEMORY = define("to_memory")
+PREFETCH = define("prefetch")
+
 
 # ---- the limit and the statistics ---------------------------------------------------
 #: the replica-cache budget in force before a limit was set (restored when it is lifted)
 _budget_before_limit = []
 
 
-@kernel("memory_set_limit")
+@SET_LIMIT.kernel()
 def _set_limit(call):
     nbytes = call.scalars[0]
     limit = None if nbytes < 0 else int(nbytes)
@@ -36,7 +46,7 @@ def _set_limit(call):
     return []
 
 
-@kernel("memory_stats")
+@STATS.kernel()
 def _stats(call):
     call.result = gather_objects(call.world, memory.local_stats())
     return []
@@ -54,7 +64,7 @@ def _release_all(rt):
     return graphs + memory.release_cached()
 
 
-@kernel("memory_release")
+@RELEASE.kernel()
 def _release(call):
     """Every worker gives its cached memory back; the master gets (bytes released, pool stats) per worker."""
     released = _release_all(call.rt)
@@ -62,7 +72,7 @@ def _release(call):
     return []
 
 
-@kernel("memory_device_free")
+@DEVICE_FREE.kernel()
 def _device_free(call):
     """Free device memory per worker, after the worker gave its cached memory back (GPU only)."""
     _release_all(call.rt)
@@ -71,7 +81,7 @@ def _device_free(call):
     return []
 
 
-@kernel("memory_available")
+@AVAILABLE.kernel()
 def _available(call):
     call.result = gather_objects(call.world, memory.free_bytes())
     return []
@@ -171,14 +181,33 @@ def check_room(kind, m):
                 f"blocks); unified memory is not allowed to oversubscribe the device")
 
 
+def create(out, op, kind, static=(), scalars=(), payload=None):
+    """Run creation kernel `op` for a new matrix `out` (a Meta) in the validated memory `kind`; the Matrix.
+
+    The kind travels as the command's last scalar, never in its signature.
+    """
+    check_room(kind, out)
+    scalars = tuple(scalars) + (kind_scalar(kind),)
+    made = dispatch(op, [], [out], static=static, scalars=scalars, payload=payload, pooled=pooled(kind))
+    return placed(made[0][0], kind)
+
+
+def placed(m, kind):
+    """The new Matrix m, marked as held in memory `kind`."""
+    m._memory = kind
+    return m
+
+
 def to_memory(m, kind):
-    """A new matrix with m's layout and values in memory `kind` (validated by the caller)."""
+    """Master half of Matrix.to_memory: a new matrix with m's layout and values in memory `kind`."""
+    kind = check_kind(kind)
     out = meta(m)
     check_room(kind, out)
-    return dispatch("to_memory", [m], [out], scalars=(kinds.code(kind),), pooled=kinds.pooled(kind))[0][0]
+    made = dispatch("to_memory", [m], [out], scalars=(kinds.code(kind),), pooled=kinds.pooled(kind))[0][0]
+    return placed(made, kind)
 
 
-@kernel("to_memory")
+@TO_MEMORY.kernel()
 def _to_memory(call):
     src = call.inputs[0]
     kind = kinds.from_code(call.scalars[0])
@@ -191,7 +220,7 @@ def prefetch(m):
         dispatch("prefetch", [m])
 
 
-@kernel("prefetch")
+@PREFETCH.kernel()
 def _prefetch(call):
     kinds.prefetch(call.inputs[0])
     return []

@@ -37,7 +37,8 @@ class Op:
 
     def __init__(self, name, args=None):
         self.name = name
-        self.args = args          # a NamedTuple class, or None: positional static tuples (unchecked)
+        self.args = args          # a NamedTuple class, or None: no static arguments (or the `kernel`
+        #                           shorthand's positional tuples, unchecked)
         self.kernels = {}         # backend name or None -> (kernel, capture rule)
 
     def __repr__(self):

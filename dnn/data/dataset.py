@@ -33,6 +33,7 @@ import numpy as np
 import dmath
 
 from ..errors import ConfigError, ShapeError
+from ..graph.node import canonical_dtype
 from .errors import DataError
 from .files import find_file
 from .idx import IDX_TYPES, MNIST_FILES, read_idx
@@ -377,12 +378,9 @@ def _samples(x):
 def _storage_dtype(x, dtype):
     if dtype is not None:
         try:
-            name = np.dtype(dtype).name
-        except TypeError as exc:
-            raise ConfigError(f"Dataset: unknown dtype {dtype!r}") from exc
-        if name not in dmath.DTYPES:
-            raise ConfigError(f"Dataset: dtype must be one of {dmath.DTYPES}, got {name}")
-        return name
+            return canonical_dtype(dtype)
+        except ConfigError as exc:
+            raise ConfigError(f"Dataset: {exc}") from exc
     if x.dtype.name in dmath.DTYPES:
         return x.dtype.name
     if x.dtype.kind in "iu" and (x.size == 0 or (x.min() >= -_F16_EXACT and x.max() <= _F16_EXACT)):

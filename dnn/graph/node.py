@@ -12,8 +12,7 @@ Every node evaluates to a 2-D matrix. `sample_shape` says what one row is:
 """
 import itertools
 import math
-
-import numpy as np
+import numbers
 
 import dmath
 
@@ -33,14 +32,20 @@ def canonical_dtype(dtype):
         raise ConfigError(str(exc)) from exc
 
 
+def int_tuple(value, error):
+    """An int n as (n,), a sequence of numbers as a tuple of ints; raises the exception `error`
+    (from the cause) where `value` is neither."""
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        return (int(value),)
+    try:
+        return tuple(int(d) for d in value)
+    except (TypeError, ValueError) as exc:
+        raise error from exc
+
+
 def check_shape(shape, what="shape"):
     """A (rows, cols) pair of non-negative ints; an int n or a 1-tuple (n,) means a (1, n) row."""
-    if isinstance(shape, (int, np.integer)) and not isinstance(shape, bool):
-        shape = (1, int(shape))
-    try:
-        dims = tuple(int(d) for d in shape)
-    except (TypeError, ValueError) as exc:
-        raise ShapeError(f"{what} must be a pair (rows, cols) of integers, got {shape!r}") from exc
+    dims = int_tuple(shape, ShapeError(f"{what} must be a pair (rows, cols) of integers, got {shape!r}"))
     if len(dims) == 1:
         dims = (1, dims[0])
     if len(dims) != 2 or min(dims) < 0:

@@ -6,6 +6,7 @@ import numpy as np
 
 from .. import parallel as par
 from ..errors import ConfigError, ShapeError
+from ..graph.node import int_tuple
 from ..ops import Dropout as DropoutFn, Reshape as ReshapeFn, activation as make_activation, linear
 from ..ops.activation import ACTIVATIONS
 from ..ops.dropout import new_counter
@@ -13,12 +14,7 @@ from .base import Layer
 
 
 def _sample_shape(shape):
-    if isinstance(shape, numbers.Integral) and not isinstance(shape, bool):
-        shape = (shape,)
-    try:
-        dims = tuple(int(d) for d in shape)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"a sample shape is (features,) or (C, H, W), got {shape!r}") from exc
+    dims = int_tuple(shape, ConfigError(f"a sample shape is (features,) or (C, H, W), got {shape!r}"))
     if len(dims) not in (1, 3) or min(dims) < 1:
         raise ConfigError(f"a sample shape is (features,) or (C, H, W) of positive sizes, got {shape!r}")
     return dims

@@ -1,5 +1,6 @@
 """Differentiable operations, one module per family; each holds Function classes and node builders.
 
+    elementwise    Elementwise: a dmath elementwise function made differentiable by its name
     arithmetic     add, sub, mul, div, neg, pow, exp, log, sum, mean, add_n, cast
     activation     sigmoid, tanh, relu, softmax, log_softmax
     dense          matmul, linear (dense with bias)
@@ -12,6 +13,7 @@
 """
 from .activation import (ACTIVATIONS, Identity, LogSoftmax, Relu, Sigmoid, Softmax, Tanh, activation,
                          log_softmax, relu, sigmoid, softmax, tanh)
+from .elementwise import Elementwise
 from .arithmetic import (Add, AddN, Affine, Cast, Div, Exp, Log, Mul, Neg, PowScalar, Sub, Sum, add, add_n, cast, div,
                          exp, log, mean, mul, neg, pow, sub, sum)
 from .conv import Conv2D, Pool2D, conv2d, pool2d

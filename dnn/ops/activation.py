@@ -1,5 +1,6 @@
-"""Activation functions: sigmoid, tanh, relu through dmath's elementwise functions; softmax
-and log-softmax through dmath.nn (whole rows: the master puts the batch in a row layout).
+"""Activation functions: sigmoid, tanh, relu through dmath's elementwise functions (forward and
+gradient from their dmath definitions: `Elementwise`); softmax and log-softmax through dmath.nn
+(whole rows: the master puts the batch in a row layout).
 
 Backward passes reuse the forward output where the derivative is a function
 of it (sigmoid, tanh, relu, softmax), so no input needs to be kept.
@@ -8,37 +9,19 @@ import dmath
 
 from ..errors import ConfigError
 from ..graph.function import Function
+from .elementwise import Elementwise
 
 
-class Sigmoid(Function):
+class Sigmoid(Elementwise):
     name = "sigmoid"
 
-    def forward(self, x):
-        return dmath.sigmoid(x)
 
-    def backward(self, xs, y, gy, needs):
-        return (gy * (y - y * y),)
-
-
-class Tanh(Function):
+class Tanh(Elementwise):
     name = "tanh"
 
-    def forward(self, x):
-        return dmath.tanh(x)
 
-    def backward(self, xs, y, gy, needs):
-        return (gy - gy * (y * y),)
-
-
-class Relu(Function):
+class Relu(Elementwise):
     name = "relu"
-
-    def forward(self, x):
-        return dmath.relu(x)
-
-    def backward(self, xs, y, gy, needs):
-        # y > 0 exactly where x > 0 (the subgradient at 0 is 0, as PyTorch)
-        return (dmath.where(y, gy, 0.0),)
 
 
 class Softmax(Function):

@@ -14,6 +14,7 @@ from ..errors import ConfigError, ShapeError
 from ..graph.function import Function
 from ..graph.node import Node, canonical_dtype
 from ._util import broadcast_shape, expand, result_dtype, sample_shape_of, unbroadcast
+from .elementwise import Elementwise
 
 
 class _Binary(Function):
@@ -117,24 +118,12 @@ class PowScalar(Function):
         return (gy * d,)
 
 
-class Exp(Function):
+class Exp(Elementwise):
     name = "exp"
 
-    def forward(self, x):
-        return dmath.exp(x)
 
-    def backward(self, xs, y, gy, needs):
-        return (gy * y,)
-
-
-class Log(Function):
+class Log(Elementwise):
     name = "log"
-
-    def forward(self, x):
-        return dmath.log(x)
-
-    def backward(self, xs, y, gy, needs):
-        return (gy / xs[0],)
 
 
 class Sum(Function):

@@ -27,6 +27,7 @@ import numpy as np
 import dmath
 
 from ..errors import ConfigError, GraphError
+from ..graph.execute import plain_layout
 from ..graph.node import Variable
 from . import schedules as _schedules
 
@@ -98,13 +99,13 @@ class Optimizer:
             self._check_param(p)
             state = self._state.get(id(p))
             if state is None:
-                self._state[id(p)] = {name: dmath.zeros(p.shape, dtype=p.dtype, layout=_plain(p.value))
+                self._state[id(p)] = {name: dmath.zeros(p.shape, dtype=p.dtype, layout=plain_layout(p.value))
                                       for name in self.state_names}
             else:
                 # a parameter moved to another layout (parallel='auto' decided after a load): its state follows
                 for name, m in state.items():
                     if m.layout != p.value.layout:
-                        state[name] = m.remap(_plain(p.value))
+                        state[name] = m.remap(plain_layout(p.value))
         lr = self.current_lr()
         for dtype in {p.dtype for p in params}:
             s = self._step_scalars(dtype)
@@ -258,11 +259,6 @@ def to_layout_of(g, p, keep_dtype=False, background=False):
     if g.layout == p.layout and (g.dtype == p.dtype or keep_dtype):
         return g
     return g.remap(p.layout, dtype=p.dtype, background=background)
-
-
-def _plain(m):
-    lay = m.layout
-    return dmath.RowBlock(lay.group) if lay.partial else lay
 
 
 def _positive(v, what):

@@ -35,7 +35,7 @@ def test_kept_copies_name_the_forms_the_kernel_keys():
                  if s.name == "local" and s.a == a.layout)
     kept = gp.kept_copies(local, (a, b), (False, False), "float32", P)
     # A is already in place; B is remapped to the strategy's layout and kept (global bytes)
-    assert kept == [(1, (gp.operand_form(local.b, False, P), "float32"), 6 * 4 * 4)]
+    assert kept == ((1, (gp.operand_form(local.b, False, P), "float32"), 6 * 4 * 4),)
     # a dtype change keeps a converted copy of A as well
     kept64 = gp.kept_copies(local, (a, b), (False, False), "float64", P)
     assert [k for k, _, _ in kept64] == [0, 1]
