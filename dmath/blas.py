@@ -79,11 +79,29 @@ def _row_major(x):
     return x, max(1, x.shape[1]), False
 
 
+#: numpy dtype -> its name (`dtype.name` is computed in Python on every read: microseconds per product)
+_NAME = {np.dtype(n): n for n in _CUDA_TYPE}
+#: (scalar type, value) -> the value as a 0-d host array cuBLAS reads alpha or beta from; kept, so a
+#: repeated product makes none (cuBLAS reads host scalars before the call returns, or copies them
+#: into a graph being captured)
+_HOST_SCALARS = {}
+
+
+def _host_scalar(scalar, value):
+    key = (scalar, value)
+    arr = _HOST_SCALARS.get(key)
+    if arr is None:
+        arr = np.array(value, dtype=scalar)
+        if len(_HOST_SCALARS) < 256:
+            _HOST_SCALARS[key] = arr
+    return arr
+
+
 def _gemm_gpu(a, b, out, alpha, beta):
-    import cupy
+    cupy = _cupy()
     handle = cupy.cuda.device.get_cublas_handle()
     calls = _captured_calls(handle) if _capturing(cupy) else _cupy_calls()
-    dtype = a.dtype.name
+    dtype = _NAME[a.dtype]
     a, lda, ta = _row_major(a)
     b, ldb, tb = _row_major(b)
     o, ldc, to = _row_major(out)
@@ -92,7 +110,7 @@ def _gemm_gpu(a, b, out, alpha, beta):
     m, k = a.shape
     n = b.shape[1]
     scalar = _SCALAR[dtype]
-    al, be = np.array(alpha, dtype=scalar), np.array(beta, dtype=scalar)
+    al, be = _host_scalar(scalar, alpha), _host_scalar(scalar, beta)
     calls.set_stream(handle, cupy.cuda.get_current_stream().ptr)
     calls.set_pointer_mode(handle, _HOST_POINTERS)     # alpha, beta live on the host (copied at a capture)
     # row-major C = A B is column-major C^T = B^T A^T: hand cuBLAS b first
@@ -108,12 +126,20 @@ def _gemm_gpu(a, b, out, alpha, beta):
         calls.set_math_mode(handle, _TENSOR_OP_MATH)
     try:
         calls.gemm_ex(handle, int(tb), int(ta), n, m, k, al.ctypes.data, b.data.ptr, typ, ldb,
-                      a.data.ptr, typ, lda, be.ctypes.data, out.data.ptr, _CUDA_TYPE[out.dtype.name], ldc,
+                      a.data.ptr, typ, lda, be.ctypes.data, out.data.ptr, _CUDA_TYPE[_NAME[out.dtype]], ldc,
                       _COMPUTE[dtype], _TENSOR_OP_ALGO if tensor_ops else _DEFAULT_ALGO)
     finally:
         if tensor_ops:
             calls.set_math_mode(handle, _DEFAULT_MATH)
     return out
+
+
+def _cupy():
+    module = _CALLS.get("module")
+    if module is None:
+        import cupy as module
+        _CALLS["module"] = module
+    return module
 
 
 class _Calls(NamedTuple):
