@@ -11,6 +11,7 @@ import os
 import pytest
 
 import dmath
+import _kernels  # noqa: F401  (test-only kernels: registered on every rank before init)
 
 # the CPU backend unless DMATH_DEVICE says otherwise (tools/gpu_check.sh runs this suite on GPUs)
 dmath.init(device=os.environ.get("DMATH_DEVICE", "cpu"))
