@@ -55,6 +55,12 @@ def keep_for_capture(obj):
         keep(obj)
 
 
+def capturing():
+    """Whether a CUDA graph is being captured now (a kernel then bypasses host-side caches: what it
+    looked up would be baked into the graph, stale at every later launch)."""
+    return getattr(pool.current(), "capture_refs", None) is not None
+
+
 def block_bytes(nbytes):
     """Bytes the pool sets aside for a request of `nbytes` (the master's account uses it)."""
     return pool.current().block_bytes(nbytes)

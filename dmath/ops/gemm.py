@@ -25,7 +25,7 @@ from ..memory import replicas
 from ..planning import gemm as gemm_plan
 from ..planning.gemm import Strategy, grid_sets, operand_form, panel_kind
 from ..runtime import Meta, Shard, define, runtime
-from ..runtime.registry import capture_hook
+from ..runtime.registry import COLLECTIVES_IN_GRAPHS, capture_hook
 from .base import check_scalar, dispatch, is_matrix, new_meta
 
 # cuBLAS sets up its capture workspace before a plan with products is captured
@@ -257,6 +257,11 @@ def operand(call, k, need, trans, dtype):
     raw_shape = x.dist.shape
     if as_is:
         pieces = x.pieces
+    elif memory.capturing():
+        # inside a CUDA graph capture the remap is captured with the product: a cached copy
+        # would be read at its captured address on every launch, long after x changed
+        pieces = _remap.run(call.world, call.entry.cache.setdefault(("operand", k), {}), x.pieces,
+                            x.dist, target, x.dtype, dtype)
     else:
         key = (handle, x.version, raw_layout, dtype)
         pieces = replicas.cache.lookup(key)
@@ -268,13 +273,16 @@ def operand(call, k, need, trans, dtype):
 
 
 def _capturable(entry):
-    """A GEMM may be captured into a CUDA graph when it is local arithmetic only: a local or
-    inner product of operands already in place (no remap, no replica cache, no communication)
-    whose product needs no remap either. (dmath.blas calls cuBLAS itself during a capture:
-    CuPy's bindings refuse to.)"""
+    """A GEMM may be captured into a CUDA graph when it is a local or inner product (no SUMMA
+    panels on the side stream): of operands in place, or, when collectives may be captured,
+    with its operand and result remaps (NCCL exchanges and all-reduces on the compute stream)
+    captured with it; during a capture the replica cache is bypassed (`operand`). (dmath.blas
+    calls cuBLAS itself during a capture: CuPy's bindings refuse to.)"""
     strategy, result_layout, trans_a, trans_b, has_c = entry.static
     if strategy.name not in ("local", "inner"):
         return False
+    if COLLECTIVES_IN_GRAPHS:
+        return True
     P = entry.in_dists[0].nworkers
     out = entry.inputs[2] if has_c else entry.outputs[0]
     for k, (need, trans) in enumerate(((strategy.a, trans_a), (strategy.b, trans_b))):

@@ -188,21 +188,16 @@ def _stays_local(src, dst, offset=(0, 0)):
     return True
 
 
-def _only_allreduces(src, dst, offset=(0, 0)):
-    """True when every step that communicates is an all-reduce (Partial to Replicated: a gradient)."""
-    return all(isinstance(step, _remap.AllReduce) or not _remap.involved(step)
-               for step in _remap.plan(src, dst, offset))
-
-
 def _remap_capturable(entry):
-    # local copies, and the NCCL all-reduce of a Partial (a data-parallel gradient) when
-    # collectives may be captured; other exchanges stage through buffers sized per call
+    # local copies always; exchanges and all-reduces (NCCL on the compute stream, their buffers
+    # from the capture's pool) when collectives may be captured. A background all-reduce runs on
+    # the side stream: the capture joins it when the program ends (graphs.py)
     src, dst, offset = entry.in_dists[0], entry.out_dists[0], entry.static.offset
-    return _stays_local(src, dst, offset) or (COLLECTIVES_IN_GRAPHS and _only_allreduces(src, dst, offset))
+    return _stays_local(src, dst, offset) or COLLECTIVES_IN_GRAPHS
 
 
 def _remap_into_capturable(entry):
-    return _stays_local(entry.in_dists[1], entry.in_dists[0])
+    return _stays_local(entry.in_dists[1], entry.in_dists[0]) or COLLECTIVES_IN_GRAPHS
 
 
 @REMAP.kernel(capturable=_remap_capturable)
