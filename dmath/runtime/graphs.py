@@ -27,9 +27,11 @@ What a graph needs, and how it is kept:
 Every decision here (step by step, capture, launch) depends only on the
 program, the kernels' declarations, the memory kinds of the inputs and the
 sequence of commands, which are the same on every rank, so all ranks decide
-alike. Kernels that communicate between workers are not captured for now:
-NCCL calls can be captured, but that path has not been validated on several
-GPUs (see docs/ARCHITECTURE.md). `DMATH_CUDA_GRAPHS=0` turns graphs off.
+alike. Kernels that communicate do so through NCCL on the compute stream
+(all-reduces, the exchanges of a remap, the operand remaps of a GEMM), which
+a graph captures with them (`DMATH_GRAPH_COLLECTIVES=0`: never); work left on
+the side stream is waited for before a capture and joined at its end.
+`DMATH_CUDA_GRAPHS=0` turns graphs off.
 """
 import os
 
@@ -108,6 +110,13 @@ class CapturedProgram:
         self.writes = [h for s, k in zip(program.steps, n_in) for h in s.handles[k:]]
         self.nsteps = len(program.steps)
         before = dict(counters.counters)
+        # side-stream work still writing a shard (a background all-reduce of the last step-by-step
+        # run) is waited for here, on the compute stream the graph will launch on: inside the
+        # capture that wait would name an event from outside it, and the first launch could read
+        # the shard before the side stream is done (seen on a cold GPU as a different loss)
+        for s in table.values():
+            if s.pending is not None:
+                s.settle()
         self.pool = xp.cuda.MemoryPool()
         self.stream = xp.cuda.Stream(non_blocking=True)
         prepare_capture()                       # e.g. cuBLAS may not allocate its workspace mid-capture
@@ -146,6 +155,9 @@ class CapturedProgram:
 
     def launch(self, rt):
         """Run the graph and redo the runtime's bookkeeping of the program; results are all None."""
+        for s in self.inputs.values():
+            if s.pending is not None:
+                s.settle()          # an input written in the background since: the graph reads it
         self._launch(rt)
         rt.commands += self.nsteps
         for k, v in self.traffic.items():

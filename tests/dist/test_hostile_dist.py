@@ -295,4 +295,6 @@ def test_clear_releases_replica_copies_and_captured_plans():
                for s in dmath.stats())
     plan.replay()                           # re-captured (GPU) or run step by step: the same values
     np.testing.assert_allclose(out.to_numpy(), X @ X.T)
-    assert dmath.stats()[0]["cache_entries"] > 0 or P == 1     # the replica cache fills again
+    # step by step (the CPU) the replica cache fills again; a re-captured CUDA graph remaps inside
+    # the graph on every launch and keeps nothing in the cache
+    assert dmath.stats()[0]["cache_entries"] > 0 or P == 1 or dmath.device() == "gpu"
