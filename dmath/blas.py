@@ -9,7 +9,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from . import backend
+from . import backend, memory
 
 _CUDA_TYPE = {"float16": 2, "float32": 0, "float64": 1}          # cudaDataType
 _COMPUTE = {"float16": 68, "float32": 68, "float64": 70}         # CUBLAS_COMPUTE_32F / _64F
@@ -100,7 +100,8 @@ def _host_scalar(scalar, value):
 def _gemm_gpu(a, b, out, alpha, beta):
     cupy = _cupy()
     handle = cupy.cuda.device.get_cublas_handle()
-    calls = _captured_calls(handle) if _capturing(cupy) else _cupy_calls()
+    # the runtime's own flag: asking the stream is a CUDA call on every product
+    calls = _captured_calls(handle) if memory.capturing() else _cupy_calls()
     dtype = _NAME[a.dtype]
     a, lda, ta = _row_major(a)
     b, ldb, tb = _row_major(b)
@@ -168,13 +169,6 @@ def _cupy_calls():
 # directly (ctypes), on the same handle, with a workspace set once.
 _CAPTURE = {}
 _WORKSPACE_BYTES = 32 << 20
-
-
-def _capturing(cupy):
-    try:
-        return cupy.cuda.get_current_stream().is_capturing()
-    except AttributeError:      # a CuPy without capture support cannot be capturing
-        return False
 
 
 def _libcublas():
