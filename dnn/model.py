@@ -424,10 +424,9 @@ class Sequential:
     def _activation_layouts(self):
         """Layer index -> the layout of its output in the latest training program (once one has run)."""
         prog = self._last_program() if self._last_program is not None else None
-        if prog is None or not prog.training or prog.layer_nodes[-1].value is None:
+        if prog is None or not prog.training or prog.activation_layouts is None:
             return {}
-        nodes = prog.layer_nodes
-        return {i: _layout_name(node.value.layout) for i, node in enumerate(nodes) if node.value is not None}
+        return {i: _layout_name(lay) for i, lay in enumerate(prog.activation_layouts) if lay is not None}
 
     # ---- configuration and files --------------------------------------------------------------------
     def get_config(self):

@@ -145,6 +145,7 @@ class Program:
         self.order = topological_order([self.loss, self.pred] if with_targets else [self.output])
         self.params = model.params
         self.plan = None
+        self.activation_layouts = None    # each layer output's layout, once a training step has run
 
     # ---- one step -----------------------------------------------------------------
     def run(self):
@@ -177,6 +178,18 @@ class Program:
             correct = correct_count(self.pred.value, self.y, kind, self.threshold) if kind else None
             metrics.add(self.loss.value, correct, self.batch)
         feed.advance(self.batch)
+        if self.training:
+            self._release_activations()
+
+    def _release_activations(self):
+        """Drop the step's computed values (activations, loss) once the update and the metrics have
+        read them: they are temporaries of the step, so a replay, and its CUDA graph, reuse their
+        memory for the backward pass's, and nothing holds them between steps (as PyTorch frees what
+        autograd saved). Their layouts stay for Model.summary."""
+        self.activation_layouts = [None if n.value is None else n.value.layout for n in self.layer_nodes]
+        for node in self.order:
+            if node.fn is not None:
+                node.value = None
 
     def _update(self):
         model, params = self.model, self.params
