@@ -98,7 +98,7 @@ def _host_scalar(scalar, value):
 
 
 def _gemm_gpu(a, b, out, alpha, beta):
-    cupy = _cupy()
+    import cupy
     handle = cupy.cuda.device.get_cublas_handle()
     # the runtime's own flag: asking the stream is a CUDA call on every product
     calls = _captured_calls(handle) if memory.capturing() else _cupy_calls()
@@ -133,14 +133,6 @@ def _gemm_gpu(a, b, out, alpha, beta):
         if tensor_ops:
             calls.set_math_mode(handle, _DEFAULT_MATH)
     return out
-
-
-def _cupy():
-    module = _CALLS.get("module")
-    if module is None:
-        import cupy as module
-        _CALLS["module"] = module
-    return module
 
 
 class _Calls(NamedTuple):

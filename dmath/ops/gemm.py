@@ -92,10 +92,10 @@ class _Decision(NamedTuple):
 
 def _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout):
     """Validate a GEMM call; returns (its _Decision, (alpha, beta))."""
-    if getattr(A, "_meta", None) is None or getattr(B, "_meta", None) is None:
-        name, x = ("A", A) if getattr(A, "_meta", None) is None else ("B", B)
-        raise DMathError(f"gemm: {name} must be a dmath.Matrix, got {type(x).__name__}")
-    if C is not None and getattr(C, "_meta", None) is None:
+    for x, name in ((A, "A"), (B, "B")):
+        if not is_matrix(x):
+            raise DMathError(f"gemm: {name} must be a dmath.Matrix, got {type(x).__name__}")
+    if C is not None and not is_matrix(C):
         raise DMathError(f"gemm: C must be a dmath.Matrix or None, got {type(C).__name__}")
     trans_a, trans_b = _flag(trans_a, "trans_a"), _flag(trans_b, "trans_b")
     alpha, beta = check_scalar(alpha, "alpha"), check_scalar(beta, "beta")
@@ -257,18 +257,17 @@ def operand(call, k, need, trans, dtype):
     raw_shape = x.dist.shape
     if as_is:
         pieces = x.pieces
-    elif memory.capturing():
-        # inside a CUDA graph capture the remap is captured with the product: a cached copy
-        # would be read at its captured address on every launch, long after x changed
-        pieces = _remap.run(call.world, call.entry.cache.setdefault(("operand", k), {}), x.pieces,
-                            x.dist, target, x.dtype, dtype)
     else:
+        # inside a CUDA graph capture the remap is captured with the product and nothing is cached:
+        # a cached copy would be read at its captured address on every launch, long after x changed
+        capturing = memory.capturing()
         key = (handle, x.version, raw_layout, dtype)
-        pieces = replicas.cache.lookup(key)
+        pieces = None if capturing else replicas.cache.lookup(key)
         if pieces is None:
             pieces = _remap.run(call.world, call.entry.cache.setdefault(("operand", k), {}), x.pieces,
                                 x.dist, target, x.dtype, dtype)
-            replicas.cache.store(key, pieces, _global_bytes(raw_shape, dtype))
+            if not capturing:
+                replicas.cache.store(key, pieces, _global_bytes(raw_shape, dtype))
     return [p.T if trans else p for p in pieces], (handle, x.version, raw_layout, dtype)
 
 

@@ -155,9 +155,6 @@ class CapturedProgram:
 
     def launch(self, rt):
         """Run the graph and redo the runtime's bookkeeping of the program; results are all None."""
-        for s in self.inputs.values():
-            if s.pending is not None:
-                s.settle()          # an input written in the background since: the graph reads it
         self._launch(rt)
         rt.commands += self.nsteps
         for k, v in self.traffic.items():
