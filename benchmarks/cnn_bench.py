@@ -13,9 +13,12 @@ CUDA graph per worker where the step allows); PyTorch runs the same network
 eagerly with cudnn.benchmark=True (DDP when P > 1; float16 through autocast
 and a GradScaler, dnn's float16 keeps float32 master weights and dynamic
 loss scaling too). Reported per case: images/s of both, their ratio, and
-each side's peak device memory less its resident images (dnn: the largest
-pool high-water mark of any worker over the timed steps plus the bytes its
-captured CUDA graphs hold; PyTorch: max_memory_allocated on GPU 0).
+each side's peak device memory less its resident images, reserved (what the
+device had to provide: dnn's largest pool high-water mark of any worker over
+the timed steps plus the bytes its captured CUDA graphs hold; PyTorch's
+max_memory_reserved on GPU 0) and allocated (in buffers at once: dnn's bytes
+in use between steps plus the graph's buffers at their peak inside the step;
+PyTorch's max_memory_allocated).
 Efficiency across GPU counts comes from comparing the JSON of P = 1 and P
 (`benchmarks/plots.py cnn` draws it).
 """
@@ -117,7 +120,8 @@ def kernel_profile(run, rows=25):
 
 
 def time_dnn(net, batch, dtype, steps, parallel, profile_kernels=False):
-    """(images/s, peak pool bytes less the resident images, Dense strategies) of fit over `steps` batches."""
+    """(images/s, (peak reserved, peak allocated) bytes less the resident images, Dense strategies) of fit
+    over `steps` batches."""
     shape, classes, _ = NETS[net]
     rng = np.random.default_rng(0)
     per_epoch = resident_batches(net, batch)
@@ -142,9 +146,12 @@ def time_dnn(net, batch, dtype, steps, parallel, profile_kernels=False):
     dmath.synchronize()
     secs = time.perf_counter() - t0
     stats = dmath.stats()
-    # the pool's high-water mark over the timed steps plus what the captured step's graph holds
-    # in its own pool (its activations, gradients and workspaces)
-    peak = max(s["pool"]["high_water"] + s["pool"].get("graphs", 0) for s in stats) - resident
+    # reserved: the pool's high-water mark over the timed steps (in use plus cached) plus what the
+    # captured step's graph holds in its own pool (activations, gradients, workspaces), as torch's
+    # max_memory_reserved; allocated: the bytes in use between steps plus the graph's buffers at their
+    # peak inside the step, as torch's max_memory_allocated
+    peak = (max(s["pool"]["high_water"] + s["pool"].get("graphs", 0) for s in stats) - resident,
+            max(s["pool"]["in_use"] + s["pool"].get("graphs_peak", 0) for s in stats) - resident)
     print(f"  {stats[0]['plan_graphs']} of {stats[0]['plans']} recorded plans run as CUDA graphs"
           + (f"; kept step by step by: {stats[0]['plan_blockers']}" if stats[0]["plan_blockers"] else ""))
     if profile_kernels:
@@ -206,7 +213,8 @@ def _torch_cnn(call):
         torch.cuda.synchronize(dev)
         secs = time.perf_counter() - t0
         resident = x.element_size() * x.nelement() + y.element_size() * y.nelement()
-        result = (batch * steps / secs, torch.cuda.max_memory_allocated(dev) - resident)
+        result = (batch * steps / secs, (torch.cuda.max_memory_reserved(dev) - resident,
+                                         torch.cuda.max_memory_allocated(dev) - resident))
         if profile_kernels and call.rank == 0:
             print(f"  GPU kernels of {per_epoch} steps, PyTorch:\n{kernel_profile(lambda: epoch(per_epoch))}")
         del model, opt, x, y
@@ -260,16 +268,19 @@ def main():
             torch_res = dispatch("bench_torch_cnn", static=(net, batch, dtype, steps, args.port,
                                                             args.kernel_profile))[1]
         row = {"net": net, "global_batch": batch, "dtype": dtype, "workers": p, "steps": steps,
-               "dnn_images_per_s": ips, "dnn_peak_bytes": peak, "dense_strategies": strategies,
+               "dnn_images_per_s": ips, "dnn_peak_bytes": peak[0], "dnn_peak_allocated_bytes": peak[1],
+               "dense_strategies": strategies,
                "torch_images_per_s": torch_res[0] if torch_res else None,
-               "torch_peak_bytes": torch_res[1] if torch_res else None,
+               "torch_peak_bytes": torch_res[1][0] if torch_res else None,
+               "torch_peak_allocated_bytes": torch_res[1][1] if torch_res else None,
                "dnn_over_torch": ips / torch_res[0] if torch_res else None,
                "torch_peer": ("DDP" if p > 1 else "eager") if torch_res else None}
         rows.append(row)
         peer = "-" if not torch_res else f"{torch_res[0]:9.0f} ({row['torch_peer']}), ratio {row['dnn_over_torch']:.2f}"
         print(f"{net:8s} b{batch:<5d} {dtype}: dnn {ips:9.0f} img/s ({strategies}); PyTorch {peer}; "
-              f"peak MB dnn {peak / 2**20:.0f}"
-              + (f" torch {torch_res[1] / 2**20:.0f}" if torch_res else ""), flush=True)
+              f"peak MB reserved/allocated dnn {peak[0] / 2**20:.0f}/{peak[1] / 2**20:.0f}"
+              + (f" torch {torch_res[1][0] / 2**20:.0f}/{torch_res[1][1] / 2**20:.0f}" if torch_res else ""),
+              flush=True)
     reports = dmath.nn.explain_conv2d(print_fn=None)
     if args.out:
         write_json(args.out, {"benchmark": "cnn", "environment": environment(dmath), "header": dnn_header,

@@ -34,6 +34,10 @@ from .planning.conv import output_length
 ENABLED = os.environ.get("DMATH_CUDNN", "1") != "0"
 #: timed runs per candidate plan (after one warm-up run); the median decides
 TIMED_RUNS = 3
+#: a plan within this factor of the fastest one's time counts as fast: of those, the one with the
+#: smallest workspace is chosen (the workspace is held for good; a few percent of one kernel's time
+#: is not worth hundreds of MB of every GPU's memory)
+NEAR_FASTEST = 1.05
 
 
 class Refused(Exception):
@@ -188,7 +192,8 @@ class ConvPlan:
         return memory.empty((max(nbytes, 1),), np.uint8)
 
     def tune(self, ptrs, budget):
-        """Time every candidate whose workspace fits `budget` bytes on these buffers; keep the fastest."""
+        """Time every candidate whose workspace fits `budget` bytes on these buffers; keep the one with
+        the smallest workspace among those within NEAR_FASTEST of the fastest."""
         xp = backend.current().xp
         stream = xp.cuda.get_current_stream()
         fitting = [c for c in self.candidates if c["workspace"] <= budget]
@@ -216,9 +221,13 @@ class ConvPlan:
             del ws
         if best is None:
             raise Refused(f"no cuDNN plan for {self.key} ran: {[c.get('error') for c in fitting]}")
-        self.choice = best
+        fast = [c for c in fitting if c["ms"] is not None and c["ms"] <= best["ms"] * NEAR_FASTEST]
+        self.choice = min(fast, key=lambda c: (c["workspace"], c["ms"]))
         skipped = len(self.candidates) - len(fitting)
-        self.why = (f"fastest of {len(fitting)} timed plan(s)"
+        lean = "" if self.choice is best else (f"; the fastest ({best['ms']:.3f} ms) needs a workspace of "
+                                               f"{best['workspace']:,} bytes")
+        self.why = (f"smallest workspace within {NEAR_FASTEST:g}x of the fastest of {len(fitting)} timed plan(s)"
+                    + lean
                     + (f"; {skipped} skipped for a workspace over {budget:,} bytes" if skipped else ""))
 
     def run(self, ptrs):

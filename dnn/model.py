@@ -174,6 +174,11 @@ class Sequential:
             for layer in self.layers:
                 layer.decide(batch, len(self.workers))
             store = feed.store
+            if kind == "train":
+                # the build and the layouts just decided left cached blocks: given back, the step's
+                # long-lived buffers (batch, optimizer state) get blocks of their own instead of
+                # splitting those, which would pin the rest of each block for good
+                dmath.memory.clear(graphs=False)
             one_hot = kind != "predict" and self.loss.one_hot(store.y_kind, store.y.shape[1], store.label_range,
                                                              self.outputs)
             prog = feed.programs[(kind, batch)] = Program(self, feed, batch, training=kind == "train",

@@ -23,7 +23,7 @@ import numpy as np
 
 import dmath
 
-from .graph.execute import backward, forward, topological_order
+from .graph.execute import Releases, backward, forward, topological_order
 from .graph.node import Placeholder
 from .layers.base import Context
 from .layers.core import Activation
@@ -144,6 +144,8 @@ class Program:
         # training and evaluate need the loss head (the output activation is fused into it), predict the output
         self.order = topological_order([self.loss, self.pred] if with_targets else [self.output])
         self.params = model.params
+        # a training step drops each activation after its last reader (the metrics read loss and pred)
+        self.releases = Releases(self.order, self.params, keep=[self.loss, self.pred]) if training else None
         self.plan = None
         self.activation_layouts = None    # each layer output's layout, once a training step has run
 
@@ -169,7 +171,7 @@ class Program:
         self.inputs.feed(feed.batch_x(self.x, self.training, model.seed))
         if self.y is not None:
             feed.batch_y(self.y, self.one_hot)
-        forward([], self.order)
+        forward([], self.order, self.releases)
         if self.training:
             self._update()
         if self.loss is not None:
@@ -182,11 +184,11 @@ class Program:
             self._release_activations()
 
     def _release_activations(self):
-        """Drop the step's computed values (activations, loss) once the update and the metrics have
-        read them: they are temporaries of the step, so a replay, and its CUDA graph, reuse their
-        memory for the backward pass's, and nothing holds them between steps (as PyTorch frees what
-        autograd saved). Their layouts stay for Model.summary."""
-        self.activation_layouts = [None if n.value is None else n.value.layout for n in self.layer_nodes]
+        """Drop what the step still holds (the loss, the predictions) once the metrics have read it:
+        the backward pass dropped every other activation after its last reader (`Releases`), so
+        each is a temporary of the recorded step whose memory a replay, and its CUDA graph, reuses,
+        and nothing holds them between steps (as PyTorch frees what autograd saved)."""
+        self.activation_layouts = [n.layout for n in self.layer_nodes]
         for node in self.order:
             if node.fn is not None:
                 node.value = None
@@ -198,7 +200,7 @@ class Program:
         # each weight gradient moves to its weight's layout as soon as the backward pass completes it:
         # a data-parallel all-reduce then runs beside the layers below (on a GPU's communication
         # stream, inside the step's graph), as DDP's buckets do, but per weight and known in advance
-        grads = backward(self.loss, params, seed=seed, order=self.order,
+        grads = backward(self.loss, params, seed=seed, order=self.order, releases=self.releases,
                          ready=lambda k, g: to_layout_of(g, params[k].value, keep_dtype=True, background=True))
         if scaler is None:
             model.optimizer.apply(params, grads)

@@ -26,7 +26,40 @@ MB = 2 ** 20
 def show(stage):
     s = dmath.memory.stats()[0]
     print(f"{stage:28s} in use {s['in_use'] / MB:8.1f} MB  cached {s['cached'] / MB:8.1f}  "
-          f"high water {s['high_water'] / MB:8.1f}  graphs {s.get('graphs', 0) / MB:8.1f}", flush=True)
+          f"high water {s['high_water'] / MB:8.1f}  graphs {s.get('graphs', 0) / MB:8.1f} "
+          f"(in use {s.get('graphs_in_use', 0) / MB:.1f})", flush=True)
+
+
+class Trace:
+    """Wraps worker 0's command execution (rank 0 is the master too): the pool's bytes in use and
+    the handle table's bytes after every command, and the table at the peak."""
+
+    def __init__(self, rt):
+        self.rt, self.rows, self.peak = rt, [], (0, None, [])
+        inner = rt._execute
+
+        def execute(entry, in_handles, out_handles, scalars, payload=None):
+            result = inner(entry, in_handles, out_handles, scalars, payload)
+            self.note(entry.op)
+            return result
+        rt._execute = execute
+
+    def note(self, op):
+        live = [(sum(p.nbytes for p in s.pieces), h, tuple(s.dist.shape), s.dtype) for h, s in self.rt.table.items()]
+        in_use = dmath.memory.local_stats()["in_use"]
+        self.rows.append((op, in_use, sum(b for b, *_ in live)))
+        if in_use > self.peak[0]:
+            self.peak = (in_use, op, sorted(live, reverse=True))
+
+    def report(self):
+        self.rt._execute = type(self.rt)._execute.__get__(self.rt)
+        print(f"{'command':24s} {'pool in use MB':>15s} {'matrices MB':>12s}")
+        for op, in_use, tab in self.rows:
+            print(f"{op:24s} {in_use / MB:15.1f} {tab / MB:12.1f}")
+        in_use, op, live = self.peak
+        print(f"peak {in_use / MB:.1f} MB after {op}; matrices then ({sum(b for b, *_ in live) / MB:.1f} MB):")
+        for b, h, shp, dt in live[:25]:
+            print(f"  {b / MB:8.1f} MB  handle {h} {shp} {dt}")
 
 
 def main():
@@ -36,6 +69,9 @@ def main():
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--batches", type=int, default=4)
     ap.add_argument("--device", default=None)
+    ap.add_argument("--trace", action="store_true",
+                    help="print the live bytes after every command of one eager training step and what "
+                         "is live at its peak (set DMATH_CUDA_GRAPHS=0 on a GPU to trace replays too)")
     args = ap.parse_args()
     dmath.init(device=args.device)
     shape, classes, _ = NETS[args.net]
@@ -50,7 +86,13 @@ def main():
     show("model built")
     params = sum(int(np.prod(w.shape)) * np.dtype(w.dtype).itemsize for w in model.params)
     print(f"parameters: {params / MB:.1f} MB")
-    model.fit(data, batch_size=args.batch, epochs=1, verbose=0)
+    if args.trace:
+        trace = Trace(runtime())
+        model.fit(data, batch_size=args.batch, epochs=1, verbose=0)
+        trace.report()
+        return
+    else:
+        model.fit(data, batch_size=args.batch, epochs=1, verbose=0)
     show("first epoch")
     dmath.memory.clear()
     show("after memory.clear()")

@@ -158,6 +158,10 @@ def stats():
     'reused_allocs' (allocations that took new memory or reused a cached
     block), 'limit', 'graphs' (device bytes held by the private pools of
     captured CUDA graphs: a replayed step's buffers, outside the pool above),
+    'graphs_in_use' (of those, the bytes of buffers the graphs' outputs hold
+    between launches; the rest is their temporaries' reserved memory),
+    'graphs_peak' (the most bytes the graphs' buffers held at once during
+    their steps: the step's temporaries at their peak),
     and 'matrices' (the bytes of live matrices on that worker, as the master
     counts them against the limit).
     """
@@ -204,10 +208,10 @@ def available():
     return _commands.available()
 
 
-def clear():
+def clear(graphs=True):
     """Give back, on every worker, what no matrix needs: cached free blocks, replica copies and the
-    memory of captured CUDA graphs (a plan replayed later captures again). Matrices stay. Returns
-    the bytes released per worker."""
+    memory of captured CUDA graphs (a plan replayed later captures again; graphs=False keeps
+    them). Matrices stay. Returns the bytes released per worker."""
     if _everywhere():
-        return _commands.clear()
+        return _commands.clear(bool(graphs))
     return [release_cached()]

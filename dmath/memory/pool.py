@@ -205,6 +205,8 @@ class CudaPool:
         self.unified = 0             # bytes of live CUDA managed ('cuda_managed') allocations
         self.graph_pools = {}        # id(owner) -> the private MemoryPool of a live captured CUDA graph
         self.capture_refs = None     # during a capture: what the graph being captured must keep alive
+        self.graph_peaks = {}        # id(owner) -> the most bytes its graph's buffers held at once
+        self.used_peak = None        # while measure_peak() runs: the most device bytes in use so far
         self._unified_freed = []
         cupy.cuda.set_allocator(self._malloc)
         cupy.cuda.set_pinned_memory_allocator(self._pinned_malloc)
@@ -229,7 +231,17 @@ class CudaPool:
             self.high_water = max(self.high_water, after)
         elif size:
             self.reused_allocs += 1
+        if self.used_peak is not None:
+            self.used_peak = max(self.used_peak, pool.used_bytes())
         return mem
+
+    def measure_peak(self, run):
+        """(run()'s result, the most bytes its allocations added to those in use at once)."""
+        base = self.used_peak = self.device.used_bytes()
+        try:
+            return run(), self.used_peak - base
+        finally:
+            self.used_peak = None
 
     def _pinned_malloc(self, size):
         pinned = self.pinned
@@ -316,12 +328,18 @@ class CudaPool:
         if self.capture_refs is not None:
             self.capture_refs.append(obj)
 
-    def hold_graph_pool(self, owner, mem_pool):
+    def hold_graph_pool(self, owner, mem_pool, peak):
         """Count `mem_pool` (a captured graph's own pool: its buffers, held while the graph lives) in
-        stats()['graphs'] until `owner` is collected."""
+        stats()['graphs'], and `peak` (the most bytes its buffers held at once) in 'graphs_peak',
+        until `owner` is collected."""
         key = id(owner)
         self.graph_pools[key] = mem_pool
-        weakref.finalize(owner, self.graph_pools.pop, key, None)
+        self.graph_peaks[key] = peak
+        weakref.finalize(owner, self._drop_graph_pool, key)
+
+    def _drop_graph_pool(self, key):
+        self.graph_pools.pop(key, None)
+        self.graph_peaks.pop(key, None)
 
     def stats(self):
         self._file_unified()
@@ -329,7 +347,9 @@ class CudaPool:
                 "high_water": self.high_water, "new_allocs": self.new_allocs,
                 "reused_allocs": self.reused_allocs, "limit": self.limit,
                 "pinned_free_blocks": self.pinned.n_free_blocks(), "unified": self.unified,
-                "graphs": sum(p.total_bytes() for p in self.graph_pools.values())}
+                "graphs": sum(p.total_bytes() for p in self.graph_pools.values()),
+                "graphs_in_use": sum(p.used_bytes() for p in self.graph_pools.values()),
+                "graphs_peak": sum(self.graph_peaks.values())}
 
     def reset_stats(self):
         self.new_allocs = self.reused_allocs = 0

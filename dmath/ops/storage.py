@@ -7,6 +7,8 @@ functions validate and dispatch them. This module registers itself with
 the runtime's ledger (which reports a worker's pool in a refusal), so that
 those lower layers never import this one.
 """
+from typing import NamedTuple
+
 from .. import backend, memory
 from ..comm.control import gather_objects
 from ..errors import OutOfMemoryError
@@ -17,7 +19,12 @@ from .base import dispatch, meta
 
 SET_LIMIT = define("memory_set_limit")
 STATS = define("memory_stats")
-RELEASE = define("memory_release")
+class ReleaseArgs(NamedTuple):
+    """Static arguments of `memory_release`: whether captured CUDA graphs give their memory back too."""
+    graphs: bool
+
+
+RELEASE = define("memory_release", ReleaseArgs)
 DEVICE_FREE = define("memory_device_free")
 AVAILABLE = define("memory_available")
 TO_MEMORY = define("to_memory")
@@ -52,22 +59,23 @@ def _stats(call):
     return []
 
 
-def _release_all(rt):
+def _release_all(rt, graphs=True):
     """Give back everything a worker holds that nothing needs: replica copies, the memory of captured
-    CUDA graphs (replayed plans capture again), the pool's cached blocks. Returns the bytes released.
+    CUDA graphs (replayed plans capture again; kept with graphs=False), the pool's cached blocks.
+    Returns the bytes released.
 
     Every rank runs it in the same command, so the replica caches stay alike.
     """
     replicas.cache.clear()
     rt.replicas.clear()          # the master's ledger of those copies (unused on other ranks)
-    graphs = sum(replayer.release_graph() for replayer in rt.programs.values())
-    return graphs + memory.release_cached()
+    released = sum(replayer.release_graph() for replayer in rt.programs.values()) if graphs else 0
+    return released + memory.release_cached()
 
 
 @RELEASE.kernel()
 def _release(call):
     """Every worker gives its cached memory back; the master gets (bytes released, pool stats) per worker."""
-    released = _release_all(call.rt)
+    released = _release_all(call.rt, call.entry.static.graphs)
     call.result = gather_objects(call.world, (released, memory.local_stats()))
     return []
 
@@ -115,15 +123,15 @@ class _Commands:
         return [max(0, min(f, ledger.limit - held)) for f, held in zip(free, ledger.per_worker())]
 
     @staticmethod
-    def clear():
-        return [released for released, _ in dispatch("memory_release")[1]]
+    def clear(graphs=True):
+        return [released for released, _ in dispatch("memory_release", static=RELEASE.static(graphs=graphs))[1]]
 
 
 def _report(rank):
     """The refused worker's own view, after every worker released its cached blocks."""
     if not is_initialized() or runtime().recorder is not None:
         return ""          # no runtime, or inside a record() block, where no command of ours may go
-    released, st = dispatch("memory_release")[1][rank]
+    released, st = dispatch("memory_release", static=RELEASE.static(graphs=True))[1][rank]
     return (f"Worker {rank}'s pool holds {st['in_use']:,} bytes in use and {st['cached']:,} cached "
             f"after releasing {released:,} cached bytes.")
 

@@ -28,19 +28,76 @@ def topological_order(outputs):
     return order
 
 
-def forward(outputs, order=None):
-    """Evaluate `outputs` (and everything before them); `order` may be a cached topological order."""
-    for node in order if order is not None else topological_order(outputs):
+class Releases:
+    """When a training step may drop each computed value: right after the last forward or backward
+    step that reads it (PyTorch frees what autograd saved as each node's backward runs).
+
+    forward[i]: nodes whose value goes after the forward of order[i]; backward[j]: after step j of
+    the backward pass (order reversed). A value is read by the forward of its consumers, by the
+    backward of the consumers on the gradient path that declare `saves_inputs`, and by its own
+    backward when its function declares `saves_output`. Pure: built once per graph.
+    """
+
+    def __init__(self, order, wrt, keep=()):
+        needed = needed_ids(order, {n.id for n in wrt})
+        n = len(order)
+        last_fwd, last_bwd = {}, {}
+        for i, node in enumerate(order):
+            if node.fn is None:
+                continue
+            runs_backward = node.id in needed
+            j = n - 1 - i                           # this node's step in the backward pass
+            for x in node.inputs:
+                last_fwd[x.id] = i
+                if runs_backward and node.fn.saves_inputs:
+                    last_bwd[x.id] = max(last_bwd.get(x.id, j), j)
+            if runs_backward and node.fn.saves_output:
+                last_bwd[node.id] = max(last_bwd.get(node.id, j), j)
+        kept = {k.id for k in keep}
+        self.forward = [[] for _ in range(n)]
+        self.backward = [[] for _ in range(n)]
+        for i, node in enumerate(order):
+            if node.fn is None or node.id in kept:
+                continue
+            if node.id in last_bwd:
+                self.backward[last_bwd[node.id]].append(node)
+            else:
+                self.forward[last_fwd.get(node.id, i)].append(node)
+
+
+def _drop(nodes):
+    for node in nodes:
+        node.value = None
+
+
+def forward(outputs, order=None, releases=None):
+    """Evaluate `outputs` (and everything before them); `order` may be a cached topological order.
+
+    releases: None, or the graph's `Releases`: each value no backward step reads is dropped as soon
+    as its last consumer has run."""
+    for i, node in enumerate(order if order is not None else topological_order(outputs)):
         if node.fn is None:
             if node.value is None:
                 kind = "fed (Placeholder.feed)" if isinstance(node, Placeholder) else "given"
                 raise GraphError(f"{node.name} has no value: it must be {kind} before evaluation")
             continue
-        node.value = node.fn.forward(*[x.value for x in node.inputs])
+        node.value = value = node.fn.forward(*[x.value for x in node.inputs])
+        if releases is not None:
+            node.layout = value.layout          # what Model.summary shows once the value is gone
+            _drop(releases.forward[i])
     return [node.value for node in outputs]
 
 
-def backward(loss, wrt, seed=None, order=None, ready=None):
+def needed_ids(order, targets):
+    """Ids of the nodes on a path from a target id to the end of `order` (those a gradient flows through)."""
+    needed = set()
+    for node in order:
+        if node.id in targets or (node.fn is not None and any(x.id in needed for x in node.inputs)):
+            needed.add(node.id)
+    return needed
+
+
+def backward(loss, wrt, seed=None, order=None, ready=None, releases=None):
     """Gradients of `loss` with respect to the nodes `wrt` (a list of matrices, None where no path).
 
     seed: the gradient of `loss` itself (a dmath.Matrix of its shape); None
@@ -52,15 +109,16 @@ def backward(loss, wrt, seed=None, order=None, ready=None):
     gradient of wrt[k] is complete (its last consumer is done), while the
     rest of the backward pass is still to be issued: data parallelism starts
     that gradient's all-reduce there, so it overlaps the layers below.
+    releases: None, or the `Releases` of (order, wrt): each value is dropped after the last
+    backward step that reads it, and each function forgets what its forward saved (masks,
+    indices) once its backward has run. A function is handed the only reference to its output's
+    gradient, so a gradient it replaces (a relu mask applied) is freed at once.
     """
     order = order if order is not None else topological_order([loss])
     if loss.value is None:
         raise GraphError(f"{loss.name} has not been evaluated: run forward (or node.eval()) first")
     targets = {n.id for n in wrt}
-    needed = set()
-    for node in order:
-        if node.id in targets or (node.fn is not None and any(x.id in needed for x in node.inputs)):
-            needed.add(node.id)
+    needed = needed_ids(order, targets)
     if seed is None:
         seed = dmath.ones(loss.shape, dtype=loss.dtype, layout=plain_layout(loss.value))
     elif tuple(seed.shape) != loss.shape:
@@ -75,14 +133,18 @@ def backward(loss, wrt, seed=None, order=None, ready=None):
                     if x.id in targets:
                         waiting[x.id] = waiting.get(x.id, 0) + 1
         index = {n.id: k for k, n in enumerate(wrt)}
-    for node in reversed(order):
-        gy = grads.get(node.id)
-        if gy is None or node.fn is None or node.id not in needed:
+    for j, node in enumerate(reversed(order)):
+        if node.id not in grads or node.fn is None or node.id not in needed:
+            if releases is not None:
+                _drop(releases.backward[j])
             continue
-        if node.id not in targets:
-            del grads[node.id]      # drop intermediate gradients as soon as they are used
         needs = tuple(x.id in needed for x in node.inputs)
-        gxs = node.fn.backward([x.value for x in node.inputs], node.value, gy, needs)
+        # an intermediate gradient leaves `grads` as it is used: the function holds the only reference
+        gxs = node.fn.backward([x.value for x in node.inputs], node.value,
+                               grads[node.id] if node.id in targets else grads.pop(node.id), needs)
+        if releases is not None:
+            node.fn.drop_saved()
+            _drop(releases.backward[j])
         if len(gxs) != len(node.inputs):
             raise GraphError(f"{node.fn.name}.backward returned {len(gxs)} gradients for "
                              f"{len(node.inputs)} inputs")

@@ -19,13 +19,19 @@ class Function:
         infer(*inputs)              -> (shape, dtype, sample_shape or None); raise ShapeError on misfit
         forward(*xs)                -> the output dmath.Matrix
         backward(xs, y, gy, needs)  -> a tuple with one gradient (Matrix) or None per input;
-                                       needs[i] says whether input i's gradient is wanted
+                                       needs[i] says whether input i's gradient is wanted;
+                                       xs or y may be None where saves_inputs / saves_output
+                                       say that backward does not read them
     A value that must change at every step (a dropout mask) is computed on the
     workers from a counter matrix that the forward pass advances in place, so
     that a recorded step draws a new one at every replay.
     """
 
     name = "function"
+    #: whether backward reads the input values / the output value (a training step drops each value
+    #: after its last reader: execute.Releases); narrow these only where backward truly does not
+    saves_inputs = True
+    saves_output = True
 
     def infer(self, *inputs):
         first = inputs[0]
@@ -36,6 +42,10 @@ class Function:
 
     def backward(self, xs, y, gy, needs):
         raise NotImplementedError
+
+    def drop_saved(self):
+        """Forget what forward kept on `self` for backward (a mask, pooling indices): called once
+        backward has run in a training step, so that nothing holds it until the next step."""
 
     def apply(self, *inputs, name=None):
         """Build the node that computes this function of `inputs` (nodes)."""

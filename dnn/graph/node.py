@@ -82,6 +82,7 @@ class Node:
                              f"{self.shape[1]} columns")
         self.sample_shape = sample_shape
         self.value = None
+        self.layout = None      # the layout of its value in the latest training step (execute.forward)
 
     @property
     def is_leaf(self):

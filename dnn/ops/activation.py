@@ -27,6 +27,7 @@ class Relu(Elementwise):
 class Softmax(Function):
     """Row-wise softmax (each row one sample)."""
     name = "softmax"
+    saves_inputs = False
 
     def forward(self, x):
         return dmath.nn.softmax(x)
@@ -39,6 +40,7 @@ class Softmax(Function):
 class LogSoftmax(Function):
     """Row-wise log-softmax."""
     name = "log_softmax"
+    saves_inputs = False
 
     def forward(self, x):
         return dmath.nn.log_softmax(x)
@@ -50,6 +52,7 @@ class LogSoftmax(Function):
 
 class Identity(Function):
     name = "linear"
+    saves_inputs = saves_output = False
 
     def forward(self, x):
         return x

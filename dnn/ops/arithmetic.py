@@ -76,6 +76,7 @@ class Div(_Binary):
 class Affine(Function):
     """y = scale * x + shift with Python numbers scale and shift."""
     name = "affine"
+    saves_inputs = saves_output = False
 
     def __init__(self, scale=1.0, shift=0.0):
         self.scale, self.shift = _number(scale, "scale"), _number(shift, "shift")
@@ -90,6 +91,7 @@ class Affine(Function):
 
 class Neg(Function):
     name = "neg"
+    saves_inputs = saves_output = False
 
     def forward(self, x):
         return -x

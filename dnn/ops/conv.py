@@ -49,6 +49,7 @@ class Conv2D(Function):
         if activation not in (None, "relu"):
             raise ConfigError(f"conv2d: a fused activation must be None or 'relu', got {activation!r}")
         self.activation = activation
+        self.saves_output = activation == "relu"        # backward reads y for the fused relu's mask
 
     def infer(self, x, w, b=None):
         c, h, wd = self.image_shape = _image(self.name, x)
@@ -79,6 +80,7 @@ class Conv2D(Function):
 class Pool2D(Function):
     """Max or average pooling over kernel windows (average counts the padding, as PyTorch's default)."""
     name = "pool2d"
+    saves_inputs = saves_output = False             # backward reads the argmax of the windows only
 
     def __init__(self, kernel, stride=None, padding=(0, 0), mode="max"):
         if mode not in ("max", "average"):
@@ -106,6 +108,9 @@ class Pool2D(Function):
     def backward(self, xs, y, gy, needs):
         return (dmath.nn.pool2d_backward(gy, self.argmax, self.image_shape, self.kernel, self.stride,
                                          self.padding, self.mode),)
+
+    def drop_saved(self):
+        self.argmax = None
 
 
 def conv2d(x, w, b=None, kernel_hw=None, stride=1, padding=0, dilation=1, groups=1):

@@ -17,6 +17,7 @@ from ._util import result_dtype
 class MatMul(Function):
     """y = a @ b."""
     name = "matmul"
+    saves_output = False
 
     def infer(self, a, b):
         if a.shape[1] != b.shape[0]:
@@ -35,6 +36,7 @@ class MatMul(Function):
 class Linear(Function):
     """y = x W (+ b): x (N, in), W (in, out), b (1, out)."""
     name = "dense"
+    saves_output = False
 
     def infer(self, x, w, b=None):
         if x.shape[1] != w.shape[0]:

@@ -27,6 +27,7 @@ class Dropout(Function):
     (None: a counter of this function's own).
     """
     name = "dropout"
+    saves_inputs = saves_output = False             # backward reads the mask only
 
     def __init__(self, p, seed=0, counter=None):
         if not 0.0 <= p < 1.0:
@@ -49,6 +50,9 @@ class Dropout(Function):
 
     def backward(self, xs, y, gy, needs):
         return (gy if self.p == 0.0 else gy * self.mask,)
+
+    def drop_saved(self):
+        self.mask = None
 
 
 def dropout(x, p, seed=0):

@@ -35,6 +35,7 @@ class _Loss(Function):
 class SoftmaxCrossEntropy(_Loss):
     """-sum(t * log softmax(z)) / N, fused (dmath.nn.softmax_cross_entropy); keeps the probabilities."""
     name = "softmax_cross_entropy"
+    saves_output = False
 
     def forward(self, logits, labels):
         loss, self.probs = dmath.nn.softmax_cross_entropy(logits, labels)
@@ -43,6 +44,9 @@ class SoftmaxCrossEntropy(_Loss):
     def backward(self, xs, y, gy, needs):
         g = dmath.nn.softmax_cross_entropy_backward(self.probs, xs[1])
         return (g * gy, None)
+
+    def drop_saved(self):
+        self.probs = None
 
 
 class CrossEntropy(_Loss):

@@ -14,6 +14,7 @@ from ..graph.function import Function
 class BatchNorm(Function):
     """y = gamma * (x - mean) / sqrt(var + eps) + beta, per channel (image batch) or per feature."""
     name = "batchnorm"
+    saves_output = False
 
     def __init__(self, running_mean, running_var, training, momentum=0.1, eps=1e-5):
         if not 0.0 <= momentum <= 1.0:
@@ -43,6 +44,9 @@ class BatchNorm(Function):
     def backward(self, xs, y, gy, needs):
         x, gamma, _ = xs
         return dmath.nn.batchnorm_backward(gy, x, gamma, self.saved, self.image_shape)
+
+    def drop_saved(self):
+        self.saved = None
 
 
 def batchnorm(x, gamma, beta, running_mean, running_var, training=True, momentum=0.1, eps=1e-5):

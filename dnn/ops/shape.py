@@ -13,6 +13,7 @@ from ..graph.function import Function
 class Reshape(Function):
     """The same rows seen as samples of `sample_shape` (its product must be the row length)."""
     name = "reshape"
+    saves_inputs = saves_output = False
 
     def __init__(self, sample_shape):
         self.sample_shape = tuple(int(d) for d in sample_shape)

@@ -90,3 +90,56 @@ def test_no_gradient_without_a_path():
     ga, gb = G.gradients(G.sum(a * 3.0), [a, b])
     np.testing.assert_allclose(ga.to_numpy(), np.full((2, 2), 3.0))
     assert gb is None
+
+
+def _conv_net_graph():
+    """x -> conv(+relu) -> max pool -> flatten -> dense -> softmax cross-entropy, float64."""
+    rng = np.random.default_rng(5)
+    x = G.constant(rng.normal(size=(6, 2 * 6 * 6)), dtype="float64")
+    x.sample_shape = (2, 6, 6)
+    w = G.var("w", (3, 2 * 3 * 3), init=rng.normal(size=(3, 18)) * 0.3, dtype="float64")
+    v = G.var("v", (3 * 2 * 2, 4), init=rng.normal(size=(12, 4)) * 0.3, dtype="float64")
+    labels = G.constant(np.eye(4)[rng.integers(0, 4, 6)], dtype="float64")
+    conv = dnn.ops.Conv2D((3, 3), activation="relu").apply(x, w)
+    pool = G.pool2d(conv, 2)
+    flat = G.flatten(pool)
+    logits = G.matmul(flat, v)
+    loss = G.softmax_cross_entropy(logits, labels)
+    return loss, [w, v], dict(conv=conv, pool=pool, flat=flat, logits=logits)
+
+
+def test_releases_drop_each_value_after_its_last_reader():
+    from dnn.graph.execute import Releases
+    loss, params, n = _conv_net_graph()
+    order = G.topological_order([loss])
+    rel = Releases(order, params, keep=[loss])
+    when = {}
+    for phase, lists in (("forward", rel.forward), ("backward", rel.backward)):
+        for i, nodes in enumerate(lists):
+            for node in nodes:
+                when[node.id] = (phase, i)
+    at = {node.id: i for i, node in enumerate(order)}
+    back = {node.id: len(order) - 1 - i for i, node in enumerate(order)}
+    # no backward reads the pooled value or its flattened view: gone once their consumer ran forward
+    assert when[n["pool"].id] == ("forward", at[n["flat"].id])
+    assert when[n["flat"].id] == ("backward", back[n["logits"].id])     # the matmul's backward reads its input
+    assert when[n["logits"].id] == ("backward", back[loss.id])          # read by the loss's backward
+    assert when[n["conv"].id] == ("backward", back[n["conv"].id])       # its own backward: the relu mask
+    assert loss.id not in when and all(p.id not in when for p in params)
+
+
+def test_backward_with_releases_gives_the_same_gradients_and_keeps_nothing():
+    from dnn.graph.execute import Releases
+    loss, params, n = _conv_net_graph()
+    order = G.topological_order([loss])
+    G.forward([loss], order)
+    want = [g.to_numpy() for g in G.backward(loss, params, order=order)]
+    rel = Releases(order, params, keep=[loss])
+    G.forward([loss], order, rel)
+    assert n["pool"].value is None and n["flat"].value is not None
+    got = G.backward(loss, params, order=order, releases=rel)
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.to_numpy(), w, rtol=1e-12, atol=1e-14)
+    assert all(node.value is None for node in n.values()) and loss.value is not None
+    assert n["pool"].fn.argmax is None                  # what its forward saved for backward is gone too
+    assert n["conv"].layout is not None                 # the layouts stay (Model.summary)
