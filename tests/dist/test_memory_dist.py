@@ -160,6 +160,17 @@ def test_clear_returns_cached_blocks():
         assert all(d["cached"] == 0 for d in dmath.memory.stats())
 
 
+def test_clear_keeping_graphs_releases_cached_blocks_and_keeps_matrices():
+    dmath.memory.clear()                                   # as above: fresh blocks for the 4 MB ones
+    keep = dmath.from_numpy(np.arange(12.0).reshape(3, 4), layout=dmath.RowBlock())
+    tmp = [dmath.ones((1024, 1024), layout=dmath.Replicated()) for _ in range(2)]
+    del tmp
+    dmath.ones((1, 1)).sum()
+    released = dmath.memory.clear(graphs=False)
+    assert len(released) == P and all(r >= 2 * 1024 * 1024 * 4 for r in released)
+    np.testing.assert_array_equal(keep.to_numpy(), np.arange(12.0).reshape(3, 4))
+
+
 @pytest.fixture
 def limit():
     """Every worker's pool statistics once garbage, replica copies and cached blocks are gone;
