@@ -429,9 +429,10 @@ class Sequential:
     def _activation_layouts(self):
         """Layer index -> the layout of its output in the latest training program (once one has run)."""
         prog = self._last_program() if self._last_program is not None else None
-        if prog is None or not prog.training or prog.activation_layouts is None:
+        if prog is None or not prog.training:
             return {}
-        return {i: _layout_name(lay) for i, lay in enumerate(prog.activation_layouts) if lay is not None}
+        # a node's layout is set by the training step's forward pass (None until one has run)
+        return {i: _layout_name(n.layout) for i, n in enumerate(prog.layer_nodes) if n.layout is not None}
 
     # ---- configuration and files --------------------------------------------------------------------
     def get_config(self):

@@ -147,7 +147,6 @@ class Program:
         # a training step drops each activation after its last reader (the metrics read loss and pred)
         self.releases = Releases(self.order, self.params, keep=[self.loss, self.pred]) if training else None
         self.plan = None
-        self.activation_layouts = None    # each layer output's layout, once a training step has run
 
     # ---- one step -----------------------------------------------------------------
     def run(self):
@@ -188,7 +187,6 @@ class Program:
         the backward pass dropped every other activation after its last reader (`Releases`), so
         each is a temporary of the recorded step whose memory a replay, and its CUDA graph, reuses,
         and nothing holds them between steps (as PyTorch frees what autograd saved)."""
-        self.activation_layouts = [n.layout for n in self.layer_nodes]
         for node in self.order:
             if node.fn is not None:
                 node.value = None

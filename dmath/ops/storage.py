@@ -17,13 +17,14 @@ from ..runtime import Shard, define, is_initialized, runtime
 from ..runtime import ledger
 from .base import dispatch, meta
 
-SET_LIMIT = define("memory_set_limit")
-STATS = define("memory_stats")
+
 class ReleaseArgs(NamedTuple):
     """Static arguments of `memory_release`: whether captured CUDA graphs give their memory back too."""
     graphs: bool
 
 
+SET_LIMIT = define("memory_set_limit")
+STATS = define("memory_stats")
 RELEASE = define("memory_release", ReleaseArgs)
 DEVICE_FREE = define("memory_device_free")
 AVAILABLE = define("memory_available")

@@ -80,7 +80,8 @@ class Replayer:
             return [None] * len(self.program.steps)
         if self.graph is not None:
             return self.graph.launch(rt)
-        if self.capturable:
+        if self.capturable and not self.reserve:
+            # measured once: a plan kept step by step (inputs in host memory) pays for it no more
             results, self.reserve = memory.pool.current().measure_peak(lambda: rt._run_program(self.program))
             return results
         return rt._run_program(self.program)

@@ -80,10 +80,10 @@ def forward(outputs, order=None, releases=None):
             if node.value is None:
                 kind = "fed (Placeholder.feed)" if isinstance(node, Placeholder) else "given"
                 raise GraphError(f"{node.name} has no value: it must be {kind} before evaluation")
-            continue
-        node.value = value = node.fn.forward(*[x.value for x in node.inputs])
+        else:
+            node.value = node.fn.forward(*[x.value for x in node.inputs])
         if releases is not None:
-            node.layout = value.layout          # what Model.summary shows once the value is gone
+            node.layout = node.value.layout     # what Model.summary shows once the value is gone
             _drop(releases.forward[i])
     return [node.value for node in outputs]
 

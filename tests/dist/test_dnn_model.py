@@ -271,6 +271,16 @@ def test_summary_lists_layers_parameters_strategies_and_layouts():
     for expect in ("conv2d_1 (Conv2D)", "(2, 8, 8)", "20", "dense_1 (Dense)", "model", "ColBlock", "Replicated",
                    f"Total params: {20 + 128 * 5 + 5 + 18:,}", f"{P} worker"):
         assert expect in text, (expect, text)
+    # after a training step the Activations column comes from the layouts the step's outputs had,
+    # although the step dropped the values themselves: one per layer output
+    rng = np.random.default_rng(0)
+    m.fit(rng.normal(size=(16, 64)), rng.integers(0, 3, 16), batch_size=8, epochs=1, verbose=0)
+    prog = m._last_program()
+    assert all(n.value is None for n in prog.layer_nodes if n.fn is not None)
+    acts = m._activation_layouts()
+    computed = {n.id for n in prog.order}
+    assert sorted(acts) == [i for i, n in enumerate(prog.layer_nodes) if n.id in computed]
+    assert set(acts.values()) <= {"RowBlock", "ColBlock", "Replicated"}
 
 
 def test_callbacks_and_early_stopping():
