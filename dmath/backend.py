@@ -65,6 +65,17 @@ class Backend:
         else:
             out[...] = host
 
+    def mark(self):
+        """A point of the compute stream (a recorded CUDA event) that `passed` can wait for; None on
+        the CPU, where every command is done when it returns."""
+        return self.xp.cuda.get_current_stream().record() if self.is_gpu else None
+
+    @staticmethod
+    def passed(mark):
+        """Block the host until the device has passed `mark` (from `mark()`; None: at once)."""
+        if mark is not None:
+            mark.synchronize()
+
     def where(self, out, cond, a, b):
         """out[...] = a where cond != 0, else b (arrays broadcasting to out, or Python floats).
 

@@ -62,13 +62,19 @@ def _permutation(call):
     values = permutation_values(dist.shape[1], call.scalars).reshape(1, -1)
     be = backend.current()
     # staging kept per signature: the copy to the device is asynchronous (a synchronous one would
-    # drain the GPU at every epoch), and the next epoch refills it long after that copy is done
-    staging = call.entry.cache.get("staging")
+    # drain the GPU at every epoch). The host may run an epoch or more ahead of the device (recorded
+    # steps, nothing read back until the end, as in dnn.search), so a refill first waits until the
+    # device has passed the copy of the previous contents: without that wait the previous epoch
+    # trained on this one's order (seen on two H200s as a different loss)
+    cache = call.entry.cache
+    staging = cache.get("staging")
     if staging is None:
-        staging = call.entry.cache["staging"] = [memory.host_empty(a.shape, a.dtype) for a in target.pieces]
+        staging = cache["staging"] = [memory.host_empty(a.shape, a.dtype) for a in target.pieces]
+    be.passed(cache.pop("staging_copied", None))
     for a, h, p in zip(target.pieces, staging, dist.pieces[call.rank]):
         h[...] = values[ix.selection(p.rows), ix.selection(p.cols)]
         be.copy_to_device(a, h)
+    cache["staging_copied"] = be.mark()
     return [target]
 
 

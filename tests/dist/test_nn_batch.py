@@ -40,6 +40,26 @@ def test_permutation_without_key_draws_from_the_seed():
     np.testing.assert_array_equal(dmath.random.permutation(N).to_numpy(), a)
 
 
+def test_permutations_into_one_matrix_keep_their_order_while_the_device_lags_behind():
+    # the host issues orders faster than a busy device runs them (recorded steps read nothing back):
+    # each copy of an order must reach the matrix before the next order is written on the host.
+    # On the CPU every command is done when it returns; on a GPU the queued products keep the
+    # device behind the host while the orders are issued
+    n, m = 4000, (4096 if dmath.device() == "gpu" else 64)
+    a = dmath.random.randn((m, m), dtype="float64")
+    for _ in range(8):                      # about 20 ms of work on an H200
+        a = (a @ a) * (1.0 / m)
+    order = dmath.zeros((1, n), dtype="float64", layout=REP)
+    seen = []
+    for k in range(4):
+        dmath.random.permutation(n, key=(7, k), out=order)
+        seen.append(order * 1.0)            # a copy queued behind this order's copy to the device
+    for k, s in enumerate(seen):
+        want = np.random.Generator(np.random.PCG64(np.random.SeedSequence([7, k]))).permutation(n)
+        np.testing.assert_array_equal(s.to_numpy().ravel(), want)
+    assert np.isfinite(a.to_numpy()).all()
+
+
 @pytest.mark.parametrize("bad", [dict(key=(-1,)), dict(key=(1.5,)), dict(key="ab"),
                                  dict(out="x"), dict(n=-3)])
 def test_permutation_errors(bad):
