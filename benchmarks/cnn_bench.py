@@ -55,7 +55,7 @@ NETS = {
 LR, MOMENTUM = 0.01, 0.9
 
 
-def dnn_model(net, dtype, parallel):
+def dnn_model(net, dtype, parallel, channels_last=None):
     shape, _, spec = NETS[net]
     layers = [L.Input(shape)]
     for kind, *a in spec:
@@ -71,7 +71,7 @@ def dnn_model(net, dtype, parallel):
             layers += [L.Dense(a[0], parallel=parallel), L.Activation("relu")]
         else:
             layers += [L.Dense(a[0], parallel=parallel), L.Output("softmax")]
-    return dnn.Sequential(layers, loss="cross_entropy", dtype=dtype,
+    return dnn.Sequential(layers, loss="cross_entropy", dtype=dtype, channels_last=channels_last,
                           optimizer=dnn.optim.SGD(lr=LR, momentum=MOMENTUM))
 
 
@@ -119,7 +119,7 @@ def kernel_profile(run, rows=25):
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70)
 
 
-def time_dnn(net, batch, dtype, steps, parallel, profile_kernels=False):
+def time_dnn(net, batch, dtype, steps, parallel, profile_kernels=False, channels_last=None):
     """(images/s, (peak reserved, peak allocated) bytes less the resident images, Dense strategies) of fit
     over `steps` batches."""
     shape, classes, _ = NETS[net]
@@ -132,7 +132,7 @@ def time_dnn(net, batch, dtype, steps, parallel, profile_kernels=False):
     resident = x.nbytes + n * 4
     del x
     dmath.random.seed(0)
-    model = dnn_model(net, dtype, parallel)
+    model = dnn_model(net, dtype, parallel, channels_last)
     model.fit(data, batch_size=batch, epochs=1, shuffle=True, verbose=0)      # records, captures, tunes
     # what the warm-up left cached (tuning's trial workspaces, the first runs) goes back to the
     # device; clear() drops the captured graph too, so one more epoch captures it again
@@ -244,6 +244,8 @@ def main():
                     help="the Dense layers' strategy (convolutions are always data parallel)")
     ap.add_argument("--device", default=None, choices=["cpu", "gpu"])
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--channels-last", default="auto", choices=["auto", "on", "off"],
+                    help="dnn's convolutions on channels-last rows (auto: on GPUs with cuDNN)")
     ap.add_argument("--only", nargs="*", default=None,
                     help="cases to run as net:batch:dtype (default: every combination)")
     ap.add_argument("--port", type=int, default=29533)
@@ -258,11 +260,14 @@ def main():
         cases = [tuple(c.split(":")) for c in args.only]
         cases = [(n, int(b), d) for n, b, d in cases]
     rows = []
-    print(dnn_header := f"{p} worker(s), {dmath.device()}; Dense layers parallel={args.parallel}")
+    channels_last = {"auto": None, "on": True, "off": False}[args.channels_last]
+    print(dnn_header := f"{p} worker(s), {dmath.device()}; Dense layers parallel={args.parallel}; "
+                        f"channels_last={args.channels_last}")
     for net, batch, dtype in cases:
         steps = args.steps or (24 if net == "alexnet" else 64)
         steps = max(steps, resident_batches(net, batch))
-        ips, peak, strategies = time_dnn(net, batch, dtype, steps, args.parallel, args.kernel_profile)
+        ips, peak, strategies = time_dnn(net, batch, dtype, steps, args.parallel, args.kernel_profile,
+                                         channels_last)
         torch_res = None
         if not args.no_torch and dmath.device() == "gpu":
             torch_res = dispatch("bench_torch_cnn", static=(net, batch, dtype, steps, args.port,

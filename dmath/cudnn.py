@@ -63,6 +63,7 @@ class ConvKey(NamedTuple):
     groups: int
     dtype: str
     epilogue: str = ""  # fprop only: '', 'bias', 'relu' or 'bias_relu', fused after the convolution
+    channels_last: bool = False     # NHWC activations and (K, kh, kw, C/groups) filters
 
     @property
     def out_hw(self):
@@ -113,10 +114,11 @@ def _types(cudnn, dtype):
             "float64": (dt.DOUBLE, dt.DOUBLE, dt.DOUBLE)}[dtype]
 
 
-def _nchw(dims):
-    """Fully packed NCHW strides of `dims` (given explicitly: cuDNN must not guess a layout)."""
+def _strides(dims, channels_last):
+    """Fully packed strides of the (n, c, h, w) `dims` in NCHW or NHWC order (given explicitly:
+    cuDNN must not guess a layout); a filter (k, c, kh, kw) alike (KCRS or KRSC)."""
     n, c, h, w = dims
-    return [c * h * w, h * w, w, 1]
+    return [c * h * w, 1, w * c, c] if channels_last else [c * h * w, h * w, w, 1]
 
 
 class ConvPlan:
@@ -133,29 +135,31 @@ class ConvPlan:
         w_dims = [key.k, key.c // key.groups, key.kh, key.kw]
         y_dims = [key.n, key.k, ho, wo]
         conv = dict(padding=[key.ph, key.pw], stride=[key.sh, key.sw], dilation=[key.dh, key.dw])
+        last = key.channels_last
         try:
             g = cudnn.pygraph(io_data_type=io, intermediate_data_type=inter, compute_data_type=comp,
                               handle=_state["handle"])
             extra = ()
             if key.direction == "fprop":
-                a = g.tensor(name="x", dim=x_dims, stride=_nchw(x_dims), data_type=io)
-                b = g.tensor(name="w", dim=w_dims, stride=_nchw(w_dims), data_type=io)
+                a = g.tensor(name="x", dim=x_dims, stride=_strides(x_dims, last), data_type=io)
+                b = g.tensor(name="w", dim=w_dims, stride=_strides(w_dims, last), data_type=io)
                 out, out_dims = g.conv_fprop(image=a, weight=b, **conv), y_dims
                 if "bias" in key.epilogue:
-                    bias = g.tensor(name="b", dim=[1, key.k, 1, 1], stride=[key.k, 1, 1, 1], data_type=io)
+                    b_dims = [1, key.k, 1, 1]
+                    bias = g.tensor(name="b", dim=b_dims, stride=_strides(b_dims, last), data_type=io)
                     out = g.bias(input=out, bias=bias)
                     extra = (bias,)
                 if "relu" in key.epilogue:
                     out = g.relu(input=out)
             elif key.direction == "dgrad":
-                a = g.tensor(name="dy", dim=y_dims, stride=_nchw(y_dims), data_type=io)
-                b = g.tensor(name="w", dim=w_dims, stride=_nchw(w_dims), data_type=io)
+                a = g.tensor(name="dy", dim=y_dims, stride=_strides(y_dims, last), data_type=io)
+                b = g.tensor(name="w", dim=w_dims, stride=_strides(w_dims, last), data_type=io)
                 out, out_dims = g.conv_dgrad(loss=a, filter=b, **conv), x_dims
             else:
-                a = g.tensor(name="x", dim=x_dims, stride=_nchw(x_dims), data_type=io)
-                b = g.tensor(name="dy", dim=y_dims, stride=_nchw(y_dims), data_type=io)
+                a = g.tensor(name="x", dim=x_dims, stride=_strides(x_dims, last), data_type=io)
+                b = g.tensor(name="dy", dim=y_dims, stride=_strides(y_dims, last), data_type=io)
                 out, out_dims = g.conv_wgrad(image=a, loss=b, **conv), w_dims
-            out.set_output(True).set_dim(out_dims).set_stride(_nchw(out_dims)).set_data_type(io)
+            out.set_output(True).set_dim(out_dims).set_stride(_strides(out_dims, last)).set_data_type(io)
             g.validate()
             g.build_operation_graph()
             g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
@@ -311,7 +315,7 @@ def describe(rows):
         k = r["key"]
         shape = (f"{k['direction']:5s} n{k['n']} c{k['c']} {k['h']}x{k['w']} -> k{k['k']} {k['kh']}x{k['kw']}"
                  f" s{k['sh']} p{k['ph']} d{k['dh']} g{k['groups']} {k['dtype']}"
-                 + (f" +{k['epilogue']}" if k.get("epilogue") else ""))
+                 + (" NHWC" if k.get("channels_last") else "") + (f" +{k['epilogue']}" if k.get("epilogue") else ""))
         if "ms" not in r:
             lines.append(f"{shape}: {r['engine']}")
         else:

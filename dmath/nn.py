@@ -4,7 +4,9 @@ all_finite: dmath/updates.py).
 
 A batch is a matrix of shape (N, features): row i is sample i, an image
 batch is (N, C*H*W) in NCHW order with the image shape (C, H, W) passed as a
-tuple. Every function accepts a batch in any layout and first puts it in a
+tuple, or channels-last (N, H*W*C) where conv2d and pool2d are told
+`channels_last=True` (to_channels_last / to_channels_first convert; cuDNN's
+fastest kernels read that order without converting). Every function accepts a batch in any layout and first puts it in a
 row layout, where each worker holds whole samples: RowBlock (data
 parallelism; any group and sizes) and Replicated are used as they are,
 anything else is remapped to RowBlock over the same workers (a Partial
@@ -31,6 +33,7 @@ dmath/planning/conv.py.
 from .ops.nn_batch import take_rows, transform_images
 from .ops.nn_conv import conv2d, conv2d_backward, conv2d_output_shape, explain_conv2d
 from .ops.nn_dropout import dropout
+from .ops.nn_format import to_channels_first, to_channels_last
 from .ops.nn_labels import argmax_rows, one_hot
 from .ops.nn_norm import BatchNormSaved, batchnorm, batchnorm_backward
 from .ops.nn_pool import pool2d, pool2d_backward
@@ -41,4 +44,5 @@ from .updates import adam_update, all_finite, sgd_update
 __all__ = ["sgd_update", "adam_update", "all_finite", "take_rows", "transform_images", "explain_conv2d",
            "softmax", "log_softmax", "softmax_cross_entropy", "softmax_cross_entropy_backward",
            "conv2d", "conv2d_output_shape", "conv2d_backward", "pool2d", "pool2d_backward",
-           "batchnorm", "batchnorm_backward", "BatchNormSaved", "dropout", "argmax_rows", "one_hot"]
+           "batchnorm", "batchnorm_backward", "BatchNormSaved", "dropout", "argmax_rows", "one_hot",
+           "to_channels_last", "to_channels_first"]

@@ -28,7 +28,7 @@ from .graph.node import Placeholder
 from .layers.base import Context
 from .layers.core import Activation
 from .losses import correct_count
-from .ops import cast
+from .ops import cast, to_channels_first, to_channels_last
 from .optim.base import to_layout_of
 from . import parallel
 
@@ -99,6 +99,18 @@ def split_head(layers):
     return layers, None
 
 
+def rows_for(h, reads, channels_last):
+    """The node h with its image rows in the order a layer reads (`reads`, a Layer.image_rows) in
+    a model that runs its convolutions channels-last or not: a conversion node where it changes
+    (once into channels-last before the first convolution, once back before Flatten or Dense)."""
+    if len(h.sample_shape) != 3 or reads == "any":
+        return h
+    want = channels_last and reads == "channels_last"
+    if want == h.channels_last:
+        return h
+    return to_channels_last(h) if want else to_channels_first(h)
+
+
 class Program:
     """The graph of one batch size and mode over one feed, its batch matrices and its recorded plan.
 
@@ -121,6 +133,7 @@ class Program:
         i = 0
         while i < len(body):
             layer = body[i]
+            h = rows_for(h, layer.image_rows, model.channels_last)
             if i + 1 < len(body) and getattr(layer, "absorbs", None) and layer.absorbs(body[i + 1]):
                 # Conv2D then relu: one fused kernel (cuDNN's epilogue), one node for both layers
                 h = layer.forward(h, ctx, activation="relu") if layer.built else layer(h, ctx)
@@ -130,6 +143,7 @@ class Program:
             h = layer(h, ctx)
             self.layer_nodes.append(h)
             i += 1
+        h = rows_for(h, "nchw", model.channels_last)
         self.output = h if act is None else model.layers[-1](h, ctx)
         if act is not None:
             self.layer_nodes.append(self.output)

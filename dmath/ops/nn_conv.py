@@ -25,7 +25,7 @@ from ..planning.conv import Geometry
 from ..runtime import define, generic
 from . import nn_args as args, nn_rows as rows
 from .base import dispatch, new_meta
-from .nn_windows import col2im, im2col
+from .nn_windows import channels_first, channels_last_into, col2im, im2col
 
 
 class Conv2dArgs(NamedTuple):
@@ -34,6 +34,7 @@ class Conv2dArgs(NamedTuple):
     has_bias: bool       # a (1, K) bias is the third input
     groups: int          # channel groups, each convolved on its own
     activation: str      # '' or 'relu', applied in the same kernel
+    channels_last: bool  # x and Y are channels-last rows (N, H*W*C) (nn_format.py)
 
 
 class Conv2dBackwardArgs(NamedTuple):
@@ -41,6 +42,7 @@ class Conv2dBackwardArgs(NamedTuple):
     geometry: Geometry
     need_dx: bool        # the data gradient is wanted (not for a first layer)
     groups: int
+    channels_last: bool  # dY, X and dX are channels-last rows
 
 
 CONV2D = define("nn_conv2d", Conv2dArgs)
@@ -69,7 +71,7 @@ def _checked(x, w, image_shape, kernel_hw, stride, padding, dilation, groups, wh
 
 
 def conv2d(x, w, b, image_shape, stride=(1, 1), padding=(0, 0), dilation=(1, 1), kernel_hw=None, groups=1,
-           activation=None):
+           activation=None, channels_last=False):
     """2-D convolution (cross-correlation, as PyTorch's conv2d) of an image batch.
 
     x (N, C*H*W); w (K, C/groups*kh*kw), the (K, C/groups, kh, kw) kernel
@@ -79,6 +81,9 @@ def conv2d(x, w, b, image_shape, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
     groups). activation: None or 'relu', applied in the same kernel where
     cuDNN fuses it (the values before the activation are never stored; its
     backward needs only Y: pass where(Y, dY, 0) to conv2d_backward).
+    channels_last: x is (N, H*W*C) and Y (N, Ho*Wo*K) in channels-last
+    order (dmath.nn.to_channels_last; cuDNN runs without converting); w
+    keeps its (K, C/groups*kh*kw) form either way.
     Returns Y (N, K*Ho*Wo) in x's row layout and dtype. Each worker
     convolves its own samples: cuDNN on a GPU (the fastest plan timed at the
     first use of a shape, see dmath.nn.explain_conv2d), im2col and GEMMs
@@ -96,18 +101,20 @@ def conv2d(x, w, b, image_shape, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
     if activation not in (None, "relu"):
         raise DMathError(f"conv2d: activation must be None or 'relu', got {activation!r}")
     out = new_meta(x.layout, (x.shape[0], k * g.out_h * g.out_w), x.dtype)
-    static = CONV2D.static(geometry=g, has_bias=b is not None, groups=groups, activation=activation or "")
+    static = CONV2D.static(geometry=g, has_bias=b is not None, groups=groups, activation=activation or "",
+                           channels_last=bool(channels_last))
     return dispatch("nn_conv2d", inputs, [out], static=static)[0][0]
 
 
 def conv2d_backward(dy, x, w, image_shape, kernel_hw, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
-                    need_dx=True, groups=1):
+                    need_dx=True, groups=1, channels_last=False):
     """Gradients of conv2d: (dX or None, dW, dB).
 
     dX (N, C*H*W) in x's row layout (None when need_dx is False, e.g. for the
     first layer); dW (K, C*kh*kw) and dB (1, K) in w's dtype are sums over
     the samples: Partial over the batch's workers for a RowBlock batch,
     Replicated for a Replicated batch (see dmath.nn's docstring).
+    channels_last: dy, x and dX are channels-last rows (as conv2d's).
     """
     x = args.rows(x, "conv2d_backward: x")
     args.require(dy, "conv2d_backward: dy")
@@ -120,7 +127,8 @@ def conv2d_backward(dy, x, w, image_shape, kernel_hw, stride=(1, 1), padding=(0,
     outs = [new_meta(sums, w.shape, w.dtype), new_meta(sums, (1, k), w.dtype)]
     if need_dx:
         outs.insert(0, new_meta(x.layout, x.shape, x.dtype))
-    static = CONV2D_BACKWARD.static(geometry=g, need_dx=bool(need_dx), groups=groups)
+    static = CONV2D_BACKWARD.static(geometry=g, need_dx=bool(need_dx), groups=groups,
+                                    channels_last=bool(channels_last))
     made, _ = dispatch("nn_conv2d_backward", inputs, outs, static=static)
     return tuple(made) if need_dx else (None,) + tuple(made)
 
@@ -154,13 +162,15 @@ def _conv2d(call):
     """Inputs X, W[, b]; output Y (n, K*Ho*Wo).
 
     Y_k (K, n*Ho*Wo) = W @ im2col(X), one GEMM per group, then reordered to NCHW rows (plus the
-    bias, then the activation: '' or 'relu').
+    bias, then the activation: '' or 'relu'). Channels-last rows are converted at the edges.
     """
     st = call.entry.static
     g, has_bias, groups, activation = st.geometry, st.has_bias, st.groups, st.activation
     x = rows.local(call.inputs[0])
     if x is None:
         return rows.nothing_here(call)
+    if st.channels_last:
+        x = channels_first(x, g.channels, g.height, g.width)
     acc = rows.compute_dtype(x.dtype)
     # the GEMM reads the data's dtype (float16 stays half: half the bytes) and accumulates in acc
     w = rows.local(call.inputs[1]).astype(x.dtype, copy=False)
@@ -171,13 +181,16 @@ def _conv2d(call):
         rows.matmul(w[kr], cols[cr], y[kr])
     y = y.reshape(k, n, length).transpose(1, 0, 2)
     (out,) = rows.new_output(call, 0)
-    o3 = out.reshape(n, k, length)
+    res = memory.empty(out.shape, out.dtype) if st.channels_last else out
+    o3 = res.reshape(n, k, length)
     if has_bias:
         o3[...] = y + rows.local(call.inputs[2]).astype(acc, copy=False).reshape(1, k, 1)
     else:
         o3[...] = y
     if activation == "relu":
-        backend.current().xp.maximum(out, 0, out=out)
+        backend.current().xp.maximum(res, 0, out=res)
+    if st.channels_last:
+        channels_last_into(out, res, k, g.out_h, g.out_w)
     return [rows.shard(call, 0, [out])]
 
 
@@ -187,7 +200,7 @@ def _conv2d_backward(call):
 
     With dY_k (K, n*Ho*Wo) the output gradient in GEMM order, per group:
     dW = dY_k @ im2col(X)^T, db = row sums of dY_k (both over this worker's
-    samples only), dX = col2im(W^T @ dY_k).
+    samples only), dX = col2im(W^T @ dY_k). Channels-last rows are converted at the edges.
     """
     xp = backend.current().xp
     st = call.entry.static
@@ -198,6 +211,8 @@ def _conv2d_backward(call):
     acc = rows.compute_dtype(x.dtype)
     w = rows.local(call.inputs[2]).astype(x.dtype, copy=False)
     n, k, length = x.shape[0], w.shape[0], g.out_h * g.out_w
+    if st.channels_last:
+        x, dy = channels_first(x, g.channels, g.height, g.width), channels_first(dy, k, g.out_h, g.out_w)
     # (n, K, L) -> (K, n*L): one copy, the layout both GEMMs read
     dy_k = xp.ascontiguousarray(dy.reshape(n, k, length).transpose(1, 0, 2), dtype=x.dtype).reshape(k, n * length)
     first = 1 if need_dx else 0
@@ -214,22 +229,43 @@ def _conv2d_backward(call):
         for kr, cr in bands:
             rows.matmul(w[kr].T, dy_k[kr], dcols[cr])
         (dx,) = rows.new_output(call, 0)
-        dx.reshape(n, g.channels, g.height, g.width)[...] = col2im(dcols, n, g, acc)
+        res = memory.empty(dx.shape, dx.dtype) if st.channels_last else dx
+        res.reshape(n, g.channels, g.height, g.width)[...] = col2im(dcols, n, g, acc)
+        if st.channels_last:
+            channels_last_into(dx, res, g.channels, g.height, g.width)
         shards.insert(0, rows.shard(call, 0, [dx]))
     return shards
 
 
-def bias_gradient(dy, n, k, acc):
+def bias_gradient(dy, n, k, acc, channels_last=False):
     """The (1, K) sums of an (n, K*L) NCHW gradient over samples and pixels: first along each
     contiguous (sample, channel) row, then over the n samples (a reduction over two strided axes
-    at once is several times slower on a GPU)."""
+    at once is several times slower on a GPU).
+
+    Channels-last, the sums are the column sums of (n*L, K): a product with a row of ones (one
+    GEMV). An array-library reduction along that axis gives each of the K sums to one thread
+    block striding through n*L rows (AlexNet's first layer on an H200: milliseconds, not microseconds).
+    """
+    if channels_last:
+        m = dy.size // k
+        ones = memory.empty((1, m), dy.dtype)
+        ones.fill(1)
+        out = memory.empty((1, k), acc)
+        return rows.matmul(ones, dy.reshape(m, k), out)
     return dy.reshape(n * k, -1).sum(axis=1, dtype=acc).reshape(n, k).sum(axis=0).reshape(1, k)
 
 
 # ---- cuDNN -------------------------------------------------------------------------------------
-def _key(direction, g, n, k, groups, dtype, epilogue=""):
+def _key(direction, g, n, k, groups, dtype, channels_last, epilogue=""):
     return cudnn.ConvKey(direction, n, g.channels, g.height, g.width, k, g.kh, g.kw, g.sh, g.sw, g.ph, g.pw,
-                         g.dh, g.dw, groups, str(dtype), epilogue)
+                         g.dh, g.dw, groups, str(dtype), epilogue, channels_last)
+
+
+def _filters_last(w, g, groups):
+    """The (K, C/groups*kh*kw) kernel matrix as (K, kh, kw, C/groups) memory: the filter layout of
+    channels-last convolutions (a small copy per call; the weights keep their own form)."""
+    k = w.shape[0]
+    return _dense(w.reshape(k, g.channels // groups, g.kh, g.kw).transpose(0, 2, 3, 1), w.dtype)
 
 
 def _dense(a, dtype):
@@ -247,8 +283,11 @@ def _conv2d_cudnn(call):
     x = rows.local(call.inputs[0])
     if x is None or x.shape[0] == 0 or not cudnn.available():
         return generic("nn_conv2d")(call)
+    cl = st.channels_last
     x = _dense(x, x.dtype)
     w = _dense(rows.local(call.inputs[1]), x.dtype)
+    if cl:
+        w = _filters_last(w, g, groups)
     n, k = x.shape[0], w.shape[0]
     b = _dense(rows.local(call.inputs[2]), x.dtype) if has_bias else None
     (out,) = rows.new_output(call, 0)
@@ -256,15 +295,18 @@ def _conv2d_cudnn(call):
     if fused:
         ptrs = (x.data.ptr, w.data.ptr) + ((b.data.ptr,) if has_bias else ()) + (out.data.ptr,)
         try:
-            cudnn.conv(_key("fprop", g, n, k, groups, x.dtype, fused), ptrs)
+            cudnn.conv(_key("fprop", g, n, k, groups, x.dtype, cl, fused), ptrs)
             return [rows.shard(call, 0, [out])]
         except cudnn.Refused:
             pass                     # the convolution alone, then the epilogue as separate passes
     try:
-        cudnn.conv(_key("fprop", g, n, k, groups, x.dtype), (x.data.ptr, w.data.ptr, out.data.ptr))
+        cudnn.conv(_key("fprop", g, n, k, groups, x.dtype, cl), (x.data.ptr, w.data.ptr, out.data.ptr))
     except cudnn.Refused:
         return generic("nn_conv2d")(call)
-    if has_bias:
+    if has_bias and cl:
+        o2 = out.reshape(-1, k)
+        o2 += b.reshape(1, k)
+    elif has_bias:
         o3 = out.reshape(n, k, g.out_h * g.out_w)
         o3 += b.reshape(1, k, 1)
     if activation == "relu":
@@ -280,24 +322,30 @@ def _conv2d_backward_cudnn(call):
     dy, x = rows.local(call.inputs[0]), rows.local(call.inputs[1])
     if x is None or x.shape[0] == 0 or not cudnn.available():
         return generic("nn_conv2d_backward")(call)
-    dtype = x.dtype
+    dtype, cl = x.dtype, st.channels_last
     x, dy = _dense(x, dtype), _dense(dy, dtype)
     w = _dense(rows.local(call.inputs[2]), dtype)
     n, k = x.shape[0], w.shape[0]
+    if cl:
+        w = _filters_last(w, g, groups)
     first = 1 if need_dx else 0
     (dw,) = rows.new_output(call, first)
     (db,) = rows.new_output(call, first + 1)
-    dw_io = dw if dw.dtype == dtype else memory.empty(dw.shape, dtype)
+    # cuDNN writes the weight gradient in the data's dtype and, channels-last, in (K, kh, kw, C/g) order
+    dw_io = dw if dw.dtype == dtype and not cl else memory.empty(dw.shape, dtype)
     dx = rows.new_output(call, 0)[0] if need_dx else None
     try:
-        cudnn.conv(_key("wgrad", g, n, k, groups, dtype), (x.data.ptr, dy.data.ptr, dw_io.data.ptr))
+        cudnn.conv(_key("wgrad", g, n, k, groups, dtype, cl), (x.data.ptr, dy.data.ptr, dw_io.data.ptr))
         if need_dx:
-            cudnn.conv(_key("dgrad", g, n, k, groups, dtype), (dy.data.ptr, w.data.ptr, dx.data.ptr))
+            cudnn.conv(_key("dgrad", g, n, k, groups, dtype, cl), (dy.data.ptr, w.data.ptr, dx.data.ptr))
     except cudnn.Refused:
         return generic("nn_conv2d_backward")(call)
-    if dw_io is not dw:
+    if cl:
+        cg = g.channels // groups
+        dw.reshape(k, cg, g.kh, g.kw)[...] = dw_io.reshape(k, g.kh, g.kw, cg).transpose(0, 3, 1, 2)
+    elif dw_io is not dw:
         dw[...] = dw_io
-    db[...] = bias_gradient(dy, n, k, rows.compute_dtype(dtype))
+    db[...] = bias_gradient(dy, n, k, rows.compute_dtype(dtype), cl)
     shards = [rows.shard(call, first, [dw]), rows.shard(call, first + 1, [db])]
     if need_dx:
         shards.insert(0, rows.shard(call, 0, [dx]))

@@ -18,7 +18,7 @@ from ..planning.conv import Geometry
 from ..runtime import define
 from . import cuda, nn_args as args, nn_rows as rows
 from .base import dispatch, new_meta
-from .nn_windows import images, padded, tap, windows
+from .nn_windows import channels_first, channels_last_into, images, padded, tap, windows
 
 #: float16 represents every integer up to 2**11 exactly (max-pool window positions)
 _F16_EXACT_INT = 2048
@@ -29,6 +29,7 @@ class PoolArgs(NamedTuple):
     """Static arguments of `nn_pool2d` and `nn_pool2d_backward`."""
     geometry: Geometry
     mode: str            # 'max' or 'average'
+    channels_last: bool  # the batches (and argmax) are channels-last rows (nn_format.py)
 
 
 POOL2D = define("nn_pool2d", PoolArgs)
@@ -36,18 +37,19 @@ POOL2D_BACKWARD = define("nn_pool2d_backward", PoolArgs)
 
 
 # ---- master halves ----------------------------------------------------------------------
-def _pool_args(op, image, kernel, stride, padding, mode, what):
+def _pool_args(op, image, kernel, stride, padding, mode, channels_last, what):
     """`op`'s checked static arguments."""
     if mode not in _POOL_MODES:
         raise DMathError(f"{what}: mode must be 'max' or 'average', got {mode!r}")
-    return op.static(geometry=window.pool_geometry(image, kernel, stride, padding, what), mode=mode)
+    return op.static(geometry=window.pool_geometry(image, kernel, stride, padding, what), mode=mode,
+                     channels_last=bool(channels_last))
 
 
 def _argmax_dtype(dtype, taps):
     return "float32" if dtype == "float16" and taps > _F16_EXACT_INT else dtype
 
 
-def pool2d(x, image_shape, kernel, stride=None, padding=(0, 0), mode="max"):
+def pool2d(x, image_shape, kernel, stride=None, padding=(0, 0), mode="max", channels_last=False):
     """Max or average pooling of an image batch x (N, C*H*W): (Y, argmax).
 
     kernel, stride (default: the kernel) and padding are ints or (h, w)
@@ -56,10 +58,12 @@ def pool2d(x, image_shape, kernel, stride=None, padding=(0, 0), mode="max"):
     window (exact small integers, in Y's dtype; float32 for float16 windows
     of more than 2048 taps), to pass to pool2d_backward; None for 'average',
     which divides by kh*kw including padding (PyTorch's count_include_pad).
+    channels_last: x, Y and argmax are channels-last rows (N, H*W*C)
+    (dmath.nn.to_channels_last); image_shape is still (C, H, W).
     """
     x = args.rows(x, "pool2d: x")
     image = window.image(image_shape, x.shape[1], "pool2d")
-    static = _pool_args(POOL2D, image, kernel, stride, padding, mode, "pool2d")
+    static = _pool_args(POOL2D, image, kernel, stride, padding, mode, channels_last, "pool2d")
     g = static.geometry
     shape = (x.shape[0], image[0] * g.out_h * g.out_w)
     outs = [new_meta(x.layout, shape, x.dtype)]
@@ -69,7 +73,7 @@ def pool2d(x, image_shape, kernel, stride=None, padding=(0, 0), mode="max"):
     return (made[0], made[1]) if mode == "max" else (made[0], None)
 
 
-def pool2d_backward(dy, argmax, image_shape, kernel, stride=None, padding=(0, 0), mode="max"):
+def pool2d_backward(dy, argmax, image_shape, kernel, stride=None, padding=(0, 0), mode="max", channels_last=False):
     """d loss / d x of pool2d: dX (N, C*H*W) in dy's row layout and dtype.
 
     argmax: the matrix pool2d returned (required for 'max'; ignored for
@@ -77,7 +81,7 @@ def pool2d_backward(dy, argmax, image_shape, kernel, stride=None, padding=(0, 0)
     """
     dy = args.rows(dy, "pool2d_backward: dy")
     image = window.image(image_shape, None, "pool2d_backward")
-    static = _pool_args(POOL2D_BACKWARD, image, kernel, stride, padding, mode, "pool2d_backward")
+    static = _pool_args(POOL2D_BACKWARD, image, kernel, stride, padding, mode, channels_last, "pool2d_backward")
     g = static.geometry
     args.expect_shape(dy, (dy.shape[0], image[0] * g.out_h * g.out_w), "pool2d_backward: dy")
     inputs = [dy]
@@ -92,25 +96,36 @@ def pool2d_backward(dy, argmax, image_shape, kernel, stride=None, padding=(0, 0)
 # ---- kernels -------------------------------------------------------------------------------
 @POOL2D.kernel(capturable=True)
 def _pool2d(call):
-    """Input X; outputs Y[, argmax] (n, C*Ho*Wo)."""
-    g, mode = call.entry.static.geometry, call.entry.static.mode
+    """Input X; outputs Y[, argmax] (n, C*Ho*Wo). Channels-last rows are converted at the edges."""
+    g, mode, last = call.entry.static.geometry, call.entry.static.mode, call.entry.static.channels_last
     x = rows.local(call.inputs[0])
     if x is None:
         return rows.nothing_here(call)
+    if last:
+        x = channels_first(x, g.channels, g.height, g.width)
     n = x.shape[0]
-    (out,) = rows.new_output(call, 0)
-    y = out.reshape(n, g.channels, g.out_h, g.out_w)
+    outs = rows.new_output(call, 0) + (rows.new_output(call, 1) if mode == "max" else [])
+    # channels-last: computed into NCHW temporaries, converted into the outputs at the end
+    res = [memory.empty(o.shape, o.dtype) for o in outs] if last else outs
+    y = res[0].reshape(n, g.channels, g.out_h, g.out_w)
     if mode == "average":
         cdt = rows.compute_dtype(x.dtype)
         v = windows(padded(images(x, g), g, 0, cdt), g)
         y[...] = v.sum(axis=(2, 3)) * (1.0 / g.taps)
-        return [rows.shard(call, 0, [out])]
+    else:
+        _max_taps(x, g, y, res[1].reshape(y.shape))
+    if last:
+        for o, r in zip(outs, res):
+            channels_last_into(o, r, g.channels, g.out_h, g.out_w)
+    return [rows.shard(call, k, [o]) for k, o in enumerate(outs)]
+
+
+def _max_taps(x, g, y, arg):
+    """y, arg (n, C, Ho, Wo) = the window maxima of the NCHW rows x and their positions."""
     # the max is exact in the data's own dtype: no widening needed. One pass per kernel tap over
     # the output (a strided slab each), keeping the first maximum as argmax does; NaN wins and stays
     xp = backend.current().xp
     xpad = padded(images(x, g), g, -np.inf, x.dtype)
-    (am,) = rows.new_output(call, 1)
-    arg = am.reshape(y.shape)
     for i in range(g.kh):
         for j in range(g.kw):
             slab = tap(xpad, g, i, j)
@@ -121,7 +136,6 @@ def _pool2d(call):
             better = (slab > y) | (xp.isnan(slab) & ~xp.isnan(y))
             xp.copyto(y, slab, where=better)
             xp.copyto(arg, i * g.kw + j, where=better)
-    return [rows.shard(call, 0, [out]), rows.shard(call, 1, [am])]
 
 
 @POOL2D_BACKWARD.kernel(capturable=True)
@@ -129,13 +143,16 @@ def _pool2d_backward(call):
     """Inputs dY[, argmax]; output dX (n, C*H*W).
 
     One pass per kernel tap: each adds its (n, C, Ho, Wo) slab of gradient
-    (masked by argmax for max pooling) into the padded input gradient.
+    (masked by argmax for max pooling) into the padded input gradient. Channels-last rows are
+    converted at the edges.
     """
-    g, mode = call.entry.static.geometry, call.entry.static.mode
+    g, mode, last = call.entry.static.geometry, call.entry.static.mode, call.entry.static.channels_last
     dy = rows.local(call.inputs[0])
     if dy is None:
         return rows.nothing_here(call)
     n = dy.shape[0]
+    if last:
+        dy = channels_first(dy, g.channels, g.out_h, g.out_w)
     cdt = rows.compute_dtype(dy.dtype)
     dy4 = dy.reshape(n, g.channels, g.out_h, g.out_w).astype(cdt, copy=False)
     xp = backend.current().xp
@@ -147,14 +164,18 @@ def _pool2d_backward(call):
                 slab = tap(dpad, g, i, j)
                 slab += scaled
     else:
-        am = rows.local(call.inputs[1]).reshape(dy4.shape)
+        am = rows.local(call.inputs[1])
+        am = (channels_first(am, g.channels, g.out_h, g.out_w) if last else am).reshape(dy4.shape)
         for i in range(g.kh):
             for j in range(g.kw):
                 slab = tap(dpad, g, i, j)
                 slab += xp.where(am == i * g.kw + j, dy4, 0)
     (dx,) = rows.new_output(call, 0)
-    dx.reshape(n, g.channels, g.height, g.width)[...] = \
-        dpad[:, :, g.ph:g.ph + g.height, g.pw:g.pw + g.width]
+    inner = dpad[:, :, g.ph:g.ph + g.height, g.pw:g.pw + g.width]
+    if last:
+        dx.reshape(n, g.height, g.width, g.channels)[...] = inner.transpose(0, 2, 3, 1)
+    else:
+        dx.reshape(n, g.channels, g.height, g.width)[...] = inner
     return [rows.shard(call, 0, [dx])]
 
 
@@ -171,13 +192,24 @@ struct Win { int C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw; };
 
 // The bodies are templates on the index type: 32-bit index arithmetic (divisions above all) is
 // several times cheaper on a GPU than 64-bit, so arrays below 2**31 elements take the int path.
+// Channels-last (nhwc): a pixel's C values are adjacent, so an image plane is read with stride C
+// from the sample's start plus the channel.
 template <typename T, typename A, typename I>
-__device__ void pool_fwd(const T* x, T* y, A* arg, const Win& g, I o, int is_max) {
+__device__ void pool_fwd(const T* x, T* y, A* arg, const Win& g, I o, int is_max, int nhwc) {
     typedef typename Acc<T>::type R;
     const R neg_inf = (R)__longlong_as_double(0xfff0000000000000ULL);
-    int ox = (int)(o % g.Wo), oy = (int)((o / g.Wo) % g.Ho);
-    I plane = o / ((I)g.Wo * g.Ho);
-    const T* src = x + plane * g.H * g.W;
+    int ox, oy, es;
+    const T* src;
+    if (nhwc) {
+        I q = o / g.C;
+        ox = (int)(q % g.Wo); oy = (int)((q / g.Wo) % g.Ho);
+        src = x + (q / ((I)g.Wo * g.Ho)) * g.H * g.W * g.C + (int)(o % g.C);
+        es = g.C;
+    } else {
+        ox = (int)(o % g.Wo); oy = (int)((o / g.Wo) % g.Ho);
+        src = x + (o / ((I)g.Wo * g.Ho)) * g.H * g.W;
+        es = 1;
+    }
     R best = 0, sum = 0;
     int at = -1;
     for (int i = 0; i < g.kh; ++i) {
@@ -185,7 +217,7 @@ __device__ void pool_fwd(const T* x, T* y, A* arg, const Win& g, I o, int is_max
         for (int j = 0; j < g.kw; ++j) {
             int xx = ox * g.sw - g.pw + j;
             bool inside = yy >= 0 && yy < g.H && xx >= 0 && xx < g.W;
-            R v = inside ? dm_val(src[yy * g.W + xx]) : (is_max ? neg_inf : (R)0);
+            R v = inside ? dm_val(src[(I)(yy * g.W + xx) * es]) : (is_max ? neg_inf : (R)0);
             if (is_max) {
                 // the first maximum in (i, j) order, as numpy's argmax; NaN wins and stays
                 if (at < 0 || v > best || (v != v && best == best)) { best = v; at = i * g.kw + j; }
@@ -199,18 +231,28 @@ __device__ void pool_fwd(const T* x, T* y, A* arg, const Win& g, I o, int is_max
 }
 
 template <typename T, typename A>
-__global__ void dm_pool_fwd(const T* x, T* y, A* arg, DM_WIN_ARGS, long long total, int is_max) {
+__global__ void dm_pool_fwd(const T* x, T* y, A* arg, DM_WIN_ARGS, long long total, int is_max, int nhwc) {
     DM_WIN;
     long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (o >= total) return;
-    if (total <= 2147483647LL) pool_fwd<T, A, int>(x, y, arg, g, (int)o, is_max);
-    else pool_fwd<T, A, long long>(x, y, arg, g, o, is_max);
+    if (total <= 2147483647LL) pool_fwd<T, A, int>(x, y, arg, g, (int)o, is_max, nhwc);
+    else pool_fwd<T, A, long long>(x, y, arg, g, o, is_max, nhwc);
 }
 
 template <typename T, typename A, typename I>
-__device__ void pool_bwd(const T* dy, const A* arg, T* dx, const Win& g, I p, int is_max) {
-    int xx = (int)(p % g.W), yy = (int)((p / g.W) % g.H);
-    I plane = p / ((I)g.W * g.H);
+__device__ void pool_bwd(const T* dy, const A* arg, T* dx, const Win& g, I p, int is_max, int nhwc) {
+    int xx, yy, es;
+    I base;         // the (sample, channel) plane's first output gradient; es: its stride
+    if (nhwc) {
+        I q = p / g.C;
+        xx = (int)(q % g.W); yy = (int)((q / g.W) % g.H);
+        base = (q / ((I)g.W * g.H)) * g.Ho * g.Wo * g.C + (int)(p % g.C);
+        es = g.C;
+    } else {
+        xx = (int)(p % g.W); yy = (int)((p / g.W) % g.H);
+        base = (p / ((I)g.W * g.H)) * g.Ho * g.Wo;
+        es = 1;
+    }
     int ys = yy + g.ph, xs = xx + g.pw;
     // outputs whose window covers (yy, xx): oy in [ceil((ys - kh + 1) / sh), ys / sh]
     int oy0 = ys - g.kh + 1 > 0 ? (ys - g.kh + 1 + g.sh - 1) / g.sh : 0, oy1 = min(ys / g.sh, g.Ho - 1);
@@ -218,22 +260,22 @@ __device__ void pool_bwd(const T* dy, const A* arg, T* dx, const Win& g, I p, in
     typedef typename Acc<T>::type R;
     R acc = 0;
     for (int oy = oy0; oy <= oy1; ++oy) {
-        const I row = (plane * g.Ho + oy) * g.Wo;
         const int tap_y = (ys - oy * g.sh) * g.kw + xs;
         for (int ox = ox0; ox <= ox1; ++ox) {
-            if (!is_max || (int)dm_val(arg[row + ox]) == tap_y - ox * g.sw) acc += dm_val(dy[row + ox]);
+            const I at = base + (I)(oy * g.Wo + ox) * es;
+            if (!is_max || (int)dm_val(arg[at]) == tap_y - ox * g.sw) acc += dm_val(dy[at]);
         }
     }
     dx[p] = dm_cast<T>((double)(is_max ? acc : acc / (R)(g.kh * g.kw)));
 }
 
 template <typename T, typename A>
-__global__ void dm_pool_bwd(const T* dy, const A* arg, T* dx, DM_WIN_ARGS, long long total, int is_max) {
+__global__ void dm_pool_bwd(const T* dy, const A* arg, T* dx, DM_WIN_ARGS, long long total, int is_max, int nhwc) {
     DM_WIN;
     long long p = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (p >= total) return;
-    if (total <= 2147483647LL) pool_bwd<T, A, int>(dy, arg, dx, g, (int)p, is_max);
-    else pool_bwd<T, A, long long>(dy, arg, dx, g, p, is_max);
+    if (total <= 2147483647LL) pool_bwd<T, A, int>(dy, arg, dx, g, (int)p, is_max, nhwc);
+    else pool_bwd<T, A, long long>(dy, arg, dx, g, p, is_max, nhwc);
 }
 """
 _INSTANCES = [f"dm_pool_{d}<{t}, {a}>" for d in ("fwd", "bwd") for t in cuda.C_TYPES.values()
@@ -263,7 +305,8 @@ def _pool2d_cuda(call):
     is_max = mode == "max"
     am = rows.new_output(call, 1)[0] if is_max else out        # a dummy of a valid type for average
     fn = _cuda_kernel("fwd", x.dtype, am.dtype)
-    cuda.launch(fn, out.size, (x, out, am) + _win(g) + (np.int64(out.size), np.int32(is_max)))
+    cuda.launch(fn, out.size, (x, out, am) + _win(g) + (np.int64(out.size), np.int32(is_max),
+                                                                 np.int32(call.entry.static.channels_last)))
     shards = [rows.shard(call, 0, [out])]
     if is_max:
         shards.append(rows.shard(call, 1, [am]))
@@ -283,5 +326,6 @@ def _pool2d_backward_cuda(call):
     am = cupy.ascontiguousarray(rows.local(call.inputs[1])) if is_max else dy
     (dx,) = rows.new_output(call, 0)
     fn = _cuda_kernel("bwd", dy.dtype, am.dtype)
-    cuda.launch(fn, dx.size, (dy, am, dx) + _win(g) + (np.int64(dx.size), np.int32(is_max)))
+    cuda.launch(fn, dx.size, (dy, am, dx) + _win(g) + (np.int64(dx.size), np.int32(is_max),
+                                                               np.int32(call.entry.static.channels_last)))
     return [rows.shard(call, 0, [dx])]

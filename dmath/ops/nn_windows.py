@@ -68,3 +68,26 @@ def col2im(dcols, n, g, dtype):
             slab = tap(dpad, g, i, j)
             slab += d6[:, i, j].transpose(1, 0, 2, 3)
     return dpad[:, :, g.ph:g.ph + g.height, g.pw:g.pw + g.width]
+
+
+# ---- channels-last rows ------------------------------------------------------------------------
+# A channels-last batch stores each sample's pixels (y, x) one after another, each with its C
+# channels together: (n, H*W*C) rows, the NHWC order that cuDNN's fastest kernels read without
+# converting. The generic (CPU) kernels convert at their edges and compute in NCHW order.
+def channels_first_into(out, a, c, h, w):
+    """out (n, C*H*W) = the channels-last rows `a` (n, H*W*C) in NCHW order; returns out."""
+    n = a.shape[0]
+    out.reshape(n, c, h, w)[...] = a.reshape(n, h, w, c).transpose(0, 3, 1, 2)
+    return out
+
+
+def channels_first(a, c, h, w):
+    """The channels-last rows `a` (n, H*W*C) as new C-contiguous NCHW rows (n, C*H*W)."""
+    return channels_first_into(memory.empty(a.shape, a.dtype), a, c, h, w)
+
+
+def channels_last_into(out, a, c, h, w):
+    """out (n, H*W*C) = the NCHW rows `a` (n, C*H*W) in channels-last order; returns out."""
+    n = a.shape[0]
+    out.reshape(n, h, w, c)[...] = a.reshape(n, c, h, w).transpose(0, 2, 3, 1)
+    return out

@@ -32,6 +32,9 @@ class Function:
     #: after its last reader: execute.Releases); narrow these only where backward truly does not
     saves_inputs = True
     saves_output = True
+    #: whether an image input may be channels-last rows (the output then is too): elementwise
+    #: functions of one image, whose result does not depend on where a value sits in the row
+    keeps_channels_last = False
 
     def infer(self, *inputs):
         first = inputs[0]
@@ -54,4 +57,15 @@ class Function:
                 raise GraphError(f"{self.name}: inputs must be graph nodes, got {type(x).__name__} "
                                  f"(wrap matrices with dnn.graph.constant or dnn.graph.var)")
         shape, dtype, sample_shape = self.infer(*inputs)
-        return Node(shape, dtype, fn=self, inputs=inputs, name=name, sample_shape=sample_shape)
+        node = Node(shape, dtype, fn=self, inputs=inputs, name=name, sample_shape=sample_shape)
+        node.channels_last = self.output_channels_last(inputs)
+        return node
+
+    def output_channels_last(self, inputs):
+        """Whether the output rows are channels-last; a function that cannot read such an input
+        refuses it here, when the graph is built (its result would be silently wrong)."""
+        last = any(x.channels_last for x in inputs)
+        if last and not self.keeps_channels_last:
+            raise GraphError(f"{self.name}: an input holds channels-last image rows, which {self.name} does not "
+                             f"read; convert it first with dnn.ops.to_channels_first")
+        return last

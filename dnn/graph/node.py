@@ -81,6 +81,9 @@ class Node:
             raise ShapeError(f"{self.name}: a sample of shape {sample_shape} does not fill a row of "
                              f"{self.shape[1]} columns")
         self.sample_shape = sample_shape
+        # an image's row holds its values channels-last, (H, W, C), instead of (C, H, W); sample_shape
+        # stays (C, H, W) either way (set by Function.apply; dnn.ops.to_channels_last converts)
+        self.channels_last = False
         self.value = None
         self.layout = None      # the layout of its value in the latest training step (execute.forward)
 

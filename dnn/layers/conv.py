@@ -27,6 +27,7 @@ class Conv2D(Layer):
             (C/groups*kh*kw, K*kh*kw), as PyTorch counts them.
     The kernel is stored as a (K, C/groups*kh*kw) matrix; get_weights gives (K, C/groups, kh, kw).
     """
+    image_rows = "channels_last"
 
     def __init__(self, filters, kernel, stride=1, padding=0, dilation=1, activation=None, use_bias=True,
                  kernel_init="glorot_uniform", bias_init="zeros", parallel="data", groups=1, name=None):
@@ -106,6 +107,7 @@ class Conv2D(Layer):
 
 class Pool2D(Layer):
     """Max or average pooling; stride defaults to the kernel (non-overlapping windows)."""
+    image_rows = "channels_last"
 
     def __init__(self, kernel=2, stride=None, padding=0, mode="max", name=None):
         super().__init__(name)

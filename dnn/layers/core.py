@@ -108,6 +108,11 @@ class Activation(Layer):
             raise ConfigError("Activation needs a function name")
         self.activation = _check_activation(activation)
 
+    @property
+    def image_rows(self):
+        # elementwise activations read image rows in either order; softmax reads whole NCHW rows
+        return "any" if ACTIVATIONS[self.activation].keeps_channels_last else "nchw"
+
     def forward(self, x, ctx):
         return make_activation(self.activation).apply(x)
 

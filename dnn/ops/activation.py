@@ -53,6 +53,7 @@ class LogSoftmax(Function):
 class Identity(Function):
     name = "linear"
     saves_inputs = saves_output = False
+    keeps_channels_last = True
 
     def forward(self, x):
         return x

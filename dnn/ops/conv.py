@@ -7,6 +7,12 @@ like a dense layer's, and the optimizer all-reduces it.
 The window (pairs, minimums, fit, pooling padding, groups) is checked by
 dmath's one geometry validator (dmath/planning/conv.py), the rule dmath.nn
 applies too; its mistakes are ShapeErrors, raised here as dnn's.
+
+Convolution and pooling read their input in the order it comes in: NCHW
+rows, or channels-last rows (a node's `channels_last`, made by
+to_channels_last), and give their output in the same order. A Sequential
+model on a GPU converts once before its first convolution and back before
+its first layer that reads NCHW (dnn.programs), so cuDNN never converts.
 """
 import contextlib
 
@@ -38,6 +44,7 @@ class Conv2D(Function):
     """y = conv2d(x, W) + b, W (K, C/groups*kh*kw) the (K, C/groups, kh, kw) kernel flattened;
     cross-correlation as PyTorch."""
     name = "conv2d"
+    keeps_channels_last = True
 
     def __init__(self, kernel_hw, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, activation=None):
         with window_errors():
@@ -53,6 +60,7 @@ class Conv2D(Function):
 
     def infer(self, x, w, b=None):
         c, h, wd = self.image_shape = _image(self.name, x)
+        self.channels_last = x.channels_last
         k = w.shape[0]
         with window_errors():
             window.groups(self.groups, c, k, "conv2d")
@@ -65,14 +73,15 @@ class Conv2D(Function):
     def forward(self, x, w, b=None):
         return dmath.nn.conv2d(x, w, b, self.image_shape, stride=self.stride, padding=self.padding,
                                dilation=self.dilation, kernel_hw=self.kernel_hw, groups=self.groups,
-                               activation=self.activation)
+                               activation=self.activation, channels_last=self.channels_last)
 
     def backward(self, xs, y, gy, needs):
         x, w = xs[0], xs[1]
         if self.activation == "relu":
             gy = dmath.where(y, gy, 0.0)         # y > 0 exactly where the pre-activation was
         gx, gw, gb = dmath.nn.conv2d_backward(gy, x, w, self.image_shape, self.kernel_hw, self.stride,
-                                              self.padding, self.dilation, need_dx=needs[0], groups=self.groups)
+                                              self.padding, self.dilation, need_dx=needs[0], groups=self.groups,
+                                              channels_last=self.channels_last)
         grads = (gx if needs[0] else None, gw if needs[1] else None)
         return grads if len(xs) == 2 else grads + (gb if needs[2] else None,)
 
@@ -81,6 +90,7 @@ class Pool2D(Function):
     """Max or average pooling over kernel windows (average counts the padding, as PyTorch's default)."""
     name = "pool2d"
     saves_inputs = saves_output = False             # backward reads the argmax of the windows only
+    keeps_channels_last = True
 
     def __init__(self, kernel, stride=None, padding=(0, 0), mode="max"):
         if mode not in ("max", "average"):
@@ -97,20 +107,56 @@ class Pool2D(Function):
 
     def infer(self, x):
         self.image_shape = _image(self.name, x)
+        self.channels_last = x.channels_last
         c, ho, wo = self.output_image(self.image_shape, self.name)
         return (x.shape[0], c * ho * wo), x.dtype, (c, ho, wo)
 
     def forward(self, x):
         y, self.argmax = dmath.nn.pool2d(x, self.image_shape, self.kernel, stride=self.stride,
-                                         padding=self.padding, mode=self.mode)
+                                         padding=self.padding, mode=self.mode, channels_last=self.channels_last)
         return y
 
     def backward(self, xs, y, gy, needs):
         return (dmath.nn.pool2d_backward(gy, self.argmax, self.image_shape, self.kernel, self.stride,
-                                         self.padding, self.mode),)
+                                         self.padding, self.mode, self.channels_last),)
 
     def drop_saved(self):
         self.argmax = None
+
+
+class ImageFormat(Function):
+    """An image batch's rows between NCHW and channels-last order (dmath.nn.to_channels_last and
+    to_channels_first); the gradient is the other conversion."""
+    saves_inputs = saves_output = False
+
+    def __init__(self, to_last):
+        self.to_last = bool(to_last)
+        self.name = "to_channels_last" if self.to_last else "to_channels_first"
+
+    def infer(self, x):
+        self.image_shape = _image(self.name, x)
+        if x.channels_last == self.to_last:
+            raise ShapeError(f"{self.name}: the input rows are {'already' if self.to_last else 'not'} channels-last")
+        return x.shape, x.dtype, x.sample_shape
+
+    def output_channels_last(self, inputs):
+        return self.to_last
+
+    def forward(self, x):
+        return (dmath.nn.to_channels_last if self.to_last else dmath.nn.to_channels_first)(x, self.image_shape)
+
+    def backward(self, xs, y, gy, needs):
+        return ((dmath.nn.to_channels_first if self.to_last else dmath.nn.to_channels_last)(gy, self.image_shape),)
+
+
+def to_channels_last(x):
+    """The image-batch node x (NCHW rows) as channels-last rows: what conv2d and pool2d read fastest."""
+    return ImageFormat(True).apply(x)
+
+
+def to_channels_first(x):
+    """The channels-last image-batch node x back in NCHW rows (what every other function reads)."""
+    return ImageFormat(False).apply(x)
 
 
 def conv2d(x, w, b=None, kernel_hw=None, stride=1, padding=0, dilation=1, groups=1):

@@ -14,6 +14,7 @@ from ..graph.function import Function
 
 class Elementwise(Function):
     """y = f(x), f the dmath elementwise function called `name` (which must have a gradient)."""
+    keeps_channels_last = True
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
