@@ -239,6 +239,45 @@ __global__ void dm_pool_fwd(const T* x, T* y, A* arg, DM_WIN_ARGS, long long tot
     else pool_fwd<T, A, long long>(x, y, arg, g, o, is_max, nhwc);
 }
 
+// a / d for 0 <= a < 2**24: a float estimate (off by at most one) and one correction step. A GPU
+// has no integer divider: a 32-bit division is a sequence of some twenty instructions, and the
+// index arithmetic of pooling's backward pass was most of its time.
+__device__ __forceinline__ int dm_div(int a, int d, float inv) {
+    int q = (int)((float)a * inv);
+    int r = a - q * d;
+    return r < 0 ? q - 1 : (r >= d ? q + 1 : q);
+}
+
+struct Recip { float sh, sw; int fast; };   // 1/sh, 1/sw; fast: divide through them (dm_div)
+
+// d loss / d x at pixel (yy, xx) of one (sample, channel) plane: the sum of the output gradients
+// of the windows that cover it (of the windows whose maximum it was, for max pooling); the
+// plane's outputs start at `base`, `es` apart.
+template <typename T, typename A, typename I>
+__device__ T pool_gather(const T* dy, const A* arg, const Win& g, I base, int es, int yy, int xx, int is_max,
+                         Recip r) {
+    int ys = yy + g.ph, xs = xx + g.pw;
+    // outputs whose window covers (yy, xx): oy in [ceil((ys - kh + 1) / sh), ys / sh]
+    int oy0, oy1, ox0, ox1;
+    if (r.fast) {
+        oy0 = ys - g.kh + 1 > 0 ? dm_div(ys - g.kh + g.sh, g.sh, r.sh) : 0; oy1 = min(dm_div(ys, g.sh, r.sh), g.Ho - 1);
+        ox0 = xs - g.kw + 1 > 0 ? dm_div(xs - g.kw + g.sw, g.sw, r.sw) : 0; ox1 = min(dm_div(xs, g.sw, r.sw), g.Wo - 1);
+    } else {
+        oy0 = ys - g.kh + 1 > 0 ? (ys - g.kh + g.sh) / g.sh : 0; oy1 = min(ys / g.sh, g.Ho - 1);
+        ox0 = xs - g.kw + 1 > 0 ? (xs - g.kw + g.sw) / g.sw : 0; ox1 = min(xs / g.sw, g.Wo - 1);
+    }
+    typedef typename Acc<T>::type R;
+    R acc = 0;
+    for (int oy = oy0; oy <= oy1; ++oy) {
+        const int tap_y = (ys - oy * g.sh) * g.kw + xs;
+        for (int ox = ox0; ox <= ox1; ++ox) {
+            const I at = base + (I)(oy * g.Wo + ox) * es;
+            if (!is_max || (int)dm_val(arg[at]) == tap_y - ox * g.sw) acc += dm_val(dy[at]);
+        }
+    }
+    return dm_cast<T>((double)(is_max ? acc : acc / (R)(g.kh * g.kw)));
+}
+
 template <typename T, typename A, typename I>
 __device__ void pool_bwd(const T* dy, const A* arg, T* dx, const Win& g, I p, int is_max, int nhwc) {
     int xx, yy, es;
@@ -253,20 +292,7 @@ __device__ void pool_bwd(const T* dy, const A* arg, T* dx, const Win& g, I p, in
         base = (p / ((I)g.W * g.H)) * g.Ho * g.Wo;
         es = 1;
     }
-    int ys = yy + g.ph, xs = xx + g.pw;
-    // outputs whose window covers (yy, xx): oy in [ceil((ys - kh + 1) / sh), ys / sh]
-    int oy0 = ys - g.kh + 1 > 0 ? (ys - g.kh + 1 + g.sh - 1) / g.sh : 0, oy1 = min(ys / g.sh, g.Ho - 1);
-    int ox0 = xs - g.kw + 1 > 0 ? (xs - g.kw + 1 + g.sw - 1) / g.sw : 0, ox1 = min(xs / g.sw, g.Wo - 1);
-    typedef typename Acc<T>::type R;
-    R acc = 0;
-    for (int oy = oy0; oy <= oy1; ++oy) {
-        const int tap_y = (ys - oy * g.sh) * g.kw + xs;
-        for (int ox = ox0; ox <= ox1; ++ox) {
-            const I at = base + (I)(oy * g.Wo + ox) * es;
-            if (!is_max || (int)dm_val(arg[at]) == tap_y - ox * g.sw) acc += dm_val(dy[at]);
-        }
-    }
-    dx[p] = dm_cast<T>((double)(is_max ? acc : acc / (R)(g.kh * g.kw)));
+    dx[p] = pool_gather<T, A, I>(dy, arg, g, base, es, yy, xx, is_max, Recip{0.f, 0.f, 0});
 }
 
 template <typename T, typename A>
@@ -277,9 +303,37 @@ __global__ void dm_pool_bwd(const T* dy, const A* arg, T* dx, DM_WIN_ARGS, long 
     if (total <= 2147483647LL) pool_bwd<T, A, int>(dy, arg, dx, g, (int)p, is_max, nhwc);
     else pool_bwd<T, A, long long>(dy, arg, dx, g, p, is_max, nhwc);
 }
+
+// The same on a 2-D grid: y = the sample, x = the pixel and channel within it (fewer than 2**24
+// values), so every index comes from dm_div (reciprocals given by the host).
+template <typename T, typename A>
+__global__ void dm_pool_bwd_2d(const T* dy, const A* arg, T* dx, DM_WIN_ARGS, int per_sample, float ic, float iw,
+                               float ih, float ish, float isw, int is_max, int nhwc) {
+    DM_WIN;
+    int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= per_sample) return;
+    long long n = blockIdx.y;
+    int xx, yy, q, es;
+    long long base;
+    if (nhwc) {
+        q = dm_div(t, C, ic);               // pixel y * W + x
+        yy = dm_div(q, W, iw); xx = q - yy * W;
+        base = n * Ho * Wo * C + (t - q * C);
+        es = C;
+    } else {
+        q = dm_div(t, W, iw);               // plane row c * H + y
+        int c = dm_div(q, H, ih);
+        xx = t - q * W; yy = q - c * H;
+        base = (n * C + c) * Ho * Wo;
+        es = 1;
+    }
+    dx[n * per_sample + t] = pool_gather<T, A, long long>(dy, arg, g, base, es, yy, xx, is_max, Recip{ish, isw, 1});
+}
 """
-_INSTANCES = [f"dm_pool_{d}<{t}, {a}>" for d in ("fwd", "bwd") for t in cuda.C_TYPES.values()
+_INSTANCES = [f"dm_pool_{d}<{t}, {a}>" for d in ("fwd", "bwd", "bwd_2d") for t in cuda.C_TYPES.values()
               for a in cuda.C_TYPES.values()]
+#: the 2-D backward kernel's limits: a sample's values below 2**24 (dm_div), samples within a grid's y
+_DIV_EXACT, _GRID_Y = 1 << 24, 65535
 
 
 def _cuda_kernel(direction, dtype, arg_dtype):
@@ -325,7 +379,14 @@ def _pool2d_backward_cuda(call):
     is_max = mode == "max"
     am = cupy.ascontiguousarray(rows.local(call.inputs[1])) if is_max else dy
     (dx,) = rows.new_output(call, 0)
-    fn = _cuda_kernel("bwd", dy.dtype, am.dtype)
-    cuda.launch(fn, dx.size, (dy, am, dx) + _win(g) + (np.int64(dx.size), np.int32(is_max),
-                                                               np.int32(call.entry.static.channels_last)))
+    nhwc = np.int32(call.entry.static.channels_last)
+    n, per_sample = dx.shape
+    if 0 < n <= _GRID_Y and per_sample < _DIV_EXACT:
+        fn = _cuda_kernel("bwd_2d", dy.dtype, am.dtype)
+        recips = tuple(np.float32(1.0 / v) for v in (g.channels, g.width, g.height, g.sh, g.sw))
+        fn(((per_sample + 255) // 256, n), (256,),
+           (dy, am, dx) + _win(g) + (np.int32(per_sample),) + recips + (np.int32(is_max), nhwc))
+    else:
+        fn = _cuda_kernel("bwd", dy.dtype, am.dtype)
+        cuda.launch(fn, dx.size, (dy, am, dx) + _win(g) + (np.int64(dx.size), np.int32(is_max), nhwc))
     return [rows.shard(call, 0, [dx])]
