@@ -67,12 +67,40 @@ def encode(kind, sig_id=0, handles=(), scalars=(), frees=(), signature=None, pro
     elif program is not None:
         blob = encode_program(program)
     else:
-        blob = b""
+        return _encode(kind, sig_id, handles, scalars, frees)
     nh, ns, nf = len(handles), len(scalars), len(frees)
-    # struct, not numpy: a cached command is a few numbers, and this runs once per operation
-    body = _numbers(nh, ns, nf).pack(*handles, *scalars, *frees) + blob
-    total = HEADER.size + len(body)
-    return HEADER.pack(kind, nh, ns, nf, sig_id, total) + body, total
+    whole = _message(nh, ns, nf)
+    total = whole.size + len(blob)
+    return whole.pack(kind, nh, ns, nf, sig_id, total, *handles, *scalars, *frees) + blob, total
+
+
+def encode_exec(sig_id, handles, scalars, frees):
+    """`encode(EXEC, ...)`: the message of a command whose signature is registered (once per eager
+    operation)."""
+    return _encode(EXEC, sig_id, handles, scalars, frees)
+
+
+def _encode(kind, sig_id, handles, scalars, frees):
+    """A message of numbers only: one struct packs it whole (struct, not numpy: a cached command is a
+    few numbers, and this runs once per operation)."""
+    nh, ns, nf = len(handles), len(scalars), len(frees)
+    whole = _MESSAGES.get(nh | ns << 8 | nf << 16)
+    if whole is None:
+        whole = _message(nh, ns, nf)
+    return whole.pack(kind, nh, ns, nf, sig_id, whole.size, *handles, *scalars, *frees), whole.size
+
+
+#: (nh | ns << 8 | nf << 16) -> `_message(nh, ns, nf)` (each count fits the header's byte)
+_MESSAGES = {}
+
+
+def _message(nh, ns, nf):
+    """The struct of a message's header and numbers: nh int32 handles, ns float64 scalars, nf int32 frees."""
+    key = nh | ns << 8 | nf << 16
+    whole = _MESSAGES.get(key)
+    if whole is None:
+        whole = _MESSAGES[key] = struct.Struct(HEADER.format + _numbers(nh, ns, nf).format[1:])
+    return whole
 
 
 @functools.lru_cache(maxsize=1024)
