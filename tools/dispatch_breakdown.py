@@ -47,7 +47,8 @@ def main():
     rows["dmath.tanh(x)"] = per_call(lambda: dmath.tanh(x))
     rows["x * 0.5"] = per_call(lambda: x * 0.5)
     rows["x @ w"] = per_call(lambda: x @ w)
-    aligns, static, out, _ = E.plan("tanh", (x._meta,), False, rt.nworkers)
+    p = E.plan("tanh", (x._meta,), False, rt.nworkers)
+    static, out = p.args, p.out
     rows["E.plan (cached)"] = per_call(lambda: E.plan("tanh", (x._meta,), False, rt.nworkers))
     rows["dispatch (tanh)"] = per_call(lambda: dispatch("ewise", [x], (out,), static=static))
 
@@ -55,7 +56,7 @@ def main():
         handles, _ = rt.call("ewise", [x._handle], (x._meta,), (out,), static)
         rt.release(handles[0])
     rows["Runtime.call + release"] = per_call(call)
-    entry = rt.entries[rt.sig_ids[("ewise", static, (x._meta,), (out,))]]
+    entry = rt.signatures[("ewise", static, (x._meta,), (out,))]
     spare = rt.new_handles(1)[0]
     rows["Runtime._execute"] = per_call(lambda: rt._execute(entry, [x._handle], [spare], ()))
     from dmath.runtime.core import Call

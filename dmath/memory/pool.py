@@ -86,21 +86,22 @@ class HostPool:
         self._leases = {}        # id(weakref to a lease) -> (weakref, block, address, size)
         self._returned = []      # lease entries whose last array died, not yet filed
         self._types = {}         # size class -> lease type
+        self._requests = {}      # (shape, dtype) as asked -> `_request`'s answer
+        self._on_dead = self._on_lease_dead     # the weak references' callback, bound once
         self.in_use = self.cached = self.high_water = 0
         self.new_allocs = self.reused_allocs = 0
 
     # ---- allocation ---------------------------------------------------------
     def empty(self, shape, dtype):
         """An uninitialised numpy array backed by a pooled block."""
-        dtype = _dtype(dtype)
-        if type(shape) is not tuple:
-            shape = as_shape(shape)
-        nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes == 0:
+        request = self._requests.get((shape, dtype)) if type(shape) is tuple else None
+        if request is None:
+            request = self._request(shape, dtype)
+        shape, dtype, size, lease_type = request
+        if not size:
             return np.empty(shape, dtype)
         if self._returned:
             self._file_returned()
-        size = size_class(nbytes)
         blocks = self._free.get(size)
         if blocks:
             block, address = blocks.pop()
@@ -116,14 +117,28 @@ class HostPool:
         # The lease: a ctypes view of the block that holds the block and is the base
         # numpy keeps for every array made from the one returned (numpy collapses
         # chains of views only through ndarrays). It dies with the last of them.
+        lease = lease_type.from_address(address)
+        lease.block = block
+        ref = weakref.ref(lease, self._on_dead)
+        self._leases[id(ref)] = (ref, block, address, size)
+        return np.ndarray(shape, dtype, lease)
+
+    def _request(self, shape, dtype):
+        """(shape as a tuple, np.dtype, block size or 0 for an empty array, lease type) of a request;
+        kept per (shape, dtype) as asked, so a repeated request looks nothing up again."""
+        key = (shape, dtype) if type(shape) is tuple else None
+        shape, dtype = as_shape(shape), _dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        size = size_class(nbytes) if nbytes else 0
         lease_type = self._types.get(size)
         if lease_type is None:
             lease_type = self._types[size] = ctypes.c_char * size
-        lease = lease_type.from_address(address)
-        lease.block = block
-        ref = weakref.ref(lease, self._on_lease_dead)
-        self._leases[id(ref)] = (ref, block, address, size)
-        return np.ndarray(shape, dtype, lease)
+        request = (shape, dtype, size, lease_type)
+        if key is not None:
+            if len(self._requests) >= 4096:     # shapes that keep changing: start over
+                self._requests.clear()
+            self._requests[key] = request
+        return request
 
     # host staging buffers are the same host memory on the CPU backend
     host_empty = empty

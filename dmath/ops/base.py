@@ -43,9 +43,15 @@ def dispatch(op, inputs=(), outputs=(), static=(), scalars=(), payload=None, poo
     """Run `op`; returns (new Matrix objects for the Meta outputs, the master's kernel result).
 
     pooled=False: the new matrices live outside the capped pools (see Runtime.call)."""
-    handles, result = runtime().call(op, [m._handle for m in inputs], tuple([m._meta for m in inputs]),
-                                     tuple(outputs), static, [float(s) for s in scalars] if scalars else (),
-                                     payload, pooled)
+    return dispatch_metas(op, inputs, tuple([m._meta for m in inputs]), tuple(outputs), static,
+                          [float(s) for s in scalars] if scalars else (), payload, pooled)
+
+
+def dispatch_metas(op, inputs, metas, outputs, static, scalars, payload=None, pooled=True):
+    """`dispatch` for a master half that holds the inputs' Metas already (a tuple), its outputs as a
+    tuple and its scalars as floats (an elementwise call: nothing rebuilt per operation)."""
+    handles, result = runtime().call(op, [m._handle for m in inputs], metas, outputs, static, scalars, payload,
+                                     pooled)
     make = _make_matrix
     return [make(h, o) for h, o in zip(handles, outputs) if type(o) is Meta], result
 
