@@ -247,7 +247,7 @@ def _make(handle, m):
     return Matrix(handle, m)
 
 
-base.set_matrix_factory(_make)
+base.set_matrix_factory(_make, Matrix)
 
 
 def _matmul_operand(o):

@@ -9,12 +9,14 @@ from ..layout import Layout, RowBlock, distribution, check_shape
 from ..runtime import Meta, runtime
 
 _make_matrix = None
+_matrix_type = None
 
 
-def set_matrix_factory(fn):
-    """matrix.py registers how a (handle, Meta) pair becomes a Matrix (keeps imports one-way)."""
-    global _make_matrix
-    _make_matrix = fn
+def set_matrix_factory(fn, cls=None):
+    """matrix.py registers how a (handle, Meta) pair becomes a Matrix, and the Matrix class (keeps
+    imports one-way)."""
+    global _make_matrix, _matrix_type
+    _make_matrix, _matrix_type = fn, cls
 
 
 def meta(m):
@@ -63,8 +65,9 @@ def as_int(value, what):
 
 
 def is_matrix(x):
-    """Whether x is a dmath.Matrix (duck-typed: this layer sits below matrix.py)."""
-    return hasattr(x, "_handle") and hasattr(x, "layout")
+    """Whether x is a dmath.Matrix (duck-typed: this layer sits below matrix.py; the class itself is
+    recognised first, which is all that a master half's check costs for a Matrix)."""
+    return type(x) is _matrix_type or (hasattr(x, "_handle") and hasattr(x, "layout"))
 
 
 def check_scalar(v, what="a scalar operand"):

@@ -111,6 +111,7 @@ class Runtime:
 
     def __init__(self, world, be):
         self.world = world
+        self.nworkers = world.size   # P (an attribute: read on every operation)
         self.backend = be
         self.ctl = ControlChannel(world)
         self.table = {}            # handle -> Shard
@@ -137,10 +138,6 @@ class Runtime:
         self.deciding = False      # master: inside oom.verdict, whose waits must not raise failures
 
     # ---- master side -------------------------------------------------------
-    @property
-    def nworkers(self):
-        return self.world.size
-
     def check_usable(self):
         if self.closed:
             raise RuntimeStateError("dmath has been finalized")
@@ -192,7 +189,7 @@ class Runtime:
         self.replicas.written(handle)
         if self.poisoned:
             self.poisoned.discard(handle)
-        plans = self.watchers.pop(handle, None)
+        plans = self.watchers.pop(handle, None) if self.watchers else None
         if plans:
             for plan in list(plans):
                 plan.handle_released(handle)
@@ -231,7 +228,8 @@ class Runtime:
         """
         if self.closed or self.broken is not None or _get_ident() != self.owner:
             self.check_usable()
-        self.check_failures(between=True)
+        if self.world.is_mpi:           # (alone, nobody can fail or hang but the master itself)
+            self.check_failures(between=True)
         recorder = self.recorder
         if recorder is not None and payload is not None:
             raise PlanError(f"{op}: a command that carries data from the master (from_numpy, assign of a "
@@ -276,7 +274,8 @@ class Runtime:
             message, total = protocol.encode(protocol.REGISTER, sig_id, in_handles + out_handles, scalars,
                                              frees, signature)
         else:
-            message, total = protocol.encode_exec(sig_id, in_handles + out_handles, scalars, frees)
+            message, total = protocol.encode_numbers(protocol.EXEC, sig_id, in_handles + out_handles, scalars,
+                                                     frees)
         # _send and _own_share, written out: this runs once per operation
         self.last_command = None
         try:
@@ -384,10 +383,11 @@ class Runtime:
         call = Call(self, entry, inputs, scalars, payload, in_handles)
         homed = False
         for s in inputs:
-            if s.pending is not None:
-                s.settle()              # written by a background all-reduce: wait for it on the device
-            if s.home is not None:
-                homed = True
+            if s.pending is not None or s.home is not None:     # (one test for the usual shard)
+                if s.pending is not None:
+                    s.settle()          # written by a background all-reduce: wait for it on the device
+                if s.home is not None:
+                    homed = True
         self.commands += 1
         shards = self._profiled(entry, call) if PROFILE else entry.kernel(call)
         if homed:
@@ -418,14 +418,15 @@ class Runtime:
         return shards
 
     def _free(self, handles):
+        table, cache = self.table, replicas.cache
         for h in handles:
             if h < 0:                       # -k drops plan k (protocol.py)
                 self.programs.pop(-h, None)
                 continue
-            s = self.table.pop(h, None)
+            s = table.pop(h, None)
             if s is not None and s.pending is not None:
                 s.settle()              # its buffers go back to the pool: the side stream must be done
-            replicas.cache.drop(h)
+            cache.drop(h)
 
     def _define(self, plan_id, program):
         self.programs[plan_id] = Replayer(self, program)

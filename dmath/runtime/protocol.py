@@ -67,22 +67,16 @@ def encode(kind, sig_id=0, handles=(), scalars=(), frees=(), signature=None, pro
     elif program is not None:
         blob = encode_program(program)
     else:
-        return _encode(kind, sig_id, handles, scalars, frees)
+        return encode_numbers(kind, sig_id, handles, scalars, frees)
     nh, ns, nf = len(handles), len(scalars), len(frees)
     whole = _message(nh, ns, nf)
     total = whole.size + len(blob)
     return whole.pack(kind, nh, ns, nf, sig_id, total, *handles, *scalars, *frees) + blob, total
 
 
-def encode_exec(sig_id, handles, scalars, frees):
-    """`encode(EXEC, ...)`: the message of a command whose signature is registered (once per eager
-    operation)."""
-    return _encode(EXEC, sig_id, handles, scalars, frees)
-
-
-def _encode(kind, sig_id, handles, scalars, frees):
-    """A message of numbers only: one struct packs it whole (struct, not numpy: a cached command is a
-    few numbers, and this runs once per operation)."""
+def encode_numbers(kind, sig_id, handles, scalars, frees):
+    """`encode` of a message of numbers only (no signature, no program): one struct packs it whole
+    (struct, not numpy: a cached command is a few numbers, and this runs once per operation)."""
     nh, ns, nf = len(handles), len(scalars), len(frees)
     whole = _MESSAGES.get(nh | ns << 8 | nf << 16)
     if whole is None:
