@@ -45,17 +45,39 @@ def dispatch(op, inputs=(), outputs=(), static=(), scalars=(), payload=None, poo
     """Run `op`; returns (new Matrix objects for the Meta outputs, the master's kernel result).
 
     pooled=False: the new matrices live outside the capped pools (see Runtime.call)."""
-    return dispatch_metas(op, inputs, tuple([m._meta for m in inputs]), tuple(outputs), static,
-                          [float(s) for s in scalars] if scalars else (), payload, pooled)
+    outputs = tuple(outputs)
+    handles, result = runtime().call(op, [m._handle for m in inputs], tuple([m._meta for m in inputs]), outputs,
+                                     static, [float(s) for s in scalars] if scalars else (), payload, pooled)
+    return _matrices(handles, outputs), result
 
 
-def dispatch_metas(op, inputs, metas, outputs, static, scalars, payload=None, pooled=True):
-    """`dispatch` for a master half that holds the inputs' Metas already (a tuple), its outputs as a
-    tuple and its scalars as floats (an elementwise call: nothing rebuilt per operation)."""
-    handles, result = runtime().call(op, [m._handle for m in inputs], metas, outputs, static, scalars, payload,
-                                     pooled)
+class Known:
+    """The runtime's Entry of the command a cached master-side plan sends, kept in the plan (`dispatch_known`)."""
+    __slots__ = ("rt", "entry")
+
+    def __init__(self):
+        self.rt = self.entry = None
+
+
+def dispatch_known(known, op, inputs, metas, outputs, static, scalars):
+    """`dispatch` of a command that a master half's cached plan determines whole (op, static, the
+    inputs' Metas `metas` as a tuple, `outputs` as a tuple): after its first send the command goes
+    by the Entry kept in `known` (a `Known` of that plan), with no signature built or looked up.
+    `scalars`: floats already. Pooled, no payload."""
+    rt = runtime()
+    handles = [m._handle for m in inputs]
+    if known.rt is rt:
+        handles, result = rt.call_entry(known.entry, handles, scalars)
+    else:
+        handles, result = rt.call(op, handles, metas, outputs, static, scalars)
+        known.entry, known.rt = rt.entry_of(op, metas, outputs, static), rt
+    return _matrices(handles, outputs), result
+
+
+def _matrices(handles, outputs):
+    """New Matrix objects for a command's new outputs (those given by a Meta)."""
     make = _make_matrix
-    return [make(h, o) for h, o in zip(handles, outputs) if type(o) is Meta], result
+    return [make(h, o) for h, o in zip(handles, outputs) if type(o) is Meta]
 
 
 def as_int(value, what):

@@ -26,7 +26,7 @@ from ..errors import DMathError, LayoutError, ShapeError
 from ..layout import Replicated, RowBlock, distribution
 from ..layout import indexset as ix
 from ..runtime import Meta, Shard, define, runtime
-from .base import check_scalar, dispatch, dispatch_metas, is_matrix, meta
+from .base import Known, check_scalar, dispatch, dispatch_known, is_matrix, meta
 from .movement import remap, resolve_partial
 
 
@@ -182,7 +182,7 @@ def apply(fn, *operands, inplace=False):
             in_metas = tuple(in_metas)
         else:
             inputs, scalars, in_metas = operands, (), metas
-        new = dispatch_metas("ewise", inputs, in_metas, p.outputs, p.args, scalars)[0]
+        new = dispatch_known(p.known, "ewise", inputs, in_metas, p.outputs, p.args, scalars)[0]
     else:
         inputs, scalars = [], []
         for x, (how, target) in zip(operands, p.aligns):
@@ -206,6 +206,7 @@ class Plan(NamedTuple):
     aligned: bool         # no operand moves
     outputs: tuple        # the command's outputs: (out,), or (0,) in place
     scalars: int          # how many operands are scalars
+    known: Known          # the command's Entry once sent (when aligned: the plan determines the command)
 
 
 def _partial_stays(f, metas, lay, shape):
@@ -276,7 +277,7 @@ def plan(fn, metas, inplace, nworkers):
     out = None if inplace else Meta(lay.resolved(nworkers), shape, dtype)
     args = EWISE.static(fn=fn, pattern=tuple(pattern), out_index=0 if inplace else None)
     return Plan(tuple(aligns), args, out, all(how in ("as-is", "scalar") for how, _ in aligns),
-                (0,) if inplace else (out,), n_sc)
+                (0,) if inplace else (out,), n_sc, Known())
 
 
 # ---- worker half -------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ from ..planning import gemm as gemm_plan
 from ..planning.gemm import Strategy, grid_sets, operand_form, panel_kind
 from ..runtime import Meta, Shard, define, runtime
 from ..runtime.registry import COLLECTIVES_IN_GRAPHS, capture_hook
-from .base import check_scalar, dispatch, is_matrix, new_meta
+from .base import Known, check_scalar, dispatch, dispatch_known, is_matrix, new_meta
 
 # cuBLAS sets up its capture workspace before a plan with products is captured
 capture_hook(blas.prepare_capture)
@@ -87,7 +87,9 @@ class _Decision(NamedTuple):
     dtype: str            # the result's
     static: GemmArgs
     out: Optional[Meta]   # the new result's Meta, or None when it is written into C
+    outputs: tuple        # the command's outputs: (out,), or (2,) into C
     kept: tuple           # planning/gemm.kept_copies: what the command leaves in the replica caches
+    known: Known          # the command's Entry once sent (the decision determines the command)
 
 
 def _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout):
@@ -129,7 +131,7 @@ def _decide(a, b, c, trans_a, trans_b, layout, P, mach, limit, cached):
                          has_c=c is not None)
     out = None if c is not None else Meta(plan.result, (shapes[0][0], shapes[1][1]), dtype)
     kept = gemm_plan.kept_copies(plan.strategy, (a, b), (trans_a, trans_b), dtype, P)
-    return _Decision(plan, shapes, dtype, static, out, kept)
+    return _Decision(plan, shapes, dtype, static, out, (2,) if c is not None else (out,), kept, Known())
 
 
 @functools.lru_cache(maxsize=1024)
@@ -197,11 +199,11 @@ def gemm(A, B, C=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, layout
     """
     d, scalars = _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout)
     if C is not None:
-        dispatch("gemm", [A, B, C], (2,), static=d.static, scalars=scalars)
+        dispatch_known(d.known, "gemm", [A, B, C], (A._meta, B._meta, C._meta), (2,), d.static, scalars)
         if d.kept:
             _record_copies(runtime(), d.kept, (A._handle, B._handle), written=C._handle)
         return C
-    result = dispatch("gemm", [A, B], (d.out,), static=d.static, scalars=scalars)[0][0]
+    result = dispatch_known(d.known, "gemm", [A, B], (A._meta, B._meta), d.outputs, d.static, scalars)[0][0]
     if d.kept:
         _record_copies(runtime(), d.kept, (A._handle, B._handle))
     return result

@@ -70,7 +70,7 @@ class Entry:
     not on every command).
     """
     __slots__ = ("op", "static", "inputs", "outputs", "in_dists", "out_dists", "kernel", "capture_rule", "cache",
-                 "sig_id", "new_outputs", "in_place")
+                 "sig_id", "new_outputs", "in_place", "doing")
 
     def __init__(self, signature, nworkers, sig_id=None):
         self.op, self.static, self.inputs, self.outputs = signature
@@ -82,6 +82,7 @@ class Entry:
         self.sig_id = sig_id
         self.new_outputs = tuple(m for m in self.outputs if type(m) is Meta)
         self.in_place = tuple(m for m in self.outputs if type(m) is not Meta)
+        self.doing = f"running {self.op!r}"      # a worker's activity while it runs a command of it
 
 
 class Call:
@@ -112,6 +113,7 @@ class Runtime:
     def __init__(self, world, be):
         self.world = world
         self.nworkers = world.size   # P (an attribute: read on every operation)
+        self.is_mpi = world.is_mpi
         self.backend = be
         self.ctl = ControlChannel(world)
         self.table = {}            # handle -> Shard
@@ -226,9 +228,26 @@ class Runtime:
         few arithmetic operations once the signature is known (the eager
         dispatch cost is its sum).
         """
+        # an op's typed static arguments (a NamedTuple) stay what they are: kernels read them by name
+        signature = (op, static if isinstance(static, tuple) else tuple(static), in_metas, outputs)
+        return self._command(signature, self.signatures.get(signature), in_handles, scalars, payload, pooled)
+
+    def call_entry(self, entry, in_handles, scalars=()):
+        """`call` of a registered signature by its Entry (`entry_of`), for a master half that keeps it
+        beside its cached planning: no signature is built or looked up. Pooled, no payload."""
+        return self._command(None, entry, in_handles, scalars, None, True)
+
+    def entry_of(self, op, in_metas, outputs=(), static=()):
+        """The Entry under which `call` registered this signature (None before its first command)."""
+        return self.signatures.get((op, static if isinstance(static, tuple) else tuple(static), in_metas, outputs))
+
+    def _command(self, signature, entry, in_handles, scalars, payload, pooled):
+        """`call` of `signature`, whose Entry is `entry` (None: not registered yet; then `signature`
+        is all that is known of it)."""
+        op, _, in_metas, outputs = signature if entry is None else (entry.op, None, entry.inputs, entry.outputs)
         if self.closed or self.broken is not None or _get_ident() != self.owner:
             self.check_usable()
-        if self.world.is_mpi:           # (alone, nobody can fail or hang but the master itself)
+        if self.is_mpi:                 # (alone, nobody can fail or hang but the master itself)
             self.check_failures(between=True)
         recorder = self.recorder
         if recorder is not None and payload is not None:
@@ -239,9 +258,6 @@ class Runtime:
         if self.poisoned and not self.poisoned.isdisjoint(in_handles):
             raise OutOfMemoryError(f"{op}: an operand was never computed: the operation that made it ran "
                                    f"out of memory and was undone")
-        # an op's typed static arguments (a NamedTuple) stay what they are: kernels read them by name
-        signature = (op, static if isinstance(static, tuple) else tuple(static), in_metas, outputs)
-        entry = self.signatures.get(signature)
         if entry is None:
             # first use: what the command makes and overwrites, worked out here once (its Entry keeps
             # it); registered below, after the ledger has admitted it
@@ -477,7 +493,7 @@ class Runtime:
                     self.entries[sig_id] = Entry(extra, self.nworkers, sig_id)
                 if kind in (protocol.EXEC, protocol.REGISTER):
                     entry = self.entries[sig_id]
-                    self.activity = (f"running {entry.op!r}", time.monotonic())
+                    self.activity = (entry.doing, time.monotonic())
                     n_in = len(entry.inputs)
                     self._execute(entry, handles[:n_in], handles[n_in:], scalars)
                 elif kind == protocol.DEFINE:

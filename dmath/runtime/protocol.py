@@ -104,7 +104,8 @@ def _numbers(nh, ns, nf):
 
 
 def total_length(frame):
-    return HEADER.unpack_from(bytes(frame[:HEADER.size]))[5]
+    """The total length a message's first bytes (any buffer: bytes, a numpy frame) announce."""
+    return HEADER.unpack_from(frame)[5]
 
 
 def decode(message):
