@@ -152,11 +152,15 @@ class HostPool:
             self._returned.append(entry)
 
     def _file_returned(self):
-        while self._returned:
-            _, block, address, size = self._returned.pop()
+        returned, free = self._returned, self._free
+        while returned:
+            _, block, address, size = returned.pop()
             self.in_use -= size
             self.cached += size
-            self._free.setdefault(size, []).append((block, address))
+            blocks = free.get(size)
+            if blocks is None:
+                blocks = free[size] = []
+            blocks.append((block, address))
 
     def _make_room(self, size, shape, dtype):
         """Check the limit for a new block of `size`, releasing the cached blocks first if needed."""

@@ -8,15 +8,14 @@ from ..errors import DMathError, LayoutError
 from ..layout import Layout, RowBlock, distribution, check_shape
 from ..runtime import Meta, runtime
 
-_make_matrix = None
 _matrix_type = None
 
 
-def set_matrix_factory(fn, cls=None):
-    """matrix.py registers how a (handle, Meta) pair becomes a Matrix, and the Matrix class (keeps
-    imports one-way)."""
-    global _make_matrix, _matrix_type
-    _make_matrix, _matrix_type = fn, cls
+def set_matrix_class(cls):
+    """matrix.py registers the Matrix class, whose `cls(handle, meta)` makes a Matrix (keeps imports
+    one-way)."""
+    global _matrix_type
+    _matrix_type = cls
 
 
 def meta(m):
@@ -76,7 +75,7 @@ def dispatch_known(known, op, inputs, metas, outputs, static, scalars):
 
 def _matrices(handles, outputs):
     """New Matrix objects for a command's new outputs (those given by a Meta)."""
-    make = _make_matrix
+    make = _matrix_type
     return [make(h, o) for h, o in zip(handles, outputs) if type(o) is Meta]
 
 
