@@ -226,6 +226,7 @@ class CudaPool:
         self.capture_refs = None     # during a capture: what the graph being captured must keep alive
         self.graph_peaks = {}        # id(owner) -> the most bytes its graph's buffers held at once
         self.used_peak = None        # while measure_peak() runs: the most device bytes in use so far
+        self.footprint = 0           # the device pool's total bytes when last seen (see _malloc)
         self._unified_freed = []
         cupy.cuda.set_allocator(self._malloc)
         cupy.cuda.set_pinned_memory_allocator(self._pinned_malloc)
@@ -239,17 +240,20 @@ class CudaPool:
             # cache: a cached block inside a chunk that is partly in use cannot be given back, and
             # counting it would refuse here what the master admitted (a worker failure)
             raise OutOfMemoryError(refusal(size, "a device array", pool.used_bytes(), None, limit))
-        before = pool.total_bytes()
         try:
             mem = pool.malloc(size)     # on a full device CuPy frees its cached blocks and retries
         except self._cp.cuda.memory.OutOfMemoryError:
+            self.footprint = pool.total_bytes()
             raise OutOfMemoryError(refusal(size, "a device array", pool.used_bytes(), None, None)) from None
+        # the footprint grows only here (a new block) and shrinks only where cached blocks are
+        # freed, which keep `footprint` up to date: one pool query per allocation, not two
         after = pool.total_bytes()
-        if after > before:
+        if after > self.footprint:
             self.new_allocs += 1
             self.high_water = max(self.high_water, after)
         elif size:
             self.reused_allocs += 1
+        self.footprint = after
         if self.used_peak is not None:
             self.used_peak = max(self.used_peak, pool.used_bytes())
         return mem
@@ -330,7 +334,8 @@ class CudaPool:
         before = self.device.total_bytes()
         self.device.free_all_blocks()
         self.pinned.free_all_blocks()
-        return before - self.device.total_bytes()
+        self.footprint = self.device.total_bytes()
+        return before - self.footprint
 
     def set_limit(self, nbytes):
         """Cap the device bytes in use (None: no cap); cached blocks beyond it go back to the driver."""
