@@ -1,5 +1,6 @@
 """Master-side helpers shared by the operations: metadata, validation, dispatch."""
 import numbers
+import operator
 
 import numpy as np
 
@@ -50,6 +51,9 @@ def dispatch(op, inputs=(), outputs=(), static=(), scalars=(), payload=None, poo
     return _matrices(handles, outputs), result
 
 
+_handle_of = operator.attrgetter("_handle")
+
+
 class Known:
     """The runtime's Entry of the command a cached master-side plan sends, kept in the plan (`dispatch_known`)."""
     __slots__ = ("rt", "entry")
@@ -64,7 +68,7 @@ def dispatch_known(known, op, inputs, metas, outputs, static, scalars):
     by the Entry kept in `known` (a `Known` of that plan), with no signature built or looked up.
     `scalars`: floats already. Pooled, no payload."""
     rt = runtime()
-    handles = [m._handle for m in inputs]
+    handles = list(map(_handle_of, inputs))       # (no comprehension frame: Python < 3.12)
     if known.rt is rt:
         handles, result = rt.call_entry(known.entry, handles, scalars)
     else:

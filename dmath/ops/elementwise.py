@@ -172,17 +172,15 @@ def apply(fn, *operands, inplace=False):
     p = plan(fn, metas, inplace, runtime().nworkers)
     if p.aligned:       # every operand already where the result needs it (the usual case)
         if p.scalars:
-            inputs, scalars, in_metas = [], [], []
+            inputs, scalars = [], []
             for x, m in zip(operands, metas):
                 if m is None:
                     scalars.append(float(x))
                 else:
                     inputs.append(x)
-                    in_metas.append(m)
-            in_metas = tuple(in_metas)
         else:
-            inputs, scalars, in_metas = operands, (), metas
-        new = dispatch_known(p.known, "ewise", inputs, in_metas, p.outputs, p.args, scalars)[0]
+            inputs, scalars = operands, ()
+        new = dispatch_known(p.known, "ewise", inputs, p.in_metas, p.outputs, p.args, scalars)[0]
     else:
         inputs, scalars = [], []
         for x, (how, target) in zip(operands, p.aligns):
@@ -206,6 +204,7 @@ class Plan(NamedTuple):
     aligned: bool         # no operand moves
     outputs: tuple        # the command's outputs: (out,), or (0,) in place
     scalars: int          # how many operands are scalars
+    in_metas: tuple       # the Metas of the matrix operands (the command's inputs when aligned)
     known: Known          # the command's Entry once sent (when aligned: the plan determines the command)
 
 
@@ -277,7 +276,7 @@ def plan(fn, metas, inplace, nworkers):
     out = None if inplace else Meta(lay.resolved(nworkers), shape, dtype)
     args = EWISE.static(fn=fn, pattern=tuple(pattern), out_index=0 if inplace else None)
     return Plan(tuple(aligns), args, out, all(how in ("as-is", "scalar") for how, _ in aligns),
-                (0,) if inplace else (out,), n_sc, Known())
+                (0,) if inplace else (out,), n_sc, tuple(mats), Known())
 
 
 # ---- worker half -------------------------------------------------------------------------------

@@ -395,7 +395,7 @@ class Runtime:
     # ---- both sides --------------------------------------------------------
     def _execute(self, entry, in_handles, out_handles, scalars, payload=None):
         table = self.table
-        inputs = [table[h] for h in in_handles]
+        inputs = list(map(table.__getitem__, in_handles))     # (no comprehension frame: Python < 3.12)
         call = Call(self, entry, inputs, scalars, payload, in_handles)
         homed = False
         for s in inputs:
