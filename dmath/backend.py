@@ -55,7 +55,7 @@ class Backend:
         only NumPy would warn. A GPU needs no context at all (entering NumPy's
         errstate costs microseconds per command).
         """
-        return _NO_CONTEXT if self.is_gpu else np.errstate(all="ignore")
+        return _NO_CONTEXT if self.is_gpu else _Quiet()
 
     def copy_to_device(self, out, host):
         """out[...] = host (a host array): asynchronous on the current stream from pinned memory on a
@@ -120,6 +120,46 @@ class Backend:
 
 
 _NO_CONTEXT = contextlib.nullcontext()
+
+
+def _quiet_state():
+    """[NumPy's error-state context variable, NumPy's function that makes a state, the state it held
+    when last asked, that state with every error ignored], or None where NumPy keeps its error state
+    otherwise (NumPy 1.x)."""
+    try:
+        from numpy._core._ufunc_config import _extobj_contextvar, _make_extobj
+        _make_extobj(all="ignore")
+    except (ImportError, AttributeError, TypeError):
+        return None
+    return [_extobj_contextvar, _make_extobj, None, None]
+
+
+_QUIET_STATE = _quiet_state()
+
+
+class _Quiet:
+    """`np.errstate(all="ignore")` at a fraction of its cost on NumPy 2: the ignoring state is made
+    once per state it replaces, then only set and reset (errstate builds it on every entry: a
+    microsecond per command). NumPy 1.x: errstate itself."""
+    __slots__ = ("_token", "_errstate")
+
+    def __enter__(self):
+        if _QUIET_STATE is None:
+            self._errstate = np.errstate(all="ignore")
+            return self._errstate.__enter__()
+        var, make, seen, ignore = _QUIET_STATE
+        now = var.get()
+        if now is not seen:     # the ignoring state keeps the rest of the current one (buffer size)
+            ignore = _QUIET_STATE[3] = make(all="ignore")
+            _QUIET_STATE[2] = now
+        self._token = var.set(ignore)
+        return None
+
+    def __exit__(self, *exc_info):
+        if _QUIET_STATE is None:
+            return self._errstate.__exit__(*exc_info)
+        _QUIET_STATE[0].reset(self._token)
+        return None
 _kernels = {}
 
 

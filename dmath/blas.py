@@ -45,7 +45,7 @@ def gemm(a, b, out, alpha=1.0, beta=0.0):
 
 
 def _gemm_cpu(a, b, out, alpha, beta):
-    if a.dtype == np.float16:
+    if a.dtype.char == "e":         # float16 (comparing with np.float16 converts it on every product)
         prod = np.matmul(a.astype(np.float32), b.astype(np.float32))
         if alpha != 1.0:
             prod *= alpha
@@ -98,10 +98,11 @@ def _host_scalar(scalar, value):
 
 
 def _gemm_gpu(a, b, out, alpha, beta):
-    import cupy
+    cupy = _CUPY.get("cupy") or _cupy()
     handle = cupy.cuda.device.get_cublas_handle()
     # the runtime's own flag: asking the stream is a CUDA call on every product
-    calls = _captured_calls(handle) if memory.capturing() else _cupy_calls()
+    capturing = memory.capturing()
+    calls = _captured_calls(handle) if capturing else _cupy_calls()
     dtype = _NAME[a.dtype]
     a, lda, ta = _row_major(a)
     b, ldb, tb = _row_major(b)
@@ -113,7 +114,11 @@ def _gemm_gpu(a, b, out, alpha, beta):
     scalar = _SCALAR[dtype]
     al, be = _host_scalar(scalar, alpha), _host_scalar(scalar, beta)
     calls.set_stream(handle, cupy.cuda.get_current_stream().ptr)
-    calls.set_pointer_mode(handle, _HOST_POINTERS)     # alpha, beta live on the host (copied at a capture)
+    if capturing or handle not in _HOST_POINTER_HANDLES:
+        # alpha, beta live on the host (copied at a capture). Set once per handle outside a capture:
+        # nothing leaves it otherwise (CuPy's own cuBLAS routines restore the mode they change)
+        calls.set_pointer_mode(handle, _HOST_POINTERS)
+        _HOST_POINTER_HANDLES.add(handle)
     # row-major C = A B is column-major C^T = B^T A^T: hand cuBLAS b first
     if dtype == "float64":
         # Dgemm picks faster kernels than GemmEx with compute type 64F on an H200
@@ -133,6 +138,18 @@ def _gemm_gpu(a, b, out, alpha, beta):
         if tensor_ops:
             calls.set_math_mode(handle, _DEFAULT_MATH)
     return out
+
+
+#: the cuBLAS handles whose pointer mode `_gemm_gpu` has set to host pointers
+_HOST_POINTER_HANDLES = set()
+#: "cupy": the cupy module, imported at the first product (an import statement costs a lookup per call)
+_CUPY = {}
+
+
+def _cupy():
+    import cupy
+    _CUPY["cupy"] = cupy
+    return cupy
 
 
 class _Calls(NamedTuple):

@@ -16,11 +16,12 @@ def frozen(cls):
     field_hash = cls.__hash__
 
     def __hash__(self):
-        h = self.__dict__.get("_hash")
-        if h is None:
+        try:
+            return self._hash       # an attribute read: no method call on the usual path
+        except AttributeError:
             h = field_hash(self)
             object.__setattr__(self, "_hash", h)
-        return h
+            return h
 
     def __getstate__(self):
         state = dict(self.__dict__)

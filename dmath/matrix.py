@@ -243,11 +243,7 @@ class Matrix:
         return reductions.reduce(self, "norm", None)
 
 
-def _make(handle, m):
-    return Matrix(handle, m)
-
-
-base.set_matrix_factory(_make)
+base.set_matrix_class(Matrix)
 
 
 def _matmul_operand(o):

@@ -5,7 +5,9 @@
 Each line times a prefix of the dispatch path with everything after it
 stubbed out or done once, so consecutive lines differ by one stage: the
 public call, the master half's planning, `dispatch`, `Runtime.call`, the
-kernel, and the array library's own launch. A diagnostic for issue-level
+kernel, and the array library's own launch (`dispatch_known` and `Runtime.call_entry`:
+the path of a master half whose cached plan keeps the command's Entry; `dispatch` and
+`Runtime.call`: of one that builds the signature). A diagnostic for issue-level
 dispatch work, not a benchmark with a peer.
 """
 import argparse
@@ -14,7 +16,7 @@ import time
 import dmath
 from dmath import backend, memory
 from dmath.ops import elementwise as E
-from dmath.ops.base import dispatch
+from dmath.ops.base import dispatch, dispatch_known
 from dmath.runtime import runtime
 
 
@@ -47,15 +49,23 @@ def main():
     rows["dmath.tanh(x)"] = per_call(lambda: dmath.tanh(x))
     rows["x * 0.5"] = per_call(lambda: x * 0.5)
     rows["x @ w"] = per_call(lambda: x @ w)
-    aligns, static, out, _ = E.plan("tanh", (x._meta,), False, rt.nworkers)
+    p = E.plan("tanh", (x._meta,), False, rt.nworkers)
+    static, out = p.args, p.out
     rows["E.plan (cached)"] = per_call(lambda: E.plan("tanh", (x._meta,), False, rt.nworkers))
+    rows["dispatch_known (tanh)"] = per_call(lambda: dispatch_known(p.known, "ewise", [x], (x._meta,), p.outputs,
+                                                                    static, ()))
     rows["dispatch (tanh)"] = per_call(lambda: dispatch("ewise", [x], (out,), static=static))
 
     def call():
         handles, _ = rt.call("ewise", [x._handle], (x._meta,), (out,), static)
         rt.release(handles[0])
     rows["Runtime.call + release"] = per_call(call)
-    entry = rt.entries[rt.sig_ids[("ewise", static, (x._meta,), (out,))]]
+    entry = rt.signatures[("ewise", static, (x._meta,), (out,))]
+
+    def call_entry():
+        handles, _ = rt.call_entry(entry, [x._handle])
+        rt.release(handles[0])
+    rows["Runtime.call_entry + release"] = per_call(call_entry)
     spare = rt.new_handles(1)[0]
     rows["Runtime._execute"] = per_call(lambda: rt._execute(entry, [x._handle], [spare], ()))
     from dmath.runtime.core import Call

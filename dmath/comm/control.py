@@ -28,7 +28,7 @@ class ControlChannel:
 
     def send(self, message, total_len):
         """Master: broadcast `message` (bytes whose bytes 8..12 hold its total length)."""
-        counters.count_control(max(FRAME, total_len))
+        counters.count_control(FRAME if total_len < FRAME else total_len)
         self.seq += 1
         if not self.world.is_mpi:
             return

@@ -22,5 +22,6 @@ def count_recv(nbytes, msgs=1):
 
 
 def count_control(nbytes):
+    """One control message of `nbytes` (an int)."""
     counters["control_msgs"] += 1
-    counters["control_bytes"] += int(nbytes)
+    counters["control_bytes"] += nbytes

@@ -86,21 +86,22 @@ class HostPool:
         self._leases = {}        # id(weakref to a lease) -> (weakref, block, address, size)
         self._returned = []      # lease entries whose last array died, not yet filed
         self._types = {}         # size class -> lease type
+        self._requests = {}      # (shape, dtype) as asked -> `_request`'s answer
+        self._on_dead = self._on_lease_dead     # the weak references' callback, bound once
         self.in_use = self.cached = self.high_water = 0
         self.new_allocs = self.reused_allocs = 0
 
     # ---- allocation ---------------------------------------------------------
     def empty(self, shape, dtype):
         """An uninitialised numpy array backed by a pooled block."""
-        dtype = _dtype(dtype)
-        if type(shape) is not tuple:
-            shape = as_shape(shape)
-        nbytes = math.prod(shape) * dtype.itemsize
-        if nbytes == 0:
+        request = self._requests.get((shape, dtype)) if type(shape) is tuple else None
+        if request is None:
+            request = self._request(shape, dtype)
+        shape, dtype, size, lease_type = request
+        if not size:
             return np.empty(shape, dtype)
         if self._returned:
             self._file_returned()
-        size = size_class(nbytes)
         blocks = self._free.get(size)
         if blocks:
             block, address = blocks.pop()
@@ -116,14 +117,28 @@ class HostPool:
         # The lease: a ctypes view of the block that holds the block and is the base
         # numpy keeps for every array made from the one returned (numpy collapses
         # chains of views only through ndarrays). It dies with the last of them.
+        lease = lease_type.from_address(address)
+        lease.block = block
+        ref = weakref.ref(lease, self._on_dead)
+        self._leases[id(ref)] = (ref, block, address, size)
+        return np.ndarray(shape, dtype, lease)
+
+    def _request(self, shape, dtype):
+        """(shape as a tuple, np.dtype, block size or 0 for an empty array, lease type) of a request;
+        kept per (shape, dtype) as asked, so a repeated request looks nothing up again."""
+        key = (shape, dtype) if type(shape) is tuple else None
+        shape, dtype = as_shape(shape), _dtype(dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        size = size_class(nbytes) if nbytes else 0
         lease_type = self._types.get(size)
         if lease_type is None:
             lease_type = self._types[size] = ctypes.c_char * size
-        lease = lease_type.from_address(address)
-        lease.block = block
-        ref = weakref.ref(lease, self._on_lease_dead)
-        self._leases[id(ref)] = (ref, block, address, size)
-        return np.ndarray(shape, dtype, lease)
+        request = (shape, dtype, size, lease_type)
+        if key is not None:
+            if len(self._requests) >= 4096:     # shapes that keep changing: start over
+                self._requests.clear()
+            self._requests[key] = request
+        return request
 
     # host staging buffers are the same host memory on the CPU backend
     host_empty = empty
@@ -137,11 +152,15 @@ class HostPool:
             self._returned.append(entry)
 
     def _file_returned(self):
-        while self._returned:
-            _, block, address, size = self._returned.pop()
+        returned, free = self._returned, self._free
+        while returned:
+            _, block, address, size = returned.pop()
             self.in_use -= size
             self.cached += size
-            self._free.setdefault(size, []).append((block, address))
+            blocks = free.get(size)
+            if blocks is None:
+                blocks = free[size] = []
+            blocks.append((block, address))
 
     def _make_room(self, size, shape, dtype):
         """Check the limit for a new block of `size`, releasing the cached blocks first if needed."""
@@ -207,6 +226,7 @@ class CudaPool:
         self.capture_refs = None     # during a capture: what the graph being captured must keep alive
         self.graph_peaks = {}        # id(owner) -> the most bytes its graph's buffers held at once
         self.used_peak = None        # while measure_peak() runs: the most device bytes in use so far
+        self.footprint = 0           # the device pool's total bytes when last seen (see _malloc)
         self._unified_freed = []
         cupy.cuda.set_allocator(self._malloc)
         cupy.cuda.set_pinned_memory_allocator(self._pinned_malloc)
@@ -220,17 +240,20 @@ class CudaPool:
             # cache: a cached block inside a chunk that is partly in use cannot be given back, and
             # counting it would refuse here what the master admitted (a worker failure)
             raise OutOfMemoryError(refusal(size, "a device array", pool.used_bytes(), None, limit))
-        before = pool.total_bytes()
         try:
             mem = pool.malloc(size)     # on a full device CuPy frees its cached blocks and retries
         except self._cp.cuda.memory.OutOfMemoryError:
+            self.footprint = pool.total_bytes()
             raise OutOfMemoryError(refusal(size, "a device array", pool.used_bytes(), None, None)) from None
+        # the footprint grows only here (a new block) and shrinks only where cached blocks are
+        # freed, which keep `footprint` up to date: one pool query per allocation, not two
         after = pool.total_bytes()
-        if after > before:
+        if after > self.footprint:
             self.new_allocs += 1
             self.high_water = max(self.high_water, after)
         elif size:
             self.reused_allocs += 1
+        self.footprint = after
         if self.used_peak is not None:
             self.used_peak = max(self.used_peak, pool.used_bytes())
         return mem
@@ -311,7 +334,8 @@ class CudaPool:
         before = self.device.total_bytes()
         self.device.free_all_blocks()
         self.pinned.free_all_blocks()
-        return before - self.device.total_bytes()
+        self.footprint = self.device.total_bytes()
+        return before - self.footprint
 
     def set_limit(self, nbytes):
         """Cap the device bytes in use (None: no cap); cached blocks beyond it go back to the driver."""

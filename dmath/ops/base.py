@@ -1,5 +1,6 @@
 """Master-side helpers shared by the operations: metadata, validation, dispatch."""
 import numbers
+import operator
 
 import numpy as np
 
@@ -8,13 +9,14 @@ from ..errors import DMathError, LayoutError
 from ..layout import Layout, RowBlock, distribution, check_shape
 from ..runtime import Meta, runtime
 
-_make_matrix = None
+_matrix_type = None
 
 
-def set_matrix_factory(fn):
-    """matrix.py registers how a (handle, Meta) pair becomes a Matrix (keeps imports one-way)."""
-    global _make_matrix
-    _make_matrix = fn
+def set_matrix_class(cls):
+    """matrix.py registers the Matrix class, whose `cls(handle, meta)` makes a Matrix (keeps imports
+    one-way)."""
+    global _matrix_type
+    _matrix_type = cls
 
 
 def meta(m):
@@ -43,11 +45,42 @@ def dispatch(op, inputs=(), outputs=(), static=(), scalars=(), payload=None, poo
     """Run `op`; returns (new Matrix objects for the Meta outputs, the master's kernel result).
 
     pooled=False: the new matrices live outside the capped pools (see Runtime.call)."""
-    handles, result = runtime().call(op, [m._handle for m in inputs], tuple([m._meta for m in inputs]),
-                                     tuple(outputs), static, [float(s) for s in scalars] if scalars else (),
-                                     payload, pooled)
-    make = _make_matrix
-    return [make(h, o) for h, o in zip(handles, outputs) if type(o) is Meta], result
+    outputs = tuple(outputs)
+    handles, result = runtime().call(op, [m._handle for m in inputs], tuple([m._meta for m in inputs]), outputs,
+                                     static, [float(s) for s in scalars] if scalars else (), payload, pooled)
+    return _matrices(handles, outputs), result
+
+
+_handle_of = operator.attrgetter("_handle")
+
+
+class Known:
+    """The runtime's Entry of the command a cached master-side plan sends, kept in the plan (`dispatch_known`)."""
+    __slots__ = ("rt", "entry")
+
+    def __init__(self):
+        self.rt = self.entry = None
+
+
+def dispatch_known(known, op, inputs, metas, outputs, static, scalars):
+    """`dispatch` of a command that a master half's cached plan determines whole (op, static, the
+    inputs' Metas `metas` as a tuple, `outputs` as a tuple): after its first send the command goes
+    by the Entry kept in `known` (a `Known` of that plan), with no signature built or looked up.
+    `scalars`: floats already. Pooled, no payload."""
+    rt = runtime()
+    handles = list(map(_handle_of, inputs))       # (no comprehension frame: Python < 3.12)
+    if known.rt is rt:
+        handles, result = rt.call_entry(known.entry, handles, scalars)
+    else:
+        handles, result = rt.call(op, handles, metas, outputs, static, scalars)
+        known.entry, known.rt = rt.entry_of(op, metas, outputs, static), rt
+    return _matrices(handles, outputs), result
+
+
+def _matrices(handles, outputs):
+    """New Matrix objects for a command's new outputs (those given by a Meta)."""
+    make = _matrix_type
+    return [make(h, o) for h, o in zip(handles, outputs) if type(o) is Meta]
 
 
 def as_int(value, what):
@@ -57,8 +90,9 @@ def as_int(value, what):
 
 
 def is_matrix(x):
-    """Whether x is a dmath.Matrix (duck-typed: this layer sits below matrix.py)."""
-    return hasattr(x, "_handle") and hasattr(x, "layout")
+    """Whether x is a dmath.Matrix (duck-typed: this layer sits below matrix.py; the class itself is
+    recognised first, which is all that a master half's check costs for a Matrix)."""
+    return type(x) is _matrix_type or (hasattr(x, "_handle") and hasattr(x, "layout"))
 
 
 def check_scalar(v, what="a scalar operand"):

@@ -26,7 +26,7 @@ from ..errors import DMathError, LayoutError, ShapeError
 from ..layout import Replicated, RowBlock, distribution
 from ..layout import indexset as ix
 from ..runtime import Meta, Shard, define, runtime
-from .base import check_scalar, dispatch, is_matrix, meta
+from .base import Known, check_scalar, dispatch, dispatch_known, is_matrix, meta
 from .movement import remap, resolve_partial
 
 
@@ -75,10 +75,17 @@ def function(name, params, compute, doc, partial=None, grad=None):
     return public
 
 
-def _ufunc(name):
+class _Ufunc(NamedTuple):
     """f(xp, out, *args): the array module's ufunc `name`, written straight into `out` (one pass, no
-    temporary). A comparison or logical ufunc writes its booleans as 0/1 in out's dtype."""
-    return lambda xp, out, *args: getattr(xp, name)(*args, out=out)
+    temporary). A comparison or logical ufunc writes its booleans as 0/1 in out's dtype. The kernel
+    looks the ufunc up once per signature and calls it directly (`_prepared`)."""
+    name: str
+
+    def __call__(self, xp, out, *args):
+        return getattr(xp, self.name)(*args, out=out)
+
+
+_ufunc = _Ufunc
 
 
 def _sigmoid(xp, out, a):
@@ -161,13 +168,22 @@ def apply(fn, *operands, inplace=False):
         operands[0]._check_writable(f"in-place {fn}")
     # the whole decision is a pure function of the metadata, cached: a repeated
     # operation costs a dictionary lookup before its command is sent
-    aligns, args, out, aligned = plan(fn, tuple(metas), inplace, runtime().nworkers)
-    if aligned:       # every operand already where the result needs it (the usual case)
-        inputs = [x for x, m in zip(operands, metas) if m is not None]
-        scalars = [float(x) for x, m in zip(operands, metas) if m is None]
+    metas = tuple(metas)
+    p = plan(fn, metas, inplace, runtime().nworkers)
+    if p.aligned:       # every operand already where the result needs it (the usual case)
+        if p.scalars:
+            inputs, scalars = [], []
+            for x, m in zip(operands, metas):
+                if m is None:
+                    scalars.append(float(x))
+                else:
+                    inputs.append(x)
+        else:
+            inputs, scalars = operands, ()
+        new = dispatch_known(p.known, "ewise", inputs, p.in_metas, p.outputs, p.args, scalars)[0]
     else:
         inputs, scalars = [], []
-        for x, (how, target) in zip(operands, aligns):
+        for x, (how, target) in zip(operands, p.aligns):
             if how == "scalar":
                 scalars.append(float(x))
                 continue
@@ -176,10 +192,20 @@ def apply(fn, *operands, inplace=False):
             elif how == "remap":
                 x = remap(x, target)      # a Partial operand reduces straight into place
             inputs.append(x)
-    if inplace:
-        dispatch("ewise", inputs, (0,), static=args, scalars=scalars)
-        return operands[0]
-    return dispatch("ewise", inputs, (out,), static=args, scalars=scalars)[0][0]
+        new = dispatch("ewise", inputs, p.outputs, static=p.args, scalars=scalars)[0]
+    return operands[0] if inplace else new[0]
+
+
+class Plan(NamedTuple):
+    """What `plan` decides for an elementwise call."""
+    aligns: tuple         # per operand: (how, target layout): 'as-is', 'scalar', 'resolve' or 'remap'
+    args: "EwiseArgs"
+    out: Optional[Meta]   # the new result's Meta, or None in place
+    aligned: bool         # no operand moves
+    outputs: tuple        # the command's outputs: (out,), or (0,) in place
+    scalars: int          # how many operands are scalars
+    in_metas: tuple       # the Metas of the matrix operands (the command's inputs when aligned)
+    known: Known          # the command's Entry once sent (when aligned: the plan determines the command)
 
 
 def _partial_stays(f, metas, lay, shape):
@@ -195,8 +221,7 @@ def _partial_stays(f, metas, lay, shape):
 
 @functools.lru_cache(maxsize=4096)
 def plan(fn, metas, inplace, nworkers):
-    """(per-operand alignment, EwiseArgs, output Meta, whether no operand moves) for an elementwise
-    call: a pure function."""
+    """The `Plan` of an elementwise call (alignment, EwiseArgs, output Meta, ...): a pure function."""
     f = FUNCTIONS.get(fn)
     if f is None:
         raise DMathError(f"unknown elementwise function {fn!r}")
@@ -250,15 +275,32 @@ def plan(fn, metas, inplace, nworkers):
         n_in += 1
     out = None if inplace else Meta(lay.resolved(nworkers), shape, dtype)
     args = EWISE.static(fn=fn, pattern=tuple(pattern), out_index=0 if inplace else None)
-    return tuple(aligns), args, out, all(how in ("as-is", "scalar") for how, _ in aligns)
+    return Plan(tuple(aligns), args, out, all(how in ("as-is", "scalar") for how, _ in aligns),
+                (0,) if inplace else (out,), n_sc, tuple(mats), Known())
 
 
 # ---- worker half -------------------------------------------------------------------------------
+def _prepared(call):
+    """What the kernel derives from its signature, worked out on the first command only:
+    (the ufunc to call or None, else the Function's compute, the result's piece shapes or None when
+    written in place, its dtype and distribution, per output piece the operand selections)."""
+    prep = call.entry.cache.get("prep")
+    if prep is not None:
+        return prep
+    args = call.entry.static
+    compute = FUNCTIONS[args.fn].compute
+    ufunc = getattr(backend.current().xp, compute.name) if isinstance(compute, _Ufunc) else None
+    if args.out_index is None:
+        out_meta, dist = call.entry.outputs[0], call.entry.out_dists[0]
+        shapes, dtype = tuple(p.shape for p in dist.pieces[call.rank]), out_meta.dtype
+    else:
+        shapes, dtype, dist = None, None, None
+    prep = call.entry.cache["prep"] = (ufunc, compute, shapes, dtype, dist, _operand_selections(call))
+    return prep
+
+
 def _operand_selections(call):
     """Per output piece, per operand: how to read it (piece index, vector slice, or scalar)."""
-    sel = call.entry.cache.get("sel")
-    if sel is not None:
-        return sel
     xp = backend.current().xp
     args = call.entry.static
     dist = call.entry.out_dists[0] if args.out_index is None else call.entry.in_dists[args.out_index]
@@ -277,42 +319,41 @@ def _operand_selections(call):
                 row.append(("one", idx, None))
             else:                      # a dynamic scalar
                 row.append(("scalar", idx, None))
-        sel.append(row)
-    call.entry.cache["sel"] = sel
-    return sel
+        sel.append(tuple(row))
+    return tuple(sel)
 
 
 @EWISE.kernel(capturable=True)
 def _ewise(call):
     """Function `fn` of the aligned operands, into a new result or in place into input `out_index`."""
-    be = backend.current()
-    xp = be.xp
-    args = call.entry.static
-    f = FUNCTIONS[args.fn].compute
-    if args.out_index is None:
-        out_meta, dist = call.entry.outputs[0], call.entry.out_dists[0]
-        dtype = out_meta.dtype
-        out = [memory.empty(p.shape, dtype) for p in dist.pieces[call.rank]]
+    ufunc, compute, shapes, dtype, dist, selections = _prepared(call)
+    if shapes is not None:
+        empty = memory.empty
+        out = [empty(s, dtype) for s in shapes]
     else:
-        target = call.inputs[args.out_index]
-        dtype, out = target.dtype, target.pieces
+        target = call.inputs[call.entry.static.out_index]
+        out = target.pieces
     ins = call.inputs
+    be = backend.current()
     with be.quiet():
-        for k, row in enumerate(_operand_selections(call)):
+        for k, row in enumerate(selections):
             operands = []
             for what, idx, s in row:
                 if what == "piece":
                     operands.append(ins[idx].pieces[s])
+                elif what == "scalar":
+                    operands.append(call.scalars[idx])   # a Python float: no device transfer
                 elif what == "cols":
                     operands.append(ins[idx].pieces[0][:, s])
                 elif what == "rows":
                     operands.append(ins[idx].pieces[0][s, :])
-                elif what == "one":
+                else:                  # "one"
                     operands.append(ins[idx].pieces[0])
-                else:
-                    operands.append(call.scalars[idx])   # a Python float: no device transfer
-            f(xp, out[k], *operands)
-    if args.out_index is not None:
+            if ufunc is not None:
+                ufunc(*operands, out=out[k])
+            else:
+                compute(be.xp, out[k], *operands)
+    if shapes is None:
         target.version += 1
         return [target]
     return [Shard(out, dist, dtype)]

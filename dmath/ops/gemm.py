@@ -26,7 +26,7 @@ from ..planning import gemm as gemm_plan
 from ..planning.gemm import Strategy, grid_sets, operand_form, panel_kind
 from ..runtime import Meta, Shard, define, runtime
 from ..runtime.registry import COLLECTIVES_IN_GRAPHS, capture_hook
-from .base import check_scalar, dispatch, is_matrix, new_meta
+from .base import Known, check_scalar, dispatch, dispatch_known, is_matrix, new_meta
 
 # cuBLAS sets up its capture workspace before a plan with products is captured
 capture_hook(blas.prepare_capture)
@@ -87,7 +87,9 @@ class _Decision(NamedTuple):
     dtype: str            # the result's
     static: GemmArgs
     out: Optional[Meta]   # the new result's Meta, or None when it is written into C
+    outputs: tuple        # the command's outputs: (out,), or (2,) into C
     kept: tuple           # planning/gemm.kept_copies: what the command leaves in the replica caches
+    known: Known          # the command's Entry once sent (the decision determines the command)
 
 
 def _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout):
@@ -98,7 +100,8 @@ def _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout):
     if C is not None and not is_matrix(C):
         raise DMathError(f"gemm: C must be a dmath.Matrix or None, got {type(C).__name__}")
     trans_a, trans_b = _flag(trans_a, "trans_a"), _flag(trans_b, "trans_b")
-    alpha, beta = check_scalar(alpha, "alpha"), check_scalar(beta, "beta")
+    if type(alpha) is not float or type(beta) is not float:     # (the usual floats need no check)
+        alpha, beta = check_scalar(alpha, "alpha"), check_scalar(beta, "beta")
     if C is None and beta != 0.0:
         raise DMathError("gemm: beta is only meaningful with C (C=None means beta must be 0)")
     if layout is not None and not isinstance(layout, Layout):
@@ -128,7 +131,7 @@ def _decide(a, b, c, trans_a, trans_b, layout, P, mach, limit, cached):
                          has_c=c is not None)
     out = None if c is not None else Meta(plan.result, (shapes[0][0], shapes[1][1]), dtype)
     kept = gemm_plan.kept_copies(plan.strategy, (a, b), (trans_a, trans_b), dtype, P)
-    return _Decision(plan, shapes, dtype, static, out, kept)
+    return _Decision(plan, shapes, dtype, static, out, (2,) if c is not None else (out,), kept, Known())
 
 
 @functools.lru_cache(maxsize=1024)
@@ -196,11 +199,11 @@ def gemm(A, B, C=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, layout
     """
     d, scalars = _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout)
     if C is not None:
-        dispatch("gemm", [A, B, C], (2,), static=d.static, scalars=scalars)
+        dispatch_known(d.known, "gemm", [A, B, C], (A._meta, B._meta, C._meta), (2,), d.static, scalars)
         if d.kept:
             _record_copies(runtime(), d.kept, (A._handle, B._handle), written=C._handle)
         return C
-    result = dispatch("gemm", [A, B], (d.out,), static=d.static, scalars=scalars)[0][0]
+    result = dispatch_known(d.known, "gemm", [A, B], (A._meta, B._meta), d.outputs, d.static, scalars)[0][0]
     if d.kept:
         _record_copies(runtime(), d.kept, (A._handle, B._handle))
     return result
@@ -246,15 +249,14 @@ def operand(call, k, need, trans, dtype):
     """Input k's local pieces in layout `need` (of op(X)), as op(X) views, converted to `dtype`."""
     x, handle = call.inputs[k], call.handles[k]
     # what the operand needs is a function of the signature: decided once per entry
-    decided = call.entry.cache.get(("need", k))
+    decided = call.entry.cache.get(_NEED[k])
     if decided is None:
         P = call.world.size
         raw_layout = operand_form(need, trans, P)
         target = distribution(raw_layout, x.dist.shape, P)
         as_is = x.dist.same_placement(target) and np.dtype(x.dtype) == np.dtype(dtype)
-        decided = call.entry.cache[("need", k)] = (raw_layout, target, as_is)
+        decided = call.entry.cache[_NEED[k]] = (raw_layout, target, as_is)
     raw_layout, target, as_is = decided
-    raw_shape = x.dist.shape
     if as_is:
         pieces = x.pieces
     else:
@@ -267,8 +269,14 @@ def operand(call, k, need, trans, dtype):
             pieces = _remap.run(call.world, call.entry.cache.setdefault(("operand", k), {}), x.pieces,
                                 x.dist, target, x.dtype, dtype)
             if not capturing:
-                replicas.cache.store(key, pieces, _global_bytes(raw_shape, dtype))
-    return [p.T if trans else p for p in pieces], (handle, x.version, raw_layout, dtype)
+                replicas.cache.store(key, pieces, _global_bytes(x.dist.shape, dtype))
+    if trans:
+        pieces = [p.T for p in pieces]
+    return pieces, (handle, x.version, raw_layout, dtype)
+
+
+#: the entry.cache keys of the operands' decisions (made once, not per product)
+_NEED = (("need", 0), ("need", 1))
 
 
 def _capturable(entry):
@@ -292,38 +300,56 @@ def _capturable(entry):
     return distribution(strategy.c, out.shape, P).same_placement(distribution(result_layout, out.shape, P))
 
 
+class _Prepared(NamedTuple):
+    """What the GEMM kernel derives from its signature (entry.cache['prep']), on its first command."""
+    dtype: str
+    mkn: tuple              # op(A) is m x k, op(B) k x n
+    natural: object         # the Distribution of the strategy's product
+    final: object           # the Distribution of the result
+    in_place: bool          # the product is already where the result goes
+    local_shapes: tuple     # this worker's pieces of the product
+
+
+def _prepared(call):
+    strategy, result_layout, trans_a, trans_b, has_c = call.entry.static
+    P = call.world.size
+    out_meta = call.entry.outputs[0] if not has_c else call.entry.inputs[2]
+    m, n = out_meta.shape
+    k = call.inputs[0].dist.shape[0 if trans_a else 1]
+    natural, final = distribution(strategy.c, (m, n), P), distribution(result_layout, (m, n), P)
+    prep = call.entry.cache["prep"] = _Prepared(out_meta.dtype, (m, k, n), natural, final,
+                                                natural.same_placement(final), natural.shard_shapes(call.rank))
+    return prep
+
+
 @GEMM.kernel(capturable=_capturable)
 def _gemm(call):
     """alpha op(A) op(B) (+ beta C) by the strategy of the static GemmArgs; scalars: alpha, beta."""
     strategy, result_layout, trans_a, trans_b, has_c = call.entry.static
+    prep = call.entry.cache.get("prep") or _prepared(call)
     alpha, beta = call.scalars
-    P, rank = call.world.size, call.rank
-    out_meta = call.entry.outputs[0] if not has_c else call.entry.inputs[2]
-    dtype = out_meta.dtype
-    m, n = out_meta.shape
-    k = call.inputs[0].dist.shape[0 if trans_a else 1]
+    dtype = prep.dtype
     a, akey = operand(call, 0, strategy.a, trans_a, dtype)
     b, bkey = operand(call, 1, strategy.b, trans_b, dtype)
-    dists = call.entry.cache.get("dists")
-    if dists is None:     # a function of the signature: worked out on its first command only
-        natural, final = distribution(strategy.c, (m, n), P), distribution(result_layout, (m, n), P)
-        dists = call.entry.cache["dists"] = (natural, final, natural.same_placement(final))
-    natural, final, in_place = dists
-    if strategy.name == "summa":
-        prod = _summa(call, strategy, a, b, akey, bkey, (m, k, n), dtype, alpha, trans_a, trans_b)
-    elif strategy.name == "astat":
-        prod = _a_stationary(call, strategy.a, strategy.b, a[0], b, bkey, (m, k, n), dtype, alpha, trans_b,
+    name = strategy.name
+    if name == "summa":
+        prod = _summa(call, strategy, a, b, akey, bkey, prep.mkn, dtype, alpha, trans_a, trans_b)
+    elif name == "astat":
+        prod = _a_stationary(call, strategy.a, strategy.b, a[0], b, bkey, prep.mkn, dtype, alpha, trans_b,
                              panel_kind("astat", "B"))
-    elif strategy.name == "bstat":
+    elif name == "bstat":
         # C^T = op(B)^T op(A)^T with op(B)^T stationary; the result comes back transposed
+        P = call.world.size
+        m, k, n = prep.mkn
         ct = _a_stationary(call, strategy.b.transposed(P), strategy.a.transposed(P), b[0].T,
                            [p.T for p in a], akey, (n, k, m), dtype, alpha, not trans_a,
                            panel_kind("bstat", "A"))
         prod = [backend.current().xp.ascontiguousarray(p.T) for p in ct]
     else:
-        prod = _local(a, b, natural.shard_shapes(rank), dtype, alpha)
-    if not in_place:
-        prod = _remap.run(call.world, call.entry.cache.setdefault("result", {}), prod, natural, final,
+        prod = _local(a, b, prep.local_shapes, dtype, alpha)
+    final = prep.final
+    if not prep.in_place:
+        prod = _remap.run(call.world, call.entry.cache.setdefault("result", {}), prod, prep.natural, final,
                           dtype, dtype)
     if not has_c:
         return [Shard(prod, final, dtype)]

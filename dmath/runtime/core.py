@@ -23,6 +23,7 @@ import threading
 import time
 import traceback
 import weakref
+from threading import get_ident as _get_ident
 
 from .. import backend, memory
 from ..comm import World, counters, set_progress_hook
@@ -61,16 +62,27 @@ def _timeout_s():
 
 
 class Entry:
-    """A registered signature, prepared on every rank; `cache` keeps what kernels derive from it."""
-    __slots__ = ("op", "static", "inputs", "outputs", "in_dists", "out_dists", "kernel", "capture_rule", "cache")
+    """A registered signature, prepared on every rank; `cache` keeps what kernels derive from it.
 
-    def __init__(self, signature, nworkers):
+    sig_id: its integer ID. new_outputs: the Metas of the matrices each
+    command of it makes; in_place: the input indices it overwrites, in output
+    order (both functions of the signature: the master works them out once,
+    not on every command).
+    """
+    __slots__ = ("op", "static", "inputs", "outputs", "in_dists", "out_dists", "kernel", "capture_rule", "cache",
+                 "sig_id", "new_outputs", "in_place", "doing")
+
+    def __init__(self, signature, nworkers, sig_id=None):
         self.op, self.static, self.inputs, self.outputs = signature
         self.kernel, self.capture_rule = lookup(self.op, backend.current().name)
         self.in_dists = tuple(distribution(m.layout, m.shape, nworkers) for m in self.inputs)
         self.out_dists = tuple(distribution(m.layout, m.shape, nworkers) if isinstance(m, Meta) else None
                                for m in self.outputs)
         self.cache = {}
+        self.sig_id = sig_id
+        self.new_outputs = tuple(m for m in self.outputs if type(m) is Meta)
+        self.in_place = tuple(m for m in self.outputs if type(m) is not Meta)
+        self.doing = f"running {self.op!r}"      # a worker's activity while it runs a command of it
 
 
 class Call:
@@ -100,11 +112,13 @@ class Runtime:
 
     def __init__(self, world, be):
         self.world = world
+        self.nworkers = world.size   # P (an attribute: read on every operation)
+        self.is_mpi = world.is_mpi
         self.backend = be
         self.ctl = ControlChannel(world)
         self.table = {}            # handle -> Shard
         self.entries = {}          # signature id -> Entry
-        self.sig_ids = {}          # master: signature -> id
+        self.signatures = {}       # master: signature -> its Entry (entries[entry.sig_id])
         self.next_handle = 1
         self.pending_frees = []
         self.commands = 0
@@ -126,10 +140,6 @@ class Runtime:
         self.deciding = False      # master: inside oom.verdict, whose waits must not raise failures
 
     # ---- master side -------------------------------------------------------
-    @property
-    def nworkers(self):
-        return self.world.size
-
     def check_usable(self):
         if self.closed:
             raise RuntimeStateError("dmath has been finalized")
@@ -181,7 +191,7 @@ class Runtime:
         self.replicas.written(handle)
         if self.poisoned:
             self.poisoned.discard(handle)
-        plans = self.watchers.pop(handle, None)
+        plans = self.watchers.pop(handle, None) if self.watchers else None
         if plans:
             for plan in list(plans):
                 plan.handle_released(handle)
@@ -198,8 +208,12 @@ class Runtime:
                 del self.watchers[handle]
 
     def _take_frees(self):
-        frees, self.pending_frees = self.pending_frees[:protocol.MAX_FREES], self.pending_frees[protocol.MAX_FREES:]
-        return frees
+        frees = self.pending_frees
+        if len(frees) <= protocol.MAX_FREES:        # the usual case: all of them, no slicing
+            self.pending_frees = []
+            return frees
+        self.pending_frees = frees[protocol.MAX_FREES:]
+        return frees[:protocol.MAX_FREES]
 
     def call(self, op, in_handles, in_metas, outputs=(), static=(), scalars=(), payload=None, pooled=True):
         """Run operation `op` on every worker.
@@ -214,9 +228,27 @@ class Runtime:
         few arithmetic operations once the signature is known (the eager
         dispatch cost is its sum).
         """
-        if self.closed or self.broken is not None or threading.get_ident() != self.owner:
+        # an op's typed static arguments (a NamedTuple) stay what they are: kernels read them by name
+        signature = (op, static if isinstance(static, tuple) else tuple(static), in_metas, outputs)
+        return self._command(signature, self.signatures.get(signature), in_handles, scalars, payload, pooled)
+
+    def call_entry(self, entry, in_handles, scalars=()):
+        """`call` of a registered signature by its Entry (`entry_of`), for a master half that keeps it
+        beside its cached planning: no signature is built or looked up. Pooled, no payload."""
+        return self._command(None, entry, in_handles, scalars, None, True)
+
+    def entry_of(self, op, in_metas, outputs=(), static=()):
+        """The Entry under which `call` registered this signature (None before its first command)."""
+        return self.signatures.get((op, static if isinstance(static, tuple) else tuple(static), in_metas, outputs))
+
+    def _command(self, signature, entry, in_handles, scalars, payload, pooled):
+        """`call` of `signature`, whose Entry is `entry` (None: not registered yet; then `signature`
+        is all that is known of it)."""
+        op, _, in_metas, outputs = signature if entry is None else (entry.op, None, entry.inputs, entry.outputs)
+        if self.closed or self.broken is not None or _get_ident() != self.owner:
             self.check_usable()
-        self.check_failures(between=True)
+        if self.is_mpi:                 # (alone, nobody can fail or hang but the master itself)
+            self.check_failures(between=True)
         recorder = self.recorder
         if recorder is not None and payload is not None:
             raise PlanError(f"{op}: a command that carries data from the master (from_numpy, assign of a "
@@ -226,42 +258,53 @@ class Runtime:
         if self.poisoned and not self.poisoned.isdisjoint(in_handles):
             raise OutOfMemoryError(f"{op}: an operand was never computed: the operation that made it ran "
                                    f"out of memory and was undone")
-        # an op's typed static arguments (a NamedTuple) stay what they are: kernels read them by name
-        signature = (op, static if isinstance(static, tuple) else tuple(static), in_metas, outputs)
-        sig_id = self.sig_ids.get(signature)
-        new_outs = [m for m in outputs if type(m) is Meta]
+        if entry is None:
+            # first use: what the command makes and overwrites, worked out here once (its Entry keeps
+            # it); registered below, after the ledger has admitted it
+            new_outs = tuple(m for m in outputs if type(m) is Meta)
+            in_place = tuple(m for m in outputs if type(m) is not Meta)
+            sig_id = None
+        else:
+            new_outs, in_place, sig_id = entry.new_outputs, entry.in_place, entry.sig_id
         n_new = len(new_outs)
         if n_new:
             # past the memory limit this raises OutOfMemoryError here, before anything is sent
             sizes = self.ledger.admit(op, sig_id, new_outs) if pooled else [(0,) * self.nworkers] * n_new
             first = self.next_handle
             self.next_handle = first + n_new
-            out_handles_new = list(range(first, first + n_new))
+            out_handles_new = [first] if n_new == 1 else list(range(first, first + n_new))
             self.ledger.add(out_handles_new, sizes)
         else:
             out_handles_new = []
-        if n_new == len(outputs):
-            out_handles = out_handles_new
-        else:
+        if in_place:
             it = iter(out_handles_new)
             out_handles = [next(it) if type(m) is Meta else in_handles[m] for m in outputs]
-            for m in outputs:
-                if type(m) is not Meta:
-                    self.replicas.written(in_handles[m])    # written in place: its cached copies are stale
+            for k in in_place:
+                self.replicas.written(in_handles[k])    # written in place: its cached copies are stale
+        else:
+            out_handles = out_handles_new
         frees = self._take_frees() if self.pending_frees else ()
-        if sig_id is None:
-            sig_id = self.sig_ids[signature] = len(self.sig_ids) + 1
-            entry = self.entries[sig_id] = Entry(signature, self.nworkers)
+        if entry is None:
+            sig_id = len(self.signatures) + 1
+            entry = self.entries[sig_id] = self.signatures[signature] = Entry(signature, self.nworkers, sig_id)
             message, total = protocol.encode(protocol.REGISTER, sig_id, in_handles + out_handles, scalars,
                                              frees, signature)
         else:
-            entry = self.entries[sig_id]
-            message, total = protocol.encode(protocol.EXEC, sig_id, in_handles + out_handles, scalars, frees)
-        self._send(message, total, op)
-        self.last_command = oom.LastCommand(op, self.ctl.seq, out_handles_new, n_new < len(outputs))
+            message, total = protocol.encode_numbers(protocol.EXEC, sig_id, in_handles + out_handles, scalars,
+                                                     frees)
+        # _send and _own_share, written out: this runs once per operation
+        self.last_command = None
+        try:
+            self.ctl.send(message, total)
+        except BaseException as exc:  # noqa: B036 - said plainly, then raised again
+            self._send_failed(exc, op)
+        self.last_command = oom.LastCommand(op, self.ctl.seq, out_handles_new, bool(in_place))
         if frees:
             self._free(frees)
-        result = self._own_share(self._execute, entry, in_handles, out_handles, scalars, payload)
+        try:
+            result = self._execute(entry, in_handles, out_handles, scalars, payload)
+        except BaseException as exc:  # noqa: B036 - see _share_failed
+            self._share_failed(exc, op)
         if recorder is not None:
             recorder.command(sig_id, tuple(zip(in_handles, in_metas)), out_handles, out_handles_new, scalars,
                              frees, result is not None)
@@ -271,31 +314,37 @@ class Runtime:
         self.last_command = None
         try:
             self.ctl.send(message, total)
-        except WorkerError:
-            raise
-        except BaseException as exc:
+        except BaseException as exc:  # noqa: B036 - said plainly, then raised again
+            self._send_failed(exc, what)
+
+    def _send_failed(self, exc, what):
+        """Sending command `what` raised `exc` (called in its handler): the runtime cannot go on
+        unless a worker's failure is what it raised. Raises it again."""
+        if not isinstance(exc, WorkerError):
             self._interrupted(exc, what)
-            raise
+        raise exc
 
     def _own_share(self, fn, *args):
         try:
             return fn(*args)
-        except WorkerError:
-            raise
-        except OutOfMemoryError:
+        except BaseException as exc:  # noqa: B036 - see _share_failed
+            self._share_failed(exc, getattr(args[0], "op", "a plan replay") if args else "a plan replay")
+
+    def _share_failed(self, exc, what):
+        """The master's own share of command `what` raised `exc` (called in its handler); raises what
+        that means for the runtime."""
+        if isinstance(exc, WorkerError):
+            raise exc
+        if isinstance(exc, OutOfMemoryError) and self.last_command is not None:
             # refused an allocation in a command (not a replay): undone if every worker is out of it
-            if self.last_command is not None:
-                oom.verdict(self, 0, traceback.format_exc(), reported=set())     # raises
-            self.broken = WorkerError(0, traceback.format_exc())
-            raise self.broken from exc
-        except Exception as exc:
+            oom.verdict(self, 0, traceback.format_exc(), reported=set())     # raises
+        if isinstance(exc, Exception):
             # the master's own share failed: the other workers may be inside a
             # collective waiting for it, so the runtime cannot go on
             self.broken = WorkerError(0, traceback.format_exc())
             raise self.broken from exc
-        except BaseException as exc:        # KeyboardInterrupt, SystemExit: the same, said plainly
-            self._interrupted(exc, getattr(args[0], "op", "a plan replay"))
-            raise
+        self._interrupted(exc, what)        # KeyboardInterrupt, SystemExit: the same, said plainly
+        raise exc
 
     def _interrupted(self, exc, what):
         """The master was interrupted inside a command: the workers may be inside it; no going on."""
@@ -346,14 +395,15 @@ class Runtime:
     # ---- both sides --------------------------------------------------------
     def _execute(self, entry, in_handles, out_handles, scalars, payload=None):
         table = self.table
-        inputs = [table[h] for h in in_handles]
+        inputs = list(map(table.__getitem__, in_handles))     # (no comprehension frame: Python < 3.12)
         call = Call(self, entry, inputs, scalars, payload, in_handles)
         homed = False
         for s in inputs:
-            if s.pending is not None:
-                s.settle()              # written by a background all-reduce: wait for it on the device
-            if s.home is not None:
-                homed = True
+            if s.pending is not None or s.home is not None:     # (one test for the usual shard)
+                if s.pending is not None:
+                    s.settle()          # written by a background all-reduce: wait for it on the device
+                if s.home is not None:
+                    homed = True
         self.commands += 1
         shards = self._profiled(entry, call) if PROFILE else entry.kernel(call)
         if homed:
@@ -384,14 +434,15 @@ class Runtime:
         return shards
 
     def _free(self, handles):
+        table, cache = self.table, replicas.cache
         for h in handles:
             if h < 0:                       # -k drops plan k (protocol.py)
                 self.programs.pop(-h, None)
                 continue
-            s = self.table.pop(h, None)
+            s = table.pop(h, None)
             if s is not None and s.pending is not None:
                 s.settle()              # its buffers go back to the pool: the side stream must be done
-            replicas.cache.drop(h)
+            cache.drop(h)
 
     def _define(self, plan_id, program):
         self.programs[plan_id] = Replayer(self, program)
@@ -439,10 +490,10 @@ class Runtime:
                 if kind == protocol.SHUTDOWN:
                     break
                 if kind == protocol.REGISTER:
-                    self.entries[sig_id] = Entry(extra, self.nworkers)
+                    self.entries[sig_id] = Entry(extra, self.nworkers, sig_id)
                 if kind in (protocol.EXEC, protocol.REGISTER):
                     entry = self.entries[sig_id]
-                    self.activity = (f"running {entry.op!r}", time.monotonic())
+                    self.activity = (entry.doing, time.monotonic())
                     n_in = len(entry.inputs)
                     self._execute(entry, handles[:n_in], handles[n_in:], scalars)
                 elif kind == protocol.DEFINE:

@@ -66,7 +66,7 @@ class Ledger:
 
     def admit(self, op, sig_id, metas):
         """The per-worker bytes of each new matrix of a command; raises OutOfMemoryError if one does not fit."""
-        entry = self._by_sig.get(sig_id) if sig_id is not None else None
+        entry = self._by_sig.get(sig_id)      # (None, a signature not yet registered, is never a key)
         if entry is None:
             sizes = tuple(self.worker_bytes(m) for m in metas)
             need = tuple(sum(col) for col in zip(*sizes)) if sizes else (0,) * self.nworkers
@@ -75,10 +75,10 @@ class Ledger:
                 self._by_sig[sig_id] = entry
         ceiling = self.ceiling
         if ceiling is not None and metas:
-            need, held = entry[1], self.held
-            for r in range(self.nworkers):
-                if held[r] + need[r] > ceiling[r]:
-                    raise OutOfMemoryError(self._refusal(op, metas, r, need[r]))
+            held = self.held
+            for r, n in enumerate(entry[1]):
+                if held[r] + n > ceiling[r]:
+                    raise OutOfMemoryError(self._refusal(op, metas, r, n))
         return entry[0]
 
     def _refusal(self, op, metas, rank, need):

@@ -67,12 +67,34 @@ def encode(kind, sig_id=0, handles=(), scalars=(), frees=(), signature=None, pro
     elif program is not None:
         blob = encode_program(program)
     else:
-        blob = b""
+        return encode_numbers(kind, sig_id, handles, scalars, frees)
     nh, ns, nf = len(handles), len(scalars), len(frees)
-    # struct, not numpy: a cached command is a few numbers, and this runs once per operation
-    body = _numbers(nh, ns, nf).pack(*handles, *scalars, *frees) + blob
-    total = HEADER.size + len(body)
-    return HEADER.pack(kind, nh, ns, nf, sig_id, total) + body, total
+    whole = _message(nh, ns, nf)
+    total = whole.size + len(blob)
+    return whole.pack(kind, nh, ns, nf, sig_id, total, *handles, *scalars, *frees) + blob, total
+
+
+def encode_numbers(kind, sig_id, handles, scalars, frees):
+    """`encode` of a message of numbers only (no signature, no program): one struct packs it whole
+    (struct, not numpy: a cached command is a few numbers, and this runs once per operation)."""
+    nh, ns, nf = len(handles), len(scalars), len(frees)
+    whole = _MESSAGES.get(nh | ns << 8 | nf << 16)
+    if whole is None:
+        whole = _message(nh, ns, nf)
+    return whole.pack(kind, nh, ns, nf, sig_id, whole.size, *handles, *scalars, *frees), whole.size
+
+
+#: (nh | ns << 8 | nf << 16) -> `_message(nh, ns, nf)` (each count fits the header's byte)
+_MESSAGES = {}
+
+
+def _message(nh, ns, nf):
+    """The struct of a message's header and numbers: nh int32 handles, ns float64 scalars, nf int32 frees."""
+    key = nh | ns << 8 | nf << 16
+    whole = _MESSAGES.get(key)
+    if whole is None:
+        whole = _MESSAGES[key] = struct.Struct(HEADER.format + _numbers(nh, ns, nf).format[1:])
+    return whole
 
 
 @functools.lru_cache(maxsize=1024)
@@ -82,7 +104,8 @@ def _numbers(nh, ns, nf):
 
 
 def total_length(frame):
-    return HEADER.unpack_from(bytes(frame[:HEADER.size]))[5]
+    """The total length a message's first bytes (any buffer: bytes, a numpy frame) announce."""
+    return HEADER.unpack_from(frame)[5]
 
 
 def decode(message):
