@@ -38,7 +38,8 @@ class Matrix:
     def __init__(self, handle, m):
         self._handle = handle
         self._meta = m             # the (layout, shape, dtype) commands carry: made once, not per use
-        self.layout, self.shape, self._dtype = m.layout, m.shape, _DTYPE[m.dtype]
+        layout, self.shape, dtype = m       # (unpacked: Meta's field names are properties)
+        self.layout, self._dtype = layout, _DTYPE[dtype]
         self._memory = None        # the backend's default memory kind
         self._derived = None       # "A.T" or "A[r0:r1, c0:c1]": a copy that in-place writes must not touch
 
