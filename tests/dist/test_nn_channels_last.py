@@ -54,18 +54,21 @@ CONVS = {
 }
 
 
-def _conv_args(geom):
+def _conv_problem(geom, seed):
+    """(conv2d keyword arguments, x, w) of geometry `geom`, the values drawn from `seed`."""
     kernel_hw, stride, padding, dilation, groups = CONVS[geom]
-    return dict(kernel_hw=kernel_hw, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    kw = dict(kernel_hw=kernel_hw, stride=stride, padding=padding, dilation=dilation, groups=groups)
+    x, w = values((N, C * H * W), seed), values((K, C // groups * kernel_hw[0] * kernel_hw[1]), seed + 1)
+    return kw, x, w
 
 
 @pytest.mark.parametrize("relu", [False, True])
 @pytest.mark.parametrize("geom", list(CONVS))
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_conv2d_channels_last_forward(name, geom, relu):
-    kw = _conv_args(geom)
+    kw, x, w = _conv_problem(geom, 2)
     (kh, kwd), g = kw["kernel_hw"], kw["groups"]
-    x, w, b = values((N, C * H * W), 2), values((K, C // g * kh * kwd), 3), values((1, K), 4)
+    b = values((1, K), 4)
     want = ref.conv2d(x.reshape(N, C, H, W), w.reshape(K, C // g, kh, kwd), b.reshape(-1), kw["stride"],
                       kw["padding"], kw["dilation"], g)
     if relu:
@@ -82,10 +85,9 @@ def test_conv2d_channels_last_forward(name, geom, relu):
 @pytest.mark.parametrize("geom", list(CONVS))
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_conv2d_channels_last_backward_equals_nchw(name, geom, need_dx):
-    kw = _conv_args(geom)
-    (kh, kwd), g = kw["kernel_hw"], kw["groups"]
-    x, w = values((N, C * H * W), 5), values((K, C // g * kh * kwd), 6)
-    ko, ho, wo = dmath.nn.conv2d_output_shape((C, H, W), (kh, kwd), K, kw["stride"], kw["padding"], kw["dilation"])
+    kw, x, w = _conv_problem(geom, 5)
+    ko, ho, wo = dmath.nn.conv2d_output_shape((C, H, W), kw["kernel_hw"], K, kw["stride"], kw["padding"],
+                                              kw["dilation"])
     dy = values((N, ko * ho * wo), 7)
     lay, rep = LAYOUTS[name](N), dmath.Replicated()
     wm = make(w, rep, "float64")
