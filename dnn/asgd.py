@@ -234,6 +234,9 @@ class ReplicaContext(Context):
     def param(self, weight):
         return self.variables[id(weight.var)]
 
+    def read_node(self, var):
+        return self.variables[id(var)]
+
 
 class Replica:
     """One group's copy of the weights, its feed over the training set, metrics and steps."""

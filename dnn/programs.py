@@ -28,7 +28,7 @@ from .graph.node import Placeholder
 from .layers.base import Context
 from .layers.core import Activation
 from .losses import correct_count
-from .ops import cast, to_channels_first, to_channels_last
+from .ops import cast, fold_relu_masks, to_channels_first, to_channels_last
 from .optim.base import to_layout_of
 from . import parallel
 
@@ -157,9 +157,14 @@ class Program:
             self.loss, self.pred, self.threshold = model.loss.head(z, self.targets, act)
         # training and evaluate need the loss head (the output activation is fused into it), predict the output
         self.order = topological_order([self.loss, self.pred] if with_targets else [self.output])
+        # a max pool after a relu-fused convolution applies the relu's gradient mask (one pass fewer)
+        fold_relu_masks(self.order, keep=[self.loss, self.pred, self.output])
         self.params = model.params
+        # gradients are taken where the graph reads each weight: at its cast in mixed precision, so that
+        # a float16 gradient is converted once, by the move to the weight's layout (to_layout_of)
+        self.grad_at = [ctx.read_node(p) for p in self.params]
         # a training step drops each activation after its last reader (the metrics read loss and pred)
-        self.releases = Releases(self.order, self.params, keep=[self.loss, self.pred]) if training else None
+        self.releases = Releases(self.order, self.grad_at, keep=[self.loss, self.pred]) if training else None
         self.plan = None
 
     # ---- one step -----------------------------------------------------------------
@@ -212,7 +217,7 @@ class Program:
         # each weight gradient moves to its weight's layout as soon as the backward pass completes it:
         # a data-parallel all-reduce then runs beside the layers below (on a GPU's communication
         # stream, inside the step's graph), as DDP's buckets do, but per weight and known in advance
-        grads = backward(self.loss, params, seed=seed, order=self.order, releases=self.releases,
+        grads = backward(self.loss, self.grad_at, seed=seed, order=self.order, releases=self.releases,
                          ready=lambda k, g: to_layout_of(g, params[k].value, keep_dtype=True, background=True))
         if scaler is None:
             model.optimizer.apply(params, grads)

@@ -4,7 +4,11 @@ Max pooling also returns, per output pixel, the position of the maximum
 inside its window (i * kw + j, the first maximum on ties) as a matrix of
 the output's shape: small integers, exact in the index dtype the master
 chose, and an ordinary matrix, so that a recorded training step replays it
-like any other. Average pooling divides by kh*kw, padding included
+like any other. A max pool told that its input is a relu's output
+(`after_relu`) marks the windows whose maximum is 0 with position -1, which
+no input pixel matches: the backward pass then also applies the relu's
+mask, exactly (a pixel the relu zeroed can only be the maximum of a window
+whose maximum is 0), and the relu's own backward pass is skipped. Average pooling divides by kh*kw, padding included
 (PyTorch's count_include_pad=True). Padding of a max pool is -inf.
 """
 from typing import NamedTuple
@@ -30,6 +34,7 @@ class PoolArgs(NamedTuple):
     geometry: Geometry
     mode: str            # 'max' or 'average'
     channels_last: bool  # the batches (and argmax) are channels-last rows (nn_format.py)
+    after_relu: bool = False  # max only: windows whose maximum is not positive get argmax -1
 
 
 POOL2D = define("nn_pool2d", PoolArgs)
@@ -37,19 +42,24 @@ POOL2D_BACKWARD = define("nn_pool2d_backward", PoolArgs)
 
 
 # ---- master halves ----------------------------------------------------------------------
-def _pool_args(op, image, kernel, stride, padding, mode, channels_last, what):
+def _pool_args(op, image, kernel, stride, padding, mode, channels_last, what, after_relu=False):
     """`op`'s checked static arguments."""
     if mode not in _POOL_MODES:
         raise DMathError(f"{what}: mode must be 'max' or 'average', got {mode!r}")
+    if not isinstance(after_relu, (bool, np.bool_)):
+        raise DMathError(f"{what}: after_relu must be True or False, got {after_relu!r}")
+    if after_relu and mode != "max":
+        raise DMathError(f"{what}: after_relu applies to max pooling only (an average pool's gradient reaches "
+                         f"every pixel of its window, so it cannot carry the relu's mask)")
     return op.static(geometry=window.pool_geometry(image, kernel, stride, padding, what), mode=mode,
-                     channels_last=bool(channels_last))
+                     channels_last=bool(channels_last), after_relu=bool(after_relu))
 
 
 def _argmax_dtype(dtype, taps):
     return "float32" if dtype == "float16" and taps > _F16_EXACT_INT else dtype
 
 
-def pool2d(x, image_shape, kernel, stride=None, padding=(0, 0), mode="max", channels_last=False):
+def pool2d(x, image_shape, kernel, stride=None, padding=(0, 0), mode="max", channels_last=False, after_relu=False):
     """Max or average pooling of an image batch x (N, C*H*W): (Y, argmax).
 
     kernel, stride (default: the kernel) and padding are ints or (h, w)
@@ -60,10 +70,14 @@ def pool2d(x, image_shape, kernel, stride=None, padding=(0, 0), mode="max", chan
     which divides by kh*kw including padding (PyTorch's count_include_pad).
     channels_last: x, Y and argmax are channels-last rows (N, H*W*C)
     (dmath.nn.to_channels_last); image_shape is still (C, H, W).
+    after_relu (max only): x is a relu's output. A window whose maximum is
+    not positive gets argmax -1, so pool2d_backward's dX is also masked by
+    the relu (exactly what where(x, dX, 0) gives) and the relu's backward
+    can be skipped.
     """
     x = args.rows(x, "pool2d: x")
     image = window.image(image_shape, x.shape[1], "pool2d")
-    static = _pool_args(POOL2D, image, kernel, stride, padding, mode, channels_last, "pool2d")
+    static = _pool_args(POOL2D, image, kernel, stride, padding, mode, channels_last, "pool2d", after_relu)
     g = static.geometry
     shape = (x.shape[0], image[0] * g.out_h * g.out_w)
     outs = [new_meta(x.layout, shape, x.dtype)]
@@ -114,6 +128,8 @@ def _pool2d(call):
         y[...] = v.sum(axis=(2, 3)) * (1.0 / g.taps)
     else:
         _max_taps(x, g, y, res[1].reshape(y.shape))
+        if call.entry.static.after_relu:
+            backend.current().xp.copyto(res[1], -1, where=res[0] <= 0)
     if last:
         for o, r in zip(outs, res):
             channels_last_into(o, r, g.channels, g.out_h, g.out_w)
@@ -195,7 +211,7 @@ struct Win { int C, H, W, Ho, Wo, kh, kw, sh, sw, ph, pw; };
 // Channels-last (nhwc): a pixel's C values are adjacent, so an image plane is read with stride C
 // from the sample's start plus the channel.
 template <typename T, typename A, typename I>
-__device__ void pool_fwd(const T* x, T* y, A* arg, const Win& g, I o, int is_max, int nhwc) {
+__device__ void pool_fwd(const T* x, T* y, A* arg, const Win& g, I o, int is_max, int nhwc, int after_relu) {
     typedef typename Acc<T>::type R;
     const R neg_inf = (R)__longlong_as_double(0xfff0000000000000ULL);
     int ox, oy, es;
@@ -226,17 +242,20 @@ __device__ void pool_fwd(const T* x, T* y, A* arg, const Win& g, I o, int is_max
             }
         }
     }
+    // after a relu, a window whose maximum is 0 routes no gradient (-1 matches no tap): the relu's mask
+    if (is_max && after_relu && best <= (R)0) at = -1;
     if (is_max) { y[o] = dm_cast<T>((double)best); arg[o] = dm_cast<A>((double)at); }
     else { y[o] = dm_cast<T>((double)(sum / (R)(g.kh * g.kw))); }
 }
 
 template <typename T, typename A>
-__global__ void dm_pool_fwd(const T* x, T* y, A* arg, DM_WIN_ARGS, long long total, int is_max, int nhwc) {
+__global__ void dm_pool_fwd(const T* x, T* y, A* arg, DM_WIN_ARGS, long long total, int is_max, int nhwc,
+                            int after_relu) {
     DM_WIN;
     long long o = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (o >= total) return;
-    if (total <= 2147483647LL) pool_fwd<T, A, int>(x, y, arg, g, (int)o, is_max, nhwc);
-    else pool_fwd<T, A, long long>(x, y, arg, g, o, is_max, nhwc);
+    if (total <= 2147483647LL) pool_fwd<T, A, int>(x, y, arg, g, (int)o, is_max, nhwc, after_relu);
+    else pool_fwd<T, A, long long>(x, y, arg, g, o, is_max, nhwc, after_relu);
 }
 
 // a / d for 0 <= a < 2**24: a float estimate (off by at most one) and one correction step. A GPU
@@ -359,8 +378,9 @@ def _pool2d_cuda(call):
     is_max = mode == "max"
     am = rows.new_output(call, 1)[0] if is_max else out        # a dummy of a valid type for average
     fn = _cuda_kernel("fwd", x.dtype, am.dtype)
+    static = call.entry.static
     cuda.launch(fn, out.size, (x, out, am) + _win(g) + (np.int64(out.size), np.int32(is_max),
-                                                                 np.int32(call.entry.static.channels_last)))
+                                                         np.int32(static.channels_last), np.int32(static.after_relu)))
     shards = [rows.shard(call, 0, [out])]
     if is_max:
         shards.append(rows.shard(call, 1, [am]))

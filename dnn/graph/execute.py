@@ -139,6 +139,12 @@ def backward(loss, wrt, seed=None, order=None, ready=None, releases=None):
                 _drop(releases.backward[j])
             continue
         needs = tuple(x.id in needed for x in node.inputs)
+        if not any(needs):
+            # a target none of whose inputs needs a gradient (a weight's cast): its own gradient stays
+            if releases is not None:
+                node.fn.drop_saved()
+                _drop(releases.backward[j])
+            continue
         # an intermediate gradient leaves `grads` as it is used: the function holds the only reference
         gxs = node.fn.backward([x.value for x in node.inputs], node.value,
                                grads[node.id] if node.id in targets else grads.pop(node.id), needs)

@@ -80,6 +80,12 @@ class Context:
             node = self._casts[id(var)] = Cast(self.dtype).apply(var)
         return node
 
+    def read_node(self, var):
+        """The node through which the graph read the variable `var`: its cast (mixed precision), if
+        the graph made one, else `var`. A training step takes each weight's gradient there, in the
+        graph's precision, and converts it once, where it moves to the weight's layout."""
+        return self._casts.get(id(var), var)
+
 
 class Layer:
     """Base of the layers.

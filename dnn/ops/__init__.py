@@ -16,7 +16,8 @@ from .activation import (ACTIVATIONS, Identity, LogSoftmax, Relu, Sigmoid, Softm
 from .elementwise import Elementwise
 from .arithmetic import (Add, AddN, Affine, Cast, Div, Exp, Log, Mul, Neg, PowScalar, Sub, Sum, add, add_n, cast, div,
                          exp, log, mean, mul, neg, pow, sub, sum)
-from .conv import Conv2D, ImageFormat, Pool2D, conv2d, pool2d, to_channels_first, to_channels_last
+from .conv import (Conv2D, ImageFormat, Pool2D, conv2d, fold_relu_masks, pool2d, to_channels_first,
+                   to_channels_last)
 from .dense import Linear, MatMul, linear, matmul
 from .dropout import Dropout, dropout
 from .loss import (BinaryCrossEntropy, CrossEntropy, MeanSquaredError, SigmoidBinaryCrossEntropy,

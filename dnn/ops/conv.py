@@ -57,6 +57,8 @@ class Conv2D(Function):
             raise ConfigError(f"conv2d: a fused activation must be None or 'relu', got {activation!r}")
         self.activation = activation
         self.saves_output = activation == "relu"        # backward reads y for the fused relu's mask
+        #: the relu's mask is already in the output gradient (fold_relu_masks: a max pool applied it)
+        self.gradient_masked = False
 
     def infer(self, x, w, b=None):
         c, h, wd = self.image_shape = _image(self.name, x)
@@ -77,7 +79,7 @@ class Conv2D(Function):
 
     def backward(self, xs, y, gy, needs):
         x, w = xs[0], xs[1]
-        if self.activation == "relu":
+        if self.activation == "relu" and not self.gradient_masked:
             gy = dmath.where(y, gy, 0.0)         # y > 0 exactly where the pre-activation was
         gx, gw, gb = dmath.nn.conv2d_backward(gy, x, w, self.image_shape, self.kernel_hw, self.stride,
                                               self.padding, self.dilation, need_dx=needs[0], groups=self.groups,
@@ -98,6 +100,7 @@ class Pool2D(Function):
         with window_errors():
             self.kernel, self.stride, self.padding = window.pool_window(kernel, stride, padding, "pool2d")
         self.mode = mode
+        self.after_relu = False         # the input is a relu's output (fold_relu_masks)
 
     def output_image(self, image_shape, what):
         """(C, Ho, Wo) of pooling (C, H, W) images."""
@@ -113,7 +116,8 @@ class Pool2D(Function):
 
     def forward(self, x):
         y, self.argmax = dmath.nn.pool2d(x, self.image_shape, self.kernel, stride=self.stride,
-                                         padding=self.padding, mode=self.mode, channels_last=self.channels_last)
+                                         padding=self.padding, mode=self.mode, channels_last=self.channels_last,
+                                         after_relu=self.after_relu)
         return y
 
     def backward(self, xs, y, gy, needs):
@@ -122,6 +126,29 @@ class Pool2D(Function):
 
     def drop_saved(self):
         self.argmax = None
+
+
+def fold_relu_masks(order, keep=()):
+    """Let each max pool that reads a relu-fused convolution's output, as its only reader, apply the
+    relu's gradient mask (dmath.nn.pool2d's after_relu): the convolution's backward then skips its
+    mask pass and need not keep its output. `order`: the graph's nodes (topological); `keep`: nodes
+    the caller reads (their values must stay). Call it before the graph first runs."""
+    readers = {}
+    for node in order:
+        for x in node.inputs:
+            readers[id(x)] = readers.get(id(x), 0) + 1
+    kept = {id(k) for k in keep}
+    for node in order:
+        fn = node.fn
+        if not isinstance(fn, Pool2D) or fn.mode != "max":
+            continue
+        src = node.inputs[0]
+        conv = src.fn
+        if (isinstance(conv, Conv2D) and conv.activation == "relu" and readers[id(src)] == 1
+                and id(src) not in kept):
+            fn.after_relu = True
+            conv.gradient_masked = True
+            conv.saves_output = False
 
 
 class ImageFormat(Function):

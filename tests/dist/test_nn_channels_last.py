@@ -182,3 +182,43 @@ def test_channels_last_rows_are_refused_where_they_would_be_misread():
         dnn.ops.to_channels_last(xl)
     with pytest.raises(dnn.ConfigError):
         dnn.Sequential([L.Input((1, 4, 4)), L.Flatten(), L.Dense(2)], channels_last="yes")
+
+
+def _pool_cnn(channels_last):
+    dmath.random.seed(4)
+    return dnn.Sequential([L.Input((3, 16, 16)), L.Conv2D(6, 3, padding=1, activation="relu"), L.Pool2D(2),
+                           L.Conv2D(8, 3, activation="relu"), L.Conv2D(8, 3), L.Activation("relu"),
+                           L.Pool2D(2, stride=1, mode="max"), L.Conv2D(4, 1, activation="relu"),
+                           L.Pool2D(2, mode="average"), L.Flatten(), L.Dense(4), L.Output("softmax")],
+                          optimizer=dnn.optim.SGD(lr=0.05, momentum=0.9), dtype="float64",
+                          channels_last=channels_last)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_max_pool_after_a_relu_convolution_applies_the_relus_mask(channels_last, monkeypatch):
+    # the fold (dnn.ops.fold_relu_masks) changes which kernel masks the gradient, never the numbers
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((48, 3 * 16 * 16)), rng.integers(0, 4, 48)
+    runs = []
+    for fold in (False, True):
+        with monkeypatch.context() as m:
+            if not fold:
+                m.setattr(dnn.programs, "fold_relu_masks", lambda order, keep=(): None)
+            model = _pool_cnn(channels_last)
+            hist = model.fit(x, y, batch_size=12, epochs=2, verbose=0)
+        order = model._last_program().order
+        pools = [n.fn for n in order if isinstance(n.fn, dnn.ops.Pool2D)]
+        convs = [n.fn for n in order if isinstance(n.fn, dnn.ops.Conv2D)]
+        runs.append((hist.history["loss"], model.get_weights(), [p.after_relu for p in pools],
+                     [(c.gradient_masked, c.saves_output) for c in convs]))
+    (loss0, w0, pools0, convs0), (loss1, w1, pools1, convs1) = runs
+    assert pools0 == [False, False, False] and convs0 == [(False, True)] * 4
+    # the first pool reads a relu-fused convolution; the second the convolution that absorbed an
+    # Activation layer; the third is an average pool, which cannot carry the mask; the second convolution
+    # feeds another convolution
+    assert pools1 == [True, True, False]
+    assert convs1 == [(True, False), (False, True), (True, False), (False, True)]
+    tol = 1e-9 if GPU else 0.0
+    np.testing.assert_allclose(loss1, loss0, rtol=tol, atol=tol)
+    for a, b in zip(w1, w0):
+        np.testing.assert_allclose(a, b, rtol=tol, atol=tol)

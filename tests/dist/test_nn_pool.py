@@ -117,8 +117,47 @@ def test_against_torch():
         np.testing.assert_allclose(dx.to_numpy(), xt.grad.numpy().reshape(N, -1), rtol=1e-12, atol=1e-14)
 
 
+def _relu_output(seed):
+    """Relu'd values with many zeros: whole windows of zeros, and windows whose maximum is positive."""
+    return np.maximum(values((N, C * H * W), seed, -2.0, 1.0), 0.0)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+@pytest.mark.parametrize("geom", list(GEOMETRIES))
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_after_relu_applies_the_relus_mask_exactly(name, geom, dtype, channels_last):
+    # the fused pool's gradient is bitwise the pool's gradient masked by the relu (where(x, dX, 0))
+    x = _relu_output(50)
+    kernel, stride, padding = GEOMETRIES[geom]
+    xm = make(x, LAYOUTS[name](N), dtype)
+    if channels_last:
+        xm = dmath.nn.to_channels_last(xm, (C, H, W))
+    got = {}
+    for fused in (False, True):
+        y, am = dmath.nn.pool2d(xm, (C, H, W), kernel, stride, padding, "max", channels_last=channels_last,
+                                after_relu=fused)
+        dy = make(values(y.shape, 51), LAYOUTS[name](N), dtype)
+        dx = dmath.nn.pool2d_backward(dy, am, (C, H, W), kernel, stride, padding, "max",
+                                      channels_last=channels_last)
+        if not fused:
+            dx = dmath.where(xm, dx, 0.0)
+        if channels_last:
+            dx = dmath.nn.to_channels_first(dx, (C, H, W))
+        got[fused] = (y.to_numpy(), am.to_numpy(), dx.to_numpy())
+    (y0, am0, dx0), (y1, am1, dx1) = got[False], got[True]
+    np.testing.assert_array_equal(y1, y0)
+    np.testing.assert_array_equal(am1, np.where(y0 > 0, am0, -1))
+    assert (am1 == -1).any() and (am1 >= 0).any(), "the case must hold zero windows and positive ones"
+    np.testing.assert_array_equal(dx1, dx0)
+    assert np.all(dx1[x.astype(dtype) == 0] == 0)
+
+
 ERRORS = {
     "bad_mode": (dmath.DMathError, lambda x: dmath.nn.pool2d(x, (C, H, W), 2, mode="min")),
+    "after_relu_average": (dmath.DMathError, lambda x: dmath.nn.pool2d(x, (C, H, W), 2, mode="average",
+                                                                      after_relu=True)),
+    "after_relu_not_bool": (dmath.DMathError, lambda x: dmath.nn.pool2d(x, (C, H, W), 2, after_relu="yes")),
     "image_mismatch": (dmath.ShapeError, lambda x: dmath.nn.pool2d(x, (C, H, H), 2)),
     "padding_over_half": (dmath.ShapeError, lambda x: dmath.nn.pool2d(x, (C, H, W), 2, padding=2)),
     "kernel_too_big": (dmath.ShapeError, lambda x: dmath.nn.pool2d(x, (C, H, W), 7)),
