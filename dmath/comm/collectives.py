@@ -174,38 +174,50 @@ def _count_allreduce(group, buf):
     counters.count_recv(moved, 2 * (p - 1))
 
 
-def allreduce(group, buf, op="sum"):
-    """Reduce `buf` (1-D, contiguous) over the group, in place on every member."""
+def allreduce(group, buf, op="sum", src=None):
+    """Reduce `buf` (1-D, contiguous) over the group, in place on every member.
+
+    src: None, or a contiguous 1-D array of buf's size and dtype whose values
+    are reduced instead of buf's own (the result still lands in buf): NCCL
+    reads it where it is, which saves the copy into buf; the CPU path copies.
+    """
+    if src is not None and (group.size == 1 or not backend.current().is_gpu):
+        buf[...] = src              # the CPU path reduces in place
+        src = None
     if group.size == 1:
         return
     n, p = buf.size, group.size
     counts = [n // p + (1 if k < n % p else 0) for k in range(p)]
     if backend.current().is_gpu:
         _count_allreduce(group, buf)
-        group.nccl.allReduce(buf.data.ptr, buf.data.ptr, n, _nccl_dtype(buf.dtype), _nccl_op(op), _stream_ptr())
+        send = buf if src is None else src
+        group.nccl.allReduce(send.data.ptr, buf.data.ptr, n, _nccl_dtype(buf.dtype), _nccl_op(op), _stream_ptr())
         return
     part = _empty(counts[group.rank], buf.dtype)
     reduce_scatter(group, buf, part, counts, op)
     allgatherv(group, part, buf, counts)
 
 
-def allreduce_start(group, buf, op="sum"):
+def allreduce_start(group, buf, op="sum", src=None):
     """Start reducing `buf` (1-D, contiguous) over the group in place; returns a `Pending`.
 
     On the GPU it runs on the side stream over the group's side communicator,
     after the work queued so far on the compute stream (so it sees `buf`'s
     writes); computation queued next overlaps it until `Pending.wait()`. On
     the CPU it is the blocking `allreduce` (the Pending is already done).
+    src: as for `allreduce`; the Pending holds it until `wait()`, so that its
+    memory is not handed to other work while the side stream still reads it.
     """
     be = backend.current()
     if group.size == 1 or not be.is_gpu:
-        allreduce(group, buf, op)
+        allreduce(group, buf, op, src)
         return Pending()
     side_begin()
     side = be.side_stream()
     _count_allreduce(group, buf)
-    group.nccl_side.allReduce(buf.data.ptr, buf.data.ptr, buf.size, _nccl_dtype(buf.dtype), _nccl_op(op), side.ptr)
-    return Pending(event=side.record())
+    send = buf if src is None else src
+    group.nccl_side.allReduce(send.data.ptr, buf.data.ptr, buf.size, _nccl_dtype(buf.dtype), _nccl_op(op), side.ptr)
+    return Pending(event=side.record(), keep=src)
 
 
 def bcast(group, buf, root=0):
@@ -298,10 +310,11 @@ class Pending:
     the compute stream wait for it (the host does not block); on the CPU it
     completes the MPI request, polling for failures elsewhere.
     """
-    __slots__ = ("req", "event")
+    __slots__ = ("req", "event", "keep")
 
-    def __init__(self, req=None, event=None):
+    def __init__(self, req=None, event=None, keep=None):
         self.req, self.event = req, event
+        self.keep = keep        # an array the transfer reads, alive until the compute stream waits for it
 
     def wait(self):
         if self.req is not None:
@@ -310,6 +323,7 @@ class Pending:
         if self.event is not None:
             event, self.event = self.event, None
             backend.current().xp.cuda.get_current_stream().wait_event(event)
+        self.keep = None
 
 
 def side_begin():

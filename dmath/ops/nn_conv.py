@@ -139,12 +139,18 @@ def explain_conv2d(print_fn=print):
 
     Plans are chosen by timing at the first use of a shape, so this lists the
     shapes run so far. Prints worker 0's report (print_fn=None: silent) and
-    returns every worker's, a list by rank of {'status', 'shapes'}.
+    returns every worker's, a list by rank of {'status', 'shapes', 'padded'} ('padded': the forward
+    convolutions whose channel count was timed plain and padded to a multiple of 4).
     """
     reports = dispatch("nn_explain_conv")[1]
     if print_fn is not None:
         r = reports[0]
         print_fn(r["status"] + ("\n" + cudnn.describe(r["shapes"]) if r["shapes"] else "\n(no convolution run yet)"))
+        for p in r["padded"]:
+            key = p["key"]
+            print_fn(f"  forward {key['n']}x{key['c']}x{key['h']}x{key['w']} {key['dtype']}: channels padded to a "
+                     f"multiple of 4: {'yes' if p['padded'] else 'no'} (plain {p['plain_ms']:.3f} ms, padded "
+                     + (f"{p['padded_ms']:.3f} ms)" if p["padded_ms"] is not None else "refused by cuDNN)"))
     return reports
 
 
@@ -273,6 +279,77 @@ def _dense(a, dtype):
     return backend.current().xp.ascontiguousarray(a, dtype=dtype)
 
 
+# Channels-last tensor-core kernels read channels in fours. An RGB first layer (3 channels) is
+# padded by cuDNN itself into a slow kernel: AlexNet's first convolution in float16 on an H200 ran
+# 0.90 ms, and 0.41 ms on a copy with a zero fourth channel (tools/conv_probe.py). So a forward
+# convolution whose channel count is not a multiple of 4 runs both ways at the first call of its
+# shape (outside any capture, as cuDNN's own plan timing), and keeps the padded way when it is
+# faster, padding copies included. ConvKey -> (padded?, plain ms, padded ms)
+_PADDED = {}
+_PAD_TIMED_RUNS = 5
+
+
+def _channels_to(c):
+    return c + (-c) % 4
+
+
+def _padded_channels(x, n, pixels, c, c4):
+    """The channels-last rows x (n, pixels*c) as (n, pixels*c4), the extra channels zero."""
+    out = memory.empty((n, pixels * c4), x.dtype)
+    o3 = out.reshape(n, pixels, c4)
+    o3[:, :, c:] = 0
+    o3[:, :, :c] = x.reshape(n, pixels, c)
+    return out
+
+
+def _ms(fn):
+    """Milliseconds per run of fn on the device (after one warm-up run, which builds plans)."""
+    xp = backend.current().xp
+    stream = xp.cuda.get_current_stream()
+    fn()
+    start, end = xp.cuda.Event(), xp.cuda.Event()
+    start.record(stream)
+    for _ in range(_PAD_TIMED_RUNS):
+        fn()
+    end.record(stream)
+    end.synchronize()
+    return xp.cuda.get_elapsed_time(start, end) / _PAD_TIMED_RUNS
+
+
+def _fprop(key, g, x, w, b, out, n, k, fused):
+    """Run the forward convolution `key` (channels-last, groups 1) on x, w (K, kh, kw, C), b into out,
+    padding the channels to a multiple of 4 where that was timed faster. Raises cudnn.Refused."""
+    choice = _PADDED.get(key)
+    if choice is None or choice[0]:
+        c4 = _channels_to(g.channels)
+        g4 = g._replace(channels=c4)
+        key4 = _key("fprop", g4, n, k, 1, x.dtype, True, fused)
+
+        def padded():
+            xp4 = _padded_channels(x, n, g.height * g.width, g.channels, c4)
+            w4 = memory.zeros((k, g.kh, g.kw, c4), w.dtype)
+            w4[..., :g.channels] = w
+            cudnn.conv(key4, (xp4.data.ptr, w4.data.ptr) + ((b.data.ptr,) if b is not None else ())
+                       + (out.data.ptr,))
+    ptrs = (x.data.ptr, w.data.ptr) + ((b.data.ptr,) if b is not None else ()) + (out.data.ptr,)
+    if choice is None:
+        plain_ms = _ms(lambda: cudnn.conv(key, ptrs))
+        try:
+            padded_ms = _ms(padded)
+        except cudnn.Refused:
+            padded_ms = None
+        choice = _PADDED[key] = (padded_ms is not None and padded_ms < plain_ms, plain_ms, padded_ms)
+    if choice[0]:
+        padded()
+    else:
+        cudnn.conv(key, ptrs)
+
+
+def padding_choices():
+    """The forward convolutions whose channels could be padded to a multiple of 4: what was timed."""
+    return [{"key": key._asdict(), "padded": c[0], "plain_ms": c[1], "padded_ms": c[2]} for key, c in _PADDED.items()]
+
+
 @CONV2D.kernel(backend="gpu", capturable=True)
 def _conv2d_cudnn(call):
     """nn_conv2d through cuDNN's chosen plan (see dmath.cudnn), the bias and the activation fused
@@ -292,6 +369,12 @@ def _conv2d_cudnn(call):
     b = _dense(rows.local(call.inputs[2]), x.dtype) if has_bias else None
     (out,) = rows.new_output(call, 0)
     fused = ("bias" if has_bias else "") + ("_" if has_bias and activation else "") + activation
+    if cl and groups == 1 and g.channels % 4:
+        try:
+            _fprop(_key("fprop", g, n, k, groups, x.dtype, cl, fused), g, x, w, b, out, n, k, fused)
+            return [rows.shard(call, 0, [out])]
+        except cudnn.Refused:
+            pass                     # the plain ways below
     if fused:
         ptrs = (x.data.ptr, w.data.ptr) + ((b.data.ptr,) if has_bias else ()) + (out.data.ptr,)
         try:
@@ -355,5 +438,6 @@ def _conv2d_backward_cudnn(call):
 @EXPLAIN_CONV.kernel()
 def _explain_conv(call):
     """Every worker's cuDNN status and plan choices, gathered on the master (a list by rank)."""
-    call.result = gather_objects(call.world, {"status": cudnn.status(), "shapes": cudnn.explain()})
+    call.result = gather_objects(call.world, {"status": cudnn.status(), "shapes": cudnn.explain(),
+                                              "padded": padding_choices()})
     return []

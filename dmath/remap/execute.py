@@ -91,12 +91,16 @@ def _allreduce(world, step, pieces, rank, wire, dtype, offset, pending=None):
     if rank not in step.dst.group:
         return []
     m, n = step.dst.shape
+    piece = pieces[0]
     buf = memory.empty((m * n,), wire)
-    buf.reshape(m, n)[...] = pieces[0][offset[0]:offset[0] + m, offset[1]:offset[1] + n]
+    # a whole contiguous piece in the wire dtype is reduced from where it is (no copy into buf first)
+    src = _flat(piece) if (offset == (0, 0) and piece.shape == (m, n) and piece.dtype == np.dtype(wire)) else None
+    if src is None:
+        buf.reshape(m, n)[...] = piece[offset[0]:offset[0] + m, offset[1]:offset[1] + n]
     if pending is not None:
-        pending.append(collectives.allreduce_start(world.group(step.src.group), buf))
+        pending.append(collectives.allreduce_start(world.group(step.src.group), buf, src=src))
         return [buf.reshape(m, n)]
-    collectives.allreduce(world.group(step.src.group), buf)
+    collectives.allreduce(world.group(step.src.group), buf, src=src)
     if np.dtype(dtype) == np.dtype(wire):
         return [buf.reshape(m, n)]
     out = memory.empty((m, n), dtype)

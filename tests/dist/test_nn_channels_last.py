@@ -222,3 +222,48 @@ def test_a_max_pool_after_a_relu_convolution_applies_the_relus_mask(channels_las
     np.testing.assert_allclose(loss1, loss0, rtol=tol, atol=tol)
     for a, b in zip(w1, w0):
         np.testing.assert_allclose(a, b, rtol=tol, atol=tol)
+
+
+# ---- three channels (an RGB first layer): plain or padded to four on a GPU -------------------------
+@pytest.mark.parametrize("dtype,tol", [("float64", 1e-12), ("float32", 1e-5), ("float16", 2e-2)])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("relu", [False, True])
+def test_a_three_channel_forward_is_the_same_padded_to_four_or_not(dtype, tol, padded, relu, monkeypatch):
+    from dmath.ops import nn_conv
+
+    class Forced(dict):
+        """Worker 0's choice (it runs in this process), whatever the timing says; the others time it."""
+        def get(self, key, default=None):
+            return (padded, 0.0, 0.0)
+    monkeypatch.setattr(nn_conv, "_PADDED", Forced())
+    c = 3
+    x, w, b = values((N, c * H * W), 60), values((K, c * 9), 61), values((1, K), 62)
+    want = ref.conv2d(x.reshape(N, c, H, W), w.reshape(K, c, 3, 3), b.reshape(-1), (1, 1), (1, 1), (1, 1), 1)
+    if relu:
+        want = np.maximum(want, 0)
+    rep = dmath.Replicated()
+    xl = make(last(x, c, H, W), dmath.RowBlock(), dtype)
+    y = dmath.nn.conv2d(xl, make(w, rep, dtype), make(b, rep, dtype), (c, H, W), kernel_hw=(3, 3), padding=(1, 1),
+                        activation="relu" if relu else None, channels_last=True)
+    assert y.dtype == dtype
+    np.testing.assert_allclose(y.to_numpy().astype(np.float64), last(want.reshape(N, -1), K, H, W), rtol=tol, atol=tol)
+
+
+def test_the_padding_choice_is_timed_once_and_explained():
+    c, n = 3, 8
+    x = make(last(values((n, c * H * W), 63), c, H, W), dmath.RowBlock(), "float32")
+    w = make(values((K, c * 9), 64), dmath.Replicated(), "float32")
+    first_y = dmath.nn.conv2d(x, w, None, (c, H, W), kernel_hw=(3, 3), padding=(1, 1), channels_last=True)
+    again = dmath.nn.conv2d(x, w, None, (c, H, W), kernel_hw=(3, 3), padding=(1, 1), channels_last=True)
+    np.testing.assert_array_equal(again.to_numpy(), first_y.to_numpy())
+    reports = dmath.nn.explain_conv2d(print_fn=None)
+    assert len(reports) == P
+    for r in reports:
+        if r["status"].startswith("cuDNN not used"):
+            assert r["padded"] == []            # im2col: nothing to pad
+            continue
+        mine = [p for p in r["padded"] if p["key"]["c"] == c and p["key"]["h"] == H and p["key"]["k"] == K]
+        assert len(mine) >= 1, r["padded"]
+        for p in mine:
+            assert p["plain_ms"] > 0 and (p["padded_ms"] is None or p["padded_ms"] > 0)
+            assert p["padded"] == (p["padded_ms"] is not None and p["padded_ms"] < p["plain_ms"])
