@@ -290,6 +290,7 @@ def main():
     if args.out:
         write_json(args.out, {"benchmark": "cnn", "environment": environment(dmath), "header": dnn_header,
                               "cudnn": reports[0]["status"], "conv_plans_worker0": reports[0]["shapes"],
+                              "conv_padding_worker0": reports[0]["padded"],
                               "results": rows})
 
 

@@ -139,8 +139,8 @@ def explain_conv2d(print_fn=print):
 
     Plans are chosen by timing at the first use of a shape, so this lists the
     shapes run so far. Prints worker 0's report (print_fn=None: silent) and
-    returns every worker's, a list by rank of {'status', 'shapes', 'padded'} ('padded': the forward
-    convolutions whose channel count was timed plain and padded to a multiple of 4).
+    returns every worker's, a list by rank of {'status', 'shapes', 'padded'} ('padded': the
+    convolutions whose channel count was timed plain and padded, with the choice).
     """
     reports = dispatch("nn_explain_conv")[1]
     if print_fn is not None:
@@ -279,24 +279,27 @@ def _dense(a, dtype):
     return backend.current().xp.ascontiguousarray(a, dtype=dtype)
 
 
-# Channels-last tensor-core kernels read channels in fours. An RGB first layer (3 channels) is
-# padded by cuDNN itself into a slow kernel: AlexNet's first convolution in float16 on an H200 ran
-# 0.90 ms, and 0.41 ms on a copy with a zero fourth channel (tools/conv_probe.py). So a forward
-# convolution whose channel count is not a multiple of 4 runs both ways at the first call of its
-# shape (outside any capture, as cuDNN's own plan timing), and keeps the padded way when it is
-# faster, padding copies included. ConvKey -> (padded?, plain ms, padded ms)
+# Channels-last tensor-core kernels read channels in fours or eights. An RGB first layer (3
+# channels) is padded by cuDNN itself into slow kernels: AlexNet's first convolution in float16 on
+# an H200 ran its forward pass in 0.90 ms, 0.41 ms on a copy with a zero fourth channel, and its
+# weight gradient in 0.77 ms, 0.53 ms with eight channels (tools/conv_probe.py). So a convolution
+# whose channel count is not a multiple of 4 runs both ways at the first call of its shape (outside
+# any capture, as cuDNN's own plan timing) and keeps the padded way when it is faster, the padding
+# copies included: the forward pass padded to 4 channels, the weight gradient to 8.
+# ConvKey -> (padded?, plain ms, padded ms or None: cuDNN refused it)
 _PADDED = {}
 _PAD_TIMED_RUNS = 5
+_PAD_TO = {"fprop": 4, "wgrad": 8}
 
 
-def _channels_to(c):
-    return c + (-c) % 4
+def _channels_to(c, multiple):
+    return c + (-c) % multiple
 
 
-def _padded_channels(x, n, pixels, c, c4):
-    """The channels-last rows x (n, pixels*c) as (n, pixels*c4), the extra channels zero."""
-    out = memory.empty((n, pixels * c4), x.dtype)
-    o3 = out.reshape(n, pixels, c4)
+def _padded_channels(x, n, pixels, c, cp):
+    """The channels-last rows x (n, pixels*c) as (n, pixels*cp), the extra channels zero."""
+    out = memory.empty((n, pixels * cp), x.dtype)
+    o3 = out.reshape(n, pixels, cp)
     o3[:, :, c:] = 0
     o3[:, :, :c] = x.reshape(n, pixels, c)
     return out
@@ -316,37 +319,50 @@ def _ms(fn):
     return xp.cuda.get_elapsed_time(start, end) / _PAD_TIMED_RUNS
 
 
-def _fprop(key, g, x, w, b, out, n, k, fused):
-    """Run the forward convolution `key` (channels-last, groups 1) on x, w (K, kh, kw, C), b into out,
-    padding the channels to a multiple of 4 where that was timed faster. Raises cudnn.Refused."""
+def _plain_or_padded(key, plain, padded):
+    """Run plain() or padded(), whichever was faster at the first call of `key` (timed then)."""
     choice = _PADDED.get(key)
-    if choice is None or choice[0]:
-        c4 = _channels_to(g.channels)
-        g4 = g._replace(channels=c4)
-        key4 = _key("fprop", g4, n, k, 1, x.dtype, True, fused)
-
-        def padded():
-            xp4 = _padded_channels(x, n, g.height * g.width, g.channels, c4)
-            w4 = memory.zeros((k, g.kh, g.kw, c4), w.dtype)
-            w4[..., :g.channels] = w
-            cudnn.conv(key4, (xp4.data.ptr, w4.data.ptr) + ((b.data.ptr,) if b is not None else ())
-                       + (out.data.ptr,))
-    ptrs = (x.data.ptr, w.data.ptr) + ((b.data.ptr,) if b is not None else ()) + (out.data.ptr,)
     if choice is None:
-        plain_ms = _ms(lambda: cudnn.conv(key, ptrs))
+        plain_ms = _ms(plain)           # raises cudnn.Refused when cuDNN cannot run it: no choice kept
         try:
             padded_ms = _ms(padded)
         except cudnn.Refused:
             padded_ms = None
         choice = _PADDED[key] = (padded_ms is not None and padded_ms < plain_ms, plain_ms, padded_ms)
-    if choice[0]:
-        padded()
-    else:
-        cudnn.conv(key, ptrs)
+    (padded if choice[0] else plain)()
+
+
+def _fprop(key, g, x, w, b, out, n, k, fused):
+    """The forward convolution `key` (channels-last, groups 1) of x, w (K, kh, kw, C) and b into out,
+    its channels padded to a multiple of 4 where that was timed faster. Raises cudnn.Refused."""
+    tail = ((b.data.ptr,) if b is not None else ()) + (out.data.ptr,)
+
+    def padded():
+        cp = _channels_to(g.channels, _PAD_TO["fprop"])
+        xp_ = _padded_channels(x, n, g.height * g.width, g.channels, cp)
+        wp = memory.zeros((k, g.kh, g.kw, cp), w.dtype)
+        wp[..., :g.channels] = w
+        cudnn.conv(_key("fprop", g._replace(channels=cp), n, k, 1, x.dtype, True, fused),
+                   (xp_.data.ptr, wp.data.ptr) + tail)
+    _plain_or_padded(key, lambda: cudnn.conv(key, (x.data.ptr, w.data.ptr) + tail), padded)
+
+
+def _wgrad(key, g, x, dy, dw, n, k):
+    """The weight gradient `key` (channels-last, groups 1) of x and dy into dw (K, kh, kw, C), the
+    channels padded to a multiple of 8 where that was timed faster. Raises cudnn.Refused."""
+    def padded():
+        cp = _channels_to(g.channels, _PAD_TO["wgrad"])
+        xp_ = _padded_channels(x, n, g.height * g.width, g.channels, cp)
+        dwp = memory.empty((k, g.kh, g.kw, cp), dw.dtype)
+        cudnn.conv(_key("wgrad", g._replace(channels=cp), n, k, 1, x.dtype, True),
+                   (xp_.data.ptr, dy.data.ptr, dwp.data.ptr))
+        dw.reshape(k, g.kh, g.kw, g.channels)[...] = dwp[..., :g.channels]
+    _plain_or_padded(key, lambda: cudnn.conv(key, (x.data.ptr, dy.data.ptr, dw.data.ptr)), padded)
 
 
 def padding_choices():
-    """The forward convolutions whose channels could be padded to a multiple of 4: what was timed."""
+    """The convolutions whose channel count could be padded (to 4 forward, 8 for the weight gradient):
+    what was timed, and the choice."""
     return [{"key": key._asdict(), "padded": c[0], "plain_ms": c[1], "padded_ms": c[2]} for key, c in _PADDED.items()]
 
 
@@ -418,7 +434,11 @@ def _conv2d_backward_cudnn(call):
     dw_io = dw if dw.dtype == dtype and not cl else memory.empty(dw.shape, dtype)
     dx = rows.new_output(call, 0)[0] if need_dx else None
     try:
-        cudnn.conv(_key("wgrad", g, n, k, groups, dtype, cl), (x.data.ptr, dy.data.ptr, dw_io.data.ptr))
+        wkey = _key("wgrad", g, n, k, groups, dtype, cl)
+        if cl and groups == 1 and g.channels % 4:
+            _wgrad(wkey, g, x, dy, dw_io, n, k)
+        else:
+            cudnn.conv(wkey, (x.data.ptr, dy.data.ptr, dw_io.data.ptr))
         if need_dx:
             cudnn.conv(_key("dgrad", g, n, k, groups, dtype, cl), (dy.data.ptr, w.data.ptr, dx.data.ptr))
     except cudnn.Refused:

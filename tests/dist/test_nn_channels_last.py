@@ -228,7 +228,7 @@ def test_a_max_pool_after_a_relu_convolution_applies_the_relus_mask(channels_las
 @pytest.mark.parametrize("dtype,tol", [("float64", 1e-12), ("float32", 1e-5), ("float16", 2e-2)])
 @pytest.mark.parametrize("padded", [False, True])
 @pytest.mark.parametrize("relu", [False, True])
-def test_a_three_channel_forward_is_the_same_padded_to_four_or_not(dtype, tol, padded, relu, monkeypatch):
+def test_three_channels_give_the_same_results_padded_or_not(dtype, tol, padded, relu, monkeypatch):
     from dmath.ops import nn_conv
 
     class Forced(dict):
@@ -247,6 +247,16 @@ def test_a_three_channel_forward_is_the_same_padded_to_four_or_not(dtype, tol, p
                         activation="relu" if relu else None, channels_last=True)
     assert y.dtype == dtype
     np.testing.assert_allclose(y.to_numpy().astype(np.float64), last(want.reshape(N, -1), K, H, W), rtol=tol, atol=tol)
+    # the weight gradient (padded to 8 channels when forced) against the NCHW one
+    dy = values((N, K * H * W), 65)
+    geo = ((3, 3), (1, 1), (1, 1))
+    _, dw, db = dmath.nn.conv2d_backward(make(last(dy, K, H, W), dmath.RowBlock(), dtype), xl, make(w, rep, dtype),
+                                         (c, H, W), *geo, need_dx=False, channels_last=True)
+    _, dw0, db0 = dmath.nn.conv2d_backward(make(dy, dmath.RowBlock(), dtype), make(x, dmath.RowBlock(), dtype),
+                                           make(w, rep, dtype), (c, H, W), *geo, need_dx=False)
+    scale = np.abs(dw0.to_numpy()).max()
+    np.testing.assert_allclose(dw.to_numpy() / scale, dw0.to_numpy() / scale, rtol=tol, atol=tol)
+    np.testing.assert_allclose(db.to_numpy(), db0.to_numpy(), rtol=tol, atol=tol * np.abs(db0.to_numpy()).max())
 
 
 def test_the_padding_choice_is_timed_once_and_explained():
