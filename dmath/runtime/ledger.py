@@ -14,12 +14,33 @@ account; the pool on each worker enforces the limit on everything it holds.
 
 The cost per command is a dictionary lookup per signature and, per new
 matrix, one insertion and a comparison per worker.
+
+The ledger also says when a command must be careful (runtime/oom.py): when
+some worker's live matrices, the command's new ones included, pass
+CAREFUL_FRACTION of its ceiling. It counts the workers past that mark as
+matrices come and go (`over`), so the decision per command is one attribute
+read.
 """
+import os
+
 import numpy as np
 
 from .. import memory
 from ..errors import OutOfMemoryError
 from ..layout import distribution
+
+#: a command is careful when some worker's live matrices, with the command's new ones, exceed this
+#: fraction of its ceiling (capacity or limit). The temporaries of a remap or a GEMM (pack buffers,
+#: panels) are about as large as the local pieces of its operands and result, so past half of the
+#: ceiling a command's temporaries may no longer fit beside the matrices; below it they do unless
+#: one command's temporaries are larger than all the live matrices together
+CAREFUL_FRACTION = 0.5
+
+
+def careful_mode_from_env():
+    """DMATH_CAREFUL: the careful mode a job starts in ('auto' when unset; see memory.set_careful)."""
+    return memory.check_careful(os.environ.get("DMATH_CAREFUL", "auto"), "DMATH_CAREFUL")
+
 
 _reporter = None
 
@@ -36,7 +57,7 @@ def set_refusal_reporter(fn):
 class Ledger:
     """Bytes of live matrices per worker (master side), against each worker's capacity and the limit."""
 
-    def __init__(self, nworkers):
+    def __init__(self, nworkers, careful="auto"):
         self.nworkers = nworkers
         self.limit = None
         self.capacity = None    # bytes per worker the kernels' memory had at init (None: not measured)
@@ -45,6 +66,10 @@ class Ledger:
         self.live = {}          # handle -> bytes per worker (a tuple)
         self.held = [0] * nworkers   # bytes of live matrices per worker
         self._by_sig = {}       # signature id -> (bytes per worker of each new output, their sum)
+        self.careful = memory.check_careful(careful, "the careful mode")
+        self.pressure = None    # per worker: the held bytes past which commands are careful (None: never)
+        self.over = 0           # workers whose held bytes are past their pressure mark
+        self._set_pressure()
 
     def worker_bytes(self, meta):
         """The bytes each worker's pool sets aside for a matrix of `meta`."""
@@ -63,6 +88,24 @@ class Ledger:
         caps = self.capacity or [None] * self.nworkers
         self.ceiling = None if self.capacity is None and self.limit is None else [
             min(v for v in (c, self.limit) if v is not None) for c in caps]
+        self._set_pressure()
+
+    def set_careful(self, mode):
+        """When commands are careful: 'auto', 'always' or 'never' (see memory.set_careful)."""
+        self.careful = memory.check_careful(mode, "dmath.memory.set_careful")
+        self._set_pressure()
+
+    def _set_pressure(self):
+        if self.nworkers == 1 or self.careful == "never":
+            marks = None                     # (alone, no worker can wait for another)
+        elif self.careful == "always":
+            marks = [-1] * self.nworkers     # held bytes are never negative: every worker is past it
+        elif self.ceiling is None:
+            marks = None
+        else:
+            marks = [CAREFUL_FRACTION * c for c in self.ceiling]
+        self.pressure = marks
+        self.over = 0 if marks is None else sum(h > m for h, m in zip(self.held, marks))
 
     def admit(self, op, sig_id, metas):
         """The per-worker bytes of each new matrix of a command; raises OutOfMemoryError if one does not fit."""
@@ -113,18 +156,34 @@ class Ledger:
 
     def add(self, handles, sizes):
         """New matrices `handles` hold `sizes` (from `admit`)."""
-        live, held = self.live, self.held
+        live, held, marks = self.live, self.held, self.pressure
         for h, s in zip(handles, sizes):
             live[h] = s
+            if marks is None:
+                for r, b in enumerate(s):
+                    held[r] += b
+                continue
             for r, b in enumerate(s):
-                held[r] += b
+                before = held[r]
+                held[r] = after = before + b
+                if before <= marks[r] < after:
+                    self.over += 1
 
     def release(self, handle):
         """The matrix is gone."""
         s = self.live.pop(handle, None)
-        if s is not None:
+        if s is None:
+            return
+        held, marks = self.held, self.pressure
+        if marks is None:
             for r, b in enumerate(s):
-                self.held[r] -= b
+                held[r] -= b
+            return
+        for r, b in enumerate(s):
+            before = held[r]
+            held[r] = after = before - b
+            if after <= marks[r] < before:
+                self.over -= 1
 
     def set_limit(self, nbytes):
         self.limit = nbytes
