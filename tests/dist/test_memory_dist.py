@@ -10,7 +10,7 @@ import pytest
 import dmath
 from dmath.memory import KINDS
 
-from _cases import case_names, layout, values
+from _cases import case_names, layout, uneven_remap, values
 
 P = dmath.num_workers()
 NAMES = case_names(P)
@@ -235,6 +235,26 @@ def test_replica_budget_follows_the_limit(limit):
     assert replicas.cache.budget == min(before, cap // 2)
     dmath.memory.set_limit(None)
     assert replicas.cache.budget == before
+
+
+@pytest.mark.skipif(P == 1, reason="one worker: nobody waits for another")
+def test_a_remap_refused_on_one_worker_only_is_undone_and_dmath_goes_on(limit):
+    x, a, cap = uneven_remap(P)
+    before = dmath.memory.stats()
+    dmath.memory.set_limit(cap)
+    assert dmath.memory.careful() == "auto"
+    careful = dmath.stats()[0]["careful_commands"]
+    with pytest.raises(dmath.OutOfMemoryError) as err:
+        a.remap(dmath.ColBlock())
+    # the last worker alone (its pool's refusal): its live matrices were past half the limit, so the
+    # command was careful and the others left the exchange's agreement instead of waiting in it
+    assert re.match(rf"remap: worker {P - 1} could not allocate .* exceed its memory limit", str(err.value)), err.value
+    assert dmath.stats()[0]["careful_commands"] > careful
+    # usable, nothing left behind: every pool holds what it held before, the values are intact
+    np.testing.assert_allclose(a.sum(), x.sum(), rtol=1e-12)
+    assert [d["in_use"] for d in dmath.memory.stats()] == [d["in_use"] for d in before]
+    dmath.memory.set_limit(None)
+    np.testing.assert_array_equal(a.remap(dmath.ColBlock()).to_numpy(), x)
 
 
 # ---- zero new allocations after a warm-up -------------------------------------------------------

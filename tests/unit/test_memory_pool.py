@@ -162,6 +162,46 @@ def test_ledger_refuses_past_the_limit_and_counts_releases():
     assert ledger.admit("fill", None, [row]) == ((2048, 2048),)        # 2048 + 2048 fits in 4096
 
 
+def test_ledger_counts_the_workers_under_memory_pressure():
+    """A command is careful once some worker's live matrices pass half its ceiling ('auto'); the count
+    follows matrices as they come and go, and the modes 'always' and 'never' force it."""
+    from dmath.runtime.ledger import CAREFUL_FRACTION
+    assert CAREFUL_FRACTION == 0.5
+    ledger = Ledger(2)
+    assert ledger.careful == "auto" and ledger.over == 0        # no ceiling known: never careful
+    ledger.set_capacity([(8192, 10 ** 9), (16384, 10 ** 9)])    # marks at 4096 and 8192
+    one = Meta(dmath.RowBlock().resolved(2), (64, 16), "float32")     # 2048 per worker
+    rep = Meta(dmath.Replicated().resolved(2), (64, 16), "float32")   # 4096 per worker
+    ledger.add([1], ledger.admit("fill", None, [one]))
+    assert ledger.over == 0
+    ledger.add([2], ledger.admit("fill", None, [one]))          # 4096: at worker 0's mark, not past it
+    assert ledger.over == 0
+    ledger.add([3], ledger.admit("fill", None, [rep]))          # 8192 on both: past worker 0's mark only
+    assert ledger.over == 1
+    ledger.set_limit(12000)                                     # worker 1's mark drops to 6000
+    assert ledger.over == 2
+    ledger.release(3)
+    assert ledger.over == 0 and ledger.held == [4096, 4096]
+    ledger.set_careful("always")
+    assert ledger.over == 2
+    ledger.add([4], ledger.admit("fill", None, [rep]))
+    ledger.release(4)
+    assert ledger.over == 2
+    ledger.set_careful("never")
+    ledger.add([5], ledger.admit("fill", None, [rep]))
+    assert ledger.over == 0 and ledger.pressure is None
+    with pytest.raises(DMathError, match="dmath.memory.set_careful takes one of 'auto', 'always', 'never'"):
+        ledger.set_careful("sometimes")
+    # one worker alone has nobody to wait for: never careful
+    assert Ledger(1, "always").over == 0
+
+
+def test_set_careful_validates_before_anything():
+    for bad in ("Always", None, 1, True):
+        with pytest.raises(DMathError, match="set_careful takes one of"):
+            dmath.memory.set_careful(bad)
+
+
 def test_ledger_subset_layouts_count_only_their_workers():
     ledger = Ledger(3)
     m = Meta(dmath.RowBlock(group=[2]).resolved(3), (10, 10), "float64")
