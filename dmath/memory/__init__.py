@@ -178,8 +178,11 @@ def set_limit(nbytes):
     refused on the master with OutOfMemoryError before anything is sent, and
     the runtime stays usable. A worker's pool also enforces the limit on its
     temporaries, buffers and replica copies, releasing its cached blocks
-    first; a refusal there fails the command on that worker (WorkerError, the
-    job ends). The replica cache's budget becomes at most half the limit.
+    first; a refusal there is undone on every worker and raised as
+    OutOfMemoryError when every worker can be seen to be out of the command,
+    which careful commands ensure (see set_careful), else it breaks the
+    runtime (WorkerError, the job ends). The replica cache's budget becomes
+    at most half the limit.
     """
     if nbytes is not None:
         if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral) or nbytes <= 0:

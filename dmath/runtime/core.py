@@ -279,7 +279,7 @@ class Runtime:
         n_new = len(new_outs)
         if n_new:
             # past the memory limit this raises OutOfMemoryError here, before anything is sent
-            sizes = self.ledger.admit(op, sig_id, new_outs) if pooled else [(0,) * self.nworkers] * n_new
+            sizes = self.ledger.admit(op, sig_id, new_outs) if pooled else [self.ledger.nothing] * n_new
             first = self.next_handle
             self.next_handle = first + n_new
             out_handles_new = [first] if n_new == 1 else list(range(first, first + n_new))
@@ -294,27 +294,28 @@ class Runtime:
         else:
             out_handles = out_handles_new
         frees = self._take_frees() if self.pending_frees else ()
-        # careful under memory pressure (the ledger counts the workers past its mark, new matrices
+        # careful under memory pressure (ledger.pressed(): some worker past its mark, new matrices
         # included), except in place: a partly written operand cannot be undone anyway (oom.py)
-        careful = protocol.CAREFUL if self.ledger.over and not in_place else 0
+        careful = self.ledger.low < 0 and not in_place
         if entry is None:
             sig_id = len(self.signatures) + 1
             entry = self.entries[sig_id] = self.signatures[signature] = Entry(signature, self.nworkers, sig_id)
-            message, total = protocol.encode(protocol.REGISTER | careful, sig_id, in_handles + out_handles,
-                                             scalars, frees, signature)
+            message, total = protocol.encode(protocol.REGISTER | protocol.CAREFUL if careful else protocol.REGISTER,
+                                             sig_id, in_handles + out_handles, scalars, frees, signature)
         else:
-            message, total = protocol.encode_numbers(protocol.EXEC | careful, sig_id, in_handles + out_handles,
-                                                     scalars, frees)
+            message, total = protocol.encode_numbers(protocol.EXEC_CAREFUL if careful else protocol.EXEC, sig_id,
+                                                     in_handles + out_handles, scalars, frees)
         # _send and _own_share, written out: this runs once per operation
         self.last_command = None
         try:
             self.ctl.send(message, total)
         except BaseException as exc:  # noqa: B036 - said plainly, then raised again
             self._send_failed(exc, op)
-        self.last_command = oom.LastCommand(op, self.ctl.seq, out_handles_new, bool(in_place), bool(careful))
+        self.last_command = oom.LastCommand(op, self.ctl.seq, out_handles_new, bool(in_place))
         if frees:
             self._free(frees)
         if careful:
+            self.last_command.careful = True
             result = self._careful_share(entry, in_handles, out_handles, scalars, payload, op)
         else:
             try:

@@ -143,12 +143,13 @@ def release_frames(exc):
 
 class LastCommand:
     """Master: what undoing the last command needs: its operation, control message number, new
-    handles, whether it wrote an operand in place and whether it was careful."""
+    handles, whether it wrote an operand in place and whether it was careful (set by the caller
+    when it is: one argument less on every command)."""
     __slots__ = ("op", "seq", "new_handles", "in_place", "careful")
 
-    def __init__(self, op, seq, new_handles, in_place, careful=False):
+    def __init__(self, op, seq, new_handles, in_place):
         self.op, self.seq, self.new_handles, self.in_place = op, seq, new_handles, in_place
-        self.careful = careful
+        self.careful = False
 
 
 def noted(rt, rank, text):

@@ -27,6 +27,7 @@ from typing import NamedTuple
 EXEC, REGISTER, SHUTDOWN, FREE, REPLAY, DEFINE, OOM_CHECK = 1, 2, 3, 4, 5, 6, 7
 #: a flag on the kind of a command message (EXEC, REGISTER): run it as a careful command
 CAREFUL = 0x80
+EXEC_CAREFUL = EXEC | CAREFUL
 HEADER = struct.Struct("<BBBBII")   # kind, n_handles, n_scalars, n_frees, sig_id, total_len
 MAX_FREES = 255
 

@@ -245,7 +245,7 @@ def test_a_remap_refused_on_one_worker_only_is_undone_and_dmath_goes_on(limit):
     mode = dmath.memory.careful()
     dmath.memory.set_careful("auto")            # (whatever DMATH_CAREFUL says): the pressure decides
     # the last worker's live matrices are past half the limit: the next command is careful
-    assert dmath._runtime().ledger.over >= 1
+    assert dmath._runtime().ledger.pressed()
     try:
         with pytest.raises(dmath.OutOfMemoryError) as err:
             a.remap(dmath.ColBlock())
