@@ -221,7 +221,8 @@ def set_careful(mode):
     OutOfMemoryError with dmath still usable (dmath/runtime/oom.py).
     'auto' (the default, or DMATH_CAREFUL): when some worker's live matrices,
     with the command's new ones, pass half its memory capacity or limit;
-    'always'; 'never' (then such a refusal breaks the runtime: WorkerError).
+    'always'; 'never' (then a refusal while other workers wait for the
+    refused one in a collective breaks the runtime: WorkerError).
     In-place commands and plan replays are never careful. Acts on the master
     only: the choice travels with each command.
     """
