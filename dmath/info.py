@@ -24,6 +24,8 @@ ENVIRONMENT = {
                               "while called)"),
     "DMATH_SPIN_BYTES_PER_S": ("2e8", "a wait for b bytes polls without sleeping for SPIN_S + b / this"),
     "DMATH_REPLICA_CACHE_BYTES": ("4 GiB", "bytes of gathered replicas a worker keeps (the replica cache)"),
+    "DMATH_CAREFUL": ("auto", "careful commands (a refusal inside a collective is undone): 'auto' under memory "
+                              "pressure, 'always', 'never' (dmath.memory.set_careful)"),
     "DMATH_PROFILE": ("0", "1: time every kernel (dmath.stats()[r]['profile']); turns CUDA graphs off"),
     "DMATH_CPROFILE": ("", "a path prefix: every rank profiles its Python code and writes PREFIX.<rank>.prof at exit"),
     "DMATH_CUDA_GRAPHS": ("1", "0: replay recorded plans kernel by kernel, never as CUDA graphs"),

@@ -154,6 +154,26 @@ def values(shape, seed=0, lo=-1.0, hi=1.0):
     return np.random.default_rng(seed).uniform(lo, hi, size=shape)
 
 
+def uneven_remap(p):
+    """A RowBlock matrix whose last worker holds nearly every row, and a memory limit under which
+    remapping it to ColBlock is refused on that worker alone, inside the command: (numpy values,
+    Matrix, limit in bytes). Call with no other limit set.
+
+    The ledger admits the result (each worker's ColBlock piece fits), but the last worker's pack
+    buffer (its rows of every other worker's columns) takes it past the limit, while the others'
+    small buffers fit and they go on into the exchange with it; its live matrices are past half of
+    the limit, so the remap is careful (dmath.memory.set_careful('auto')).
+    """
+    from dmath.memory import block_bytes
+    rows, n = [8] * (p - 1) + [1200], 240
+    x = values((sum(rows), n), 97)
+    a = dmath.from_numpy(x, dmath.RowBlock(sizes=rows))
+    cols = n // p                                           # the last worker's ColBlock columns
+    out = block_bytes(sum(rows) * cols * 8)
+    pack = block_bytes(rows[-1] * (n - cols) * 8)
+    return x, a, dmath.memory.stats()[p - 1]["in_use"] + out + pack // 2
+
+
 def shuffled_digits():
     """The 5,000 real MNIST digits of dnn.data.load_mnist_5k in a fixed shuffled order (x, y); the
     calling test is skipped where the subset cannot be had."""

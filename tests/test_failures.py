@@ -201,21 +201,24 @@ def test_a_job_whose_step_captured_collectives_exits(tmp_path):
 
 REFUSALS = """
     import time
+    import numpy as np
     import dmath
     from dmath.runtime import kernel
     from dmath.ops.base import dispatch, new_meta
     from dmath.ops.creation import _fill
-    from dmath.comm.control import gather_objects
+    from dmath.comm import collectives
 
     @kernel("test_refuse")
     def _refuse(call):
         # static (who, then): `who` ("all" or a rank) is refused an allocation; the others go on,
-        # and with then == "gather" wait for every rank (as inside a collective)
+        # and with then == "collective" enter an all-reduce over every worker (so they wait there
+        # for the refused one), with then == "make" fill the new matrix
         who, then = call.entry.static
         if who == "all" or call.rank == who:
             raise dmath.OutOfMemoryError("injected refusal")
-        if then == "gather":
-            gather_objects(call.world, call.rank)
+        if then == "collective":
+            total = np.ones(4)
+            collectives.allreduce(call.world.group(tuple(range(call.world.size))), total)
         if then == "make":
             return _fill(call)
         return []
@@ -234,6 +237,15 @@ REFUSALS = """
             return
         print("NOT REFUSED", made, flush=True)
 
+    def alike():
+        # the master's ledger and every worker's pool agree after the undo: no matrix or buffer is left
+        stats = dmath.memory.stats()
+        return len({{d["matrices"] for d in stats}}) == 1 and len({{d["in_use"] for d in stats}}) == 1
+
+    {body}
+"""
+
+ONE_WORKER_AT_A_TIME = """
     refused("all")
     print("SUM", a.sum(), flush=True)
     refused(1, pause=0.5)               # found at the next command, before it is sent
@@ -250,12 +262,12 @@ REFUSALS = """
     except dmath.OutOfMemoryError as e:
         print("POISONED", str(e)[:60], flush=True)
     print("SUM", a.sum(), dmath.memory.stats()[2]["matrices"] == dmath.memory.stats()[1]["matrices"], flush=True)
-    {last}
+    print("END", flush=True)
 """
 
 
 def test_a_refused_allocation_is_undone_when_every_worker_is_out_of_the_command(tmp_path):
-    rc, out, err, _ = run_job(tmp_path, REFUSALS.format(last="print('END', flush=True)"))
+    rc, out, err, _ = run_job(tmp_path, REFUSALS.format(body=ONE_WORKER_AT_A_TIME.strip()))
     assert out.count("UNDONE test_refuse: worker") == 3, f"stdout:\n{out}\nstderr:\n{err}"
     assert "UNDONE test_refuse: worker 0, 1, 2 could not allocate" in out
     assert "UNDONE test_refuse: worker 1 could not allocate" in out
@@ -266,15 +278,85 @@ def test_a_refused_allocation_is_undone_when_every_worker_is_out_of_the_command(
     assert rc == 0, f"exit {rc}\nstdout:\n{out}\nstderr:\n{err}"
 
 
-def test_a_refusal_inside_a_collective_breaks_the_runtime(tmp_path):
-    # rank 1 is refused while the others wait for it in a gather: nothing can be undone
-    last = """
-    try:
-        dispatch("test_refuse", static=(1, "gather"))
-        print("NO ERROR", flush=True)
-    except dmath.WorkerError as e:
-        print("BROKEN", e.rank, flush=True)
-    """
-    rc, out, err, seconds = run_job(tmp_path, REFUSALS.format(last=textwrap.indent(textwrap.dedent(last), "    ").strip()))
+INSIDE_A_COLLECTIVE = """
+    dmath.memory.set_careful({mode!r})
+    for who in {whos}:
+        # `who` is refused while every other rank, the master included, is inside the all-reduce
+        t0 = time.monotonic()
+        try:
+            dispatch("test_refuse", static=(who, "collective"))
+            print("NO ERROR", flush=True)
+        except dmath.OutOfMemoryError as e:
+            print("UNDONE", str(e).splitlines()[0][:60], f"{{time.monotonic() - t0:.1f}}s", flush=True)
+        except dmath.WorkerError as e:
+            print("BROKEN", e.rank, flush=True)
+            break
+        print("SUM", a.sum(), alike(), flush=True)
+    print("END", dmath.stats()[1]["careful_commands"] > 0, flush=True)
+"""
+
+
+def test_a_refusal_inside_a_collective_is_undone_in_a_careful_command(tmp_path):
+    # the others wait in the all-reduce's agreement, see that the refused rank left, leave too and
+    # answer the master's check: undone, every time, and the job ends normally
+    rc, out, err, seconds = run_job(tmp_path, REFUSALS.format(
+        body=INSIDE_A_COLLECTIVE.format(mode="always", whos=[1, 2, 0, 1]).strip()))
+    assert out.count("UNDONE test_refuse: worker 1 could not allocate") == 2, f"stdout:\n{out}\nstderr:\n{err}"
+    assert "UNDONE test_refuse: worker 2 could not allocate" in out
+    assert "UNDONE test_refuse: worker 0 could not allocate" in out
+    assert out.count("SUM 24.0 True") == 4 and "END True" in out
+    assert "NO ERROR" not in out and "BROKEN" not in out
+    undo_s = [float(w[:-1]) for line in out.splitlines() if line.startswith("UNDONE") for w in line.split()[-1:]]
+    assert max(undo_s) < 5, undo_s          # left at the agreement, not found by a timeout
+    assert rc == 0, f"exit {rc}\nstdout:\n{out}\nstderr:\n{err}"
+    assert seconds < PROMPT_S
+
+
+def test_a_refusal_inside_a_collective_breaks_the_runtime_outside_careful_commands(tmp_path):
+    # careful commands turned off: rank 1 is refused while the others wait for it in the all-reduce's
+    # exchange, which nothing can bring them out of; the runtime is broken and the job ends non-zero
+    rc, out, err, seconds = run_job(tmp_path, REFUSALS.format(
+        body=INSIDE_A_COLLECTIVE.format(mode="never", whos=[1]).strip()))
     assert "BROKEN 1" in out, f"stdout:\n{out}\nstderr:\n{err}"
+    assert "UNDONE" not in out and "NO ERROR" not in out
     assert rc != 0 and seconds < PROMPT_S
+
+
+UNEVEN_REMAP = """
+    import sys
+    import numpy as np
+    import dmath
+    sys.path.insert(0, {tests!r})
+    from _cases import uneven_remap
+
+    dmath.init(device="cpu")
+    dmath.memory.set_careful({mode!r})
+    x, a, cap = uneven_remap(dmath.num_workers())
+    dmath.memory.set_limit(cap)
+    try:
+        a.remap(dmath.ColBlock())
+        print("NO ERROR", flush=True)
+    except dmath.OutOfMemoryError as e:
+        print("UNDONE", str(e).splitlines()[0][:40], flush=True)
+    except dmath.WorkerError as e:
+        print("BROKEN", e.rank, "OutOfMemoryError" in e.traceback, flush=True)
+        raise SystemExit(1)
+    dmath.memory.set_limit(None)
+    print("VALUES", np.array_equal(a.remap(dmath.ColBlock()).to_numpy(), x), flush=True)
+"""
+
+
+@pytest.mark.parametrize("mode", ["auto", "never"])
+def test_a_remap_whose_pack_buffer_one_worker_cannot_hold(tmp_path, mode):
+    # a real operation: the last worker's pool refuses its pack buffer while the others are already
+    # at the exchange with it. The memory pressure makes the remap careful ('auto'): undone, and the
+    # job goes on. Without careful commands the others wait in the exchange: the runtime is broken
+    tests = os.path.dirname(os.path.abspath(__file__))
+    rc, out, err, seconds = run_job(tmp_path, UNEVEN_REMAP.format(tests=tests, mode=mode))
+    if mode == "auto":
+        assert "UNDONE remap: worker 2 could not allocate" in out, f"stdout:\n{out}\nstderr:\n{err}"
+        assert "VALUES True" in out and rc == 0, f"exit {rc}\nstdout:\n{out}\nstderr:\n{err}"
+    else:
+        assert "BROKEN 2 True" in out, f"stdout:\n{out}\nstderr:\n{err}"
+        assert rc != 0
+    assert seconds < PROMPT_S

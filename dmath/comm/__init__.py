@@ -1,6 +1,6 @@
 """Communication: the world and its communicators, data collectives, traffic counters."""
-from . import collectives, counters
+from . import agreement, collectives, counters
 from .world import World, Group, poll, wait, waitall, set_progress_hook, launched_by_mpi
 
 __all__ = ["World", "Group", "poll", "wait", "waitall", "set_progress_hook", "launched_by_mpi",
-           "collectives", "counters"]
+           "agreement", "collectives", "counters"]

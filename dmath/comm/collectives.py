@@ -5,11 +5,18 @@ backend, and counts the payload it moves in `counters`. Counts are in
 elements of the array's dtype. Host arrays travel as bytes, so float16 needs
 no MPI datatype; reductions of host arrays are done locally in the array's
 own dtype after a byte exchange, so that MPI never has to add half floats.
+
+In a careful command (`agreement.state` set, see agreement.py and
+runtime/oom.py) every entry point first allocates all the buffers it needs,
+then agrees with the members of its group, then communicates: a member whose
+allocation is refused leaves before any of its peers is committed to a
+transfer with it. Outside careful commands that is one test of a module
+attribute per call.
 """
 import numpy as np
 
 from .. import backend
-from . import counters
+from . import agreement, counters
 from .world import poll, wait, waitall
 
 _OPS = {"sum": "add", "max": "maximum", "min": "minimum"}
@@ -71,6 +78,13 @@ def exchange(group, sendbuf, send_counts, recvbuf, recv_counts, send_displs=None
     """
     if group.size == 1:
         return
+    if agreement.state is not None:
+        agreement.agree(group.ranks)
+    _exchange(group, sendbuf, send_counts, recvbuf, recv_counts, send_displs, recv_displs)
+
+
+def _exchange(group, sendbuf, send_counts, recvbuf, recv_counts, send_displs=None, recv_displs=None):
+    """`exchange` once agreed (a group of two or more)."""
     isz = sendbuf.dtype.itemsize
     _count_exchange(group, send_counts, recv_counts, isz)
     sd = _displs(send_counts) if send_displs is None else np.asarray(send_displs, dtype=np.int64)
@@ -100,6 +114,13 @@ def allgatherv(group, sendbuf, recvbuf, counts):
     if group.size == 1:
         recvbuf[:counts[0]] = sendbuf[:counts[0]]
         return
+    if agreement.state is not None:
+        agreement.agree(group.ranks)
+    _allgatherv(group, sendbuf, recvbuf, counts)
+
+
+def _allgatherv(group, sendbuf, recvbuf, counts):
+    """`allgatherv` once agreed (a group of two or more)."""
     isz = recvbuf.dtype.itemsize
     mine = counts[group.rank]
     counters.count_send(isz * mine * (group.size - 1), group.size - 1 if mine else 0)
@@ -131,31 +152,45 @@ def allgatherv(group, sendbuf, recvbuf, counts):
 
 def reduce_scatter(group, sendbuf, recvbuf, counts, op="sum"):
     """Reduce `sendbuf` (sum(counts) elements) over the group; member k keeps part k (counts[k])."""
-    xp = backend.current().xp
     mine = counts[group.rank]
     if group.size == 1:
         recvbuf[:mine] = sendbuf[:mine]
         return
-    isz = sendbuf.dtype.itemsize
     if backend.current().is_gpu and len(set(counts)) == 1:
+        if agreement.state is not None:
+            agreement.agree(group.ranks)
+        isz = sendbuf.dtype.itemsize
         counters.count_send(isz * (sum(counts) - mine), group.size - 1)
         counters.count_recv(isz * mine * (group.size - 1), group.size - 1)
         group.nccl.reduceScatter(sendbuf.data.ptr, recvbuf.data.ptr, int(mine),
                                  _nccl_dtype(sendbuf.dtype), _nccl_op(op), _stream_ptr())
         return
-    # direct reduce-scatter: an exchange of the parts, then a local reduction
+    bufs = _scatter_buffers(group, counts, sendbuf.dtype)     # before the agreement: see the module's doc
+    if agreement.state is not None:
+        agreement.agree(group.ranks)
+    _reduce_scatter(group, sendbuf, recvbuf, counts, op, bufs)
+
+
+def _scatter_buffers(group, counts, dtype):
+    """The buffers of `_reduce_scatter` on this member: (packed sends, received parts, accumulator)."""
+    mine = counts[group.rank]
+    return (_empty(sum(counts) - mine, dtype), _empty(mine * (group.size - 1), dtype), _empty(mine, dtype))
+
+
+def _reduce_scatter(group, sendbuf, recvbuf, counts, op, bufs):
+    """Direct reduce-scatter, once agreed: an exchange of the parts, then a local reduction."""
+    xp = backend.current().xp
+    mine = counts[group.rank]
+    packed, incoming, acc = bufs
     d = _displs(counts)
     send_counts = [0 if k == group.rank else counts[k] for k in range(group.size)]
-    packed = _empty(sum(counts) - mine, sendbuf.dtype)
     o = 0
     for k in range(group.size):
         if k != group.rank:
             packed[o:o + counts[k]] = sendbuf[d[k]:d[k] + counts[k]]
             o += counts[k]
-    incoming = _empty(mine * (group.size - 1), sendbuf.dtype)
     recv_counts = [0 if k == group.rank else mine for k in range(group.size)]
-    exchange(group, packed, send_counts, incoming, recv_counts)
-    acc = _empty(mine, sendbuf.dtype)
+    _exchange(group, packed, send_counts, incoming, recv_counts)
     acc[...] = sendbuf[d[group.rank]:d[group.rank] + mine]
     combine = getattr(xp, _OPS[op])
     for k in range(group.size - 1):
@@ -187,15 +222,21 @@ def allreduce(group, buf, op="sum", src=None):
     if group.size == 1:
         return
     n, p = buf.size, group.size
-    counts = [n // p + (1 if k < n % p else 0) for k in range(p)]
     if backend.current().is_gpu:
+        if agreement.state is not None:
+            agreement.agree(group.ranks)
         _count_allreduce(group, buf)
         send = buf if src is None else src
         group.nccl.allReduce(send.data.ptr, buf.data.ptr, n, _nccl_dtype(buf.dtype), _nccl_op(op), _stream_ptr())
         return
+    counts = [n // p + (1 if k < n % p else 0) for k in range(p)]
+    # every buffer first, then one agreement for the reduce-scatter and the all-gather together
     part = _empty(counts[group.rank], buf.dtype)
-    reduce_scatter(group, buf, part, counts, op)
-    allgatherv(group, part, buf, counts)
+    bufs = _scatter_buffers(group, counts, buf.dtype)
+    if agreement.state is not None:
+        agreement.agree(group.ranks)
+    _reduce_scatter(group, buf, part, counts, op, bufs)
+    _allgatherv(group, part, buf, counts)
 
 
 def allreduce_start(group, buf, op="sum", src=None):
@@ -212,6 +253,8 @@ def allreduce_start(group, buf, op="sum", src=None):
     if group.size == 1 or not be.is_gpu:
         allreduce(group, buf, op, src)
         return Pending()
+    if agreement.state is not None:
+        agreement.agree(group.ranks)
     side_begin()
     side = be.side_stream()
     _count_allreduce(group, buf)
@@ -224,6 +267,8 @@ def bcast(group, buf, root=0):
     """Broadcast `buf` from group member `root` (group index) to the others, in place."""
     if group.size == 1:
         return
+    if agreement.state is not None:
+        agreement.agree(group.ranks)
     isz = buf.dtype.itemsize
     if group.rank == root:
         counters.count_send(isz * buf.size * (group.size - 1), group.size - 1)
@@ -253,16 +298,32 @@ def send_host_start(world, array, dest, tag=7):
     The array must stay alive and unchanged until `wait_host` completes them.
     Parts between one pair of ranks arrive in order (MPI's non-overtaking rule).
     """
+    if agreement.state is not None:
+        agreement.agree(_pair(world.rank, dest))
     counters.count_send(array.nbytes, 1)
     BYTE = world.mpi_module.BYTE
-    return [world.data.Isend([part, BYTE], dest, tag) for part in _parts(array)]
+    return _started([world.data.Isend([part, BYTE], dest, tag) for part in _parts(array)])
 
 
 def recv_host_start(world, array, source, tag=7):
     """Start receiving into the C-contiguous host array `array` from world rank `source`."""
+    if agreement.state is not None:
+        agreement.agree(_pair(world.rank, source))
     counters.count_recv(array.nbytes, 1)
     BYTE = world.mpi_module.BYTE
-    return [world.data.Irecv([part, BYTE], source, tag) for part in _parts(array)]
+    return _started([world.data.Irecv([part, BYTE], source, tag) for part in _parts(array)])
+
+
+def _pair(a, b):
+    """The agreement group of a transfer between world ranks a and b (sorted)."""
+    return (a, b) if a < b else (b, a)
+
+
+def _started(requests):
+    """`requests` of a transfer just started (kept for agreement.leave in a careful command)."""
+    if agreement.state is not None:
+        agreement.track(requests)
+    return requests
 
 
 def wait_host(requests, nbytes):
@@ -290,12 +351,14 @@ def bcast_host_start(group, array, root=0):
     """
     if group.size == 1:
         return []
+    if agreement.state is not None:
+        agreement.agree(group.ranks)
     if group.rank == root:
         counters.count_send(array.nbytes * (group.size - 1), group.size - 1)
     else:
         counters.count_recv(array.nbytes, 1)
     BYTE = group.world.mpi_module.BYTE
-    return [group.mpi.Ibcast([part, BYTE], root=root) for part in _parts(array)]
+    return _started([group.mpi.Ibcast([part, BYTE], root=root) for part in _parts(array)])
 
 
 def device_done():
@@ -342,6 +405,8 @@ def bcast_start(group, buf, root=0):
     """
     if group.size == 1:
         return Pending()
+    if agreement.state is not None:
+        agreement.agree(group.ranks)
     isz = buf.dtype.itemsize
     if group.rank == root:
         counters.count_send(isz * buf.size * (group.size - 1), group.size - 1)
@@ -353,4 +418,4 @@ def bcast_start(group, buf, root=0):
         group.nccl_side.bcast(buf.data.ptr, buf.size, _nccl_dtype(buf.dtype), root, side.ptr)
         return Pending(event=side.record())
     MPI = group.world.mpi_module
-    return Pending(req=group.mpi.Ibcast([_bytes(buf), MPI.BYTE], root=root))
+    return Pending(req=_started([group.mpi.Ibcast([_bytes(buf), MPI.BYTE], root=root)])[0])

@@ -9,7 +9,7 @@ import time
 
 import numpy as np
 
-from . import counters
+from . import agreement, counters
 from .world import poll, wait
 
 FRAME = 64
@@ -89,9 +89,12 @@ def gather_objects(world, obj, ranks=None):
         ranks = range(world.size)
     if not world.is_mpi:
         return [obj]
+    if world.rank != 0 and world.rank not in ranks:
+        return None
+    if agreement.state is not None:
+        # in a careful command, as before a collective: nobody sends until every one can
+        agreement.agree(tuple(sorted(set(ranks) | {0})))
     if world.rank != 0:
-        if world.rank not in ranks:
-            return None
         req = world.err.isend(obj, dest=0, tag=OBJECT_TAG)
         poll(lambda: req.test()[0])
         return None

@@ -1,7 +1,9 @@
 """Per-process traffic counters, reported by dmath.stats()."""
 
 KEYS = ("data_bytes_sent", "data_bytes_recv", "data_msgs_sent", "data_msgs_recv",
-        "control_msgs", "control_bytes")
+        "control_msgs", "control_bytes",
+        # careful commands this rank ran, and the agreements it joined in them (agreement.py)
+        "careful_commands", "agreements")
 
 counters = dict.fromkeys(KEYS, 0)
 

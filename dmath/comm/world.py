@@ -141,6 +141,7 @@ class World:
             self.err = world.Dup()
             self.data = world.Dup()
             self.hb = world.Dup()      # the heartbeat's pings and answers (heartbeat.py)
+            self.agree = world.Dup()   # the agreements of careful commands (agreement.py)
             node = world.Split_type(MPI.COMM_TYPE_SHARED)
             self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
             node.Free()
@@ -157,6 +158,11 @@ class World:
             if ranks == tuple(range(self.size)) or not self.is_mpi:
                 comm = self.data if self.is_mpi else None
             else:
+                from . import agreement     # (here: it imports this module; a new group is rare)
+                if agreement.state is not None:
+                    # making the communicator is collective over `ranks` and cannot be left half way:
+                    # in a careful command every member first agrees to it
+                    agreement.agree(ranks)
                 mgroup = self.data.Get_group().Incl(list(ranks))
                 comm = self.data.Create_group(mgroup)
                 mgroup.Free()

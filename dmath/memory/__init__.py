@@ -20,7 +20,8 @@ from . import kinds, pool, replicas
 from .kinds import KINDS
 from .pool import size_class
 
-__all__ = ["stats", "set_limit", "limit", "clear", "available", "KINDS", "install", "empty", "zeros", "host_empty",
+__all__ = ["stats", "set_limit", "limit", "set_careful", "careful", "check_careful", "CAREFUL_MODES",
+           "clear", "available", "KINDS", "install", "empty", "zeros", "host_empty",
            "keep_for_capture", "local_stats", "reset_local_stats", "set_local_limit", "release_cached",
            "block_bytes", "size_class", "kinds", "replicas", "free_bytes", "capacity", "host_available"]
 
@@ -177,8 +178,11 @@ def set_limit(nbytes):
     refused on the master with OutOfMemoryError before anything is sent, and
     the runtime stays usable. A worker's pool also enforces the limit on its
     temporaries, buffers and replica copies, releasing its cached blocks
-    first; a refusal there fails the command on that worker (WorkerError, the
-    job ends). The replica cache's budget becomes at most half the limit.
+    first; a refusal there is undone on every worker and raised as
+    OutOfMemoryError when every worker can be seen to be out of the command,
+    which careful commands ensure (see set_careful), else it breaks the
+    runtime (WorkerError, the job ends). The replica cache's budget becomes
+    at most half the limit.
     """
     if nbytes is not None:
         if isinstance(nbytes, bool) or not isinstance(nbytes, numbers.Integral) or nbytes <= 0:
@@ -193,6 +197,46 @@ def set_limit(nbytes):
 def limit():
     """The memory limit in bytes per worker (None: none)."""
     return local_limit()
+
+
+#: when commands are careful (see set_careful)
+CAREFUL_MODES = ("auto", "always", "never")
+
+
+def check_careful(mode, where):
+    """`mode` if it is one of CAREFUL_MODES, else DMathError naming `where` (the function or setting)."""
+    if not isinstance(mode, str) or mode not in CAREFUL_MODES:
+        raise DMathError(f"{where} takes one of {', '.join(map(repr, CAREFUL_MODES))}, got {mode!r}")
+    return mode
+
+
+def set_careful(mode):
+    """When a command runs careful, so that a worker refused an allocation inside it cannot break dmath.
+
+    A worker's pool may refuse a kernel's temporaries while other workers are
+    inside a collective of the same command, waiting for it. In a careful
+    command every collective is agreed on first (a few host messages per
+    collective, no device synchronisation), and the master waits for every
+    worker at its end, so such a refusal is undone everywhere and raised as
+    OutOfMemoryError with dmath still usable (dmath/runtime/oom.py).
+    'auto' (the default, or DMATH_CAREFUL): when some worker's live matrices,
+    with the command's new ones, pass half its memory capacity or limit;
+    'always'; 'never' (then a refusal while other workers wait for the
+    refused one in a collective breaks the runtime: WorkerError).
+    In-place commands and plan replays are never careful. Acts on the master
+    only: the choice travels with each command.
+    """
+    check_careful(mode, "dmath.memory.set_careful")
+    if not _everywhere():
+        raise RuntimeStateError("dmath.memory.set_careful applies to the running job: call dmath.init() first")
+    _commands.set_careful(mode)
+
+
+def careful():
+    """The careful mode in force: 'auto', 'always' or 'never' (see set_careful)."""
+    if not _everywhere():
+        raise RuntimeStateError("dmath.memory.careful describes the running job: call dmath.init() first")
+    return _commands.careful()
 
 
 def available():

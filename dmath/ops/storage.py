@@ -109,6 +109,14 @@ class _Commands:
         runtime().ledger.set_limit(nbytes)
 
     @staticmethod
+    def set_careful(mode):
+        runtime().ledger.set_careful(mode)      # the master decides per command; nothing to send
+
+    @staticmethod
+    def careful():
+        return runtime().ledger.careful
+
+    @staticmethod
     def stats():
         per_worker = dispatch("memory_stats")[1]
         for d, held in zip(per_worker, runtime().ledger.per_worker()):

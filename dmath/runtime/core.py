@@ -26,7 +26,7 @@ import weakref
 from threading import get_ident as _get_ident
 
 from .. import backend, memory
-from ..comm import World, counters, set_progress_hook
+from ..comm import World, agreement, counters, set_progress_hook
 from ..comm.heartbeat import Hang, Pinger, Responder
 from ..comm.control import ControlChannel, gather_objects, pending_failure, report_failure
 from ..errors import OutOfMemoryError, PlanError, RuntimeStateError, WorkerError
@@ -34,7 +34,7 @@ from ..layout import distribution
 from ..memory import replicas
 from . import oom, protocol
 from .graphs import Replayer
-from .ledger import Ledger
+from .ledger import Ledger, careful_mode_from_env
 from .replica_ledger import ReplicaLedger, budget as replica_budget
 from .registry import lookup
 from .shard import Meta
@@ -110,7 +110,7 @@ class Call:
 class Runtime:
     """One per process; `runtime()` returns it after `init`."""
 
-    def __init__(self, world, be):
+    def __init__(self, world, be, careful="auto"):
         self.world = world
         self.nworkers = world.size   # P (an attribute: read on every operation)
         self.is_mpi = world.is_mpi
@@ -125,7 +125,7 @@ class Runtime:
         self.next_version = 1      # shard versions, unique in this process (see _execute)
         self.broken = None         # set to the WorkerError that broke the runtime
         self.closed = False
-        self.ledger = Ledger(world.size)   # master: bytes of live matrices per worker, vs the limit
+        self.ledger = Ledger(world.size, careful)   # master: bytes of live matrices per worker, vs the limit
         self.replicas = ReplicaLedger(lambda: replica_budget(self.ledger.limit))   # master: cached copies
         self.programs = {}         # plan id -> graphs.Replayer of its protocol.Program (every rank)
         self.next_plan = 1
@@ -138,6 +138,8 @@ class Runtime:
         self.last_command = None   # master: oom.LastCommand of the last message sent, if a command
         self.poisoned = set()      # master: handles of matrices whose command was undone (oom.py)
         self.deciding = False      # master: inside oom.verdict, whose waits must not raise failures
+        self.refusals = {}         # master: rank -> traceback of refusals in the careful command running
+        self.refusal_deadline = None   # master: when the careful command must be left by all (oom.noted)
 
     # ---- master side -------------------------------------------------------
     def check_usable(self):
@@ -168,10 +170,18 @@ class Runtime:
         if report is not None:
             rank, text, seq = report
             last = self.last_command
-            if between and seq is not None and last is not None and seq == last.seq:
-                oom.verdict(self, rank, text, reported={rank})      # raises
+            if seq is not None and last is not None and seq == last.seq:
+                if between:
+                    oom.verdict(self, {rank: text})      # raises
+                if last.careful:
+                    # the careful command's agreements bring every rank out of it; the master's
+                    # share learns of it there, and only a slow exit breaks the runtime (oom.overdue)
+                    oom.noted(self, rank, text)
+                    return
             self.broken = WorkerError(rank, text)
             raise self.broken
+        if self.refusal_deadline is not None:
+            oom.overdue(self)
         if self.pinger is not None:
             try:
                 self.pinger.tick()
@@ -269,7 +279,7 @@ class Runtime:
         n_new = len(new_outs)
         if n_new:
             # past the memory limit this raises OutOfMemoryError here, before anything is sent
-            sizes = self.ledger.admit(op, sig_id, new_outs) if pooled else [(0,) * self.nworkers] * n_new
+            sizes = self.ledger.admit(op, sig_id, new_outs) if pooled else [self.ledger.nothing] * n_new
             first = self.next_handle
             self.next_handle = first + n_new
             out_handles_new = [first] if n_new == 1 else list(range(first, first + n_new))
@@ -284,14 +294,17 @@ class Runtime:
         else:
             out_handles = out_handles_new
         frees = self._take_frees() if self.pending_frees else ()
+        # careful under memory pressure (ledger.pressed(): some worker past its mark, new matrices
+        # included), except in place: a partly written operand cannot be undone anyway (oom.py)
+        careful = self.ledger.low < 0 and not in_place
         if entry is None:
             sig_id = len(self.signatures) + 1
             entry = self.entries[sig_id] = self.signatures[signature] = Entry(signature, self.nworkers, sig_id)
-            message, total = protocol.encode(protocol.REGISTER, sig_id, in_handles + out_handles, scalars,
-                                             frees, signature)
+            message, total = protocol.encode(protocol.REGISTER | protocol.CAREFUL if careful else protocol.REGISTER,
+                                             sig_id, in_handles + out_handles, scalars, frees, signature)
         else:
-            message, total = protocol.encode_numbers(protocol.EXEC, sig_id, in_handles + out_handles, scalars,
-                                                     frees)
+            message, total = protocol.encode_numbers(protocol.EXEC_CAREFUL if careful else protocol.EXEC, sig_id,
+                                                     in_handles + out_handles, scalars, frees)
         # _send and _own_share, written out: this runs once per operation
         self.last_command = None
         try:
@@ -301,14 +314,30 @@ class Runtime:
         self.last_command = oom.LastCommand(op, self.ctl.seq, out_handles_new, bool(in_place))
         if frees:
             self._free(frees)
-        try:
-            result = self._execute(entry, in_handles, out_handles, scalars, payload)
-        except BaseException as exc:  # noqa: B036 - see _share_failed
-            self._share_failed(exc, op)
+        if careful:
+            self.last_command.careful = True
+            result = self._careful_share(entry, in_handles, out_handles, scalars, payload, op)
+        else:
+            try:
+                result = self._execute(entry, in_handles, out_handles, scalars, payload)
+            except BaseException as exc:  # noqa: B036 - see _share_failed
+                self._share_failed(exc, op)
         if recorder is not None:
             recorder.command(sig_id, tuple(zip(in_handles, in_metas)), out_handles, out_handles_new, scalars,
                              frees, result is not None)
         return out_handles, result
+
+    def _careful_share(self, entry, in_handles, out_handles, scalars, payload, op):
+        """The master's share of a careful command: its kernel, then every worker's word that it is out."""
+        agreement.begin(self.world, self.ctl.seq)
+        try:
+            result = self._execute(entry, in_handles, out_handles, scalars, payload)
+            agreement.finish()      # raises PeerRefused when a worker left the command
+        except BaseException as exc:  # noqa: B036 - see _share_failed
+            self._share_failed(exc, op)
+        finally:
+            agreement.end()
+        return result
 
     def _send(self, message, total, what):
         self.last_command = None
@@ -336,8 +365,16 @@ class Runtime:
         if isinstance(exc, WorkerError):
             raise exc
         if isinstance(exc, OutOfMemoryError) and self.last_command is not None:
-            # refused an allocation in a command (not a replay): undone if every worker is out of it
-            oom.verdict(self, 0, traceback.format_exc(), reported=set())     # raises
+            # refused an allocation in a command (not a replay), or, in a careful command, left it
+            # because a worker was refused: undone if every worker is out of it
+            refused = {} if isinstance(exc, agreement.PeerRefused) else {0: traceback.format_exc()}
+            if self.last_command.careful:
+                for rank, text in refused.items():
+                    oom.noted(self, rank, text)      # the deadline for every worker to leave starts
+                agreement.leave()       # the workers waiting for the master leave; all are out after it
+            # the OutOfMemoryError raised next keeps this one as its context: not its kernel's arrays
+            oom.release_frames(exc)
+            oom.verdict(self, refused)     # raises
         if isinstance(exc, Exception):
             # the master's own share failed: the other workers may be inside a
             # collective waiting for it, so the runtime cannot go on
@@ -486,6 +523,9 @@ class Runtime:
                 self.activity = ("idle, waiting for the next command", time.monotonic())
                 message = self.ctl.recv(protocol.total_length)
                 kind, sig_id, handles, scalars, frees, extra = protocol.decode(message)
+                careful = kind & protocol.CAREFUL
+                if careful:
+                    kind ^= careful
                 self._free(frees)
                 if kind == protocol.SHUTDOWN:
                     break
@@ -495,7 +535,13 @@ class Runtime:
                     entry = self.entries[sig_id]
                     self.activity = (entry.doing, time.monotonic())
                     n_in = len(entry.inputs)
-                    self._execute(entry, handles[:n_in], handles[n_in:], scalars)
+                    if careful:
+                        agreement.begin(self.world, self.ctl.seq)
+                        self._execute(entry, handles[:n_in], handles[n_in:], scalars)
+                        agreement.finish()      # the master hears that this worker is out of it
+                        agreement.end()
+                    else:
+                        self._execute(entry, handles[:n_in], handles[n_in:], scalars)
                 elif kind == protocol.DEFINE:
                     self._define(sig_id, extra)
                 elif kind == protocol.REPLAY:
@@ -503,13 +549,13 @@ class Runtime:
                     self.programs[sig_id].replay()
                 elif kind == protocol.OOM_CHECK:
                     oom.worker_check(self)
-            except OutOfMemoryError:
+            except OutOfMemoryError as exc:
                 # a refused allocation in a command (not in a replay) may be undone: the master decides
                 text = traceback.format_exc()
                 try:
                     if kind not in (protocol.EXEC, protocol.REGISTER):
                         raise
-                    oom.worker_refused(self, text)
+                    oom.worker_refused(self, text, exc)
                 except BaseException:  # noqa: B036 - in a replay, or the master went on: no way back
                     self._fail(traceback.format_exc())
             except BaseException:  # noqa: B036 - any failure must reach the master
@@ -644,6 +690,7 @@ def init(device=None):
             raise RuntimeStateError("dmath was finalized in this process and cannot start again")
         return _runtime
     timeout = _timeout_s()       # checked on every rank before any of them starts serving
+    careful = careful_mode_from_env()
     world = World()
     watchdog = float(os.environ.get("DMATH_WATCHDOG_S", "0"))
     if watchdog > 0:
@@ -652,7 +699,7 @@ def init(device=None):
         faulthandler.dump_traceback_later(watchdog, repeat=True)
     be = backend.select(device, world.local_rank)
     memory.install()       # the pool (on a GPU: CuPy's allocators) serves every allocation from here on
-    rt = _runtime = Runtime(world, be)
+    rt = _runtime = Runtime(world, be, careful)
     _start_profile()
     # every worker's memory, so that the master refuses what cannot fit before sending it
     capacities = gather_objects(world, memory.capacity(world.local_size))

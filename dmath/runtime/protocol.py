@@ -13,6 +13,11 @@ entry -k among the frees drops plan k.
 
 OOM_CHECK (the header alone) asks every worker whether it is out of the last
 command after a refused allocation (oom.py).
+
+CAREFUL, or-ed into the kind byte of an EXEC or REGISTER message, makes the
+command careful (its collectives agree first: comm/agreement.py, oom.py).
+A flag in a byte that is sent anyway: the frame, its size and the cached
+command's single struct pack stay what they are.
 """
 import functools
 import pickle
@@ -20,6 +25,9 @@ import struct
 from typing import NamedTuple
 
 EXEC, REGISTER, SHUTDOWN, FREE, REPLAY, DEFINE, OOM_CHECK = 1, 2, 3, 4, 5, 6, 7
+#: a flag on the kind of a command message (EXEC, REGISTER): run it as a careful command
+CAREFUL = 0x80
+EXEC_CAREFUL = EXEC | CAREFUL
 HEADER = struct.Struct("<BBBBII")   # kind, n_handles, n_scalars, n_frees, sig_id, total_len
 MAX_FREES = 255
 
@@ -110,13 +118,13 @@ def total_length(frame):
 
 def decode(message):
     """(kind, sig_id, handles, scalars, frees, extra): extra is the signature of a REGISTER,
-    the Program of a DEFINE, else None."""
+    the Program of a DEFINE, else None. `kind` keeps the CAREFUL flag of a careful command."""
     kind, nh, ns, nf, sig_id, total = HEADER.unpack_from(message)
     numbers = _numbers(nh, ns, nf)
     values = numbers.unpack_from(message, HEADER.size)
     handles, scalars, frees = list(values[:nh]), list(values[nh:nh + ns]), list(values[nh + ns:])
     o = HEADER.size + numbers.size
-    if kind == REGISTER:
+    if kind & ~CAREFUL == REGISTER:
         # the signature comes from our own master over MPI, never from a file
         return kind, sig_id, handles, scalars, frees, pickle.loads(message[o:total])
     if kind == DEFINE:

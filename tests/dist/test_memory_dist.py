@@ -10,7 +10,7 @@ import pytest
 import dmath
 from dmath.memory import KINDS
 
-from _cases import case_names, layout, values
+from _cases import case_names, layout, uneven_remap, values
 
 P = dmath.num_workers()
 NAMES = case_names(P)
@@ -235,6 +235,30 @@ def test_replica_budget_follows_the_limit(limit):
     assert replicas.cache.budget == min(before, cap // 2)
     dmath.memory.set_limit(None)
     assert replicas.cache.budget == before
+
+
+@pytest.mark.skipif(P == 1, reason="one worker: nobody waits for another")
+def test_a_remap_refused_on_one_worker_only_is_undone_and_dmath_goes_on(limit):
+    x, a, cap = uneven_remap(P)
+    before = dmath.memory.stats()
+    dmath.memory.set_limit(cap)
+    mode = dmath.memory.careful()
+    dmath.memory.set_careful("auto")            # (whatever DMATH_CAREFUL says): the pressure decides
+    # the last worker's live matrices are past half the limit: the next command is careful
+    assert dmath._runtime().ledger.pressed()
+    try:
+        with pytest.raises(dmath.OutOfMemoryError) as err:
+            a.remap(dmath.ColBlock())
+    finally:
+        dmath.memory.set_careful(mode)
+    # the last worker alone (its pool's refusal); careful, the others left the exchange's agreement
+    # instead of waiting in the exchange for it (which would have broken the runtime: test_failures.py)
+    assert re.match(rf"remap: worker {P - 1} could not allocate .* exceed its memory limit", str(err.value)), err.value
+    # usable, nothing left behind: every pool holds what it held before, the values are intact
+    np.testing.assert_allclose(a.sum(), x.sum(), rtol=1e-12)
+    assert [d["in_use"] for d in dmath.memory.stats()] == [d["in_use"] for d in before]
+    dmath.memory.set_limit(None)
+    np.testing.assert_array_equal(a.remap(dmath.ColBlock()).to_numpy(), x)
 
 
 # ---- zero new allocations after a warm-up -------------------------------------------------------

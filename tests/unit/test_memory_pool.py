@@ -162,6 +162,55 @@ def test_ledger_refuses_past_the_limit_and_counts_releases():
     assert ledger.admit("fill", None, [row]) == ((2048, 2048),)        # 2048 + 2048 fits in 4096
 
 
+def test_ledger_says_when_commands_are_careful():
+    """A command is careful once some worker's live matrices pass half its ceiling ('auto'); the
+    pressure follows matrices as they come and go, and the modes 'always' and 'never' force it."""
+    from dmath.runtime.ledger import CAREFUL_FRACTION
+    assert CAREFUL_FRACTION == 0.5
+    ledger = Ledger(2)
+    assert ledger.careful == "auto" and not ledger.pressed()     # no ceiling known: never careful
+    ledger.set_capacity([(8192, 10 ** 9), (16384, 10 ** 9)])     # marks at 4096 and 8192
+    one = Meta(dmath.RowBlock().resolved(2), (64, 16), "float32")      # 2048 per worker
+    rep = Meta(dmath.Replicated().resolved(2), (64, 16), "float32")    # 4096 per worker
+    sub = Meta(dmath.Replicated(group=[1]).resolved(2), (64, 16), "float32")   # 4096 on worker 1 only
+    ledger.add([1], ledger.admit("fill", None, [one]))
+    ledger.add([2], ledger.admit("fill", None, [one]))          # 4096: at worker 0's mark, not past it
+    assert not ledger.pressed()
+    ledger.add([3], ledger.admit("fill", None, [rep]))          # 8192 on both: past worker 0's mark
+    assert ledger.pressed()
+    ledger.release(3)
+    assert not ledger.pressed() and ledger.held == [4096, 4096]
+    # many matrices on one worker only: the bound drifts down and is made exact again, never wrong
+    for h in range(10, 13):
+        ledger.add([h], ledger.admit("fill", None, [sub]))
+        assert ledger.pressed() == (ledger.held[1] > 8192), ledger.held
+    for h in range(10, 13):
+        ledger.release(h)
+        assert ledger.pressed() == (ledger.held[1] > 8192), ledger.held
+    assert not ledger.pressed()
+    ledger.set_limit(6000)                                      # marks drop to 3000: both are past
+    assert ledger.pressed()
+    ledger.set_limit(None)
+    ledger.set_careful("always")
+    assert ledger.pressed()
+    ledger.add([4], ledger.admit("fill", None, [rep]))
+    ledger.release(4)
+    assert ledger.pressed()
+    ledger.set_careful("never")
+    ledger.add([5], ledger.admit("fill", None, [rep]))
+    assert not ledger.pressed() and ledger.pressure is None
+    with pytest.raises(DMathError, match="dmath.memory.set_careful takes one of 'auto', 'always', 'never'"):
+        ledger.set_careful("sometimes")
+    # one worker alone has nobody to wait for: never careful
+    assert not Ledger(1, "always").pressed()
+
+
+def test_set_careful_validates_before_anything():
+    for bad in ("Always", None, 1, True):
+        with pytest.raises(DMathError, match="set_careful takes one of"):
+            dmath.memory.set_careful(bad)
+
+
 def test_ledger_subset_layouts_count_only_their_workers():
     ledger = Ledger(3)
     m = Meta(dmath.RowBlock(group=[2]).resolved(3), (10, 10), "float64")

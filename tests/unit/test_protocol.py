@@ -28,6 +28,21 @@ def test_round_trip(kind):
         assert hash(got[2][0].layout) == hash(RowBlock())
 
 
+@pytest.mark.parametrize("kind", [protocol.EXEC, protocol.REGISTER])
+def test_the_careful_flag_rides_in_the_kind_byte(kind):
+    """A careful command's frame is the same size as the plain one; decoding keeps the flag and
+    still reads the signature of a REGISTER."""
+    sig = ("gemm", (), (), ()) if kind == protocol.REGISTER else None
+    plain, plain_total = protocol.encode(kind, 9, [1, 2, 3], [0.5], [4], sig)
+    careful, total = protocol.encode(kind | protocol.CAREFUL, 9, [1, 2, 3], [0.5], [4], sig)
+    assert total == plain_total and careful[1:] == plain[1:]
+    k, sig_id, h, s, f, got = protocol.decode(careful)
+    assert k == kind | protocol.CAREFUL and k & ~protocol.CAREFUL == kind
+    assert (sig_id, h, s, f, got) == (9, [1, 2, 3], [0.5], [4], sig)
+    assert protocol.CAREFUL > max(protocol.EXEC, protocol.REGISTER, protocol.SHUTDOWN, protocol.FREE,
+                                  protocol.REPLAY, protocol.DEFINE, protocol.OOM_CHECK)
+
+
 def test_decode_ignores_trailing_bytes():
     message, total = protocol.encode(protocol.EXEC, 3, [1, 2, 3])
     k, sig_id, h, s, f, sig = protocol.decode(message + b"\0" * 20)
