@@ -252,6 +252,18 @@ def shared_workspace(nbytes):
     return ws
 
 
+def workspace_bytes():
+    """The size of the worker's shared workspace now (0: none)."""
+    ws = _state.get("workspace")
+    return 0 if ws is None else int(ws.size)
+
+
+def release_workspace():
+    """Drop the worker's shared workspace (dmath.memory.clear): the next convolution makes one of the
+    size its plan needs. A graph captured with the old one keeps it alive (memory.keep_for_capture)."""
+    _state["workspace"] = None
+
+
 def _budget():
     """Workspace bytes this worker can spare: a quarter of what the pool may still take."""
     xp = backend.current().xp

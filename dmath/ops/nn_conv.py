@@ -324,11 +324,14 @@ def _plain_or_padded(key, plain, padded):
     choice = _PADDED.get(key)
     if choice is None:
         plain_ms = _ms(plain)           # raises cudnn.Refused when cuDNN cannot run it: no choice kept
+        before = cudnn.workspace_bytes()
         try:
             padded_ms = _ms(padded)
         except cudnn.Refused:
             padded_ms = None
         choice = _PADDED[key] = (padded_ms is not None and padded_ms < plain_ms, plain_ms, padded_ms)
+        if not choice[0] and cudnn.workspace_bytes() > before:
+            cudnn.release_workspace()   # grown for the padded plan alone: the next run makes the plain one's
     (padded if choice[0] else plain)()
 
 

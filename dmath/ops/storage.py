@@ -9,7 +9,7 @@ those lower layers never import this one.
 """
 from typing import NamedTuple
 
-from .. import backend, memory
+from .. import backend, cudnn, memory
 from ..comm.control import gather_objects
 from ..errors import OutOfMemoryError
 from ..memory import kinds, replicas
@@ -62,14 +62,16 @@ def _stats(call):
 
 def _release_all(rt, graphs=True):
     """Give back everything a worker holds that nothing needs: replica copies, the memory of captured
-    CUDA graphs (replayed plans capture again; kept with graphs=False), the pool's cached blocks.
-    Returns the bytes released.
+    CUDA graphs (replayed plans capture again; kept with graphs=False), the cuDNN workspace (the
+    next convolution makes it again; a timed plan that was not chosen may have grown it), the
+    pool's cached blocks. Returns the bytes released.
 
     Every rank runs it in the same command, so the replica caches stay alike.
     """
     replicas.cache.clear()
     rt.replicas.clear()          # the master's ledger of those copies (unused on other ranks)
     released = sum(replayer.release_graph() for replayer in rt.programs.values()) if graphs else 0
+    cudnn.release_workspace()
     return released + memory.release_cached()
 
 
