@@ -11,7 +11,7 @@ visible, which a kernel-name profile does not say. A diagnostic, not a
 benchmark: the synchronisation adds each command's launch latency.
 
 --calls also counts, per command, the array-library calls that copy or
-allocate (astype, copy, ascontiguousarray, copyto, take, ...) by the line of
+allocate (astype, copy, ascontiguousarray, copyto, take, fill, ...) by the line of
 dmath that made them. Under mpiexec it reports worker 0, which runs in the
 master's process.
 """
@@ -31,7 +31,7 @@ from dmath.runtime import runtime               # noqa: E402
 
 #: array-library calls that launch a copy (or allocate): counted by --calls
 COPIES = frozenset({"astype", "copy", "ascontiguousarray", "copyto", "take", "empty", "zeros", "where",
-                    "concatenate", "transpose", "reshape", "fill"})
+                    "concatenate", "fill"})
 
 
 class Calls:

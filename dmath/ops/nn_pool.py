@@ -8,8 +8,9 @@ like any other. A max pool told that its input is a relu's output
 (`after_relu`) marks the windows whose maximum is 0 with position -1, which
 no input pixel matches: the backward pass then also applies the relu's
 mask, exactly (a pixel the relu zeroed can only be the maximum of a window
-whose maximum is 0), and the relu's own backward pass is skipped. Average pooling divides by kh*kw, padding included
-(PyTorch's count_include_pad=True). Padding of a max pool is -inf.
+whose maximum is 0), and the relu's own backward pass is skipped. Average
+pooling divides by kh*kw, padding included (PyTorch's
+count_include_pad=True). Padding of a max pool is -inf.
 """
 from typing import NamedTuple
 

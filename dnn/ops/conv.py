@@ -136,16 +136,16 @@ def fold_relu_masks(order, keep=()):
     readers = {}
     for node in order:
         for x in node.inputs:
-            readers[id(x)] = readers.get(id(x), 0) + 1
-    kept = {id(k) for k in keep}
+            readers[x.id] = readers.get(x.id, 0) + 1
+    kept = {k.id for k in keep if k is not None}
     for node in order:
         fn = node.fn
         if not isinstance(fn, Pool2D) or fn.mode != "max":
             continue
         src = node.inputs[0]
         conv = src.fn
-        if (isinstance(conv, Conv2D) and conv.activation == "relu" and readers[id(src)] == 1
-                and id(src) not in kept):
+        if (isinstance(conv, Conv2D) and conv.activation == "relu" and readers[src.id] == 1
+                and src.id not in kept):
             fn.after_relu = True
             conv.gradient_masked = True
             conv.saves_output = False
