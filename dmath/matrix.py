@@ -9,6 +9,7 @@ only names.
 import numpy as np
 
 from .errors import DMathError, NotSupportedError
+from .layout.distribution import distribution
 from .ops import base, data, elementwise, gemm, movement, reductions, storage
 from .ops.creation import eye, full, ones, zeros
 from .ops.data import from_numpy
@@ -148,6 +149,17 @@ class Matrix:
         device (the host never blocks). Elsewhere, and on the CPU, it changes nothing.
         """
         return _remap(self, layout, dtype, background=bool(background))
+
+    def placed_as(self, other):
+        """True when this matrix holds its values where `other` holds its own: the same pieces on the
+        same workers, no sum pending (a Partial over one worker counts as summed), dtypes aside. An
+        operation that reads both piece by piece needs no remap then."""
+        if not isinstance(other, Matrix):
+            raise DMathError(f"placed_as: other must be a dmath.Matrix, got {type(other).__name__}")
+        p = runtime().nworkers
+        return (self.shape == other.shape
+                and distribution(self.layout, self.shape, p).same_values_placement(
+                    distribution(other.layout, other.shape, p)))
 
     def astype(self, dtype):
         return _remap(self, self.layout, dtype)

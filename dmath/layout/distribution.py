@@ -70,6 +70,18 @@ class Distribution:
         return (self.shape == other.shape and self.pieces == other.pieces
                 and self.partial == other.partial)
 
+    @property
+    def pending_sum(self):
+        """True when the pieces are addends still to be summed: Partial over two or more workers (over
+        one worker, the only addend is the sum)."""
+        return self.partial and len(self.group) > 1
+
+    def same_values_placement(self, other):
+        """same_placement, except that a Partial over one worker matches its non-Partial twin: both hold
+        the matrix's values in the same pieces on the same worker."""
+        return (self.shape == other.shape and self.pieces == other.pieces
+                and self.pending_sum == other.pending_sum)
+
 
 def _contains(s, i):
     return any(a <= i < b for a, b in s)

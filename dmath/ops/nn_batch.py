@@ -268,6 +268,53 @@ def _take_rows(call):
     return [out]
 
 
+_TAKE_SOURCE = r"""
+// out[i, :] = src[order[position + r0 + i], :], converted to out's dtype: one pass, one launch (the
+// generic path is an index computation, a gather into a temporary and a converting copy).
+template <typename S, typename T, typename P>
+__global__ void dm_take_rows(const S* src, T* out, const double* order, const P* position, long long r0, int m,
+                             long long f) {
+    const long long first = (long long)position[0] + r0;
+    for (int i = blockIdx.y; i < m; i += gridDim.y) {
+        const S* s = src + (long long)order[first + i] * f;
+        T* o = out + (long long)i * f;
+        for (long long j = (long long)blockIdx.x * blockDim.x + threadIdx.x; j < f;
+             j += (long long)gridDim.x * blockDim.x)
+            o[j] = dm_cast<T>((double)dm_val(s[j]));
+    }
+}
+"""
+_TAKE_INSTANCES = [f"dm_take_rows<{s}, {t}, {p}>" for s in cuda.C_TYPES.values() for t in cuda.C_TYPES.values()
+                   for p in ("float", "double")]
+
+
+@TAKE_ROWS.kernel(backend="gpu", capturable=lambda entry: entry.cache.get("device_source", True))
+def _take_rows_cuda(call):
+    """nn_take_rows of a device-resident source as one gathering, converting kernel; the generic
+    kernel otherwise (a host-held source, one-hot labels, non-contiguous pieces, or float64 samples
+    into a float16 batch, which NumPy rounds once and this kernel would round twice)."""
+    out, source, order, position = call.inputs
+    geo = None if call.entry.static.one_hot or held_on_host(source) else _batch_geometry(call)
+    if geo is None:
+        return _take_rows(call)
+    target, src = out.pieces[0], source.pieces[0]
+    ordr, pos = order.pieces[0], position.pieces[0]
+    if (not (target.flags.c_contiguous and src.flags.c_contiguous and ordr.flags.c_contiguous)
+            or (src.dtype == np.float64 and target.dtype == np.float16)
+            or ordr.dtype != np.float64 or pos.dtype not in (np.float32, np.float64)):
+        return _take_rows(call)
+    call.entry.cache["device_source"] = True
+    r0, m = geo
+    f = target.shape[1]
+    if m and f:
+        fn = cuda.function(_TAKE_SOURCE, f"dm_take_rows<{cuda.C_TYPES[str(src.dtype)]}, "
+                           f"{cuda.C_TYPES[str(target.dtype)]}, {cuda.C_TYPES[str(pos.dtype)]}>", _TAKE_INSTANCES)
+        threads = 256
+        fn((min((f + threads - 1) // threads, 1024), min(m, 65535)), (threads,),
+           (src, target, ordr, pos, np.int64(r0), np.int32(m), np.int64(f)))
+    return [out]
+
+
 # ---- image transforms -------------------------------------------------------------------
 def draws(xp, seed, counter, first_row, m, shift, flip):
     """Per-sample random (dy, dx, flip) of the rows first_row .. first_row + m - 1 of a batch.

@@ -349,11 +349,129 @@ __global__ void dm_pool_bwd_2d(const T* dy, const A* arg, T* dx, DM_WIN_ARGS, in
     }
     dx[n * per_sample + t] = pool_gather<T, A, long long>(dy, arg, g, base, es, yy, xx, is_max, Recip{ish, isw, 1});
 }
+
+// Channels-last with V adjacent channels per thread (C % V == 0, every array 16-byte aligned): the
+// window's index arithmetic is done once for V values, and each tap is one vector load of V values
+// (16 bytes for float16 x 8). One value per thread left these kernels bound by their integer
+// arithmetic, ten times slower than their memory traffic. The comparisons and the order of the sums
+// are those of the kernels above, value by value, so the results are the same bits.
+template <typename T, int V> struct alignas(sizeof(T) * V) Vec { T v[V]; };
+
+template <typename T, int V>
+__global__ void dm_pool_fwd_vec(const T* x, T* y, T* arg, DM_WIN_ARGS, int per_sample, float icv, float iwo,
+                                int is_max, int after_relu) {
+    DM_WIN;
+    typedef typename Acc<T>::type R;
+    int t = blockIdx.x * blockDim.x + threadIdx.x;      // (output pixel, channel group) within a sample
+    if (t >= per_sample) return;
+    long long n = blockIdx.y;
+    const int groups = C / V;
+    int q = dm_div(t, groups, icv);
+    int oy = dm_div(q, Wo, iwo), ox = q - oy * Wo;
+    const T* src = x + n * H * W * C + (t - q * groups) * V;
+    const R neg_inf = (R)__longlong_as_double(0xfff0000000000000ULL);
+    R best[V], sum[V];
+    int at[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) { best[k] = 0; sum[k] = 0; at[k] = -1; }
+    for (int i = 0; i < kh; ++i) {
+        int yy = oy * sh - ph + i;
+        for (int j = 0; j < kw; ++j) {
+            int xx = ox * sw - pw + j;
+            Vec<T, V> v;
+            bool inside = yy >= 0 && yy < H && xx >= 0 && xx < W;
+            if (inside) v = *reinterpret_cast<const Vec<T, V>*>(src + (long long)(yy * W + xx) * C);
+#pragma unroll
+            for (int k = 0; k < V; ++k) {
+                R a = inside ? dm_val(v.v[k]) : (is_max ? neg_inf : (R)0);
+                if (is_max) {
+                    if (at[k] < 0 || a > best[k] || (a != a && best[k] == best[k])) { best[k] = a; at[k] = i * kw + j; }
+                } else {
+                    sum[k] += a;
+                }
+            }
+        }
+    }
+    Vec<T, V> out, pos;
+#pragma unroll
+    for (int k = 0; k < V; ++k) {
+        if (is_max) {
+            if (after_relu && best[k] <= (R)0) at[k] = -1;
+            out.v[k] = dm_cast<T>((double)best[k]);
+            pos.v[k] = dm_cast<T>((double)at[k]);
+        } else {
+            out.v[k] = dm_cast<T>((double)(sum[k] / (R)(kh * kw)));
+        }
+    }
+    long long o = n * (long long)per_sample * V + (long long)t * V;
+    *reinterpret_cast<Vec<T, V>*>(y + o) = out;
+    if (is_max) *reinterpret_cast<Vec<T, V>*>(arg + o) = pos;
+}
+
+template <typename T, int V>
+__global__ void dm_pool_bwd_vec(const T* dy, const T* arg, T* dx, DM_WIN_ARGS, int per_sample, float icv, float iw,
+                                float ish, float isw, int is_max) {
+    DM_WIN;
+    typedef typename Acc<T>::type R;
+    int t = blockIdx.x * blockDim.x + threadIdx.x;      // (input pixel, channel group) within a sample
+    if (t >= per_sample) return;
+    long long n = blockIdx.y;
+    const int groups = C / V;
+    int q = dm_div(t, groups, icv);
+    int yy = dm_div(q, W, iw), xx = q - yy * W;
+    int ys = yy + ph, xs = xx + pw;
+    int oy0 = ys - kh + 1 > 0 ? dm_div(ys - kh + sh, sh, ish) : 0, oy1 = min(dm_div(ys, sh, ish), Ho - 1);
+    int ox0 = xs - kw + 1 > 0 ? dm_div(xs - kw + sw, sw, isw) : 0, ox1 = min(dm_div(xs, sw, isw), Wo - 1);
+    long long base = n * Ho * Wo * C + (t - q * groups) * V;
+    R acc[V];
+#pragma unroll
+    for (int k = 0; k < V; ++k) acc[k] = 0;
+    for (int oy = oy0; oy <= oy1; ++oy) {
+        const int tap_y = (ys - oy * sh) * kw + xs;
+        for (int ox = ox0; ox <= ox1; ++ox) {
+            const long long at = base + (long long)(oy * Wo + ox) * C;
+            Vec<T, V> d = *reinterpret_cast<const Vec<T, V>*>(dy + at);
+            if (is_max) {
+                Vec<T, V> a = *reinterpret_cast<const Vec<T, V>*>(arg + at);
+                const int tap = tap_y - ox * sw;
+#pragma unroll
+                for (int k = 0; k < V; ++k) if ((int)dm_val(a.v[k]) == tap) acc[k] += dm_val(d.v[k]);
+            } else {
+#pragma unroll
+                for (int k = 0; k < V; ++k) acc[k] += dm_val(d.v[k]);
+            }
+        }
+    }
+    Vec<T, V> out;
+#pragma unroll
+    for (int k = 0; k < V; ++k) out.v[k] = dm_cast<T>((double)(is_max ? acc[k] : acc[k] / (R)(kh * kw)));
+    *reinterpret_cast<Vec<T, V>*>(dx + n * (long long)per_sample * V + (long long)t * V) = out;
+}
 """
-_INSTANCES = [f"dm_pool_{d}<{t}, {a}>" for d in ("fwd", "bwd", "bwd_2d") for t in cuda.C_TYPES.values()
-              for a in cuda.C_TYPES.values()]
+_INSTANCES = ([f"dm_pool_{d}<{t}, {a}>" for d in ("fwd", "bwd", "bwd_2d") for t in cuda.C_TYPES.values()
+               for a in cuda.C_TYPES.values()]
+              + [f"dm_pool_{d}_vec<{t}, {v}>" for d in ("fwd", "bwd") for t in cuda.C_TYPES.values() for v in (2, 4, 8)])
 #: the 2-D backward kernel's limits: a sample's values below 2**24 (dm_div), samples within a grid's y
 _DIV_EXACT, _GRID_Y = 1 << 24, 65535
+
+
+def _vector_width(arrays, channels, per_sample, n):
+    """Channels per thread of the channels-last vector kernels (8, 4 or 2 values, at most 16 bytes,
+    dividing the channel count; every array aligned to that many bytes), or 0 when they do not apply:
+    an argmax of another dtype, no samples, more than a grid's y of them, or a sample too large for
+    dm_div."""
+    dtype = arrays[0].dtype
+    if any(a.dtype != dtype for a in arrays) or not 0 < n <= _GRID_Y or per_sample >= _DIV_EXACT:
+        return 0
+    for v in (8, 4, 2):
+        nbytes = v * dtype.itemsize
+        if nbytes <= 16 and channels % v == 0 and all(a.data.ptr % nbytes == 0 for a in arrays):
+            return v
+    return 0
+
+
+def _vector_kernel(direction, dtype, v):
+    return cuda.function(_CUDA_SOURCE, f"dm_pool_{direction}_vec<{cuda.C_TYPES[str(dtype)]}, {v}>", _INSTANCES)
 
 
 def _cuda_kernel(direction, dtype, arg_dtype):
@@ -378,10 +496,20 @@ def _pool2d_cuda(call):
     (out,) = rows.new_output(call, 0)
     is_max = mode == "max"
     am = rows.new_output(call, 1)[0] if is_max else out        # a dummy of a valid type for average
-    fn = _cuda_kernel("fwd", x.dtype, am.dtype)
     static = call.entry.static
-    cuda.launch(fn, out.size, (x, out, am) + _win(g) + (np.int64(out.size), np.int32(is_max),
-                                                         np.int32(static.channels_last), np.int32(static.after_relu)))
+    n = out.shape[0]
+    v = _vector_width((x, out, am), g.channels, g.out_h * g.out_w * g.channels, n) if static.channels_last else 0
+    if v:
+        per_sample = g.out_h * g.out_w * g.channels // v
+        fn = _vector_kernel("fwd", x.dtype, v)
+        recips = tuple(np.float32(1.0 / d) for d in (g.channels // v, g.out_w))
+        fn(((per_sample + 255) // 256, n), (256,), (x, out, am) + _win(g) + (np.int32(per_sample),) + recips
+           + (np.int32(is_max), np.int32(static.after_relu)))
+    else:
+        fn = _cuda_kernel("fwd", x.dtype, am.dtype)
+        cuda.launch(fn, out.size, (x, out, am) + _win(g) + (np.int64(out.size), np.int32(is_max),
+                                                             np.int32(static.channels_last),
+                                                             np.int32(static.after_relu)))
     shards = [rows.shard(call, 0, [out])]
     if is_max:
         shards.append(rows.shard(call, 1, [am]))
@@ -402,7 +530,13 @@ def _pool2d_backward_cuda(call):
     (dx,) = rows.new_output(call, 0)
     nhwc = np.int32(call.entry.static.channels_last)
     n, per_sample = dx.shape
-    if 0 < n <= _GRID_Y and per_sample < _DIV_EXACT:
+    v = _vector_width((dy, am, dx), g.channels, per_sample, n) if nhwc else 0
+    if v:
+        fn = _vector_kernel("bwd", dy.dtype, v)
+        recips = tuple(np.float32(1.0 / d) for d in (g.channels // v, g.width, g.sh, g.sw))
+        fn(((per_sample // v + 255) // 256, n), (256,),
+           (dy, am, dx) + _win(g) + (np.int32(per_sample // v),) + recips + (np.int32(is_max),))
+    elif 0 < n <= _GRID_Y and per_sample < _DIV_EXACT:
         fn = _cuda_kernel("bwd_2d", dy.dtype, am.dtype)
         recips = tuple(np.float32(1.0 / v) for v in (g.channels, g.width, g.height, g.sh, g.sw))
         fn(((per_sample + 255) // 256, n), (256,),

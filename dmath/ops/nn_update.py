@@ -87,7 +87,7 @@ def _grad(g, param):
     _matrix(g, "the gradient")
     if g.shape != param.shape:
         raise ShapeError(f"the gradient has shape {g.shape}, the parameter {param.shape}")
-    if g.layout.partial or not _same_place(g, param):
+    if not g.placed_as(param):
         g = g.remap(param.layout)             # a Partial gradient is all-reduced into place
     return g
 
@@ -209,7 +209,7 @@ def all_finite(matrices):
     mats = [_matrix(m, "all_finite: each matrix") for m in matrices]
     if not mats:
         raise DMathError("all_finite needs at least one matrix")
-    mats = [m.remap(RowBlock(dist_of(m).group)) if m.layout.partial else m for m in mats]
+    mats = [m.remap(RowBlock(dist_of(m).group)) if dist_of(m).pending_sum else m for m in mats]
     group = tuple(dist_of(mats[0]).group)
     for m in mats[1:]:
         if tuple(dist_of(m).group) != group:
@@ -389,15 +389,20 @@ def _update_cuda(call):
 
 
 # ---- all finite -------------------------------------------------------------------------------------
+def _whole_on_each(dists):
+    """True when every member holds all of every input (Replicated, or a group of one worker)."""
+    return all(d.replicated or len(d.group) == 1 for d in dists)
+
+
 def _finite_capturable(entry):
-    return COLLECTIVES_IN_GRAPHS or all(d.replicated for d in entry.in_dists)
+    return COLLECTIVES_IN_GRAPHS or _whole_on_each(entry.in_dists)
 
 
 def _combine(call, bad, out):
     """out (1, 1) = 1.0 when no member found a non-finite value (bad summed over the group when the
     inputs are split between the members; replicated inputs gave every member the same answer)."""
     xp = backend.current().xp
-    if not all(d.replicated for d in call.entry.in_dists):
+    if not _whole_on_each(call.entry.in_dists):
         group = call.entry.out_dists[0].group
         collectives.allreduce(call.world.group(group), bad, "sum")
     xp.subtract(1.0, xp.minimum(bad, 1.0), out=out.reshape(-1))

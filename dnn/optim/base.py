@@ -258,6 +258,8 @@ def to_layout_of(g, p, keep_dtype=False, background=False):
         raise GraphError(f"a gradient of shape {tuple(g.shape)} for a parameter of shape {tuple(p.shape)}")
     if g.layout == p.layout and (g.dtype == p.dtype or keep_dtype):
         return g
+    if keep_dtype and g.placed_as(p):
+        return g        # e.g. a Partial over one worker: its only addend is the sum, already in place
     return g.remap(p.layout, dtype=p.dtype, background=background)
 
 

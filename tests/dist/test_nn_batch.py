@@ -99,6 +99,22 @@ def test_take_rows_one_hot_and_dtype_conversion():
     np.testing.assert_array_equal(xb.to_numpy(), x[perm[:B]].astype(np.float32).astype(np.float16))
 
 
+@pytest.mark.parametrize("pos_dtype", ["float32", "float64"])
+@pytest.mark.parametrize("out_dtype", ["float64", "float32", "float16"])
+@pytest.mark.parametrize("src_dtype", ["float64", "float32", "float16"])
+def test_take_rows_converts_every_dtype_pair(src_dtype, out_dtype, pos_dtype):
+    """Every (samples, batch, counter) dtype, with rows wider than one block of GPU threads: the
+    batch is the samples' rows converted once (as NumPy's astype)."""
+    f = 300
+    x = values((N, f), 3).astype(src_dtype)
+    src = dmath.from_numpy(x, layout=REP)
+    order = dmath.random.permutation(N, key=(7,))
+    perm = order.to_numpy().ravel().astype(int)
+    out = dmath.zeros((B, f), dtype=out_dtype)
+    dmath.nn.take_rows(src, order, dmath.full((1, 1), 3, dtype=pos_dtype, layout=REP), out)
+    np.testing.assert_array_equal(out.to_numpy(), x[perm[3:3 + B]].astype(out_dtype))
+
+
 @pytest.mark.parametrize("memory", ["device", "host"])
 def test_recorded_step_takes_the_next_batch_at_every_replay(memory):
     """The position is read on the workers: a replay advances it and gathers the next batch, with no

@@ -143,6 +143,33 @@ def test_pool2d_channels_last_forward_and_backward(name, geom, mode):
     np.testing.assert_allclose(dx.to_numpy(), last(dx0.to_numpy(), C, H, W), rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.parametrize("after_relu", [False, True])
+@pytest.mark.parametrize("mode", ["max", "average"])
+@pytest.mark.parametrize("channels", [16, 12, 6])
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+def test_pool2d_channels_last_is_bitwise_the_nchw_pool(dtype, channels, mode, after_relu):
+    """Channel counts that a GPU's vector kernels take 8, 4 or 2 at a time (or one at a time): the
+    same bits as the NCHW kernels, forward, argmax and backward (padding and overlapping windows)."""
+    if after_relu and mode == "average":
+        pytest.skip("after_relu is for max pooling")
+    c, h, w, n = channels, 9, 7, 5
+    kernel, stride, padding = (3, 3), (2, 2), (1, 1)
+    x = values((n, c * h * w), 21)
+    lay = dmath.RowBlock()
+    y0, am0 = dmath.nn.pool2d(make(x, lay, dtype), (c, h, w), kernel, stride, padding, mode, after_relu=after_relu)
+    y, am = dmath.nn.pool2d(make(last(x, c, h, w), lay, dtype), (c, h, w), kernel, stride, padding, mode,
+                            channels_last=True, after_relu=after_relu)
+    ho, wo = 5, 4
+    np.testing.assert_array_equal(y.to_numpy(), last(y0.to_numpy(), c, ho, wo))
+    if mode == "max":
+        np.testing.assert_array_equal(am.to_numpy(), last(am0.to_numpy(), c, ho, wo))
+    dy = values((n, c * ho * wo), 22)
+    dx0 = dmath.nn.pool2d_backward(make(dy, lay, dtype), am0, (c, h, w), kernel, stride, padding, mode)
+    dx = dmath.nn.pool2d_backward(make(last(dy, c, ho, wo), lay, dtype), am, (c, h, w), kernel, stride, padding,
+                                  mode, channels_last=True)
+    np.testing.assert_array_equal(dx.to_numpy(), last(dx0.to_numpy(), c, h, w))
+
+
 # ---- dnn ----------------------------------------------------------------------------------------
 def _cnn(channels_last, dtype="float64"):
     dmath.random.seed(3)

@@ -88,6 +88,32 @@ def test_float16_gradient_of_float32_weights_computes_in_float32():
     np.testing.assert_allclose(v.to_numpy(), ref_v, rtol=1e-6, atol=1e-6)
 
 
+def test_a_partial_gradient_on_one_worker_is_read_where_it_is():
+    """A Partial over one worker is its own sum: placed as its Replicated twin, so the update and
+    all_finite read it in place (one command each, no remap); over two or more workers it is summed."""
+    P_, G, V = _arrays(5)
+    last = (dmath.num_workers() - 1,)
+    one, rep = dmath.Partial(group=last), dmath.Replicated(group=last)
+    g = dmath.from_numpy(G, layout=rep).remap(one)
+    p, v = dmath.from_numpy(P_, layout=rep), dmath.from_numpy(V, layout=rep)
+    assert g.placed_as(p) and p.placed_as(g)
+    every = dmath.from_numpy(G, layout=dmath.Replicated())
+    assert every.remap(dmath.Partial()).placed_as(every) == (dmath.num_workers() == 1)
+    assert not dmath.from_numpy(G, layout=dmath.RowBlock()).placed_as(dmath.from_numpy(G[:3]))
+
+    def commands(grad, p, v):
+        s0 = dmath.stats()
+        dmath.nn.sgd_update(p, grad, 0.1, v, momentum=0.9, gate=dmath.nn.all_finite([grad]))
+        return dmath.stats()[0]["control_msgs"] - s0[0]["control_msgs"]
+    # as many commands as with the Replicated gradient itself (no remap before either)
+    assert commands(g, p, v) == commands(dmath.from_numpy(G, layout=rep), p.copy(), v.copy())
+    ref_p, ref_v = ref_sgd(P_, G, V, 0.1, 0.9, False, 0.0, 1.0)
+    np.testing.assert_allclose(p.to_numpy(), ref_p, rtol=1e-13)
+    np.testing.assert_allclose(v.to_numpy(), ref_v, rtol=1e-13)
+    with pytest.raises(dmath.DMathError, match="placed_as"):
+        g.placed_as(G)
+
+
 @pytest.mark.parametrize("layout", ["replicated", "colblock"])
 def test_a_closed_gate_changes_nothing_even_with_nan_gradients(layout):
     P, G, V = _arrays(4)
