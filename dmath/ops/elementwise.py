@@ -323,9 +323,11 @@ def _operand_selections(call):
     return tuple(sel)
 
 
-@EWISE.kernel(capturable=True)
+@EWISE.kernel(capturable=True, local=True)
 def _ewise(call):
-    """Function `fn` of the aligned operands, into a new result or in place into input `out_index`."""
+    """Function `fn` of the aligned operands, into a new result or in place into input `out_index`.
+
+    Local (the master may queue it): the master half aligned every operand before this command."""
     ufunc, compute, shapes, dtype, dist, selections = _prepared(call)
     if shapes is not None:
         empty = memory.empty
