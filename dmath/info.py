@@ -26,6 +26,11 @@ ENVIRONMENT = {
     "DMATH_REPLICA_CACHE_BYTES": ("4 GiB", "bytes of gathered replicas a worker keeps (the replica cache)"),
     "DMATH_CAREFUL": ("auto", "careful commands (a refusal inside a collective is undone): 'auto' under memory "
                               "pressure, 'always', 'never' (dmath.memory.set_careful)"),
+    "DMATH_BATCH_MAX": ("16", "the most queued commands (local, cheap) the master sends in one control message; "
+                              "0: none are queued"),
+    "DMATH_BATCH_AGE_US": ("500", "the longest a queued command waits before the master's next command sends it"),
+    "DMATH_BATCH_SHARE_US": ("50", "a local command is queued only when the master's own share of it last took "
+                                   "at most this"),
     "DMATH_PROFILE": ("0", "1: time every kernel (dmath.stats()[r]['profile']); turns CUDA graphs off"),
     "DMATH_CPROFILE": ("", "a path prefix: every rank profiles its Python code and writes PREFIX.<rank>.prof at exit"),
     "DMATH_CUDA_GRAPHS": ("1", "0: replay recorded plans kernel by kernel, never as CUDA graphs"),

@@ -360,3 +360,108 @@ def test_a_remap_whose_pack_buffer_one_worker_cannot_hold(tmp_path, mode):
         assert "BROKEN 2 True" in out, f"stdout:\n{out}\nstderr:\n{err}"
         assert rc != 0
     assert seconds < PROMPT_S
+
+
+QUEUED = """
+    import os, sys, time
+    import dmath
+    from dmath.runtime import core, kernel
+    from dmath.ops.base import dispatch, new_meta
+    from dmath.ops.creation import _fill
+
+    core.BATCH_AGE_S = core.BATCH_SHARE_S = 1e9     # the master queues every local command here
+
+    @kernel("test_queued", local=True)
+    def _queued(call):
+        # scalars (rank, how, value, kind): `rank` fails in this command (-1: nobody) by raising
+        # ValueError (how 1) or being refused an allocation (how 2); else the new matrix is filled
+        rank, how = int(call.scalars[0]), call.scalars[1]
+        if call.rank == rank and how == 1:
+            raise ValueError(f"injected failure in a queued command on rank {{rank}}")
+        if call.rank == rank and how == 2:
+            raise dmath.OutOfMemoryError("injected refusal in a queued command")
+        with open(os.path.join({out!r}, f"ran.{{call.rank}}"), "a") as f:
+            f.write("x")
+        return _fill(call)
+
+    def queued(rank=-1, how=0):
+        return dispatch("test_queued", outputs=[new_meta(dmath.RowBlock(), (6, 4), "float64")],
+                        scalars=(rank, how, 7.0, 0.0))[0][0]
+
+    dmath.init(device="cpu")
+    a = dmath.ones((6, 4), layout=dmath.ColBlock())
+    queued()                      # registered and timed: sent alone
+    {body}
+"""
+
+
+def _ran(tmp_path):
+    """How many times each rank ran test_queued."""
+    return [len((tmp_path / f"ran.{r}").read_text()) if (tmp_path / f"ran.{r}").exists() else 0
+            for r in range(WORKERS)]
+
+
+def test_a_failure_in_a_queued_command_reaches_the_master_at_the_next_read(tmp_path):
+    rc, out, err, seconds = run_job(tmp_path, QUEUED.format(out=str(tmp_path), body="""
+    queued(1, 1)                  # queued: rank 1 fails when the sum sends the queue
+    b = a * 2.0                   # queued too
+    try:
+        b.sum()
+        print("NO ERROR RAISED", flush=True)
+    except dmath.WorkerError as e:
+        print("WORKER_ERROR_CAUGHT", e.rank, "injected failure in a queued command" in e.traceback, flush=True)
+    try:
+        a.sum()
+    except dmath.RuntimeStateError:
+        print("RUNTIME_REFUSES_OK", flush=True)
+    """.strip()))
+    assert "WORKER_ERROR_CAUGHT 1 True" in out, f"stdout:\n{out}\nstderr:\n{err}"
+    assert "RUNTIME_REFUSES_OK" in out and "NO ERROR RAISED" not in out
+    assert rc != 0 and seconds < PROMPT_S, (rc, seconds)
+
+
+def test_the_queue_is_run_at_exit_and_a_failure_there_ends_the_job(tmp_path):
+    # commands still queued when the program ends run on every worker before they exit
+    rc, out, err, seconds = run_job(tmp_path, QUEUED.format(out=str(tmp_path), body="""
+    for _ in range(3):
+        queued()
+    print("QUEUED", flush=True)
+    """.strip()))
+    assert "QUEUED" in out and rc == 0, f"exit {rc}\nstdout:\n{out}\nstderr:\n{err}"
+    assert _ran(tmp_path) == [4] * WORKERS
+    # ... and a failure in one of them ends the job non-zero, within seconds
+    failing = tmp_path / "failing"
+    failing.mkdir()
+    rc, out, err, seconds = run_job(failing, QUEUED.format(out=str(failing), body="""
+    queued()
+    queued(2, 1)
+    print("QUEUED", flush=True)
+    """.strip()))
+    assert "QUEUED" in out, f"stdout:\n{out}\nstderr:\n{err}"
+    assert rc != 0 and seconds < PROMPT_S, (rc, seconds)
+    assert "injected failure in a queued command on rank 2" in err
+
+
+def test_refusals_in_queued_commands(tmp_path):
+    # the master's own refusal in a queued command: the queue is sent with it, and it is undone as a
+    # sent command is; a worker's refusal in a queued command that is not the last of its message:
+    # the master ran on past it, nothing can be undone
+    rc, out, err, seconds = run_job(tmp_path, QUEUED.format(out=str(tmp_path), body="""
+    b = a * 2.0                   # queued before the refused command: runs everywhere
+    try:
+        made = queued(0, 2)
+        print("NOT REFUSED", flush=True)
+    except dmath.OutOfMemoryError as e:
+        print("UNDONE", str(e).splitlines()[0][:60], flush=True)
+    print("SUM", b.sum(), flush=True)
+    queued(1, 2)
+    try:
+        a.sum()
+        print("NO ERROR RAISED", flush=True)
+    except dmath.WorkerError as e:
+        print("BROKEN", e.rank, "injected refusal" in e.traceback, flush=True)
+    """.strip()))
+    assert "UNDONE test_queued: worker 0 could not allocate" in out, f"stdout:\n{out}\nstderr:\n{err}"
+    assert "SUM 48.0" in out and "BROKEN 1 True" in out
+    assert "NOT REFUSED" not in out and "NO ERROR RAISED" not in out
+    assert rc != 0 and seconds < PROMPT_S, (rc, seconds)

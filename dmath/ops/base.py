@@ -80,6 +80,8 @@ def dispatch_known(known, op, inputs, metas, outputs, static, scalars):
 def _matrices(handles, outputs):
     """New Matrix objects for a command's new outputs (those given by a Meta)."""
     make = _matrix_type
+    if len(outputs) == 1 and type(outputs[0]) is Meta:      # (the usual command: one new matrix)
+        return [make(handles[0], outputs[0])]
     return [make(h, o) for h, o in zip(handles, outputs) if type(o) is Meta]
 
 

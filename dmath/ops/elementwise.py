@@ -283,7 +283,9 @@ def plan(fn, metas, inplace, nworkers):
 def _prepared(call):
     """What the kernel derives from its signature, worked out on the first command only:
     (the ufunc to call or None, else the Function's compute, the result's piece shapes or None when
-    written in place, its dtype and distribution, per output piece the operand selections)."""
+    written in place, its dtype and distribution, per output piece the operand selections, and for
+    the usual case, a ufunc into one new piece of whole pieces and scalars, per operand
+    (True, input index) or (False, scalar index); else None)."""
     prep = call.entry.cache.get("prep")
     if prep is not None:
         return prep
@@ -295,7 +297,12 @@ def _prepared(call):
         shapes, dtype = tuple(p.shape for p in dist.pieces[call.rank]), out_meta.dtype
     else:
         shapes, dtype, dist = None, None, None
-    prep = call.entry.cache["prep"] = (ufunc, compute, shapes, dtype, dist, _operand_selections(call))
+    selections = _operand_selections(call)
+    simple = None
+    if ufunc is not None and shapes is not None and len(selections) == 1 \
+            and all(what in ("piece", "scalar") for what, _, _ in selections[0]):
+        simple = tuple((what == "piece", idx) for what, idx, _ in selections[0])
+    prep = call.entry.cache["prep"] = (ufunc, compute, shapes, dtype, dist, selections, simple)
     return prep
 
 
@@ -323,10 +330,23 @@ def _operand_selections(call):
     return tuple(sel)
 
 
-@EWISE.kernel(capturable=True)
+@EWISE.kernel(capturable=True, local=True)
 def _ewise(call):
-    """Function `fn` of the aligned operands, into a new result or in place into input `out_index`."""
-    ufunc, compute, shapes, dtype, dist, selections = _prepared(call)
+    """Function `fn` of the aligned operands, into a new result or in place into input `out_index`.
+
+    Local (the master may queue it): the master half aligned every operand before this command."""
+    ufunc, compute, shapes, dtype, dist, selections, simple = _prepared(call)
+    if simple is not None:
+        # the usual case (one new piece of whole pieces and scalars): what the loops below do, without
+        # their per-operand branches (this runs once per operation on every worker)
+        ins, scalars = call.inputs, call.scalars
+        operands = []
+        for piece, idx in simple:
+            operands.append(ins[idx].pieces[0] if piece else scalars[idx])
+        out = memory.empty(shapes[0], dtype)
+        with backend.current().quiet():
+            ufunc(*operands, out=out)
+        return [Shard([out], dist, dtype)]
     if shapes is not None:
         empty = memory.empty
         out = [empty(s, dtype) for s in shapes]

@@ -285,11 +285,18 @@ def _capturable(entry):
     with its operand and result remaps (NCCL exchanges and all-reduces on the compute stream)
     captured with it; during a capture the replica cache is bypassed (`operand`). (dmath.blas
     calls cuBLAS itself during a capture: CuPy's bindings refuse to.)"""
+    if entry.static.strategy.name not in ("local", "inner"):
+        return False
+    return COLLECTIVES_IN_GRAPHS or _no_communication(entry)
+
+
+def _no_communication(entry):
+    """Whether a GEMM command never communicates (registry's `local`: the master may queue it): a local
+    or inner product of operands already in the strategy's layouts and the result's dtype (no operand
+    remap, so no replica-cache lookup either), delivered where the product lands (no result remap)."""
     strategy, result_layout, trans_a, trans_b, has_c = entry.static
     if strategy.name not in ("local", "inner"):
         return False
-    if COLLECTIVES_IN_GRAPHS:
-        return True
     P = entry.in_dists[0].nworkers
     out = entry.inputs[2] if has_c else entry.outputs[0]
     for k, (need, trans) in enumerate(((strategy.a, trans_a), (strategy.b, trans_b))):
@@ -322,7 +329,7 @@ def _prepared(call):
     return prep
 
 
-@GEMM.kernel(capturable=_capturable)
+@GEMM.kernel(capturable=_capturable, local=_no_communication)
 def _gemm(call):
     """alpha op(A) op(B) (+ beta C) by the strategy of the static GemmArgs; scalars: alpha, beta."""
     strategy, result_layout, trans_a, trans_b, has_c = call.entry.static

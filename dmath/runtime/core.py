@@ -14,6 +14,30 @@ A recorded plan (plans.py) is a program of such commands stored on every rank
 under a plan ID; a replay is one REPLAY frame and every rank runs the program
 through the same entries (`_run_program`), or launches the CUDA graph it
 captured of them (graphs.py).
+
+Queued commands. A command whose kernel never communicates (its op declares
+it local for the signature: registry.py) need not reach the workers before
+the master runs its own share, so the master queues it instead of
+broadcasting it, runs its share, and goes on; the queue travels in the next
+message it sends (one BATCH: protocol.py), which every worker runs in order.
+That message goes out before any command that is not queued (a collective, a
+remap, a read to the master, a careful command, anything recorded or with a
+payload: all wait for, or talk to, other ranks), any plan definition or
+replay, the OOM check, and shutdown (followed there by a DRAIN: the master
+waits until every worker has run the queue, so a failure in it ends the job
+non-zero, as it would have had they been sent one by one). The master never
+enters a collective its peers have not been sent. The queue is also sent
+when it holds BATCH_MAX commands (the one that fills it goes with them) or
+when its first command has waited BATCH_AGE_S (checked at the next command:
+how far the workers may lag behind the master), and a local command is
+queued only when the master's own share of its signature last took at most
+BATCH_SHARE_S (a costly kernel is sent at once so that the workers run it
+beside the master, not after it). What this changes: a worker's failure in
+a queued command reaches the master at its next wait (at the latest at the
+next message sent), and a refused allocation there cannot be undone (the
+master ran on past it; only the last message of a BATCH is "the last
+command" of oom.py). Failure probes run only before a message is sent, not
+before each queued command: nothing new has reached the workers meanwhile.
 """
 import atexit
 import gc
@@ -24,6 +48,7 @@ import time
 import traceback
 import weakref
 from threading import get_ident as _get_ident
+from time import perf_counter as _perf_counter
 
 from .. import backend, memory
 from ..comm import World, agreement, counters, set_progress_hook
@@ -36,7 +61,7 @@ from . import oom, protocol
 from .graphs import Replayer
 from .ledger import Ledger, careful_mode_from_env
 from .replica_ledger import ReplicaLedger, budget as replica_budget
-from .registry import lookup
+from .registry import is_local, local_rule, lookup
 from .shard import Meta
 
 #: how long a failed worker waits for the master to end the job before ending it itself
@@ -47,6 +72,13 @@ PROFILE = os.environ.get("DMATH_PROFILE", "0") not in ("", "0")
 #: DMATH_CPROFILE=PREFIX: every rank runs Python's profiler from init and writes PREFIX.<rank>.prof
 #: (pstats format) when it ends: where the master's and the workers' dispatch time goes
 CPROFILE = os.environ.get("DMATH_CPROFILE", "")
+#: queued commands (see the module's doc): a message carries at most this many queued commands
+#: (DMATH_BATCH_MAX=0 or 1: none are queued); BATCH_AGE_S: the longest the first one waits (checked
+#: at the next command); BATCH_SHARE_S: a local command is queued only when the master's own share
+#: of its signature last took at most this. Read on the master when it sends (tests may set them).
+BATCH_MAX = int(os.environ.get("DMATH_BATCH_MAX", "16"))
+BATCH_AGE_S = float(os.environ.get("DMATH_BATCH_AGE_US", "500")) * 1e-6
+BATCH_SHARE_S = float(os.environ.get("DMATH_BATCH_SHARE_US", "50")) * 1e-6
 
 
 def _timeout_s():
@@ -67,10 +99,13 @@ class Entry:
     sig_id: its integer ID. new_outputs: the Metas of the matrices each
     command of it makes; in_place: the input indices it overwrites, in output
     order (both functions of the signature: the master works them out once,
-    not on every command).
+    not on every command). local: its commands never communicate (registry.py),
+    so the master may queue them; share_s: master, the seconds its own share of
+    the last such command took (infinite until one has run, and for commands
+    that are not local: never queued).
     """
     __slots__ = ("op", "static", "inputs", "outputs", "in_dists", "out_dists", "kernel", "capture_rule", "cache",
-                 "sig_id", "new_outputs", "in_place", "doing")
+                 "sig_id", "new_outputs", "in_place", "doing", "local_rule", "local", "share_s")
 
     def __init__(self, signature, nworkers, sig_id=None):
         self.op, self.static, self.inputs, self.outputs = signature
@@ -83,6 +118,12 @@ class Entry:
         self.new_outputs = tuple(m for m in self.outputs if type(m) is Meta)
         self.in_place = tuple(m for m in self.outputs if type(m) is not Meta)
         self.doing = f"running {self.op!r}"      # a worker's activity while it runs a command of it
+        self.local_rule = local_rule(self.op, backend.current().name)
+        self.local = is_local(self)
+        self.share_s = _NEVER
+
+
+_NEVER = float("inf")
 
 
 class Call:
@@ -140,6 +181,10 @@ class Runtime:
         self.deciding = False      # master: inside oom.verdict, whose waits must not raise failures
         self.refusals = {}         # master: rank -> traceback of refusals in the careful command running
         self.refusal_deadline = None   # master: when the careful command must be left by all (oom.noted)
+        self.batching = world.is_mpi   # master: local commands may be queued (alone, nothing is sent)
+        self.queue = []            # master: the messages of the queued commands, oldest first
+        self.queued_bytes = 0      # master: their total length
+        self.queued_since = 0.0    # master: perf_counter() when the first of them was queued
 
     # ---- master side -------------------------------------------------------
     def check_usable(self):
@@ -257,7 +302,9 @@ class Runtime:
         op, _, in_metas, outputs = signature if entry is None else (entry.op, None, entry.inputs, entry.outputs)
         if self.closed or self.broken is not None or _get_ident() != self.owner:
             self.check_usable()
-        if self.is_mpi:                 # (alone, nobody can fail or hang but the master itself)
+        if self.is_mpi and not self.queue:
+            # (alone, nobody can fail or hang but the master itself; while commands are queued nothing
+            # has reached the workers since the last probe: the next message is probed for)
             self.check_failures(between=True)
         recorder = self.recorder
         if recorder is not None and payload is not None:
@@ -305,10 +352,32 @@ class Runtime:
         else:
             message, total = protocol.encode_numbers(protocol.EXEC_CAREFUL if careful else protocol.EXEC, sig_id,
                                                      in_handles + out_handles, scalars, frees)
+        if entry.share_s <= BATCH_SHARE_S and self.batching and not careful and recorder is None:
+            # a local command with a cheap share (never one that is not local: its share_s is infinite):
+            # queued, unless the queue is due to go (see the module's doc), then sent with it
+            queue = self.queue
+            now = _perf_counter()
+            if not queue:
+                self.queued_since = now
+            if len(queue) + 1 < BATCH_MAX and now - self.queued_since <= BATCH_AGE_S:
+                queue.append(message)
+                self.queued_bytes += total
+                self.last_command = None    # nothing sent: no refusal is undone until the next message
+                if frees:
+                    self._free(frees)
+                try:
+                    result = self._execute(entry, in_handles, out_handles, scalars, payload)
+                except BaseException as exc:  # noqa: B036 - see _queued_share_failed
+                    self._queued_share_failed(exc, op, out_handles_new, in_place)
+                entry.share_s = _perf_counter() - now
+                return out_handles, result
         # _send and _own_share, written out: this runs once per operation
         self.last_command = None
         try:
-            self.ctl.send(message, total)
+            if self.queue:
+                self._post(message, total)
+            else:
+                self.ctl.send(message, total)
         except BaseException as exc:  # noqa: B036 - said plainly, then raised again
             self._send_failed(exc, op)
         self.last_command = oom.LastCommand(op, self.ctl.seq, out_handles_new, bool(in_place))
@@ -319,7 +388,12 @@ class Runtime:
             result = self._careful_share(entry, in_handles, out_handles, scalars, payload, op)
         else:
             try:
-                result = self._execute(entry, in_handles, out_handles, scalars, payload)
+                if entry.local:
+                    t0 = _perf_counter()
+                    result = self._execute(entry, in_handles, out_handles, scalars, payload)
+                    entry.share_s = _perf_counter() - t0      # whether the next one may be queued
+                else:
+                    result = self._execute(entry, in_handles, out_handles, scalars, payload)
             except BaseException as exc:  # noqa: B036 - see _share_failed
                 self._share_failed(exc, op)
         if recorder is not None:
@@ -342,9 +416,43 @@ class Runtime:
     def _send(self, message, total, what):
         self.last_command = None
         try:
-            self.ctl.send(message, total)
+            self._post(message, total)
         except BaseException as exc:  # noqa: B036 - said plainly, then raised again
             self._send_failed(exc, what)
+
+    def _post(self, message, total):
+        """Broadcast `message`; with commands queued, after them in one BATCH message (every message
+        the master sends goes through here or `_command`, which does the same)."""
+        queue = self.queue
+        if queue:
+            queue.append(message)
+            message, total = protocol.batch(queue, self.queued_bytes + total)
+            self.queue, self.queued_bytes = [], 0
+        self.ctl.send(message, total)
+
+    def _queued_share_failed(self, exc, op, new_handles, in_place):
+        """The master's own share of a queued command `op` raised `exc` (called in its handler).
+
+        A refused allocation is undone as in a sent command (oom.verdict): the
+        queue goes now, this command last, so that every worker has run what
+        the master ran when the check asks them. Anything else breaks the
+        runtime (`_share_failed`); the workers never see the queue.
+        """
+        if isinstance(exc, OutOfMemoryError):
+            last = self.queue.pop()
+            self.queued_bytes -= len(last)
+            try:
+                self._post(last, len(last))
+            except BaseException as exc2:  # noqa: B036 - said plainly, then raised again
+                self._send_failed(exc2, op)
+            self.last_command = oom.LastCommand(op, self.ctl.seq, new_handles, bool(in_place))
+        self._share_failed(exc, op)
+
+    def _drain(self):
+        """Send the queued commands and wait until every worker has run them (a failure in one of them
+        raises WorkerError here)."""
+        self._post(*protocol.encode(protocol.DRAIN))
+        gather_objects(self.world, None)
 
     def _send_failed(self, exc, what):
         """Sending command `what` raised `exc` (called in its handler): the runtime cannot go on
@@ -519,41 +627,26 @@ class Runtime:
         responder = Responder(self.world, self._status) if _heartbeat(self.world) else None
         while True:
             kind = None
+            undoable = False
             try:
                 self.activity = ("idle, waiting for the next command", time.monotonic())
                 message = self.ctl.recv(protocol.total_length)
                 kind, sig_id, handles, scalars, frees, extra = protocol.decode(message)
-                careful = kind & protocol.CAREFUL
-                if careful:
-                    kind ^= careful
-                self._free(frees)
-                if kind == protocol.SHUTDOWN:
+                if kind == protocol.BATCH:
+                    # the commands the master queued, then the message that sent them; a refusal in a
+                    # queued one cannot be undone (the master ran on past it): only in the last
+                    for queued in extra[:-1]:
+                        kind = queued[0]
+                        self._run(*queued)
+                    kind, sig_id, handles, scalars, frees, extra = extra[-1]
+                undoable = True
+                if self._run(kind, sig_id, handles, scalars, frees, extra):
                     break
-                if kind == protocol.REGISTER:
-                    self.entries[sig_id] = Entry(extra, self.nworkers, sig_id)
-                if kind in (protocol.EXEC, protocol.REGISTER):
-                    entry = self.entries[sig_id]
-                    self.activity = (entry.doing, time.monotonic())
-                    n_in = len(entry.inputs)
-                    if careful:
-                        agreement.begin(self.world, self.ctl.seq)
-                        self._execute(entry, handles[:n_in], handles[n_in:], scalars)
-                        agreement.finish()      # the master hears that this worker is out of it
-                        agreement.end()
-                    else:
-                        self._execute(entry, handles[:n_in], handles[n_in:], scalars)
-                elif kind == protocol.DEFINE:
-                    self._define(sig_id, extra)
-                elif kind == protocol.REPLAY:
-                    self.activity = (f"replaying plan {sig_id}", time.monotonic())
-                    self.programs[sig_id].replay()
-                elif kind == protocol.OOM_CHECK:
-                    oom.worker_check(self)
             except OutOfMemoryError as exc:
                 # a refused allocation in a command (not in a replay) may be undone: the master decides
                 text = traceback.format_exc()
                 try:
-                    if kind not in (protocol.EXEC, protocol.REGISTER):
+                    if not undoable or kind & ~protocol.CAREFUL not in (protocol.EXEC, protocol.REGISTER):
                         raise
                     oom.worker_refused(self, text, exc)
                 except BaseException:  # noqa: B036 - in a replay, or the master went on: no way back
@@ -565,6 +658,38 @@ class Runtime:
         self._release_graphs()
         _dump_profile(self.world.rank)
         _exit_worker(self.world, 0)
+
+    def _run(self, kind, sig_id, handles, scalars, frees, extra):
+        """Worker: run one decoded message (not a BATCH); True for SHUTDOWN."""
+        careful = kind & protocol.CAREFUL
+        if careful:
+            kind ^= careful
+        self._free(frees)
+        if kind == protocol.SHUTDOWN:
+            return True
+        if kind == protocol.REGISTER:
+            self.entries[sig_id] = Entry(extra, self.nworkers, sig_id)
+        if kind == protocol.EXEC or kind == protocol.REGISTER:
+            entry = self.entries[sig_id]
+            self.activity = (entry.doing, time.monotonic())
+            n_in = len(entry.inputs)
+            if careful:
+                agreement.begin(self.world, self.ctl.seq)
+                self._execute(entry, handles[:n_in], handles[n_in:], scalars)
+                agreement.finish()      # the master hears that this worker is out of it
+                agreement.end()
+            else:
+                self._execute(entry, handles[:n_in], handles[n_in:], scalars)
+        elif kind == protocol.DEFINE:
+            self._define(sig_id, extra)
+        elif kind == protocol.REPLAY:
+            self.activity = (f"replaying plan {sig_id}", time.monotonic())
+            self.programs[sig_id].replay()
+        elif kind == protocol.OOM_CHECK:
+            oom.worker_check(self)
+        elif kind == protocol.DRAIN:
+            gather_objects(self.world, None)     # everything before it has run here
+        return False
 
     def _status(self):
         """What this worker's main thread is doing, for the heartbeat's answer."""
@@ -588,6 +713,15 @@ class Runtime:
         """Master: end the workers (normally), or abort the job after a worker failure."""
         if self.closed:
             return
+        if self.queue and self.broken is None:
+            # the queued commands run on the workers before they are told to exit, and the master
+            # waits for them: a failure in one of them ends the job non-zero, as if it had been sent
+            try:
+                self._drain()
+            except BaseException as exc:  # noqa: B036 - a WorkerError (or an interrupt): abort below
+                sys.stderr.write(f"dmath: a command queued before the end failed: {exc}\n")
+                if self.broken is None:
+                    self.broken = exc
         self.closed = True
         if self.broken is not None or self._failure_pending():
             sys.stdout.flush()
@@ -595,7 +729,7 @@ class Runtime:
             sys.stderr.flush()
             self.world.abort(1)
         message, total = protocol.encode(protocol.SHUTDOWN, frees=self.pending_frees[:protocol.MAX_FREES])
-        self.ctl.send(message, total)
+        self._post(message, total)
         self._release_graphs()
         _dump_profile(0)
         self.world.close()

@@ -13,7 +13,11 @@ set. Temporaries, communication buffers and replica copies are not in this
 account; the pool on each worker enforces the limit on everything it holds.
 
 The cost per command is a dictionary lookup per signature and, per new
-matrix, one insertion and a comparison per worker.
+matrix, one insertion and an addition per worker. The check itself is one
+comparison: `room` is a lower bound of the smallest headroom (ceiling minus
+held bytes) over the workers, lowered by each new matrix's largest share and
+made exact only when a command's largest need passes it (a freed matrix
+never lowers the headroom), so far from the ceilings no worker is looked at.
 
 The ledger also says when a command must be careful (runtime/oom.py): when
 some worker's live matrices, the command's new ones included, pass
@@ -84,6 +88,7 @@ class Ledger:
         self.careful = memory.check_careful(careful, "the careful mode")
         self.pressure = None    # per worker: the held bytes past which commands are careful (None: no marks)
         self.low = float("inf")  # a lower bound of min(mark - held); exact whenever it is below zero
+        self.room = float("inf")  # a lower bound of min(ceiling - held) (no ceiling: infinite)
         self.nothing = Shares((0,) * nworkers)   # the shares of a matrix outside the pools
         self._set_pressure()
 
@@ -104,7 +109,12 @@ class Ledger:
         caps = self.capacity or [None] * self.nworkers
         self.ceiling = None if self.capacity is None and self.limit is None else [
             min(v for v in (c, self.limit) if v is not None) for c in caps]
+        self._set_room()
         self._set_pressure()
+
+    def _set_room(self):
+        """`room` made exact."""
+        self.room = float("inf") if self.ceiling is None else min(c - h for c, h in zip(self.ceiling, self.held))
 
     def set_careful(self, mode):
         """When commands are careful: 'auto', 'always' or 'never' (see memory.set_careful)."""
@@ -139,15 +149,16 @@ class Ledger:
         if entry is None:
             sizes = tuple(self.worker_bytes(m) for m in metas)
             need = tuple(sum(col) for col in zip(*sizes)) if sizes else (0,) * self.nworkers
-            entry = (sizes, need)
+            entry = (sizes, need, max(need))
             if sig_id is not None:
                 self._by_sig[sig_id] = entry
-        ceiling = self.ceiling
-        if ceiling is not None and metas:
+        if entry[2] > self.room and metas:      # (else every worker has room: the bound says so)
+            ceiling = self.ceiling
             held = self.held
             for r, n in enumerate(entry[1]):
                 if held[r] + n > ceiling[r]:
                     raise OutOfMemoryError(self._refusal(op, metas, r, n))
+            self._set_room()
         return entry[0]
 
     def _refusal(self, op, metas, rank, need):
@@ -188,6 +199,7 @@ class Ledger:
             for r, b in enumerate(s):
                 held[r] += b
             self.low -= s.most
+            self.room -= s.most
         if self.low < 0:
             self._tighten()
 

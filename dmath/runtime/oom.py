@@ -189,7 +189,7 @@ def verdict(rt, refused):
     message, total = protocol.encode(protocol.OOM_CHECK)
     rt.deciding = True         # the check's own waits must not read the refusal reports as failures
     try:
-        rt.ctl.send(message, total)
+        rt._post(message, total)        # (nothing is queued: the last command was sent)
         answers = gather_within(rt.world, AGREE_S)
     finally:
         rt.deciding = False

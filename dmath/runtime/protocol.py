@@ -14,6 +14,17 @@ entry -k among the frees drops plan k.
 OOM_CHECK (the header alone) asks every worker whether it is out of the last
 command after a refused allocation (oom.py).
 
+BATCH carries several messages in one (core.py, "Queued commands"): its
+header (`sig_id` holds their count), then the messages concatenated, each
+whole with its own header: the commands the master queued, in order, then
+the message whose sending flushed them (any kind). A worker runs them in
+order as if they had come one by one.
+
+DRAIN (the header alone) asks every worker to say, once it has run
+everything before it, that it has (the master waits for it at shutdown
+after a flush: a failure in a queued command is then seen before the
+workers are told to exit).
+
 CAREFUL, or-ed into the kind byte of an EXEC or REGISTER message, makes the
 command careful (its collectives agree first: comm/agreement.py, oom.py).
 A flag in a byte that is sent anyway: the frame, its size and the cached
@@ -24,7 +35,7 @@ import pickle
 import struct
 from typing import NamedTuple
 
-EXEC, REGISTER, SHUTDOWN, FREE, REPLAY, DEFINE, OOM_CHECK = 1, 2, 3, 4, 5, 6, 7
+EXEC, REGISTER, SHUTDOWN, FREE, REPLAY, DEFINE, OOM_CHECK, BATCH, DRAIN = 1, 2, 3, 4, 5, 6, 7, 8, 9
 #: a flag on the kind of a command message (EXEC, REGISTER): run it as a careful command
 CAREFUL = 0x80
 EXEC_CAREFUL = EXEC | CAREFUL
@@ -111,6 +122,23 @@ def _numbers(nh, ns, nf):
     return struct.Struct(f"<{nh}i{ns}d{nf}i")
 
 
+def batch(messages, total):
+    """(message bytes, total length) of a BATCH of `messages` (bytes, whole messages) whose lengths add
+    up to `total`."""
+    total += HEADER.size
+    return HEADER.pack(BATCH, 0, 0, 0, len(messages), total) + b"".join(messages), total
+
+
+def decode_batch(blob, count):
+    """The `decode` of each of the `count` messages concatenated in `blob`, in order."""
+    out, o = [], 0
+    for _ in range(count):
+        n = HEADER.unpack_from(blob, o)[5]
+        out.append(decode(blob[o:o + n]))
+        o += n
+    return out
+
+
 def total_length(frame):
     """The total length a message's first bytes (any buffer: bytes, a numpy frame) announce."""
     return HEADER.unpack_from(frame)[5]
@@ -118,7 +146,7 @@ def total_length(frame):
 
 def decode(message):
     """(kind, sig_id, handles, scalars, frees, extra): extra is the signature of a REGISTER,
-    the Program of a DEFINE, else None. `kind` keeps the CAREFUL flag of a careful command."""
+    the Program of a DEFINE, the list of decoded messages of a BATCH, else None. `kind` keeps the CAREFUL flag of a careful command."""
     kind, nh, ns, nf, sig_id, total = HEADER.unpack_from(message)
     numbers = _numbers(nh, ns, nf)
     values = numbers.unpack_from(message, HEADER.size)
@@ -129,4 +157,6 @@ def decode(message):
         return kind, sig_id, handles, scalars, frees, pickle.loads(message[o:total])
     if kind == DEFINE:
         return kind, sig_id, handles, scalars, frees, decode_program(bytes(message[o:total]))
+    if kind == BATCH:
+        return kind, sig_id, handles, scalars, frees, decode_batch(message[o:total], sig_id)
     return kind, sig_id, handles, scalars, frees, None

@@ -8,7 +8,9 @@ An `Op` is what a command names. It holds
   every backend) or a backend's name ('cpu', 'gpu'), which takes precedence
   there. A backend's kernel may hand what it cannot do to the generic one
   (`generic(name)`), as the cuDNN convolution does;
-- per kernel, whether a recorded plan may capture it into a CUDA graph;
+- per kernel, whether a recorded plan may capture it into a CUDA graph, and
+  whether its commands are local (no communication at all: the master may
+  queue them and send several in one control message, core.py);
 - `capture_hooks`: what must be ready before any capture (cuBLAS's workspace).
 The master half of an operation (validation, result layout, dispatch) lives
 beside its kernels in `dmath/ops/<family>.py`; the registry dispatches by
@@ -33,18 +35,19 @@ CAPTURE_HOOKS = {}
 class Op:
     """One operation: its name, the class of its static arguments, its kernels by backend."""
 
-    __slots__ = ("name", "args", "kernels")
+    __slots__ = ("name", "args", "kernels", "local_rules")
 
     def __init__(self, name, args=None):
         self.name = name
         self.args = args          # a NamedTuple class, or None: no static arguments (or the `kernel`
         #                           shorthand's positional tuples, unchecked)
         self.kernels = {}         # backend name or None -> (kernel, capture rule)
+        self.local_rules = {}     # backend name or None -> local rule (see `kernel`)
 
     def __repr__(self):
         return f"Op({self.name!r}, backends={sorted(self.kernels, key=str)})"
 
-    def kernel(self, backend=None, capturable=False):
+    def kernel(self, backend=None, capturable=False, local=False):
         """Register `fn(call)` as this operation's worker kernel on `backend` (None: every backend).
 
         capturable: True (or a function of the command's Entry returning True)
@@ -54,11 +57,21 @@ class Op:
         synchronisation, no host-device transfer, no MPI, no replica-cache use,
         and every allocation through the array module. Such kernels may be
         replayed from a CUDA graph (graphs.py).
+
+        local: True (or a function of the command's Entry returning True) when
+        a command of it never communicates on any rank: no collective, no
+        point-to-point message, no result sent to the master, no wait on
+        another rank, whatever the data (a replica-cache lookup whose miss
+        would communicate is not local). The master may then queue the
+        command and send it later with others in one control message
+        (core.py, "Queued commands"). The answer must be a function of the
+        signature only.
         """
         def register(fn):
             if backend in self.kernels:
                 raise ValueError(f"kernel {self.name!r} registered twice for backend {backend!r}")
             self.kernels[backend] = (fn, capturable)
+            self.local_rules[backend] = local
             return fn
         return register
 
@@ -79,6 +92,11 @@ class Op:
         return found
 
 
+    def local_rule(self, backend):
+        """The local rule of the kernel `lookup(backend)` returns."""
+        return self.local_rules[backend if backend in self.kernels else None]
+
+
 def define(name, args=None):
     """Define operation `name` (once) with static arguments of class `args`; returns the Op."""
     if name in OPS:
@@ -87,14 +105,14 @@ def define(name, args=None):
     return op
 
 
-def kernel(name, capturable=False, backend=None):
+def kernel(name, capturable=False, backend=None, local=False):
     """Shorthand for an operation with positional static arguments: its Op's `kernel` decorator.
 
     The first kernel defines the Op; a backend's kernel registered later
     under the same name joins it.
     """
     op = OPS.get(name) or define(name)
-    return op.kernel(backend, capturable)
+    return op.kernel(backend, capturable, local)
 
 
 def lookup(name, backend):
@@ -103,6 +121,18 @@ def lookup(name, backend):
     if op is None:
         raise KeyError(f"no kernel registered for operation {name!r}")
     return op.lookup(backend)
+
+
+def local_rule(name, backend):
+    """The local rule (see `Op.kernel`) of operation `name`'s kernel on the backend named `backend`."""
+    return OPS[name].local_rule(backend)
+
+
+def is_local(entry):
+    """Whether `entry`'s commands never communicate (the master may queue them; the same answer on
+    every rank, though only the master asks)."""
+    rule = entry.local_rule
+    return bool(rule(entry)) if callable(rule) else bool(rule)
 
 
 def generic(name):

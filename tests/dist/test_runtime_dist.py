@@ -3,7 +3,7 @@ import numpy as np
 
 import dmath
 from dmath.comm.control import FRAME
-from dmath.runtime import protocol
+from dmath.runtime import core, protocol
 
 from _cases import make, values
 
@@ -55,8 +55,10 @@ def _blocks(n, p):
     return out
 
 
-def test_cached_binary_op_is_one_frame():
-    """After its first call, a binary op is sent as its signature ID in one 64-byte frame."""
+def test_cached_binary_op_is_one_frame(monkeypatch):
+    """After its first call, a binary op is sent as its signature ID in one 64-byte frame (commands
+    not queued here: queued ones travel the same way, several in a message, test_queue_dist.py)."""
+    monkeypatch.setattr(core, "BATCH_MAX", 0)
     rt = dmath._runtime()
     a = make(values((6, 6), 72), dmath.RowBlock(), "float32")
     b = make(values((6, 6), 73), dmath.RowBlock(), "float32")
@@ -84,7 +86,8 @@ def test_cached_binary_op_is_one_frame():
                                rtol=1e-6)
 
 
-def test_control_traffic_of_cached_ops():
+def test_control_traffic_of_cached_ops(monkeypatch):
+    monkeypatch.setattr(core, "BATCH_MAX", 0)       # one message per command (queued: test_queue_dist.py)
     a = make(values((5, 5), 74), dmath.ColBlock(), "float64")
     c = a * 2.0
     dmath.reset_stats()

@@ -72,3 +72,25 @@ def test_register_carries_the_signature():
 def test_max_frees_fit_the_header():
     message, total = protocol.encode(protocol.EXEC, 1, [], [], list(range(protocol.MAX_FREES)))
     assert protocol.decode(message)[4] == list(range(protocol.MAX_FREES))
+
+
+def test_a_batch_carries_whole_messages_in_order():
+    """BATCH: the queued commands, then the message that sent them (any kind, a REGISTER too)."""
+    sig = ("ewise", ("add", (("full", 0), ("full", 1)), None), (), ())
+    parts = [protocol.encode(protocol.EXEC, 3, [1, 2, 3], [0.5], [9]),
+             protocol.encode(protocol.EXEC, 4, [3, 4], [], []),
+             protocol.encode(protocol.REGISTER | protocol.CAREFUL, 5, [4, 5], [], [3], sig)]
+    message, total = protocol.batch([m for m, _ in parts], sum(t for _, t in parts))
+    assert len(message) == total == protocol.HEADER.size + sum(t for _, t in parts)
+    assert protocol.total_length(message) == total
+    kind, count, h, s, f, inner = protocol.decode(message)
+    assert (kind, count, h, s, f) == (protocol.BATCH, 3, [], [], [])
+    assert inner == [protocol.decode(m) for m, _ in parts]
+    assert inner[2][0] == protocol.REGISTER | protocol.CAREFUL and inner[2][5] == sig
+
+
+def test_a_batch_of_cached_commands_is_small():
+    """Sixteen cached binary operations (the default most a message carries) in under 600 bytes."""
+    parts = [protocol.encode(protocol.EXEC, 7, [10 + k, 11 + k, 12 + k], [], [k])[0] for k in range(16)]
+    _, total = protocol.batch(parts, sum(map(len, parts)))
+    assert total < 600
