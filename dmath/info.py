@@ -26,8 +26,8 @@ ENVIRONMENT = {
     "DMATH_REPLICA_CACHE_BYTES": ("4 GiB", "bytes of gathered replicas a worker keeps (the replica cache)"),
     "DMATH_CAREFUL": ("auto", "careful commands (a refusal inside a collective is undone): 'auto' under memory "
                               "pressure, 'always', 'never' (dmath.memory.set_careful)"),
-    "DMATH_BATCH_MAX": ("16", "the most queued commands (local, cheap) the master sends in one control message; "
-                              "0: none are queued"),
+    "DMATH_BATCH_MAX": ("16 (CPU), 0 (GPU)", "the most queued commands (local, cheap) the master sends in one "
+                                                "control message; 0: none are queued"),
     "DMATH_BATCH_AGE_US": ("500", "the longest a queued command waits before the master's next command sends it"),
     "DMATH_BATCH_SHARE_US": ("50", "a local command is queued only when the master's own share of it last took "
                                    "at most this"),
