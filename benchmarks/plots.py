@@ -141,7 +141,7 @@ def readme():
     gemm(r("gemm_h200_p1_random_baseline_*.json") + r("gemm_h200_p2_2*.json")
          + r("gemm_h200_p4_random_baseline_*.json"), os.path.join(RESULTS, "gemm_efficiency_h200.png"),
          sizes=[32768])     # the size measured at 1, 2 and 4 GPUs with random data on both sides
-    cnn(r("cnn_h200_p1_fold_pad_*.json") + r("cnn_h200_p2_fold_pad_*.json"), os.path.join(RESULTS, "cnn_efficiency_h200.png"))
+    cnn(r("cnn_h200_p1_vecpool_*.json") + r("cnn_h200_p2_vecpool_*.json"), os.path.join(RESULTS, "cnn_efficiency_h200.png"))
     mlp(r("mnist_mlp_h200_graphs_*.json"), os.path.join(RESULTS, "mlp_layers_h200.png"))
     remap(r("remap_h200_p4_*.json"), os.path.join(RESULTS, "remap_h200_p4.png"))
 
