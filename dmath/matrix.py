@@ -157,9 +157,8 @@ class Matrix:
         if not isinstance(other, Matrix):
             raise DMathError(f"placed_as: other must be a dmath.Matrix, got {type(other).__name__}")
         p = runtime().nworkers
-        return (self.shape == other.shape
-                and distribution(self.layout, self.shape, p).same_values_placement(
-                    distribution(other.layout, other.shape, p)))
+        return distribution(self.layout, self.shape, p).same_values_placement(
+            distribution(other.layout, other.shape, p))
 
     def astype(self, dtype):
         return _remap(self, self.layout, dtype)

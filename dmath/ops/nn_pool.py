@@ -273,12 +273,10 @@ struct Recip { float sh, sw; int fast; };   // 1/sh, 1/sw; fast: divide through 
 // d loss / d x at pixel (yy, xx) of one (sample, channel) plane: the sum of the output gradients
 // of the windows that cover it (of the windows whose maximum it was, for max pooling); the
 // plane's outputs start at `base`, `es` apart.
-template <typename T, typename A, typename I>
-__device__ T pool_gather(const T* dy, const A* arg, const Win& g, I base, int es, int yy, int xx, int is_max,
-                         Recip r) {
-    int ys = yy + g.ph, xs = xx + g.pw;
-    // outputs whose window covers (yy, xx): oy in [ceil((ys - kh + 1) / sh), ys / sh]
-    int oy0, oy1, ox0, ox1;
+// the outputs whose window covers the padded position (ys, xs): oy in [ceil((ys - kh + 1) / sh), ys / sh]
+// (clipped to the output), ox likewise
+__device__ __forceinline__ void covering(const Win& g, int ys, int xs, Recip r, int& oy0, int& oy1, int& ox0,
+                                         int& ox1) {
     if (r.fast) {
         oy0 = ys - g.kh + 1 > 0 ? dm_div(ys - g.kh + g.sh, g.sh, r.sh) : 0; oy1 = min(dm_div(ys, g.sh, r.sh), g.Ho - 1);
         ox0 = xs - g.kw + 1 > 0 ? dm_div(xs - g.kw + g.sw, g.sw, r.sw) : 0; ox1 = min(dm_div(xs, g.sw, r.sw), g.Wo - 1);
@@ -286,6 +284,14 @@ __device__ T pool_gather(const T* dy, const A* arg, const Win& g, I base, int es
         oy0 = ys - g.kh + 1 > 0 ? (ys - g.kh + g.sh) / g.sh : 0; oy1 = min(ys / g.sh, g.Ho - 1);
         ox0 = xs - g.kw + 1 > 0 ? (xs - g.kw + g.sw) / g.sw : 0; ox1 = min(xs / g.sw, g.Wo - 1);
     }
+}
+
+template <typename T, typename A, typename I>
+__device__ T pool_gather(const T* dy, const A* arg, const Win& g, I base, int es, int yy, int xx, int is_max,
+                         Recip r) {
+    int ys = yy + g.ph, xs = xx + g.pw;
+    int oy0, oy1, ox0, ox1;
+    covering(g, ys, xs, r, oy0, oy1, ox0, ox1);
     typedef typename Acc<T>::type R;
     R acc = 0;
     for (int oy = oy0; oy <= oy1; ++oy) {
@@ -420,8 +426,8 @@ __global__ void dm_pool_bwd_vec(const T* dy, const T* arg, T* dx, DM_WIN_ARGS, i
     int q = dm_div(t, groups, icv);
     int yy = dm_div(q, W, iw), xx = q - yy * W;
     int ys = yy + ph, xs = xx + pw;
-    int oy0 = ys - kh + 1 > 0 ? dm_div(ys - kh + sh, sh, ish) : 0, oy1 = min(dm_div(ys, sh, ish), Ho - 1);
-    int ox0 = xs - kw + 1 > 0 ? dm_div(xs - kw + sw, sw, isw) : 0, ox1 = min(dm_div(xs, sw, isw), Wo - 1);
+    int oy0, oy1, ox0, ox1;
+    covering(g, ys, xs, Recip{ish, isw, 1}, oy0, oy1, ox0, ox1);
     long long base = n * Ho * Wo * C + (t - q * groups) * V;
     R acc[V];
 #pragma unroll
