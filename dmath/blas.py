@@ -81,20 +81,28 @@ def _row_major(x):
 
 #: numpy dtype -> its name (`dtype.name` is computed in Python on every read: microseconds per product)
 _NAME = {np.dtype(n): n for n in _CUDA_TYPE}
-#: (scalar type, value) -> the value as a 0-d host array cuBLAS reads alpha or beta from; kept, so a
-#: repeated product makes none (cuBLAS reads host scalars before the call returns, or copies them
-#: into a graph being captured)
+#: (scalar type, value) -> (a 0-d host array holding the value, its address), the alpha or beta
+#: cuBLAS reads: kept, so a repeated product makes none and asks no array for its address (NumPy
+#: builds a ctypes helper object per `.ctypes` access). cuBLAS reads host scalars before the call
+#: returns, or copies them into a graph being captured.
 _HOST_SCALARS = {}
 
 
 def _host_scalar(scalar, value):
+    """The address of `value` as a host scalar of type `scalar` (kept alive by _HOST_SCALARS, or for
+    the rare value past its 256 entries, by the returned array: (address, array))."""
     key = (scalar, value)
-    arr = _HOST_SCALARS.get(key)
-    if arr is None:
+    found = _HOST_SCALARS.get(key)
+    if found is None:
         arr = np.array(value, dtype=scalar)
+        found = (arr.ctypes.data, arr)
         if len(_HOST_SCALARS) < 256:
-            _HOST_SCALARS[key] = arr
-    return arr
+            _HOST_SCALARS[key] = found
+    return found
+
+
+#: dtype name -> (scalar type, cudaDataType, compute type, tensor ops?) for GemmEx
+_EX = {d: (_SCALAR[d], _CUDA_TYPE[d], _COMPUTE[d], d == "float16") for d in _CUDA_TYPE}
 
 
 def _gemm_gpu(a, b, out, alpha, beta):
@@ -102,7 +110,7 @@ def _gemm_gpu(a, b, out, alpha, beta):
     handle = cupy.cuda.device.get_cublas_handle()
     # the runtime's own flag: asking the stream is a CUDA call on every product
     capturing = memory.capturing()
-    calls = _captured_calls(handle) if capturing else _cupy_calls()
+    calls = _captured_calls(handle) if capturing else (_CALLS.get("cupy") or _cupy_calls())
     dtype = _NAME[a.dtype]
     a, lda, ta = _row_major(a)
     b, ldb, tb = _row_major(b)
@@ -111,8 +119,9 @@ def _gemm_gpu(a, b, out, alpha, beta):
         raise ValueError("gemm output must be a row-major array or row-strided view")
     m, k = a.shape
     n = b.shape[1]
-    scalar = _SCALAR[dtype]
-    al, be = _host_scalar(scalar, alpha), _host_scalar(scalar, beta)
+    scalar, typ, compute, tensor_ops = _EX[dtype]
+    al, al_keep = _host_scalar(scalar, alpha)
+    be, be_keep = _host_scalar(scalar, beta)
     calls.set_stream(handle, cupy.cuda.get_current_stream().ptr)
     if capturing or handle not in _HOST_POINTER_HANDLES:
         # alpha, beta live on the host (copied at a capture). Set once per handle outside a capture:
@@ -123,17 +132,14 @@ def _gemm_gpu(a, b, out, alpha, beta):
     if dtype == "float64":
         # Dgemm picks faster kernels than GemmEx with compute type 64F on an H200
         # (65 against 52 TFLOP/s at 32768^3, measured)
-        calls.dgemm(handle, int(tb), int(ta), n, m, k, al.ctypes.data, b.data.ptr, ldb,
-                    a.data.ptr, lda, be.ctypes.data, out.data.ptr, ldc)
+        calls.dgemm(handle, int(tb), int(ta), n, m, k, al, b.data.ptr, ldb, a.data.ptr, lda, be, out.data.ptr, ldc)
         return out
-    tensor_ops = dtype == "float16"
-    typ = _CUDA_TYPE[dtype]
     if tensor_ops:
         calls.set_math_mode(handle, _TENSOR_OP_MATH)
     try:
-        calls.gemm_ex(handle, int(tb), int(ta), n, m, k, al.ctypes.data, b.data.ptr, typ, ldb,
-                      a.data.ptr, typ, lda, be.ctypes.data, out.data.ptr, _CUDA_TYPE[_NAME[out.dtype]], ldc,
-                      _COMPUTE[dtype], _TENSOR_OP_ALGO if tensor_ops else _DEFAULT_ALGO)
+        calls.gemm_ex(handle, int(tb), int(ta), n, m, k, al, b.data.ptr, typ, ldb, a.data.ptr, typ, lda, be,
+                      out.data.ptr, _CUDA_TYPE[_NAME[out.dtype]], ldc, compute,
+                      _TENSOR_OP_ALGO if tensor_ops else _DEFAULT_ALGO)
     finally:
         if tensor_ops:
             calls.set_math_mode(handle, _DEFAULT_MATH)

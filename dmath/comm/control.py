@@ -24,6 +24,7 @@ class ControlChannel:
         self.world = world
         self._frame = np.zeros(FRAME, dtype=np.uint8)
         self._out = bytearray(FRAME)     # the master's frame: reused (each broadcast completes before the next)
+        self._out_spec = None            # [_out, MPI.BYTE], made at the first send
         self.seq = 0     # messages sent (master) or received (worker): both sides count alike
 
     def send(self, message, total_len):
@@ -36,7 +37,9 @@ class ControlChannel:
         head = self._out
         n = min(len(message), FRAME)
         head[:n] = message[:n]          # the frame's tail is never read: no need to clear it
-        wait(self.world.ctl.Ibcast([head, MPI.BYTE], root=0))
+        if self._out_spec is None:
+            self._out_spec = [head, MPI.BYTE]
+        wait(self.world.ctl.Ibcast(self._out_spec, root=0))
         if total_len > FRAME:
             rest = bytearray(message[FRAME:])
             wait(self.world.ctl.Ibcast([rest, MPI.BYTE], root=0))

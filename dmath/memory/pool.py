@@ -228,6 +228,8 @@ class CudaPool:
         self.used_peak = None        # while measure_peak() runs: the most device bytes in use so far
         self.footprint = 0           # the device pool's total bytes when last seen (see _malloc)
         self._unified_freed = []
+        self._specs = {}             # (shape, dtype) -> (bytes, numpy dtype) of a non-empty array (`empty`)
+        self._ndarray, self._np = cupy.ndarray, np
         cupy.cuda.set_allocator(self._malloc)
         cupy.cuda.set_pinned_memory_allocator(self._pinned_malloc)
 
@@ -279,8 +281,22 @@ class CudaPool:
 
     # ---- allocation ---------------------------------------------------------
     def empty(self, shape, dtype):
-        """An uninitialised device array from the pool."""
-        return self._cp.empty(shape, dtype)
+        """An uninitialised device array from the pool.
+
+        The block comes from `_malloc` directly and the array is made on it:
+        `cupy.empty` would find the same allocator through CuPy's allocator
+        hook, which costs about a microsecond of every eager operation. During
+        a CUDA-graph capture the capture's own allocator is in force (graphs.py
+        sets it), so CuPy's path is taken there.
+        """
+        spec = self._specs.get((shape, dtype)) if type(shape) is tuple else None
+        if spec is None or self.capture_refs is not None:
+            if type(shape) is tuple and len(self._specs) < 4096:
+                nbytes = nbytes_of(shape, dtype)
+                if nbytes:
+                    self._specs[(shape, dtype)] = (nbytes, self._np.dtype(dtype))
+            return self._cp.empty(shape, dtype)
+        return self._ndarray(shape, spec[1], self._malloc(spec[0]))
 
     def host_empty(self, shape, dtype):
         """An uninitialised numpy array in pinned host memory (for asynchronous copies)."""

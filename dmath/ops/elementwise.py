@@ -38,14 +38,24 @@ class Function(NamedTuple):
     partial: Optional[str]  # 'linear': Partial operands stay Partial when all are alike (a sum of
     #                         addends maps to a sum); 'scale': a Partial first operand and scalars
     #                         only (each addend scaled); None: Partial operands are summed first
+    cuda: Optional[str]    # the value as a CUDA C expression of the operands (named as in params,
+    #                         each of the computing type C: float, or double for float64 results), for
+    #                         the GPU kernel's one-launch path (elementwise_cuda.py); None: CuPy's
 
 
 #: name -> Function
 FUNCTIONS = {}
 
 
-def function(name, params, compute, doc, partial=None, grad=None):
+def function(name, params, compute, doc, partial=None, grad=None, cuda=None):
     """Define elementwise function `name` with operands `params`; returns its public function.
+
+    compute(xp, out, *operands) writes the value with the array module (every
+    backend); cuda, where given, is the same value as one CUDA C expression,
+    which GPUs launch directly for operands that are whole contiguous pieces
+    and scalars. The two must agree bit for bit, as CuPy computes: each
+    operand converted to the result's type (float for float16, whose result
+    is rounded once at the end), scalars rounded to the result's dtype first.
 
     grad: for a function of one operand, g(x, y, gy) giving x's gradient from
     the operand x, the result y and y's gradient gy (reverse mode: gy times
@@ -59,7 +69,7 @@ def function(name, params, compute, doc, partial=None, grad=None):
         raise ValueError(f"{name}: partial must be None, 'linear' or 'scale', got {partial!r}")
     if grad is not None and len(params) != 1:
         raise ValueError(f"{name}: a gradient is defined for functions of one operand only")
-    FUNCTIONS[name] = Function(name, tuple(params), compute, partial)
+    FUNCTIONS[name] = Function(name, tuple(params), compute, partial, cuda)
     sig = inspect.Signature([inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params])
 
     arity = len(params)
@@ -98,44 +108,51 @@ def _where(xp, out, c, a, b):
 
 
 # ---- the functions (the public API names; arithmetic operators use the first four) ----------
-add = function("add", ("a", "b"), _ufunc("add"), "a + b elementwise.", partial="linear")
-sub = function("sub", ("a", "b"), _ufunc("subtract"), "a - b elementwise.", partial="linear")
-mul = function("mul", ("a", "b"), _ufunc("multiply"), "a * b elementwise.", partial="scale")
-div = function("div", ("a", "b"), _ufunc("true_divide"), "a / b elementwise.", partial="scale")
-neg = function("neg", ("m",), _ufunc("negative"), "-m elementwise.", partial="linear")
-pow = function("pow", ("m", "p"), _ufunc("power"), "m ** p elementwise.")      # noqa: A001
-maximum = function("maximum", ("a", "b"), _ufunc("maximum"), "The larger of a and b elementwise.")
-minimum = function("minimum", ("a", "b"), _ufunc("minimum"), "The smaller of a and b elementwise.")
+# NaN wins in maximum and minimum, as in NumPy (dm_nan: CUDA has no NAN macro under NVRTC)
+_MAX = "(isnan(a) || isnan(b)) ? dm_nan<C>() : fmax(a, b)"
+_MIN = "(isnan(a) || isnan(b)) ? dm_nan<C>() : fmin(a, b)"
+add = function("add", ("a", "b"), _ufunc("add"), "a + b elementwise.", partial="linear", cuda="a + b")
+sub = function("sub", ("a", "b"), _ufunc("subtract"), "a - b elementwise.", partial="linear", cuda="a - b")
+mul = function("mul", ("a", "b"), _ufunc("multiply"), "a * b elementwise.", partial="scale", cuda="a * b")
+div = function("div", ("a", "b"), _ufunc("true_divide"), "a / b elementwise.", partial="scale", cuda="a / b")
+neg = function("neg", ("m",), _ufunc("negative"), "-m elementwise.", partial="linear", cuda="-m")
+pow = function("pow", ("m", "p"), _ufunc("power"), "m ** p elementwise.", cuda="pow(m, p)")      # noqa: A001
+maximum = function("maximum", ("a", "b"), _ufunc("maximum"), "The larger of a and b elementwise.", cuda=_MAX)
+minimum = function("minimum", ("a", "b"), _ufunc("minimum"), "The smaller of a and b elementwise.", cuda=_MIN)
 where = function("where", ("cond", "a", "b"), _where,
                  "Elementwise `a` where `cond` is non-zero, else `b` (matrices or scalars).")
 exp = function("exp", ("m",), _ufunc("exp"), "e ** m elementwise.",
-               grad=lambda x, y, gy: gy * y)
+               grad=lambda x, y, gy: gy * y, cuda="exp(m)")
 log = function("log", ("m",), _ufunc("log"), "The natural logarithm elementwise.",
-               grad=lambda x, y, gy: gy / x)
-sqrt = function("sqrt", ("m",), _ufunc("sqrt"), "The square root elementwise.")
-abs = function("abs", ("m",), _ufunc("absolute"), "|m| elementwise.")          # noqa: A001
+               grad=lambda x, y, gy: gy / x, cuda="log(m)")
+sqrt = function("sqrt", ("m",), _ufunc("sqrt"), "The square root elementwise.", cuda="sqrt(m)")
+abs = function("abs", ("m",), _ufunc("absolute"), "|m| elementwise.", cuda="fabs(m)")          # noqa: A001
 # the gradients of tanh and sigmoid read the result only
 tanh = function("tanh", ("m",), _ufunc("tanh"), "The hyperbolic tangent elementwise.",
-                grad=lambda x, y, gy: gy - gy * (y * y))
+                grad=lambda x, y, gy: gy - gy * (y * y), cuda="tanh(m)")
 sigmoid = function("sigmoid", ("m",), _sigmoid, "1 / (1 + e ** -m) elementwise.",
                    grad=lambda x, y, gy: gy * (y - y * y))
 # y > 0 exactly where x > 0 (the subgradient at 0 is 0, as PyTorch's)
 relu = function("relu", ("m",), lambda xp, out, a: xp.maximum(a, 0, out=out), "max(m, 0) elementwise.",
-                grad=lambda x, y, gy: where(y, gy, 0.0))
+                grad=lambda x, y, gy: where(y, gy, 0.0), cuda="isnan(m) ? dm_nan<C>() : fmax(m, (C)0)")
 
 # comparisons and logic: 1 where true, else 0, in the operands' dtype (NumPy's type promotion)
-equal = function("equal", ("a", "b"), _ufunc("equal"), "1 where a == b, else 0.")
-not_equal = function("not_equal", ("a", "b"), _ufunc("not_equal"), "1 where a != b, else 0.")
-greater = function("greater", ("a", "b"), _ufunc("greater"), "1 where a > b, else 0.")
-greater_equal = function("greater_equal", ("a", "b"), _ufunc("greater_equal"), "1 where a >= b, else 0.")
-less = function("less", ("a", "b"), _ufunc("less"), "1 where a < b, else 0.")
-less_equal = function("less_equal", ("a", "b"), _ufunc("less_equal"), "1 where a <= b, else 0.")
-isfinite = function("isfinite", ("m",), _ufunc("isfinite"), "1 where m is neither inf nor NaN, else 0.")
-isnan = function("isnan", ("m",), _ufunc("isnan"), "1 where m is NaN, else 0.")
+equal = function("equal", ("a", "b"), _ufunc("equal"), "1 where a == b, else 0.", cuda="a == b")
+not_equal = function("not_equal", ("a", "b"), _ufunc("not_equal"), "1 where a != b, else 0.", cuda="a != b")
+greater = function("greater", ("a", "b"), _ufunc("greater"), "1 where a > b, else 0.", cuda="a > b")
+greater_equal = function("greater_equal", ("a", "b"), _ufunc("greater_equal"), "1 where a >= b, else 0.",
+                         cuda="a >= b")
+less = function("less", ("a", "b"), _ufunc("less"), "1 where a < b, else 0.", cuda="a < b")
+less_equal = function("less_equal", ("a", "b"), _ufunc("less_equal"), "1 where a <= b, else 0.", cuda="a <= b")
+isfinite = function("isfinite", ("m",), _ufunc("isfinite"), "1 where m is neither inf nor NaN, else 0.",
+                    cuda="isfinite(m)")
+isnan = function("isnan", ("m",), _ufunc("isnan"), "1 where m is NaN, else 0.", cuda="isnan(m)")
 logical_and = function("logical_and", ("a", "b"), _ufunc("logical_and"),
-                       "1 where both a and b are non-zero, else 0.")
-logical_or = function("logical_or", ("a", "b"), _ufunc("logical_or"), "1 where a or b is non-zero, else 0.")
-logical_not = function("logical_not", ("m",), _ufunc("logical_not"), "1 where m is zero, else 0.")
+                       "1 where both a and b are non-zero, else 0.", cuda="a != (C)0 && b != (C)0")
+logical_or = function("logical_or", ("a", "b"), _ufunc("logical_or"), "1 where a or b is non-zero, else 0.",
+                      cuda="a != (C)0 || b != (C)0")
+logical_not = function("logical_not", ("m",), _ufunc("logical_not"), "1 where m is zero, else 0.",
+                       cuda="m == (C)0")
 
 #: the public functions, by name, in the order defined (dmath/__init__.py exports them)
 PUBLIC = ("exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "pow", "maximum", "minimum", "where",

@@ -393,10 +393,12 @@ class Runtime:
             result = self._careful_share(entry, in_handles, out_handles, scalars, payload, op)
         else:
             try:
-                t0 = _perf_counter()
-                result = self._execute(entry, in_handles, out_handles, scalars, payload)
-                if entry.local:
+                if self.batching and entry.local:
+                    t0 = _perf_counter()
+                    result = self._execute(entry, in_handles, out_handles, scalars, payload)
                     entry.share_s = _perf_counter() - t0      # whether the next one may be queued
+                else:
+                    result = self._execute(entry, in_handles, out_handles, scalars, payload)
             except BaseException as exc:  # noqa: B036 - see _share_failed
                 self._share_failed(exc, op)
         if recorder is not None:

@@ -267,3 +267,80 @@ def test_awkward_shapes(shape):
         except AssertionError as exc:
             failures.append(f"{name}, {other}: +=: {exc}")
     assert not failures, "\n".join(failures)
+
+
+def _special(shape, dtype, seed):
+    """Random values with zeros, infinities and NaNs sprinkled in (what the edge cases of each
+    function's expression see), in `dtype`."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal(shape) * 3
+    picks = rng.random(shape)
+    x[picks < 0.04] = 0.0
+    x[(picks >= 0.04) & (picks < 0.07)] = np.inf
+    x[(picks >= 0.07) & (picks < 0.10)] = -np.inf
+    x[(picks >= 0.10) & (picks < 0.13)] = np.nan
+    x[(picks >= 0.13) & (picks < 0.18)] = np.round(x[(picks >= 0.13) & (picks < 0.18)])   # ties in comparisons
+    return x.astype(dtype)
+
+
+@pytest.mark.parametrize("dtypes", [("float16",), ("float32",), ("float64",), ("float16", "float32"),
+                                    ("float32", "float64")], ids="-".join)
+def test_gpu_one_launch_path_gives_cupys_bits(dtypes):
+    """On a GPU, the generated one-launch kernel of every function with a CUDA expression gives the
+    bits of CuPy's ufunc (the generic kernel), for array and scalar operands on either side, mixed
+    dtypes, and zeros, infinities and NaNs (a NaN result only has to be a NaN). Its grid-stride
+    loop is taken past the largest grid."""
+    if dmath.device() != "gpu":
+        pytest.skip("the one-launch path is the GPU kernel's")
+    import cupy
+    from dmath.ops import cuda
+    from dmath.ops.elementwise import FUNCTIONS
+    from dmath.ops.elementwise_cuda import run
+    failures = []
+    for fn, f in FUNCTIONS.items():
+        arity = len(f.params)
+        if f.cuda is None or (len(dtypes) > arity):
+            continue                # (mixed dtypes: two array operands)
+        forms = [("arrays", [True] * arity)]
+        if arity == 2 and len(dtypes) == 1:
+            forms += [("array, scalar", [True, False]), ("scalar, array", [False, True])]
+        for form, arrays in forms:
+            # past the largest grid (the grid-stride loop) for one function
+            for size in ((37, 53), (cuda.MAX_BLOCKS * 256 + 1000, 1)) if fn == "add" else ((37, 53),):
+                operands = []
+                for k, is_array in enumerate(arrays):
+                    if is_array:
+                        operands.append(cupy.asarray(_special(size, dtypes[k % len(dtypes)], 40 + k)))
+                    else:
+                        operands.append([0.3, -1.7, 2.0][k])
+                out_dtype = np.result_type(*[a.dtype for a in operands if hasattr(a, "dtype")]).name
+                want = cupy.empty(size, out_dtype)
+                f.compute(cupy, want, *operands)
+                got = run(fn, operands, cupy.full(size, 7, out_dtype))
+                w, g = cupy.asnumpy(want), cupy.asnumpy(got)
+                same = (w.view(f"u{w.itemsize}") == g.view(f"u{g.itemsize}")) | (np.isnan(w) & np.isnan(g))
+                if not same.all():
+                    k = int(np.argmin(same.ravel()))
+                    failures.append(f"{fn} ({form}, {size}): {int((~same).sum())} differ, first at {k}: "
+                                    f"{g.ravel()[k]!r} against CuPy's {w.ravel()[k]!r}")
+    del operands, want, got
+    # the large arrays' blocks go back to the device: a later test that measures what clear() gives
+    # back must not find its requests carved out of them
+    dmath.memory.clear()
+    assert not failures, "\n".join(failures)
+
+
+def test_eager_elementwise_chain_on_every_path():
+    """The GPU's one-launch path (contiguous pieces and scalars), the generic kernel (a column
+    vector operand) and an in-place write, mixed in one chain, in every layout, against NumPy."""
+    shape = (11, 6)
+    x, y, c = values(shape, 50), values(shape, 51), values((shape[0], 1), 52)
+    for name in NAMES:
+        lay = layout(name, shape, P)
+        a, b = make(x, lay, "float32"), make(y, lay, "float32")
+        col = make(c, dmath.Replicated(), "float32")
+        r = dmath.tanh(a * 0.5 + b) - col
+        r = dmath.maximum(r, 0.25 * b) / (abs(a) + 1.0)
+        r += a
+        want = np.maximum(np.tanh(x * 0.5 + y) - c, 0.25 * y) / (np.abs(x) + 1.0) + x
+        np.testing.assert_allclose(r.to_numpy(), want, **tol("float32"), err_msg=name)
