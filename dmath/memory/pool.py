@@ -229,7 +229,7 @@ class CudaPool:
         self.footprint = 0           # the device pool's total bytes when last seen (see _malloc)
         self._unified_freed = []
         self._specs = {}             # (shape, dtype) -> (bytes, numpy dtype) of a non-empty array (`empty`)
-        self._ndarray, self._np = cupy.ndarray, np
+        self._ndarray = cupy.ndarray
         cupy.cuda.set_allocator(self._malloc)
         cupy.cuda.set_pinned_memory_allocator(self._pinned_malloc)
 
@@ -289,13 +289,14 @@ class CudaPool:
         a CUDA-graph capture the capture's own allocator is in force (graphs.py
         sets it), so CuPy's path is taken there.
         """
-        spec = self._specs.get((shape, dtype)) if type(shape) is tuple else None
-        if spec is None or self.capture_refs is not None:
-            if type(shape) is tuple and len(self._specs) < 4096:
-                nbytes = nbytes_of(shape, dtype)
-                if nbytes:
-                    self._specs[(shape, dtype)] = (nbytes, self._np.dtype(dtype))
+        if self.capture_refs is not None or type(shape) is not tuple:
             return self._cp.empty(shape, dtype)
+        spec = self._specs.get((shape, dtype))
+        if spec is None:
+            nbytes = nbytes_of(shape, dtype)
+            if not nbytes or len(self._specs) >= 4096:     # (an empty array; or past the kept shapes)
+                return self._cp.empty(shape, dtype)
+            spec = self._specs[(shape, dtype)] = (nbytes, np.dtype(dtype))
         return self._ndarray(shape, spec[1], self._malloc(spec[0]))
 
     def host_empty(self, shape, dtype):
