@@ -1,12 +1,13 @@
 """Master cost per operation for a chain of small operations: cached IDs, a recorded plan, DTensor.
 
-    mpiexec -n P python benchmarks/chain_bench.py [--n 256] [--groups 25] [--reps 20] [--out F.json]
+    mpiexec -n P python benchmarks/chain_bench.py [--n 256] [--groups 25] [--reps 50] [--out F.json]
 
 The chain is `groups` repetitions of y = tanh((y @ W) * s + x), four dmath
 operations each (100 by default) on n x n matrices: x and y row-split
 (RowBlock), W replicated. Timed per operation, both as the master's time to
 issue the chain (what the master pays; the workers run behind it) and until
-the workers have completed it:
+the workers have completed it, each the median of `reps` runs of one chain
+followed by `dmath.synchronize()` (as DTensor's figure is its median run):
 - eager: each operation dispatched with its cached signature ID;
 - replay: the chain recorded once with `dmath.record()`, then `plan.replay()`
   (one control message for the whole chain);
@@ -15,6 +16,7 @@ the workers have completed it:
 """
 import argparse
 import os
+import statistics
 import sys
 import time
 
@@ -62,7 +64,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=256)
     ap.add_argument("--groups", type=int, default=25)
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--port", type=int, default=29534)
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", default=None)
@@ -83,18 +85,21 @@ def main():
         return v
 
     def timed(fn):
-        """(master seconds per op to issue the chain, seconds per op until the workers finished)."""
+        """(master seconds per op to issue the chain, seconds per op until the workers finished it):
+        medians over `reps` runs of fn then `dmath.synchronize()`, as the DTensor peer's (a median
+        of synchronised runs, so that a burst of host noise moves neither figure)."""
         for _ in range(2):
             fn()
         dmath.synchronize()
         dmath.reset_stats()     # (and DMATH_CPROFILE's profiles: the steady state only)
-        t0 = time.perf_counter()
+        issued, done = [], []
         for _ in range(args.reps):
+            t0 = time.perf_counter()
             fn()
-        issued = time.perf_counter() - t0
-        dmath.synchronize()
-        done = time.perf_counter() - t0
-        return issued / (args.reps * ops), done / (args.reps * ops)
+            issued.append(time.perf_counter() - t0)
+            dmath.synchronize()
+            done.append(time.perf_counter() - t0)
+        return statistics.median(issued) / ops, statistics.median(done) / ops
 
     eager_issue, eager_s = timed(chain)
     if args.eager_only:

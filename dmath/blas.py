@@ -106,44 +106,108 @@ _EX = {d: (_SCALAR[d], _CUDA_TYPE[d], _COMPUTE[d], d == "float16") for d in _CUD
 
 
 def _gemm_gpu(a, b, out, alpha, beta):
-    cupy = _CUPY.get("cupy") or _cupy()
-    handle = cupy.cuda.device.get_cublas_handle()
-    # the runtime's own flag: asking the stream is a CUDA call on every product
-    capturing = memory.capturing()
-    calls = _captured_calls(handle) if capturing else (_CALLS.get("cupy") or _cupy_calls())
-    dtype = _NAME[a.dtype]
     a, lda, ta = _row_major(a)
     b, ldb, tb = _row_major(b)
     o, ldc, to = _row_major(out)
     if to or o is not out:
         raise ValueError("gemm output must be a row-major array or row-strided view")
-    m, k = a.shape
-    n = b.shape[1]
-    scalar, typ, compute, tensor_ops = _EX[dtype]
-    al, al_keep = _host_scalar(scalar, alpha)
-    be, be_keep = _host_scalar(scalar, beta)
-    calls.set_stream(handle, cupy.cuda.get_current_stream().ptr)
-    if capturing or handle not in _HOST_POINTER_HANDLES:
-        # alpha, beta live on the host (copied at a capture). Set once per handle outside a capture:
-        # nothing leaves it otherwise (CuPy's own cuBLAS routines restore the mode they change)
-        calls.set_pointer_mode(handle, _HOST_POINTERS)
-        _HOST_POINTER_HANDLES.add(handle)
-    # row-major C = A B is column-major C^T = B^T A^T: hand cuBLAS b first
-    if dtype == "float64":
-        # Dgemm picks faster kernels than GemmEx with compute type 64F on an H200
-        # (65 against 52 TFLOP/s at 32768^3, measured)
-        calls.dgemm(handle, int(tb), int(ta), n, m, k, al, b.data.ptr, ldb, a.data.ptr, lda, be, out.data.ptr, ldc)
-        return out
-    if tensor_ops:
-        calls.set_math_mode(handle, _TENSOR_OP_MATH)
-    try:
-        calls.gemm_ex(handle, int(tb), int(ta), n, m, k, al, b.data.ptr, typ, ldb, a.data.ptr, typ, lda, be,
-                      out.data.ptr, _CUDA_TYPE[_NAME[out.dtype]], ldc, compute,
-                      _TENSOR_OP_ALGO if tensor_ops else _DEFAULT_ALGO)
-    finally:
-        if tensor_ops:
-            calls.set_math_mode(handle, _DEFAULT_MATH)
+    _Shape(_NAME[a.dtype], _NAME[out.dtype], int(ta), int(tb), a.shape[0], b.shape[1], a.shape[1],
+           lda, ldb, ldc).launch(a.data.ptr, b.data.ptr, out.data.ptr, alpha, beta)
     return out
+
+
+class _Shape(NamedTuple):
+    """A GPU product's cuBLAS arguments other than the pointers and scalars (row-major terms:
+    op(a) is m x k, op(b) k x n; ta, tb: 1 where the array holds op(x) column-major)."""
+    dtype: str
+    out_dtype: str
+    ta: int
+    tb: int
+    m: int
+    n: int
+    k: int
+    lda: int
+    ldb: int
+    ldc: int
+
+    def launch(self, a_ptr, b_ptr, out_ptr, alpha, beta):
+        """out = alpha op(a) op(b) + beta out on the current stream (one cuBLAS call)."""
+        cupy = _CUPY.get("cupy") or _cupy()
+        handle = cupy.cuda.device.get_cublas_handle()
+        # the runtime's own flag: asking the stream is a CUDA call on every product
+        capturing = memory.capturing()
+        calls = _captured_calls(handle) if capturing else (_CALLS.get("cupy") or _cupy_calls())
+        scalar, typ, compute, tensor_ops = _EX[self.dtype]
+        al, al_keep = _host_scalar(scalar, alpha)
+        be, be_keep = _host_scalar(scalar, beta)
+        calls.set_stream(handle, cupy.cuda.get_current_stream().ptr)
+        if capturing or handle not in _HOST_POINTER_HANDLES:
+            # alpha, beta live on the host (copied at a capture). Set once per handle outside a capture:
+            # nothing leaves it otherwise (CuPy's own cuBLAS routines restore the mode they change)
+            calls.set_pointer_mode(handle, _HOST_POINTERS)
+            _HOST_POINTER_HANDLES.add(handle)
+        # row-major C = A B is column-major C^T = B^T A^T: hand cuBLAS b first
+        if typ == 1:
+            # Dgemm picks faster kernels than GemmEx with compute type 64F on an H200
+            # (65 against 52 TFLOP/s at 32768^3, measured)
+            calls.dgemm(handle, self.tb, self.ta, self.n, self.m, self.k, al, b_ptr, self.ldb, a_ptr, self.lda,
+                        be, out_ptr, self.ldc)
+            return
+        if tensor_ops:
+            calls.set_math_mode(handle, _TENSOR_OP_MATH)
+        try:
+            calls.gemm_ex(handle, self.tb, self.ta, self.n, self.m, self.k, al, b_ptr, typ, self.ldb, a_ptr, typ,
+                          self.lda, be, out_ptr, _CUDA_TYPE[self.out_dtype], self.ldc, compute,
+                          _TENSOR_OP_ALGO if tensor_ops else _DEFAULT_ALGO)
+        finally:
+            if tensor_ops:
+                calls.set_math_mode(handle, _DEFAULT_MATH)
+
+
+class Product:
+    """`gemm` of operands shaped like the ones it was made from, its arguments worked out once.
+
+    `product(a, b, out)` makes it from a command's first arrays (a and b as
+    held, unsliced, with flags saying whether the product uses their
+    transposes); `run(a, b, out, alpha)` then computes out = alpha op(a)
+    op(b) for arrays of the same shapes, strides and dtypes (the caller
+    checks the strides against `strides`): on a GPU one cuBLAS call whose
+    only per-product work is the pointers; on the CPU NumPy's.
+    """
+    __slots__ = ("strides", "shape", "trans_a", "trans_b")
+
+    def __init__(self, strides, shape, trans_a, trans_b):
+        self.strides = strides          # (a's, b's) as held
+        self.shape = shape              # a _Shape on a GPU, None on the CPU
+        self.trans_a, self.trans_b = trans_a, trans_b
+
+    def run(self, a, b, out, alpha):
+        """out = alpha op(a) op(b); returns out."""
+        shape = self.shape
+        if shape is None:
+            return _gemm_cpu(a.T if self.trans_a else a, b.T if self.trans_b else b, out, alpha, 0.0)
+        shape.launch(a.data.ptr, b.data.ptr, out.data.ptr, alpha, 0.0)
+        return out
+
+
+def product(a, b, out_dtype, trans_a=False, trans_b=False):
+    """The `Product` of arrays like a, b (as held; op(x) is x.T when trans_x) into a new C-ordered
+    result of `out_dtype`, or None where `gemm` must do more than one library call (an empty
+    product, or an operand that is neither row- nor column-major: it is copied first)."""
+    x = a.T if trans_a else a
+    y = b.T if trans_b else b
+    m, k = x.shape
+    n = y.shape[1]
+    if not (m and n and k) or x.dtype != y.dtype:
+        return None
+    if not backend.current().is_gpu:
+        return Product((a.strides, b.strides), None, trans_a, trans_b)
+    x2, lda, ta = _row_major(x)
+    y2, ldb, tb = _row_major(y)
+    if x2 is not x or y2 is not y:
+        return None
+    return Product((a.strides, b.strides), _Shape(_NAME[x.dtype], str(out_dtype), int(ta), int(tb), m, n, k,
+                                                 lda, ldb, n), trans_a, trans_b)
 
 
 #: the cuBLAS handles whose pointer mode `_gemm_gpu` has set to host pointers

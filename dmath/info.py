@@ -26,8 +26,8 @@ ENVIRONMENT = {
     "DMATH_REPLICA_CACHE_BYTES": ("4 GiB", "bytes of gathered replicas a worker keeps (the replica cache)"),
     "DMATH_CAREFUL": ("auto", "careful commands (a refusal inside a collective is undone): 'auto' under memory "
                               "pressure, 'always', 'never' (dmath.memory.set_careful)"),
-    "DMATH_BATCH_MAX": ("16 (CPU), 0 (GPU)", "the most queued commands (local, cheap) the master sends in one "
-                                                "control message; 0: none are queued"),
+    "DMATH_BATCH_MAX": ("16", "the most queued commands (local, cheap) the master sends in one control "
+                              "message; 0: none are queued"),
     "DMATH_BATCH_AGE_US": ("500", "the longest a queued command waits before the master's next command sends it"),
     "DMATH_BATCH_SHARE_US": ("50", "a local command is queued only when the master's own share of it last took "
                                    "at most this"),
@@ -36,6 +36,8 @@ ENVIRONMENT = {
     "DMATH_CUDA_GRAPHS": ("1", "0: replay recorded plans kernel by kernel, never as CUDA graphs"),
     "DMATH_GRAPH_COLLECTIVES": ("1", "0: never capture NCCL collectives into a CUDA graph"),
     "DMATH_CUDNN": ("1", "0: convolutions by im2col and cuBLAS even when cuDNN is there"),
+    "DMATH_TF32": ("1", "float32 cuDNN convolutions may use TF32 tensor cores (as PyTorch's); 0: float32 "
+                        "throughout"),
     "DNN_DATA_DIR": ("~/.cache/dmath-dnn", "where dnn.data downloads and finds data sets"),
 }
 

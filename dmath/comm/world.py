@@ -145,10 +145,8 @@ class World:
             node = world.Split_type(MPI.COMM_TYPE_SHARED)
             self.local_rank, self.local_size = node.Get_rank(), node.Get_size()
             node.Free()
-
-    @property
-    def is_mpi(self):
-        return self.mpi_module is not None and self.size > 1
+        # (an attribute, not a property: the control channel reads it on every command)
+        self.is_mpi = self.mpi_module is not None and self.size > 1
 
     def group(self, ranks):
         """The cached `Group` over `ranks` (this rank must be a member); collective over its members."""

@@ -329,9 +329,35 @@ def _prepared(call):
     return prep
 
 
+def _direct(call):
+    """What the usual local product needs per command, or False: each worker multiplies the one
+    piece of each operand it holds, both as held (no remap, no cast), into a new result where the
+    product lands. (blas.Product, result shape, result Distribution, dtype), from the first command."""
+    strategy, result_layout, trans_a, trans_b, has_c = call.entry.static
+    if strategy.name != "local" or has_c or not _no_communication(call.entry):
+        return False
+    prep = call.entry.cache.get("prep") or _prepared(call)
+    a, b = call.inputs[0].pieces, call.inputs[1].pieces
+    if len(prep.local_shapes) != 1 or len(a) != 1 or len(b) != 1:
+        return False
+    product = blas.product(a[0], b[0], prep.dtype, trans_a, trans_b)
+    return False if product is None else (product, prep.local_shapes[0], prep.final, prep.dtype)
+
+
 @GEMM.kernel(capturable=_capturable, local=_no_communication)
 def _gemm(call):
     """alpha op(A) op(B) (+ beta C) by the strategy of the static GemmArgs; scalars: alpha, beta."""
+    direct = call.entry.cache.get("direct")
+    if direct is None:
+        direct = call.entry.cache["direct"] = _direct(call)
+    if direct is not False:
+        # the usual local product: one library call on the pieces as held
+        product, shape, final, dtype = direct
+        a, b = call.inputs[0].pieces[0], call.inputs[1].pieces[0]
+        if (a.strides, b.strides) == product.strides:
+            out = memory.empty(shape, dtype)
+            product.run(a, b, out, call.scalars[0])
+            return [Shard([out], final, dtype)]
     strategy, result_layout, trans_a, trans_b, has_c = call.entry.static
     prep = call.entry.cache.get("prep") or _prepared(call)
     alpha, beta = call.scalars

@@ -73,13 +73,11 @@ PROFILE = os.environ.get("DMATH_PROFILE", "0") not in ("", "0")
 #: (pstats format) when it ends: where the master's and the workers' dispatch time goes
 CPROFILE = os.environ.get("DMATH_CPROFILE", "")
 #: queued commands (see the module's doc): a message carries at most this many queued commands
-#: (DMATH_BATCH_MAX=0 or 1: none are queued; unset: 16 on the CPU backend, 0 on GPUs, where a
-#: batch made a 2-GPU chain slower, 81 against 53 us per operation: the workers' late start left
-#: the master waiting at every send); BATCH_AGE_S: the longest the first one waits (checked
-#: at the next command); BATCH_SHARE_S: a local command is queued only when the master's own share
-#: of its signature last took at most this. Read on the master when it sends (tests may set them).
-BATCH_MAX = int(os.environ["DMATH_BATCH_MAX"]) if os.environ.get("DMATH_BATCH_MAX") else None
-_BATCH_MAX_DEFAULT = {"cpu": 16, "gpu": 0}
+#: (DMATH_BATCH_MAX=0 or 1: none are queued; unset: 16); BATCH_AGE_S: the longest the first one
+#: waits (checked at the next command); BATCH_SHARE_S: a local command is queued only when the
+#: master's own share of its signature last took at most this. Read on the master when it sends
+#: (tests may set them).
+BATCH_MAX = int(os.environ["DMATH_BATCH_MAX"]) if os.environ.get("DMATH_BATCH_MAX") else 16
 BATCH_AGE_S = float(os.environ.get("DMATH_BATCH_AGE_US", "500")) * 1e-6
 BATCH_SHARE_S = float(os.environ.get("DMATH_BATCH_SHARE_US", "50")) * 1e-6
 
@@ -185,7 +183,6 @@ class Runtime:
         self.refusals = {}         # master: rank -> traceback of refusals in the careful command running
         self.refusal_deadline = None   # master: when the careful command must be left by all (oom.noted)
         self.batching = world.is_mpi   # master: local commands may be queued (alone, nothing is sent)
-        self.batch_max_default = _BATCH_MAX_DEFAULT.get(be.name, 0)    # where DMATH_BATCH_MAX is unset
         self.queue = []            # master: the messages of the queued commands, oldest first
         self.queued_bytes = 0      # master: their total length
         self.queued_since = 0.0    # master: perf_counter() when the first of them was queued
@@ -363,8 +360,7 @@ class Runtime:
             now = _perf_counter()
             if not queue:
                 self.queued_since = now
-            limit = self.batch_max_default if BATCH_MAX is None else BATCH_MAX
-            if len(queue) + 1 < limit and now - self.queued_since <= BATCH_AGE_S:
+            if len(queue) + 1 < BATCH_MAX and now - self.queued_since <= BATCH_AGE_S:
                 queue.append(message)
                 self.queued_bytes += total
                 self.last_command = None    # nothing sent: no refusal is undone until the next message

@@ -10,7 +10,11 @@ import os
 
 import pytest
 
-import dmath
+# float32 convolutions in float32, not TF32 (the tests compare them with float32 tolerances): set
+# before dmath is imported (dmath.cudnn reads it), on every rank, unless the environment chose
+os.environ.setdefault("DMATH_TF32", "0")
+
+import dmath  # noqa: E402
 import _kernels  # noqa: F401  (test-only kernels: registered on every rank before init)
 
 # the CPU backend unless DMATH_DEVICE says otherwise (tools/gpu_check.sh runs this suite on GPUs)

@@ -190,6 +190,35 @@ def test_every_strategy_kernel_is_correct(mkn, trans):
         assert {"summa", "astat", "bstat"} <= names
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("trans", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("m", [2, 37])
+def test_local_product_one_library_call(dtype, trans, m):
+    """The usual local product (row-split A times replicated B, operands as held) goes by the
+    prepared one-call path (ops/gemm.py `_direct`), repeatedly, for every transposition and dtype;
+    m = 2 leaves some workers without rows (they take the general path beside it)."""
+    from dmath.runtime import runtime
+    ta, tb = trans
+    k, n = 24, 9
+    rng = np.random.default_rng(17)
+    a = rng.uniform(-1, 1, (k, m) if ta else (m, k)).astype(dtype)
+    b = rng.uniform(-1, 1, (n, k) if tb else (k, n)).astype(dtype)
+    # a transposed row-split operand is column-split as held: the strategy needs it row-split
+    A = dmath.from_numpy(a, layout=dmath.ColBlock() if ta else dmath.RowBlock())
+    B = dmath.from_numpy(b, layout=dmath.Replicated())
+    want = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+    assert "local" in dmath.explain_gemm(A, B, trans_a=ta, trans_b=tb)
+    for alpha in (1.0, -0.5, 1.0):
+        C = dmath.gemm(A, B, alpha=alpha, trans_a=ta, trans_b=tb)
+        assert C.layout == dmath.RowBlock().resolved(P) and C.dtype == dtype
+        _check(C.to_numpy().astype(np.float64), alpha * want, dtype, k)
+    entry = next(e for sig, e in runtime().signatures.items()
+                 if sig[0] == "gemm" and sig[2] == (A._meta, B._meta))
+    rows = [len(p) for p in entry.out_dists[0].pieces]
+    # the master (worker 0) took the prepared path when it holds rows of the result
+    assert (entry.cache["direct"] is not False) == (entry.out_dists[0].shard_shapes(0)[0][0] > 0), rows
+
+
 def test_gemm_in_a_recorded_plan_replays_with_new_inputs():
     """A dense layer's step (a local product) recorded once, replayed on new inputs."""
     rng = np.random.default_rng(5)
