@@ -111,12 +111,12 @@ def _gemm_gpu(a, b, out, alpha, beta):
     o, ldc, to = _row_major(out)
     if to or o is not out:
         raise ValueError("gemm output must be a row-major array or row-strided view")
-    _Shape(_NAME[a.dtype], _NAME[out.dtype], int(ta), int(tb), a.shape[0], b.shape[1], a.shape[1],
+    _GpuArgs(_NAME[a.dtype], _NAME[out.dtype], int(ta), int(tb), a.shape[0], b.shape[1], a.shape[1],
            lda, ldb, ldc).launch(a.data.ptr, b.data.ptr, out.data.ptr, alpha, beta)
     return out
 
 
-class _Shape(NamedTuple):
+class _GpuArgs(NamedTuple):
     """A GPU product's cuBLAS arguments other than the pointers and scalars (row-major terms:
     op(a) is m x k, op(b) k x n; ta, tb: 1 where the array holds op(x) column-major)."""
     dtype: str
@@ -167,26 +167,27 @@ class _Shape(NamedTuple):
 class Product:
     """`gemm` of operands shaped like the ones it was made from, its arguments worked out once.
 
-    `product(a, b, out)` makes it from a command's first arrays (a and b as
-    held, unsliced, with flags saying whether the product uses their
-    transposes); `run(a, b, out, alpha)` then computes out = alpha op(a)
-    op(b) for arrays of the same shapes, strides and dtypes (the caller
-    checks the strides against `strides`): on a GPU one cuBLAS call whose
-    only per-product work is the pointers; on the CPU NumPy's.
+    `product(a, b, out_dtype, trans_a, trans_b)` makes it from a command's
+    first arrays (a and b as held, unsliced, with flags saying whether the
+    product uses their transposes); `run(a, b, out, alpha)` then computes
+    out = alpha op(a) op(b) for arrays of the same shapes, strides and
+    dtypes into a new C-ordered `out` (the caller checks the strides against
+    `strides`): on a GPU one cuBLAS call whose only per-product work is the
+    pointers and alpha; on the CPU NumPy's.
     """
-    __slots__ = ("strides", "shape", "trans_a", "trans_b")
+    __slots__ = ("strides", "args", "trans_a", "trans_b")
 
-    def __init__(self, strides, shape, trans_a, trans_b):
+    def __init__(self, strides, args, trans_a, trans_b):
         self.strides = strides          # (a's, b's) as held
-        self.shape = shape              # a _Shape on a GPU, None on the CPU
+        self.args = args                # the cuBLAS arguments (_GpuArgs) on a GPU, None on the CPU
         self.trans_a, self.trans_b = trans_a, trans_b
 
     def run(self, a, b, out, alpha):
         """out = alpha op(a) op(b); returns out."""
-        shape = self.shape
-        if shape is None:
+        args = self.args
+        if args is None:
             return _gemm_cpu(a.T if self.trans_a else a, b.T if self.trans_b else b, out, alpha, 0.0)
-        shape.launch(a.data.ptr, b.data.ptr, out.data.ptr, alpha, 0.0)
+        args.launch(a.data.ptr, b.data.ptr, out.data.ptr, alpha, 0.0)
         return out
 
 
@@ -206,7 +207,7 @@ def product(a, b, out_dtype, trans_a=False, trans_b=False):
     y2, ldb, tb = _row_major(y)
     if x2 is not x or y2 is not y:
         return None
-    return Product((a.strides, b.strides), _Shape(_NAME[x.dtype], str(out_dtype), int(ta), int(tb), m, n, k,
+    return Product((a.strides, b.strides), _GpuArgs(_NAME[x.dtype], str(out_dtype), int(ta), int(tb), m, n, k,
                                                  lda, ldb, n), trans_a, trans_b)
 
 
