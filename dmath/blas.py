@@ -1,15 +1,17 @@
 """Local matrix products on one worker's arrays: `out = alpha * a @ b + beta * out`.
 
 `a` and `b` may be transposed views (no copy is made for them). On the GPU
-this is one cuBLAS GemmEx call on the current stream, float16 accumulating
-in float32; on the CPU NumPy's matmul, float16 computed in float32 (NumPy
-has no half-precision BLAS).
+this is one cuBLAS GemmEx (Dgemm for float64) call on the current stream,
+float16 accumulating in float32, or for a prepared `Product` one cuBLASLt
+call with its algorithm chosen once (cublaslt.py); on the CPU NumPy's
+matmul, float16 computed in float32 (NumPy has no half-precision BLAS).
 """
+import os
 from typing import NamedTuple
 
 import numpy as np
 
-from . import backend, memory
+from . import backend, cublaslt, memory
 
 _CUDA_TYPE = {"float16": 2, "float32": 0, "float64": 1}          # cudaDataType
 _COMPUTE = {"float16": 68, "float32": 68, "float64": 70}         # CUBLAS_COMPUTE_32F / _64F
@@ -17,6 +19,10 @@ _SCALAR = {"float16": np.float32, "float32": np.float32, "float64": np.float64}
 _DEFAULT_ALGO, _TENSOR_OP_ALGO = -1, 99                           # CUBLAS_GEMM_DEFAULT(_TENSOR_OP)
 _DEFAULT_MATH, _TENSOR_OP_MATH = 0, 1                            # CUBLAS_DEFAULT_MATH, CUBLAS_TENSOR_OP_MATH
 _HOST_POINTERS = 0                                               # CUBLAS_POINTER_MODE_HOST
+
+#: a prepared product (`Product`) runs through cuBLASLt with its algorithm chosen once (cublaslt.py);
+#: DMATH_CUBLASLT=0: through cuBLAS's GemmEx/Dgemm, as every other product does
+USE_LT = os.environ.get("DMATH_CUBLASLT", "1") != "0"
 
 #: "cupy" and "captured": the two ways to call cuBLAS (`_Calls`), made at first use
 _CALLS = {}
@@ -175,19 +181,29 @@ class Product:
     `strides`): on a GPU one cuBLAS call whose only per-product work is the
     pointers and alpha; on the CPU NumPy's.
     """
-    __slots__ = ("strides", "args", "trans_a", "trans_b")
+    __slots__ = ("strides", "args", "trans_a", "trans_b", "lt")
 
     def __init__(self, strides, args, trans_a, trans_b):
         self.strides = strides          # (a's, b's) as held
         self.args = args                # the cuBLAS arguments (_GpuArgs) on a GPU, None on the CPU
         self.trans_a, self.trans_b = trans_a, trans_b
+        self.lt = None                  # its cublaslt.Matmul, made at the first run; False: cuBLAS's call
 
     def run(self, a, b, out, alpha):
         """out = alpha op(a) op(b); returns out."""
         args = self.args
         if args is None:
             return _gemm_cpu(a.T if self.trans_a else a, b.T if self.trans_b else b, out, alpha, 0.0)
-        args.launch(a.data.ptr, b.data.ptr, out.data.ptr, alpha, 0.0)
+        lt = self.lt
+        if lt is None:
+            lt = self.lt = (USE_LT and cublaslt.matmul(args)) or False
+        if lt and not memory.capturing():
+            scalar = _EX[args.dtype][0]
+            cupy = _CUPY.get("cupy") or _cupy()
+            lt.run(a.data.ptr, b.data.ptr, out.data.ptr, _host_scalar(scalar, alpha)[0], _host_scalar(scalar, 0.0)[0],
+                   cupy.cuda.get_current_stream().ptr)
+        else:
+            args.launch(a.data.ptr, b.data.ptr, out.data.ptr, alpha, 0.0)
         return out
 
 
@@ -255,14 +271,7 @@ def _libcublas():
     lib = _CAPTURE.get("lib")
     if lib is None:
         import ctypes
-        path = "libcublas.so.12"
-        # the library CuPy loaded (a second copy would have its own handles)
-        with open("/proc/self/maps") as maps:
-            for line in maps:
-                if "libcublas.so" in line and "libcublasLt" not in line:
-                    path = line.split()[-1]
-                    break
-        lib = ctypes.CDLL(path)
+        lib = ctypes.CDLL(cublaslt.loaded("libcublas") or "libcublas.so.12")
         c = ctypes
         lib.cublasGemmEx.argtypes = [c.c_void_p, c.c_int, c.c_int, c.c_int, c.c_int, c.c_int, c.c_void_p,
                                      c.c_void_p, c.c_int, c.c_int, c.c_void_p, c.c_int, c.c_int, c.c_void_p,

@@ -36,6 +36,8 @@ ENVIRONMENT = {
     "DMATH_CUDA_GRAPHS": ("1", "0: replay recorded plans kernel by kernel, never as CUDA graphs"),
     "DMATH_GRAPH_COLLECTIVES": ("1", "0: never capture NCCL collectives into a CUDA graph"),
     "DMATH_CUDNN": ("1", "0: convolutions by im2col and cuBLAS even when cuDNN is there"),
+    "DMATH_CUBLASLT": ("1", "0: a prepared local product calls cuBLAS's GemmEx/Dgemm instead of cuBLASLt with "
+                            "its algorithm chosen once"),
     "DMATH_TF32": ("1", "float32 cuDNN convolutions may use TF32 tensor cores (as PyTorch's); 0: float32 "
                         "throughout"),
     "DNN_DATA_DIR": ("~/.cache/dmath-dnn", "where dnn.data downloads and finds data sets"),

@@ -36,6 +36,11 @@ ngpu=$("$py" -c 'import cupy; print(cupy.cuda.runtime.getDeviceCount())')
 mpiexec=${MPIEXEC:-mpiexec}
 mpiflags=()
 if "$mpiexec" --version 2>&1 | grep -qiE 'open mpi|openrte'; then mpiflags=(--oversubscribe); fi
+# MPIFLAGS: more launcher flags, e.g. "--cpu-set 8-15 --bind-to core" to keep the ranks off core 0,
+# which takes most device interrupts on the lent machines (a rank bound there runs its Python up to
+# half as fast, now and then: benchmarks/results/chain_h200_placement_2026-11-23.txt)
+read -r -a extra <<< "${MPIFLAGS:-}"
+mpiflags+=(${extra[@]+"${extra[@]}"})
 run() { timeout "${TIMEOUT:-300}" "$mpiexec" ${mpiflags[@]+"${mpiflags[@]}"} -n "$1" "$py" "${@:2}"; }
 stages=${STAGES:-info tests bench main gemm chain remap mlp cnn transfer pipeline}
 has() { case " $stages " in *" $1 "*) return 0 ;; esac; return 1; }

@@ -218,6 +218,47 @@ def test_local_product_one_library_call(dtype, trans, m):
     assert (entry.cache["direct"] is not False) == (entry.out_dists[0].shard_shapes(0)[0][0] > 0)
 
 
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+@pytest.mark.parametrize("trans", [(False, False), (True, False), (False, True), (True, True)])
+@pytest.mark.parametrize("size", ["one kernel", "heuristic's choice"])
+def test_prepared_product_through_cublaslt(dtype, trans, size):
+    """On a GPU a prepared product (`blas.Product`) runs through cuBLASLt with its algorithm chosen
+    once: a small product as one kernel (k not split), a larger one by the heuristic's first choice.
+    Both agree with cuBLAS's own call (DMATH_CUBLASLT=0's path) and with a float64 product; the
+    pieces a worker holds go the same way through dmath.gemm at every worker count."""
+    from dmath import blas, cublaslt
+    from dmath.runtime import runtime
+    ta, tb = trans
+    m, k, n = (48, 24, 9) if size == "one kernel" else (256, 300, 256)
+    assert (2 * m * k * n <= cublaslt.ONE_KERNEL_FLOPS) == (size == "one kernel")
+    rng = np.random.default_rng(23)
+    a = rng.uniform(-1, 1, (k, m) if ta else (m, k)).astype(dtype)
+    b = rng.uniform(-1, 1, (n, k) if tb else (k, n)).astype(dtype)
+    want = (a.T if ta else a).astype(np.float64) @ (b.T if tb else b).astype(np.float64)
+    if dmath.device() == "gpu":
+        import cupy
+        da, db = cupy.asarray(a), cupy.asarray(b)
+        lt = blas.product(da, db, dtype, ta, tb)
+        plain = blas.product(da, db, dtype, ta, tb)
+        plain.lt = False                                  # cuBLAS's GemmEx / Dgemm
+        got_lt, got_plain = cupy.empty((m, n), dtype), cupy.empty((m, n), dtype)
+        lt.run(da, db, got_lt, -0.5)
+        plain.run(da, db, got_plain, -0.5)
+        assert isinstance(lt.lt, cublaslt.Matmul)
+        _check(cupy.asnumpy(got_lt).astype(np.float64), -0.5 * want, dtype, k)
+        _check(cupy.asnumpy(got_lt).astype(np.float64), cupy.asnumpy(got_plain).astype(np.float64), dtype, k)
+    # through dmath.gemm: every worker's piece of a row-split m x n product (P * m rows)
+    a_all = np.concatenate([a] * P, axis=1 if ta else 0)
+    A = dmath.from_numpy(a_all, layout=dmath.ColBlock() if ta else dmath.RowBlock())
+    B = dmath.from_numpy(b, layout=dmath.Replicated())
+    C = dmath.gemm(A, B, alpha=2.0, trans_a=ta, trans_b=tb)
+    _check(C.to_numpy().astype(np.float64), 2.0 * np.concatenate([want] * P), dtype, k)
+    entry = next(e for sig, e in runtime().signatures.items()
+                 if sig[0] == "gemm" and sig[2] == (A._meta, B._meta))
+    product = entry.cache["direct"][0]
+    assert isinstance(product.lt, cublaslt.Matmul) if dmath.device() == "gpu" else product.args is None
+
+
 def test_gemm_in_a_recorded_plan_replays_with_new_inputs():
     """A dense layer's step (a local product) recorded once, replayed on new inputs."""
     rng = np.random.default_rng(5)
