@@ -66,7 +66,11 @@ def _library():
     lib = _STATE.get("lib")
     if lib is not None:
         return lib
-    path = loaded("libcublasLt")         # brought in by CuPy's cuBLAS
+    path = loaded("libcublasLt")
+    if path is None:
+        import cupy
+        cupy.cuda.device.get_cublas_handle()     # CuPy loads cuBLAS, and with it cuBLASLt, at first use
+        path = loaded("libcublasLt")
     if path is None:
         raise LtError("libcublasLt is not loaded in this process")
     lib = ctypes.CDLL(path)
