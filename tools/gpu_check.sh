@@ -13,7 +13,7 @@
 #           GPUs, --benchmark-json OUTDIR/bench_p<P>.json
 #   main    the README's main job (CNN training) on all GPUs
 #   gemm    GEMM strong scaling at each of GEMM_GPUS (default "1 2 <all>"), SIZES, DTYPES
-#   chain   the 100-operation chain (eager, replay, DTensor) on all GPUs
+#   chain   the 100-operation chain (eager, replay, DTensor) on all GPUs, CHAIN_RUNS times
 #   remap   remap throughput against NCCL at 2 and all GPUs
 #   mlp     the MagmaDNN MNIST MLP test against PyTorch eager on 1 GPU (and DDP on all), and on the CPU
 #   cnn     CNN training (LeNet, CIFAR net, AlexNet) against PyTorch eager on 1 GPU and DDP on all
@@ -90,7 +90,10 @@ if has gemm; then
 fi
 if has chain; then
   echo "== op chain on $ngpu GPUs =="
-  run "$ngpu" benchmarks/chain_bench.py --device gpu --out "$out/chain_p$ngpu.json" || status=1
+  # CHAIN_RUNS jobs (default 1), each against DTensor in the same job: the host's noise moves one run
+  for r in $(seq "${CHAIN_RUNS:-1}"); do
+    run "$ngpu" benchmarks/chain_bench.py --device gpu --out "$out/chain_p${ngpu}_r$r.json" || status=1
+  done
   run "$ngpu" benchmarks/dispatch_bench.py --device gpu --out "$out/dispatch_p$ngpu.json" || status=1
 fi
 if has remap; then
