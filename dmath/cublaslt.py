@@ -8,7 +8,7 @@ the algorithm as an argument: `Matmul` builds the descriptors and asks the
 heuristic once, when a `blas.Product` first runs, and for a small product
 asks for one kernel that does not split k (ONE_KERNEL_FLOPS); each later
 product is one `cublasLtMatmul` call with the pointers, alpha and the
-stream: 9 us for that product (measured: benchmarks/results/).
+stream: 9 us for that product (benchmarks/results/cublaslt_h200_2026-11-23.txt).
 Large products get the heuristic's first choice, as cuBLAS's would be (its
 throughput is cuBLAS's: 51 TFLOP/s in float32 at 8192^3).
 
@@ -190,5 +190,5 @@ def matmul(args):
     algorithm): the caller then calls cuBLAS."""
     try:
         return Matmul(args)
-    except (LtError, OSError, AttributeError):
+    except (LtError, OSError, AttributeError):     # (AttributeError: a cuBLASLt without a symbol used here)
         return None
