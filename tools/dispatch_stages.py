@@ -1,6 +1,6 @@
 """Where the eager chain's time goes on the master and on a worker, stage by stage (a diagnostic).
 
-    mpiexec -n P python tools/dispatch_stages.py [--device gpu] [--n 256] [--ops 4000]
+    mpiexec -n P python tools/dispatch_stages.py [--device gpu] [--n 256] [--ops 4000] [--by-op]
 
 Wraps the runtime's stages (the master's failure probe, control send, own
 share and release; a worker's receive, decode and run) with timers on every
@@ -23,15 +23,18 @@ ACC = {}
 
 
 def _wrap(owner, name, label):
+    """Time every call of owner.name into ACC[label] (label: a string, or a function of the call's
+    positional arguments that returns one)."""
     fn = getattr(owner, name)
     pc = time.perf_counter
+    label_of = label if callable(label) else None
 
     def timed(*a, **k):
         t0 = pc()
         try:
             return fn(*a, **k)
         finally:
-            slot = ACC.setdefault(label, [0, 0.0])
+            slot = ACC.setdefault(label_of(a) if label_of else label, [0, 0.0])
             slot[0] += 1
             slot[1] += pc() - t0
     setattr(owner, name, timed)
@@ -62,15 +65,25 @@ def _report(call):
     return []
 
 
+def _op_label(args):
+    """`_execute`'s label per operation: (self, entry, ...) -> '_execute ewise:tanh', '_execute gemm'."""
+    entry = args[1]
+    fn = getattr(entry.static, "fn", None)
+    return f"_execute {entry.op}" + (f":{fn}" if fn else "")
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--device", default=None)
     ap.add_argument("--n", type=int, default=256)
     ap.add_argument("--ops", type=int, default=4000)
+    ap.add_argument("--by-op", action="store_true",
+                    help="time each rank's own share (_execute) per operation (ewise by function)")
     args = ap.parse_args()
     R, C = core.Runtime, control.ControlChannel
+    execute = _op_label if args.by_op else "_execute"
     for owner, name, label in ((R, "check_failures", "check_failures"), (C, "send", "ctl.send"),
-                               (R, "_execute", "_execute"), (R, "release", "release"),
+                               (R, "_execute", execute), (R, "release", "release"),
                                (C, "recv", "ctl.recv (waits)"), (R, "_run", "_run")):
         _wrap(owner, name, label)
     _count_rounds()
@@ -101,8 +114,9 @@ def main():
         print(f"{name}: {per:.2f} us per op (wrapped)")
         for rank in (0, 1) if P > 1 else (0,):
             for k, (calls, s) in sorted(got[rank].items()):
-                if calls >= args.ops // 2:
-                    spent = f"  us/op {s / args.ops * 1e6:7.2f}" if s else ""      # (Test calls: a count)
+                if calls >= args.ops // (8 if args.by_op else 2):      # (by op: a chain op is 1/4 of them)
+                    # (Test calls: a count, no time)
+                    spent = f"  us/op {s / args.ops * 1e6:7.2f}  us/call {s / calls * 1e6:7.2f}" if s else ""
                     print(f"  rank {rank} {k:22s} calls/op {calls / args.ops:5.2f}{spent}")
 
 
