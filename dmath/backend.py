@@ -191,6 +191,12 @@ def gpu_available():
         return False
 
 
+def check_device(device):
+    """DMathError unless `device` is 'cpu', 'gpu' or None."""
+    if device not in (None, "cpu", "gpu"):
+        raise DMathError(f"device must be 'cpu', 'gpu' or None, got {device!r}")
+
+
 def select(device, local_rank=0):
     """Choose the backend for this process: 'cpu', 'gpu' or None (GPU when one is visible).
 
@@ -199,8 +205,7 @@ def select(device, local_rank=0):
     """
     global _current
     device = device or os.environ.get("DMATH_DEVICE") or None
-    if device not in (None, "cpu", "gpu"):
-        raise DMathError(f"device must be 'cpu', 'gpu' or None, got {device!r}")
+    check_device(device)
     if device is None:
         device = "gpu" if gpu_available() else "cpu"
     if device == "cpu":

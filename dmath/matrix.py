@@ -214,6 +214,7 @@ class Matrix:
     def __truediv__(self, o): return _ewise("div", self, o)
     def __rtruediv__(self, o): return _ewise("div", o, self)
     def __pow__(self, o): return _ewise("pow", self, o)
+    def __rpow__(self, o): return _ewise("pow", o, self)
     def __neg__(self): return _ewise("neg", self)
     def __pos__(self): return self
     def __iadd__(self, o): return _ewise("add", self, o, inplace=True)

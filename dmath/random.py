@@ -5,6 +5,8 @@ Each call draws from a new stream (the master counts calls since the last
 """
 import numbers
 
+import numpy as np
+
 from .errors import DMathError, ShapeError
 from .layout import Replicated
 from .matrix import Matrix
@@ -16,9 +18,9 @@ _state = {"seed": 0, "stream": 0}
 
 def seed(s):
     """Restart the random streams from seed `s` (a non-negative integer)."""
-    if not isinstance(s, int) or s < 0 or s >= 2 ** 53:
-        raise ValueError(f"seed must be an integer in [0, 2**53), got {s!r}")
-    _state["seed"], _state["stream"] = s, 0
+    if isinstance(s, (bool, np.bool_)) or not isinstance(s, numbers.Integral) or not 0 <= s < 2 ** 53:
+        raise DMathError(f"seed must be an integer in [0, 2**53), got {s!r}")
+    _state["seed"], _state["stream"] = int(s), 0
 
 
 def get_seed():
@@ -36,10 +38,10 @@ def set_state(state):
     try:
         s, stream = state
     except (TypeError, ValueError) as exc:
-        raise ValueError(f"a random state is a pair (seed, stream), got {state!r}") from exc
+        raise DMathError(f"a random state is a pair (seed, stream), got {state!r}") from exc
     seed(s)
     if isinstance(stream, bool) or not isinstance(stream, int) or not 0 <= stream < 2 ** 53:
-        raise ValueError(f"the stream of a random state must be an integer in [0, 2**53), got {stream!r}")
+        raise DMathError(f"the stream of a random state must be an integer in [0, 2**53), got {stream!r}")
     _state["stream"] = stream
 
 

@@ -219,7 +219,7 @@ def load_model(path):
     if random_state is not None:
         try:
             dmath.random.set_state(random_state)
-        except ValueError as exc:
+        except dmath.DMathError as exc:
             raise ModelFileError(f"{os.fspath(path)!r}: bad random state: {exc}") from exc
     return model
 

@@ -9,6 +9,7 @@ remap plans) is derived from those pieces by pure functions.
 import abc
 import functools
 import math
+import operator
 from dataclasses import dataclass
 
 from ..errors import LayoutError
@@ -31,11 +32,19 @@ class Piece:
 
 
 def _int_tuple(value, error):
-    """The sequence `value` as a tuple of ints; LayoutError(error) where it is not one."""
+    """The sequence `value` as a tuple of ints; LayoutError(error) where it is not one (a float or a
+    bool in it included: 1.7 workers or rows is a mistake, never rounded)."""
     try:
-        return tuple(int(v) for v in value)
-    except (TypeError, ValueError) as exc:
+        return tuple(map(_strict_int, value))
+    except TypeError as exc:
         raise LayoutError(error) from exc
+
+
+def _strict_int(v):
+    """v as an int if it is an integer (numpy's too), not a bool; else TypeError."""
+    if isinstance(v, bool):
+        raise TypeError("a bool is not a count or a rank")
+    return operator.index(v)
 
 
 def _norm_group(group):

@@ -41,13 +41,15 @@ class Function(NamedTuple):
     cuda: Optional[str]    # the value as a CUDA C expression of the operands (named as in params,
     #                         each of the computing type C: float, or double for float64 results), for
     #                         the GPU kernel's one-launch path (elementwise_cuda.py); None: CuPy's
+    typed: Optional[tuple]  # the operands whose dtypes the result's is promoted from (None: all; where:
+    #                         the values, not the condition, as in NumPy)
 
 
 #: name -> Function
 FUNCTIONS = {}
 
 
-def function(name, params, compute, doc, partial=None, grad=None, cuda=None):
+def function(name, params, compute, doc, partial=None, grad=None, cuda=None, typed=None):
     """Define elementwise function `name` with operands `params`; returns its public function.
 
     compute(xp, out, *operands) writes the value with the array module (every
@@ -62,6 +64,10 @@ def function(name, params, compute, doc, partial=None, grad=None, cuda=None):
     the derivative), written with dmath operations. The public function
     carries it as its `grad` attribute (`dmath.tanh.grad`), which dnn
     differentiates `name` with.
+
+    typed: the names of the operands whose dtypes the result's dtype is
+    promoted from (None: every operand's); a matrix result of scalars only
+    takes the other operands' dtype.
     """
     if name in FUNCTIONS:
         raise ValueError(f"elementwise function {name!r} defined twice")
@@ -69,7 +75,8 @@ def function(name, params, compute, doc, partial=None, grad=None, cuda=None):
         raise ValueError(f"{name}: partial must be None, 'linear' or 'scale', got {partial!r}")
     if grad is not None and len(params) != 1:
         raise ValueError(f"{name}: a gradient is defined for functions of one operand only")
-    FUNCTIONS[name] = Function(name, tuple(params), compute, partial, cuda)
+    typed = None if typed is None else tuple(params.index(p) for p in typed)
+    FUNCTIONS[name] = Function(name, tuple(params), compute, partial, cuda, typed)
     sig = inspect.Signature([inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params])
 
     arity = len(params)
@@ -120,7 +127,8 @@ pow = function("pow", ("m", "p"), _ufunc("power"), "m ** p elementwise.", cuda="
 maximum = function("maximum", ("a", "b"), _ufunc("maximum"), "The larger of a and b elementwise.", cuda=_MAX)
 minimum = function("minimum", ("a", "b"), _ufunc("minimum"), "The smaller of a and b elementwise.", cuda=_MIN)
 where = function("where", ("cond", "a", "b"), _where,
-                 "Elementwise `a` where `cond` is non-zero, else `b` (matrices or scalars).")
+                 "Elementwise `a` where `cond` is non-zero, else `b` (matrices or scalars); the result "
+                 "takes the dtype of a and b (of cond when both are scalars).", typed=("a", "b"))
 exp = function("exp", ("m",), _ufunc("exp"), "e ** m elementwise.",
                grad=lambda x, y, gy: gy * y, cuda="exp(m)")
 log = function("log", ("m",), _ufunc("log"), "The natural logarithm elementwise.",
@@ -187,6 +195,8 @@ def apply(fn, *operands, inplace=False):
     # operation costs a dictionary lookup before its command is sent
     metas = tuple(metas)
     p = plan(fn, metas, inplace, runtime().nworkers)
+    if p.scales_partial and not _scale_is_finite(FUNCTIONS[fn], operands[1:]):
+        return _summed_first(fn, operands, inplace)
     if p.aligned:       # every operand already where the result needs it (the usual case)
         if p.scalars:
             inputs, scalars = [], []
@@ -223,6 +233,8 @@ class Plan(NamedTuple):
     scalars: int          # how many operands are scalars
     in_metas: tuple       # the Metas of the matrix operands (the command's inputs when aligned)
     known: Known          # the command's Entry once sent (when aligned: the plan determines the command)
+    scales_partial: bool  # a Partial operand stays Partial, each addend scaled ('scale'): exact only
+    #                       while the scale is finite (`_scale_is_finite`)
 
 
 def _partial_stays(f, metas, lay, shape):
@@ -254,7 +266,8 @@ def plan(fn, metas, inplace, nworkers):
                          f"(a (1, n) row or (m, 1) column vector broadcasts against (m, n))") from exc
     if inplace and metas[0].shape != shape:
         raise ShapeError(f"in-place {fn}: the result shape {shape} differs from the target's {metas[0].shape}")
-    dtype = metas[0].dtype if inplace else np.result_type(*[m.dtype for m in mats]).name
+    typed = mats if f.typed is None else [metas[k] for k in f.typed if metas[k] is not None] or mats
+    dtype = metas[0].dtype if inplace else np.result_type(*[m.dtype for m in typed]).name
     # the result takes the layout of the first operand of its shape; a row
     # vector against a column vector (an outer broadcast) has none: RowBlock
     primary = 0 if inplace else next((k for k, m in enumerate(metas) if m is not None and m.shape == shape),
@@ -293,7 +306,28 @@ def plan(fn, metas, inplace, nworkers):
     out = None if inplace else Meta(lay.resolved(nworkers), shape, dtype)
     args = EWISE.static(fn=fn, pattern=tuple(pattern), out_index=0 if inplace else None)
     return Plan(tuple(aligns), args, out, all(how in ("as-is", "scalar") for how, _ in aligns),
-                (0,) if inplace else (out,), n_sc, tuple(mats), Known())
+                (0,) if inplace else (out,), n_sc, tuple(mats), Known(), bool(lay.partial) and f.partial == "scale")
+
+
+def _scale_is_finite(f, scalars):
+    """Whether 'scale' function f by `scalars` multiplies by a finite factor (f(1, s) finite): only then
+    is it exact on a Partial matrix's addends. Scaling by inf or dividing by 0 turns the zero addends
+    into NaN, where the sum's value is +-inf."""
+    for v in scalars:
+        v = float(v)
+        if v - v != 0.0 or v == 0.0:       # inf, NaN or 0: ask f what factor that is
+            with np.errstate(all="ignore"):
+                if not np.isfinite(f.compute(np, None, 1.0, v)):
+                    return False
+    return True
+
+
+def _summed_first(fn, operands, inplace):
+    """`apply` of 'scale' function fn whose factor is not finite: the Partial operand summed first."""
+    if inplace:
+        raise LayoutError(f"in-place {fn} of a Partial matrix by {operands[1]!r} is not exact on its addends "
+                          f"(zero addends become NaN); remap it first (M = M.remap(dmath.RowBlock()))")
+    return apply(fn, resolve_partial(operands[0]), *operands[1:])
 
 
 # ---- worker half -------------------------------------------------------------------------------

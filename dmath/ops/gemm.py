@@ -97,8 +97,10 @@ def _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout):
     for x, name in ((A, "A"), (B, "B")):
         if not is_matrix(x):
             raise DMathError(f"gemm: {name} must be a dmath.Matrix, got {type(x).__name__}")
-    if C is not None and not is_matrix(C):
-        raise DMathError(f"gemm: C must be a dmath.Matrix or None, got {type(C).__name__}")
+    if C is not None:
+        if not is_matrix(C):
+            raise DMathError(f"gemm: C must be a dmath.Matrix or None, got {type(C).__name__}")
+        C._check_writable("gemm into C")       # a transpose or a slice is a copy: the result would be lost
     trans_a, trans_b = _flag(trans_a, "trans_a"), _flag(trans_b, "trans_b")
     if type(alpha) is not float or type(beta) is not float:     # (the usual floats need no check)
         alpha, beta = check_scalar(alpha, "alpha"), check_scalar(beta, "beta")

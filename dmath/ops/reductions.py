@@ -142,6 +142,14 @@ def _reduce_axis(call):
     return [Shard([out], dist, dtype)]
 
 
+def _combine(op, values):
+    """`op` of the partial results `values` (floats); NaN wins in max and min, as in NumPy (Python's
+    max and min drop it: nan > x is false)."""
+    if op in ("sum", "sumsq"):
+        return sum(values)
+    return float(np.max(values) if op == "max" else np.min(values))
+
+
 @REDUCE_ALL.kernel()
 def _reduce_all(call):
     """`op` (sum, max, min, sumsq) over everything; the master gets a float.
@@ -169,10 +177,10 @@ def _reduce_all(call):
                 v = float(xp.square(a.astype(np.float64)).sum())
             else:
                 v = float(a.max() if op == "max" else a.min())
-            value = value + v if op in ("sum", "sumsq") else (max(value, v) if op == "max" else min(value, v))
+            value = _combine(op, (value, v))
     values = gather_objects(call.world, value, contributors)
     if call.rank == 0:
-        value = sum(values) if op in ("sum", "sumsq") else (max(values) if op == "max" else min(values))
+        value = _combine(op, values)
         if finish == "mean":
             size = dist.shape[0] * dist.shape[1]
             value = value / size if size else float("nan")

@@ -818,11 +818,16 @@ def is_initialized():
 
 
 def init(device=None):
-    """Start dmath (idempotent). On ranks other than 0 this call never returns."""
+    """Start dmath (idempotent: a second call returns the running runtime, and raises if it names
+    another device than the one running). On ranks other than 0 this call never returns."""
     global _runtime
     if _runtime is not None:
         if _runtime.closed:
             raise RuntimeStateError("dmath was finalized in this process and cannot start again")
+        if device is not None and device != _runtime.backend.name:
+            backend.check_device(device)
+            raise RuntimeStateError(f"dmath is already running on device {_runtime.backend.name!r}; "
+                                    f"init(device={device!r}) cannot change it")
         return _runtime
     timeout = _timeout_s()       # checked on every rank before any of them starts serving
     careful = careful_mode_from_env()

@@ -201,6 +201,52 @@ def test_linear_ops_on_partial(name):
     np.testing.assert_allclose(a.to_numpy(), (x + y) * 0.5 - y, **tol("float64"))
 
 
+@pytest.mark.parametrize("name", ["partial", "partial_g"] if P > 1 else ["partial"])
+def test_partial_scaled_by_a_non_finite_factor_is_summed_first(name):
+    """A Partial matrix times inf (or NaN, or divided by 0) is its sum's value, not the NaN that the
+    zero addends would give (0 * inf); a finite factor keeps it Partial."""
+    lay = layout(name, SHAPE, P)
+    x = values(SHAPE, 27)
+    x[1, 2] = 0.0
+    a = make(x, lay, "float64")
+    with np.errstate(all="ignore"):
+        cases = [("a*inf", a * np.inf, x * np.inf), ("a*-inf", a * -np.inf, x * -np.inf),
+                 ("a*nan", a * np.nan, x * np.nan), ("a/0", a / 0.0, x / 0.0), ("a/-0", a / -0.0, x / -0.0),
+                 ("a/inf", a / np.inf, x / np.inf), ("inf*a", np.inf * a, np.inf * x)]
+    for label, got, want in cases:
+        assert not got.layout.partial or label == "a/inf", label
+        np.testing.assert_array_equal(got.to_numpy(), want, err_msg=label)
+    assert (a * 2.0).layout.partial and (a / 4.0).layout.partial
+    with pytest.raises(dmath.LayoutError, match="not exact on its addends"):
+        a *= np.inf
+    with pytest.raises(dmath.LayoutError, match="not exact on its addends"):
+        a /= 0.0
+    np.testing.assert_array_equal(a.to_numpy(), x)      # refused before anything was written
+
+
+def test_where_takes_the_dtype_of_its_values():
+    """where's result has a's and b's dtype, never the condition's (as in NumPy); the condition's only
+    when a and b are both scalars."""
+    x, y = values(SHAPE, 28), values(SHAPE, 29)
+    cond = make((x > 0).astype(np.float64), layout("row", SHAPE, P), "float64")
+    a, b = make(x, layout("row", SHAPE, P), "float16"), make(y, layout(NAMES[-1], SHAPE, P), "float16")
+    for got, want in ((dmath.where(cond, a, b), np.where(x > 0, x.astype("float16"), y.astype("float16"))),
+                      (dmath.where(cond, a, 0.0), np.where(x > 0, x.astype("float16"), np.float16(0)))):
+        assert got.dtype == "float16"
+        np.testing.assert_array_equal(got.to_numpy(), want)
+    c32 = cond.astype("float32")
+    assert dmath.where(c32, 1.0, -1.0).dtype == "float32"
+    assert dmath.where(c32, a, make(y, layout("row", SHAPE, P), "float64")).dtype == "float64"
+
+
+def test_reflected_pow():
+    """scalar ** Matrix, as dmath.pow(scalar, M)."""
+    x = values(SHAPE, 30)
+    a = make(x, layout(NAMES[-1], SHAPE, P), "float64")
+    np.testing.assert_allclose((2.0 ** a).to_numpy(), 2.0 ** x, **tol("float64"))
+    np.testing.assert_allclose((2 ** a).to_numpy(), dmath.pow(2.0, a).to_numpy(), **tol("float64"))
+
+
 @pytest.mark.parametrize("da,db", [("float16", "float32"), ("float32", "float64"), ("float16", "float64")])
 def test_mixed_dtypes_promote(da, db):
     x, y = values(SHAPE, 24), values(SHAPE, 25)

@@ -274,3 +274,17 @@ def test_gemm_in_a_recorded_plan_replays_with_new_inputs():
         x.assign(xv)
         plan.replay()
         np.testing.assert_allclose(y.to_numpy(), np.tanh(xv @ wv), rtol=1e-4, atol=1e-5)
+
+
+def test_gemm_into_a_derived_matrix_is_refused():
+    """C = X.T or a slice of X is a copy: a gemm into it would be lost, so it is refused (as set and
+    assign are), and X is unchanged."""
+    a = dmath.from_numpy(np.ones((4, 3)), dmath.RowBlock())
+    b = dmath.from_numpy(np.ones((3, 4)), dmath.ColBlock())
+    x = dmath.zeros((4, 4), layout=dmath.RowBlock())
+    for c in (x.T, x[0:4, 0:4], x[1:3]):
+        with pytest.raises(dmath.NotSupportedError, match="gemm into C"):
+            dmath.gemm(a if c.shape[0] == 4 else a[0:2], b, C=c, beta=1.0)
+    np.testing.assert_array_equal(x.to_numpy(), np.zeros((4, 4)))
+    dmath.gemm(a, b, C=x)
+    np.testing.assert_array_equal(x.to_numpy(), np.full((4, 4), 3.0))

@@ -105,8 +105,11 @@ def test_random_streams_and_seeds():
     np.testing.assert_array_equal(a, a2)
     np.testing.assert_array_equal(b, b2)
     assert not np.array_equal(a, b) and not np.array_equal(a, c)
-    with pytest.raises(ValueError):
-        dmath.random.seed(-1)
+    for bad in (-1, 2 ** 53, 1.5, True, "3"):
+        with pytest.raises(dmath.DMathError, match="seed must be an integer"):
+            dmath.random.seed(bad)
+    dmath.random.seed(np.int64(7))      # a numpy integer is an integer
+    np.testing.assert_array_equal(dmath.random.rand((20, 10), layout=dmath.ColBlock()).to_numpy(), a2)
 
 
 def test_random_distribution_moments():

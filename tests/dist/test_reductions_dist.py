@@ -74,6 +74,21 @@ def test_reduction_results_compose():
                                    **tol("float64"), err_msg=name)
 
 
+@pytest.mark.parametrize("name", ["rep", "partial", "row", "b2d"])
+def test_max_and_min_of_everything_propagate_nan(name):
+    """NaN wins in max() and min() over everything, as in NumPy (and in their axis forms), wherever it
+    lies; inf is an ordinary value."""
+    x = values((5, 4), 34)
+    x[0, 0] = np.inf
+    m = make(x, layout(name, (5, 4), P), "float64")
+    assert m.max() == np.inf and m.min() == x.min()
+    for r, c in ((4, 3), (0, 1)):
+        y = x.copy()
+        y[r, c] = np.nan
+        m = make(y, layout(name, (5, 4), P), "float64")
+        assert np.isnan(m.max()) and np.isnan(m.min()), (r, c)
+
+
 def test_empty_matrix_reductions():
     m = dmath.zeros((0, 4), dtype="float64")
     assert m.sum() == 0.0

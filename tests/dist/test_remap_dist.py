@@ -110,6 +110,29 @@ def test_remap_through_partial_sums_addends(name):
     np.testing.assert_allclose(out.to_numpy(), x + y, **tol("float64"))
 
 
+@pytest.mark.parametrize("name", ["rep", "row", "col", "b2d", "partial"])
+def test_partial_is_summed_before_it_narrows(name):
+    """A Partial float64 matrix remapped into float16 is its sum, rounded once: addends too large for
+    float16 (1e5 and 1 - 1e5 on different workers) sum to 1, not to inf - inf (a Partial target keeps
+    its addends, which float16 cannot hold: not asked here)."""
+    K = 2 * P
+    x = np.zeros((3, K))
+    x[:, 0], x[:, -1] = 1e5, 1.0 - 1e5        # addends on the first and on the last worker
+    a = dmath.gemm(dmath.from_numpy(x, dmath.ColBlock(), dtype="float64"),
+                   dmath.from_numpy(np.ones((K, 2)), dmath.RowBlock(), dtype="float64"), layout=dmath.Partial())
+    assert a.layout.partial
+    target = layout(name, (3, 2), P)
+    if target.partial:
+        target = dmath.Replicated()
+    for background in (False, True):
+        got = a.remap(target, dtype="float16", background=background)
+        assert got.dtype == "float16"
+        np.testing.assert_array_equal(got.to_numpy(), np.ones((3, 2), np.float16), err_msg=str(background))
+    into = dmath.zeros((3, 2), dtype="float16", layout=target)
+    into.assign(a)
+    np.testing.assert_array_equal(into.to_numpy(), np.ones((3, 2), np.float16))
+
+
 def test_remap_chain_through_every_layout():
     """One matrix through every layout in turn, ending where it started."""
     x = values((6, 10), seed=5).astype("float32")

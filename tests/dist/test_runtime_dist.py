@@ -1,5 +1,6 @@
 """Runtime behaviour seen from the master: stats, the control frames of cached commands."""
 import numpy as np
+import pytest
 
 import dmath
 from dmath.comm.control import FRAME
@@ -113,3 +114,16 @@ def test_many_matrices_freed():
     handles = [s["handles"] for s in dmath.stats() if "handles" in s]
     if handles:
         assert max(handles) < 300, handles
+
+
+def test_init_again_keeps_its_device():
+    """A second dmath.init() returns the running runtime; naming another device is an error, not a
+    silent no-op, and a name that is no device at all says so."""
+    running = dmath.device()
+    assert dmath.init() is dmath.init(device=running)
+    other = "gpu" if running == "cpu" else "cpu"
+    with pytest.raises(dmath.RuntimeStateError, match=f"already running on device {running!r}"):
+        dmath.init(device=other)
+    with pytest.raises(dmath.DMathError, match="device must be 'cpu', 'gpu' or None"):
+        dmath.init(device="tpu")
+    assert dmath.device() == running and dmath.ones((2, 2)).sum() == 4.0

@@ -166,6 +166,12 @@ BAD = [
     # (what, make the layout, shape, p): LayoutError at construction or at distribution
     ("sizes_sum", lambda: RowBlock(sizes=(1, 2)), (7, 5), 2),
     ("sizes_count", lambda: ColBlock(sizes=(5,)), (7, 5), 2),
+    # a fraction of a row, a worker or a block is a mistake, never rounded; a bool is not a count
+    ("sizes_float", lambda: RowBlock(sizes=(1.7, 5.3)), (7, 5), 2),
+    ("group_float", lambda: RowBlock(group=(0.5,)), (7, 5), 2),
+    ("group_bool", lambda: ColBlock(group=(True, False)), (7, 5), 2),
+    ("block_float", lambda: BlockCyclic((1.9, 2.9)), (7, 5), 2),
+    ("tiles_float", lambda: Tiles((0, 1.5, 7), (0, 5), [[0], [1]]), (7, 5), 2),
     ("sizes_negative", lambda: RowBlock(sizes=(8, -1)), (7, 5), 2),
     ("sizes_not_ints", lambda: RowBlock(sizes=("a", 2)), (7, 5), 2),
     ("group_sizes", lambda: RowBlock(group=[0], sizes=(3, 4)), (7, 5), 2),
@@ -194,6 +200,12 @@ BAD = [
 def test_validation_raises_layout_error(what, make, shape, p):
     with pytest.raises(dmath.LayoutError):
         distribution(make(), shape, p)
+
+
+def test_numpy_integers_are_integers():
+    assert RowBlock(sizes=np.array([3, 4])) == RowBlock(sizes=(3, 4))
+    assert BlockCyclic((np.int32(2), np.int64(3)), grid=(np.int64(1), 2)) == BlockCyclic((2, 3), grid=(1, 2))
+    assert ColBlock(group=[np.int64(1), 0]).group == (1, 0)
 
 
 def test_not_a_layout():
