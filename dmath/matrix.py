@@ -68,6 +68,7 @@ class Matrix:
 
     @property
     def ndim(self):
+        """2: a dmath.Matrix is always two-dimensional."""
         return 2
 
     @property
@@ -161,9 +162,11 @@ class Matrix:
             distribution(other.layout, other.shape, p))
 
     def astype(self, dtype):
+        """A copy in `dtype`, in the same layout (converted on the workers)."""
         return _remap(self, self.layout, dtype)
 
     def copy(self):
+        """An independent copy in the same layout and dtype (writable, also of a derived matrix)."""
         return _remap(self, self.layout, None)
 
     def reshape(self, *shape, layout=None):
@@ -243,12 +246,15 @@ class Matrix:
         return reductions.reduce(self, "sum", axis)
 
     def mean(self, axis=None):
+        """Mean over everything (a float) or along axis 0 / 1 (a (1, n) / (m, 1) Matrix)."""
         return reductions.reduce(self, "mean", axis)
 
     def max(self, axis=None):
+        """Largest value over everything (a float; NaN if any is NaN) or along axis 0 / 1 (a Matrix)."""
         return reductions.reduce(self, "max", axis)
 
     def min(self, axis=None):
+        """Smallest value over everything (a float; NaN if any is NaN) or along axis 0 / 1 (a Matrix)."""
         return reductions.reduce(self, "min", axis)
 
     def norm(self):

@@ -292,7 +292,7 @@ class GradientStep(Program):
         forward([], self.order)
         self.grads = backward(self.loss, self.params, seed=r.one, order=self.order)
         kind = model.loss.accuracy
-        correct = correct_count(self.pred.value, self.y, kind, self.threshold) if kind else None
+        correct = correct_count(self.pred.value, self.y, kind, self.accuracy_reference) if kind else None
         r.metrics.add(self.loss.value, correct, self.batch)
         r.grad_version.assign(r.version)
         # this group's next batch is G batches further on in the epoch's order

@@ -8,6 +8,7 @@ reads it once per epoch (and when the progress bar redraws).
 import math
 import numbers
 import os
+import string
 
 import dmath
 
@@ -151,7 +152,8 @@ class ModelCheckpoint(Callback):
 
     path: the file name, formatted with {epoch} (1-based: epochs completed), {batch} (batches done in
         the epoch being trained, 0 at an epoch's end), {step} (optimizer steps taken) and, at an
-        epoch's end, the epoch's logs ({val_loss:.3f}).
+        epoch's end, the epoch's logs ({val_loss:.3f}). Its directory is made at the first save; a
+        field that will not be known when a file is due is refused here, before training starts.
     unit: 'epoch' or 'step' (a step checkpoint inside an epoch resumes at its batch:
         dnn.load(path).fit(..., same batch_size) continues from there).
     keep: keep the last `keep` files this callback wrote (older ones are deleted); None keeps all.
@@ -167,6 +169,7 @@ class ModelCheckpoint(Callback):
             raise ConfigError(f"ModelCheckpoint: keep must be None or a positive integer, got {keep!r}")
         if save_best_only and unit != "epoch":
             raise ConfigError("ModelCheckpoint: save_best_only compares epoch logs; use it with unit='epoch'")
+        _check_path_fields(path, unit)
         self.path, self.monitor, self.save_best_only = path, monitor, bool(save_best_only)
         self.every, self.unit, self.keep = int(every), unit, keep
         self.best = math.inf
@@ -192,6 +195,9 @@ class ModelCheckpoint(Callback):
 
     def _save(self, **fields):
         path = os.fspath(self.path).format(step=self.model.optimizer.iterations, **fields)
+        directory = os.path.dirname(path)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
         self.model.save(path)
         if path in self.written:
             self.written.remove(path)
@@ -202,6 +208,24 @@ class ModelCheckpoint(Callback):
                 os.remove(old)
             except FileNotFoundError:
                 pass
+
+
+def _check_path_fields(path, unit):
+    """ConfigError unless `path` is a str.format pattern whose fields ModelCheckpoint can fill: epoch,
+    batch and step, and with unit='epoch' also the names of the epoch's logs (known only then)."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(os.fspath(path)) if f is not None]
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"ModelCheckpoint: path must be a file name pattern, got {path!r} ({exc})") from exc
+    for field in fields:
+        name = field.split(".")[0].split("[")[0]
+        if not name or name.isdigit():
+            raise ConfigError(f"ModelCheckpoint: path {path!r}: fields are named ({{epoch}}, {{step}}, ...), "
+                              f"not positional ({{{field}}})")
+        if unit == "step" and name not in ("epoch", "batch", "step"):
+            raise ConfigError(f"ModelCheckpoint: path {path!r} names {{{name}}}, which a step checkpoint does "
+                              f"not know: use {{epoch}}, {{batch}} and {{step}} (epoch logs come with "
+                              f"unit='epoch')")
 
 
 class TerminateOnNaN(Callback):

@@ -8,6 +8,7 @@ program initializes the same weights at any worker count and layout.
 """
 import math
 import numbers
+import operator
 
 import numpy as np
 
@@ -36,6 +37,7 @@ class Initializer:
 
 
 class Constant(Initializer):
+    """Every value `value`."""
     def __init__(self, value=0.0):
         self.value = _real(value, "constant value")
 
@@ -44,6 +46,7 @@ class Constant(Initializer):
 
 
 class Zeros(Constant):
+    """Every value 0."""
     def __init__(self):
         super().__init__(0.0)
 
@@ -52,6 +55,7 @@ class Zeros(Constant):
 
 
 class Ones(Constant):
+    """Every value 1."""
     def __init__(self):
         super().__init__(1.0)
 
@@ -117,9 +121,22 @@ class HeNormal(GlorotUniform):
 
 
 class FromArray(Initializer):
-    """Given values (a numpy array of the parameter's shape)."""
+    """Given values (a numpy array of the parameter's shape).
 
-    def __init__(self, array):
+    Its config holds the array's shape, not its values (a model file holds
+    the trained weights): rebuilt from a config alone (`shape=`), it gives
+    zeros of that shape, which loading a model file then overwrites.
+    """
+
+    def __init__(self, array=None, shape=None):
+        if array is None:
+            try:
+                shape = tuple(operator.index(d) for d in shape)
+            except TypeError as exc:
+                raise ConfigError(f"FromArray: give an array, or the shape of one, got shape {shape!r}") from exc
+            if any(d < 0 for d in shape):
+                raise ConfigError(f"FromArray: the shape must be non-negative, got {shape}")
+            array = np.zeros(shape)
         self.array = np.asarray(array)
 
     def make(self, shape, dtype, layout, fan_in, fan_out):
@@ -129,7 +146,7 @@ class FromArray(Initializer):
         return dmath.from_numpy(a, layout=layout, dtype=dtype)
 
     def get_config(self):
-        raise ConfigError("an initializer from an array has no JSON form (save the model's weights instead)")
+        return {"name": "array", "shape": list(self.array.shape)}
 
 
 def _real(v, what):
@@ -158,7 +175,7 @@ def _normal(shape, dtype, layout, mean, std):
 NAMES = {Constant: "constant", Zeros: "zeros", Ones: "ones", Uniform: "uniform", Normal: "normal",
          GlorotUniform: "glorot_uniform", GlorotNormal: "glorot_normal", HeUniform: "he_uniform",
          HeNormal: "he_normal", FromArray: "array"}
-_BY_NAME = {v: k for k, v in NAMES.items() if k is not FromArray}
+_BY_NAME = {v: k for k, v in NAMES.items()}
 _BY_NAME.update(glorot=GlorotUniform, xavier=GlorotUniform, he=HeNormal, kaiming=HeNormal)
 
 

@@ -12,6 +12,8 @@ A loss also says how targets are given (`targets`) and how accuracy is
 counted: 'categorical' (the largest output is the label), 'binary'
 (outputs above the threshold are 1) or None (regression).
 """
+import numpy as np
+
 import dmath
 
 from .errors import ConfigError, ShapeError
@@ -27,15 +29,18 @@ class Loss:
     accuracy = None
 
     def head(self, z, target, activation):
-        """(loss node, prediction node, threshold) for pre-activation z, targets and the output activation."""
+        """(loss node, prediction node, accuracy reference) for pre-activation z, targets and the output
+        activation; the reference is what `correct_count` compares with: the threshold of a binary
+        accuracy, the `class_ranks` row of a categorical one, None without an accuracy."""
         raise NotImplementedError
 
     def one_hot(self, kind, width, label_range, outputs):
         """Whether a dataset's targets are one-hot encoded on the workers for this loss.
 
         kind: 'labels' (integer classes, one per sample) or 'rows' (`width`
-        values per sample); label_range: (min, max) of the labels. Raises
-        ShapeError when the targets do not fit a network of `outputs` outputs.
+        values per sample); label_range: (min, max) of the labels or values
+        (None: not known). Raises ShapeError when the targets do not fit a
+        network of `outputs` outputs.
         """
         if width != outputs:
             raise ShapeError(f"{self.name}: targets must have {outputs} value(s) per sample, got {width}")
@@ -52,10 +57,11 @@ class CrossEntropy(Loss):
     accuracy = "categorical"
 
     def head(self, z, target, activation):
+        ranks = class_ranks(z.shape[1], z.dtype)
         if activation in ("softmax", "linear", None):
-            return softmax_cross_entropy(z, target), z, None
+            return softmax_cross_entropy(z, target), z, ranks
         p = make_activation(activation).apply(z)
-        return cross_entropy(p, target), p, None
+        return cross_entropy(p, target), p, ranks
 
     def one_hot(self, kind, width, label_range, outputs):
         if kind == "labels":
@@ -71,6 +77,12 @@ class BinaryCrossEntropy(Loss):
 
     name = "binary_cross_entropy"
     accuracy = "binary"
+
+    def one_hot(self, kind, width, label_range, outputs):
+        if label_range is not None and (label_range[0] < 0 or label_range[1] > 1):
+            raise ShapeError(f"binary_cross_entropy: targets must be in [0, 1], got {label_range[0]:g}.."
+                             f"{label_range[1]:g} (class labels of more than two classes: cross_entropy)")
+        return super().one_hot(kind, width, label_range, outputs)
 
     def head(self, z, target, activation):
         if activation in ("sigmoid", "linear", None):
@@ -103,17 +115,31 @@ def get(spec):
     return _KINDS[spec]()
 
 
-def correct_count(pred, target, kind, threshold):
+def class_ranks(classes, dtype):
+    """The (1, classes) row classes, classes - 1, ..., 1 (Replicated) that a categorical accuracy
+    ranks tied maxima by; made before a step is recorded (a recorded step cannot send data)."""
+    dtype = "float64" if dtype == "float64" else "float32"     # exact integers up to 2**24 classes
+    return dmath.from_numpy(np.arange(classes, 0, -1, dtype=dtype).reshape(1, classes),
+                            layout=dmath.Replicated())
+
+
+def correct_count(pred, target, kind, reference):
     """The number of correct predictions in the batch as a (1, 1) matrix (no master-side read).
 
-    categorical: a sample counts when its label's output equals the row's
-    maximum (a tie that includes the label counts); binary: the fraction of a
-    sample's outputs on the right side of the threshold.
+    categorical (reference: `class_ranks`): a sample counts when its label
+    is the first of the row's largest outputs, as argmax (NumPy, PyTorch,
+    Keras) has it: a row of equal outputs counts for its first class only,
+    and a row holding NaN for none. binary (reference: the threshold): the
+    fraction of a sample's outputs on the right side of the threshold.
     """
     if kind == "categorical":
-        labelled = (pred * target).sum(axis=1)                     # the label's output, (N, 1)
-        hits = dmath.equal(labelled, pred.max(axis=1))             # 1 where it is the maximum
+        # each maximum scored by its rank (the first the highest): the label is argmax exactly when
+        # its score is the row's largest and is not 0 (a score of 0: not a maximum, or a NaN row)
+        scores = dmath.equal(pred, pred.max(axis=1)) * reference
+        labelled = (scores * target).sum(axis=1)                   # the label's score, (N, 1)
+        hits = dmath.logical_and(dmath.equal(labelled, scores.max(axis=1)), labelled)
     elif kind == "binary":
+        threshold = reference
         above = dmath.greater(pred, threshold)
         hits = (1.0 - dmath.abs(above - target)).sum(axis=1) * (1.0 / pred.shape[1])
     else:

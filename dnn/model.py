@@ -269,6 +269,9 @@ class Sequential:
             if not isinstance(cb, cbs.Callback):
                 raise ConfigError(f"callbacks must be dnn.callbacks.Callback objects, got {cb!r}")
             cb.model = self
+        smallest = min(self._batches(len(train), batch_size))
+        for layer in self.layers:
+            layer.check_training_batch(smallest)       # e.g. BatchNorm of a last batch of one sample
         self.stop_training = False
         for cb in hooks:
             cb.on_train_begin()
@@ -372,8 +375,8 @@ class Sequential:
     def evaluate(self, x, y=None, batch_size=None):
         """{'loss': mean loss, 'accuracy': fraction correct (classification losses)} over x:
         a dnn.data.Dataset, or numpy samples with their targets y."""
-        ds = self._dataset(x, y)
-        return self._evaluate(ds, _positive_int(batch_size, "batch_size") if batch_size else EVAL_BATCH)
+        batch_size = EVAL_BATCH if batch_size is None else _positive_int(batch_size, "batch_size")
+        return self._evaluate(self._dataset(x, y), batch_size)
 
     def _evaluate(self, ds, batch_size):
         feed = self._feed(ds)
@@ -392,9 +395,16 @@ class Sequential:
     def predict(self, x, batch_size=None):
         """The network's outputs (after the output activation) for x (numpy samples or a Dataset),
         a numpy array (N, outputs)."""
-        batch_size = _positive_int(batch_size, "batch_size") if batch_size else EVAL_BATCH
-        if not isinstance(x, Dataset) and len(np.asarray(x)) == 0:
-            return np.zeros((0, self.outputs), dtype=self.dtype)
+        batch_size = EVAL_BATCH if batch_size is None else _positive_int(batch_size, "batch_size")
+        if x is None:
+            raise ConfigError("predict: x must be numpy samples or a dnn.data.Dataset, got None")
+        if not isinstance(x, Dataset) and np.ndim(x) and len(x) == 0:
+            features = math.prod(np.shape(x)[1:]) if np.ndim(x) > 1 else None
+            if features != math.prod(self.input_shape):
+                raise ShapeError(f"predict: samples must have shape {self.input_shape}, got an empty array of "
+                                 f"shape {np.shape(x)}")
+            return np.zeros((0,) + tuple(self.output_shape) if len(self.output_shape) > 1 else (0, self.outputs),
+                            dtype=self.dtype)
         ds = self._dataset(x, None, targets=False)
         feed = self._feed(ds)
         feed.start_epoch(None, 0)

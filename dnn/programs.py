@@ -154,7 +154,7 @@ class Program:
             self.y = dmath.zeros((batch, model.outputs), dtype=z.dtype, layout=lay)
             self.targets = Placeholder((batch, model.outputs), z.dtype, name="y")
             self.targets.feed(self.y)
-            self.loss, self.pred, self.threshold = model.loss.head(z, self.targets, act)
+            self.loss, self.pred, self.accuracy_reference = model.loss.head(z, self.targets, act)
         # training and evaluate need the loss head (the output activation is fused into it), predict the output
         self.order = topological_order([self.loss, self.pred] if with_targets else [self.output])
         # a max pool after a relu-fused convolution applies the relu's gradient mask (one pass fewer)
@@ -195,7 +195,7 @@ class Program:
         if self.loss is not None:
             metrics = model.train_metrics if self.training else model.eval_metrics
             kind = model.loss.accuracy
-            correct = correct_count(self.pred.value, self.y, kind, self.threshold) if kind else None
+            correct = correct_count(self.pred.value, self.y, kind, self.accuracy_reference) if kind else None
             metrics.add(self.loss.value, correct, self.batch)
         feed.advance(self.batch)
         if self.training:

@@ -48,8 +48,8 @@ the model they describe; any mismatch raises ModelFileError.
 """
 import json
 import os
+import secrets
 import struct
-import tempfile
 import zlib
 
 import numpy as np
@@ -90,7 +90,9 @@ def write_file(path, header, arrays):
     data_start = _align(len(prefix) + len(head))
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+    if not os.path.isdir(directory):
+        raise ModelFileError(f"{path!r} cannot be written: its directory {directory!r} does not exist")
+    fd, tmp = _new_temporary(directory, os.path.basename(path))
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(prefix)
@@ -118,6 +120,18 @@ def write_file(path, header, arrays):
             os.close(dfd)
     except OSError:   # some filesystems cannot fsync a directory; the file itself is synced
         pass
+
+
+def _new_temporary(directory, name):
+    """(fd, path) of a new file beside `name` in `directory`, created with mode 0o666 less the umask,
+    as the file it replaces would be (mkstemp's 0o600 would survive the rename: a model no one else
+    could read)."""
+    while True:
+        tmp = os.path.join(directory, f"{name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), tmp
+        except FileExistsError:
+            continue
 
 
 def read_file(path):
@@ -267,10 +281,22 @@ def load_state(model, header, arrays, path):
         raise ModelFileError(f"{path!r}: the training state in the file does not fit the model: {exc}") from exc
     _load_training(model, header.get("training"), arrays, path)
     if model.loss_scale is not None and "loss_scale/scale" in arrays:
+        scale, good = (_one_value(arrays, f"loss_scale/{k}", path) for k in ("scale", "good_steps"))
+        if not (np.isfinite(scale) and scale > 0 and np.isfinite(good) and good >= 0 and good == int(good)):
+            raise ModelFileError(f"{path!r}: the loss scale {scale} and its good steps {good} must be a positive "
+                                 f"finite scale and a count")
         model.loss_scale.setup()
-        model.loss_scale.scale.assign(np.asarray(arrays["loss_scale/scale"], dtype=np.float32).reshape(1, 1))
-        model.loss_scale.good_steps.assign(
-            np.asarray(arrays["loss_scale/good_steps"], dtype=np.float32).reshape(1, 1))
+        model.loss_scale.scale.assign(np.full((1, 1), scale, dtype=np.float32))
+        model.loss_scale.good_steps.assign(np.full((1, 1), good, dtype=np.float32))
+
+
+def _one_value(arrays, key, path):
+    """The one number of array `key` as a float; ModelFileError when it is missing or not one value."""
+    a = arrays.get(key)
+    if a is None or a.size != 1:
+        raise ModelFileError(f"{path!r}: {key!r} must be one value, "
+                             f"{'it is missing' if a is None else f'found shape {a.shape}'}")
+    return float(a.reshape(-1)[0])
 
 
 def _load_training(model, training, arrays, path):

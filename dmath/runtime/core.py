@@ -814,6 +814,7 @@ def runtime():
 
 
 def is_initialized():
+    """Whether dmath.init() has run in this process and the runtime has not been finalized."""
     return _runtime is not None and not _runtime.closed
 
 

@@ -146,6 +146,8 @@ class Dataset:
         with open(spec.path, "rb") as f:
             shape = _npy_shape(f)
         n = spec.rows if len(shape) > 1 else 1
+        if n == 0 or spec.cols == 0:
+            raise DataError(f"{spec.path}: the file holds no samples (shape {tuple(shape)}); a Dataset needs one")
         sample_shape = tuple(sample_shape) if sample_shape is not None else (tuple(shape[1:]) or (spec.cols,))
         if math.prod(sample_shape) != spec.cols:
             raise ShapeError(f"Dataset.from_npy: sample_shape {sample_shape} has {math.prod(sample_shape)} values, "
@@ -416,7 +418,8 @@ def _memory_kind(placement, nbytes):
 
 
 def _targets(y, n):
-    """(rows (n, T) numpy, kind, (min, max) of labels) of the targets y, checked; (None, None, None) for none.
+    """(rows (n, T) numpy, kind, (min, max) of the labels or values) of the targets y, checked;
+    (None, None, None) for none.
 
     kind 'labels': 1-D integer classes, stored as one value per sample;
     'rows': anything else, T values per sample.
@@ -438,7 +441,7 @@ def _targets(y, n):
     if rows.dtype.kind == "f" and not np.isfinite(rows).all():
         bad = np.flatnonzero(~np.isfinite(rows).all(axis=1))
         raise DataError(f"Dataset: {bad.size} target row(s) hold NaN or infinity, the first at index {bad[0]}")
-    return rows, "rows", None
+    return rows, "rows", ((float(rows.min()), float(rows.max())) if rows.size else None)
 
 
 def _place_targets(targets):

@@ -104,8 +104,12 @@ class Layer:
 
     def __init__(self, name=None, parallel="data"):
         self.name = name
-        if parallel not in self.strategies:
-            raise ConfigError(f"{type(self).__name__}: parallel must be one of {self.strategies}, got {parallel!r}")
+        if parallel != "auto" and parallel not in self.strategies:
+            # every layer takes 'auto' (the cost model's choice: `decide`, here always 'data')
+            accepted = tuple(dict.fromkeys(self.strategies + ("auto",)))
+            why = (" (model parallelism is a Dense layer's: a convolution's weights are small beside its "
+                   "activations, so it stays data parallel)" if parallel == "model" else "")
+            raise ConfigError(f"{type(self).__name__}: parallel must be one of {accepted}, got {parallel!r}{why}")
         self.parallel = parallel          # as asked
         self.strategy = parallel if parallel != "auto" else None   # as decided
         self.weights = []
@@ -152,6 +156,10 @@ class Layer:
         w = Weight(f"{self.name}/{name}", value, public_shape or shape, trainable)
         self.weights.append(w)
         return w
+
+    def check_training_batch(self, batch):
+        """Raise ShapeError when a training batch of `batch` samples cannot pass this layer (fit asks
+        before its first step, so that a short last batch fails before any step, not after)."""
 
     def decide(self, batch, nworkers):
         """Resolve parallel='auto' for a batch size (called before the first training graph)."""

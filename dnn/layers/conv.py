@@ -25,6 +25,8 @@ class Conv2D(Layer):
         activation: optional activation applied after.
         kernel_init, bias_init: initializers; the kernel's fans are
             (C/groups*kh*kw, K*kh*kw), as PyTorch counts them.
+        parallel: 'data' or 'auto', which chooses 'data': the kernel is replicated and the batch
+            split (a convolution's weights are small beside its activations; 'model' is refused).
     The kernel is stored as a (K, C/groups*kh*kw) matrix; get_weights gives (K, C/groups, kh, kw).
     """
     image_rows = "channels_last"

@@ -13,14 +13,17 @@ from .elementwise import Elementwise
 
 
 class Sigmoid(Elementwise):
+    """1 / (1 + exp(-x)) elementwise (dmath.sigmoid and its gradient)."""
     name = "sigmoid"
 
 
 class Tanh(Elementwise):
+    """tanh(x) elementwise (dmath.tanh and its gradient)."""
     name = "tanh"
 
 
 class Relu(Elementwise):
+    """max(x, 0) elementwise (dmath.relu and its gradient)."""
     name = "relu"
 
 
@@ -51,6 +54,7 @@ class LogSoftmax(Function):
 
 
 class Identity(Function):
+    """The 'linear' activation: x itself."""
     name = "linear"
     saves_inputs = saves_output = False
     keeps_channels_last = True
@@ -82,20 +86,25 @@ def activation(name):
 
 
 def sigmoid(x):
+    """A node: the logistic sigmoid of node x."""
     return Sigmoid().apply(x)
 
 
 def tanh(x):
+    """A node: tanh of node x."""
     return Tanh().apply(x)
 
 
 def relu(x):
+    """A node: max(x, 0) of node x."""
     return Relu().apply(x)
 
 
 def softmax(x):
+    """A node: the softmax of each row (sample) of node x."""
     return Softmax().apply(x)
 
 
 def log_softmax(x):
+    """A node: the log of each row's softmax of node x (computed stably)."""
     return LogSoftmax().apply(x)

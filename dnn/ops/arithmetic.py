@@ -24,6 +24,7 @@ class _Binary(Function):
 
 
 class Add(_Binary):
+    """a + b of two nodes (broadcasting a row or column vector)."""
     name = "add"
 
     def forward(self, a, b):
@@ -36,6 +37,7 @@ class Add(_Binary):
 
 
 class Sub(_Binary):
+    """a - b of two nodes (broadcasting a row or column vector)."""
     name = "sub"
 
     def forward(self, a, b):
@@ -61,6 +63,7 @@ class Mul(_Binary):
 
 
 class Div(_Binary):
+    """a / b elementwise of two nodes (broadcasting a row or column vector)."""
     name = "div"
 
     def forward(self, a, b):
@@ -90,6 +93,7 @@ class Affine(Function):
 
 
 class Neg(Function):
+    """-x."""
     name = "neg"
     saves_inputs = saves_output = False
 
@@ -121,10 +125,12 @@ class PowScalar(Function):
 
 
 class Exp(Elementwise):
+    """e ** x elementwise (dmath.exp and its gradient)."""
     name = "exp"
 
 
 class Log(Elementwise):
+    """The natural logarithm elementwise (dmath.log and its gradient)."""
     name = "log"
 
 
@@ -252,6 +258,7 @@ def div(a, b):
 
 
 def neg(x):
+    """A node: -x."""
     return Neg().apply(x)
 
 
@@ -261,10 +268,12 @@ def pow(x, p):  # noqa: A001 - MagmaDNN's name
 
 
 def exp(x):
+    """A node: e ** x elementwise."""
     return Exp().apply(x)
 
 
 def log(x):
+    """A node: the natural logarithm of x elementwise."""
     return Log().apply(x)
 
 
@@ -276,6 +285,7 @@ def sum(x, axis=None):  # noqa: A001 - MagmaDNN's name
 
 
 def mean(x, axis=None):
+    """A node: the mean of x ((1, 1)), or along `axis` (0: over the batch, 1: per sample)."""
     return Sum(axis, mean=True).apply(x)
 
 
@@ -285,6 +295,7 @@ def add_n(*xs):
 
 
 def cast(x, dtype):
+    """A node: x in `dtype` ('float16', 'float32' or 'float64'); its gradient is cast back."""
     return Cast(dtype).apply(x)
 
 

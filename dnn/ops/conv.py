@@ -195,4 +195,6 @@ def conv2d(x, w, b=None, kernel_hw=None, stride=1, padding=0, dilation=1, groups
 
 
 def pool2d(x, kernel, stride=None, padding=0, mode="max"):
+    """A node: max (mode='max') or average ('avg') pooling of image node x over kernel windows
+    (stride defaults to the kernel)."""
     return Pool2D(kernel, stride, padding, mode).apply(x)

@@ -56,4 +56,6 @@ class Dropout(Function):
 
 
 def dropout(x, p, seed=0):
+    """A node: x with each value zeroed with probability p and the rest scaled by 1 / (1 - p); the
+    mask depends on `seed` and the step only (the same at any worker count)."""
     return Dropout(p, seed).apply(x)

@@ -106,20 +106,25 @@ class MeanSquaredError(_Loss):
 
 
 def softmax_cross_entropy(logits, labels):
+    """A (1, 1) node: the batch mean of the cross-entropy of softmax(logits) and the labels (one-hot rows), fused and stable."""
     return SoftmaxCrossEntropy().apply(logits, labels)
 
 
 def cross_entropy(p, labels):
+    """A (1, 1) node: the batch mean of -sum(labels * log(p)) for probabilities p (one-hot label rows)."""
     return CrossEntropy().apply(p, labels)
 
 
 def binary_cross_entropy(p, t):
+    """A (1, 1) node: the mean binary cross-entropy of probabilities p against targets t in [0, 1]."""
     return BinaryCrossEntropy().apply(p, t)
 
 
 def sigmoid_binary_cross_entropy(z, t):
+    """A (1, 1) node: binary cross-entropy of sigmoid(z) against targets t in [0, 1], from the logits z (fused and stable)."""
     return SigmoidBinaryCrossEntropy().apply(z, t)
 
 
 def mse(p, t):
+    """A (1, 1) node: the mean of (p - t) ** 2 over every value."""
     return MeanSquaredError().apply(p, t)

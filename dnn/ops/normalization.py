@@ -34,6 +34,9 @@ class BatchNorm(Function):
                                  f"got {node.shape}")
         if tuple(self.running_mean.shape) != (1, channels) or tuple(self.running_var.shape) != (1, channels):
             raise ShapeError(f"batchnorm: running statistics must be (1, {channels})")
+        if self.training and x.shape[0] * (sample[1] * sample[2] if self.image_shape else 1) < 2:
+            raise ShapeError(f"batchnorm: training needs more than one value per channel, got {x.shape[0]} "
+                             f"sample(s) of shape {sample}")
         return x.shape, x.dtype, sample
 
     def forward(self, x, gamma, beta):
@@ -50,4 +53,7 @@ class BatchNorm(Function):
 
 
 def batchnorm(x, gamma, beta, running_mean, running_var, training=True, momentum=0.1, eps=1e-5):
+    """A node: x normalised per feature (per channel for images) by the batch statistics in training,
+    else by the running ones (updated with `momentum` while training), then scaled by gamma and shifted
+    by beta."""
     return BatchNorm(running_mean, running_var, training, momentum, eps).apply(x, gamma, beta)

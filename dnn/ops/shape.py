@@ -32,6 +32,7 @@ class Reshape(Function):
 
 
 def reshape(x, sample_shape):
+    """A node: x with each sample seen as `sample_shape` (the same number of values; no data moves)."""
     return Reshape(sample_shape).apply(x)
 
 

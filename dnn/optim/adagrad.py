@@ -21,11 +21,11 @@ class AdaGrad(Optimizer):
         return {"eps": self.eps, "initial_accumulator_value": self.initial_accumulator_value}
 
     def prepare(self, params):
-        fresh = [p for p in params if id(p) not in self._state]
+        fresh = [p for p in params if p not in self._state]
         super().prepare(params)
         if self.initial_accumulator_value:
             for p in fresh:
-                self._state[id(p)]["sum"] += self.initial_accumulator_value
+                self._state[p]["sum"] += self.initial_accumulator_value
 
     def update(self, p, g, state, h):
         s = state["sum"]

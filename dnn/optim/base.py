@@ -21,6 +21,7 @@ master-side decision inside the recorded step.
 """
 import math
 import numbers
+import weakref
 
 import numpy as np
 
@@ -71,7 +72,9 @@ class Optimizer:
             raise ConfigError(f"schedule must be a dnn.optim.schedules schedule, got {schedule!r}")
         self.schedule = schedule
         self.iterations = 0            # steps taken (the schedule's clock)
-        self._state = {}               # id(param Variable) -> {name: Matrix}
+        # param Variable -> {name: Matrix}, held weakly: the state of a model's parameters goes with
+        # them, and a later model's Variables never meet it (an id would be reused)
+        self._state = weakref.WeakKeyDictionary()
         self._scalars = {}             # dtype -> {'lr': Matrix, ...}: per-step (1, 1) matrices
         self._lr_written = {}          # dtype -> the learning rate value in the 'lr' matrix
 
@@ -97,9 +100,9 @@ class Optimizer:
         """Master-side, outside a recorded step: make the state and write the next learning rate."""
         for p in params:
             self._check_param(p)
-            state = self._state.get(id(p))
+            state = self._state.get(p)
             if state is None:
-                self._state[id(p)] = {name: dmath.zeros(p.shape, dtype=p.dtype, layout=plain_layout(p.value))
+                self._state[p] = {name: dmath.zeros(p.shape, dtype=p.dtype, layout=plain_layout(p.value))
                                       for name in self.state_names}
             else:
                 # a parameter moved to another layout (parallel='auto' decided after a load): its state follows
@@ -140,7 +143,7 @@ class Optimizer:
                 # the kernel reads a float16 gradient as it is, skips a gated step on the device
                 # and applies the weight decay itself
                 h.grad_scale, h.gate = grad_scale, gate
-                self.fused_update(p.value, to_layout_of(g, p.value, keep_dtype=True), self._state[id(p)], h)
+                self.fused_update(p.value, to_layout_of(g, p.value, keep_dtype=True), self._state[p], h)
                 continue
             g = to_layout_of(g, p.value)
             if grad_scale is not None:
@@ -149,7 +152,7 @@ class Optimizer:
                 g = g + p.value * self.weight_decay
             if gate is not None:
                 g = dmath.where(gate, g, 0.0)     # NaN/inf -> 0 on a skipped step
-            self.update(p.value, g, self._state[id(p)], h)
+            self.update(p.value, g, self._state[p], h)
 
     def finish(self):
         """Master-side, after the step: advance the schedule's clock."""
@@ -193,7 +196,7 @@ class Optimizer:
         """{name: numpy array} of everything the optimizer keeps (state matrices, counters)."""
         out = {"iterations": np.array(self.iterations, dtype=np.int64)}
         for i, p in enumerate(params):
-            for name, m in self._state.get(id(p), {}).items():
+            for name, m in self._state.get(p, {}).items():
                 out[f"param{i}/{name}"] = m.to_numpy()
         for dtype, s in self._scalars.items():
             for name, m in s.items():
@@ -203,10 +206,13 @@ class Optimizer:
 
     def set_state(self, params, arrays):
         """Restore what `get_state` returned (for the same parameters, in the same order)."""
-        self.iterations = int(np.asarray(arrays.get("iterations", 0)).reshape(-1)[0])
+        iterations = np.asarray(arrays.get("iterations", 0)).reshape(-1)
+        if iterations.size != 1 or not np.isfinite(iterations[0]) or iterations[0] < 0:
+            raise ConfigError(f"the optimizer's step count must be one non-negative number, got {iterations}")
+        self.iterations = int(iterations[0])
         self.prepare(params)
         for i, p in enumerate(params):
-            for name, m in self._state[id(p)].items():
+            for name, m in self._state[p].items():
                 key = f"param{i}/{name}"
                 if key in arrays:
                     m.assign(np.ascontiguousarray(np.asarray(arrays[key]).reshape(m.shape), dtype=m.dtype))
@@ -221,14 +227,13 @@ class Optimizer:
         """Write the state of parameter `src` into that of `dst` (Variables of one shape, both
         prepared), in place and whatever their layouts: recorded steps reading dst's state stay
         valid. Asynchronous training moves the state between the model and its parameter store."""
-        for name, m in self._state[id(dst)].items():
-            m.assign(self._state[id(src)][name])
+        for name, m in self._state[dst].items():
+            m.assign(self._state[src][name])
 
     def forget(self, params):
-        """Drop the state of `params`, Variables about to go away (the state is keyed by the
-        Variable's id, which a later Variable may reuse)."""
+        """Drop the state of `params` now (it also goes when they are collected)."""
         for p in params:
-            self._state.pop(id(p), None)
+            self._state.pop(p, None)
 
     # ---- helpers -------------------------------------------------------------------------
     def _step_scalars(self, dtype):

@@ -207,3 +207,9 @@ def test_bad_data_raises_before_anything_is_sent():
         model.fit(np.zeros((120, 7)), y, verbose=0)
     assert all(s["data_bytes_sent"] == 0 for s in dmath.stats())      # refused before placing anything
     assert model.fit(data, batch_size=40, epochs=1, verbose=0)["loss"]   # still usable
+
+
+def test_a_npy_file_of_no_samples_is_refused(tmp_path):
+    np.save(tmp_path / "empty.npy", np.zeros((0, 4), np.float32))
+    with pytest.raises(dnn.data.DataError, match="no samples"):
+        dnn.data.Dataset.from_npy(tmp_path / "empty.npy", np.zeros(0, np.int64))

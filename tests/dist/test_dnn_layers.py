@@ -163,13 +163,23 @@ def test_initial_weights_do_not_depend_on_the_layout():
     np.testing.assert_array_equal(a.get_weights()[0], b.get_weights()[0])
 
 
+def test_auto_chooses_data_parallel_convolutions():
+    """parallel='auto' is taken by every layer; a convolution's choice is always 'data'."""
+    conv = L.Conv2D(4, 3, parallel="auto")
+    assert conv.strategy is None
+    conv.decide(64, dmath.num_workers())
+    assert conv.strategy == "data"
+
+
 def test_layer_errors():
     with pytest.raises(dnn.ConfigError):
         L.Dense(0)
     with pytest.raises(dnn.ConfigError):
         L.Conv2D(4, 2, padding="same")        # an even kernel has no symmetric 'same' padding
-    with pytest.raises(dnn.ConfigError):
+    with pytest.raises(dnn.ConfigError, match="stays data parallel"):
         L.Conv2D(4, 3, parallel="model")
+    with pytest.raises(dnn.ConfigError, match=r"\('data', 'auto'\)"):
+        L.Conv2D(4, 3, parallel="pipeline")
     with pytest.raises(dnn.ConfigError):
         L.Activation("swish")
     with pytest.raises(dnn.ConfigError):

@@ -70,6 +70,32 @@ def _small(record=True, parallel="data", dtype="float64", optimizer=None, dropou
                           optimizer=optimizer or dnn.optim.Adam(lr=0.01))
 
 
+def test_categorical_accuracy_is_argmax_accuracy():
+    """A sample counts when its label is the first of its row's largest outputs (argmax): equal outputs
+    count for the first class only, a NaN row for none."""
+    from dnn.losses import class_ranks, correct_count
+    pred = np.array([[1, 3, 3, 0], [1, 3, 3, 0], [2, 2, 2, 2], [2, 2, 2, 2], [np.nan, 1, 0, 0],
+                     [0, 1, 0, 5], [0, 1, 0, 5], [-1, -2, -3, -4]])
+    labels = np.array([1, 2, 0, 3, 0, 3, 1, 0])
+    want = float(np.sum(pred.argmax(axis=1) == labels) - 1)        # (argmax of the NaN row: 0, a miss)
+    target = np.eye(4)[labels]
+    for dtype in ("float16", "float32", "float64"):
+        got = correct_count(dmath.from_numpy(pred, dmath.RowBlock(), dtype=dtype),
+                            dmath.from_numpy(target, dmath.RowBlock(), dtype=dtype), "categorical",
+                            class_ranks(4, dtype))
+        assert got.shape == (1, 1) and got.to_numpy()[0, 0] == want == 4.0, dtype
+    # a collapsed network (every output row equal) scores its first class's share, not 100%
+    x, y = _blobs(120, seed=3)
+    dmath.random.seed(0)
+    m = dnn.Sequential([L.Input(6), L.Dense(8, activation="relu", bias_init=-100.0), L.Dense(3),
+                        L.Output("softmax")], dtype="float64")
+    assert m.evaluate(x, y)["accuracy"] == pytest.approx(np.mean(y == 0))
+    trained = _small()
+    trained.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    assert trained.evaluate(x, y)["accuracy"] == pytest.approx(
+        np.mean(trained.predict(x).argmax(axis=1) == y))
+
+
 def test_recorded_steps_equal_eager_steps():
     """Dropout included: each replay must multiply by a new mask, as each eager step does."""
     x, y = _blobs()
@@ -161,7 +187,7 @@ def test_auto_parallel_model_reloads_and_continues(tmp_path):
         m.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
     assert b.layers[1].strategy == expect
     kernel = b.layers[1].kernel.var
-    assert all(s.layout == kernel.value.layout for s in b.optimizer._state[id(kernel)].values())
+    assert all(s.layout == kernel.value.layout for s in b.optimizer._state[kernel].values())
     for wa, wb in zip(a.get_weights(), b.get_weights()):
         np.testing.assert_allclose(wa, wb, rtol=1e-12, atol=1e-14)
 
@@ -262,6 +288,27 @@ def test_model_checkpoint_arguments_are_checked(tmp_path):
     for kw in ({"unit": "batch"}, {"every": 0}, {"keep": 0}, {"save_best_only": True, "unit": "step"}):
         with pytest.raises(dnn.ConfigError, match="ModelCheckpoint"):
             dnn.callbacks.ModelCheckpoint(tmp_path / "m.dnn", **kw)
+    # a field a step checkpoint cannot fill, or a positional one, is refused before training, not at
+    # the first save
+    for path, kw in (("s{val_loss}.dnn", {"unit": "step"}), ("s{}.dnn", {}), ("s{0}.dnn", {}), ("s{step", {})):
+        with pytest.raises(dnn.ConfigError, match="ModelCheckpoint"):
+            dnn.callbacks.ModelCheckpoint(str(tmp_path / path), **kw)
+    dnn.callbacks.ModelCheckpoint(str(tmp_path / "e{epoch:03d}-{val_loss:.3f}.dnn"))     # epoch logs: fine
+
+
+def test_model_checkpoint_makes_its_directory(tmp_path):
+    """The checkpoint's folder is made at its first save (model.save itself says which folder is
+    missing); `keep` leaves the newest files."""
+    x, y = _blobs(96)
+    m = _small()
+    ckpt = dnn.callbacks.ModelCheckpoint(str(tmp_path / "run" / "ckpt" / "s{step:04d}.dnn"), unit="step",
+                                         every=1, keep=2)
+    m.fit(x, y, batch_size=32, epochs=2, verbose=0, callbacks=[ckpt])
+    assert sorted(p.name for p in (tmp_path / "run" / "ckpt").iterdir()) == ["s0005.dnn", "s0006.dnn"]
+    assert dnn.load(tmp_path / "run" / "ckpt" / "s0006.dnn").optimizer.iterations == 6
+    with pytest.raises(dnn.ModelFileError, match="does not exist"):
+        m.save(tmp_path / "missing" / "m.dnn")
+    assert not (tmp_path / "missing").exists()
 
 
 def test_summary_lists_layers_parameters_strategies_and_layouts():
@@ -317,3 +364,77 @@ def test_user_errors_raise_before_anything_runs():
     with pytest.raises(dnn.ConfigError, match="float16"):
         dnn.Sequential([L.Input(3), L.Dense(2)], loss_scale=dnn.optim.DynamicLossScale())
     m.fit(x, y, batch_size=16, epochs=1, verbose=0)     # still usable
+
+
+def test_a_corrupt_training_state_raises_model_file_error(tmp_path):
+    """Checksummed but wrong training state (a loss scale missing, not one value, or not positive; a
+    negative step count) is a ModelFileError, never a KeyError or a negative learning rate."""
+    from dnn import serialization
+    x, y = _blobs(64)
+    m = _small(dtype="float16")
+    m.fit(x.astype(np.float32), y, batch_size=32, epochs=1, verbose=0)
+    m.save(tmp_path / "h.dnn")
+    header, arrays = serialization.read_file(tmp_path / "h.dnn")
+    header = {k: v for k, v in header.items() if k not in ("arrays", "data_bytes")}
+    changes = {"no good steps": {"loss_scale/good_steps": None}, "scale of 3": {"loss_scale/scale": np.ones(3)},
+               "nan scale": {"loss_scale/scale": np.array(np.nan)}, "zero scale": {"loss_scale/scale": np.array(0.0)},
+               "negative steps": {"optimizer/iterations": np.array(-5)}}
+    for name, change in changes.items():
+        bad = dict(arrays)
+        for k, v in change.items():
+            if v is None:
+                del bad[k]
+            else:
+                bad[k] = v
+        path = tmp_path / f"{name}.dnn"
+        serialization.write_file(path, header, list(bad.items()))
+        with pytest.raises(dnn.ModelFileError):
+            dnn.load(path)
+
+
+def test_model_files_take_the_umask_and_array_initializers_save(tmp_path):
+    """A saved model is readable as any new file is (0o666 less the umask, not mkstemp's 0o600); a model
+    whose kernel started from a numpy array saves and loads (its config keeps the array's shape)."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    x, y = _blobs(64)
+    m = dnn.Sequential([L.Input(6), L.Dense(3, kernel_init=np.full((6, 3), 0.1)), L.Output("softmax")],
+                       dtype="float64")
+    m.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    m.save(tmp_path / "a.dnn")
+    assert (os.stat(tmp_path / "a.dnn").st_mode & 0o777) == 0o666 & ~umask
+    n = dnn.load(tmp_path / "a.dnn")
+    for a, b in zip(m.get_weights(), n.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert n.layers[1].get_config()["kernel_init"] == {"name": "array", "shape": [6, 3]}
+
+
+def test_targets_batch_sizes_and_inputs_are_checked_before_any_step():
+    x, y = _blobs(65)
+    bce = dnn.Sequential([L.Input(6), L.Dense(1), L.Output("sigmoid")], loss="binary_cross_entropy")
+    with pytest.raises(dnn.ShapeError, match=r"targets must be in \[0, 1\]"):
+        bce.fit(x, y, epochs=1, verbose=0)                 # class labels 0..2
+    with pytest.raises(dnn.ShapeError, match=r"targets must be in \[0, 1\]"):
+        bce.fit(x, np.full((65, 1), 1.5), epochs=1, verbose=0)
+    bce.fit(x, (y == 1).astype(np.float64), epochs=1, verbose=0)
+    m = _small()
+    for bad in (0, False, 0.0, -1):
+        with pytest.raises(dnn.ConfigError, match="batch_size"):
+            m.evaluate(x, y, batch_size=bad)
+        with pytest.raises(dnn.ConfigError, match="batch_size"):
+            m.predict(x, batch_size=bad)
+    with pytest.raises(dnn.ConfigError, match="None"):
+        m.predict(None)
+    with pytest.raises(dnn.ShapeError, match="empty array"):
+        m.predict(np.zeros((0, 5)))
+    assert m.predict(np.zeros((0, 6))).shape == (0, 3)
+    # a last training batch of one sample cannot be batch-normalised: refused before the first step
+    dmath.random.seed(1)
+    bn = dnn.Sequential([L.Input(6), L.Dense(4), L.BatchNorm(), L.Dense(3), L.Output("softmax")])
+    before = bn.get_weights()
+    with pytest.raises(dnn.ShapeError, match="one value per channel"):
+        bn.fit(x, y, batch_size=32, epochs=1, verbose=0)             # 65 = 2 * 32 + 1
+    assert bn.optimizer.iterations == 0
+    for a, b in zip(before, bn.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    bn.fit(x, y, batch_size=13, epochs=1, verbose=0)

@@ -208,3 +208,26 @@ def test_optimizer_state_round_trip():
         for p, o in ((a, opt_a), (b, opt_b)):
             o.step([p], [dmath.from_numpy(g, dtype="float64", layout=dmath.Replicated())])
     np.testing.assert_array_equal(a.value.to_numpy(), b.value.to_numpy())
+
+
+def test_an_optimizer_shared_by_successive_models_starts_each_fresh():
+    """The state is held per parameter Variable, weakly: a later model's parameters never take over a
+    collected model's momentum (a reused id once did), and a collected model's state goes with it."""
+    import gc
+    from dnn import layers as L
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(20, 4)), rng.integers(0, 3, 20)
+
+    def model(opt):
+        dmath.random.seed(0)
+        return dnn.Sequential([L.Input(4), L.Dense(3, use_bias=False), L.Output("softmax")], optimizer=opt,
+                              dtype="float64")
+    shared = optim.SGD(lr=0.1, momentum=0.9)
+    for _ in range(8):
+        m, ref = model(shared), model(optim.SGD(lr=0.1, momentum=0.9))
+        m.fit(x, y, batch_size=20, epochs=1, verbose=0)
+        ref.fit(x, y, batch_size=20, epochs=1, verbose=0)
+        np.testing.assert_array_equal(m.get_weights()[0], ref.get_weights()[0])
+        del m, ref
+        gc.collect()
+        assert len(shared._state) == 0
