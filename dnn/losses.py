@@ -12,6 +12,8 @@ A loss also says how targets are given (`targets`) and how accuracy is
 counted: 'categorical' (the largest output is the label), 'binary'
 (outputs above the threshold are 1) or None (regression).
 """
+from typing import NamedTuple
+
 import numpy as np
 
 import dmath
@@ -115,18 +117,25 @@ def get(spec):
     return _KINDS[spec]()
 
 
+class ClassRanks(NamedTuple):
+    """What a categorical accuracy needs beside the predictions (`class_ranks`)."""
+    ranks: object     # (1, classes) Replicated: classes, classes - 1, ..., 1
+    ones: object      # (1, classes) Replicated ones, in the predictions' dtype
+
+
 def class_ranks(classes, dtype):
-    """The (1, classes) row classes, classes - 1, ..., 1 (Replicated) that a categorical accuracy
-    ranks tied maxima by; made before a step is recorded (a recorded step cannot send data)."""
-    dtype = "float64" if dtype == "float64" else "float32"     # exact integers up to 2**24 classes
-    return dmath.from_numpy(np.arange(classes, 0, -1, dtype=dtype).reshape(1, classes),
-                            layout=dmath.Replicated())
+    """The `ClassRanks` rows a categorical accuracy ranks tied maxima by; made before a step is
+    recorded (a recorded step cannot send data)."""
+    rank_dtype = "float64" if dtype == "float64" else "float32"     # exact integers up to 2**24 classes
+    rep = dmath.Replicated()
+    return ClassRanks(dmath.from_numpy(np.arange(classes, 0, -1).reshape(1, classes), layout=rep, dtype=rank_dtype),
+                      dmath.ones((1, classes), dtype=dtype, layout=rep))
 
 
 def correct_count(pred, target, kind, reference):
     """The number of correct predictions in the batch as a (1, 1) matrix (no master-side read).
 
-    categorical (reference: `class_ranks`): a sample counts when its label
+    categorical (reference: `class_ranks`'s): a sample counts when its label
     is the first of the row's largest outputs, as argmax (NumPy, PyTorch,
     Keras) has it: a row of equal outputs counts for its first class only,
     and a row holding NaN for none. binary (reference: the threshold): the
@@ -134,8 +143,11 @@ def correct_count(pred, target, kind, reference):
     """
     if kind == "categorical":
         # each maximum scored by its rank (the first the highest): the label is argmax exactly when
-        # its score is the row's largest and is not 0 (a score of 0: not a maximum, or a NaN row)
-        scores = dmath.equal(pred, pred.max(axis=1)) * reference
+        # its score is the row's largest and is not 0 (a score of 0: not a maximum, or a NaN row).
+        # The row maxima are spread along their rows by a local product with a row of ones (exact):
+        # an elementwise broadcast of the (N, 1) column would gather it on every worker
+        top = dmath.gemm(pred.max(axis=1), reference.ones)
+        scores = dmath.equal(pred, top) * reference.ranks
         labelled = (scores * target).sum(axis=1)                   # the label's score, (N, 1)
         hits = dmath.logical_and(dmath.equal(labelled, scores.max(axis=1)), labelled)
     elif kind == "binary":

@@ -73,7 +73,11 @@ class Sequential:
                               "layers.Input((1, 28, 28)) or layers.Input(784)")
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
             raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
-        self.name, self.seed, self.record = name, int(seed), bool(record)
+        if not isinstance(record, bool):
+            raise ConfigError(f"record must be True or False, got {record!r}")
+        if not isinstance(name, str):
+            raise ConfigError(f"name must be a string, got {name!r}")
+        self.name, self.seed, self.record = name, int(seed), record
         if channels_last not in (None, True, False):
             raise ConfigError(f"channels_last must be None (on GPUs with cuDNN), True or False, got {channels_last!r}")
         if channels_last is None:
@@ -235,6 +239,8 @@ class Sequential:
         `max_staleness` updates old (default groups - 1; 0 is synchronous
         SGD). The epoch's logs add 'max_staleness' and 'mean_staleness'.
         """
+        if verbose not in (0, 1, 2) or isinstance(verbose, float):
+            raise ConfigError(f"verbose must be 0, 1 or 2, got {verbose!r}")
         options = asgd.check_options(self, asynchronous, max_staleness, groups, callbacks)
         if options is not None and self.resume is not None and self.resume["batch"]:
             raise ConfigError("a checkpoint saved inside an epoch resumes synchronously (asynchronous=False); "
@@ -469,7 +475,8 @@ class Sequential:
         ls = config.get("loss_scale")
         return cls([from_config(c) for c in config["layers"]], loss=config["loss"], optimizer=optimizer,
                    dtype=config["dtype"], loss_scale=optim.DynamicLossScale(**ls) if ls else None,
-                   record=config.get("record", True), seed=config.get("seed", 0), name=config.get("name"))
+                   record=config.get("record", True), seed=config.get("seed", 0),
+                   name=config.get("name", "sequential"))
 
     def save(self, path):
         """Write a checkpoint to `path` (see dnn.serialization): the architecture, the weights as global

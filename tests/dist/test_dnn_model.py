@@ -438,3 +438,18 @@ def test_targets_batch_sizes_and_inputs_are_checked_before_any_step():
     for a, b in zip(before, bn.get_weights()):
         np.testing.assert_array_equal(a, b)
     bn.fit(x, y, batch_size=13, epochs=1, verbose=0)
+
+
+def test_model_and_loss_scale_arguments_are_checked():
+    layers = lambda: [L.Input(6), L.Dense(3), L.Output("softmax")]       # noqa: E731
+    for kw in ({"record": "no"}, {"name": 7}):
+        with pytest.raises(dnn.ConfigError):
+            dnn.Sequential(layers(), **kw)
+    for kw in ({"init_scale": "a"}, {"init_scale": float("inf")}, {"growth_factor": float("nan")},
+               {"backoff_factor": True}):
+        with pytest.raises(dnn.ConfigError):
+            dnn.optim.DynamicLossScale(**kw)
+    x, y = _blobs(32)
+    for verbose in (3, -1, 0.5, "1"):
+        with pytest.raises(dnn.ConfigError, match="verbose"):
+            dnn.Sequential(layers()).fit(x, y, verbose=verbose)
