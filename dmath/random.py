@@ -5,8 +5,6 @@ Each call draws from a new stream (the master counts calls since the last
 """
 import numbers
 
-import numpy as np
-
 from .errors import DMathError, ShapeError
 from .layout import Replicated
 from .matrix import Matrix
@@ -18,7 +16,7 @@ _state = {"seed": 0, "stream": 0}
 
 def seed(s):
     """Restart the random streams from seed `s` (a non-negative integer)."""
-    if isinstance(s, (bool, np.bool_)) or not isinstance(s, numbers.Integral) or not 0 <= s < 2 ** 53:
+    if isinstance(s, bool) or not isinstance(s, numbers.Integral) or not 0 <= s < 2 ** 53:
         raise DMathError(f"seed must be an integer in [0, 2**53), got {s!r}")
     _state["seed"], _state["stream"] = int(s), 0
 

@@ -409,8 +409,7 @@ class Sequential:
             if features != math.prod(self.input_shape):
                 raise ShapeError(f"predict: samples must have shape {self.input_shape}, got an empty array of "
                                  f"shape {np.shape(x)}")
-            return np.zeros((0,) + tuple(self.output_shape) if len(self.output_shape) > 1 else (0, self.outputs),
-                            dtype=self.dtype)
+            return np.zeros(self._predicted_shape(0), dtype=self.dtype)
         ds = self._dataset(x, None, targets=False)
         feed = self._feed(ds)
         feed.start_epoch(None, 0)
@@ -419,9 +418,11 @@ class Sequential:
             prog = self._program("predict", size, feed)
             prog.run()
             out.append(prog.output.value.to_numpy())
-        n = feed.n
-        return np.concatenate(out).reshape((n,) + tuple(self.output_shape)
-                                           if len(self.output_shape) > 1 else (n, self.outputs))
+        return np.concatenate(out).reshape(self._predicted_shape(feed.n))
+
+    def _predicted_shape(self, n):
+        """The shape of predict's result for n samples: (n, outputs), or (n,) + an image output's shape."""
+        return (n,) + tuple(self.output_shape) if len(self.output_shape) > 1 else (n, self.outputs)
 
     # ---- description -------------------------------------------------------------------------------
     def summary(self, print_fn=print):

@@ -72,14 +72,13 @@ def run(world, cache, pieces, src, dst, src_dtype, dst_dtype, offset=(0, 0), pen
     and its Pending is appended; the pieces are complete once it is waited for.
     """
     rank = world.rank
-    steps = prepared_steps(cache, src, dst, offset, rank)
     if src.partial and np.dtype(dst_dtype).itemsize < np.dtype(src_dtype).itemsize:
         # a Partial source is summed on the way: in the narrower dtype the addends could overflow or
         # round where their sum does not (1e5 + (1 - 1e5) in float16), so it is summed in its own
         # dtype and converted once, at the end (in the foreground)
         return [_converted(p, dst_dtype) for p in run(world, cache, pieces, src, dst, src_dtype, src_dtype, offset)]
     wire = send_dtype(src_dtype, dst_dtype)
-    for step, loc in steps:
+    for step, loc in prepared_steps(cache, src, dst, offset, rank):
         last = step.dst is dst
         dtype = dst_dtype if last else wire
         if isinstance(step, AllReduce):

@@ -1,11 +1,11 @@
 """BatchNorm: per-feature (flat samples) or per-channel (image samples) batch normalization."""
-import math
 import numbers
 
 import dmath
 
-from ..errors import ConfigError, ShapeError
+from ..errors import ConfigError
 from ..ops import BatchNorm as BatchNormFn
+from ..ops.normalization import check_training_batch
 from .base import Layer
 
 
@@ -34,11 +34,8 @@ class BatchNorm(Layer):
                                             trainable=False)
 
     def check_training_batch(self, batch):
-        per_channel = batch * (math.prod(self.input_shape[1:]) if len(self.input_shape) == 3 else 1)
-        if self.built and per_channel < 2:
-            raise ShapeError(f"{self.name}: batch statistics need more than one value per channel; a training "
-                             f"batch of {batch} sample(s) of shape {self.input_shape} has {per_channel} (pick a "
-                             f"batch_size that leaves no last batch of one sample)")
+        if self.built:
+            check_training_batch(batch, self.input_shape, self.name)
 
     def forward(self, x, ctx):
         fn = BatchNormFn(self.running_mean.value, self.running_var.value, ctx.training, self.momentum, self.eps)

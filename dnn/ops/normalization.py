@@ -34,9 +34,8 @@ class BatchNorm(Function):
                                  f"got {node.shape}")
         if tuple(self.running_mean.shape) != (1, channels) or tuple(self.running_var.shape) != (1, channels):
             raise ShapeError(f"batchnorm: running statistics must be (1, {channels})")
-        if self.training and x.shape[0] * (sample[1] * sample[2] if self.image_shape else 1) < 2:
-            raise ShapeError(f"batchnorm: training needs more than one value per channel, got {x.shape[0]} "
-                             f"sample(s) of shape {sample}")
+        if self.training:
+            check_training_batch(x.shape[0], sample, "batchnorm")
         return x.shape, x.dtype, sample
 
     def forward(self, x, gamma, beta):
@@ -50,6 +49,16 @@ class BatchNorm(Function):
 
     def drop_saved(self):
         self.saved = None
+
+
+def check_training_batch(batch, sample_shape, what):
+    """ShapeError unless a training batch of `batch` samples of `sample_shape` has more than one value
+    per channel (per feature for flat samples): batch statistics need two."""
+    per_channel = batch * (sample_shape[1] * sample_shape[2] if len(sample_shape) == 3 else 1)
+    if per_channel < 2:
+        raise ShapeError(f"{what}: batch statistics need more than one value per channel; a training batch of "
+                         f"{batch} sample(s) of shape {tuple(sample_shape)} has {per_channel} (pick a "
+                         f"batch_size that leaves no last batch of one sample)")
 
 
 def batchnorm(x, gamma, beta, running_mean, running_var, training=True, momentum=0.1, eps=1e-5):

@@ -10,21 +10,18 @@ doubles it after `growth_interval` finite steps in a row (PyTorch's
 GradScaler policy). All of it runs on the workers, so it records and replays
 with the rest of the step.
 """
-import math
-import numbers
-
 import dmath
 
 from ..errors import ConfigError
+from .base import _positive
 
 
 class DynamicLossScale:
     """The loss scale and its update rule; `scale` and `good_steps` are (1, 1) float32 matrices."""
 
     def __init__(self, init_scale=2.0 ** 15, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-        for v in (init_scale, growth_factor, backoff_factor):
-            if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):
-                raise ConfigError(f"loss scaling takes finite real numbers, got {v!r}")
+        init_scale, growth_factor, backoff_factor = (_positive(v, what) for v, what in (
+            (init_scale, "init_scale"), (growth_factor, "growth_factor"), (backoff_factor, "backoff_factor")))
         if not init_scale > 0 or not growth_factor > 1 or not 0 < backoff_factor < 1:
             raise ConfigError("loss scaling needs init_scale > 0, growth_factor > 1 and 0 < backoff_factor < 1")
         if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
