@@ -10,10 +10,12 @@ from the public function: `dnn/ops/elementwise.py`).
 
 Master half (`apply`): validate, then align the operands (a cached pure plan):
 the result takes the layout of the first operand of the result's shape;
-other full-size operands are remapped to it; row and column vectors are
-replicated on the workers that hold result pieces. Worker half (the kernel):
-combine local pieces (and slices of replicated vectors), one pass, written
-straight into the result.
+other full-size operands are remapped to it; a row or column vector stays
+where it is when every worker already holds the part its result pieces need
+(a RowBlock column beside a RowBlock matrix), else it is replicated on the
+workers that hold result pieces. Worker half (the kernel): combine local
+pieces (and slices of the vectors' local pieces), one pass, written straight
+into the result.
 """
 import functools
 import inspect
@@ -298,15 +300,31 @@ def plan(fn, metas, inplace, nworkers):
             kind = "full"
         else:
             here = distribution(m.layout, m.shape, nworkers)
-            same = here.same_placement(distribution(rep, m.shape, nworkers))
-            aligns.append(("as-is", None) if same else ("remap", rep))
             kind = "one" if m.shape == (1, 1) else ("row" if m.shape[0] == 1 else "col")
+            if kind == "one":
+                held = here.same_placement(distribution(rep, m.shape, nworkers))
+            else:       # a vector already split as the result is (a RowBlock column beside RowBlock rows) stays
+                held = all(_holding_piece(mine, p, kind) is not None
+                           for mine, need in zip(here.pieces, pdist.pieces) for p in need) and not here.partial
+            aligns.append(("as-is", None) if held else ("remap", rep))
         pattern.append((kind, n_in))
         n_in += 1
     out = None if inplace else Meta(lay.resolved(nworkers), shape, dtype)
     args = EWISE.static(fn=fn, pattern=tuple(pattern), out_index=0 if inplace else None)
     return Plan(tuple(aligns), args, out, all(how in ("as-is", "scalar") for how, _ in aligns),
                 (0,) if inplace else (out,), n_sc, tuple(mats), Known(), bool(lay.partial) and f.partial == "scale")
+
+
+def _holding_piece(pieces, p, kind):
+    """(index, index set) of the first of a worker's vector `pieces` that holds every row (kind 'col')
+    or column ('row') result piece `p` needs, or None (a pure function: the master plans with it,
+    every worker selects with it)."""
+    want = p.rows if kind == "col" else p.cols
+    for j, q in enumerate(pieces):
+        have, other = (q.rows, q.cols) if kind == "col" else (q.cols, q.rows)
+        if other and ix.size(ix.intersect(want, have)) == ix.size(want):     # `other`: the vector's one index
+            return j, have
+    return None
 
 
 def _scale_is_finite(f, scalars):
@@ -358,21 +376,23 @@ def _prepared(call):
 
 
 def _operand_selections(call):
-    """Per output piece, per operand: how to read it (piece index, vector slice, or scalar)."""
+    """Per output piece, per operand: how to read it (piece index, (vector piece, local positions), or
+    scalar)."""
     xp = backend.current().xp
     args = call.entry.static
     dist = call.entry.out_dists[0] if args.out_index is None else call.entry.in_dists[args.out_index]
     to_dev = (lambda s: s if isinstance(s, slice) else xp.asarray(s))
+    in_dists = call.entry.in_dists
     sel = []
     for k, p in enumerate(dist.pieces[call.rank]):
         row = []
         for kind, idx in args.pattern:
             if kind == "full":
                 row.append(("piece", idx, k))
-            elif kind == "row":        # (1, n): columns of this piece
-                row.append(("cols", idx, to_dev(ix.selection(p.cols))))
-            elif kind == "col":        # (m, 1): rows of this piece
-                row.append(("rows", idx, to_dev(ix.selection(p.rows))))
+            elif kind in ("row", "col"):    # a vector: the local positions of this piece's columns/rows
+                j, have = _holding_piece(in_dists[idx].pieces[call.rank], p, kind)
+                want = p.cols if kind == "row" else p.rows
+                row.append(("cols" if kind == "row" else "rows", idx, (j, to_dev(ix.positions(want, have)))))
             elif kind == "one":        # (1, 1)
                 row.append(("one", idx, None))
             else:                      # a dynamic scalar
@@ -415,9 +435,9 @@ def _ewise(call):
                 elif what == "scalar":
                     operands.append(call.scalars[idx])   # a Python float: no device transfer
                 elif what == "cols":
-                    operands.append(ins[idx].pieces[0][:, s])
+                    operands.append(ins[idx].pieces[s[0]][:, s[1]])
                 elif what == "rows":
-                    operands.append(ins[idx].pieces[0][s, :])
+                    operands.append(ins[idx].pieces[s[0]][s[1], :])
                 else:                  # "one"
                     operands.append(ins[idx].pieces[0])
             if ufunc is not None:

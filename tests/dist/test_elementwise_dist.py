@@ -135,6 +135,52 @@ def test_vector_broadcasting_mixed_layouts(i):
     ])
 
 
+def _sent():
+    return sum(s["data_bytes_sent"] for s in dmath.stats())
+
+
+# (matrix layout, vector layout, vector shape): every worker already holds the vector's part that
+# its result pieces need, so the vector is not replicated first
+HELD = [
+    ("RowBlock column", lambda: dmath.RowBlock(), lambda: dmath.RowBlock(), COL),
+    ("ColBlock row", lambda: dmath.ColBlock(), lambda: dmath.ColBlock(), ROW),
+    ("uneven RowBlock column", lambda: dmath.RowBlock(sizes=(0,) * (P - 1) + (SHAPE[0],)),
+     lambda: dmath.RowBlock(sizes=(0,) * (P - 1) + (SHAPE[0],)), COL),
+    ("Block2D (P, 1) grid, RowBlock column", lambda: dmath.Block2D(grid=(P, 1)), lambda: dmath.RowBlock(), COL),
+    ("cyclic rows, cyclic column", lambda: dmath.BlockCyclic((2, SHAPE[1]), grid=(P, 1)),
+     lambda: dmath.BlockCyclic((2, 1), grid=(P, 1)),
+     COL),
+    ("group RowBlock column", lambda: dmath.RowBlock(group=[P - 1]), lambda: dmath.RowBlock(group=[P - 1]), COL),
+]
+
+
+@pytest.mark.parametrize("case", HELD, ids=[c[0] for c in HELD])
+def test_a_vector_split_as_the_result_is_used_in_place(case):
+    """A vector whose pieces already lie beside the result's moves no data, new or in place."""
+    _, mat_layout, vec_layout, vshape = case
+    x = values(SHAPE, 22, 0.5, 1.5).astype("float32")
+    v = values(vshape, 23, 0.5, 1.5).astype("float32")
+    m, mv = make(x, mat_layout()), make(v, vec_layout())
+    before = _sent()
+    got = [dmath.where(mv - 1.0, m * mv, mv / m), mv - m, dmath.maximum(m, mv)]
+    target = m.copy()
+    target *= mv
+    assert _sent() == before
+    for r, want in zip(got + [target], [np.where(v - 1.0 != 0, x * v, v / x), v - x, np.maximum(x, v), x * v]):
+        assert r.layout == m.layout
+        np.testing.assert_allclose(r.to_numpy(), want, **tol("float32"))
+
+
+def test_a_vector_split_otherwise_is_replicated_first():
+    """The counter-check: a RowBlock column beside a ColBlock matrix is gathered (at P > 1)."""
+    x = values(SHAPE, 24, 0.5, 1.5).astype("float32")
+    c = values(COL, 25, 0.5, 1.5).astype("float32")
+    m, mc = make(x, dmath.ColBlock()), make(c, dmath.RowBlock())
+    before = _sent()
+    np.testing.assert_allclose((m + mc).to_numpy(), x + c, **tol("float32"))
+    assert (_sent() > before) == (P > 1)
+
+
 @pytest.mark.parametrize("i", range(len(NAMES)), ids=lambda i: NAMES[i])
 def test_inplace_ops(i):
     lm, ln = _pair(i, 3, 2)
