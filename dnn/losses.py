@@ -12,7 +12,6 @@ A loss also says how targets are given (`targets`) and how accuracy is
 counted: 'categorical' (the largest output is the label), 'binary'
 (outputs above the threshold are 1) or None (regression).
 """
-from typing import NamedTuple
 
 import numpy as np
 
@@ -117,19 +116,12 @@ def get(spec):
     return _KINDS[spec]()
 
 
-class ClassRanks(NamedTuple):
-    """What a categorical accuracy needs beside the predictions (`class_ranks`)."""
-    ranks: object     # (1, classes) Replicated: classes, classes - 1, ..., 1
-    ones: object      # (1, classes) Replicated ones, in the predictions' dtype
-
-
 def class_ranks(classes, dtype):
-    """The `ClassRanks` rows a categorical accuracy ranks tied maxima by; made before a step is
-    recorded (a recorded step cannot send data)."""
+    """The (1, classes) Replicated row a categorical accuracy ranks tied maxima by (classes,
+    classes - 1, ..., 1); made before a step is recorded (a recorded step cannot send data)."""
     rank_dtype = "float64" if dtype == "float64" else "float32"     # exact integers up to 2**24 classes
-    rep = dmath.Replicated()
-    return ClassRanks(dmath.from_numpy(np.arange(classes, 0, -1).reshape(1, classes), layout=rep, dtype=rank_dtype),
-                      dmath.ones((1, classes), dtype=dtype, layout=rep))
+    return dmath.from_numpy(np.arange(classes, 0, -1).reshape(1, classes), layout=dmath.Replicated(),
+                            dtype=rank_dtype)
 
 
 def correct_count(pred, target, kind, reference):
@@ -144,10 +136,8 @@ def correct_count(pred, target, kind, reference):
     if kind == "categorical":
         # each maximum scored by its rank (the first the highest): the label is argmax exactly when
         # its score is the row's largest and is not 0 (a score of 0: not a maximum, or a NaN row).
-        # The row maxima are spread along their rows by a local product with a row of ones (exact):
-        # an elementwise broadcast of the (N, 1) column would gather it on every worker
-        top = dmath.gemm(pred.max(axis=1), reference.ones)
-        scores = dmath.equal(pred, top) * reference.ranks
+        # The (N, 1) row maxima lie beside their rows, so the broadcast moves nothing
+        scores = dmath.equal(pred, pred.max(axis=1)) * reference
         labelled = (scores * target).sum(axis=1)                   # the label's score, (N, 1)
         hits = dmath.logical_and(dmath.equal(labelled, scores.max(axis=1)), labelled)
     elif kind == "binary":
