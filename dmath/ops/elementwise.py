@@ -304,7 +304,7 @@ def plan(fn, metas, inplace, nworkers):
             if kind == "one":
                 held = here.same_placement(distribution(rep, m.shape, nworkers))
             else:       # a vector already split as the result is (a RowBlock column beside RowBlock rows) stays
-                held = all(_holding_piece(mine, p, kind) is not None
+                held = all(holding_piece(mine, p, kind) is not None
                            for mine, need in zip(here.pieces, pdist.pieces) for p in need) and not here.partial
             aligns.append(("as-is", None) if held else ("remap", rep))
         pattern.append((kind, n_in))
@@ -315,7 +315,7 @@ def plan(fn, metas, inplace, nworkers):
                 (0,) if inplace else (out,), n_sc, tuple(mats), Known(), bool(lay.partial) and f.partial == "scale")
 
 
-def _holding_piece(pieces, p, kind):
+def holding_piece(pieces, p, kind):
     """(index, index set) of the first of a worker's vector `pieces` that holds every row (kind 'col')
     or column ('row') result piece `p` needs, or None (a pure function: the master plans with it,
     every worker selects with it)."""
@@ -390,7 +390,7 @@ def _operand_selections(call):
             if kind == "full":
                 row.append(("piece", idx, k))
             elif kind in ("row", "col"):    # a vector: the local positions of this piece's columns/rows
-                j, have = _holding_piece(in_dists[idx].pieces[call.rank], p, kind)
+                j, have = holding_piece(in_dists[idx].pieces[call.rank], p, kind)
                 want = p.cols if kind == "row" else p.rows
                 row.append(("cols" if kind == "row" else "rows", idx, (j, to_dev(ix.positions(want, have)))))
             elif kind == "one":        # (1, 1)

@@ -379,9 +379,9 @@ def _special(shape, dtype, seed):
                                     ("float32", "float64")], ids="-".join)
 def test_gpu_one_launch_path_gives_cupys_bits(dtypes):
     """On a GPU, the generated one-launch kernel of every function with a CUDA expression gives the
-    bits of CuPy's ufunc (the generic kernel), for array and scalar operands on either side, mixed
-    dtypes, and zeros, infinities and NaNs (a NaN result only has to be a NaN). Its grid-stride
-    loop is taken past the largest grid."""
+    bits of CuPy's ufunc (the generic kernel), for array, row, column, (1, 1) and scalar operands
+    on either side, mixed dtypes, and zeros, infinities and NaNs (a NaN result only has to be a
+    NaN). Its grid-stride loop is taken past the largest grid."""
     if dmath.device() != "gpu":
         pytest.skip("the one-launch path is the GPU kernel's")
     import cupy
@@ -393,16 +393,20 @@ def test_gpu_one_launch_path_gives_cupys_bits(dtypes):
         arity = len(f.params)
         if f.cuda is None or (len(dtypes) > arity):
             continue                # (mixed dtypes: two array operands)
-        forms = [("arrays", [True] * arity)]
-        if arity == 2 and len(dtypes) == 1:
-            forms += [("array, scalar", [True, False]), ("scalar, array", [False, True])]
-        for form, arrays in forms:
+        forms = [("full",) * arity]
+        if arity == 2:
+            forms += [("full", "row"), ("col", "full"), ("one", "full")]
+            if len(dtypes) == 1:
+                forms += [("full", "scalar"), ("scalar", "full"), ("row", "scalar")]
+        for form in forms:
             # past the largest grid (the grid-stride loop) for one function
-            for size in ((37, 53), (cuda.MAX_BLOCKS * 256 + 1000, 1)) if fn == "add" else ((37, 53),):
+            big = fn == "add" and form == ("full",) * arity
+            for size in ((37, 53), (cuda.MAX_BLOCKS * 256 + 1000, 1)) if big else ((37, 53),):
                 operands = []
-                for k, is_array in enumerate(arrays):
-                    if is_array:
-                        operands.append(cupy.asarray(_special(size, dtypes[k % len(dtypes)], 40 + k)))
+                for k, kind in enumerate(form):
+                    shape = {"full": size, "row": (1, size[1]), "col": (size[0], 1), "one": (1, 1)}.get(kind)
+                    if shape is not None:
+                        operands.append(cupy.asarray(_special(shape, dtypes[k % len(dtypes)], 40 + k)))
                     else:
                         operands.append([0.3, -1.7, 2.0][k])
                 out_dtype = np.result_type(*[a.dtype for a in operands if hasattr(a, "dtype")]).name
@@ -413,8 +417,8 @@ def test_gpu_one_launch_path_gives_cupys_bits(dtypes):
                 same = (w.view(f"u{w.itemsize}") == g.view(f"u{g.itemsize}")) | (np.isnan(w) & np.isnan(g))
                 if not same.all():
                     k = int(np.argmin(same.ravel()))
-                    failures.append(f"{fn} ({form}, {size}): {int((~same).sum())} differ, first at {k}: "
-                                    f"{g.ravel()[k]!r} against CuPy's {w.ravel()[k]!r}")
+                    failures.append(f"{fn} ({', '.join(form)}, {size}): {int((~same).sum())} differ, first at "
+                                    f"{k}: {g.ravel()[k]!r} against CuPy's {w.ravel()[k]!r}")
     del operands, want, got
     # the large arrays' blocks go back to the device: a later test that measures what clear() gives
     # back must not find its requests carved out of them
@@ -423,8 +427,9 @@ def test_gpu_one_launch_path_gives_cupys_bits(dtypes):
 
 
 def test_eager_elementwise_chain_on_every_path():
-    """The GPU's one-launch path (contiguous pieces and scalars), the generic kernel (a column
-    vector operand) and an in-place write, mixed in one chain, in every layout, against NumPy."""
+    """The GPU's one-launch path (contiguous pieces, a column vector and scalars), the generic
+    kernel (in-place writes, a worker's several pieces, a vector's scattered positions) mixed in
+    one chain, in every layout, against NumPy."""
     shape = (11, 6)
     x, y, c = values(shape, 50), values(shape, 51), values((shape[0], 1), 52)
     for name in NAMES:
