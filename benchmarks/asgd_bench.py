@@ -2,7 +2,7 @@
 
     mpiexec -n P python benchmarks/asgd_bench.py [--device cpu|gpu] [--model mlp|cnn] [--target 0.97]
         [--max-epochs 30] [--batch-size 32] [--lr 0.05] [--momentum 0] [--groups G] [--max-staleness K]
-        [--repeats 1] [--out benchmarks/results/asgd_<device>_p<P>.json]
+        [--repeats 1] [--out F.json]   # default: benchmarks/results/asgd_<device>_p<P>_<model>.json
 
 Data: the 5,000 real MNIST digits of dnn.data.load_mnist_5k, shuffled with
 seed 0: 4,000 to train on, 1,000 held out. Both runs start from the same

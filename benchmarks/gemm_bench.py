@@ -8,6 +8,19 @@ For every size, dtype and input layout (A and B both in it) it times
 - cold: the replica cache is disabled, so every product moves its operands;
 - warm: the cache is on and the operands were used before (what a training
   step sees for its weights).
+The budgets reach the workers only, through the private bench_cache_budget
+kernel: cold 0, warm DMATH_REPLICA_CACHE_BYTES or, unset, 64 GiB (16 times
+the library's 4 GiB default, so that n = 32768 copies fit). GEMM planning
+reads the master's own replica ledger, whose budget is the library's
+(DMATH_REPLICA_CACHE_BYTES or 4 GiB, halved under a memory limit), and no
+public call changes it at run time. So a cold run may be planned as if its
+operand copies were cached (the kernel makes them again on a miss, so
+results stay right), and a warm run without the variable is planned as if
+copies over 4 GiB were never kept; setting DMATH_REPLICA_CACHE_BYTES makes
+the warm budgets agree. The committed gemm_h200_*_2026-11-21 results
+predate the ledger (2026-11-23): the planner then read worker 0's cache,
+which is the master's, so planning used the kernel's budgets (warm: 64 GiB
+unless the variable was set; the files do not record it).
 On worker 0 it also times CuPy's matmul of the same size on one GPU (the
 single-GPU rate; also on every GPU at once, side by side, which shows the
 clock and power a GPU keeps when all are busy), and, on all workers together, the same product through

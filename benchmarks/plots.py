@@ -138,9 +138,13 @@ def remap(paths, out):
 def readme():
     """The README's figures from the committed H200 results."""
     r = lambda pattern: sorted(glob.glob(os.path.join(RESULTS, pattern)))   # noqa: E731
-    gemm(r("gemm_h200_p1_random_baseline_*.json") + r("gemm_h200_p2_2*.json")
+    # Only runs whose single-GPU baseline multiplies random data, as dmath does: the older
+    # gemm_h200_p2_2026-11-21.json timed cuBLAS on constant data (float64 at n = 32768: 65.7 TF/s
+    # against 52 with random data), which would show a dip at 2 GPUs that is the baseline's, not dmath's.
+    # So P = 2 appears only once a random-baseline P = 2 run is committed.
+    gemm(r("gemm_h200_p1_random_baseline_*.json") + r("gemm_h200_p2_random_baseline_*.json")
          + r("gemm_h200_p4_random_baseline_*.json"), os.path.join(RESULTS, "gemm_efficiency_h200.png"),
-         sizes=[32768])     # the size measured at 1, 2 and 4 GPUs with random data on both sides
+         sizes=[32768])     # the size measured with random data on both sides
     cnn(r("cnn_h200_p1_vecpool_*.json") + r("cnn_h200_p2_vecpool_*.json"), os.path.join(RESULTS, "cnn_efficiency_h200.png"))
     mlp(r("mnist_mlp_h200_graphs_*.json"), os.path.join(RESULTS, "mlp_layers_h200.png"))
     remap(r("remap_h200_p4_*.json"), os.path.join(RESULTS, "remap_h200_p4.png"))

@@ -11,7 +11,7 @@ Layout of a file (all integers little-endian):
     data       the arrays, each C-ordered little-endian at a 64-byte-aligned
                offset from the start of the data; the file ends with the last array
 
-    header = {"format": "dnn.model", "version": 1,
+    header = {"format": "dnn.model", "version": 2,
               "model": {"class": "Sequential", "name", "dtype", "loss", "seed",
                         "layers": [layer.get_config(), ...], "loss_scale": {...} or null},
               "optimizer": optimizer.get_config(),

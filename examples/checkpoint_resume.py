@@ -26,7 +26,7 @@ from dnn import layers as L
 def data():
     x, y = dnn.data.load_mnist_5k()
     perm = np.random.default_rng(0).permutation(len(y))
-    x, y = x[perm].astype(np.float64) / 255.0, y[perm]
+    x, y = x[perm].astype(np.float64), y[perm]          # load_mnist_5k already scales pixels to [0, 1]
     return (x[:4000], y[:4000]), (x[4000:], y[4000:])
 
 

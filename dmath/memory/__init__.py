@@ -159,10 +159,11 @@ def stats():
     'reused_allocs' (allocations that took new memory or reused a cached
     block), 'limit', 'graphs' (device bytes held by the private pools of
     captured CUDA graphs: a replayed step's buffers, outside the pool above),
-    'graphs_in_use' (of those, the bytes of buffers the graphs' outputs hold
-    between launches; the rest is their temporaries' reserved memory),
-    'graphs_peak' (the most bytes the graphs' buffers held at once during
-    their steps: the step's temporaries at their peak),
+    on GPUs only (a CPU entry has neither key) 'graphs_in_use' (of those,
+    the bytes of buffers the graphs' outputs hold between launches; the rest
+    is their temporaries' reserved memory) and 'graphs_peak' (the most bytes
+    the graphs' buffers held at once during their steps: the step's
+    temporaries at their peak),
     and 'matrices' (the bytes of live matrices on that worker, as the master
     counts them against the limit).
     """

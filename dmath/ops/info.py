@@ -18,7 +18,14 @@ def stats():
 
 
 def synchronize():
-    """Wait until every worker has finished the work queued so far (for timing)."""
+    """Wait until every worker has run the commands sent so far and finished the work they queued
+    on its current (compute) stream (for timing).
+
+    Work on the side stream and non-blocking transfers are not waited for: a background
+    replication (`Matrix.replicate(wait=False)`: NCCL on the GPU's side stream, MPI Ibcast on the
+    CPU) or a background sum (`Matrix.remap(..., background=True)`) may still be in flight when
+    this returns; each completes when its result is first used.
+    """
     dispatch("sync")
 
 
