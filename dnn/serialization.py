@@ -47,8 +47,8 @@ as declared, every array's bounds, size and CRC, and that the arrays match
 the model they describe; any mismatch raises ModelFileError.
 """
 import json
+import math
 import os
-import secrets
 import struct
 import zlib
 
@@ -56,6 +56,7 @@ import numpy as np
 
 import dmath
 
+from .data.files import write_atomically
 from .errors import ConfigError, DNNError, ModelFileError
 
 MAGIC = b"DNNMODEL"
@@ -92,46 +93,15 @@ def write_file(path, header, arrays):
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise ModelFileError(f"{path!r} cannot be written: its directory {directory!r} does not exist")
-    fd, tmp = _new_temporary(directory, os.path.basename(path))
+    chunks = [prefix, head, b"\0" * (data_start - len(prefix) - len(head))]
+    pos = 0
+    for off, raw in blobs:
+        chunks += [b"\0" * (off - pos), raw]
+        pos = off + len(raw)
     try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(prefix)
-            f.write(head)
-            f.write(b"\0" * (data_start - len(prefix) - len(head)))
-            pos = 0
-            for off, raw in blobs:
-                f.write(b"\0" * (off - pos))
-                f.write(raw)
-                pos = off + len(raw)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        try:
-            os.unlink(tmp)
-        except FileNotFoundError:
-            pass
-        raise
-    try:   # make the rename itself durable
-        dfd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(dfd)
-        finally:
-            os.close(dfd)
-    except OSError:   # some filesystems cannot fsync a directory; the file itself is synced
-        pass
-
-
-def _new_temporary(directory, name):
-    """(fd, path) of a new file beside `name` in `directory`, created with mode 0o666 less the umask,
-    as the file it replaces would be (mkstemp's 0o600 would survive the rename: a model no one else
-    could read)."""
-    while True:
-        tmp = os.path.join(directory, f"{name}.{secrets.token_hex(6)}.tmp")
-        try:
-            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), tmp
-        except FileExistsError:
-            continue
+        write_atomically(path, chunks)
+    except OSError as exc:
+        raise ModelFileError(f"{path!r} cannot be written ({exc})") from exc
 
 
 def read_file(path):
@@ -189,14 +159,17 @@ def _array(blob, start, size, e, path):
             or not all(isinstance(d, int) and d >= 0 for d in shape) \
             or not all(isinstance(v, int) and v >= 0 for v in (off, nbytes, crc)):
         raise ModelFileError(f"{path!r}: malformed array entry {e!r}")
-    if nbytes != int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize:
+    if nbytes != math.prod(shape) * np.dtype(dtype).itemsize:      # Python ints: an int64 product wraps
         raise ModelFileError(f"{path!r}: array {name!r} declares {nbytes} bytes for shape {shape} {dtype}")
     if off + nbytes > size:
         raise ModelFileError(f"{path!r}: array {name!r} lies past the end of the data")
     raw = blob[start + off:start + off + nbytes]
     if zlib.crc32(raw) != crc:
         raise ModelFileError(f"{path!r} is corrupt: the checksum of array {name!r} does not match")
-    return np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype).reshape(shape)
+    try:
+        return np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype).reshape(shape)
+    except ValueError as exc:       # e.g. an empty array with a dimension past NumPy's largest
+        raise ModelFileError(f"{path!r}: array {name!r} has the impossible shape {shape} ({exc})") from exc
 
 
 # ---- models --------------------------------------------------------------------------------------

@@ -60,6 +60,8 @@ CORRUPT_IDX = {
     "trailing_bytes": (GOOD + b"\x00", "longer"),
     "empty_dimension": (b"\x00\x00\x08\x01" + np.array([0], ">u4").tobytes(), "empty dimension"),
     "huge_header": (b"\x00\x00\x0e\x02" + np.array([2 ** 31, 2 ** 31], ">u4").tobytes(), "truncated"),
+    # 65536 ** 4 elements: an int64 product wraps to 0, which a 20-byte file would have matched
+    "wrapping_header": (b"\x00\x00\x08\x04" + np.array([65536] * 4, ">u4").tobytes(), "truncated"),
 }
 
 
@@ -68,6 +70,24 @@ def test_idx_corruption(tmp_path, case):
     raw, words = CORRUPT_IDX[case]
     with pytest.raises(DataError, match=words):
         data.read_idx(_write(tmp_path / "bad", raw))
+
+
+def test_write_idx_is_atomic(tmp_path, monkeypatch):
+    path = tmp_path / "a.idx"
+    old = np.arange(6, dtype=np.uint8)
+    data.write_idx(path, old)
+    # a failure before the rename (here: the disk refuses the fsync) leaves the old file whole and
+    # no temporary beside it
+    def refuse(fd):
+        raise OSError(28, "No space left on device")
+    monkeypatch.setattr("os.fsync", refuse)
+    with pytest.raises(DataError, match="cannot write"):
+        data.write_idx(path, np.arange(100, dtype=np.uint8))
+    monkeypatch.undo()
+    np.testing.assert_array_equal(data.read_idx(path), old)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a.idx"]
+    with pytest.raises(DataError, match="cannot write"):
+        data.write_idx(tmp_path / "missing" / "b.idx", old)
 
 
 def test_idx_bad_gzip_and_missing_file(tmp_path):

@@ -103,10 +103,28 @@ def _exchange(group, sendbuf, send_counts, recvbuf, recv_counts, send_displs=Non
         return
     sc = np.asarray(send_counts, dtype=np.int64) * isz
     rc = np.asarray(recv_counts, dtype=np.int64) * isz
+    if max(sendbuf.nbytes, recvbuf.nbytes) > MAX_COLLECTIVE_BYTES:
+        _exchange_in_parts(group, _bytes(sendbuf), sc, sd * isz, _bytes(recvbuf), rc, rd * isz)
+        return
     MPI = group.world.mpi_module
     req = group.mpi.Ialltoallv([_bytes(sendbuf), (sc, sd * isz), MPI.BYTE],
                                [_bytes(recvbuf), (rc, rd * isz), MPI.BYTE])
     wait(req, int(sc.sum() + rc.sum()))
+
+
+def _exchange_in_parts(group, sb, sc, sd, rb, rc, rd):
+    """An all-to-all-v of byte buffers sb -> rb (byte counts and offsets per member) as point-to-point
+    messages of at most MAX_MESSAGE_BYTES: for buffers past the C ints in which an MPI-3 library
+    counts and places a collective's parts. Parts between one pair arrive in the order they were
+    posted (MPI's non-overtaking rule), so the k-th receive from a member gets its k-th send."""
+    BYTE, comm = group.world.mpi_module.BYTE, group.mpi
+    reqs = []
+    for counts, displs, buf, start in ((rc, rd, rb, comm.Irecv), (sc, sd, sb, comm.Isend)):
+        for k in range(group.size):
+            n, lo = int(counts[k]), int(displs[k])
+            for o in range(0, n, MAX_MESSAGE_BYTES):
+                reqs.append(start([buf[lo + o:lo + min(n, o + MAX_MESSAGE_BYTES)], BYTE], k, _PARTS_TAG))
+    waitall(reqs, int(sc.sum() + rc.sum()))
 
 
 def allgatherv(group, sendbuf, recvbuf, counts):
@@ -145,6 +163,15 @@ def _allgatherv(group, sendbuf, recvbuf, counts):
         return
     MPI = group.world.mpi_module
     bc = np.asarray(counts, dtype=np.int64) * isz
+    if recvbuf.nbytes > MAX_COLLECTIVE_BYTES:
+        # my part to every other member, theirs into place, mine copied here
+        me, d = group.rank, _displs(bc)
+        rb = _bytes(recvbuf)
+        rb[d[me]:d[me] + bc[me]] = _bytes(sendbuf)[:bc[me]]
+        out = np.where(np.arange(group.size) == me, 0, bc[me])
+        _exchange_in_parts(group, _bytes(sendbuf), out, np.zeros_like(bc), rb,
+                           np.where(np.arange(group.size) == me, 0, bc), d)
+        return
     req = group.mpi.Iallgatherv([_bytes(sendbuf[:mine]), MPI.BYTE],
                                 [_bytes(recvbuf), (bc, _displs(bc)), MPI.BYTE])
     wait(req, int(bc.sum()))
@@ -277,13 +304,18 @@ def bcast(group, buf, root=0):
     if backend.current().is_gpu:
         group.nccl.bcast(buf.data.ptr, buf.size, _nccl_dtype(buf.dtype), root, _stream_ptr())
         return
-    MPI = group.world.mpi_module
-    wait(group.mpi.Ibcast([_bytes(buf), MPI.BYTE], root=root), buf.nbytes)
+    BYTE = group.world.mpi_module.BYTE
+    waitall([group.mpi.Ibcast([part, BYTE], root=root) for part in _parts(buf)], buf.nbytes)
 
 
 #: host messages are cut into parts of at most this many bytes: MPI counts are C ints in
 #: MPI-3 libraries (Open MPI 4), so one message of 2 GiB or more would overflow them
 MAX_MESSAGE_BYTES = 1 << 30
+#: the largest buffer an all-to-all-v or all-gather-v passes to MPI whole (its byte counts and
+#: offsets are C ints there too); past it they go as point-to-point parts
+MAX_COLLECTIVE_BYTES = (1 << 31) - 1
+#: the tag of those parts on a group's communicator (which carries no other point-to-point message)
+_PARTS_TAG = 11
 
 
 def _parts(array):
@@ -373,16 +405,16 @@ class Pending:
     the compute stream wait for it (the host does not block); on the CPU it
     completes the MPI request, polling for failures elsewhere.
     """
-    __slots__ = ("req", "event", "keep")
+    __slots__ = ("reqs", "event", "keep")
 
-    def __init__(self, req=None, event=None, keep=None):
-        self.req, self.event = req, event
+    def __init__(self, reqs=None, event=None, keep=None):
+        self.reqs, self.event = reqs, event     # reqs: MPI requests (one per part of the message)
         self.keep = keep        # an array the transfer reads, alive until the compute stream waits for it
 
     def wait(self):
-        if self.req is not None:
-            req, self.req = self.req, None
-            wait(req)
+        if self.reqs is not None:
+            reqs, self.reqs = self.reqs, None
+            waitall(reqs)
         if self.event is not None:
             event, self.event = self.event, None
             backend.current().xp.cuda.get_current_stream().wait_event(event)
@@ -417,5 +449,5 @@ def bcast_start(group, buf, root=0):
         side = be.side_stream()
         group.nccl_side.bcast(buf.data.ptr, buf.size, _nccl_dtype(buf.dtype), root, side.ptr)
         return Pending(event=side.record())
-    MPI = group.world.mpi_module
-    return Pending(req=_started([group.mpi.Ibcast([_bytes(buf), MPI.BYTE], root=root)])[0])
+    BYTE = group.world.mpi_module.BYTE
+    return Pending(reqs=_started([group.mpi.Ibcast([part, BYTE], root=root) for part in _parts(buf)]))

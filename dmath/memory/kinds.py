@@ -19,6 +19,7 @@ part of a command's signature.
 import numpy as np
 
 from .. import backend
+from ..comm import collectives
 from ..errors import DMathError
 from . import pool
 
@@ -107,7 +108,7 @@ class HostCopies:
             for d, h in zip(self.dev, self.host):
                 if h.size:
                     d.get(stream=stream, out=h)
-            stream.synchronize()
+            collectives.device_done()
             self.host_valid = True
         return self.host
 
@@ -189,7 +190,7 @@ def store(arrays, kind):
         if a.size:
             d.set(a, stream=stream)
         out.append(d)
-    stream.synchronize()       # the host arrays are staging buffers, reused once they are released
+    collectives.device_done()  # the host arrays are staging buffers, reused once they are released
     return out, None
 
 
@@ -211,7 +212,7 @@ def host_arrays(shard):
         if a.size:
             a.get(stream=stream, out=h)
         out.append(h)
-    stream.synchronize()
+    collectives.device_done()
     return out
 
 

@@ -159,7 +159,7 @@ def _scatter_by_device_broadcast(call, dist, dtype, kind):
     members = call.world.group(dist.group)
     collectives.bcast(members, out.reshape(-1), root=members.index(0))
     if call.rank == 0:
-        backend.current().synchronize()                       # the staging block goes back to the pool
+        collectives.device_done()                             # the staging block goes back to the pool
     return new_shard([out], dist, dtype, kind)
 
 

@@ -16,6 +16,7 @@ node-local copy). The master checks the header and the size first, so a
 truncated or malformed file raises DMathError there and the runtime stays
 usable.
 """
+import math
 import os
 from typing import NamedTuple
 
@@ -70,8 +71,12 @@ def npy_spec(path):
         raise DMathError(f"{path}: holds {dtype}; a matrix file holds integers or floats")
     if len(shape) == 0:
         raise DMathError(f"{path}: holds a scalar, not a matrix")
-    rows, cols = (1, shape[0]) if len(shape) == 1 else (shape[0], int(np.prod(shape[1:], dtype=np.int64)))
-    return FileSpec(os.path.abspath(path), int(offset), dtype.str, int(rows), int(cols))
+    if any(int(d) < 0 for d in shape):
+        raise DMathError(f"{path}: header gives the negative shape {shape}; the file is corrupt")
+    # Python ints: an int64 product wraps around, and a corrupt header would then describe a small
+    # matrix that check_size accepts
+    rows, cols = (1, int(shape[0])) if len(shape) == 1 else (int(shape[0]), math.prod(int(d) for d in shape[1:]))
+    return FileSpec(os.path.abspath(path), int(offset), dtype.str, rows, cols)
 
 
 def check_size(spec):
@@ -106,6 +111,17 @@ def _file_dtype(value):
     return dt
 
 
+def _shape_pair(shape):
+    """from_file's shape= as (rows, cols) of ints; ShapeError unless it is a pair."""
+    try:
+        n = len(shape)
+    except TypeError:
+        n = None
+    if n != 2:
+        raise ShapeError(f"from_file: shape must be (rows, cols), got {shape!r}")
+    return tuple(as_int(v, "from_file: shape entry") for v in shape)
+
+
 def _spec(path, shape, offset, file_dtype):
     """The FileSpec of the call: from a .npy header (reshaped to `shape` if given), or of a raw file."""
     if path.endswith(".npy") or (shape is None and file_dtype is None):
@@ -113,7 +129,7 @@ def _spec(path, shape, offset, file_dtype):
         if offset is not None or file_dtype is not None:
             raise DMathError("from_file: a .npy file gives its own offset and file_dtype; pass neither")
         if shape is not None:
-            rows, cols = (as_int(v, "from_file: shape entry") for v in shape)
+            rows, cols = _shape_pair(shape)
             if rows * cols != spec.rows * spec.cols:
                 raise ShapeError(f"from_file: {path} holds {spec.rows * spec.cols} values, shape {tuple(shape)} "
                                  f"has {rows * cols}")
@@ -121,7 +137,7 @@ def _spec(path, shape, offset, file_dtype):
         return spec
     if shape is None or file_dtype is None:
         raise DMathError("from_file: a raw file needs shape=(rows, cols) and file_dtype=")
-    rows, cols = (as_int(v, "from_file: shape entry") for v in shape)
+    rows, cols = _shape_pair(shape)
     off = as_int(0 if offset is None else offset, "from_file: offset")
     if rows < 0 or cols < 0 or off < 0:
         raise ShapeError(f"from_file: shape and offset must be non-negative, got {shape}, {off}")

@@ -6,6 +6,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import backend, memory, remap as _remap
+from ..comm import collectives
 from ..comm.control import gather_objects
 from ..errors import LayoutError, ShapeError
 from ..layout import ColBlock, RowBlock, Tiles, distribution
@@ -278,6 +279,7 @@ def _get(call):
     locs = designated(shard.dist, shard.dist.locate(i, j))
     for r, k, li, lj in locs:
         if r == call.rank:
+            collectives.device_done()       # polled: asnumpy's own wait blocks where no failure reaches it
             value += float(backend.current().asnumpy(shard.pieces[k][li, lj]))
     # only the holders answer: a read of a worker group's matrix waits for that group alone
     values = gather_objects(call.world, value, sorted({loc[0] for loc in locs}))

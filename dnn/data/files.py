@@ -1,6 +1,8 @@
-"""Reading whole data files as bytes, gzip-compressed or not (detected from the content)."""
+"""Reading whole data files as bytes, gzip-compressed or not (detected from the content), and
+writing files atomically (a crash leaves the old file or the whole new one, never half of it)."""
 import gzip
 import os
+import secrets
 import zlib
 
 from .errors import DataError
@@ -40,3 +42,45 @@ def find_file(directory, names, what):
             if os.path.isfile(path):
                 return path
     raise DataError(f"{what}: none of {', '.join(names)} (or .gz) in {directory}")
+
+
+def write_atomically(path, chunks):
+    """Write the byte strings `chunks` to `path`, atomically: into a new file beside it (mode 0o666
+    less the umask, as the file it replaces would get), fsync'ed, renamed over `path`, then the
+    directory fsync'ed so that the rename itself is durable. The temporary file is removed when
+    anything fails; OSError propagates for the caller to word."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    fd, tmp = _new_temporary(directory, os.path.basename(path))
+    try:
+        with os.fdopen(fd, "wb") as f:
+            for chunk in chunks:
+                f.write(chunk)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    try:
+        dfd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(dfd)
+        finally:
+            os.close(dfd)
+    except OSError:   # some filesystems cannot fsync a directory; the file itself is synced
+        pass
+
+
+def _new_temporary(directory, name):
+    """(fd, path) of a new file beside `name` in `directory`, created with mode 0o666 less the umask
+    (mkstemp's 0o600 would survive the rename: a file no one else could read)."""
+    while True:
+        tmp = os.path.join(directory, f"{name}.{secrets.token_hex(6)}.tmp")
+        try:
+            return os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0), 0o666), tmp
+        except FileExistsError:
+            continue

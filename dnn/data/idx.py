@@ -7,12 +7,13 @@ magic bytes, the type code, that the sizes are positive, and that the file
 holds exactly the bytes the header announces (a truncated file and one with
 trailing bytes are both refused).
 """
+import math
 import os
 
 import numpy as np
 
 from .errors import DataError
-from .files import find_file, read_bytes
+from .files import find_file, read_bytes, write_atomically
 
 #: IDX type code -> big-endian numpy dtype
 IDX_TYPES = {0x08: np.dtype(">u1"), 0x09: np.dtype(">i1"), 0x0B: np.dtype(">i2"),
@@ -46,7 +47,7 @@ def parse_idx(raw, what="IDX data"):
     if 0 in shape:
         raise DataError(f"{what}: header has an empty dimension {shape}")
     dtype = IDX_TYPES[code]
-    expected = header + int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+    expected = header + math.prod(shape) * dtype.itemsize      # Python ints: an int64 product wraps
     if len(raw) != expected:
         kind = "truncated" if len(raw) < expected else "longer than its header says"
         raise DataError(f"{what}: {kind}: {len(raw)} bytes, a {shape} array of {dtype.name} needs {expected}")
@@ -60,14 +61,17 @@ def read_idx(path):
 
 
 def write_idx(path, array):
-    """Write `array` as an IDX file (uncompressed); the inverse of read_idx."""
+    """Write `array` as an IDX file (uncompressed, atomically: a crash leaves the old file or the
+    whole new one); the inverse of read_idx."""
     a = np.asarray(array)
     code = _CODES.get(a.dtype.newbyteorder("="))
     if code is None or a.ndim == 0 or a.ndim > 255:
         raise DataError(f"write_idx: cannot store a {a.ndim}-D array of {a.dtype} as IDX")
     head = bytes([0, 0, code, a.ndim]) + np.asarray(a.shape, dtype=">u4").tobytes()
-    with open(path, "wb") as f:
-        f.write(head + np.ascontiguousarray(a, dtype=IDX_TYPES[code]).tobytes())
+    try:
+        write_atomically(path, [head, np.ascontiguousarray(a, dtype=IDX_TYPES[code]).tobytes()])
+    except OSError as exc:
+        raise DataError(f"write_idx: cannot write {os.fspath(path)!r} ({exc})") from exc
 
 
 def _mnist_images(images, labels, what):

@@ -10,3 +10,12 @@ def _nap(call):
     if call.rank != 0:
         time.sleep(call.scalars[0])
     return []
+
+
+@kernel("test_message_limits")
+def _message_limits(call):
+    """Every rank cuts host messages at scalars[0] bytes and sends collectives past scalars[1] bytes
+    as point-to-point parts (what buffers past 2 GiB do under an MPI-3 library), with small buffers."""
+    from dmath.comm import collectives
+    collectives.MAX_MESSAGE_BYTES, collectives.MAX_COLLECTIVE_BYTES = int(call.scalars[0]), int(call.scalars[1])
+    return []

@@ -75,6 +75,11 @@ def _rewrite_header(blob, edit):
     ("entry", lambda b: _rewrite_header(b, lambda h: h["arrays"][0].update(dtype="object")), "malformed"),
     ("size", lambda b: _rewrite_header(b, lambda h: h["arrays"][0].update(nbytes=8)), "declares"),
     ("bounds", lambda b: _rewrite_header(b, lambda h: h["arrays"][2].update(offset=10 ** 6)), "past the end"),
+    # sizes whose int64 product wraps to the declared 0 bytes, or overflows it
+    ("wraps", lambda b: _rewrite_header(b, lambda h: h["arrays"][3].update(shape=[2 ** 32, 2 ** 32])), "declares"),
+    ("past_int64", lambda b: _rewrite_header(b, lambda h: h["arrays"][3].update(shape=[2 ** 70])), "declares"),
+    ("empty_but_huge", lambda b: _rewrite_header(b, lambda h: h["arrays"][3].update(shape=[0, 2 ** 70])),
+     "impossible shape"),
 ])
 def test_damaged_files_raise_model_file_errors(tmp_path, name, damage, match):
     path = tmp_path / "f.dnn"

@@ -1,0 +1,44 @@
+"""from_file against headers that lie: sizes whose product wraps around in int64, negative sizes,
+and shape= arguments that are not (rows, cols). Each raises a dmath error on the master; nothing
+is read."""
+import numpy as np
+import pytest
+
+import dmath
+
+
+def _npy(path, shape, payload):
+    """A .npy file whose header announces `shape` (float32, C order) over `payload` bytes."""
+    with open(path, "wb") as f:
+        np.lib.format.write_array_header_1_0(f, {"descr": "<f4", "fortran_order": False, "shape": shape})
+        f.write(payload)
+    return str(path)
+
+
+@pytest.mark.parametrize("shape", [(2, 2 ** 62 + 1, 4), (2 ** 33, 2 ** 31), (4, 2 ** 64 + 2)],
+                         ids=["rest-wraps", "rows-times-cols-wraps", "past-int64"])
+def test_a_header_whose_size_wraps_is_refused(tmp_path, shape):
+    # the int64 products of these shapes wrap to a few elements, which 32 bytes would have held
+    path = _npy(tmp_path / "wrap.npy", shape, np.arange(8, dtype="<f4").tobytes())
+    with pytest.raises(dmath.DMathError, match="too short|truncated"):
+        dmath.from_file(path)
+
+
+def test_a_negative_size_is_refused(tmp_path):
+    path = _npy(tmp_path / "neg.npy", (2, -4), b"")
+    with pytest.raises(dmath.DMathError, match="negative|not a readable"):
+        dmath.from_file(path)
+
+
+@pytest.mark.parametrize("shape", [(1, 2, 3), (6,), 6, "abc"])
+def test_shape_must_be_a_pair(tmp_path, shape):
+    path = str(tmp_path / "a.npy")
+    np.save(path, np.arange(6, dtype=np.float32).reshape(2, 3))
+    with pytest.raises(dmath.ShapeError, match=r"shape must be \(rows, cols\)"):
+        dmath.from_file(path, shape=shape)
+    raw = str(tmp_path / "a.bin")
+    np.arange(6, dtype=np.float32).tofile(raw)
+    with pytest.raises(dmath.ShapeError, match=r"shape must be \(rows, cols\)"):
+        dmath.from_file(raw, shape=shape, file_dtype="float32")
+    np.testing.assert_array_equal(dmath.from_file(path, shape=(3, 2)).to_numpy(),
+                                  np.arange(6, dtype=np.float32).reshape(3, 2))    # still usable
