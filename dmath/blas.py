@@ -262,7 +262,10 @@ def _cupy_calls():
 # CuPy's cuBLAS bindings refuse to run while a stream is being captured, but
 # cuBLAS itself can be captured once its handle has a workspace (no allocation
 # may happen during a capture). So the capture path calls the C library
-# directly (ctypes), on the same handle, with a workspace set once.
+# directly (ctypes), on the same handle, with a workspace of its own. cuBLAS's
+# SetStream puts the handle back on its default workspace pool, so the capture
+# path sets that workspace again after every SetStream; outside a capture the
+# handle keeps cuBLAS's own pool (CuPy's bindings set the stream too).
 _CAPTURE = {}
 _WORKSPACE_BYTES = 32 << 20
 
@@ -292,18 +295,20 @@ def _check(status, what):
 
 
 def prepare_capture():
-    """Give this device's cuBLAS handle a workspace of its own; call before a capture begins.
+    """Make the workspace that this device's cuBLAS handle uses in captured products; call before a
+    capture begins.
 
     No allocation may happen while a stream is captured, and cuBLAS would
-    otherwise allocate its workspace on first use. Idempotent; GPU only.
+    otherwise allocate its workspace on first use. `_captured_calls` hands
+    it to the handle after each SetStream (which resets it); every captured
+    product runs on the compute stream, so no two use it at once.
+    Idempotent; GPU only.
     """
     import cupy
     handle = cupy.cuda.device.get_cublas_handle()
     if handle not in _CAPTURE:
-        lib = _libcublas()
-        ws = cupy.cuda.runtime.malloc(_WORKSPACE_BYTES)     # outside every pool: kept for good
-        _check(lib.cublasSetWorkspace_v2(handle, ws, _WORKSPACE_BYTES), "SetWorkspace")
-        _CAPTURE[handle] = ws
+        _libcublas()
+        _CAPTURE[handle] = cupy.cuda.runtime.malloc(_WORKSPACE_BYTES)     # outside every pool: kept for good
 
 
 def _captured_calls(handle):
@@ -314,8 +319,16 @@ def _captured_calls(handle):
     calls = _CALLS.get("captured")
     if calls is None:
         lib = _libcublas()
+        set_stream, set_workspace = _checked(lib.cublasSetStream_v2, "SetStream"), \
+            _checked(lib.cublasSetWorkspace_v2, "SetWorkspace")
+
+        def set_stream_and_workspace(h, stream):
+            set_stream(h, stream)
+            # SetStream resets the handle to cuBLAS's default workspace pool, which may allocate
+            set_workspace(h, _CAPTURE[h], _WORKSPACE_BYTES)
+
         calls = _CALLS["captured"] = _Calls(
-            _checked(lib.cublasSetStream_v2, "SetStream"), _checked(lib.cublasSetPointerMode_v2, "SetPointerMode"),
+            set_stream_and_workspace, _checked(lib.cublasSetPointerMode_v2, "SetPointerMode"),
             _checked(lib.cublasSetMathMode, "SetMathMode"), _checked(lib.cublasDgemm_v2, "Dgemm"),
             _checked(lib.cublasGemmEx, "GemmEx"))
     return calls

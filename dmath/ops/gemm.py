@@ -538,8 +538,7 @@ def _panels(call, mine, key, kind, ranks, shapes, dtype, nbytes, transposed, mem
     if cached is not None:
         return cached, [collectives.Pending() for _ in shapes]
     group = call.world.group(tuple(sorted(set(members or ranks))))
-    bufs, waits = [], []
-    collectives.side_begin()
+    bufs = []
     for t, shape in enumerate(shapes):
         if t in mine:
             buf = mine[t].T if transposed else mine[t]
@@ -547,8 +546,12 @@ def _panels(call, mine, key, kind, ranks, shapes, dtype, nbytes, transposed, mem
                 buf = backend.current().xp.ascontiguousarray(buf)
         else:
             buf = memory.empty(shape[::-1] if transposed else shape, dtype)
-        waits.append(collectives.bcast_start(group, buf, group.index(ranks[t])))
-        bufs.append(buf.T if transposed else buf)
+        bufs.append(buf)
+    # the side stream sees only compute work queued before side_begin(): the
+    # contiguous copies of own blocks above must be queued first
+    collectives.side_begin()
+    waits = [collectives.bcast_start(group, buf, group.index(ranks[t])) for t, buf in enumerate(bufs)]
+    bufs = [buf.T if transposed else buf for buf in bufs]
     # the cache entry is complete only when every broadcast has arrived
     replicas.cache.store(ckey, bufs, nbytes, pending=lambda ws=list(waits): [w.wait() for w in ws])
     return bufs, waits
@@ -589,15 +592,13 @@ def _replicate(call):
                             x.dtype, x.dtype)
     full = memory.empty(shape, x.dtype)
     group = call.world.group(tuple(range(P)))
+    spans = [src.pieces[r][0].rows[0] if src.pieces[r][0].rows else (0, 0) for r in range(P)]
+    lo, hi = spans[rank]
+    full[lo:hi] = pieces[0]
+    # the side stream sees only compute work queued before side_begin(): this
+    # worker's rows must be in `full` before its broadcast reads them
     collectives.side_begin()
-    waits = []
-    for r in range(P):
-        (piece,) = src.pieces[r]
-        lo, hi = piece.rows[0] if piece.rows else (0, 0)
-        if r == rank:
-            full[lo:hi] = pieces[0]
-        if hi > lo:
-            waits.append(collectives.bcast_start(group, full[lo:hi], r))
+    waits = [collectives.bcast_start(group, full[lo:hi], r) for r, (lo, hi) in enumerate(spans) if hi > lo]
     finish = lambda ws=waits: [w.wait() for w in ws]
     if wait:
         finish()

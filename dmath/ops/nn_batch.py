@@ -167,8 +167,11 @@ class _ReadAhead:
     A dataset in host memory (or a mapped file) is read one batch ahead:
     after serving rows starting at `pos`, the rows at `pos + m` (the next
     step of the same batch size) are gathered into a second staging buffer.
-    A guess that does not come true (a new epoch, another batch size) costs
-    nothing but the wasted read: the rows are then gathered in the caller.
+    A guess that does not come true (a new epoch, another batch size, a
+    write of the source or of the order) costs nothing but the wasted read:
+    the rows are then gathered in the caller. The key names everything the
+    rows depend on, so a guess is used only for the same rows of the same
+    contents.
     """
 
     def __init__(self):
@@ -179,27 +182,70 @@ class _ReadAhead:
 
     def take(self, key, gather):
         """The rows for `key`, from the read-ahead when it guessed `key`, else gathered now."""
+        self.join()
+        result, self.result = self.result, None         # a guess serves one call
+        if self.key == key and result is not None:
+            return result
+        return gather()
+
+    def join(self):
         if self.thread is not None:
             self.thread.join()
             self.thread = None
-            if self.key == key and self.result is not None:
-                return self.result
-        return gather()
 
-    def start(self, key, gather):
+    def start(self, key, gather, source):
+        """Gather `key`'s rows of the shard `source` in the background."""
         self.key, self.result = key, None
+        be = backend.current()
 
         def run():
+            if be.is_gpu:
+                # the current device is per thread (cudaSetDevice): without this the thread's pinned
+                # allocation would create a context on GPU 0 in every process
+                be.xp.cuda.Device(be.device_id).use()
             self.result = gather()
         self.thread = threading.Thread(target=run, name="dmath-read-ahead", daemon=True)
         self.thread.start()
+        # the runtime settles a shard's pending work before any command reads, writes or frees it
+        # (Shard.pending): so a write of the source waits for this read instead of racing it, and its
+        # new version then keeps the guess from being used
+        source.pending = (source.pending or []) + [_Joins(self)]
+
+
+class _Joins:
+    """A Shard.pending entry whose wait() joins a read-ahead's thread."""
+    __slots__ = ("ahead",)
+
+    def __init__(self, ahead):
+        self.ahead = ahead
+
+    def wait(self):
+        self.ahead.join()
+
+
+#: read-aheads kept per take_rows signature, one per source (the least recent one goes first)
+_READ_AHEADS = 4
+
+
+def _read_ahead(cache, handle):
+    """The read-ahead of source `handle` in this signature's cache (two sources of one shape walked
+    with one order, as inputs and targets are, each keep theirs)."""
+    aheads = cache.setdefault("read_ahead", {})
+    ahead = aheads.pop(handle, None)
+    if ahead is None:
+        ahead = _ReadAhead()
+        if len(aheads) >= _READ_AHEADS:
+            aheads.pop(next(iter(aheads))).join()
+    aheads[handle] = ahead              # the most recent last
+    return ahead
 
 
 def _host_order(call, order_shard):
-    """The order as a host float64 vector, fetched once per version of the order matrix."""
+    """The order as a host float64 vector, fetched once per order matrix and version."""
     cache = call.entry.cache
-    version = order_shard.version
+    version = (call.handles[2], order_shard.version)
     if cache.get("order_version") != version:
+        # a new array, not a refill: a read-ahead thread may still be reading the old one
         cache["order_host"] = np.concatenate([a.reshape(-1) for a in kinds.host_arrays(order_shard)])
         cache["order_version"] = version
     return cache["order_host"]
@@ -246,16 +292,18 @@ def _take_rows(call):
     # held in host memory (a GPU's pinned 'host' kind, or a memory-mapped file): gather on the host
     order_host = _host_order(call, order)
     pos = int(kinds.host_arrays(position)[0].reshape(-1)[0])
-    host_src = source.home.host[0] if source.home is not None else source.pieces[0]
+    # host_arrays(): a 'managed' source written on the device has its current values there
+    host_src = source.home.host_arrays()[0] if source.home is not None else source.pieces[0]
     n = order_host.size
-    ahead = call.entry.cache.get("read_ahead")
-    if ahead is None:
-        ahead = call.entry.cache["read_ahead"] = _ReadAhead()
+    ahead = _read_ahead(call.entry.cache, call.handles[1])
     stype = np.dtype(target.dtype)
+    # the rows depend on the source and the order matrices and their contents (versions are unique
+    # in the process and change at every write) and the position; r0, m and stype on the signature
+    contents = (call.handles[1], source.version, call.handles[2], order.version)
 
     def gather_at(p):
         return lambda: _gather_host(host_src, order_host[p + r0:p + r0 + m].astype(np.int64), stype)
-    block = ahead.take((pos, order.version), gather_at(pos))
+    block = ahead.take((contents, pos), gather_at(pos))
     if one_hot:
         _write_rows(target, backend.current().asarray(block), True, xp)
     else:
@@ -264,7 +312,7 @@ def _take_rows(call):
         backend.current().copy_to_device(target, block)
         ahead.in_flight = block
     if pos + r0 + 2 * m <= n:
-        ahead.start((pos + m, order.version), gather_at(pos + m))
+        ahead.start((contents, pos + m), gather_at(pos + m), source)
     return [out]
 
 

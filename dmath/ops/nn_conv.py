@@ -426,12 +426,16 @@ def _conv2d_backward_cudnn(call):
     if x is None or x.shape[0] == 0 or not cudnn.available():
         return generic("nn_conv2d_backward")(call)
     dtype, cl = x.dtype, st.channels_last
+    first = 1 if need_dx else 0
+    if call.entry.outputs[first].dtype != dtype and rows.compute_dtype(dtype) != dtype:
+        # cuDNN writes the weight gradient in the data's dtype: float16 data with wider weights would get
+        # a half-precision dW (inf past 65504) where the generic kernel accumulates and stores in float32
+        return generic("nn_conv2d_backward")(call)
     x, dy = _dense(x, dtype), _dense(dy, dtype)
     w = _dense(rows.local(call.inputs[2]), dtype)
     n, k = x.shape[0], w.shape[0]
     if cl:
         w = _filters_last(w, g, groups)
-    first = 1 if need_dx else 0
     (dw,) = rows.new_output(call, first)
     (db,) = rows.new_output(call, first + 1)
     # cuDNN writes the weight gradient in the data's dtype and, channels-last, in (K, kh, kw, C/g) order

@@ -86,14 +86,28 @@ def _local_reduce(xp, a, op, axis):
 
 
 def _reduce_axis_capturable(entry):
-    """Capturable without communication and with every piece's result slots a slice (no index
-    array to copy to the device during a capture)."""
-    axis, mode = entry.static.axis, entry.static.mode
-    if mode == "local":
-        return True
-    if mode == "allreduce":
-        return COLLECTIVES_IN_GRAPHS
-    return all(len(p.cols if axis == 0 else p.rows) <= 1 for ps in entry.in_dists[0].pieces for p in ps)
+    """Capturable unless an all-reduce is needed and collectives stay out of graphs. The index
+    arrays of the result slots go to the device once, at the signature's first command, which is
+    never captured (`_result_slots`), so a capture copies nothing from the host."""
+    return entry.static.mode != "allreduce" or COLLECTIVES_IN_GRAPHS
+
+
+def _result_slots(call):
+    """Per local piece of the input, where its reduced values go in the full result vector: a
+    (0, sel) or (sel, 0) index, sel a slice or a device index array. Made at the signature's first
+    command (always eager: graphs.py captures a plan's second replay at the earliest) and kept in
+    the entry, so that no host-to-device copy happens during a capture and the graph's pointers
+    stay valid (entries are never dropped)."""
+    views = call.entry.cache.get("slots")
+    if views is None:
+        xp, axis = backend.current().xp, call.entry.static.axis
+        views = []
+        for p in call.entry.in_dists[0].pieces[call.rank]:
+            sel = ix.selection(p.cols if axis == 0 else p.rows)
+            sel = sel if isinstance(sel, slice) else xp.asarray(sel)
+            views.append((0, sel) if axis == 0 else (sel, 0))
+        views = call.entry.cache["slots"] = tuple(views)
+    return views
 
 
 @REDUCE_AXIS.kernel(capturable=_reduce_axis_capturable)
@@ -116,15 +130,10 @@ def _reduce_axis(call):
     acc_dtype = _acc_dtype(dtype) if mode == "partial" else dtype
     full = memory.empty(dist.shape, acc_dtype)
     full.fill(_IDENTITY[op])
-    for a, p in zip(src.pieces, src.dist.pieces[call.rank]):
+    for a, view in zip(src.pieces, _result_slots(call)):
         if a.size == 0:
             continue
-        r = _local_reduce(xp, a, op, axis)
-        # the piece's other-axis indices in the result vector
-        sel = ix.selection(p.cols if axis == 0 else p.rows)
-        sel = sel if isinstance(sel, slice) else xp.asarray(sel)
-        view = (0, sel) if axis == 0 else (sel, 0)
-        r = r.reshape(-1)
+        r = _local_reduce(xp, a, op, axis).reshape(-1)
         if op == "sum":
             full[view] += r
         else:

@@ -120,6 +120,27 @@ def test_replicate_then_gemm_moves_nothing(wait):
     assert "local" in dmath.explain_gemm(A, B, layout=dmath.RowBlock())
 
 
+@pytest.mark.skipif(P == 1, reason="nothing moves with one worker")
+@pytest.mark.parametrize("wait", [True, False])
+def test_replicate_right_after_a_write_broadcasts_the_new_rows(wait):
+    """Each worker copies its rows into the full copy before broadcasting them: on a GPU the broadcast
+    runs on the side stream, ordered only after the compute work queued before it starts (large rows
+    make a copy queued too late show: the peers would get the pool's old bytes)."""
+    n = 4096 if dmath.device() == "gpu" else 48
+    rng = np.random.default_rng(11)
+    b = rng.uniform(-1, 1, (n, n)).astype(np.float32)
+    a = rng.uniform(-1, 1, (2 * P, n)).astype(np.float32)
+    A = dmath.from_numpy(a, layout=dmath.RowBlock())
+    B = dmath.from_numpy(b, layout=dmath.RowBlock())
+    for k in range(1, 4):
+        B *= 2.0                            # a new version, written just before the replicate
+        B.replicate(wait=wait)
+        assert "local" in dmath.explain_gemm(A, B, layout=dmath.RowBlock())     # reads the replicated copy
+        C = dmath.gemm(A, B, layout=dmath.RowBlock())
+        np.testing.assert_allclose(C.to_numpy(), (a.astype(np.float64) @ b) * 2.0 ** k,
+                                   rtol=1e-4, atol=1e-3 * 2.0 ** k, err_msg=f"step {k}")
+
+
 def test_partial_inputs_and_outputs():
     a = np.random.default_rng(3).random((6, 8))
     b = np.random.default_rng(4).random((8, 5))

@@ -1,5 +1,7 @@
 """Batches made on the workers: dmath.random.permutation, dmath.nn.take_rows, dmath.nn.transform_images
 and dmath.from_file, against NumPy at every worker count and batch layout."""
+import time
+
 import numpy as np
 import pytest
 
@@ -156,6 +158,45 @@ def test_take_rows_from_a_mapped_file(tmp_path):
         dmath.nn.take_rows(src, order, pos, out)
         np.testing.assert_array_equal(out.to_numpy(), x[perm[step * B:(step + 1) * B]].astype(np.float32))
         pos += float(B)
+
+
+@pytest.mark.parametrize("kind", ["mapped", "host"])
+def test_take_rows_read_ahead_follows_the_source_and_its_writes(tmp_path, kind):
+    """A host-held source is read one batch ahead. The guess is used only for the same source with the
+    same contents: two sources of one shape walked with one order each get their own rows, and a
+    write of the source between steps is seen (the write waits for the read-ahead; on the CPU only a
+    mapped file is held on the host, on a GPU the 'host' kind too)."""
+    n, f, b = 40, 3, 4
+    xa = np.arange(n * f, dtype=np.float32).reshape(n, f)
+    if kind == "mapped":
+        np.save(tmp_path / "x.npy", xa)
+        np.save(tmp_path / "y.npy", -xa)
+        x = dmath.from_file(str(tmp_path / "x.npy"), layout=REP, mapped=True)
+        y = dmath.from_file(str(tmp_path / "y.npy"), layout=REP, mapped=True)
+    else:
+        x = dmath.from_numpy(xa, layout=REP, memory="host")
+        y = dmath.from_numpy(-xa, layout=REP, memory="host")
+    order = dmath.random.permutation(n, key=(9,))
+    perm = order.to_numpy().ravel().astype(int)
+    pos = _counter(0)
+    ox, oy = dmath.zeros((b, f)), dmath.zeros((b, f))
+    for step in range(4):
+        dmath.nn.take_rows(x, order, pos, ox)
+        dmath.nn.take_rows(y, order, pos, oy)
+        rows = perm[step * b:(step + 1) * b]
+        np.testing.assert_array_equal(ox.to_numpy(), xa[rows], err_msg=f"x, step {step}")
+        np.testing.assert_array_equal(oy.to_numpy(), -xa[rows], err_msg=f"y, step {step}")
+        pos += float(b)
+    # writes of the source between steps, after the read-ahead is done and while it may still run
+    for k, pause in enumerate((0.2, 0.0)):
+        time.sleep(pause)
+        xa = xa + 1000.0
+        x.assign(xa)
+        dmath.nn.take_rows(x, order, pos, ox)
+        at = 4 + k
+        np.testing.assert_array_equal(ox.to_numpy(), xa[perm[at * b:(at + 1) * b]], err_msg=f"write {k}")
+        pos += float(b)
+    assert x.to_numpy().min() == 2000.0
 
 
 def test_take_rows_errors():

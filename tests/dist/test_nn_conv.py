@@ -157,6 +157,37 @@ def test_backward_low_precision(dtype):
         np.testing.assert_allclose(got.to_numpy().astype(np.float64), want.to_numpy(), **tol)
 
 
+def test_backward_float16_data_with_float32_weights():
+    """dW and dB come in w's dtype at its precision: float16 data with float32 weights gives the float32
+    gradient of the float16 values (the cuDNN path wrote dW in float16 first: inf past 65504)."""
+    kw_args, kernel_hw = _args("stride2_pad1")
+    q16 = lambda a: a.astype(np.float16).astype(np.float64)   # noqa: E731
+    # products of about 4096 summed over the samples and pixels: dW is past float16's 65504
+    x = q16(64.0 + values((N, C * H * W), 95))
+    w = values((K, C * 9), 96).astype(np.float32)
+    ho, wo = dmath.nn.conv2d_output_shape((C, H, W), kernel_hw, K, **kw_args)[1:]
+    r = q16(64.0 + values((N, K * ho * wo), 97))
+
+    def loss(xx, ww):
+        return float((ref.conv2d(xx.reshape(N, C, H, W), ww.reshape(K, C, 3, 3), None, **kw_args)
+                      .reshape(N, -1) * r).sum())
+
+    # the loss is linear in x and in w: each gradient entry is the loss at a unit vector (float64)
+    unit = lambda shape, j: np.eye(1, int(np.prod(shape)), j).reshape(shape)   # noqa: E731
+    want_dw = np.array([loss(x, unit(w.shape, j)) for j in range(w.size)]).reshape(w.shape)
+    want_db = r.reshape(N, K, -1).sum(axis=(0, 2)).reshape(1, K)
+    want_dx = np.array([loss(unit(x.shape, j), q16(w)) for j in range(x.size)]).reshape(x.shape)
+    assert np.abs(want_dw).max() > 65504
+    lay = dmath.RowBlock()
+    dx, dw, db = dmath.nn.conv2d_backward(make(r, lay, "float16"), make(x, lay, "float16"),
+                                          make(w, dmath.Replicated(), "float32"), (C, H, W), kernel_hw, **kw_args)
+    assert (dx.dtype, dw.dtype, db.dtype) == ("float16", "float32", "float32")
+    np.testing.assert_allclose(dw.to_numpy(), want_dw, rtol=1e-5)
+    np.testing.assert_allclose(db.to_numpy(), want_db, rtol=1e-6)
+    # dX in the data's dtype, from the weights rounded to it
+    np.testing.assert_allclose(dx.to_numpy().astype(np.float64), want_dx, rtol=2e-3, atol=1e-2)
+
+
 def test_against_torch():
     torch = pytest.importorskip("torch")
     x, w, b, _ = _problem("rect_dilated", seed=70)

@@ -1,8 +1,11 @@
 """sum / mean / max / min over everything and along each axis, and norm, in every layout."""
+import gc
+
 import numpy as np
 import pytest
 
 import dmath
+from dmath.runtime.registry import COLLECTIVES_IN_GRAPHS
 
 from _cases import case_names, layout, make, tol, values
 
@@ -97,3 +100,26 @@ def test_empty_matrix_reductions():
         m.max()
     # still usable afterwards
     assert dmath.ones((2, 2)).sum() == 4.0
+
+
+def test_axis_reductions_in_a_replayed_plan():
+    """Axis reductions whose result slots are index arrays (block-cyclic pieces, at every P) inside a
+    replayed plan: the device index arrays are made at the first command and reused, so the values
+    follow the input; on a GPU the plan is captured at its second replay and launched after."""
+    gc.collect()
+    dmath.stats()                               # earlier tests' plans are dropped before the count
+    shape = (9, 8)
+    x = make(values(shape, 40), dmath.BlockCyclic((2, 2), grid=(1, P)), "float64")
+    ops = [(op, axis) for op in ("sum", "max", "min") for axis in (0, 1)]
+    with dmath.record() as plan:
+        outs = [getattr(x, op)(axis=axis) for op, axis in ops]
+    graphs = dmath.stats()[0]["plan_graphs"]
+    for k in range(4):
+        xv = values(shape, 41 + k)
+        x.assign(xv)
+        plan.replay()
+        for (op, axis), r in zip(ops, outs):
+            np.testing.assert_allclose(r.to_numpy(), OPS[op](xv, axis=axis, keepdims=True),
+                                       **tol("float64"), err_msg=f"{op} axis={axis} replay {k}")
+        if dmath.device() == "gpu" and COLLECTIVES_IN_GRAPHS:
+            assert dmath.stats()[0]["plan_graphs"] == graphs + (1 if k >= 1 else 0)
