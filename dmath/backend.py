@@ -114,6 +114,13 @@ class Backend:
         """True when every queued device operation has finished (always True on the CPU)."""
         return self.xp.cuda.get_current_stream().done if self.is_gpu else True
 
+    def device_idle(self):
+        """True when the compute stream and the side stream (if one was made) have finished their work:
+        what `synchronize_all` waits for, as a test (always True on the CPU)."""
+        if not self.is_gpu:
+            return True
+        return self.xp.cuda.get_current_stream().done and (self._side is None or self._side.done)
+
     def __repr__(self):
         dev = f", device {self.device_id}" if self.device_id is not None else ""
         return f"Backend({self.name}{dev})"

@@ -36,9 +36,10 @@ from .. import backend
 from ..comm import collectives
 from ..errors import DMathError, DTypeError, LayoutError, ShapeError
 from ..layout import Replicated, RowBlock, distribution
-from ..runtime import define, runtime
+from ..runtime import define, protocol, runtime
 from ..runtime.registry import COLLECTIVES_IN_GRAPHS
 from . import cuda, nn_rows as rows
+from .elementwise import minimum
 from .base import dispatch, dist_of, is_matrix, new_meta
 
 
@@ -52,6 +53,9 @@ class UpdateArgs(NamedTuple):
 UPDATE = define("nn_update", UpdateArgs)
 # the matrices' number and layouts are the signature: no static arguments
 ALL_FINITE = define("nn_all_finite")
+#: the most matrices one nn_all_finite command reads: with its output, a command names at most
+#: protocol.MAX_OPERANDS handles (a byte of the frame's header counts them)
+FINITE_CHUNK = protocol.MAX_OPERANDS - 1
 
 
 # ---- master halves ----------------------------------------------------------------------
@@ -204,7 +208,8 @@ def all_finite(matrices):
     can gate a recorded mixed-precision step: `sgd_update(..., gate=all_finite(grads))`.
 
     The matrices may have any float dtype and layout, but must live on the same workers; a Partial
-    matrix is summed first (a non-finite addend makes a non-finite sum).
+    matrix is summed first (a non-finite addend makes a non-finite sum). Any number of matrices: past
+    FINITE_CHUNK they are read by several commands, whose flags are combined on the workers.
     """
     mats = [_matrix(m, "all_finite: each matrix") for m in matrices]
     if not mats:
@@ -216,7 +221,14 @@ def all_finite(matrices):
             raise LayoutError(f"all_finite: the matrices live on different workers ({group} and "
                               f"{tuple(dist_of(m).group)}); remap them to one group first")
     out = new_meta(Replicated(group), (1, 1), "float32")
-    return dispatch("nn_all_finite", mats, [out])[0][0]
+    flags = [dispatch("nn_all_finite", mats[k:k + FINITE_CHUNK], [out])[0][0]
+             for k in range(0, len(mats), FINITE_CHUNK)]
+    ok = flags[0]
+    for flag in flags[1:]:
+        # 1.0 only where every chunk's flag is: an elementwise command, no value to the master and
+        # no host synchronisation (a recorded step stays one replay)
+        ok = minimum(ok, flag)
+    return ok
 
 
 # ---- kernels -------------------------------------------------------------------------------

@@ -23,9 +23,10 @@ message it sends (one BATCH: protocol.py), which every worker runs in order.
 That message goes out before any command that is not queued (a collective, a
 remap, a read to the master, a careful command, anything recorded or with a
 payload: all wait for, or talk to, other ranks), any plan definition or
-replay, the OOM check, and shutdown (followed there by a DRAIN: the master
-waits until every worker has run the queue, so a failure in it ends the job
-non-zero, as it would have had they been sent one by one). The master never
+replay, the OOM check, and shutdown (followed there by a DRAIN, sent at
+every shutdown: the master waits until every worker has run everything it
+was sent, so a failure in the queue, or in the last command sent, ends the
+job non-zero at once). The master never
 enters a collective its peers have not been sent. The queue is also sent
 when it holds BATCH_MAX commands (the one that fills it goes with them) or
 when its first command has waited BATCH_AGE_S (checked at the next command:
@@ -38,6 +39,19 @@ next message sent), and a refused allocation there cannot be undone (the
 master ran on past it; only the last message of a BATCH is "the last
 command" of oom.py). Failure probes run only before a message is sent, not
 before each queued command: nothing new has reached the workers meanwhile.
+
+Handle numbers. The master numbers new matrices 1, 2, 3, ... and the
+numbers travel as int32 (protocol.py). Once HANDLE_MAX has been handed out
+(after 2**31 matrices: about half a day of an eager loop), `_free_run` scans for
+the numbers nothing uses (`_handles_in_use`) and hands those out, run by
+run, lowest first; when they are used up it scans again. A number is in use
+while a Matrix holds it, while its free has not left the master (pending, or
+in a queued command: so a worker has always run the free, in an earlier
+message, before it sees the number again), and while a recorded plan (or
+the block being recorded) names it: a replay makes and frees the plan's
+temporaries, and writes its outputs, under the recorded numbers. Until the
+first wrap the dispatch path pays one comparison for this; the scan costs a
+pass over the live matrices and the plans, once per wrap.
 """
 import atexit
 import gc
@@ -127,6 +141,17 @@ class Entry:
 _NEVER = float("inf")
 
 
+def _runs_outside(used, last):
+    """The runs (start, stop) of the numbers 1..last not in `used`, lowest first (a generator)."""
+    start = 1
+    for h in sorted(h for h in used if 0 < h <= last):
+        if h > start:
+            yield start, h
+        start = h + 1
+    if start <= last:
+        yield start, last + 1
+
+
 class Call:
     """What a kernel sees: its entry, input shards (and their handles), dynamic scalars and the runtime.
 
@@ -161,7 +186,9 @@ class Runtime:
         self.table = {}            # handle -> Shard
         self.entries = {}          # signature id -> Entry
         self.signatures = {}       # master: signature -> its Entry (entries[entry.sig_id])
-        self.next_handle = 1
+        self.next_handle = 1       # master: the next handle number to hand out (see _free_run)
+        self.handle_end = protocol.HANDLE_MAX + 1   # master: ... while it stays below this
+        self._free_runs = None     # master: the free runs of numbers left from the last scan
         self.pending_frees = []
         self.commands = 0
         self.next_version = 1      # shard versions, unique in this process (see _execute)
@@ -236,9 +263,54 @@ class Runtime:
                 raise self.broken from None
 
     def new_handles(self, n):
+        """n consecutive free handle numbers for new matrices (master)."""
         first = self.next_handle
-        self.next_handle += n
+        if first + n > self.handle_end:
+            first = self._free_run(n)
+        self.next_handle = first + n
         return list(range(first, first + n))
+
+    def _free_run(self, n):
+        """Master: the first of n consecutive handle numbers that may be handed out, once those up to
+        HANDLE_MAX have all been (cold: after 2**31 matrices). See "Handle numbers" in the module's doc.
+
+        Sets next_handle's run: the caller takes n numbers from the returned one, the hot path then
+        goes on up to `handle_end`. A run shorter than n is skipped (found again by the next scan).
+        """
+        for _ in range(2):
+            if self._free_runs is None:
+                self._free_runs = _runs_outside(self._handles_in_use(), protocol.HANDLE_MAX)
+            for start, stop in self._free_runs:
+                if stop - start >= n:
+                    self.handle_end = stop
+                    return start
+            self._free_runs = None          # every run found by the last scan is used: scan again
+        raise RuntimeStateError(f"no {n} consecutive handle numbers are free: more than "
+                                f"{protocol.HANDLE_MAX:,} matrices are live or held by recorded plans")
+
+    def _handles_in_use(self):
+        """Master: every handle number that must not go to a new matrix now: those of live matrices
+        (each charged to the ledger when made), of matrices undone but still held (poisoned), of
+        released ones whose free has not been sent (pending, or in a queued command: a number is
+        reused only after its free reached the workers in an earlier frame), and every number a
+        defined plan, or the one being recorded, names (a replay makes and frees its temporaries
+        and dropped outputs again under those numbers)."""
+        used = set(self.ledger.live)
+        used.update(self.table)
+        used.update(self.poisoned)
+        used.update(h for h in self.pending_frees if h > 0)
+        for message in self.queue:
+            used.update(protocol.decode(message)[4])
+        steps = [step for r in self.programs.values() for step in r.program.steps]
+        for r in self.programs.values():
+            used.update(r.program.tail)
+        if self.recorder is not None:
+            steps.extend(self.recorder.steps)
+            used.update(self.recorder.inputs)
+        for step in steps:
+            used.update(step.handles)
+            used.update(step.frees)
+        return used
 
     def release(self, handle):
         """Called when a master-side Matrix is collected; freed with the next command."""
@@ -329,6 +401,8 @@ class Runtime:
             # past the memory limit this raises OutOfMemoryError here, before anything is sent
             sizes = self.ledger.admit(op, sig_id, new_outs) if pooled else [self.ledger.nothing] * n_new
             first = self.next_handle
+            if first + n_new > self.handle_end:
+                first = self._free_run(n_new)     # (cold: every number has been handed out once)
             self.next_handle = first + n_new
             out_handles_new = [first] if n_new == 1 else list(range(first, first + n_new))
             self.ledger.add(out_handles_new, sizes)
@@ -337,22 +411,29 @@ class Runtime:
         if in_place:
             it = iter(out_handles_new)
             out_handles = [next(it) if type(m) is Meta else in_handles[m] for m in outputs]
-            for k in in_place:
-                self.replicas.written(in_handles[k])    # written in place: its cached copies are stale
         else:
             out_handles = out_handles_new
         frees = self._take_frees() if self.pending_frees else ()
         # careful under memory pressure (ledger.pressed(): some worker past its mark, new matrices
         # included), except in place: a partly written operand cannot be undone anyway (oom.py)
         careful = self.ledger.low < 0 and not in_place
-        if entry is None:
-            sig_id = len(self.signatures) + 1
-            entry = self.entries[sig_id] = self.signatures[signature] = Entry(signature, self.nworkers, sig_id)
-            message, total = protocol.encode(protocol.REGISTER | protocol.CAREFUL if careful else protocol.REGISTER,
-                                             sig_id, in_handles + out_handles, scalars, frees, signature)
-        else:
-            message, total = protocol.encode_numbers(protocol.EXEC_CAREFUL if careful else protocol.EXEC, sig_id,
-                                                     in_handles + out_handles, scalars, frees)
+        try:
+            if entry is None:
+                sig_id = len(self.signatures) + 1
+                message, total = protocol.encode(protocol.REGISTER | protocol.CAREFUL if careful
+                                                 else protocol.REGISTER, sig_id,
+                                                 in_handles + out_handles, scalars, frees, signature)
+                # registered once its message exists: a command that cannot be encoded registers nothing
+                entry = self.entries[sig_id] = self.signatures[signature] = Entry(signature, self.nworkers, sig_id)
+            else:
+                message, total = protocol.encode_numbers(protocol.EXEC_CAREFUL if careful else protocol.EXEC,
+                                                         sig_id, in_handles + out_handles, scalars, frees)
+        except BaseException:  # noqa: B036 - nothing was sent: the command leaves no trace, then raises
+            self._not_sent(out_handles_new, frees)
+            raise
+        if in_place:
+            for k in in_place:
+                self.replicas.written(in_handles[k])    # written in place: its cached copies are stale
         if entry.share_s <= BATCH_SHARE_S and self.batching and not careful and recorder is None:
             # a local command with a cheap share (never one that is not local: its share_s is infinite):
             # queued, unless the queue is due to go (see the module's doc), then sent with it
@@ -401,6 +482,16 @@ class Runtime:
             recorder.command(sig_id, tuple(zip(in_handles, in_metas)), out_handles, out_handles_new, scalars,
                              frees, result is not None)
         return out_handles, result
+
+    def _not_sent(self, new_handles, frees):
+        """Undo what `_command` did before its message could not be encoded (or its new signature
+        not be prepared: an Entry that raises is never registered): the new matrices' bytes
+        leave the ledger (no Matrix will ever release them) and the frees it took wait for the next
+        message. Their numbers stay unused: nothing names them (`_handles_in_use`)."""
+        for h in new_handles:
+            self.ledger.release(h)
+        if frees:
+            self.pending_frees[:0] = frees
 
     def _careful_share(self, entry, in_handles, out_handles, scalars, payload, op):
         """The master's share of a careful command: its kernel, then every worker's word that it is out."""
@@ -711,16 +802,24 @@ class Runtime:
 
     # ---- shutdown ----------------------------------------------------------
     def shutdown(self):
-        """Master: end the workers (normally), or abort the job after a worker failure."""
+        """Master: end the workers (normally), or abort the job after a worker failure.
+
+        Under MPI the master first waits until every worker has run everything it was sent (a
+        DRAIN), so that a worker's failure in the last commands ends the job non-zero within
+        seconds, its traceback printed by the master (one small gather at exit).
+        """
         if self.closed:
             return
-        if self.queue and self.broken is None:
-            # the queued commands run on the workers before they are told to exit, and the master
-            # waits for them: a failure in one of them ends the job non-zero, as if it had been sent
+        if self.is_mpi and self.nworkers > 1 and self.broken is None:
+            # every worker finishes what it was sent (the queued commands included) before it is told
+            # to exit, and the master waits for it: a failure in the last command, which the master
+            # may have left before a worker failed (its share did not wait, or the failure came after
+            # the last collective), reaches it here as WorkerError and ends the job non-zero at once,
+            # not after the failed worker's grace period with no report from the master
             try:
                 self._drain()
             except BaseException as exc:  # noqa: B036 - a WorkerError (or an interrupt): abort below
-                sys.stderr.write(f"dmath: a command queued before the end failed: {exc}\n")
+                sys.stderr.write(f"dmath: a command failed before the end: {exc}\n")
                 if self.broken is None:
                     self.broken = exc
         self.closed = True

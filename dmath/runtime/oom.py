@@ -10,8 +10,11 @@ The check. After a refused allocation in command n (in its own share, or
 reported by a worker that names n as the last command it received), the
 master broadcasts OOM_CHECK and waits up to AGREE_S seconds for every
 worker's answer. A worker answers only between commands: one that finished
-n, or one that left it. If all answer, none is waiting in a collective of n,
-and n is undone: its new matrices are freed on every rank and marked on the
+n, or one that left it. If all answer, none is waiting in a collective of n;
+the master then tests, polled for up to AGREE_S seconds, that its own
+device work of n is done too (its kernel returned once its NCCL calls were
+queued, and one of them may wait for a worker that left: a blocking
+synchronize would never return). Then n is undone: its new matrices are freed on every rank and marked on the
 master (a Matrix the user already holds raises when used), every rank drops
 its replica cache (a rank that left n early made different keep, evict and
 LRU decisions than its peers, and the cache must be alike everywhere: a hit
@@ -136,6 +139,22 @@ def _after_command(rt):
     rt.backend.synchronize_all()
 
 
+def _out_on_device(rt):
+    """Master: whether its own device work of the last command finishes within AGREE_S (polled).
+
+    Every worker that answered the check is out of the command, but the master's kernel returns
+    as soon as its NCCL calls are queued: one of them may wait for a worker that left. Then the
+    blocking synchronize of `_after_command` would never return (no heartbeat runs in it), so the
+    master tests the streams instead, and a device still busy at the deadline breaks the runtime."""
+    be = rt.backend
+    deadline = time.monotonic() + AGREE_S
+    while not be.device_idle():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(1e-3)
+    return True
+
+
 def release_frames(exc):
     """Drop the local variables of the finished frames `exc` went through: the kernel's arrays go
     back to the pool now, not whenever the exception (or one chained to it) is collected."""
@@ -208,6 +227,9 @@ def verdict(rt, refused):
         reason = f"{last.op!r} writes an operand in place, which some workers had written and some had not"
     elif not refused:
         reason = f"a worker left {last.op!r} but none says it was refused an allocation"
+    elif not _out_on_device(rt):
+        reason = (f"the master's own device work of {last.op!r} did not finish within {AGREE_S:g} s: a "
+                  f"collective it queued waits for a worker that left the command")
     if reason is not None:
         first = min(refused) if refused else (silent[0] if silent else 0)
         text = refused.get(first, f"worker {first} is out of {last.op!r}")

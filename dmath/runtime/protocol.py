@@ -5,6 +5,17 @@ int32 handles to free and, for a first send only, the command signature.
 After its first send a signature travels as its integer ID alone, so a cached
 binary operation is 24 bytes of payload in one frame.
 
+Limits. The header counts handles, scalars and frees in one byte each, so a
+message carries at most MAX_OPERANDS (255) of each: `encode` refuses more
+with a DMathError (an operation over more matrices splits itself into
+several commands, as `dmath.nn.all_finite` does; frees are sent 255 at a
+time). Handle numbers are positive int32 values, at most HANDLE_MAX: the
+master hands out numbers of freed matrices again once it has used them all
+(core.py, "Handle numbers"), so they stay int32 and a cached binary operation
+its 24 bytes: 64-bit handles would have made it 36, and would have pushed a
+command of seven or more handles (a fused optimizer step) past the 64-byte
+frame into a second broadcast.
+
 Recorded plans: a DEFINE message (its `sig_id` field holds the plan ID)
 carries a whole program, the recorded steps each encoded as an EXEC message
 and the frees after the last step as FREE messages, concatenated; a REPLAY
@@ -21,9 +32,9 @@ the message whose sending flushed them (any kind). A worker runs them in
 order as if they had come one by one.
 
 DRAIN (the header alone) asks every worker to say, once it has run
-everything before it, that it has (the master waits for it at shutdown
-after a flush: a failure in a queued command is then seen before the
-workers are told to exit).
+everything before it, that it has (the master waits for it at every
+shutdown, after a flush: a failure in a queued command, or in the last
+command sent, is then seen before the workers are told to exit).
 
 CAREFUL, or-ed into the kind byte of an EXEC or REGISTER message, makes the
 command careful (its collectives agree first: comm/agreement.py, oom.py).
@@ -35,12 +46,19 @@ import pickle
 import struct
 from typing import NamedTuple
 
+from ..errors import DMathError
+
 EXEC, REGISTER, SHUTDOWN, FREE, REPLAY, DEFINE, OOM_CHECK, BATCH, DRAIN = 1, 2, 3, 4, 5, 6, 7, 8, 9
 #: a flag on the kind of a command message (EXEC, REGISTER): run it as a careful command
 CAREFUL = 0x80
 EXEC_CAREFUL = EXEC | CAREFUL
 HEADER = struct.Struct("<BBBBII")   # kind, n_handles, n_scalars, n_frees, sig_id, total_len
-MAX_FREES = 255
+#: the most handles (inputs and outputs together), scalars or frees one message carries: each count
+#: is one byte of the header
+MAX_OPERANDS = 255
+MAX_FREES = MAX_OPERANDS
+#: the largest handle number (int32 on the wire, where a negative free -k drops plan k)
+HANDLE_MAX = 2 ** 31 - 1
 
 
 class Step(NamedTuple):
@@ -90,7 +108,10 @@ def encode(kind, sig_id=0, handles=(), scalars=(), frees=(), signature=None, pro
     nh, ns, nf = len(handles), len(scalars), len(frees)
     whole = _message(nh, ns, nf)
     total = whole.size + len(blob)
-    return whole.pack(kind, nh, ns, nf, sig_id, total, *handles, *scalars, *frees) + blob, total
+    try:
+        return whole.pack(kind, nh, ns, nf, sig_id, total, *handles, *scalars, *frees) + blob, total
+    except struct.error as exc:
+        raise _refused(handles, scalars, frees, exc) from None
 
 
 def encode_numbers(kind, sig_id, handles, scalars, frees):
@@ -100,7 +121,32 @@ def encode_numbers(kind, sig_id, handles, scalars, frees):
     whole = _MESSAGES.get(nh | ns << 8 | nf << 16)
     if whole is None:
         whole = _message(nh, ns, nf)
-    return whole.pack(kind, nh, ns, nf, sig_id, whole.size, *handles, *scalars, *frees), whole.size
+    try:
+        return whole.pack(kind, nh, ns, nf, sig_id, whole.size, *handles, *scalars, *frees), whole.size
+    except struct.error as exc:
+        # (no test on the way in: a count past its byte, under a key another message's struct shares,
+        # or a handle past int32 fails the pack itself, so the usual command pays nothing for it)
+        raise _refused(handles, scalars, frees, exc) from None
+
+
+def _refused(handles, scalars, frees, exc):
+    """The DMathError that says why a message could not be packed (`exc`: struct's own error)."""
+    try:
+        _check_counts(len(handles), len(scalars), len(frees))
+    except DMathError as refusal:
+        return refusal
+    bad = [h for h in handles if not 0 < h <= HANDLE_MAX]
+    if bad:
+        return DMathError(f"a command names handle number {bad[0]}, outside 1..{HANDLE_MAX} (int32 on the wire)")
+    return DMathError(f"a command could not be encoded: {exc}")
+
+
+def _check_counts(nh, ns, nf):
+    """Raise DMathError when a count does not fit its byte of the header."""
+    for n, what in ((nh, "matrices (inputs and outputs)"), (ns, "scalars"), (nf, "handles to free")):
+        if n > MAX_OPERANDS:
+            raise DMathError(f"a command carries {n} {what}; one command carries at most {MAX_OPERANDS} "
+                             f"(a byte of its header): split the operation into several commands")
 
 
 #: (nh | ns << 8 | nf << 16) -> `_message(nh, ns, nf)` (each count fits the header's byte)
@@ -109,6 +155,7 @@ _MESSAGES = {}
 
 def _message(nh, ns, nf):
     """The struct of a message's header and numbers: nh int32 handles, ns float64 scalars, nf int32 frees."""
+    _check_counts(nh, ns, nf)        # (before the key: counts past a byte would share another's)
     key = nh | ns << 8 | nf << 16
     whole = _MESSAGES.get(key)
     if whole is None:

@@ -12,10 +12,12 @@ class Shard:
     home: for a shard held in host memory on a GPU, its `memory.kinds.HostCopies`:
         reading `pieces` brings the data to the device (the one place this
         happens), and the runtime settles it when the command ends.
-    pending: None, or a list of collectives.Pending while the pieces are
-        still being written on the side stream (a background all-reduce); the
-        runtime makes the next command that reads or frees the shard wait for
-        it on the device (`settle`).
+    pending: None, or a list of objects with a wait(): a collectives.Pending
+        while the pieces are still being written on the side stream (a
+        background all-reduce), or the take_rows read-ahead thread still
+        reading them (its wait joins it); the runtime makes the next command
+        that reads, writes in place or frees the shard wait for them
+        (`settle`).
     """
     __slots__ = ("_pieces", "dist", "dtype", "version", "memory", "home", "pending")
 

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 
 from dmath.comm.control import FRAME
+from dmath.errors import DMathError
 from dmath.layout import BlockCyclic, Partial, RowBlock, Tiles
 from dmath.runtime import Meta, protocol
 
@@ -72,6 +73,36 @@ def test_register_carries_the_signature():
 def test_max_frees_fit_the_header():
     message, total = protocol.encode(protocol.EXEC, 1, [], [], list(range(protocol.MAX_FREES)))
     assert protocol.decode(message)[4] == list(range(protocol.MAX_FREES))
+
+
+def test_the_most_operands_fit_the_header():
+    n = protocol.MAX_OPERANDS
+    handles, scalars = list(range(1, n + 1)), [float(k) for k in range(n)]
+    for message, _ in (protocol.encode(protocol.EXEC, 1, handles, scalars, handles),
+                       protocol.encode(protocol.REGISTER, 1, handles, scalars, handles, ("op", (), (), ()))):
+        assert protocol.decode(message)[2:5] == (handles, scalars, handles)
+
+
+@pytest.mark.parametrize("where", ["handles", "scalars", "frees"])
+@pytest.mark.parametrize("kind", [protocol.EXEC, protocol.REGISTER])
+def test_a_count_past_its_header_byte_is_a_dmath_error(kind, where):
+    """Refused with a DMathError that names the count, never a bare struct.error, also when the
+    counts alias a cached message's key (256 handles and no scalar packs as 0 and 1 would)."""
+    protocol.encode(protocol.EXEC, 1, [], [0.5], [])          # (0, 1, 0) cached
+    args = {"handles": [], "scalars": [], "frees": []}
+    args[where] = [1.0 if where == "scalars" else 1] * (protocol.MAX_OPERANDS + 1)
+    sig = ("op", (), (), ()) if kind == protocol.REGISTER else None
+    with pytest.raises(DMathError, match=f"{protocol.MAX_OPERANDS + 1} .* at most {protocol.MAX_OPERANDS}"):
+        protocol.encode(kind, 1, args["handles"], args["scalars"], args["frees"], sig)
+    # the refusal left no struct behind under an aliased key
+    message, _ = protocol.encode(protocol.EXEC, 1, [], [0.5], [])
+    assert protocol.decode(message)[2:5] == ([], [0.5], [])
+
+
+def test_a_handle_number_past_int32_is_a_dmath_error():
+    protocol.encode(protocol.EXEC, 1, [protocol.HANDLE_MAX, 1, 2])
+    with pytest.raises(DMathError, match="outside 1..2147483647"):
+        protocol.encode(protocol.EXEC, 1, [protocol.HANDLE_MAX + 1, 1, 2])
 
 
 def test_a_batch_carries_whole_messages_in_order():
