@@ -54,6 +54,7 @@ first wrap the dispatch path pays one comparison for this; the scan costs a
 pass over the live matrices and the plans, once per wrap.
 """
 import atexit
+import collections
 import gc
 import os
 import sys
@@ -190,6 +191,7 @@ class Runtime:
         self.handle_end = protocol.HANDLE_MAX + 1   # master: ... while it stays below this
         self._free_runs = None     # master: the free runs of numbers left from the last scan
         self.pending_frees = []
+        self.released_elsewhere = collections.deque()   # master: handles collected in other threads
         self.commands = 0
         self.next_version = 1      # shard versions, unique in this process (see _execute)
         self.broken = None         # set to the WorkerError that broke the runtime
@@ -313,7 +315,15 @@ class Runtime:
         return used
 
     def release(self, handle):
-        """Called when a master-side Matrix is collected; freed with the next command."""
+        """Called when a master-side Matrix is collected; freed with the next command.
+
+        A Matrix may be collected in another thread (the cyclic garbage collector runs in whichever
+        thread's allocation triggers it, a data loader's included): its number is then handed over
+        (a deque's append is atomic) and released by the owner thread before its next command, so
+        that the frees, the ledger and the plans' watchers are only ever changed by one thread."""
+        if _get_ident() != self.owner:
+            self.released_elsewhere.append(handle)
+            return
         self.pending_frees.append(handle)
         self.ledger.release(handle)
         self.replicas.written(handle)
@@ -375,6 +385,8 @@ class Runtime:
         op, _, in_metas, outputs = signature if entry is None else (entry.op, None, entry.inputs, entry.outputs)
         if self.closed or self.broken is not None or _get_ident() != self.owner:
             self.check_usable()
+        if self.released_elsewhere:
+            self._take_released_elsewhere()
         if self.is_mpi and not self.queue:
             # (alone, nobody can fail or hang but the master itself; while commands are queued nothing
             # has reached the workers since the last probe: the next message is probed for)
@@ -598,6 +610,8 @@ class Runtime:
         the end of each replay.
         """
         self.check_usable()
+        if self.released_elsewhere:
+            self._take_released_elsewhere()
         tail = set(program.tail)
         self.pending_frees = [h for h in self.pending_frees if h not in tail]
         plan_id, self.next_plan = self.next_plan, self.next_plan + 1
@@ -616,6 +630,8 @@ class Runtime:
             raise PlanError("a plan cannot be replayed inside a dmath.record() block")
         if plan_id not in self.programs:
             raise PlanError(f"plan {plan_id} is not defined (closed?)")
+        if self.released_elsewhere:
+            self._take_released_elsewhere()
         frees = self._take_frees()
         message, total = protocol.encode(protocol.REPLAY, plan_id, frees=frees)
         self._send(message, total, "a plan replay")
@@ -623,8 +639,22 @@ class Runtime:
         return self._own_share(self.programs[plan_id].replay)
 
     def drop_plan(self, plan_id):
-        """Forget plan `plan_id` on every rank, with the next command (safe from a finalizer)."""
+        """Forget plan `plan_id` on every rank, with the next command (safe from a finalizer, in any
+        thread: see `release`)."""
+        if _get_ident() != self.owner:
+            self.released_elsewhere.append(-plan_id)
+            return
         self.pending_frees.append(-plan_id)
+
+    def _take_released_elsewhere(self):
+        """Owner thread: release what other threads' finalizers handed over (see `release`)."""
+        handed = self.released_elsewhere
+        while handed:
+            h = handed.popleft()
+            if h < 0:
+                self.pending_frees.append(h)        # a plan dropped
+            else:
+                self.release(h)
 
     def gather_objects(self, obj):
         return gather_objects(self.world, obj)

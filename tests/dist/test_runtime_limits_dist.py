@@ -190,3 +190,19 @@ def test_a_wrap_inside_a_record_block(numbering):
     plan.replay()
     for k, m in enumerate(outs):
         np.testing.assert_array_equal(m.to_numpy(), np.full((3, 2), 4.0 - k))
+
+
+def test_a_matrix_collected_in_another_thread_is_released_by_the_owner():
+    """The cyclic collector may finalize a Matrix in any thread (a data loader's): the number is
+    handed over and released, ledger and frees included, by the thread that issues commands."""
+    import threading
+    rt = runtime()
+    held = [dmath.full((3, 4), 2.0)]
+    h = held[0]._handle
+    t = threading.Thread(target=held.clear)      # the last reference dies in that thread
+    t.start()
+    t.join()
+    assert h in rt.released_elsewhere and h in rt.ledger.live and h not in rt.pending_frees
+    x = dmath.full((3, 4), 5.0)                  # the owner's next command takes the release over
+    assert not rt.released_elsewhere and h not in rt.ledger.live
+    np.testing.assert_array_equal((x + 1.0).to_numpy(), np.full((3, 4), 6.0))
