@@ -165,12 +165,10 @@ def _allgatherv(group, sendbuf, recvbuf, counts):
     bc = np.asarray(counts, dtype=np.int64) * isz
     if recvbuf.nbytes > MAX_COLLECTIVE_BYTES:
         # my part to every other member, theirs into place, mine copied here
-        me, d = group.rank, _displs(bc)
+        me, d, others = group.rank, _displs(bc), np.arange(group.size) != group.rank
         rb = _bytes(recvbuf)
         rb[d[me]:d[me] + bc[me]] = _bytes(sendbuf)[:bc[me]]
-        out = np.where(np.arange(group.size) == me, 0, bc[me])
-        _exchange_in_parts(group, _bytes(sendbuf), out, np.zeros_like(bc), rb,
-                           np.where(np.arange(group.size) == me, 0, bc), d)
+        _exchange_in_parts(group, _bytes(sendbuf), bc[me] * others, np.zeros_like(bc), rb, bc * others, d)
         return
     req = group.mpi.Iallgatherv([_bytes(sendbuf[:mine]), MPI.BYTE],
                                 [_bytes(recvbuf), (bc, _displs(bc)), MPI.BYTE])

@@ -316,14 +316,15 @@ def plan(fn, metas, inplace, nworkers):
 
 
 def holding_piece(pieces, p, kind):
-    """(index, index set) of the first of a worker's vector `pieces` that holds every row (kind 'col')
-    or column ('row') result piece `p` needs, or None (a pure function: the master plans with it,
-    every worker selects with it)."""
+    """(index, local positions) of the first of a worker's vector `pieces` that holds every row (kind
+    'col') or column ('row') result piece `p` needs, the positions of those in it (a slice when they
+    are one run, else an index array); or None (a pure function: the master plans with it, every
+    worker selects with it)."""
     want = p.rows if kind == "col" else p.cols
     for j, q in enumerate(pieces):
         have, other = (q.rows, q.cols) if kind == "col" else (q.cols, q.rows)
         if other and ix.size(ix.intersect(want, have)) == ix.size(want):     # `other`: the vector's one index
-            return j, have
+            return j, ix.positions(want, have)
     return None
 
 
@@ -390,9 +391,8 @@ def _operand_selections(call):
             if kind == "full":
                 row.append(("piece", idx, k))
             elif kind in ("row", "col"):    # a vector: the local positions of this piece's columns/rows
-                j, have = holding_piece(in_dists[idx].pieces[call.rank], p, kind)
-                want = p.cols if kind == "row" else p.rows
-                row.append(("cols" if kind == "row" else "rows", idx, (j, to_dev(ix.positions(want, have)))))
+                j, at = holding_piece(in_dists[idx].pieces[call.rank], p, kind)
+                row.append(("cols" if kind == "row" else "rows", idx, (j, to_dev(at))))
             elif kind == "one":        # (1, 1)
                 row.append(("one", idx, None))
             else:                      # a dynamic scalar

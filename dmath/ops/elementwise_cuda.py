@@ -26,7 +26,6 @@ from .. import memory
 from ..runtime import Shard
 from ..runtime.registry import generic
 from . import cuda
-from ..layout import indexset as ix
 from .elementwise import EWISE, FUNCTIONS, holding_piece
 
 _HELPERS = r"""
@@ -151,11 +150,10 @@ def reads(pattern, in_dists, in_dtypes, piece, rank):
             held = holding_piece(mine, piece, kind)
             if held is None:
                 return None
-            j, have = held
-            run_at = ix.positions(piece.cols if kind == "row" else piece.rows, have)
-            if not isinstance(run_at, slice):
+            j, at = held
+            if not isinstance(at, slice):
                 return None
-            start = run_at.start
+            start = at.start
         plan.append((True, idx, (j, start * isz, (mine[j].shape[1] * isz, isz))))
         operands.append((d, kind))
     return tuple(operands), tuple(plan)

@@ -241,9 +241,9 @@ def _read_ahead(cache, handle):
 
 
 def _host_order(call, order_shard):
-    """The order as a host float64 vector, fetched once per order matrix and version."""
+    """The order as a host float64 vector, fetched once per version of the order matrix."""
     cache = call.entry.cache
-    version = (call.handles[2], order_shard.version)
+    version = order_shard.version      # unique in the process: it names the matrix and its contents
     if cache.get("order_version") != version:
         # a new array, not a refill: a read-ahead thread may still be reading the old one
         cache["order_host"] = np.concatenate([a.reshape(-1) for a in kinds.host_arrays(order_shard)])
@@ -297,9 +297,10 @@ def _take_rows(call):
     n = order_host.size
     ahead = _read_ahead(call.entry.cache, call.handles[1])
     stype = np.dtype(target.dtype)
-    # the rows depend on the source and the order matrices and their contents (versions are unique
-    # in the process and change at every write) and the position; r0, m and stype on the signature
-    contents = (call.handles[1], source.version, call.handles[2], order.version)
+    # the rows depend on the source and the order matrices' contents and the position (r0, m and
+    # stype are the signature's); a version is unique in the process and new at every write, so it
+    # names both a matrix and its contents
+    contents = (source.version, order.version)
 
     def gather_at(p):
         return lambda: _gather_host(host_src, order_host[p + r0:p + r0 + m].astype(np.int64), stype)
