@@ -171,6 +171,36 @@ def test_explicit_finalize_then_exit(tmp_path):
     assert rc == 0, err
 
 
+def test_a_worker_exit_handler_that_needs_the_interpreter(tmp_path):
+    # Workers leave through the C library's exit(). A C-level exit handler (a C++ destructor of a
+    # library a kernel imported: PyTorch's, for one) that calls into Python needs the GIL held by
+    # the exiting thread: with it let go, the worker aborted and the job exited 6 after a clean run.
+    rc, out, err, _ = run_job(tmp_path, """
+        import ctypes
+        import dmath
+        from dmath.runtime import kernel
+        from dmath.ops.base import dispatch
+
+        @kernel("test_exit_handler")
+        def _handler(call):
+            # PyThreadState_Get ends the process when no thread state is held
+            # (registered as a C++ destructor is: __cxa_atexit, what atexit() itself calls), on the
+            # workers only: the master leaves through Python's finalisation, whose handlers run after
+            # the interpreter is gone, which real libraries check for
+            if call.rank != 0:
+                ctypes.CDLL(None).__cxa_atexit(ctypes.cast(ctypes.pythonapi.PyThreadState_Get, ctypes.c_void_p),
+                                               None, None)
+            return []
+
+        dmath.init(device="cpu")
+        dispatch("test_exit_handler")
+        print("HANDLERS_SET", dmath.ones((4, 4)).sum(), flush=True)
+    """)
+    assert "HANDLERS_SET 16.0" in out, f"stdout:\n{out}\nstderr:\n{err}"
+    assert rc == 0, f"exit {rc}\nstdout:\n{out}\nstderr:\n{err}"
+    assert "Fatal Python error" not in err, err
+
+
 REPLAYED_COLLECTIVES = """
     import numpy as np
     import dmath

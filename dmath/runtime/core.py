@@ -923,10 +923,13 @@ def _exit_worker(world, code):
         # _exit() skips that handler, and Hydra's proxy, seeing the PMI socket
         # close without a finalize, SIGKILLs every rank (a race: the job then
         # exits 9 at random after a clean shutdown). exit() still skips
-        # Python's own teardown, so the user's script does not run on.
+        # Python's own teardown, so the user's script does not run on. Called
+        # through PyDLL, which keeps the GIL: C++ destructors that run inside
+        # exit() and touch Python objects (PyTorch's, once a kernel imported
+        # it) abort the process when the GIL has been let go, as CDLL does.
         try:
             import ctypes
-            ctypes.CDLL(None).exit(code)
+            ctypes.PyDLL(None).exit(code)
         except (OSError, AttributeError):  # no C library to call: the old way
             pass
     os._exit(code)
