@@ -12,7 +12,8 @@ followed by `dmath.synchronize()` (as DTensor's figure is its median run):
 - replay: the chain recorded once with `dmath.record()`, then `plan.replay()`
   (one control message for the whole chain);
 - DTensor: the same chain through PyTorch DTensor on the same workers
-  (Shard(0) for x and y, Replicate for W), on GPUs only.
+  (Shard(0) for x and y, Replicate for W; NCCL on GPUs, gloo on the CPU),
+  where PyTorch is installed (a peer, never a dependency).
 """
 import argparse
 import os
@@ -40,7 +41,7 @@ def _dtensor_chain(call):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.tensor import DTensor, Replicate, Shard
         P, rank = call.world.size, call.rank
-        mesh = init_device_mesh("cuda", (P,))
+        mesh = init_device_mesh(dev.type, (P,))
         rows = n // P + (rank < n % P)
         x = DTensor.from_local(torch.rand(rows, n, device=dev), mesh, [Shard(0)], run_check=False)
         w = DTensor.from_local(torch.rand(n, n, device=dev) * 0.01, mesh, [Replicate()], run_check=False)
@@ -50,7 +51,8 @@ def _dtensor_chain(call):
             for _ in range(groups):
                 y = torch.tanh((y @ w) * 0.5 + x)
             y.to_local()
-            torch.cuda.synchronize()
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
         result = median_time(run, reps, warmup=2) / (4 * groups)
     except Exception as exc:  # no PyTorch here: say so in the results
         result = f"unavailable: {type(exc).__name__}: {exc}"
@@ -68,6 +70,7 @@ def main():
     ap.add_argument("--port", type=int, default=29534)
     ap.add_argument("--device", default=None)
     ap.add_argument("--out", default=None)
+    ap.add_argument("--no-dtensor", action="store_true", help="leave out the DTensor peer")
     ap.add_argument("--eager-only", action="store_true",
                     help="time the eager chain only (with DMATH_CPROFILE: profiles of its steady state)")
     args = ap.parse_args()
@@ -117,7 +120,7 @@ def main():
               "eager_master_us_per_op": eager_issue * 1e6, "eager_us_per_op": eager_s * 1e6,
               "replay_master_us_per_op": replay_issue * 1e6, "replay_us_per_op": replay_s * 1e6,
               "replay_control_msgs": ctl["control_msgs"] - 1, "replay_control_bytes": ctl["control_bytes"] - FRAME}
-    if dmath.device() == "gpu":
+    if not args.no_dtensor:
         dt = dispatch("bench_dtensor_chain", static=(n, groups, args.reps, args.port))[1]
         result["dtensor_us_per_op"] = dt * 1e6 if isinstance(dt, float) else dt
         if isinstance(dt, float):

@@ -37,20 +37,26 @@ _torch_ready = False
 
 
 def torch_distributed(call, port):
-    """PyTorch's process group over the dmath workers (once per process), on this worker's GPU.
+    """PyTorch's process group over the dmath workers (once per process), on this worker's device.
 
     Called from inside a benchmark kernel that every worker runs, so that
     PyTorch (a peer to compare against, never a dependency) sees the same
-    ranks and GPUs as dmath. Returns (torch, device).
+    ranks and devices as dmath: NCCL on the worker's GPU, gloo on the CPU
+    backend. Returns (torch, device).
     """
     global _torch_ready
     import torch
     import torch.distributed as tdist
     from dmath import backend
-    dev = torch.device("cuda", backend.current().device_id)
-    torch.cuda.set_device(dev)
+    if backend.current().is_gpu:
+        dev = torch.device("cuda", backend.current().device_id)
+        torch.cuda.set_device(dev)
+        kind, bound = "nccl", {"device_id": dev}
+    else:
+        dev, kind, bound = torch.device("cpu"), "gloo", {}
     if not _torch_ready:
-        tdist.init_process_group("nccl", init_method=f"tcp://127.0.0.1:{port}", rank=call.rank,
-                                 world_size=call.world.size, device_id=dev)
+        tdist.init_process_group(kind, init_method=f"tcp://127.0.0.1:{port}", rank=call.rank,
+                                 world_size=call.world.size, **bound)
         _torch_ready = True
     return torch, dev
+
