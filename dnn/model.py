@@ -108,7 +108,7 @@ class Sequential:
         # the ranks the model lives on: every worker, or the group of the dmath.on_group block it was built in
         self.workers = tuple(self.one.layout.group)
         self.train_metrics, self.eval_metrics = Metrics(), Metrics()
-        self._feeds = weakref.WeakKeyDictionary()    # Dataset -> its Feed (with this model's programs)
+        self._feeds = weakref.WeakKeyDictionary()    # Dataset -> {reading: its Feed (with this model's programs)}
         self._last_program = None
         self.epochs_trained = 0
         self.stop_training = False
@@ -175,11 +175,18 @@ class Sequential:
                 self.loss.one_hot(kind, width, label_range, self.outputs)      # raises on a misfit
         return as_dataset(x, y, what, check)
 
-    def _feed(self, ds):
-        """This model's Feed over dataset `ds` (made once per dataset; dropped with the dataset)."""
-        feed = self._feeds.get(ds)
+    def _feed(self, ds, reading=False):
+        """This model's Feed over dataset `ds` (made once per dataset and use; dropped with the dataset).
+
+        Training has a cursor of its own (reading=False), and evaluate and predict another: an
+        evaluation of the training set from a callback in the middle of an epoch leaves the epoch's
+        order and position as they were."""
+        feeds = self._feeds.get(ds)
+        if feeds is None:
+            feeds = self._feeds[ds] = {}
+        feed = feeds.get(reading)
         if feed is None:
-            feed = self._feeds[ds] = ds.feed()
+            feed = feeds[reading] = ds.feed()
         return feed
 
     def _program(self, kind, batch, feed):
@@ -385,7 +392,7 @@ class Sequential:
         return self._evaluate(self._dataset(x, y), batch_size)
 
     def _evaluate(self, ds, batch_size):
-        feed = self._feed(ds)
+        feed = self._feed(ds, reading=True)
         feed.start_epoch(None, 0)
         metrics = self.eval_metrics
         metrics.reset()
@@ -411,7 +418,7 @@ class Sequential:
                                  f"shape {np.shape(x)}")
             return np.zeros(self._predicted_shape(0), dtype=self.dtype)
         ds = self._dataset(x, None, targets=False)
-        feed = self._feed(ds)
+        feed = self._feed(ds, reading=True)
         feed.start_epoch(None, 0)
         out = []
         for size in self._batches(feed.n, batch_size):

@@ -103,8 +103,8 @@ def test_recorded_steps_equal_eager_steps():
     rec, eager = _small(record=True, dropout=0.3), _small(record=False, dropout=0.3)
     for m in (rec, eager):
         m.fit(data, batch_size=60, epochs=2, shuffle=True, verbose=0)    # 60 does not divide 256: two plans
-    prog = rec._feeds[data].programs[("train", 60)]
-    assert prog.plan is not None and eager._feeds[data].programs[("train", 60)].plan is None
+    prog = rec._feed(data).programs[("train", 60)]
+    assert prog.plan is not None and eager._feed(data).programs[("train", 60)].plan is None
     for a, b in zip(rec.get_weights(), eager.get_weights()):
         np.testing.assert_array_equal(a, b)
     drop = next(n.fn for n in prog.order if isinstance(n.fn, dnn.ops.Dropout))
@@ -116,6 +116,32 @@ def test_recorded_steps_equal_eager_steps():
     assert prog.plan is plan and drop.counter.get((0, 0)) > before
     for a, b in zip(rec.get_weights(), eager.get_weights()):
         np.testing.assert_array_equal(a, b)
+
+
+def test_evaluating_the_training_set_inside_an_epoch_leaves_the_epoch_alone():
+    """A callback that evaluates or predicts on the training Dataset between steps: evaluation has
+    a cursor of its own, so the epoch goes on in its shuffled order from where it was (it once
+    rewound the shared cursor to the stored order, then read past the end of it)."""
+    x, y = _blobs(n=60)
+    data = dnn.data.Dataset(x, y)
+    seen = []
+
+    class Peek(dnn.callbacks.Callback):
+        def on_batch_end(self, batch, logs=None):
+            seen.append((self.model.evaluate(data, batch_size=16)["loss"], self.model.predict(data).shape))
+
+    runs = {}
+    for name, callbacks in (("plain", []), ("peeking", [Peek()])):
+        for record in (True, False):
+            model = _small(record=record, dropout=0.2)
+            hist = model.fit(data, batch_size=8, epochs=2, shuffle=True, verbose=0, callbacks=callbacks)
+            runs[name, record] = (hist["loss"], model.get_weights())
+    assert len(seen) == 2 * 2 * 8 and all(np.isfinite(l) and shape == (60, 3) for l, shape in seen)
+    for record in (True, False):
+        (loss, weights), (loss2, weights2) = runs["plain", record], runs["peeking", record]
+        assert loss == loss2
+        for a, b in zip(weights, weights2):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_model_parallel_dense_trains_like_data_parallel():
