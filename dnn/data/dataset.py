@@ -450,9 +450,9 @@ def _place_targets(targets):
     if rows is None:
         return None, None, None
     if kind == "labels":
-        if label_range[0] < 0:
-            raise DataError(f"Dataset: class labels must be non-negative, found {label_range[0]}")
-        dtype = "float32" if label_range[1] < _F32_EXACT else "float64"
+        # (whole numbers: class labels or regression targets alike; a classification loss checks
+        # its range, cross_entropy refuses negative ones)
+        dtype = "float32" if max(-label_range[0], label_range[1]) < _F32_EXACT else "float64"
     else:
         dtype = "float64" if rows.dtype == np.float64 else "float32"
     return dmath.from_numpy(rows, layout=dmath.Replicated(), dtype=dtype), kind, label_range

@@ -186,8 +186,6 @@ def test_bad_data_raises_before_anything_is_sent():
         dnn.data.Dataset(np.zeros((0, 6)), np.zeros(0))
     with pytest.raises(dnn.ShapeError, match="targets for"):
         dnn.data.Dataset(x, y[:5])
-    with pytest.raises(dnn.data.DataError, match="non-negative"):
-        dnn.data.Dataset(x, y - 1)
     with pytest.raises(dnn.ConfigError, match="placement"):
         dnn.data.Dataset(x, y, placement="mapped")
     with pytest.raises(dnn.ConfigError, match="image samples"):
@@ -202,6 +200,8 @@ def test_bad_data_raises_before_anything_is_sent():
         model.fit(dnn.data.Dataset(x), verbose=0)
     with pytest.raises(dnn.ShapeError, match="labels must be in"):
         model.fit(x, y + 5, verbose=0)
+    with pytest.raises(dnn.ShapeError, match="labels must be in"):
+        model.fit(dnn.data.Dataset(x, y - 1), verbose=0)    # (a Dataset keeps whole negative targets)
     dmath.reset_stats()
     with pytest.raises(dnn.ShapeError, match="samples must have shape"):
         model.fit(np.zeros((120, 7)), y, verbose=0)
@@ -213,3 +213,16 @@ def test_a_npy_file_of_no_samples_is_refused(tmp_path):
     np.save(tmp_path / "empty.npy", np.zeros((0, 4), np.float32))
     with pytest.raises(dnn.data.DataError, match="no samples"):
         dnn.data.Dataset.from_npy(tmp_path / "empty.npy", np.zeros(0, np.int64))
+
+
+def test_whole_number_regression_targets_with_negative_values():
+    """Targets of whole numbers (+-1, negative integers) are regression values to mse: a 1-D array of
+    them trains as its (N, 1) rows do (they were refused as negative class labels)."""
+    x, _ = _blobs(n=48)
+    for y in (np.where(x[:, 0] > 0, 1.0, -1.0), np.round(3 * x[:, 0]).astype(np.int64)):
+        losses = []
+        for targets in (y, y[:, None].astype(np.float64)):
+            dmath.random.seed(3)
+            model = dnn.Sequential([L.Input(6), L.Dense(1)], loss="mse", dtype="float64")
+            losses.append(model.fit(x, targets, batch_size=12, epochs=2, verbose=0)["loss"])
+        assert losses[0] == losses[1] and losses[0][1] < losses[0][0], losses
