@@ -25,6 +25,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import backend, memory
+from ..comm.counters import counters
 from ..errors import DMathError, DTypeError, LayoutError, ShapeError
 from ..layout import RowBlock
 from ..layout import indexset as ix
@@ -165,10 +166,14 @@ class _ReadAhead:
     """The next batch of a host-held source, gathered on a background thread while the step runs.
 
     A dataset in host memory (or a mapped file) is read one batch ahead:
-    after serving rows starting at `pos`, the rows at `pos + m` (the next
-    step of the same batch size) are gathered into a second staging buffer.
-    A guess that does not come true (a new epoch, another batch size, a
-    write of the source or of the order) costs nothing but the wasted read:
+    after serving rows starting at `pos`, this worker's rows of the next
+    step are gathered into a second staging buffer. The next step starts
+    where the last two calls' stride says (a feed taken by several groups
+    moves by all their batches), else one whole batch later (not this
+    worker's share of it: at several workers the position moves by the
+    global batch). A guess that does not come true (a new epoch, another
+    batch size, a write of the source or of the order) costs nothing but
+    the wasted read:
     the rows are then gathered in the caller. The key names everything the
     rows depend on, so a guess is used only for the same rows of the same
     contents.
@@ -179,13 +184,16 @@ class _ReadAhead:
         self.thread = None
         self.result = None
         self.in_flight = None       # the block last copied to the device (kept alive for the copy)
+        self.last_pos = None        # the position of the last call (its stride guesses the next)
 
     def take(self, key, gather):
         """The rows for `key`, from the read-ahead when it guessed `key`, else gathered now."""
         self.join()
         result, self.result = self.result, None         # a guess serves one call
         if self.key == key and result is not None:
+            counters["read_ahead_hits"] += 1
             return result
+        counters["read_ahead_misses"] += 1
         return gather()
 
     def join(self):
@@ -312,8 +320,10 @@ def _take_rows(call):
         # until the next call, whose read of the position waits for the stream to pass this copy
         backend.current().copy_to_device(target, block)
         ahead.in_flight = block
-    if pos + r0 + 2 * m <= n:
-        ahead.start((contents, pos + m), gather_at(pos + m), source)
+    last, ahead.last_pos = ahead.last_pos, pos
+    step = pos - last if last is not None and pos > last else out.dist.shape[0]
+    if pos + step + r0 + m <= n:
+        ahead.start((contents, pos + step), gather_at(pos + step), source)
     return [out]
 
 

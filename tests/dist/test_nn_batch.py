@@ -199,6 +199,31 @@ def test_take_rows_read_ahead_follows_the_source_and_its_writes(tmp_path, kind):
     assert x.to_numpy().min() == 2000.0
 
 
+def test_take_rows_read_ahead_guesses_the_next_batch_at_every_worker_count(tmp_path):
+    """The read-ahead gathers the rows of the next step: the position moves by the whole batch, not by
+    a worker's share of it (the guess never came true at several workers), or by the stride of the
+    last two steps (a feed shared by groups). Counted on every worker."""
+    n, f, b, steps = 128, 3, 8, 4
+    xa = np.arange(n * f, dtype=np.float32).reshape(n, f)
+    np.save(tmp_path / "x.npy", xa)
+    x = dmath.from_file(str(tmp_path / "x.npy"), layout=REP, mapped=True)
+    order = dmath.random.permutation(n, key=(2,))
+    perm = order.to_numpy().ravel().astype(int)
+    out = dmath.zeros((b, f), dtype="float32")          # RowBlock: rows on every worker (P <= 4)
+    # (stride, hits): the first step of a series is not guessed; at three batches a step (a feed of
+    # three groups) the second is guessed one batch on, and misses too
+    for stride, hits in ((b, steps - 1), (3 * b, steps - 2)):
+        pos = _counter(0)
+        dmath.reset_stats()
+        for step in range(steps):
+            dmath.nn.take_rows(x, order, pos, out)
+            at = step * stride
+            np.testing.assert_array_equal(out.to_numpy(), xa[perm[at:at + b]])
+            pos += float(stride)
+        for rank, st in enumerate(dmath.stats()):
+            assert (st["read_ahead_hits"], st["read_ahead_misses"]) == (hits, steps - hits), (stride, rank, st)
+
+
 def test_take_rows_errors():
     x, src = _source()
     order = dmath.random.permutation(N, key=(1,))
