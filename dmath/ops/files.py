@@ -18,6 +18,7 @@ usable.
 """
 import math
 import os
+import stat
 from typing import NamedTuple
 
 import numpy as np
@@ -82,7 +83,12 @@ def npy_spec(path):
 def check_size(spec):
     """Raise DMathError unless the file holds the whole matrix (a truncated file is refused, not read)."""
     try:
-        size = os.path.getsize(spec.path)
+        # opened, not only looked at: a directory or an unreadable file has a size too, and would
+        # then fail on the workers, ending the runtime, instead of here
+        with open(spec.path, "rb") as f:
+            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
+                raise DMathError(f"{spec.path}: not a regular file")
+            size = os.fstat(f.fileno()).st_size
     except OSError as exc:
         raise DMathError(f"{spec.path}: cannot be read ({exc})") from exc
     if size < spec.offset + spec.nbytes:

@@ -120,6 +120,12 @@ class Dataset:
         dtype = _storage_dtype(x, dtype)
         sample_shape = _sample_shape(sample_shape, x)
         flat = x.reshape(len(x), -1)
+        top = np.finfo(dtype).max
+        if np.dtype(dtype).itemsize < x.dtype.itemsize or x.dtype.kind != "f":
+            big = np.flatnonzero((np.abs(flat) > top).any(axis=1))
+            if big.size:
+                raise DataError(f"Dataset: {big.size} sample(s) hold values beyond {dtype}'s range (+-{top:g}), "
+                                f"the first at index {big[0]}: store them as float32 (dtype=) or scale them")
         kind = _memory_kind(placement, flat.shape[0] * flat.shape[1] * np.dtype(dtype).itemsize)
         xm = dmath.from_numpy(flat, layout=dmath.Replicated(), dtype=dtype, memory=kind)
         self._init(_Store(xm, *_place_targets(targets), "device" if kind is None else "host"),
@@ -133,8 +139,12 @@ class Dataset:
 
         placement 'mapped' (or 'auto' when the set does not fit the device)
         maps the file on every worker: batches are read from it on use, the
-        next one ahead. y: labels or targets as numpy arrays (small: placed
-        from the master).
+        next one ahead; it needs the file's own dtype in this machine's
+        byte order ('auto' places any other file in host memory instead).
+        A 1-D file is N samples of one value. y: labels or targets as numpy
+        arrays (small: placed from the master). The master reads only the
+        header: the values are not checked for NaN or infinity (a model
+        trained on them stops at its non-finite loss).
         """
         _ensure_runtime()
         from dmath.ops.files import npy_spec     # the header is checked before anything is sent
@@ -145,25 +155,30 @@ class Dataset:
         placement = _check_placement(placement, allow_mapped=True)
         with open(spec.path, "rb") as f:
             shape = _npy_shape(f)
-        n = spec.rows if len(shape) > 1 else 1
-        if n == 0 or spec.cols == 0:
+        # samples along the first axis; a 1-D file is N samples of one value, as a 1-D array is
+        n, features = (spec.rows, spec.cols) if len(shape) > 1 else (spec.cols, 1)
+        if n == 0 or features == 0:
             raise DataError(f"{spec.path}: the file holds no samples (shape {tuple(shape)}); a Dataset needs one")
-        sample_shape = tuple(sample_shape) if sample_shape is not None else (tuple(shape[1:]) or (spec.cols,))
-        if math.prod(sample_shape) != spec.cols:
-            raise ShapeError(f"Dataset.from_npy: sample_shape {sample_shape} has {math.prod(sample_shape)} values, "
-                             f"the file's samples {spec.cols}")
+        sample_shape = _checked_sample_shape(sample_shape, tuple(shape[1:]) or (1,), features, "the file's samples")
         stored = np.dtype(spec.file_dtype)
-        if dtype is None:
-            dtype = stored.name if stored.name in dmath.DTYPES else "float32"
-        nbytes = n * spec.cols * np.dtype(dtype).itemsize
+        dtype = _storage_dtype(None, dtype) if dtype is not None else (
+            stored.name if stored.name in dmath.DTYPES else "float32")
+        nbytes = n * features * np.dtype(dtype).itemsize
+        # a mapping is the file's bytes as they are: the same dtype, in this machine's byte order
+        mappable = stored == np.dtype(dtype)
         if placement == "auto":
-            placement = "device" if _fits(nbytes) else "mapped"
+            placement = "device" if _fits(nbytes) else ("mapped" if mappable else "host")
+        elif placement == "mapped" and not mappable:
+            raise ConfigError(f"Dataset.from_npy: placement='mapped' reads the samples as the file stores them "
+                              f"({stored.str}), but they would be {dtype}: use placement='host' (converted once "
+                              f"into host memory){'' if stored.name not in dmath.DTYPES or not stored.isnative else f' or dtype={stored.name!r}'}")
         y_matrix, y_kind, label_range = _place_targets(_targets(y, n))
         try:
             if placement == "mapped":
-                xm = dmath.from_file(spec.path, dtype=dtype, layout=dmath.Replicated(), memory="host", mapped=True)
+                xm = dmath.from_file(spec.path, (n, features), dtype=dtype, layout=dmath.Replicated(), memory="host",
+                                     mapped=True)
             else:
-                xm = dmath.from_file(spec.path, dtype=dtype, layout=dmath.Replicated(),
+                xm = dmath.from_file(spec.path, (n, features), dtype=dtype, layout=dmath.Replicated(),
                                      memory=_memory_kind(placement, nbytes))
         except dmath.DMathError as exc:
             raise DataError(str(exc)) from exc
@@ -391,10 +406,22 @@ def _storage_dtype(x, dtype):
 
 
 def _sample_shape(sample_shape, x):
-    shape = tuple(x.shape[1:]) if sample_shape is None else tuple(sample_shape)
-    if math.prod(shape) != math.prod(x.shape[1:]):
-        raise ShapeError(f"Dataset: sample_shape {shape} has {math.prod(shape)} values, samples have "
-                         f"{math.prod(x.shape[1:])}")
+    return _checked_sample_shape(sample_shape, tuple(x.shape[1:]), math.prod(x.shape[1:]), "samples")
+
+
+def _checked_sample_shape(sample_shape, default, features, what):
+    """sample_shape (None: `default`) as a tuple of positive ints holding `features` values."""
+    if sample_shape is None:
+        return default
+    try:
+        shape = tuple(sample_shape)
+    except TypeError:
+        raise ConfigError(f"Dataset: sample_shape must be a tuple of positive integers, got {sample_shape!r}") from None
+    if not shape or not all(isinstance(d, (int, np.integer)) and not isinstance(d, bool) and d > 0 for d in shape):
+        raise ConfigError(f"Dataset: sample_shape must be a tuple of positive integers, got {sample_shape!r}")
+    shape = tuple(int(d) for d in shape)
+    if math.prod(shape) != features:
+        raise ShapeError(f"Dataset: sample_shape {shape} has {math.prod(shape)} values, {what} have {features}")
     return shape
 
 

@@ -226,3 +226,44 @@ def test_whole_number_regression_targets_with_negative_values():
             model = dnn.Sequential([L.Input(6), L.Dense(1)], loss="mse", dtype="float64")
             losses.append(model.fit(x, targets, batch_size=12, epochs=2, verbose=0)["loss"])
         assert losses[0] == losses[1] and losses[0][1] < losses[0][0], losses
+
+
+def test_npy_files_of_other_dtypes_one_dimension_and_bad_sample_shapes(tmp_path, monkeypatch):
+    """uint8 and big-endian files cannot be mapped as the samples' dtype: 'mapped' says so before
+    anything is sent, 'auto' falls back to host memory when the set does not fit the device. A 1-D
+    file is N samples of one value, as a 1-D array is. sample_shape must be positive integers."""
+    rng = np.random.default_rng(2)
+    pixels = rng.integers(0, 256, (400, 12)).astype(np.uint8)
+    y = rng.integers(0, 3, 400)
+    np.save(tmp_path / "u8.npy", pixels)
+    np.save(tmp_path / "be.npy", pixels.astype(">f4"))
+    for name in ("u8.npy", "be.npy"):
+        with pytest.raises(dnn.ConfigError, match="placement='host'"):
+            dnn.data.Dataset.from_npy(str(tmp_path / name), y, placement="mapped")
+    reference = dnn.data.Dataset(pixels.astype(np.float32), y)
+    # the set "does not fit the device" (as the memory-limit test above makes it, decided here alone)
+    monkeypatch.setattr(dnn.data.dataset, "_fits", lambda nbytes: False)
+    auto = dnn.data.Dataset.from_npy(str(tmp_path / "u8.npy"), y)
+    monkeypatch.undo()
+    assert auto.placement == "host" and auto.x.dtype == "float32"
+    np.testing.assert_array_equal(auto.x.to_numpy(), reference.x.to_numpy())
+    big_endian = dnn.data.Dataset.from_npy(str(tmp_path / "be.npy"), y, dtype="float32", placement="host")
+    np.testing.assert_array_equal(big_endian.x.to_numpy(), reference.x.to_numpy())
+
+    v = rng.standard_normal(10)
+    np.save(tmp_path / "v.npy", v)
+    labels = rng.integers(0, 3, 10)
+    from_file = dnn.data.Dataset.from_npy(str(tmp_path / "v.npy"), labels)
+    from_array = dnn.data.Dataset(v, labels)
+    assert len(from_file) == len(from_array) == 10 and from_file.sample_shape == from_array.sample_shape == (1,)
+    np.testing.assert_array_equal(from_file.x.to_numpy(), from_array.x.to_numpy())
+
+    x, yb = _blobs(n=8, features=4)
+    for bad in ((2.5, 1.6), (-1, -4), (1, -2, -2), (4, 0), "ab", 4):
+        with pytest.raises(dnn.ConfigError, match="sample_shape"):
+            dnn.data.Dataset(x, yb, sample_shape=bad)
+    with pytest.raises(dnn.ShapeError, match="sample_shape"):
+        dnn.data.Dataset(x, yb, sample_shape=(3, 2))
+    assert dnn.data.Dataset(x, yb, sample_shape=(np.int64(2), 2)).sample_shape == (2, 2)
+    with pytest.raises(dnn.data.DataError, match="float16's range"):
+        dnn.data.Dataset(np.full((3, 2), 7e4), dtype="float16")

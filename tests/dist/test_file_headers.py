@@ -42,3 +42,16 @@ def test_shape_must_be_a_pair(tmp_path, shape):
         dmath.from_file(raw, shape=shape, file_dtype="float32")
     np.testing.assert_array_equal(dmath.from_file(path, shape=(3, 2)).to_numpy(),
                                   np.arange(6, dtype=np.float32).reshape(3, 2))    # still usable
+
+
+def test_a_path_that_is_not_a_readable_file_is_refused_on_the_master(tmp_path):
+    # a directory has a size: the workers used to find out, and their failure ended the runtime
+    (tmp_path / "folder.npy").mkdir()
+    with pytest.raises(dmath.DMathError, match="cannot be read|not a readable"):
+        dmath.from_file(str(tmp_path / "folder.npy"))
+    with pytest.raises(dmath.DMathError, match="cannot be read"):
+        dmath.from_file(str(tmp_path), shape=(1, 1), file_dtype="float32")
+    raw = tmp_path / "ok.bin"
+    np.arange(4, dtype=np.float32).tofile(raw)
+    np.testing.assert_array_equal(dmath.from_file(str(raw), shape=(2, 2), file_dtype="float32").to_numpy(),
+                                  np.arange(4, dtype=np.float32).reshape(2, 2))     # still usable
