@@ -37,6 +37,8 @@ from .progress import ProgressBar
 
 #: the batch size evaluate and predict use when none is given
 EVAL_BATCH = 1000
+#: model seeds stay below this: Dropout layers without a seed of their own draw with seed * 1000 + i + 1
+SEED_END = 2 ** 53 // 1000 - 1000
 
 
 class Sequential:
@@ -71,8 +73,9 @@ class Sequential:
         if not isinstance(layers[0], Input) or any(isinstance(x, Input) for x in layers[1:]):
             raise ConfigError("the first layer of a Sequential must be an Input (and only the first), e.g. "
                               "layers.Input((1, 28, 28)) or layers.Input(784)")
-        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
-            raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
+        if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < SEED_END:
+            # (Dropout layers draw with seed * 1000 + their place: dmath's draws take keys below 2**53)
+            raise ConfigError(f"seed must be an integer in [0, {SEED_END}), got {seed!r}")
         if not isinstance(record, bool):
             raise ConfigError(f"record must be True or False, got {record!r}")
         if not isinstance(name, str):

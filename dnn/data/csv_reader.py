@@ -5,6 +5,7 @@ the input, a second, slower pass finds the first bad line and column so that
 the error says exactly where the file is wrong. Non-finite values (nan, inf)
 are refused too: they are never what a data file means to hold.
 """
+import csv
 import os
 
 import numpy as np
@@ -16,7 +17,9 @@ _DTYPES = ("float16", "float32", "float64")
 
 
 def _fields(line, delimiter):
-    return [f.strip().strip('"') for f in line.split(delimiter)]
+    """A line's fields, split with the quoting rules of the data's reader (a quoted delimiter is
+    inside its field)."""
+    return [f.strip() for f in next(csv.reader([line], delimiter=delimiter, quotechar='"'))]
 
 
 def _is_number(text):
@@ -46,6 +49,11 @@ def parse_csv(text, what="CSV data", label_column=None, delimiter=",", header="a
     """(x, y) from CSV text; see read_csv."""
     if dtype not in _DTYPES:
         raise DataError(f"{what}: dtype must be one of {_DTYPES}, got {dtype!r}")
+    if not isinstance(delimiter, str) or len(delimiter) != 1 or delimiter in '\r\n"':
+        raise DataError(f"{what}: delimiter must be one character (not a quote or a line break), "
+                        f"got {delimiter!r}")
+    if header not in ("auto", True, False) or type(header) not in (str, bool):
+        raise DataError(f"{what}: header must be 'auto', True or False, got {header!r}")
     rows = [(k + 1, line) for k, line in enumerate(text.splitlines()) if line.strip()]
     if not rows:
         raise DataError(f"{what}: no data")
@@ -66,6 +74,8 @@ def parse_csv(text, what="CSV data", label_column=None, delimiter=",", header="a
     if bad.size:
         r, c = bad[0]
         raise DataError(f"{what}: line {rows[r][0]}, column {c}: non-finite value {data[r, c]}")
+    if names is not None and len(names) != data.shape[1]:
+        raise DataError(f"{what}: the header names {len(names)} column(s), the data rows have {data.shape[1]}")
     if label_column is None:
         return _narrowed(data, dtype, rows, what), None
     col = _label_index(label_column, names, data.shape[1], what)

@@ -60,6 +60,8 @@ class Augment:
     def __init__(self, shift=0, flip=False):
         if isinstance(shift, bool) or not isinstance(shift, numbers.Integral) or shift < 0:
             raise ConfigError(f"Augment: shift must be a non-negative integer, got {shift!r}")
+        if not isinstance(flip, (bool, np.bool_)):
+            raise ConfigError(f"Augment: flip must be True or False, got {flip!r}")
         self.shift, self.flip = int(shift), bool(flip)
 
     @property
@@ -203,8 +205,9 @@ class Dataset:
             raise DataError(f"{directory}: MNIST labels must be a 1-D uint8 array of digits")
         if images.endswith(".gz"):
             pixels = read_idx(images)
-            if pixels.shape[0] != labels.size:
-                raise DataError(f"{images}: {pixels.shape[0]} images but {labels.size} labels")
+            if pixels.ndim != 3 or pixels.dtype != np.uint8 or pixels.shape[0] != labels.size:
+                raise DataError(f"{images}: expected {labels.size} uint8 images of 28x28, the file holds "
+                                f"{pixels.dtype} of shape {pixels.shape}")
             return cls(pixels[:, None], labels.astype(np.int64), placement=placement, augment=augment,
                        scale=1 / 255)
         shape, offset = _idx_header(images, np.dtype(">u1"))

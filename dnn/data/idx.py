@@ -67,6 +67,9 @@ def write_idx(path, array):
     code = _CODES.get(a.dtype.newbyteorder("="))
     if code is None or a.ndim == 0 or a.ndim > 255:
         raise DataError(f"write_idx: cannot store a {a.ndim}-D array of {a.dtype} as IDX")
+    if 0 in a.shape:
+        # (read_idx refuses empty dimensions, as a truncated or corrupt header has them)
+        raise DataError(f"write_idx: cannot store the empty array of shape {a.shape}: IDX readers refuse it")
     head = bytes([0, 0, code, a.ndim]) + np.asarray(a.shape, dtype=">u4").tobytes()
     try:
         write_atomically(path, [head, np.ascontiguousarray(a, dtype=IDX_TYPES[code]).tobytes()])

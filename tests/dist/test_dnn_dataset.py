@@ -174,6 +174,14 @@ def test_mnist_idx_files_read_by_the_workers(tmp_path):
     (tmp_path / "plain" / "t10k-images-idx3-ubyte").write_bytes(b"\0\0\x08\x03" + b"\0" * 20)
     with pytest.raises(dnn.data.DataError):
         dnn.data.Dataset.from_mnist(str(tmp_path / "plain"), split="test")
+    # gzipped files are checked as plain ones are: 3-D uint8 images (a flat or float file was taken)
+    for wrong in (images.reshape(30, 784), images.astype(np.float64)):
+        tmp = tmp_path / "tmp.idx"
+        dnn.data.write_idx(str(tmp), wrong)
+        with gzip.open(str(tmp_path / "gz" / "t10k-images-idx3-ubyte.gz"), "wb") as f:
+            f.write(tmp.read_bytes())
+        with pytest.raises(dnn.data.DataError, match="uint8 images of 28x28"):
+            dnn.data.Dataset.from_mnist(str(tmp_path / "gz"), split="test")
 
 
 def test_bad_data_raises_before_anything_is_sent():
@@ -192,6 +200,10 @@ def test_bad_data_raises_before_anything_is_sent():
         dnn.data.Dataset(x, y, augment=dnn.data.Augment(flip=True))
     with pytest.raises(dnn.ConfigError, match="shift"):
         dnn.data.Augment(shift=-1)
+    with pytest.raises(dnn.ConfigError, match="flip"):
+        dnn.data.Augment(flip="no")          # (a string was true)
+    with pytest.raises(dnn.ConfigError, match="seed"):
+        dnn.Sequential([L.Input(6), L.Dense(3)], seed=2 ** 53)    # (failed inside fit, data placed)
     model = _model()
     data = dnn.data.Dataset(x, y)
     with pytest.raises(dnn.ConfigError, match="carries its own targets"):
