@@ -16,9 +16,11 @@ from .errors import ConfigError, TrainingError
 
 
 class Callback:
-    """Base: override the hooks you need. `self.model` is set by fit."""
+    """Base: override the hooks you need. fit sets `self.model` and `self.params` (as Keras):
+    {'epochs', 'batch_size', 'verbose', 'metrics': the names the epoch's logs will hold}."""
 
     model = None
+    params = None
 
     def on_train_begin(self, logs=None):
         pass
@@ -122,7 +124,8 @@ class LambdaCallback(Callback):
 
 
 class EarlyStopping(Callback):
-    """Stop training when `monitor` has not improved by min_delta for `patience` epochs."""
+    """Stop training when `monitor` has not improved by min_delta for `patience` epochs in a row
+    (as Keras: with patience=2, after the second epoch without improvement; 0 stops at the first)."""
 
     def __init__(self, monitor="val_loss", patience=0, min_delta=0.0, mode="auto"):
         if mode not in ("auto", "min", "max"):
@@ -142,7 +145,8 @@ class EarlyStopping(Callback):
             self.best, self.wait = value, 0
         else:
             self.wait += 1
-            if self.wait > self.patience:
+            # the patience-th epoch in a row without improvement stops (as Keras; 0 and 1: the first)
+            if self.wait >= self.patience:
                 self.stopped_epoch = epoch
                 self.model.stop_training = True
 
@@ -169,12 +173,27 @@ class ModelCheckpoint(Callback):
             raise ConfigError(f"ModelCheckpoint: keep must be None or a positive integer, got {keep!r}")
         if save_best_only and unit != "epoch":
             raise ConfigError("ModelCheckpoint: save_best_only compares epoch logs; use it with unit='epoch'")
-        _check_path_fields(path, unit)
+        self.fields = _check_path_fields(path, unit)
         self.path, self.monitor, self.save_best_only = path, monitor, bool(save_best_only)
         self.every, self.unit, self.keep = int(every), unit, keep
         self.best = math.inf
         self.sign = -1.0 if "acc" in monitor else 1.0
         self.written = []       # the files this callback wrote, oldest first
+
+    def on_train_begin(self, logs=None):
+        """Refuse, before any step, a path field or a monitored value that the epoch's logs of
+        this fit will not hold (e.g. {val_loss} without validation data)."""
+        known = (self.params or {}).get("metrics")
+        if known is None:           # not started by fit: nothing to check against
+            return
+        missing = [f for f in self.fields if f not in ("epoch", "batch", "step") and f not in known]
+        if missing:
+            raise ConfigError(f"ModelCheckpoint: path {os.fspath(self.path)!r} names "
+                              f"{', '.join('{' + f + '}' for f in missing)}, which this fit's epoch logs will "
+                              f"not hold; they hold {known} (val_* need validation data)")
+        if self.save_best_only and self.monitor not in known:
+            raise ConfigError(f"ModelCheckpoint: monitor {self.monitor!r} is not among this fit's epoch logs "
+                              f"{known} (val_* need validation data)")
 
     def on_batch_end(self, batch, logs=None):
         if self.unit == "step" and self.model.optimizer.iterations % self.every == 0:
@@ -211,12 +230,14 @@ class ModelCheckpoint(Callback):
 
 
 def _check_path_fields(path, unit):
-    """ConfigError unless `path` is a str.format pattern whose fields ModelCheckpoint can fill: epoch,
-    batch and step, and with unit='epoch' also the names of the epoch's logs (known only then)."""
+    """The names of the fields of `path`; ConfigError unless it is a str.format pattern whose fields
+    ModelCheckpoint can fill: epoch, batch and step, and with unit='epoch' also the names of the
+    epoch's logs (which on_train_begin checks against the fit's)."""
     try:
         fields = [f for _, f, _, _ in string.Formatter().parse(os.fspath(path)) if f is not None]
     except (TypeError, ValueError) as exc:
         raise ConfigError(f"ModelCheckpoint: path must be a file name pattern, got {path!r} ({exc})") from exc
+    names = []
     for field in fields:
         name = field.split(".")[0].split("[")[0]
         if not name or name.isdigit():
@@ -226,6 +247,8 @@ def _check_path_fields(path, unit):
             raise ConfigError(f"ModelCheckpoint: path {path!r} names {{{name}}}, which a step checkpoint does "
                               f"not know: use {{epoch}}, {{batch}} and {{step}} (epoch logs come with "
                               f"unit='epoch')")
+        names.append(name)
+    return names
 
 
 class TerminateOnNaN(Callback):

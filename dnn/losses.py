@@ -2,11 +2,14 @@
 
 A loss builds the training head of a network from the node `z` that enters
 the output activation and that activation's name: cross-entropy after a
-softmax (or on raw logits, 'linear', as PyTorch's CrossEntropyLoss) and
-binary cross-entropy after a sigmoid (or on logits) are fused with it,
-which is exact and does not overflow; any other pairing applies the
-activation first. Every loss averages over the batch (PyTorch's
-reduction='mean').
+softmax (or on raw logits, 'linear', as PyTorch's CrossEntropyLoss, or
+after a log_softmax: the negative log-likelihood of its log-probabilities,
+PyTorch's NLLLoss) and binary cross-entropy after a sigmoid (or on logits)
+are fused with it, which is exact and does not overflow; any other pairing
+applies the activation first. The output activation is a final
+Activation/Output layer or the last layer's own (Dense(n,
+activation='softmax')): the two spellings train alike. Every loss averages
+over the batch (PyTorch's reduction='mean').
 
 A loss also says how targets are given (`targets`) and how accuracy is
 counted: 'categorical' (the largest output is the label), 'binary'
@@ -57,9 +60,14 @@ class CrossEntropy(Loss):
     name = "cross_entropy"
     accuracy = "categorical"
 
+    #: activations whose cross-entropy is the fused softmax one on z: softmax probabilities, logits,
+    #: and log_softmax log-probabilities (their negative log-likelihood is the same value)
+    fused_with = ("softmax", "log_softmax", "linear", None)
+
     def head(self, z, target, activation):
         ranks = class_ranks(z.shape[1], z.dtype)
-        if activation in ("softmax", "linear", None):
+        if activation in self.fused_with:
+            # the accuracy ranks z: its argmax is that of the probabilities (or log-probabilities)
             return softmax_cross_entropy(z, target), z, ranks
         p = make_activation(activation).apply(z)
         return cross_entropy(p, target), p, ranks
@@ -127,19 +135,22 @@ def class_ranks(classes, dtype):
 def correct_count(pred, target, kind, reference):
     """The number of correct predictions in the batch as a (1, 1) matrix (no master-side read).
 
-    categorical (reference: `class_ranks`'s): a sample counts when its label
-    is the first of the row's largest outputs, as argmax (NumPy, PyTorch,
-    Keras) has it: a row of equal outputs counts for its first class only,
-    and a row holding NaN for none. binary (reference: the threshold): the
-    fraction of a sample's outputs on the right side of the threshold.
+    categorical (reference: `class_ranks`'s): a sample counts when the
+    argmax of its target row is the argmax of its outputs, as Keras's
+    categorical_accuracy (for one-hot rows: its label), so soft or
+    label-smoothed targets count by their largest class. argmax is NumPy's,
+    PyTorch's and Keras's: the first of the row's largest values (a row of
+    equal outputs counts for its first class only, and an output row
+    holding NaN for none). binary (reference: the threshold): the fraction
+    of a sample's outputs on the right side of the threshold.
     """
     if kind == "categorical":
-        # each maximum scored by its rank (the first the highest): the label is argmax exactly when
-        # its score is the row's largest and is not 0 (a score of 0: not a maximum, or a NaN row).
-        # The (N, 1) row maxima lie beside their rows, so the broadcast moves nothing
-        scores = dmath.equal(pred, pred.max(axis=1)) * reference
-        labelled = (scores * target).sum(axis=1)                   # the label's score, (N, 1)
-        hits = dmath.logical_and(dmath.equal(labelled, scores.max(axis=1)), labelled)
+        # each row's argmax as the rank of its first maximum (ranks decrease along the row, so the
+        # first maximum has the largest); 0 for an output row holding NaN (no maximum equals it),
+        # which no target rank (>= 1) equals. The (N, 1) row maxima lie beside their rows, so the
+        # broadcasts move nothing
+        predicted = _first_max_rank(pred, reference)
+        hits = dmath.logical_and(dmath.equal(predicted, _first_max_rank(target, reference)), predicted)
     elif kind == "binary":
         threshold = reference
         above = dmath.greater(pred, threshold)
@@ -147,3 +158,8 @@ def correct_count(pred, target, kind, reference):
     else:
         raise ConfigError(f"no accuracy for loss kind {kind!r}")
     return hits.sum(axis=0)
+
+
+def _first_max_rank(rows, ranks):
+    """(N, 1): the `class_ranks` rank of each row's first largest value (0 when the row holds NaN)."""
+    return (dmath.equal(rows, rows.max(axis=1)) * ranks).max(axis=1)

@@ -192,8 +192,45 @@ class Sequential:
             feed = feeds[reading] = ds.feed()
         return feed
 
+    # ---- the optimizer -------------------------------------------------------------------
+    @property
+    def optimizer(self):
+        """The dnn.optim optimizer of the training steps. It may be replaced, or its hyper-parameters
+        changed, between fit calls: the next step is then recorded anew (`_program_key`)."""
+        return self._optimizer
+
+    @optimizer.setter
+    def optimizer(self, value):
+        self._optimizer = optim.get(value)
+
+    def _program_key(self, kind):
+        """What a recorded step of `kind` has baked in besides the weights and data: for training the
+        optimizer object (its state and step matrices), its hyper-parameters (momentum, betas, eps,
+        weight decay: constants of its update commands) and the loss and loss scale; for evaluation
+        the loss. The learning rate and its schedule are left out: the lr is a (1, 1) matrix
+        written before each step, so changing them re-records nothing. The key holds the objects
+        themselves (compared by identity), so none is freed while a step recorded with it lives."""
+        if kind == "train":
+            hyper = {k: v for k, v in self.optimizer.get_config().items() if k not in ("lr", "schedule")}
+            return (self.optimizer, repr(sorted(hyper.items())), self.loss, self.loss_scale)
+        return (self.loss,) if kind == "eval" else ()
+
+    @staticmethod
+    def _drop_stale(feed, kind, key):
+        """Forget the programs of `kind` on `feed` recorded under another key (another optimizer,
+        hyper-parameters or loss): their plans replay the old update, or matrices since freed."""
+        for k, prog in list(feed.programs.items()):
+            if k[0] == kind and prog.key != key:
+                if prog.plan is not None:
+                    prog.plan.close()
+                del feed.programs[k]
+
     def _program(self, kind, batch, feed):
+        key = self._program_key(kind)
         prog = feed.programs.get((kind, batch))
+        if prog is not None and prog.key != key:
+            self._drop_stale(feed, kind, key)
+            prog = None
         if prog is None:
             for layer in self.layers:
                 layer.decide(batch, len(self.workers))
@@ -207,6 +244,7 @@ class Sequential:
                                                              self.outputs)
             prog = feed.programs[(kind, batch)] = Program(self, feed, batch, training=kind == "train",
                                                          with_targets=kind != "predict", one_hot=one_hot)
+            prog.key = key
             self._last_program = weakref.ref(prog)
         return prog
 
@@ -281,10 +319,12 @@ class Sequential:
                 val = self._dataset(xv, yv, "validation_data")
         history = cbs.History()
         hooks = [history] + _with_nan_guard(callbacks, terminate_on_nan)
+        params = {"epochs": last, "batch_size": batch_size, "verbose": verbose,
+                  "metrics": self._log_names(val is not None, options is not None)}
         for cb in hooks:
             if not isinstance(cb, cbs.Callback):
                 raise ConfigError(f"callbacks must be dnn.callbacks.Callback objects, got {cb!r}")
-            cb.model = self
+            cb.model, cb.params = self, params
         smallest = min(self._batches(len(train), batch_size))
         for layer in self.layers:
             layer.check_training_batch(smallest)       # e.g. BatchNorm of a last batch of one sample
@@ -307,6 +347,15 @@ class Sequential:
         for cb in hooks:
             cb.on_train_end()
         return history
+
+    def _log_names(self, validation, asynchronous):
+        """The names the epoch's logs of a fit will hold (callbacks check theirs before training)."""
+        names = ["loss"] + (["accuracy"] if self.loss.accuracy else [])
+        if validation:
+            names += [f"val_{k}" for k in names]
+        if asynchronous:
+            names += ["max_staleness", "mean_staleness"]
+        return names + ["samples_per_s"]
 
     def _fit_async(self, train, val, batch_size, shuffle, first, last, verbose, hooks, history, groups,
                    max_staleness):
@@ -356,14 +405,17 @@ class Sequential:
         n = feed.n
         sizes = self._batches(n, batch_size)
         skip = resume[0] if resume is not None else 0
-        feed.start_epoch(self.shuffle_key(epoch) if shuffle else None, epoch, skip=skip * batch_size)
+        # the samples of the batches a resumed epoch has done already: not skip * batch_size when
+        # the checkpoint came after a ragged last batch (it holds fewer)
+        skipped = sum(sizes[:skip])
+        feed.start_epoch(self.shuffle_key(epoch) if shuffle else None, epoch, skip=skipped)
         metrics = self.train_metrics
         metrics.reset()
         if resume is not None:
             metrics.set_state(resume[1])
         bar = ProgressBar(epoch, epochs, n, verbose)
         start = time.perf_counter()
-        done = skip * batch_size
+        done = skipped
         for b in range(skip, len(sizes)):
             size = sizes[b]
             self._program("train", size, feed).run()
@@ -383,7 +435,7 @@ class Sequential:
         if val is not None:
             v = self._evaluate(val, EVAL_BATCH)
             logs.update({f"val_{k}": v for k, v in v.items()})
-        logs["samples_per_s"] = (n - skip * batch_size) / elapsed if elapsed > 0 else float("inf")
+        logs["samples_per_s"] = (n - skipped) / elapsed if elapsed > 0 else float("inf")
         bar.finish(logs)
         return logs
 

@@ -28,7 +28,7 @@ from .graph.node import Placeholder
 from .layers.base import Context
 from .layers.core import Activation
 from .losses import correct_count
-from .ops import cast, fold_relu_masks, to_channels_first, to_channels_last
+from .ops import activation as make_activation, cast, fold_relu_masks, to_channels_first, to_channels_last
 from .optim.base import to_layout_of
 from . import parallel
 
@@ -93,10 +93,19 @@ class Metrics:
 
 
 def split_head(layers):
-    """(body layers, output activation name): a final Activation/Output layer is fused with the loss."""
-    if layers and isinstance(layers[-1], Activation):
-        return layers[:-1], layers[-1].activation
-    return layers, None
+    """(body layers, output activation name, whether the body's last layer carries that activation).
+
+    The output activation is fused with the loss (dnn.losses): a final Activation/Output layer
+    (left out of the body), or the own activation of a final layer that has one, as Keras's
+    Dense(n, activation='softmax') (kept in the body, built without it: `pre_activation`), so that
+    both spellings train alike and the loss never sees an activation twice.
+    """
+    last = layers[-1] if layers else None
+    if isinstance(last, Activation):
+        return layers[:-1], last.activation, False
+    if getattr(last, "activation", None) is not None and hasattr(last, "pre_activation"):
+        return layers, last.activation, True
+    return layers, None, False
 
 
 def rows_for(h, reads, channels_last):
@@ -127,25 +136,33 @@ class Program:
         self.inputs = Placeholder((batch, features), model.dtype, name="x", sample_shape=model.input_shape)
         self.inputs.feed(self.x)
         ctx = context if context is not None else Context(training, model.dtype, model.param_dtype)
-        body, act = split_head(model.layers)
+        body, act, carried = split_head(model.layers)
         h = self.inputs
         self.layer_nodes = []
         i = 0
         while i < len(body):
             layer = body[i]
             h = rows_for(h, layer.image_rows, model.channels_last)
-            if i + 1 < len(body) and getattr(layer, "absorbs", None) and layer.absorbs(body[i + 1]):
+            if carried and i == len(body) - 1:
+                # the last layer's own output activation goes to the loss head: its pre-activation here
+                h = layer.pre_activation(h, ctx)
+            elif i + 1 < len(body) and getattr(layer, "absorbs", None) and layer.absorbs(body[i + 1]):
                 # Conv2D then relu: one fused kernel (cuDNN's epilogue), one node for both layers
                 h = layer.forward(h, ctx, activation="relu") if layer.built else layer(h, ctx)
                 self.layer_nodes += [h, h]
                 i += 2
                 continue
-            h = layer(h, ctx)
+            else:
+                h = layer(h, ctx)
             self.layer_nodes.append(h)
             i += 1
         h = rows_for(h, "nchw", model.channels_last)
-        self.output = h if act is None else model.layers[-1](h, ctx)
-        if act is not None:
+        if act is None:
+            self.output = h
+        elif carried:
+            self.output = make_activation(act).apply(h)
+        else:
+            self.output = model.layers[-1](h, ctx)
             self.layer_nodes.append(self.output)
         self.loss = self.pred = self.y = None
         self.one_hot = one_hot

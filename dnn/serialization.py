@@ -244,6 +244,7 @@ def load_state(model, header, arrays, path):
                                  f"the model expects {tuple(shape)}")
     model.set_weights([arrays[k] for k, _ in expected])
     state = {k[len("optimizer/"):]: v for k, v in arrays.items() if k.startswith("optimizer/")}
+    _check_optimizer_state(model, header, state, path)
     try:
         if state:
             model.optimizer.set_state(model.params, state)
@@ -261,6 +262,34 @@ def load_state(model, header, arrays, path):
         model.loss_scale.setup()
         model.loss_scale.scale.assign(np.full((1, 1), scale, dtype=np.float32))
         model.loss_scale.good_steps.assign(np.full((1, 1), good, dtype=np.float32))
+
+
+def _check_optimizer_state(model, header, state, path):
+    """ModelFileError when the file's optimizer state is not one the model's optimizer can continue
+    from: another optimizer's (an Adam file into an SGD model would keep Adam's step count and
+    start the momentum from zero), or state arrays it does not keep or lacks (SGD with and without
+    momentum). Load such a file with dnn.load, which builds the file's own optimizer."""
+    opt = model.optimizer
+    mine = type(opt).__name__
+    saved = header.get("optimizer")
+    theirs = saved.get("name") if isinstance(saved, dict) else None
+    if theirs is not None and theirs != mine:
+        raise ModelFileError(f"{path!r} holds the training state of the optimizer {theirs}, but this model's "
+                             f"optimizer is {mine}: give the model a {theirs} optimizer (or use dnn.load(path), "
+                             f"which builds the file's) to continue that run")
+    params = model.params
+    per_param = {f"param{i}/{name}" for i in range(len(params)) for name in opt.state_names}
+    scalars = {f"scalars/{p.dtype}/{name}" for p in params for name in opt.new_scalars(p.dtype)}
+    unknown = sorted(set(state) - per_param - scalars - {"iterations"})
+    # a file saved before any step holds no per-parameter state; one saved after holds all of it
+    stepped = np.any(np.asarray(state.get("iterations", 0)) > 0) or any(k.startswith("param") for k in state)
+    missing = sorted(per_param - set(state)) if stepped else []
+    if unknown or missing:
+        raise ModelFileError(f"{path!r}: the file's {theirs or 'optimizer'} state does not fit this model's "
+                             f"{mine} ({opt.get_config()}): "
+                             + "; ".join(f"{what} {keys}" for what, keys in
+                                         (("it holds state this optimizer does not keep:", unknown),
+                                          ("it lacks", missing)) if keys))
 
 
 def _one_value(arrays, key, path):

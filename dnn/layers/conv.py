@@ -22,7 +22,8 @@ class Conv2D(Layer):
             input; stride 1 and an odd dilated kernel, as PyTorch).
         groups: input and output channels in that many groups, each
             convolved on its own (PyTorch's groups; C and K must divide).
-        activation: optional activation applied after.
+        activation: optional activation applied after (on a model's last layer: the output
+            activation, fused with the loss as an Output layer is).
         kernel_init, bias_init: initializers; the kernel's fans are
             (C/groups*kh*kw, K*kh*kw), as PyTorch counts them.
         parallel: 'data' or 'auto', which chooses 'data': the kernel is replicated and the batch
@@ -88,11 +89,18 @@ class Conv2D(Layer):
         """The layer's nodes; `activation` ('relu') is fused into the convolution (a following
         Activation layer that a Program folds in), as is the layer's own relu."""
         own = self.activation
-        fused = "relu" if "relu" in (own, activation) else None
+        y = self._convolve(x, ctx, "relu" if "relu" in (own, activation) else None)
+        return make_activation(own).apply(y) if own and own != "relu" else y
+
+    def pre_activation(self, x, ctx):
+        """The convolution's node before the layer's activation (a model's last layer: its
+        activation is fused with the loss instead, dnn.programs.split_head)."""
+        return self._convolve(x, ctx, None)
+
+    def _convolve(self, x, ctx, fused):
         fn = ConvFn(self.kernel_hw, self.stride, self.padding, self.dilation, self.groups, fused)
         w = ctx.param(self.kernel)
-        y = fn.apply(x, w) if self.bias is None else fn.apply(x, w, ctx.param(self.bias))
-        return make_activation(own).apply(y) if own and own != "relu" else y
+        return fn.apply(x, w) if self.bias is None else fn.apply(x, w, ctx.param(self.bias))
 
     def absorbs(self, layer):
         """True when `layer`, coming right after this one, can run inside this layer's convolution."""

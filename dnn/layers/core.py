@@ -48,7 +48,8 @@ class Dense(Layer):
 
     Args:
         units: output features.
-        activation: an optional activation applied after (a name, e.g. 'relu').
+        activation: an optional activation applied after (a name, e.g. 'relu'); on a model's last
+            layer it is the output activation, fused with the loss as an Output layer is.
         use_bias: add b (1, units).
         kernel_init, bias_init: initializers (names, numbers or dnn.initializers objects).
         parallel: 'data' (W replicated, the batch split), 'model' (W in column
@@ -88,9 +89,14 @@ class Dense(Layer):
             for w in self.weights:
                 w.relayout(par.weight_layout(self.strategy))
 
-    def forward(self, x, ctx):
+    def pre_activation(self, x, ctx):
+        """The node x W + b, before the layer's activation (a model's last layer: its activation is
+        fused with the loss instead, dnn.programs.split_head)."""
         w = ctx.param(self.kernel)
-        y = linear(x, w) if self.bias is None else linear(x, w, ctx.param(self.bias))
+        return linear(x, w) if self.bias is None else linear(x, w, ctx.param(self.bias))
+
+    def forward(self, x, ctx):
+        y = self.pre_activation(x, ctx)
         return make_activation(self.activation).apply(y) if self.activation else y
 
     def get_config(self):

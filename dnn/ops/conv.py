@@ -94,9 +94,13 @@ class Pool2D(Function):
     saves_inputs = saves_output = False             # backward reads the argmax of the windows only
     keeps_channels_last = True
 
+    #: other names of the modes (PyTorch's and Keras's 'avg')
+    ALIASES = {"avg": "average"}
+
     def __init__(self, kernel, stride=None, padding=(0, 0), mode="max"):
+        mode = self.ALIASES.get(mode, mode) if isinstance(mode, str) else mode
         if mode not in ("max", "average"):
-            raise ConfigError(f"pool2d: mode must be 'max' or 'average', got {mode!r}")
+            raise ConfigError(f"pool2d: mode must be 'max' or 'average' (or 'avg'), got {mode!r}")
         with window_errors():
             self.kernel, self.stride, self.padding = window.pool_window(kernel, stride, padding, "pool2d")
         self.mode = mode
@@ -195,6 +199,6 @@ def conv2d(x, w, b=None, kernel_hw=None, stride=1, padding=0, dilation=1, groups
 
 
 def pool2d(x, kernel, stride=None, padding=0, mode="max"):
-    """A node: max (mode='max') or average ('avg') pooling of image node x over kernel windows
-    (stride defaults to the kernel)."""
+    """A node: max (mode='max') or average (mode='average', or its alias 'avg') pooling of image
+    node x over kernel windows (stride defaults to the kernel)."""
     return Pool2D(kernel, stride, padding, mode).apply(x)
