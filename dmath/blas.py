@@ -39,7 +39,9 @@ def gemm(a, b, out, alpha=1.0, beta=0.0):
     n = b.shape[1]
     if m == 0 or n == 0:
         return out
-    if k == 0:
+    if k == 0 or alpha == 0.0:
+        # no product to form (BLAS: with alpha == 0, a and b are not read, so an inf or NaN in them
+        # does not reach out); beta == 0 ignores what out held, as the products below do
         if beta == 0.0:
             out.fill(0)
         elif beta != 1.0:

@@ -9,7 +9,7 @@ from .errors import DMathError, ShapeError
 from .layout import Replicated
 from .matrix import Matrix
 from .ops import creation
-from .ops.base import dispatch
+from .ops.base import dispatch, new_meta
 
 _state = {"seed": 0, "stream": 0}
 
@@ -63,21 +63,28 @@ def permutation(n, key=None, out=None, layout=None):
     valid). Every worker computes the permutation itself: nothing but the
     key travels.
     """
+    # everything is checked before the stream advances (as rand and randn do): a call that raises
+    # leaves the later draws as they would have been without it
+    if key is not None:
+        try:
+            key = tuple(key)
+        except TypeError as exc:
+            raise DMathError(f"permutation: key must be a tuple of non-negative integers, got {key!r}") from exc
+        for k in key:
+            if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k < 2 ** 53:
+                raise DMathError(f"permutation: key entries must be integers in [0, 2**53), got {key!r}")
+    if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
+        raise ShapeError(f"permutation: n must be a non-negative integer, got {n!r}")
+    if out is not None:
+        if not isinstance(out, Matrix) or out.shape != (1, n) or out.dtype != "float64":
+            raise ShapeError(f"permutation: out must be a (1, {n}) float64 dmath.Matrix, got {out!r}")
+        out._check_writable("permutation")      # a slice or transpose is a copy: the order would be lost
+    elif layout is not None:
+        new_meta(layout, (1, int(n)), "float64")      # a layout that does not fit raises here
     if key is None:
         _state["stream"] += 1
         key = (_state["seed"], _state["stream"])
-    try:
-        key = tuple(key)
-    except TypeError as exc:
-        raise DMathError(f"permutation: key must be a tuple of non-negative integers, got {key!r}") from exc
-    for k in key:
-        if isinstance(k, bool) or not isinstance(k, numbers.Integral) or not 0 <= k < 2 ** 53:
-            raise DMathError(f"permutation: key entries must be integers in [0, 2**53), got {key!r}")
     if out is None:
-        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 0:
-            raise ShapeError(f"permutation: n must be a non-negative integer, got {n!r}")
         out = creation.zeros((1, int(n)), dtype="float64", layout=layout if layout is not None else Replicated())
-    elif not isinstance(out, Matrix) or out.shape != (1, n) or out.dtype != "float64":
-        raise ShapeError(f"permutation: out must be a (1, {n}) float64 dmath.Matrix, got {out!r}")
     dispatch("nn_permutation", [out], [0], scalars=key)
     return out

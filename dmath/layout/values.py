@@ -300,7 +300,8 @@ class Tiles(Layout):
         rs = _norm_splits(self.row_splits, "row_splits")
         cs = _norm_splits(self.col_splits, "col_splits")
         try:
-            owners = tuple(tuple(int(o) for o in row) for row in self.owners)
+            # ranks are integers like every other layout field: 0.5 is a mistake, never truncated
+            owners = tuple(tuple(_strict_int(o) for o in row) for row in self.owners)
         except (TypeError, ValueError) as exc:
             raise LayoutError(f"owners must be a grid of worker ranks, got {self.owners!r}") from exc
         if len(owners) != len(rs) - 1 or any(len(row) != len(cs) - 1 for row in owners):

@@ -103,4 +103,7 @@ def check_scalar(v, what="a scalar operand"):
         return v
     if isinstance(v, (bool, np.bool_)) or not isinstance(v, numbers.Real):
         raise DMathError(f"{what} must be a real number, got {v!r}")
-    return float(v)
+    try:
+        return float(v)
+    except OverflowError as exc:         # an int past float64's range (10**400)
+        raise DMathError(f"{what} must be a real number within float64's range, got {v!r}") from exc

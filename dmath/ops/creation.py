@@ -145,6 +145,13 @@ def _random(call):
     kind = call.entry.static.kind
     seed, stream = int(call.scalars[0]), int(call.scalars[1])
     n = dist.shape[1]
+    # a uniform double just below 1 rounds up to 1.0 in a narrower dtype (1 - 2**-12 in float16,
+    # 1 - 2**-25 in float32): those values are clamped to the dtype's largest value below 1, so
+    # rand stays in [0, 1) (log(1 - u) finite, floor(u * n) < n). Nothing else changes: float64
+    # draws are the doubles themselves, and every other value converts as before
+    below_one = None
+    if kind == "uniform" and np.dtype(dtype) != np.float64:
+        below_one = np.nextafter(np.dtype(dtype).type(1), np.dtype(dtype).type(0))
     arrays = []
     with np.errstate(over="ignore"):
         for p in pieces:
@@ -156,5 +163,7 @@ def _random(call):
                 u = xp.sqrt(-2.0 * xp.log1p(-u)) * xp.cos(2.0 * np.pi * v)
             a = compute_empty(memory_kind, p.shape, dtype)
             a[...] = u
+            if below_one is not None:
+                xp.minimum(a, below_one, out=a)
             arrays.append(a)
     return [new_shard(arrays, dist, dtype, memory_kind)]

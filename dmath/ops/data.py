@@ -23,7 +23,10 @@ GATHER = define("gather")
 def from_numpy(array, layout=None, dtype=None, memory=None):
     """Scatter a 2-D numpy array (1-D arrays become one row) from the master."""
     memory = check_kind(memory)
-    a = np.asarray(array)
+    try:
+        a = np.asarray(array)
+    except ValueError as exc:           # nested lists of unequal lengths (NumPy refuses them)
+        raise ShapeError(f"from_numpy needs a rectangular 1-D or 2-D array: {exc}") from exc
     if a.ndim == 1:
         a = a[None, :]
     if a.ndim != 2:

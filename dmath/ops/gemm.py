@@ -84,7 +84,7 @@ class _Decision(NamedTuple):
     """Everything a GEMM call decides from its operands' metadata (cached per distinct call)."""
     plan: object          # the GemmPlan
     shapes: tuple         # ((m, k), (k, n))
-    dtype: str            # the result's
+    dtype: str            # the product's: the result's, or with C the compute dtype (`compute_dtype`)
     static: GemmArgs
     out: Optional[Meta]   # the new result's Meta, or None when it is written into C
     outputs: tuple        # the command's outputs: (out,), or (2,) into C
@@ -150,13 +150,26 @@ def _operands(a, b, c, trans_a, trans_b, layout, P):
         if layout is not None and layout.resolved(P) != c.layout:
             raise LayoutError(f"gemm: layout={layout!r} differs from C's layout {c.layout!r}; "
                               f"the result is written into C")
-        want, dtype = c.layout, c.dtype
+        want, dtype = c.layout, compute_dtype(a.dtype, b.dtype, c.dtype)
     else:
         dtype = np.result_type(a.dtype, b.dtype).name
         want = None if layout is None else new_meta(layout, (m, n), dtype).layout
     a_op = a.layout.transposed(P) if trans_a else a.layout
     b_op = b.layout.transposed(P) if trans_b else b.layout
     return a_op, b_op, want, ((m, k), (k, n)), dtype
+
+
+def compute_dtype(a_dtype, b_dtype, c_dtype=None):
+    """The dtype a GEMM's operands are converted to and its product made in: the operands'
+    (NumPy's result_type), or C's where C is wider.
+
+    Never C's where C is narrower: C[...] = alpha A @ B + beta C computes in
+    the operands' precision and rounds once into C, as NumPy and the BLAS-Ex
+    routines do; operands converted to a narrower C first would overflow
+    (1e5 in float16) or lose the digits a cancellation keeps. float16
+    operands keep float16 (their products accumulate in float32, `blas`)."""
+    dtype = np.result_type(a_dtype, b_dtype) if c_dtype is None else np.result_type(a_dtype, b_dtype, c_dtype)
+    return dtype.name
 
 
 def _budgeted(m, limit):
@@ -202,11 +215,11 @@ def gemm(A, B, C=None, alpha=1.0, beta=0.0, trans_a=False, trans_b=False, layout
     d, scalars = _prepare(A, B, C, alpha, beta, trans_a, trans_b, layout)
     if C is not None:
         dispatch_known(d.known, "gemm", [A, B, C], (A._meta, B._meta, C._meta), (2,), d.static, scalars)
-        if d.kept:
+        if d.kept and scalars[0] != 0.0:        # alpha == 0 makes no copies (the kernel's `_alpha_zero`)
             _record_copies(runtime(), d.kept, (A._handle, B._handle), written=C._handle)
         return C
     result = dispatch_known(d.known, "gemm", [A, B], (A._meta, B._meta), d.outputs, d.static, scalars)[0][0]
-    if d.kept:
+    if d.kept and scalars[0] != 0.0:
         _record_copies(runtime(), d.kept, (A._handle, B._handle))
     return result
 
@@ -326,7 +339,10 @@ def _prepared(call):
     m, n = out_meta.shape
     k = call.inputs[0].dist.shape[0 if trans_a else 1]
     natural, final = distribution(strategy.c, (m, n), P), distribution(result_layout, (m, n), P)
-    prep = call.entry.cache["prep"] = _Prepared(out_meta.dtype, (m, k, n), natural, final,
+    # into C: the product is made in the dtype the master planned it in (never a narrower C's)
+    dtype = compute_dtype(call.entry.inputs[0].dtype, call.entry.inputs[1].dtype, out_meta.dtype) if has_c \
+        else out_meta.dtype
+    prep = call.entry.cache["prep"] = _Prepared(dtype, (m, k, n), natural, final,
                                                 natural.same_placement(final), natural.shard_shapes(call.rank))
     return prep
 
@@ -349,6 +365,8 @@ def _direct(call):
 @GEMM.kernel(capturable=_capturable, local=_no_communication)
 def _gemm(call):
     """alpha op(A) op(B) (+ beta C) by the strategy of the static GemmArgs; scalars: alpha, beta."""
+    if call.scalars[0] == 0.0:
+        return _alpha_zero(call)
     direct = call.entry.cache.get("direct")
     if direct is None:
         direct = call.entry.cache["direct"] = _direct(call)
@@ -389,6 +407,9 @@ def _gemm(call):
     if not has_c:
         return [Shard(prod, final, dtype)]
     c = call.inputs[2]
+    if np.dtype(c.dtype) != np.dtype(dtype):
+        _round_into(call, final, c, prod, dtype, beta)
+        return [c]
     for cp, pp in zip(c.pieces, prod):
         if beta == 0.0:
             cp[...] = pp
@@ -397,6 +418,45 @@ def _gemm(call):
                 cp *= beta
             cp += pp
     return [c]
+
+
+def _alpha_zero(call):
+    """The BLAS rule for alpha == 0: op(A) op(B) is not formed, so an inf or NaN in A or B does not
+    reach the result: C = beta C (zero when beta == 0, whatever C holds), or a new result of zeros.
+
+    Decided here, on every worker alike (alpha travels in the command), for every backend: NumPy's
+    matmul would multiply (0 * inf is NaN) where cuBLAS skips the product."""
+    strategy, result_layout, trans_a, trans_b, has_c = call.entry.static
+    if has_c:
+        c, beta = call.inputs[2], call.scalars[1]
+        for cp in c.pieces:
+            if beta == 0.0:
+                cp.fill(0)
+            elif beta != 1.0:
+                cp *= beta
+        return [c]
+    prep = call.entry.cache.get("prep") or _prepared(call)
+    return [Shard([memory.zeros(s, prep.dtype) for s in prep.final.shard_shapes(call.rank)], prep.final, prep.dtype)]
+
+
+def _round_into(call, final, c, prod, dtype, beta):
+    """C = prod + beta C for a C narrower than the product's `dtype`: made in `dtype`, rounded once.
+
+    prod (this worker's pieces of alpha op(A) op(B) in C's layout) is ours to
+    overwrite. A Partial C holds addends: rounding each one alone could
+    overflow or round twice where their sum does not, so the remap into C's
+    dtype sums them first (remap/execute.py `run`)."""
+    if beta != 0.0:
+        for cp, pp in zip(c.pieces, prod):
+            t = memory.empty(cp.shape, dtype)
+            t[...] = cp
+            if beta != 1.0:
+                t *= beta
+            pp += t
+    if final.partial:
+        prod = _remap.run(call.world, call.entry.cache.setdefault("into C", {}), prod, final, final, dtype, c.dtype)
+    for cp, pp in zip(c.pieces, prod):
+        cp[...] = pp
 
 
 def _local(a, b, shapes, dtype, alpha):

@@ -87,8 +87,14 @@ def set_element(m, index, value):
 def reshape(m, shape, layout):
     """Master half of Matrix.reshape (see there): row blocks on whole rows of both shapes, reshaped locally."""
     shape = _reshape_target(shape, m.shape)
+    P = runtime().nworkers
+    # the row blocks live on m's workers (inside `on_group` a RowBlock without a group would take
+    # the scope's, and outside it the world's: either way not m's, with one size per worker)
+    group = m.layout.members(P)
     if layout is None:
-        layout = m.layout if _fits(m.layout, shape) else RowBlock()
+        layout = m.layout if _fits(m.layout, shape) else RowBlock(group)
+    # the result's layout is checked before any command is sent: a bad one must leave nothing done
+    layout = new_meta(layout, shape, m.dtype).layout
     if shape == m.shape:
         return remap(m, layout)
     if m.size == 0:
@@ -96,11 +102,11 @@ def reshape(m, shape, layout):
     # a block of whole rows of both shapes holds a multiple of lcm(n, n2) elements
     (_, n), (_, n2) = m.shape, shape
     unit = math.lcm(n, n2)
-    chunks = split_even(m.size // unit, runtime().nworkers)
-    src = remap(m, RowBlock(sizes=[c * unit // n for c in chunks]))
-    out = new_meta(RowBlock(sizes=[c * unit // n2 for c in chunks]), shape, m.dtype)
+    chunks = split_even(m.size // unit, len(group))
+    src = remap(m, RowBlock(group, sizes=[c * unit // n for c in chunks]))
+    out = new_meta(RowBlock(group, sizes=[c * unit // n2 for c in chunks]), shape, m.dtype)
     flat = dispatch("reshape_rows", [src], [out])[0][0]
-    return flat if flat.layout == layout.resolved(runtime().nworkers) else remap(flat, layout)
+    return flat if flat.layout == layout else remap(flat, layout)
 
 
 # ---- validation of indices and shapes -------------------------------------------------------
@@ -121,9 +127,13 @@ def _check_index(index, shape):
 
 def _parse_axis_key(k, n, what):
     if isinstance(k, slice):
-        start, stop, step = k.indices(n)
-        if step != 1:
+        # bounds are integers or None (as_int rejects 'a', 0.5 and bools); the step, when given, is 1
+        for v, part in ((k.start, "start"), (k.stop, "stop"), (k.step, "step")):
+            if v is not None:
+                as_int(v, f"{what} slice {part}")
+        if k.step is not None and k.step != 1:
             raise ShapeError(f"{what} slice step must be 1, got {k.step}")
+        start, stop, _ = k.indices(n)
         return slice(start, max(start, stop))
     i = as_int(k, f"{what} index")
     if i < 0:
@@ -178,8 +188,10 @@ def _fits(layout, shape):
 # ---- kernels ------------------------------------------------------------------------------
 
 
-def _stays_local(src, dst, offset=(0, 0)):
+def _stays_local(src, dst, offset=(0, 0), src_dtype=None, dst_dtype=None):
     """True when no element of the remap moves between workers (every step is local copies)."""
+    if src_dtype is not None and _remap.narrows_partial(src, dst, src_dtype, dst_dtype):
+        return False        # summed over the source group first (remap/execute.py `run`)
     for step in _remap.plan(src, dst, offset):
         if isinstance(step, _remap.AllReduce):
             if len(step.src.group) > 1:
@@ -194,11 +206,13 @@ def _remap_capturable(entry):
     # from the capture's pool) when collectives may be captured. A background all-reduce runs on
     # the side stream: the capture joins it when the program ends (graphs.py)
     src, dst, offset = entry.in_dists[0], entry.out_dists[0], entry.static.offset
-    return _stays_local(src, dst, offset) or COLLECTIVES_IN_GRAPHS
+    return (_stays_local(src, dst, offset, entry.inputs[0].dtype, entry.outputs[0].dtype)
+            or COLLECTIVES_IN_GRAPHS)
 
 
 def _remap_into_capturable(entry):
-    return _stays_local(entry.in_dists[1], entry.in_dists[0]) or COLLECTIVES_IN_GRAPHS
+    return (_stays_local(entry.in_dists[1], entry.in_dists[0], (0, 0), entry.inputs[1].dtype, entry.inputs[0].dtype)
+            or COLLECTIVES_IN_GRAPHS)
 
 
 @REMAP.kernel(capturable=_remap_capturable)

@@ -115,6 +115,7 @@ def take_rows(source, order, position, out, one_hot=False):
     source is (N, 1) class labels and out (B, K) gets their one-hot rows.
     """
     args.require(out, "take_rows: out")
+    out._check_writable("take_rows")        # a slice or transpose is a copy: the batch would be lost
     if not (type(out.layout) is RowBlock or out.layout.replicated):
         raise LayoutError(f"take_rows: out must be in a row layout (RowBlock or Replicated), got {out.layout}")
     group = args.group_of(out)

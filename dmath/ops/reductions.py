@@ -47,10 +47,17 @@ def reduce(m, op, axis):
     """Master half of M.sum/mean/max/min/norm: a float (axis None) or a (1, n) / (m, 1) Matrix."""
     if not is_matrix(m):
         raise DMathError(f"{op} needs a dmath.Matrix, got {type(m).__name__}")
-    if axis not in (None, 0, 1):
+    # (an integer, not a bool nor a float: 1.0 == 1 and True == 1 would pass a membership test)
+    if axis is not None and (isinstance(axis, (bool, np.bool_)) or not isinstance(axis, (int, np.integer))
+                             or axis not in (0, 1)):
         raise ShapeError(f"axis must be None, 0 or 1, got {axis!r}")
-    if op in ("max", "min") and m.size == 0:
-        raise ShapeError(f"{op} of an empty {m.shape} matrix has no value")
+    if axis is not None:
+        axis = int(axis)
+    # max/min of nothing has no value; along an axis that is there, a matrix empty only in the
+    # other dimension gives an empty result, as NumPy's does
+    if op in ("max", "min") and (m.shape[axis] == 0 if axis is not None else m.size == 0):
+        what = f"along axis {axis} of" if axis is not None else "of"
+        raise ShapeError(f"{op} {what} an empty {m.shape} matrix has no value")
     if op not in ("sum", "mean") and m.layout.partial:
         m = resolve_partial(m)
     if axis is None:

@@ -15,6 +15,7 @@ import numpy as np
 
 from .. import memory
 from ..comm import collectives
+from ..layout import RowBlock, distribution
 from .plan import AllReduce, localize, plan, send_dtype
 
 
@@ -70,26 +71,47 @@ def run(world, cache, pieces, src, dst, src_dtype, dst_dtype, offset=(0, 0), pen
     pending: None, or a list: then a final all-reduce (Partial to its sums) runs
     in the background (collectives.allreduce_start, in the destination dtype)
     and its Pending is appended; the pieces are complete once it is waited for.
+
+    A Partial source's sum is never made in a dtype narrower than both ends
+    can hold it in: going to a narrower dtype it is summed in its own and
+    converted once (`narrows_partial`); going to a wider one, in the wider.
     """
     rank = world.rank
     if src.partial and np.dtype(dst_dtype).itemsize < np.dtype(src_dtype).itemsize:
         # a Partial source is summed on the way: in the narrower dtype the addends could overflow or
         # round where their sum does not (1e5 + (1 - 1e5) in float16), so it is summed in its own
         # dtype and converted once, at the end (in the foreground)
+        if dst.partial and len(src.group) > 1:
+            # a Partial target sums nothing (each addend travels whole): converting its addends one
+            # by one would round (or overflow) each of them. The sums are made first, as row blocks
+            # over the source group in the source dtype, and each is converted once on its way into
+            # the target (every element on one member, zeros elsewhere)
+            mid = distribution(RowBlock(src.group), dst.shape, src.nworkers)
+            sums = run(world, cache.setdefault("narrow sums", {}), pieces, src, mid, src_dtype, src_dtype, offset)
+            return run(world, cache.setdefault("narrow spread", {}), sums, mid, dst, src_dtype, dst_dtype)
         return [_converted(p, dst_dtype) for p in run(world, cache, pieces, src, dst, src_dtype, src_dtype, offset)]
-    wire = send_dtype(src_dtype, dst_dtype)
+    held = src_dtype            # the dtype this rank's pieces are in before each step
     for step, loc in prepared_steps(cache, src, dst, offset, rank):
         last = step.dst is dst
-        dtype = dst_dtype if last else wire
+        wire = send_dtype(held, dst_dtype)
+        # a step that sums a Partial source sums in the destination dtype (here at least as wide
+        # as the source's): a float16 gradient summed into float32 must not overflow in float16
+        # (the Exchange accumulates into pieces of `dtype`, the all-reduce reduces a buffer of it)
+        dtype = dst_dtype if (last or src.partial) else wire
         if isinstance(step, AllReduce):
-            if last and pending is not None:
-                # converted first, summed after: nothing is left to do once the reduction lands
-                pieces = _allreduce(world, step, pieces, rank, dtype, dtype, offset, pending)
-                continue
-            pieces = _allreduce(world, step, pieces, rank, wire, dtype, offset)
+            # converted first, summed after; in the background nothing is left to do once it lands
+            pieces = _allreduce(world, step, pieces, rank, dtype, dtype, offset, pending if last else None)
         else:
             pieces = _exchange(world, step, loc, pieces, rank, wire, dtype)
+        held = dtype
     return pieces
+
+
+def narrows_partial(src, dst, src_dtype, dst_dtype):
+    """Whether `run` sums a Partial source into a Partial target of a narrower dtype first (a
+    reduce-scatter over the source group that the plan itself does not show)."""
+    return (src.partial and dst.partial and len(src.group) > 1
+            and np.dtype(dst_dtype).itemsize < np.dtype(src_dtype).itemsize)
 
 
 def _allreduce(world, step, pieces, rank, wire, dtype, offset, pending=None):
