@@ -59,4 +59,3 @@ def torch_distributed(call, port):
                                  world_size=call.world.size, **bound)
         _torch_ready = True
     return torch, dev
-

@@ -196,7 +196,8 @@ class Sequential:
     @property
     def optimizer(self):
         """The dnn.optim optimizer of the training steps. It may be replaced, or its hyper-parameters
-        changed, between fit calls: the next step is then recorded anew (`_program_key`)."""
+        changed, between fit calls (or epochs): the next epoch's step is then recorded anew
+        (`_program_key`)."""
         return self._optimizer
 
     @optimizer.setter
@@ -225,8 +226,12 @@ class Sequential:
                     prog.plan.close()
                 del feed.programs[k]
 
-    def _program(self, kind, batch, feed):
-        key = self._program_key(kind)
+    def _program(self, kind, batch, feed, key=None):
+        """The feed's Program of `kind` for batches of `batch` (made at first use). key: this kind's
+        `_program_key`, when the caller worked it out once for many steps (it reads the optimizer's
+        config: an epoch's loop asks once, not at every step)."""
+        if key is None:
+            key = self._program_key(kind)
         prog = feed.programs.get((kind, batch))
         if prog is not None and prog.key != key:
             self._drop_stale(feed, kind, key)
@@ -416,9 +421,10 @@ class Sequential:
         bar = ProgressBar(epoch, epochs, n, verbose)
         start = time.perf_counter()
         done = skipped
+        key = self._program_key("train")     # (a change of the optimizer takes effect at the next epoch)
         for b in range(skip, len(sizes)):
             size = sizes[b]
-            self._program("train", size, feed).run()
+            self._program("train", size, feed, key).run()
             done += size
             metrics.samples = done
             self.position = (epoch, b + 1, batch_size)

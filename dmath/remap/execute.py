@@ -81,7 +81,7 @@ def run(world, cache, pieces, src, dst, src_dtype, dst_dtype, offset=(0, 0), pen
         # a Partial source is summed on the way: in the narrower dtype the addends could overflow or
         # round where their sum does not (1e5 + (1 - 1e5) in float16), so it is summed in its own
         # dtype and converted once, at the end (in the foreground)
-        if dst.partial and len(src.group) > 1:
+        if narrows_partial(src, dst, src_dtype, dst_dtype):
             # a Partial target sums nothing (each addend travels whole): converting its addends one
             # by one would round (or overflow) each of them. The sums are made first, as row blocks
             # over the source group in the source dtype, and each is converted once on its way into
@@ -100,7 +100,7 @@ def run(world, cache, pieces, src, dst, src_dtype, dst_dtype, offset=(0, 0), pen
         dtype = dst_dtype if (last or src.partial) else wire
         if isinstance(step, AllReduce):
             # converted first, summed after; in the background nothing is left to do once it lands
-            pieces = _allreduce(world, step, pieces, rank, dtype, dtype, offset, pending if last else None)
+            pieces = _allreduce(world, step, pieces, rank, dtype, offset, pending if last else None)
         else:
             pieces = _exchange(world, step, loc, pieces, rank, wire, dtype)
         held = dtype
@@ -114,25 +114,22 @@ def narrows_partial(src, dst, src_dtype, dst_dtype):
             and np.dtype(dst_dtype).itemsize < np.dtype(src_dtype).itemsize)
 
 
-def _allreduce(world, step, pieces, rank, wire, dtype, offset, pending=None):
+def _allreduce(world, step, pieces, rank, dtype, offset, pending=None):
+    """The sums of a Partial step, made in `dtype` (the addends converted into it first)."""
     if rank not in step.dst.group:
         return []
     m, n = step.dst.shape
     piece = pieces[0]
-    buf = memory.empty((m * n,), wire)
-    # a whole contiguous piece in the wire dtype is reduced from where it is (no copy into buf first)
-    src = _flat(piece) if (offset == (0, 0) and piece.shape == (m, n) and piece.dtype == np.dtype(wire)) else None
+    buf = memory.empty((m * n,), dtype)
+    # a whole contiguous piece in that dtype is reduced from where it is (no copy into buf first)
+    src = _flat(piece) if (offset == (0, 0) and piece.shape == (m, n) and piece.dtype == np.dtype(dtype)) else None
     if src is None:
         buf.reshape(m, n)[...] = piece[offset[0]:offset[0] + m, offset[1]:offset[1] + n]
     if pending is not None:
         pending.append(collectives.allreduce_start(world.group(step.src.group), buf, src=src))
         return [buf.reshape(m, n)]
     collectives.allreduce(world.group(step.src.group), buf, src=src)
-    if np.dtype(dtype) == np.dtype(wire):
-        return [buf.reshape(m, n)]
-    out = memory.empty((m, n), dtype)
-    out[...] = buf.reshape(m, n)
-    return [out]
+    return [buf.reshape(m, n)]
 
 
 def _converted(piece, dtype):

@@ -171,9 +171,10 @@ class Dataset:
         if placement == "auto":
             placement = "device" if _fits(nbytes) else ("mapped" if mappable else "host")
         elif placement == "mapped" and not mappable:
+            other = f" or dtype={stored.name!r}" if stored.name in dmath.DTYPES and stored.isnative else ""
             raise ConfigError(f"Dataset.from_npy: placement='mapped' reads the samples as the file stores them "
                               f"({stored.str}), but they would be {dtype}: use placement='host' (converted once "
-                              f"into host memory){'' if stored.name not in dmath.DTYPES or not stored.isnative else f' or dtype={stored.name!r}'}")
+                              f"into host memory){other}")
         y_matrix, y_kind, label_range = _place_targets(_targets(y, n))
         try:
             if placement == "mapped":

@@ -62,8 +62,9 @@ class Trial:
         for epoch in range(epochs):
             feed.start_epoch(model.shuffle_key(epoch), epoch)
             metrics.reset()
+            key = model._program_key("train")
             for size in model._batches(feed.n, batch_size):
-                model._program("train", size, feed).run()
+                model._program("train", size, feed, key).run()
                 metrics.samples += size
                 yield
         model.epochs_trained = epochs
