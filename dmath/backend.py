@@ -5,10 +5,10 @@ backend and use its `xp` module and the few helpers below (host transfer,
 synchronisation). One GPU per worker is chosen from the node-local rank.
 """
 import contextlib
-import os
 
 import numpy as np
 
+from . import settings
 from .errors import DMathError, DTypeError
 
 #: the dtypes dmath stores; float16 arithmetic accumulates in float32 where it matters
@@ -211,7 +211,7 @@ def select(device, local_rank=0):
     process binds to GPU `local_rank % device_count`.
     """
     global _current
-    device = device or os.environ.get("DMATH_DEVICE") or None
+    device = device or settings.current.device
     check_device(device)
     if device is None:
         device = "gpu" if gpu_available() else "cpu"

@@ -6,12 +6,11 @@ float16 accumulating in float32, or for a prepared `Product` one cuBLASLt
 call with its algorithm chosen once (cublaslt.py); on the CPU NumPy's
 matmul, float16 computed in float32 (NumPy has no half-precision BLAS).
 """
-import os
 from typing import NamedTuple
 
 import numpy as np
 
-from . import backend, cublaslt, memory
+from . import backend, cublaslt, memory, settings
 
 _CUDA_TYPE = {"float16": 2, "float32": 0, "float64": 1}          # cudaDataType
 _COMPUTE = {"float16": 68, "float32": 68, "float64": 70}         # CUBLAS_COMPUTE_32F / _64F
@@ -20,9 +19,6 @@ _DEFAULT_ALGO, _TENSOR_OP_ALGO = -1, 99                           # CUBLAS_GEMM_
 _DEFAULT_MATH, _TENSOR_OP_MATH = 0, 1                            # CUBLAS_DEFAULT_MATH, CUBLAS_TENSOR_OP_MATH
 _HOST_POINTERS = 0                                               # CUBLAS_POINTER_MODE_HOST
 
-#: a prepared product (`Product`) runs through cuBLASLt with its algorithm chosen once (cublaslt.py);
-#: DMATH_CUBLASLT=0: through cuBLAS's GemmEx/Dgemm, as every other product does
-USE_LT = os.environ.get("DMATH_CUBLASLT", "1") != "0"
 
 #: "cupy" and "captured": the two ways to call cuBLAS (`_Calls`), made at first use
 _CALLS = {}
@@ -198,7 +194,8 @@ class Product:
             return _gemm_cpu(a.T if self.trans_a else a, b.T if self.trans_b else b, out, alpha, 0.0)
         lt = self.lt
         if lt is None:
-            lt = self.lt = (USE_LT and cublaslt.matmul(args)) or False
+            # (DMATH_CUBLASLT=0: through cuBLAS's GemmEx/Dgemm, as every other product does)
+            lt = self.lt = (settings.current.cublaslt and cublaslt.matmul(args)) or False
         if lt and not memory.capturing():
             scalar = _EX[args.dtype][0]
             cupy = _CUPY.get("cupy") or _cupy()

@@ -24,21 +24,13 @@ declines a case (`Refused`), the callers use im2col and cuBLAS instead.
 `DMATH_CUDNN=0` turns cuDNN off; `DMATH_TF32=0` keeps float32 convolutions
 off TF32 tensor cores.
 """
-import os
 from typing import NamedTuple
 
 import numpy as np
 
-from . import backend, memory
+from . import backend, memory, settings
 from .planning.conv import output_length
 
-ENABLED = os.environ.get("DMATH_CUDNN", "1") != "0"
-#: float32 convolutions may run on TF32 tensor cores (inputs rounded to 10-bit mantissas, about
-#: 1e-3 relative error), as PyTorch's do by default (torch.backends.cudnn.allow_tf32).
-#: DMATH_TF32=0 keeps them in float32: plans whose numerical notes say tensor cores or
-#: down-converted inputs are never built. Which plan wins the timing varies from run to run, so
-#: without this a float32 result's last three digits may vary too.
-TF32 = os.environ.get("DMATH_TF32", "1") != "0"
 #: timed runs per candidate plan (after one warm-up run); the median decides
 TIMED_RUNS = 3
 #: a plan within this factor of the fastest one's time counts as fast: of those, the one with the
@@ -91,8 +83,8 @@ def _module():
     """The `cudnn` frontend module and this process's handle, or None when cuDNN is unusable here."""
     if "cudnn" not in _state:
         _state["cudnn"] = None
-        _state["why"] = "disabled by DMATH_CUDNN=0" if not ENABLED else None
-        if ENABLED and backend.current().is_gpu:
+        _state["why"] = "disabled by DMATH_CUDNN=0" if not settings.current.cudnn else None
+        if settings.current.cudnn and backend.current().is_gpu:
             try:
                 import cudnn
                 _state["handle"] = cudnn.create_handle()
@@ -170,7 +162,10 @@ class ConvPlan:
             g.validate()
             g.build_operation_graph()
             g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
-            if key.dtype == "float32" and not TF32:
+            # float32 may run on TF32 tensor cores (about 1e-3 relative error) as PyTorch's does by
+            # default; DMATH_TF32=0 never builds the plans whose notes say tensor cores or
+            # down-converted inputs (which plan wins the timing varies, and its last digits with it)
+            if key.dtype == "float32" and not settings.current.tf32:
                 note = cudnn.numerical_note
                 g.deselect_numeric_notes([note.TENSOR_CORE, note.DOWN_CONVERT_INPUTS])
             g.check_support()

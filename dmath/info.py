@@ -14,34 +14,19 @@ import os
 import platform
 import sys
 
+from . import settings
+
 #: every environment variable dmath and dnn read, with its default and meaning (the README's table)
-ENVIRONMENT = {
-    "DMATH_DEVICE": ("auto", "'cpu' or 'gpu': the backend when init(device=None); auto picks gpu when CuPy sees one"),
-    "DMATH_TIMEOUT_S": ("see README", "seconds of worker silence before the master reports a failure"),
-    "DMATH_FAILED_WORKER_GRACE_S": ("120", "how long a failed worker waits for the master to end the job"),
-    "DMATH_WATCHDOG_S": ("0 (off)", "every rank prints its stack every N seconds (hang diagnosis)"),
-    "DMATH_SPIN_S": ("0.005", "seconds a wait polls without sleeping before it naps (MPI progresses only "
-                              "while called)"),
-    "DMATH_SPIN_BYTES_PER_S": ("2e8", "a wait for b bytes polls without sleeping for SPIN_S + b / this"),
-    "DMATH_REPLICA_CACHE_BYTES": ("4 GiB", "bytes of gathered replicas a worker keeps (the replica cache)"),
-    "DMATH_CAREFUL": ("auto", "careful commands (a refusal inside a collective is undone): 'auto' under memory "
-                              "pressure, 'always', 'never' (dmath.memory.set_careful)"),
-    "DMATH_BATCH_MAX": ("16", "the most queued commands (local, cheap) the master sends in one control "
-                              "message; 0: none are queued"),
-    "DMATH_BATCH_AGE_US": ("500", "the longest a queued command waits before the master's next command sends it"),
-    "DMATH_BATCH_SHARE_US": ("50", "a local command is queued only when the master's own share of it last took "
-                                   "at most this"),
-    "DMATH_PROFILE": ("0", "1: time every kernel (dmath.stats()[r]['profile']); turns CUDA graphs off"),
-    "DMATH_CPROFILE": ("", "a path prefix: every rank profiles its Python code and writes PREFIX.<rank>.prof at exit"),
-    "DMATH_CUDA_GRAPHS": ("1", "0: replay recorded plans kernel by kernel, never as CUDA graphs"),
-    "DMATH_GRAPH_COLLECTIVES": ("1", "0: never capture NCCL collectives into a CUDA graph"),
-    "DMATH_CUDNN": ("1", "0: convolutions by im2col and cuBLAS even when cuDNN is there"),
-    "DMATH_CUBLASLT": ("1", "0: a prepared local product calls cuBLAS's GemmEx/Dgemm instead of cuBLASLt with "
-                            "its algorithm chosen once"),
-    "DMATH_TF32": ("1", "float32 cuDNN convolutions may use TF32 tensor cores (as PyTorch's); 0: float32 "
-                        "throughout"),
-    "DNN_DATA_DIR": ("~/.cache/dmath-dnn", "where dnn.data downloads and finds data sets"),
-}
+ENVIRONMENT = {v.name: (v.default, v.meaning) for v in settings.VARIABLES}
+
+
+def _settings():
+    """The checked value of every setting, or the error `dmath.init()` would raise."""
+    try:
+        values = settings.read()
+    except settings.SettingError as exc:
+        return {"error": str(exc)}
+    return {v.name: getattr(values, v.attr) for v in settings.VARIABLES if v.attr}
 
 
 def _version(distribution):
@@ -111,6 +96,7 @@ def report():
         "gpu": _gpu(),
         "optional": {name: _version(name) for name in ("tqdm", "matplotlib", "torch")},
         "environment": {name: os.environ[name] for name in ENVIRONMENT if name in os.environ},
+        "settings": _settings(),
         "threads": {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")},
     }
 
@@ -122,7 +108,7 @@ def _text(info, indent=""):
             lines.append(f"{indent}{key}:")
             lines.extend(_text(value, indent + "  "))
         else:
-            lines.append(f"{indent}{key + ':':<22}{'-' if value is None else value}")
+            lines.append(f"{indent}{key + ':':<30}{'-' if value is None else value}")
     return lines
 
 

@@ -395,11 +395,11 @@ def test_a_remap_whose_pack_buffer_one_worker_cannot_hold(tmp_path, mode):
 QUEUED = """
     import os, sys, time
     import dmath
-    from dmath.runtime import core, kernel
+    from dmath.runtime import dispatch, kernel
     from dmath.ops.base import dispatch, new_meta
     from dmath.ops.creation import _fill
 
-    core.BATCH_AGE_S = core.BATCH_SHARE_S = 1e9     # the master queues every local command here
+    dispatch.BATCH_AGE_S = dispatch.BATCH_SHARE_S = 1e9     # the master queues every local command here
 
     @kernel("test_queued", local=True)
     def _queued(call):
@@ -495,3 +495,26 @@ def test_refusals_in_queued_commands(tmp_path):
     assert "SUM 48.0" in out and "BROKEN 1 True" in out
     assert "NOT REFUSED" not in out and "NO ERROR RAISED" not in out
     assert rc != 0 and seconds < PROMPT_S, (rc, seconds)
+
+
+@pytest.mark.parametrize("name, value, expected", [
+    # queued every command, collectives included: the workers waited in one the master never sent
+    ("DMATH_BATCH_SHARE_US", "inf", "a finite number of microseconds >= 0"),
+    # a ZeroDivisionError in the first wait, before the excepthook that ends the job: a hang
+    ("DMATH_SPIN_BYTES_PER_S", "0", "a number of bytes per second > 0"),
+    # the profiles were written at exit: a good run then ended with exit 1
+    ("DMATH_CPROFILE", "/nonexistent/p", "a path prefix in a folder that exists and is writable"),
+])
+def test_a_bad_setting_is_refused_at_init_on_every_rank(tmp_path, name, value, expected):
+    rc, out, err, seconds = run_job(tmp_path, """
+        import dmath
+        try:
+            dmath.init(device="cpu")
+        except dmath.DMathError as exc:
+            print("REFUSED", type(exc).__name__, exc, flush=True)
+            raise
+        print("STARTED", flush=True)
+    """, **{name: value})
+    assert rc != 0 and "STARTED" not in out, f"stdout:\n{out}\nstderr:\n{err}"
+    assert out.count(f"REFUSED SettingError {name} must be {expected}, got {value!r}") == WORKERS, out
+    assert seconds < PROMPT_S

@@ -8,6 +8,8 @@ ranks share few cores) nor misses a failure report from another worker.
 import os
 import time
 
+from .. import settings
+
 _LAUNCHER_VARS = ("PMI_RANK", "PMI_SIZE", "PMIX_RANK", "OMPI_COMM_WORLD_SIZE",
                   "MPI_LOCALRANKID", "HYDRA_CONTROL_FD")
 
@@ -24,25 +26,22 @@ def launched_by_mpi():
     return any(v in os.environ for v in _LAUNCHER_VARS)
 
 
-#: seconds a wait polls without sleeping (MPI progresses large transfers only inside Test)
-SPIN_S = float(os.environ.get("DMATH_SPIN_S", "0.005"))
-#: a wait for a transfer of b bytes polls without sleeping for SPIN_S + b / SPIN_BYTES_PER_S
-#: seconds: long enough for the transfer at any plausible host bandwidth, so that an MPI
-#: that moves bytes only while it is called (Open MPI's rendezvous) never waits on a nap
-SPIN_BYTES_PER_S = float(os.environ.get("DMATH_SPIN_BYTES_PER_S", "2e8"))
 
 
 def poll(done, nbytes=0):
     """Wait until `done()` is true, running the progress hook on every round.
 
-    The first SPIN_S seconds (plus nbytes / SPIN_BYTES_PER_S for a wait on
-    a transfer of `nbytes`) poll continuously, yielding the core between
+    The first DMATH_SPIN_S seconds (plus nbytes / DMATH_SPIN_BYTES_PER_S for a
+    wait on a transfer of `nbytes`: long enough for the transfer at any
+    plausible host bandwidth, so that an MPI that moves bytes only while it is
+    called never waits on a nap) poll continuously, yielding the core between
     tests; then the wait backs off to sleeps of at most 1 ms: an idle rank
     must leave the cores to the ranks that compute.
     """
     if done():
         return
-    spin = SPIN_S + nbytes / SPIN_BYTES_PER_S
+    values = settings.current
+    spin = values.spin_s + nbytes / values.spin_bytes_per_s
     start = time.perf_counter()
     nap = 0.0
     while not done():

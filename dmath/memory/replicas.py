@@ -9,9 +9,8 @@ whole budget is not kept. A cached value may still be in flight (a
 background replication): `lookup` waits for it before handing it out.
 """
 import collections
-import os
 
-_DEFAULT_BUDGET = int(float(os.environ.get("DMATH_REPLICA_CACHE_BYTES", str(4 << 30))))
+from .. import settings
 
 
 class _Entry:
@@ -24,8 +23,9 @@ class _Entry:
 class ReplicaCache:
     """LRU store of gathered copies with a byte budget; one per process."""
 
-    def __init__(self, budget=_DEFAULT_BUDGET):
-        self.budget = budget
+    def __init__(self, budget=None):
+        # (init sets the process's cache to DMATH_REPLICA_CACHE_BYTES once the settings are read)
+        self.budget = settings.current.replica_cache_bytes if budget is None else budget
         self._entries = collections.OrderedDict()
         self._per_handle = collections.Counter()   # entries per matrix handle (a quick "anything cached?")
         self.bytes = 0

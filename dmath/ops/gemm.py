@@ -25,7 +25,7 @@ from ..memory import replicas
 from ..planning import gemm as gemm_plan
 from ..planning.gemm import Strategy, grid_sets, operand_form, panel_kind
 from ..runtime import Meta, Shard, define, runtime
-from ..runtime.registry import COLLECTIVES_IN_GRAPHS, capture_hook
+from ..runtime.registry import capture_hook, collectives_in_graphs
 from .base import Known, check_scalar, dispatch, dispatch_known, is_matrix, new_meta
 
 # cuBLAS sets up its capture workspace before a plan with products is captured
@@ -302,7 +302,7 @@ def _capturable(entry):
     calls cuBLAS itself during a capture: CuPy's bindings refuse to.)"""
     if entry.static.strategy.name not in ("local", "inner"):
         return False
-    return COLLECTIVES_IN_GRAPHS or _no_communication(entry)
+    return collectives_in_graphs() or _no_communication(entry)
 
 
 def _no_communication(entry):

@@ -4,7 +4,7 @@ from .. import memory
 from ..comm import counters
 from ..comm.control import gather_objects
 from ..runtime import define
-from ..runtime.core import clear_cprofile
+from ..runtime.profiler import clear_cprofile
 from .base import dispatch
 
 STATS = define("stats")

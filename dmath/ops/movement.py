@@ -12,7 +12,7 @@ from ..errors import LayoutError, ShapeError
 from ..layout import ColBlock, RowBlock, Tiles, distribution
 from ..layout.indexset import split_even
 from ..runtime import Shard, define, runtime
-from ..runtime.registry import COLLECTIVES_IN_GRAPHS
+from ..runtime.registry import collectives_in_graphs
 from .base import as_int, check_scalar, dispatch, new_meta
 from .creation import zeros
 
@@ -207,12 +207,12 @@ def _remap_capturable(entry):
     # the side stream: the capture joins it when the program ends (graphs.py)
     src, dst, offset = entry.in_dists[0], entry.out_dists[0], entry.static.offset
     return (_stays_local(src, dst, offset, entry.inputs[0].dtype, entry.outputs[0].dtype)
-            or COLLECTIVES_IN_GRAPHS)
+            or collectives_in_graphs())
 
 
 def _remap_into_capturable(entry):
     return (_stays_local(entry.in_dists[1], entry.in_dists[0], (0, 0), entry.inputs[1].dtype, entry.inputs[0].dtype)
-            or COLLECTIVES_IN_GRAPHS)
+            or collectives_in_graphs())
 
 
 @REMAP.kernel(capturable=_remap_capturable)

@@ -18,7 +18,7 @@ from ..errors import DMathError, LayoutError, ShapeError
 from ..layout import Replicated
 from ..planning.conv import image
 from ..runtime import define, runtime
-from ..runtime.registry import COLLECTIVES_IN_GRAPHS
+from ..runtime.registry import collectives_in_graphs
 from . import nn_args as args, nn_rows as rows
 from .base import dispatch, new_meta
 
@@ -152,7 +152,7 @@ def _vec(a, dtype):
     return a.reshape(-1, 1).astype(dtype, copy=False)
 
 
-@BATCHNORM.kernel(capturable=lambda entry: COLLECTIVES_IN_GRAPHS or entry.in_dists[0].replicated)
+@BATCHNORM.kernel(capturable=lambda entry: collectives_in_graphs() or entry.in_dists[0].replicated)
 def _batchnorm(call):
     """Inputs X, gamma, beta, running_mean, running_var;
     outputs Y, stats (2, C) = [mean; 1/sqrt(var + eps)], and, when training, running_mean
@@ -196,7 +196,7 @@ def _batchnorm(call):
     return shards
 
 
-@BATCHNORM_BACKWARD.kernel(capturable=lambda entry: COLLECTIVES_IN_GRAPHS or entry.in_dists[1].replicated)
+@BATCHNORM_BACKWARD.kernel(capturable=lambda entry: collectives_in_graphs() or entry.in_dists[1].replicated)
 def _batchnorm_backward(call):
     """Inputs dY, X, gamma, stats; outputs dX, dgamma, dbeta.
 

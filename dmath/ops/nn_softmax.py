@@ -10,7 +10,7 @@ from .. import backend
 from ..errors import ShapeError
 from ..layout import Replicated
 from ..runtime import define
-from ..runtime.registry import COLLECTIVES_IN_GRAPHS
+from ..runtime.registry import collectives_in_graphs
 from . import nn_args as args, nn_rows as rows
 from .base import dispatch, new_meta
 
@@ -113,7 +113,7 @@ def _batch_on_each_member(entry):
     """Capturable when the loss needs no sum over workers (one member, or a replicated batch),
     or when the NCCL all-reduce of that sum may be captured."""
     d = entry.in_dists[0]
-    return d.replicated or len(d.group) == 1 or COLLECTIVES_IN_GRAPHS
+    return d.replicated or len(d.group) == 1 or collectives_in_graphs()
 
 
 @SOFTMAX_CROSS_ENTROPY.kernel(capturable=_batch_on_each_member)

@@ -37,7 +37,7 @@ from ..comm import collectives
 from ..errors import DMathError, DTypeError, LayoutError, ShapeError
 from ..layout import Replicated, RowBlock, distribution
 from ..runtime import define, protocol, runtime
-from ..runtime.registry import COLLECTIVES_IN_GRAPHS
+from ..runtime.registry import collectives_in_graphs
 from . import cuda, nn_rows as rows
 from .elementwise import minimum
 from .base import dispatch, dist_of, is_matrix, new_meta
@@ -407,7 +407,7 @@ def _whole_on_each(dists):
 
 
 def _finite_capturable(entry):
-    return COLLECTIVES_IN_GRAPHS or _whole_on_each(entry.in_dists)
+    return collectives_in_graphs() or _whole_on_each(entry.in_dists)
 
 
 def _combine(call, bad, out):

@@ -18,7 +18,7 @@ from ..errors import DMathError, ShapeError
 from ..layout import ColBlock, Partial, Replicated, RowBlock
 from ..layout import indexset as ix
 from ..runtime import Shard, define
-from ..runtime.registry import COLLECTIVES_IN_GRAPHS
+from ..runtime.registry import collectives_in_graphs
 from .base import dispatch, dist_of, is_matrix, new_meta
 from .movement import resolve_partial
 
@@ -96,7 +96,7 @@ def _reduce_axis_capturable(entry):
     """Capturable unless an all-reduce is needed and collectives stay out of graphs. The index
     arrays of the result slots go to the device once, at the signature's first command, which is
     never captured (`_result_slots`), so a capture copies nothing from the host."""
-    return entry.static.mode != "allreduce" or COLLECTIVES_IN_GRAPHS
+    return entry.static.mode != "allreduce" or collectives_in_graphs()
 
 
 def _result_slots(call):

@@ -33,14 +33,15 @@ a graph captures with them (`DMATH_GRAPH_COLLECTIVES=0`: never); work left on
 the side stream is waited for before a capture and joined at its end.
 `DMATH_CUDA_GRAPHS=0` turns graphs off.
 """
-import os
-
-from .. import memory
+from .. import memory, settings
 from ..comm import counters
 from .registry import capturable, prepare_capture
 
-# a profiled run times every kernel in Python, which a graph launch would skip
-ENABLED = os.environ.get("DMATH_CUDA_GRAPHS", "1") != "0" and os.environ.get("DMATH_PROFILE", "0") in ("", "0")
+
+def enabled():
+    """Whether plans may be captured into CUDA graphs: DMATH_CUDA_GRAPHS, and not DMATH_PROFILE (a
+    profiled run times every kernel in Python, which a graph launch would skip)."""
+    return settings.current.cuda_graphs and not settings.current.profile
 
 
 def external_inputs(rt, program):
@@ -66,7 +67,7 @@ class Replayer:
         # the operations that keep this plan out of a CUDA graph (reported by dmath.stats())
         self.blockers = sorted({rt.entries[s.sig_id].op for s in program.steps
                                 if not capturable(rt.entries[s.sig_id])})
-        self.capturable = ENABLED and rt.backend.is_gpu and bool(program.steps) and not self.blockers
+        self.capturable = enabled() and rt.backend.is_gpu and bool(program.steps) and not self.blockers
         self.reserve = 0        # the bytes a step-by-step run added at its peak: the capture's arena
 
     def replay(self):

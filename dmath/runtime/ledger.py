@@ -31,7 +31,6 @@ marks the bookkeeping is a subtraction per new matrix and a comparison per
 freed one (per-worker counting in the update loops, or a `max` and a `min`
 of each matrix's shares, cost the eager path 0.6 to 0.7 us per operation).
 """
-import os
 
 import numpy as np
 
@@ -45,11 +44,6 @@ from ..layout import distribution
 #: ceiling a command's temporaries may no longer fit beside the matrices; below it they do unless
 #: one command's temporaries are larger than all the live matrices together
 CAREFUL_FRACTION = 0.5
-
-
-def careful_mode_from_env():
-    """DMATH_CAREFUL: the careful mode a job starts in ('auto' when unset; see memory.set_careful)."""
-    return memory.check_careful(os.environ.get("DMATH_CAREFUL", "auto"), "DMATH_CAREFUL")
 
 
 _reporter = None

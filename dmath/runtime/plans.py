@@ -26,7 +26,7 @@ Handles of a plan are of three kinds (see `Recorder`):
 """
 from ..errors import PlanError
 from . import protocol
-from .core import runtime
+from .lifecycle import runtime
 
 
 class Recorder:

@@ -11,7 +11,7 @@ with a DMathError (an operation over more matrices splits itself into
 several commands, as `dmath.nn.all_finite` does; frees are sent 255 at a
 time). Handle numbers are positive int32 values, at most HANDLE_MAX: the
 master hands out numbers of freed matrices again once it has used them all
-(core.py, "Handle numbers"), so they stay int32 and a cached binary operation
+(handles.py), so they stay int32 and a cached binary operation
 its 24 bytes: 64-bit handles would have made it 36, and would have pushed a
 command of seven or more handles (a fused optimizer step) past the 64-byte
 frame into a second broadcast.
@@ -25,7 +25,7 @@ entry -k among the frees drops plan k.
 OOM_CHECK (the header alone) asks every worker whether it is out of the last
 command after a refused allocation (oom.py).
 
-BATCH carries several messages in one (core.py, "Queued commands"): its
+BATCH carries several messages in one (dispatch.py, "Queued commands"): its
 header (`sig_id` holds their count), then the messages concatenated, each
 whole with its own header: the commands the master queued, in order, then
 the message whose sending flushed them (any kind). A worker runs them in

@@ -10,7 +10,7 @@ An `Op` is what a command names. It holds
   (`generic(name)`), as the cuDNN convolution does;
 - per kernel, whether a recorded plan may capture it into a CUDA graph, and
   whether its commands are local (no communication at all: the master may
-  queue them and send several in one control message, core.py);
+  queue them and send several in one control message, dispatch.py);
 - `capture_hooks`: what must be ready before any capture (cuBLAS's workspace).
 The master half of an operation (validation, result layout, dispatch) lives
 beside its kernels in `dmath/ops/<family>.py`; the registry dispatches by
@@ -18,12 +18,14 @@ beside its kernels in `dmath/ops/<family>.py`; the registry dispatches by
 it runs on.
 """
 
-import os
+from .. import settings
 
-#: whether a kernel that runs NCCL collectives on the compute stream may be captured into a CUDA
-#: graph (NCCL supports capture: a data-parallel training step, its gradient all-reduce
-#: included, then replays as one graph launch per worker). DMATH_GRAPH_COLLECTIVES=0: never.
-COLLECTIVES_IN_GRAPHS = os.environ.get("DMATH_GRAPH_COLLECTIVES", "1") != "0"
+
+def collectives_in_graphs():
+    """Whether a kernel that runs NCCL collectives on the compute stream may be captured into a CUDA
+    graph (NCCL supports capture: a data-parallel training step, its gradient all-reduce included,
+    then replays as one graph launch per worker). DMATH_GRAPH_COLLECTIVES=0: never."""
+    return settings.current.graph_collectives
 
 #: name -> Op
 OPS = {}
@@ -64,7 +66,7 @@ class Op:
         another rank, whatever the data (a replica-cache lookup whose miss
         would communicate is not local). The master may then queue the
         command and send it later with others in one control message
-        (core.py, "Queued commands"). The answer must be a function of the
+        (dispatch.py, "Queued commands"). The answer must be a function of the
         signature only.
         """
         def register(fn):

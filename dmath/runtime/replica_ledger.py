@@ -15,12 +15,13 @@ this ledger.
 """
 import collections
 
-from ..memory.replicas import _DEFAULT_BUDGET
+from .. import settings
 
 
 def budget(limit):
     """The workers' cache budget under memory limit `limit` (None: none): at most half of it."""
-    return _DEFAULT_BUDGET if limit is None else min(_DEFAULT_BUDGET, limit // 2)
+    most = settings.current.replica_cache_bytes
+    return most if limit is None else min(most, limit // 2)
 
 
 class ReplicaLedger:

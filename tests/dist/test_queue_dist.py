@@ -1,4 +1,4 @@
-"""Queued commands (runtime/core.py, "Queued commands"): local commands travel several to a message.
+"""Queued commands (runtime/dispatch.py, "Queued commands"): local commands travel several to a message.
 
 The limits are made deterministic here (no age or share limit); at one
 worker nothing is ever queued (nothing is sent), and the values must be the
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import dmath
-from dmath.runtime import core, protocol
+from dmath.runtime import dispatch, protocol
 
 from _cases import make, values
 
@@ -20,9 +20,9 @@ P = dmath.num_workers()
 @pytest.fixture
 def queued(monkeypatch):
     """16 commands a message at most, whatever their age or cost; the messages sent, decoded."""
-    monkeypatch.setattr(core, "BATCH_MAX", 16)
-    monkeypatch.setattr(core, "BATCH_AGE_S", 1e9)
-    monkeypatch.setattr(core, "BATCH_SHARE_S", 1e9)
+    monkeypatch.setattr(dispatch, "BATCH_MAX", 16)
+    monkeypatch.setattr(dispatch, "BATCH_AGE_S", 1e9)
+    monkeypatch.setattr(dispatch, "BATCH_SHARE_S", 1e9)
     rt = dmath._runtime()
     sent = []
     original = rt.ctl.send
@@ -92,7 +92,7 @@ def test_a_full_queue_is_sent_with_the_command_that_fills_it(queued):
 def test_costly_or_communicating_commands_are_not_queued(queued, monkeypatch):
     xv, wv, x, w = _operands()
     y = x.remap(dmath.ColBlock()) * 2.0           # a remap: an exchange among the workers
-    monkeypatch.setattr(core, "BATCH_SHARE_S", 0.0)
+    monkeypatch.setattr(dispatch, "BATCH_SHARE_S", 0.0)
     z = (x + 1.0) * 3.0                           # local, but each share took longer than 0 s
     dmath.synchronize()
     assert all(m[0] != protocol.BATCH for m in queued)

@@ -4,7 +4,7 @@ import pytest
 
 import dmath
 from dmath.comm.control import FRAME
-from dmath.runtime import core, protocol
+from dmath.runtime import dispatch, protocol
 
 from _cases import make, values
 
@@ -59,7 +59,7 @@ def _blocks(n, p):
 def test_cached_binary_op_is_one_frame(monkeypatch):
     """After its first call, a binary op is sent as its signature ID in one 64-byte frame (commands
     not queued here: queued ones travel the same way, several in a message, test_queue_dist.py)."""
-    monkeypatch.setattr(core, "BATCH_MAX", 0)
+    monkeypatch.setattr(dispatch, "BATCH_MAX", 0)
     rt = dmath._runtime()
     a = make(values((6, 6), 72), dmath.RowBlock(), "float32")
     b = make(values((6, 6), 73), dmath.RowBlock(), "float32")
@@ -88,7 +88,7 @@ def test_cached_binary_op_is_one_frame(monkeypatch):
 
 
 def test_control_traffic_of_cached_ops(monkeypatch):
-    monkeypatch.setattr(core, "BATCH_MAX", 0)       # one message per command (queued: test_queue_dist.py)
+    monkeypatch.setattr(dispatch, "BATCH_MAX", 0)       # one message per command (queued: test_queue_dist.py)
     a = make(values((5, 5), 74), dmath.ColBlock(), "float64")
     c = a * 2.0
     dmath.reset_stats()

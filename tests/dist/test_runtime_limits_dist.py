@@ -9,7 +9,7 @@ import dmath
 from dmath.ops.base import dispatch, new_meta
 from dmath.ops.nn_update import FINITE_CHUNK
 from dmath.runtime import protocol, runtime
-from dmath.runtime.core import _runs_outside
+from dmath.runtime.handles import _runs_outside
 
 MANY = 300          # more matrices than one command may name
 
@@ -155,9 +155,9 @@ def test_runs_outside():
 
 @pytest.mark.skipif(dmath.num_workers() == 1, reason="alone, the master queues nothing")
 def test_a_free_in_a_queued_command_keeps_its_number_until_sent(monkeypatch):
-    from dmath.runtime import core
-    monkeypatch.setattr(core, "BATCH_AGE_S", 1e9)
-    monkeypatch.setattr(core, "BATCH_SHARE_S", 1e9)
+    from dmath.runtime import dispatch
+    monkeypatch.setattr(dispatch, "BATCH_AGE_S", 1e9)
+    monkeypatch.setattr(dispatch, "BATCH_SHARE_S", 1e9)
     rt = runtime()
     x = dmath.ones((4, 3), layout=dmath.RowBlock())
     x + 1.0                              # timed once: its next run may be queued

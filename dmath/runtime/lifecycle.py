@@ -1,0 +1,76 @@
+"""Starting and ending the process's runtime: `init` (settings, world, backend, pool, heartbeat,
+exit hooks) and `finalize`."""
+import atexit
+
+from .. import backend, memory, settings
+from ..comm import World, set_progress_hook
+from ..comm.control import gather_objects
+from ..comm.heartbeat import Pinger
+from ..errors import RuntimeStateError
+from ..memory import replicas
+from . import dispatch, execute
+from .core import Runtime
+from .failures import install_excepthook
+from .profiler import start_profile
+from .worker import heartbeat
+
+
+_runtime = None
+
+
+def runtime():
+    """The process's Runtime; raises if dmath.init() has not been called."""
+    if _runtime is None:
+        raise RuntimeStateError("dmath is not initialised: call dmath.init() first")
+    return _runtime
+
+
+def is_initialized():
+    """Whether dmath.init() has run in this process and the runtime has not been finalized."""
+    return _runtime is not None and not _runtime.closed
+
+
+def init(device=None):
+    """Start dmath (idempotent: a second call returns the running runtime, and raises if it names
+    another device than the one running). On ranks other than 0 this call never returns."""
+    global _runtime
+    if _runtime is not None:
+        if _runtime.closed:
+            raise RuntimeStateError("dmath was finalized in this process and cannot start again")
+        if device is not None and device != _runtime.backend.name:
+            backend.check_device(device)
+            raise RuntimeStateError(f"dmath is already running on device {_runtime.backend.name!r}; "
+                                    f"init(device={device!r}) cannot change it")
+        return _runtime
+    values = settings.load()     # checked on every rank before any of them starts serving
+    dispatch.configure(values)
+    execute.configure(values)
+    replicas.cache.budget = values.replica_cache_bytes
+    world = World()
+    watchdog = values.watchdog_s
+    if watchdog > 0:
+        # hang diagnosis: every rank prints its Python stack every `watchdog` seconds
+        import faulthandler
+        faulthandler.dump_traceback_later(watchdog, repeat=True)
+    be = backend.select(device, world.local_rank)
+    memory.install()       # the pool (on a GPU: CuPy's allocators) serves every allocation from here on
+    rt = _runtime = Runtime(world, be, values.careful)
+    start_profile()
+    # every worker's memory, so that the master refuses what cannot fit before sending it
+    capacities = gather_objects(world, memory.capacity(world.local_size))
+    if world.rank != 0:
+        rt.serve()
+    rt.ledger.set_capacity(capacities)
+    if heartbeat(world) and values.timeout_s > 0:
+        rt.pinger = Pinger(world, values.timeout_s)
+    set_progress_hook(rt.check_failures)
+    atexit.register(finalize)
+    if world.is_mpi:
+        install_excepthook(rt)
+    return rt
+
+
+def finalize():
+    """Shut the workers down (also runs at exit). After a worker failure the job exits non-zero."""
+    if _runtime is not None and not _runtime.closed and _runtime.world.rank == 0:
+        _runtime.shutdown()

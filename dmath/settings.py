@@ -1,0 +1,163 @@
+"""Every environment variable dmath and dnn read: the one table, read and checked at `dmath.init()`.
+
+`load()` reads every `DMATH_*` variable and raises `SettingError` naming the
+variable, its value and what it takes; `init()` calls it on every rank before
+any of them starts serving, so a bad value ends the job at once instead of
+hanging or crashing later. The modules read the checked values from
+`current` (the defaults until `init()`). `python -m dmath.environment` and the
+README's table list `VARIABLES`.
+"""
+import math
+import os
+from typing import Callable, NamedTuple
+
+from .errors import DMathError
+
+
+class SettingError(DMathError, ValueError):
+    """An environment variable holds a value dmath cannot use."""
+
+
+class Variable(NamedTuple):
+    """One environment variable: `parse(text)` gives its value, or raises ValueError when `text` is
+    not `expected`; unset or empty, its value is `unset` (`default` says so in words). `attr` names
+    the value in `current` (None: read where it is used, outside dmath, and only listed here)."""
+    name: str
+    default: str
+    meaning: str
+    expected: str
+    parse: Callable
+    unset: object = None
+    attr: str = None
+
+
+def _number(low=0.0, finite=True, above=False):
+    def parse(text):
+        value = float(text)
+        if math.isnan(value) or (finite and math.isinf(value)) or value < low or (above and value <= low):
+            raise ValueError(text)
+        return value
+    return parse
+
+
+def _count(text):
+    value = int(text)
+    if value < 0:
+        raise ValueError(text)
+    return value
+
+
+def _bytes(text):
+    return int(_number()(text))
+
+
+def _flag(text):
+    if text not in ("0", "1"):
+        raise ValueError(text)
+    return text == "1"
+
+
+def _choice(*names):
+    def parse(text):
+        if text not in names:
+            raise ValueError(text)
+        return text
+    return parse
+
+
+def _profile_prefix(text):
+    # the profiles are written when the job ends: a folder that is not there would turn a good run
+    # into exit 1 after all the work, so it is checked when dmath starts
+    folder = os.path.dirname(text) or "."
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        raise ValueError(text)
+    return text
+
+
+def _text(text):
+    return text
+
+
+VARIABLES = (
+    Variable("DMATH_DEVICE", "auto", "'cpu' or 'gpu': the backend when init(device=None); auto picks gpu "
+             "when CuPy sees one", "'cpu' or 'gpu' (unset: auto)", _choice("cpu", "gpu"), None, "device"),
+    Variable("DMATH_TIMEOUT_S", "120", "seconds of worker silence before the master reports a failure",
+             "a number of seconds >= 0 (0: no limit)", _number(finite=False), 120.0, "timeout_s"),
+    Variable("DMATH_FAILED_WORKER_GRACE_S", "120", "how long a failed worker waits for the master to end "
+             "the job", "a number of seconds >= 0", _number(), 120.0, "failed_worker_grace_s"),
+    Variable("DMATH_WATCHDOG_S", "0 (off)", "every rank prints its stack every N seconds (hang diagnosis)",
+             "a number of seconds >= 0 (0: off)", _number(), 0.0, "watchdog_s"),
+    Variable("DMATH_SPIN_S", "0.005", "seconds a wait polls without sleeping before it naps (MPI progresses "
+             "only while called)", "a number of seconds >= 0", _number(), 0.005, "spin_s"),
+    Variable("DMATH_SPIN_BYTES_PER_S", "2e8", "a wait for b bytes polls without sleeping for SPIN_S + b / this",
+             "a number of bytes per second > 0", _number(above=True, finite=False), 2e8, "spin_bytes_per_s"),
+    Variable("DMATH_REPLICA_CACHE_BYTES", "4 GiB", "bytes of gathered replicas a worker keeps (the replica "
+             "cache)", "a number of bytes >= 0", _bytes, 4 << 30, "replica_cache_bytes"),
+    Variable("DMATH_CAREFUL", "auto", "careful commands (a refusal inside a collective is undone): 'auto' "
+             "under memory pressure, 'always', 'never' (dmath.memory.set_careful)",
+             "'auto', 'always' or 'never'", _choice("auto", "always", "never"), "auto", "careful"),
+    Variable("DMATH_BATCH_MAX", "16", "the most queued commands (local, cheap) the master sends in one "
+             "control message; 0: none are queued", "a whole number >= 0", _count, 16, "batch_max"),
+    Variable("DMATH_BATCH_AGE_US", "500", "the longest a queued command waits before the master's next "
+             "command sends it", "a finite number of microseconds >= 0", _number(), 500.0, "batch_age_us"),
+    Variable("DMATH_BATCH_SHARE_US", "50", "a local command is queued only when the master's own share of "
+             "it last took at most this", "a finite number of microseconds >= 0", _number(), 50.0,
+             "batch_share_us"),
+    Variable("DMATH_PROFILE", "0", "1: time every kernel (dmath.stats()[r]['profile']); turns CUDA graphs off",
+             "0 or 1", _flag, False, "profile"),
+    Variable("DMATH_CPROFILE", "", "a path prefix: every rank profiles its Python code and writes "
+             "PREFIX.<rank>.prof at exit", "a path prefix in a folder that exists and is writable",
+             _profile_prefix, "", "cprofile"),
+    Variable("DMATH_CUDA_GRAPHS", "1", "0: replay recorded plans kernel by kernel, never as CUDA graphs",
+             "0 or 1", _flag, True, "cuda_graphs"),
+    Variable("DMATH_GRAPH_COLLECTIVES", "1", "0: never capture NCCL collectives into a CUDA graph",
+             "0 or 1", _flag, True, "graph_collectives"),
+    Variable("DMATH_CUDNN", "1", "0: convolutions by im2col and cuBLAS even when cuDNN is there",
+             "0 or 1", _flag, True, "cudnn"),
+    Variable("DMATH_CUBLASLT", "1", "0: a prepared local product calls cuBLAS's GemmEx/Dgemm instead of "
+             "cuBLASLt with its algorithm chosen once", "0 or 1", _flag, True, "cublaslt"),
+    Variable("DMATH_TF32", "1", "float32 cuDNN convolutions may use TF32 tensor cores (as PyTorch's); 0: "
+             "float32 throughout", "0 or 1", _flag, True, "tf32"),
+    # read by dnn/data when it downloads (before or without init): listed here for the table only
+    Variable("DNN_DATA_DIR", "~/.cache/dmath-dnn", "where dnn.data downloads and finds data sets",
+             "a folder", _text),
+)
+
+#: name -> Variable
+BY_NAME = {v.name: v for v in VARIABLES}
+
+
+class Settings:
+    """The checked values, one attribute per variable (`Variable.attr`)."""
+
+    def __init__(self, values):
+        self.__dict__.update(values)
+
+    def __repr__(self):
+        return f"Settings({', '.join(f'{k}={v!r}' for k, v in self.__dict__.items())})"
+
+
+def _value(var, text):
+    if text == "":
+        return var.unset
+    try:
+        return var.parse(text)
+    except (ValueError, OverflowError):
+        raise SettingError(f"{var.name} must be {var.expected}, got {text!r}") from None
+
+
+def read(environ=None):
+    """The Settings the environment (`os.environ` by default) gives; SettingError on the first bad value."""
+    environ = os.environ if environ is None else environ
+    return Settings({v.attr: _value(v, environ.get(v.name, "")) for v in VARIABLES if v.attr})
+
+
+def load():
+    """Read and check every variable now (`dmath.init()`), and make the result `current`."""
+    global current
+    current = read()
+    return current
+
+
+#: the values in force: the defaults until `load()` runs at `dmath.init()`
+current = read({})
