@@ -7,7 +7,7 @@
     print((B.astype('float32') - A).norm())
 
 See docs/ARCHITECTURE.md for the layers and how to add an operation;
-`python -m dmath.info` reports what dmath finds on this machine.
+`python -m dmath.machine` reports what dmath finds on this machine.
 """
 __version__ = "0.1.0"   # the package's version (pyproject.toml reads it from here)
 
@@ -26,7 +26,7 @@ from .ops.elementwise import (abs, equal, exp, greater, greater_equal, isfinite,
                               relu, sigmoid, sqrt, tanh, where)
 from .runtime import Plan, finalize, init, is_initialized, record
 from .runtime import runtime as _runtime
-from .ops.info import reset_stats, stats, synchronize
+from .ops.stats import reset_stats, stats, synchronize
 from . import nn  # noqa: E402  (the neural-network operations: dmath.nn.conv2d, ...)
 
 

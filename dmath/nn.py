@@ -1,6 +1,6 @@
 """Neural-network operations on distributed batches: softmax, cross-entropy, convolution, pooling,
 batch normalisation, dropout, labels; and fused optimizer steps (sgd_update, adam_update,
-all_finite: dmath/updates.py).
+all_finite).
 
 A batch is a matrix of shape (N, features): row i is sample i, an image
 batch is (N, C*H*W) in NCHW order with the image shape (C, H, W) passed as a
@@ -27,19 +27,18 @@ Every argument is checked on the master before anything is sent to the
 workers; a mistake raises ShapeError, LayoutError, DTypeError or DMathError
 and leaves the runtime usable. This module is the public face: each
 operation (its master half and its kernels) is defined once in its family
-module, dmath/ops/nn_*.py, and the conv/pool window geometry in
+module, dmath/ops/nn/*.py, and the conv/pool window geometry in
 dmath/planning/conv.py.
 """
-from .ops.nn_batch import take_rows, transform_images
-from .ops.nn_conv import conv2d, conv2d_backward, conv2d_output_shape, explain_conv2d
-from .ops.nn_dropout import dropout
-from .ops.nn_format import to_channels_first, to_channels_last
-from .ops.nn_labels import argmax_rows, one_hot
-from .ops.nn_norm import BatchNormSaved, batchnorm, batchnorm_backward
-from .ops.nn_pool import pool2d, pool2d_backward
-from .ops.nn_softmax import log_softmax, softmax, softmax_cross_entropy, softmax_cross_entropy_backward
-# the fused optimizer steps have their own public module; dmath.nn is where users find them
-from .updates import adam_update, all_finite, sgd_update
+from .ops.nn.batch import take_rows, transform_images
+from .ops.nn.conv import conv2d, conv2d_backward, conv2d_output_shape, explain_conv2d
+from .ops.nn.dropout import dropout
+from .ops.nn.format import to_channels_first, to_channels_last
+from .ops.nn.labels import argmax_rows, one_hot
+from .ops.nn.norm import BatchNormSaved, batchnorm, batchnorm_backward
+from .ops.nn.pool import pool2d, pool2d_backward
+from .ops.nn.softmax import log_softmax, softmax, softmax_cross_entropy, softmax_cross_entropy_backward
+from .ops.nn.update import adam_update, all_finite, sgd_update
 
 __all__ = ["sgd_update", "adam_update", "all_finite", "take_rows", "transform_images", "explain_conv2d",
            "softmax", "log_softmax", "softmax_cross_entropy", "softmax_cross_entropy_backward",

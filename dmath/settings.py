@@ -4,7 +4,7 @@
 variable, its value and what it takes; `init()` calls it on every rank before
 any of them starts serving, so a bad value ends the job at once instead of
 hanging or crashing later. The modules read the checked values from
-`current` (the defaults until `init()`). `python -m dmath.environment` and the
+`current` (the defaults until `init()`). `python -m dmath.machine` and the
 README's table list `VARIABLES`.
 """
 import math

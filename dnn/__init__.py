@@ -8,13 +8,21 @@
     model.fit(x, y, batch_size=100, epochs=5)
 
 Packages, bottom to top: graph (nodes, autodiff), ops (differentiable
-functions), layers, optim, losses, model; parallel holds the per-layer
+functions), layers, optim, losses, training (fit loop, recorded programs,
+asynchronous SGD, callbacks, progress), model; parallel holds the per-layer
 strategies. See docs/ARCHITECTURE.md, section dnn.
 """
 from dmath import __version__  # one project, one version
-from . import callbacks, data, graph, initializers, layers, losses, ops, optim, parallel, search
+import sys as _sys
+
+from . import data, graph, initializers, layers, losses, ops, optim, parallel, search, training
+from .training import callbacks
 from .errors import ConfigError, DNNError, GraphError, ModelFileError, ShapeError, TrainingError
 from .model import Sequential, load
+
+# users write dnn.callbacks.ModelCheckpoint and `from dnn.callbacks import ...`: the module lives in
+# dnn/training with the rest of the fit machinery, and is importable under its public name too
+_sys.modules[__name__ + ".callbacks"] = callbacks
 
 __all__ = ["__version__", "Sequential", "load", "data", "graph", "layers", "ops", "optim", "losses", "initializers",
            "callbacks", "parallel", "search", "DNNError", "ShapeError", "ConfigError", "GraphError", "ModelFileError",

@@ -5,9 +5,8 @@
                            loss='cross_entropy', optimizer=dnn.optim.SGD(lr=0.05), dtype='float32')
     history = model.fit(x, y, batch_size=100, epochs=5, validation_data=(xv, yv))
 
-The model builds one `Program` per batch size and mode (dnn.programs): the
-training step is recorded as a dmath plan the first time and replayed after
-that, with each batch written into the same input matrices. The batch is in
+Training (fit, the recorded programs of each batch size and mode) is in
+dnn/training, which the class inherits. The batch is in
 row blocks over the workers (data parallelism); see dnn.parallel for the
 per-layer strategies.
 
@@ -19,29 +18,26 @@ scale adjusts.
 """
 import math
 import numbers
-import time
 import weakref
 
 import numpy as np
 
 import dmath
 
-from . import asgd, callbacks as cbs, losses, optim, serialization
+from . import losses, optim, serialization
 from .data import Dataset
 from .data.dataset import as_dataset
 from .errors import ConfigError, ShapeError
 from .graph.node import canonical_dtype
 from .layers import Dropout, Input, Layer, from_config
-from .programs import Metrics, Program
-from .progress import ProgressBar
+from .training.fit import EVAL_BATCH, Training, positive_int as _positive_int
+from .training.programs import Metrics
 
-#: the batch size evaluate and predict use when none is given
-EVAL_BATCH = 1000
 #: model seeds stay below this: Dropout layers without a seed of their own draw with seed * 1000 + i + 1
 SEED_END = 2 ** 53 // 1000 - 1000
 
 
-class Sequential:
+class Sequential(Training):
     """A linear stack of layers with a loss and an optimizer.
 
     Args:
@@ -84,7 +80,7 @@ class Sequential:
         if channels_last not in (None, True, False):
             raise ConfigError(f"channels_last must be None (on GPUs with cuDNN), True or False, got {channels_last!r}")
         if channels_last is None:
-            channels_last = dmath.device() == "gpu" and dmath.cudnn.available()
+            channels_last = dmath.device() == "gpu" and dmath.gpu.cudnn.available()
         self.channels_last = channels_last
         self.dtype = canonical_dtype(dtype)
         self.param_dtype = "float32" if self.dtype == "float16" else self.dtype
@@ -203,247 +199,6 @@ class Sequential:
     @optimizer.setter
     def optimizer(self, value):
         self._optimizer = optim.get(value)
-
-    def _program_key(self, kind):
-        """What a recorded step of `kind` has baked in besides the weights and data: for training the
-        optimizer object (its state and step matrices), its hyper-parameters (momentum, betas, eps,
-        weight decay: constants of its update commands) and the loss and loss scale; for evaluation
-        the loss. The learning rate and its schedule are left out: the lr is a (1, 1) matrix
-        written before each step, so changing them re-records nothing. The key holds the objects
-        themselves (compared by identity), so none is freed while a step recorded with it lives."""
-        if kind == "train":
-            hyper = {k: v for k, v in self.optimizer.get_config().items() if k not in ("lr", "schedule")}
-            return (self.optimizer, repr(sorted(hyper.items())), self.loss, self.loss_scale)
-        return (self.loss,) if kind == "eval" else ()
-
-    @staticmethod
-    def _drop_stale(feed, kind, key):
-        """Forget the programs of `kind` on `feed` recorded under another key (another optimizer,
-        hyper-parameters or loss): their plans replay the old update, or matrices since freed."""
-        for k, prog in list(feed.programs.items()):
-            if k[0] == kind and prog.key != key:
-                if prog.plan is not None:
-                    prog.plan.close()
-                del feed.programs[k]
-
-    def _program(self, kind, batch, feed, key=None):
-        """The feed's Program of `kind` for batches of `batch` (made at first use). key: this kind's
-        `_program_key`, when the caller worked it out once for many steps (it reads the optimizer's
-        config: an epoch's loop asks once, not at every step)."""
-        if key is None:
-            key = self._program_key(kind)
-        prog = feed.programs.get((kind, batch))
-        if prog is not None and prog.key != key:
-            self._drop_stale(feed, kind, key)
-            prog = None
-        if prog is None:
-            for layer in self.layers:
-                layer.decide(batch, len(self.workers))
-            store = feed.store
-            if kind == "train":
-                # the build and the layouts just decided left cached blocks: given back, the step's
-                # long-lived buffers (batch, optimizer state) get blocks of their own instead of
-                # splitting those, which would pin the rest of each block for good
-                dmath.memory.clear(graphs=False)
-            one_hot = kind != "predict" and self.loss.one_hot(store.y_kind, store.y.shape[1], store.label_range,
-                                                             self.outputs)
-            prog = feed.programs[(kind, batch)] = Program(self, feed, batch, training=kind == "train",
-                                                         with_targets=kind != "predict", one_hot=one_hot)
-            prog.key = key
-            self._last_program = weakref.ref(prog)
-        return prog
-
-    @staticmethod
-    def _batches(n, batch_size):
-        full, rest = divmod(n, batch_size)
-        return [batch_size] * full + ([rest] if rest else [])
-
-    # ---- training ---------------------------------------------------------------------------
-    def fit(self, x, y=None, batch_size=32, epochs=1, validation_data=None, shuffle=True, callbacks=None,
-            verbose=1, validation_split=0.0, initial_epoch=None, terminate_on_nan=True, asynchronous=False,
-            max_staleness=None, groups=None):
-        """Train; returns a History whose `history` maps 'loss', 'accuracy', 'val_loss',
-        'val_accuracy' and 'samples_per_s' to one value per epoch.
-
-        x: a dnn.data.Dataset (y None), or numpy samples (N, C, H, W) or
-        (N, features) with y: integer labels (N,) or target rows (N,
-        outputs); arrays become a Dataset, placed on the workers once for
-        this call. Every epoch the samples are ordered by a permutation of
-        (the model's seed, the epoch number) when shuffle, cut into batches
-        of batch_size (the last one may be smaller), and each step takes its
-        batch on the workers: the master
-        sends no sample bytes. validation_data: (x, y) arrays or a Dataset;
-        validation_split: the last fraction of x (before shuffling) held out
-        instead, as Keras. epochs: how many epochs to run, continuing the
-        epoch count of earlier fit calls; with initial_epoch=k (Keras) the
-        epochs k .. epochs - 1 run instead (resuming a saved run).
-        callbacks: dnn.callbacks.Callback objects. verbose: 0 silent, 1
-        a tqdm progress bar on stderr (when tqdm is installed) and one line
-        per epoch on stdout, 2 the lines only. terminate_on_nan: add a
-        dnn.callbacks.TerminateOnNaN (unless callbacks hold one), which stops
-        training with TrainingError at a NaN or infinite loss or weight, or
-        a float16 loss scale that skips every step.
-
-        asynchronous: True trains with asynchronous SGD (dnn.asgd): the workers
-        split into `groups` groups (default: one per worker; it must divide
-        the number of workers), each computing gradients on its own batches
-        with its own copy of the weights, which a parameter store on worker
-        0 applies as they arrive; a gradient is computed on weights at most
-        `max_staleness` updates old (default groups - 1; 0 is synchronous
-        SGD). The epoch's logs add 'max_staleness' and 'mean_staleness'.
-        """
-        if verbose not in (0, 1, 2) or isinstance(verbose, float):
-            raise ConfigError(f"verbose must be 0, 1 or 2, got {verbose!r}")
-        options = asgd.check_options(self, asynchronous, max_staleness, groups, callbacks)
-        if options is not None and self.resume is not None and self.resume["batch"]:
-            raise ConfigError("a checkpoint saved inside an epoch resumes synchronously (asynchronous=False); "
-                              "asynchronous training starts at an epoch's beginning")
-        batch_size = _positive_int(batch_size, "batch_size")
-        epochs = _positive_int(epochs, "epochs")
-        if initial_epoch is None:
-            first, last = self.epochs_trained, self.epochs_trained + epochs
-        else:
-            if isinstance(initial_epoch, bool) or not isinstance(initial_epoch, numbers.Integral) \
-                    or not 0 <= initial_epoch < epochs:
-                raise ConfigError(f"initial_epoch must be an integer in [0, epochs={epochs}), got {initial_epoch!r}")
-            first, last = int(initial_epoch), epochs
-        train = self._dataset(x, y)
-        val = None
-        if validation_split:
-            if validation_data is not None:
-                raise ConfigError("pass validation_data or validation_split, not both")
-            train, val = train.split(validation_split)
-        elif validation_data is not None:
-            if isinstance(validation_data, Dataset):
-                val = self._dataset(validation_data, None, "validation_data")
-            else:
-                try:
-                    xv, yv = validation_data
-                except (TypeError, ValueError) as exc:
-                    raise ConfigError("validation_data must be a pair (x, y) or a dnn.data.Dataset") from exc
-                val = self._dataset(xv, yv, "validation_data")
-        history = cbs.History()
-        hooks = [history] + _with_nan_guard(callbacks, terminate_on_nan)
-        params = {"epochs": last, "batch_size": batch_size, "verbose": verbose,
-                  "metrics": self._log_names(val is not None, options is not None)}
-        for cb in hooks:
-            if not isinstance(cb, cbs.Callback):
-                raise ConfigError(f"callbacks must be dnn.callbacks.Callback objects, got {cb!r}")
-            cb.model, cb.params = self, params
-        smallest = min(self._batches(len(train), batch_size))
-        for layer in self.layers:
-            layer.check_training_batch(smallest)       # e.g. BatchNorm of a last batch of one sample
-        self.stop_training = False
-        for cb in hooks:
-            cb.on_train_begin()
-        if options is not None:
-            return self._fit_async(train, val, batch_size, shuffle, first, last, verbose, hooks, history, *options)
-        feed = self._feed(train)
-        resume = self._take_resume(first, batch_size, feed.n)
-        for epoch in range(first, last):
-            for cb in hooks:
-                cb.on_epoch_begin(epoch)
-            logs = self._train_epoch(feed, batch_size, shuffle, epoch, last, verbose, hooks, val,
-                                     resume if epoch == first else None)
-            for cb in hooks:
-                cb.on_epoch_end(epoch, logs)
-            if self.stop_training:
-                break
-        for cb in hooks:
-            cb.on_train_end()
-        return history
-
-    def _log_names(self, validation, asynchronous):
-        """The names the epoch's logs of a fit will hold (callbacks check theirs before training)."""
-        names = ["loss"] + (["accuracy"] if self.loss.accuracy else [])
-        if validation:
-            names += [f"val_{k}" for k in names]
-        if asynchronous:
-            names += ["max_staleness", "mean_staleness"]
-        return names + ["samples_per_s"]
-
-    def _fit_async(self, train, val, batch_size, shuffle, first, last, verbose, hooks, history, groups,
-                   max_staleness):
-        """fit's epochs with asynchronous SGD (dnn.asgd.AsyncTrainer)."""
-        self.resume = None
-        trainer = asgd.AsyncTrainer(self, train, batch_size, groups, max_staleness)
-        evaluate = (lambda: self._evaluate(val, EVAL_BATCH)) if val is not None else None
-        # callbacks reading the running metrics (TerminateOnNaN, the bar) read every group's
-        synchronous, self.train_metrics = self.train_metrics, trainer.metrics
-        try:
-            for epoch in range(first, last):
-                for cb in hooks:
-                    cb.on_epoch_begin(epoch)
-                logs = trainer.train_epoch(epoch, last, shuffle, verbose, hooks, evaluate)
-                for cb in hooks:
-                    cb.on_epoch_end(epoch, logs)
-                if self.stop_training:
-                    break
-        finally:
-            self.train_metrics = synchronous
-            trainer.close()
-        for cb in hooks:
-            cb.on_train_end()
-        return history
-
-    def shuffle_key(self, epoch):
-        """The integers that alone decide the sample order of `epoch`: the model's seed and the epoch
-        number (the same order at any worker count, and for a run resumed at that epoch)."""
-        return (self.seed, int(epoch))
-
-    def _take_resume(self, first, batch_size, n):
-        """(batches to skip, metrics state) when a loaded mid-epoch checkpoint continues at epoch `first`."""
-        r = self.resume
-        if r is None or r["epoch"] != first:
-            self.resume = None
-            return None
-        if r["batch_size"] != batch_size:
-            raise ConfigError(f"the checkpoint was saved after batch {r['batch']} of epoch {r['epoch']} with "
-                              f"batch_size={r['batch_size']}: resume it with that batch size, not {batch_size}")
-        if r["batch"] > len(self._batches(n, batch_size)):
-            raise ConfigError(f"the checkpoint was saved after batch {r['batch']} of an epoch, but this data "
-                              f"has fewer batches of {batch_size}: resume with the data it was trained on")
-        self.resume = None
-        return r["batch"], r["metrics"]
-
-    def _train_epoch(self, feed, batch_size, shuffle, epoch, epochs, verbose, hooks, val, resume=None):
-        n = feed.n
-        sizes = self._batches(n, batch_size)
-        skip = resume[0] if resume is not None else 0
-        # the samples of the batches a resumed epoch has done already: not skip * batch_size when
-        # the checkpoint came after a ragged last batch (it holds fewer)
-        skipped = sum(sizes[:skip])
-        feed.start_epoch(self.shuffle_key(epoch) if shuffle else None, epoch, skip=skipped)
-        metrics = self.train_metrics
-        metrics.reset()
-        if resume is not None:
-            metrics.set_state(resume[1])
-        bar = ProgressBar(epoch, epochs, n, verbose)
-        start = time.perf_counter()
-        done = skipped
-        key = self._program_key("train")     # (a change of the optimizer takes effect at the next epoch)
-        for b in range(skip, len(sizes)):
-            size = sizes[b]
-            self._program("train", size, feed, key).run()
-            done += size
-            metrics.samples = done
-            self.position = (epoch, b + 1, batch_size)
-            bar.update(done, metrics.read)
-            for cb in hooks:
-                cb.on_batch_end(b)
-        self.position = None
-        self.epochs_trained = epoch + 1
-        loss, acc = metrics.read()            # a gather: also waits for the epoch's last step
-        elapsed = time.perf_counter() - start
-        logs = {"loss": loss}
-        if self.loss.accuracy:
-            logs["accuracy"] = acc
-        if val is not None:
-            v = self._evaluate(val, EVAL_BATCH)
-            logs.update({f"val_{k}": v for k, v in v.items()})
-        logs["samples_per_s"] = (n - skipped) / elapsed if elapsed > 0 else float("inf")
-        bar.finish(logs)
-        return logs
 
     # ---- evaluation ------------------------------------------------------------------------------
     def evaluate(self, x, y=None, batch_size=None):
@@ -567,14 +322,6 @@ def load(path):
     return serialization.load_model(path)
 
 
-def _with_nan_guard(callbacks, terminate_on_nan):
-    """The user's callbacks, plus a TerminateOnNaN when asked and none is there."""
-    callbacks = list(callbacks or [])
-    if terminate_on_nan and not any(isinstance(cb, cbs.TerminateOnNaN) for cb in callbacks):
-        callbacks.append(cbs.TerminateOnNaN())
-    return callbacks
-
-
 def _check_range(x, dtype, what):
     """Refuse numpy samples that the model's dtype turns into infinity (float16 above 65504)."""
     if dtype != "float16" or isinstance(x, Dataset):
@@ -586,12 +333,6 @@ def _check_range(x, dtype, what):
             raise ConfigError(f"{what}: a float16 model needs inputs within +-{np.finfo(np.float16).max:g}; "
                               f"the largest magnitude here is {biggest:g}, which becomes infinity. Normalise "
                               f"the inputs (or Dataset(..., scale=...)), or use dtype='float32'")
-
-
-def _positive_int(v, what):
-    if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
-        raise ConfigError(f"{what} must be a positive integer, got {v!r}")
-    return int(v)
 
 
 def _layout_name(layout):

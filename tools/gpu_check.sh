@@ -5,7 +5,7 @@
 # Works with any mpiexec on PATH (MPIEXEC overrides): Open MPI's gets --oversubscribe (and, as
 # root, OMPI_ALLOW_RUN_AS_ROOT*), MPICH's Hydra (the mpich wheel's) needs neither.
 # STAGES picks what runs (default: all but bytest, in this order):
-#   info    python -m dmath.info (MPI library, GPUs, NCCL, cuDNN) into OUTDIR/info.txt
+#   info    python -m dmath.machine (MPI library, GPUs, NCCL, cuDNN) into OUTDIR/info.txt
 #   tests   tests/dist at each of TEST_GPUS (default "1 <all>")
 #   bytest  tests/dist one file per job at each of TEST_GPUS (a worker failure breaks its job:
 #           this shows every failing file, not only the first)
@@ -47,7 +47,7 @@ has() { case " $stages " in *" $1 "*) return 0 ;; esac; return 1; }
 status=0
 if has info; then
   echo "== environment =="
-  run "$ngpu" -m dmath.info | tee "$out/info.txt" || status=1
+  run "$ngpu" -m dmath.machine | tee "$out/info.txt" || status=1
 fi
 if has tests; then
   for p in ${TEST_GPUS:-1 $ngpu}; do
@@ -61,7 +61,7 @@ if has tests; then
 fi
 if has bytest; then
   for p in ${TEST_GPUS:-1 $ngpu}; do
-    for f in tests/dist/test_*.py; do
+    for f in tests/dist/*/test_*.py; do
       log="$out/gpu${p}_$(basename "$f" .py).log"
       DMATH_DEVICE=gpu TIMEOUT=${TIMEOUT:-150} run "$p" -m pytest -q -p no:cacheprovider --maxfail=1 "$f" \
         > "$log" 2>&1 || status=1

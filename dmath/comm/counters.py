@@ -5,7 +5,7 @@ KEYS = ("data_bytes_sent", "data_bytes_recv", "data_msgs_sent", "data_msgs_recv"
         # careful commands this rank ran, and the agreements it joined in them (agreement.py)
         "careful_commands", "agreements",
         # batches of a host-held source (a mapped file, host memory) that the read-ahead had gathered
-        # already, and those gathered when asked (ops/nn_batch.py)
+        # already, and those gathered when asked (ops/nn/batch.py)
         "read_ahead_hits", "read_ahead_misses")
 
 counters = dict.fromkeys(KEYS, 0)

@@ -25,7 +25,7 @@ import numpy as np
 from .. import memory
 from ..runtime import Shard
 from ..runtime.registry import generic
-from . import cuda
+from ..gpu import launcher as cuda
 from .elementwise import EWISE, FUNCTIONS, holding_piece
 
 _HELPERS = r"""

@@ -9,9 +9,10 @@ those lower layers never import this one.
 """
 from typing import NamedTuple
 
-from .. import backend, cudnn, memory
+from .. import backend, memory
 from ..comm.control import gather_objects
 from ..errors import OutOfMemoryError
+from ..gpu import cudnn
 from ..memory import kinds, replicas
 from ..runtime import Shard, define, is_initialized, runtime
 from ..runtime import ledger

@@ -1,7 +1,7 @@
 """Window geometry of convolution and pooling: the one place that normalises and checks it.
 
 Pure functions of the arguments, no runtime: the master halves of
-`dmath.nn.conv2d` and `pool2d` (dmath/ops/nn_conv.py, nn_pool.py) and dnn's
+`dmath.nn.conv2d` and `pool2d` (dmath/ops/nn/conv.py, pool.py) and dnn's
 Conv2D and Pool2D (ops and layers) call them, so a mistake is found by one
 rule and raised as one class, `ShapeError`, wherever it is made. The
 `Geometry` they return is the static argument of the convolution and pooling

@@ -338,7 +338,7 @@ class Feed:
         self.order = dmath.zeros((1, self.n), dtype="float64", layout=rep)
         self.position = dmath.zeros((1, 1), dtype="float64", layout=rep)
         self.drawn = dmath.zeros((1, 1), dtype="float64", layout=rep)
-        self.programs = {}       # (kind, batch) -> the model's dnn.programs.Program on this feed
+        self.programs = {}       # (kind, batch) -> the model's dnn.training.programs.Program on this feed
 
     def start_epoch(self, key, epoch, skip=0):
         """Order the samples by `key` (None: stored order) and rewind (to sample `skip` of the epoch,

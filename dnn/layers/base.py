@@ -97,7 +97,7 @@ class Layer:
 
     #: strategies this layer accepts
     strategies = ("data",)
-    #: the order of image rows the layer reads (dnn.programs converts between layers): 'nchw';
+    #: the order of image rows the layer reads (dnn.training.programs converts between layers): 'nchw';
     #: 'any' (elementwise: as they come); 'channels_last' (convolution, pooling: channels-last
     #: when the model runs so)
     image_rows = "nchw"

@@ -94,7 +94,7 @@ class Conv2D(Layer):
 
     def pre_activation(self, x, ctx):
         """The convolution's node before the layer's activation (a model's last layer: its
-        activation is fused with the loss instead, dnn.programs.split_head)."""
+        activation is fused with the loss instead, dnn.training.programs.split_head)."""
         return self._convolve(x, ctx, None)
 
     def _convolve(self, x, ctx, fused):

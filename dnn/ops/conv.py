@@ -12,7 +12,7 @@ Convolution and pooling read their input in the order it comes in: NCHW
 rows, or channels-last rows (a node's `channels_last`, made by
 to_channels_last), and give their output in the same order. A Sequential
 model on a GPU converts once before its first convolution and back before
-its first layer that reads NCHW (dnn.programs), so cuDNN never converts.
+its first layer that reads NCHW (dnn.training.programs), so cuDNN never converts.
 """
 import contextlib
 

@@ -11,7 +11,7 @@ import os
 import pytest
 
 # float32 convolutions in float32, not TF32 (the tests compare them with float32 tolerances): set
-# before dmath is imported (dmath.cudnn reads it), on every rank, unless the environment chose
+# before dmath is imported (dmath.gpu.cudnn reads it), on every rank, unless the environment chose
 os.environ.setdefault("DMATH_TF32", "0")
 
 import dmath  # noqa: E402

@@ -1,4 +1,4 @@
-"""dnn.asgd.Schedule: the bookkeeping of asynchronous SGD, checked without workers.
+"""dnn.training.asgd.Schedule: the bookkeeping of asynchronous SGD, checked without workers.
 
 Every batch is computed once, by group t mod G; every gradient is applied
 once, in the order computed; no gradient is applied more than k versions
@@ -9,7 +9,7 @@ import itertools
 
 import pytest
 
-from dnn.asgd import Schedule, worker_groups
+from dnn.training.asgd import Schedule, worker_groups
 
 
 def replay(schedule, nbatches):

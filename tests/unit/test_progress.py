@@ -3,7 +3,7 @@ import io
 
 import pytest
 
-from dnn import progress
+from dnn.training import progress
 
 
 def _run(verbose, interval=0.0):

@@ -1,0 +1,342 @@
+"""Convolutions through cuDNN's graph API (NVIDIA's `nvidia-cudnn-frontend` package, the `gpu` extra).
+
+One `ConvPlan` per (direction, shapes, groups, dtype), made at the first use
+of that shape and cached for the process: cuDNN's operation graph for the
+forward pass, the data gradient or the weight gradient, every execution
+plan its heuristics offer that builds on this GPU, and the one chosen by
+timing each on the call's own buffers (dMath's "algorithm selected from
+timing samples and system constraints"; PyTorch's cudnn.benchmark). Plans
+whose workspace does not fit the memory the worker has (the pool's limit or
+the device's free memory) are never tried. `explain()` lists the choices.
+
+Execution runs on the current stream with raw device pointers and one
+workspace per worker, shared by every plan: it grows to the largest chosen
+plan's need and stays. Plans of several hundred MB each, allocated and freed
+per call, fragment a pool (above all a captured graph's own pool, which
+keeps whatever it grew to); one buffer, reused in stream order, does not. A
+step of cuDNN calls can be captured into a CUDA graph once its plans are
+built (a capture never builds or times); the graph keeps the buffer it was
+captured with alive (memory.keep_for_capture), even after a later plan makes
+the worker's workspace grow.
+
+cuDNN is optional: without the package or the library, or when cuDNN
+declines a case (`Refused`), the callers use im2col and cuBLAS instead.
+`DMATH_CUDNN=0` turns cuDNN off; `DMATH_TF32=0` keeps float32 convolutions
+off TF32 tensor cores.
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import backend, memory, settings
+from ..planning.conv import output_length
+
+#: timed runs per candidate plan (after one warm-up run); the median decides
+TIMED_RUNS = 3
+#: a plan within this factor of the fastest one's time counts as fast: of those, the one with the
+#: smallest workspace is chosen (the workspace is held for good; a few percent of one kernel's time
+#: is not worth hundreds of MB of every GPU's memory)
+NEAR_FASTEST = 1.05
+
+
+class Refused(Exception):
+    """cuDNN cannot run this case here (no library, or no engine supports it)."""
+
+
+class ConvKey(NamedTuple):
+    """Everything a convolution plan depends on."""
+    direction: str      # 'fprop', 'dgrad' or 'wgrad'
+    n: int
+    c: int
+    h: int
+    w: int
+    k: int
+    kh: int
+    kw: int
+    sh: int
+    sw: int
+    ph: int
+    pw: int
+    dh: int
+    dw: int
+    groups: int
+    dtype: str
+    epilogue: str = ""  # fprop only: '', 'bias', 'relu' or 'bias_relu', fused after the convolution
+    channels_last: bool = False     # NHWC activations and (K, kh, kw, C/groups) filters
+
+    @property
+    def out_hw(self):
+        return (output_length(self.h, self.kh, self.sh, self.ph, self.dh),
+                output_length(self.w, self.kw, self.sw, self.pw, self.dw))
+
+    @property
+    def flops(self):
+        ho, wo = self.out_hw
+        return 2 * self.n * self.k * ho * wo * (self.c // self.groups) * self.kh * self.kw
+
+
+_state = {}
+_plans = {}
+
+
+def _module():
+    """The `cudnn` frontend module and this process's handle, or None when cuDNN is unusable here."""
+    if "cudnn" not in _state:
+        _state["cudnn"] = None
+        _state["why"] = "disabled by DMATH_CUDNN=0" if not settings.current.cudnn else None
+        if settings.current.cudnn and backend.current().is_gpu:
+            try:
+                import cudnn
+                _state["handle"] = cudnn.create_handle()
+                _state["cudnn"] = cudnn
+                _state["version"] = cudnn.backend_version()
+            except Exception as exc:  # noqa: BLE001 - any failure to load means "no cuDNN": im2col instead
+                _state["why"] = f"{type(exc).__name__}: {exc}"
+    return _state["cudnn"]
+
+
+def available():
+    """True when convolutions can go through cuDNN on this worker (GPU backend, frontend and library load)."""
+    return _module() is not None
+
+
+def status():
+    """A line saying whether cuDNN is used, and why not."""
+    if available():
+        return f"cuDNN {_state['version']} through nvidia-cudnn-frontend"
+    return f"cuDNN not used: {_state.get('why') or 'CPU backend'}"
+
+
+def _types(cudnn, dtype):
+    dt = cudnn.data_type
+    return {"float16": (dt.HALF, dt.FLOAT, dt.FLOAT), "float32": (dt.FLOAT, dt.FLOAT, dt.FLOAT),
+            "float64": (dt.DOUBLE, dt.DOUBLE, dt.DOUBLE)}[dtype]
+
+
+def _strides(dims, channels_last):
+    """Fully packed strides of the (n, c, h, w) `dims` in NCHW or NHWC order (given explicitly:
+    cuDNN must not guess a layout); a filter (k, c, kh, kw) alike (KCRS or KRSC)."""
+    n, c, h, w = dims
+    return [c * h * w, 1, w * c, c] if channels_last else [c * h * w, h * w, w, 1]
+
+
+class ConvPlan:
+    """A built convolution graph of one ConvKey, its candidate plans and the chosen one."""
+
+    def __init__(self, key):
+        cudnn = _module()
+        if cudnn is None:
+            raise Refused(status())
+        self.key = key
+        io, inter, comp = _types(cudnn, key.dtype)
+        ho, wo = key.out_hw
+        x_dims = [key.n, key.c, key.h, key.w]
+        w_dims = [key.k, key.c // key.groups, key.kh, key.kw]
+        y_dims = [key.n, key.k, ho, wo]
+        conv = dict(padding=[key.ph, key.pw], stride=[key.sh, key.sw], dilation=[key.dh, key.dw])
+        last = key.channels_last
+        try:
+            g = cudnn.pygraph(io_data_type=io, intermediate_data_type=inter, compute_data_type=comp,
+                              handle=_state["handle"])
+            extra = ()
+            if key.direction == "fprop":
+                a = g.tensor(name="x", dim=x_dims, stride=_strides(x_dims, last), data_type=io)
+                b = g.tensor(name="w", dim=w_dims, stride=_strides(w_dims, last), data_type=io)
+                out, out_dims = g.conv_fprop(image=a, weight=b, **conv), y_dims
+                if "bias" in key.epilogue:
+                    b_dims = [1, key.k, 1, 1]
+                    bias = g.tensor(name="b", dim=b_dims, stride=_strides(b_dims, last), data_type=io)
+                    out = g.bias(input=out, bias=bias)
+                    extra = (bias,)
+                if "relu" in key.epilogue:
+                    out = g.relu(input=out)
+            elif key.direction == "dgrad":
+                a = g.tensor(name="dy", dim=y_dims, stride=_strides(y_dims, last), data_type=io)
+                b = g.tensor(name="w", dim=w_dims, stride=_strides(w_dims, last), data_type=io)
+                out, out_dims = g.conv_dgrad(loss=a, filter=b, **conv), x_dims
+            else:
+                a = g.tensor(name="x", dim=x_dims, stride=_strides(x_dims, last), data_type=io)
+                b = g.tensor(name="dy", dim=y_dims, stride=_strides(y_dims, last), data_type=io)
+                out, out_dims = g.conv_wgrad(image=a, loss=b, **conv), w_dims
+            out.set_output(True).set_dim(out_dims).set_stride(_strides(out_dims, last)).set_data_type(io)
+            g.validate()
+            g.build_operation_graph()
+            g.create_execution_plans([cudnn.heur_mode.A, cudnn.heur_mode.FALLBACK])
+            # float32 may run on TF32 tensor cores (about 1e-3 relative error) as PyTorch's does by
+            # default; DMATH_TF32=0 never builds the plans whose notes say tensor cores or
+            # down-converted inputs (which plan wins the timing varies, and its last digits with it)
+            if key.dtype == "float32" and not settings.current.tf32:
+                note = cudnn.numerical_note
+                g.deselect_numeric_notes([note.TENSOR_CORE, note.DOWN_CONVERT_INPUTS])
+            g.check_support()
+            g.build_plans(cudnn.build_plan_policy.ALL)
+            count = g.get_execution_plan_count()
+        except Exception as exc:  # noqa: BLE001 - cuDNN's many "not supported" errors all mean: fall back
+            raise Refused(f"cuDNN declined {key}: {type(exc).__name__}: {exc}") from exc
+        self.graph, self.tensors = g, (a, b) + extra + (out,)
+        self.candidates = []
+        for i in range(count):
+            try:
+                name = g.get_plan_name_at_index(i)
+            except Exception:  # noqa: BLE001 - a name is only for explain()
+                name = f"plan {i}"
+            try:
+                ws = int(g.get_workspace_size_plan_at_index(i))
+            except Exception:  # noqa: BLE001 - a plan that did not build has no workspace size
+                continue
+            self.candidates.append({"index": i, "name": name, "workspace": ws, "ms": None})
+        if not self.candidates:
+            raise Refused(f"cuDNN built no plan for {key}")
+        self.choice = None
+        self.why = ""
+
+    def _execute(self, index, ptrs, workspace):
+        cudnn = _module()
+        handle = _state["handle"]
+        cudnn.set_stream(handle, backend.current().xp.cuda.get_current_stream().ptr)
+        pack = dict(zip(self.tensors, ptrs))
+        self.graph.execute_plan_at_index(pack, workspace, index, handle)
+
+    def _workspace(self, nbytes):
+        return memory.empty((max(nbytes, 1),), np.uint8)
+
+    def tune(self, ptrs, budget):
+        """Time every candidate whose workspace fits `budget` bytes on these buffers; keep the one with
+        the smallest workspace among those within NEAR_FASTEST of the fastest."""
+        xp = backend.current().xp
+        stream = xp.cuda.get_current_stream()
+        fitting = [c for c in self.candidates if c["workspace"] <= budget]
+        if not fitting:
+            raise Refused(f"no cuDNN plan for {self.key} fits the {budget:,} bytes the worker can spare")
+        best = None
+        for c in fitting:
+            ws = self._workspace(c["workspace"])
+            try:
+                self._execute(c["index"], ptrs, ws.data.ptr)            # warm-up (and: does it run?)
+                times = []
+                for _ in range(TIMED_RUNS):
+                    start, end = xp.cuda.Event(), xp.cuda.Event()
+                    start.record(stream)
+                    self._execute(c["index"], ptrs, ws.data.ptr)
+                    end.record(stream)
+                    end.synchronize()
+                    times.append(xp.cuda.get_elapsed_time(start, end))
+            except Exception as exc:  # noqa: BLE001 - a plan that fails to run is not chosen
+                c["error"] = f"{type(exc).__name__}: {exc}"
+                continue
+            c["ms"] = float(np.median(times))
+            if best is None or c["ms"] < best["ms"]:
+                best = c
+            del ws
+        if best is None:
+            raise Refused(f"no cuDNN plan for {self.key} ran: {[c.get('error') for c in fitting]}")
+        fast = [c for c in fitting if c["ms"] is not None and c["ms"] <= best["ms"] * NEAR_FASTEST]
+        self.choice = min(fast, key=lambda c: (c["workspace"], c["ms"]))
+        skipped = len(self.candidates) - len(fitting)
+        lean = "" if self.choice is best else (f"; the fastest ({best['ms']:.3f} ms) needs a workspace of "
+                                               f"{best['workspace']:,} bytes")
+        self.why = (f"smallest workspace within {NEAR_FASTEST:g}x of the fastest of {len(fitting)} timed plan(s)"
+                    + lean
+                    + (f"; {skipped} skipped for a workspace over {budget:,} bytes" if skipped else ""))
+
+    def run(self, ptrs):
+        """Run the chosen plan on device pointers (inputs, then the output), on the current stream."""
+        c = self.choice
+        ws = shared_workspace(c["workspace"])
+        memory.keep_for_capture(ws)
+        self._execute(c["index"], ptrs, ws.data.ptr)
+
+
+def shared_workspace(nbytes):
+    """The worker's cuDNN workspace, grown to at least `nbytes` (a new buffer replaces a smaller one:
+    the old one lives on only in the graphs captured with it)."""
+    ws = _state.get("workspace")
+    if ws is None or ws.size < nbytes:
+        _state["workspace"] = None                  # the old buffer may go back to the pool first
+        ws = _state["workspace"] = memory.empty((max(nbytes, 1),), np.uint8)
+    return ws
+
+
+def workspace_bytes():
+    """The size of the worker's shared workspace now (0: none)."""
+    ws = _state.get("workspace")
+    return 0 if ws is None else int(ws.size)
+
+
+def release_workspace():
+    """Drop the worker's shared workspace (dmath.memory.clear): the next convolution makes one of the
+    size its plan needs. A graph captured with the old one keeps it alive (memory.keep_for_capture)."""
+    _state["workspace"] = None
+
+
+def _budget():
+    """Workspace bytes this worker can spare: a quarter of what the pool may still take."""
+    xp = backend.current().xp
+    free, _ = xp.cuda.runtime.memGetInfo()
+    stats = memory.local_stats()
+    room = free + stats["cached"]
+    limit = stats.get("limit")
+    if limit is not None:
+        room = min(room, max(0, limit - stats["in_use"]))
+    return room // 4
+
+
+def conv(key, ptrs):
+    """Run the convolution `key` on device pointers (two inputs, the bias of a bias epilogue, then
+    the output).
+
+    The first call of a key builds and times its plans (raises Refused when
+    cuDNN cannot do it; the caller falls back); later calls only execute.
+    Must not be first called while the stream is being captured.
+    """
+    plan = _plans.get(key)
+    if plan is None:
+        if key in _plans:
+            raise Refused(f"cuDNN declined {key} before")
+        try:
+            plan = ConvPlan(key)
+            plan.tune(ptrs, _budget())
+        except Refused:
+            _plans[key] = None
+            raise
+        _plans[key] = plan
+    plan.run(ptrs)
+
+
+def known(key):
+    """True when `key` has a chosen plan (so a run needs no building or timing: safe in a capture)."""
+    return _plans.get(key) is not None
+
+
+def explain():
+    """Every convolution shape seen by this worker: what cuDNN chose and why (or why not), as dicts."""
+    out = []
+    for key, plan in _plans.items():
+        row = {"key": key._asdict()}
+        if plan is None:
+            row["engine"] = "im2col + cuBLAS (cuDNN declined)"
+        else:
+            c = plan.choice
+            ms = c["ms"]
+            row.update(engine=c["name"], ms=ms, workspace=c["workspace"], why=plan.why,
+                       tflops=key.flops / (ms * 1e-3) / 1e12 if ms else None,
+                       candidates=[{k: v for k, v in cand.items() if k != "index"} for cand in plan.candidates])
+        out.append(row)
+    return out
+
+
+def describe(rows):
+    """explain()'s rows as text, one line per shape."""
+    lines = []
+    for r in rows:
+        k = r["key"]
+        shape = (f"{k['direction']:5s} n{k['n']} c{k['c']} {k['h']}x{k['w']} -> k{k['k']} {k['kh']}x{k['kw']}"
+                 f" s{k['sh']} p{k['ph']} d{k['dh']} g{k['groups']} {k['dtype']}"
+                 + (" NHWC" if k.get("channels_last") else "") + (f" +{k['epilogue']}" if k.get("epilogue") else ""))
+        if "ms" not in r:
+            lines.append(f"{shape}: {r['engine']}")
+        else:
+            tf = f", {r['tflops']:.1f} TFLOP/s" if r.get("tflops") else ""
+            lines.append(f"{shape}: {r['engine']} {r['ms']:.3f} ms{tf}, workspace {r['workspace']:,} B ({r['why']})")
+    return "\n".join(lines)
+

@@ -1,0 +1,235 @@
+"""Batch normalisation kernels (BatchNorm1d over features, BatchNorm2d over channels).
+
+Statistics are over the whole batch: each member of a RowBlock batch sums its
+samples and the sums are all-reduced over the batch's group, so every worker
+normalises with the statistics a single worker would compute (up to the
+order of the additions). The mean and the variance take two passes (and two
+all-reduces of C numbers): the variance is a sum of squared deviations,
+never E[x^2] - E[x]^2, which cancels badly in float32. float16 data computes
+in float32.
+
+A batch of N samples with C channels of S = H*W pixels (S = 1 for 1d) is
+viewed as (n, C, S); per-channel statistics run over n and S.
+"""
+from typing import NamedTuple
+
+from ... import backend
+from ...errors import DMathError, LayoutError, ShapeError
+from ...layout import Replicated
+from ...planning.conv import image
+from ...runtime import define, runtime
+from ...runtime.registry import collectives_in_graphs
+from . import args, rows
+from ..base import dispatch, new_meta
+
+
+class BatchNormArgs(NamedTuple):
+    """Static arguments of `nn_batchnorm` and `nn_batchnorm_backward`."""
+    channels: int    # C: features (1d) or image channels (2d)
+    training: bool   # the batch's statistics (True) or the running ones (False)
+
+
+BATCHNORM = define("nn_batchnorm", BatchNormArgs)
+BATCHNORM_BACKWARD = define("nn_batchnorm_backward", BatchNormArgs)
+
+
+# ---- master halves ----------------------------------------------------------------------
+class BatchNormSaved(NamedTuple):
+    """What batchnorm hands to batchnorm_backward.
+
+    stats: (2, C) Matrix replicated over the batch's workers, row 0 the mean
+    and row 1 1/sqrt(var + eps) that normalised the batch (float32 for a
+    float16 batch); training: whether they were the batch's statistics
+    (True) or the running ones (False).
+    """
+    stats: object    # a dmath.Matrix (this layer sits below matrix.py)
+    training: bool
+
+
+def _channels_of(x, image_shape, what):
+    """(C, pixels per channel) of batch `x`: image channels, or its features when image_shape is None."""
+    if image_shape is None:
+        return x.shape[1], 1
+    c, h, w = image(image_shape, x.shape[1], what)
+    return c, h * w
+
+
+def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, training=True,
+              momentum=0.1, eps=1e-5):
+    """Batch normalisation: (Y, saved).
+
+    image_shape (C, H, W): per-channel statistics over N, H and W
+    (BatchNorm2d); None: per-feature statistics over N (BatchNorm1d). gamma,
+    beta, running_mean, running_var are (1, C). Training normalises with the
+    batch's statistics, all-reduced over the batch's workers, and updates
+    running_mean and running_var in place (PyTorch's rule: r = (1 - m) r + m
+    s, with the unbiased variance); they must then be Replicated over exactly
+    the batch's workers. training=False normalises with the running
+    statistics. `saved` (a BatchNormSaved) goes to batchnorm_backward.
+    """
+    x = args.rows(x, "batchnorm: x")
+    channels, pixels = _channels_of(x, image_shape, "batchnorm")
+    training = bool(training)
+    for m, what in ((gamma, "gamma"), (beta, "beta"), (running_mean, "running_mean"),
+                    (running_var, "running_var")):
+        args.require(m, f"batchnorm: {what}")
+        args.expect_shape(m, (1, channels), f"batchnorm: {what}")
+    eps = args.real(eps, "batchnorm: eps")
+    if eps <= 0:
+        raise DMathError(f"batchnorm: eps must be positive, got {eps}")
+    momentum = args.real(momentum, "batchnorm: momentum")
+    if not 0.0 <= momentum <= 1.0:
+        raise DMathError(f"batchnorm: momentum must be in [0, 1], got {momentum}")
+    group = args.group_of(x)
+    count = x.shape[0] * pixels
+    if training:
+        if count < 2:
+            raise ShapeError(f"batchnorm: training needs more than one value per channel, "
+                             f"got {x.shape[0]} samples of {pixels} pixels")
+        p = runtime().nworkers
+        for m, what in ((running_mean, "running_mean"), (running_var, "running_var")):
+            if not m.layout.replicated or set(m.layout.members(p)) != set(group):
+                raise LayoutError(f"batchnorm: {what} is updated in place, so it must be Replicated over "
+                                  f"the batch's workers {group}; it is {m.layout}")
+        running = [running_mean, running_var]
+    else:
+        running = [args.replicated(running_mean, group, "batchnorm: running_mean"),
+                   args.replicated(running_var, group, "batchnorm: running_var")]
+    inputs = [x, args.replicated(gamma, group, "batchnorm: gamma"),
+              args.replicated(beta, group, "batchnorm: beta")] + running
+    outs = [new_meta(x.layout, x.shape, x.dtype),
+            new_meta(Replicated(group), (2, channels), rows.compute_dtype(x.dtype).name)]
+    if training:
+        outs += [3, 4]
+    made, _ = dispatch("nn_batchnorm", inputs, outs, static=BATCHNORM.static(channels=channels, training=training),
+                       scalars=(momentum, eps, count / (count - 1) if count > 1 else 1.0))
+    return made[0], BatchNormSaved(made[1], training)
+
+
+def batchnorm_backward(dy, x, gamma, saved, image_shape=None):
+    """Gradients of batchnorm: (dX, dgamma, dbeta).
+
+    dX in x's row layout; dgamma and dbeta (1, C), in gamma's dtype,
+    Replicated over the batch's workers (already summed over the batch).
+    """
+    x = args.rows(x, "batchnorm_backward: x")
+    channels, _ = _channels_of(x, image_shape, "batchnorm_backward")
+    args.require(dy, "batchnorm_backward: dy")
+    args.expect_shape(dy, x.shape, "batchnorm_backward: dy")
+    args.require(gamma, "batchnorm_backward: gamma")
+    args.expect_shape(gamma, (1, channels), "batchnorm_backward: gamma")
+    if not isinstance(saved, BatchNormSaved):
+        raise DMathError(f"batchnorm_backward: saved must be what batchnorm returned, got {type(saved).__name__}")
+    args.require(saved.stats, "batchnorm_backward: saved.stats")
+    args.expect_shape(saved.stats, (2, channels), "batchnorm_backward: saved.stats")
+    group = args.group_of(x)
+    inputs = [args.like(dy, x, "batchnorm_backward: dy"), x,
+              args.replicated(gamma, group, "batchnorm_backward: gamma"),
+              args.replicated(saved.stats, group, "batchnorm_backward: saved.stats")]
+    rep = Replicated(group)
+    outs = [new_meta(x.layout, x.shape, x.dtype), new_meta(rep, (1, channels), gamma.dtype),
+            new_meta(rep, (1, channels), gamma.dtype)]
+    static = BATCHNORM_BACKWARD.static(channels=channels, training=bool(saved.training))
+    return tuple(dispatch("nn_batchnorm_backward", inputs, outs, static=static)[0])
+
+
+# ---- kernels -------------------------------------------------------------------------------
+
+
+def _channels(x, channels, dtype):
+    # explicit sizes: a worker may hold no samples, and -1 cannot be inferred from an empty array
+    return x.reshape(x.shape[0], channels, x.shape[1] // channels).astype(dtype, copy=False)
+
+
+def _channel_sums(a3):
+    """Sums over samples and pixels of an (n, C, S) array: along each contiguous row of pixels first
+    (one strided reduction over two axes at once is several times slower on a GPU)."""
+    return a3.sum(axis=2).sum(axis=0)
+
+
+def _vec(a, dtype):
+    """A replicated (1, C) or (2, C) parameter row as a (C, 1) column that broadcasts over (n, C, S)."""
+    return a.reshape(-1, 1).astype(dtype, copy=False)
+
+
+@BATCHNORM.kernel(capturable=lambda entry: collectives_in_graphs() or entry.in_dists[0].replicated)
+def _batchnorm(call):
+    """Inputs X, gamma, beta, running_mean, running_var;
+    outputs Y, stats (2, C) = [mean; 1/sqrt(var + eps)], and, when training, running_mean
+    and running_var updated in place. scalars = (momentum, eps, M / (M - 1)), M = N * S.
+    """
+    xp = backend.current().xp
+    channels, training = call.entry.static.channels, call.entry.static.training
+    momentum, eps, unbias = call.scalars
+    src = call.inputs[0]
+    x = rows.local(src)
+    if x is None:
+        return rows.nothing_here(call)
+    (stats,) = rows.new_output(call, 1)
+    cdt = stats.dtype
+    x3 = _channels(x, channels, cdt)
+    rm, rv = rows.local(call.inputs[3]), rows.local(call.inputs[4])
+    if training:
+        count = src.dist.shape[0] * x3.shape[2]
+        mean = _channel_sums(x3)
+        rows.sum_over_batch(call, src.dist, mean)
+        mean *= 1.0 / count
+        dev = x3 - mean.reshape(-1, 1)
+        var = _channel_sums(dev * dev)
+        rows.sum_over_batch(call, src.dist, var)
+        var *= 1.0 / count
+        # PyTorch's convention: the running variance is the unbiased estimate
+        rm[...] = (1.0 - momentum) * rm + momentum * mean.reshape(rm.shape)
+        rv[...] = (1.0 - momentum) * rv + (momentum * unbias) * var.reshape(rv.shape)
+    else:
+        mean, var = rm.reshape(-1).astype(cdt), rv.reshape(-1).astype(cdt)
+        dev = x3 - mean.reshape(-1, 1)
+    stats[0] = mean
+    stats[1] = 1.0 / xp.sqrt(var + eps)
+    gamma, beta = rows.local(call.inputs[1]), rows.local(call.inputs[2])
+    (out,) = rows.new_output(call, 0)
+    scale = stats[1].reshape(-1, 1) * _vec(gamma, cdt)
+    out.reshape(x3.shape)[...] = dev * scale + _vec(beta, cdt)
+    shards = [rows.shard(call, 0, [out]), rows.shard(call, 1, [stats])]
+    if training:
+        shards += [call.inputs[3], call.inputs[4]]
+    return shards
+
+
+@BATCHNORM_BACKWARD.kernel(capturable=lambda entry: collectives_in_graphs() or entry.in_dists[1].replicated)
+def _batchnorm_backward(call):
+    """Inputs dY, X, gamma, stats; outputs dX, dgamma, dbeta.
+
+    With x_hat = (x - mean) * r (r = 1/sqrt(var + eps)), over the M values of a channel:
+      dbeta = sum(dy), dgamma = sum(dy * x_hat),
+      training: dx = gamma * r / M * (M * dy - dbeta - x_hat * dgamma)
+      eval:     dx = gamma * r * dy   (the running statistics are constants)
+    """
+    xp = backend.current().xp
+    channels, training = call.entry.static.channels, call.entry.static.training
+    src = call.inputs[1]
+    dy, x = rows.local(call.inputs[0]), rows.local(src)
+    if x is None:
+        return rows.nothing_here(call)
+    stats = rows.local(call.inputs[3])
+    cdt = stats.dtype
+    x3, dy3 = _channels(x, channels, cdt), _channels(dy, channels, cdt)
+    mean, r = stats[0].reshape(-1, 1), stats[1].reshape(-1, 1)
+    xhat = (x3 - mean) * r
+    sums = xp.empty(2 * channels, dtype=cdt)
+    sums[:channels] = _channel_sums(dy3)
+    sums[channels:] = _channel_sums(dy3 * xhat)
+    rows.sum_over_batch(call, src.dist, sums)
+    dbeta, dgamma = sums[:channels].reshape(-1, 1), sums[channels:].reshape(-1, 1)
+    g = _vec(rows.local(call.inputs[2]), cdt)
+    (dx,) = rows.new_output(call, 0)
+    if training:
+        count = src.dist.shape[0] * x3.shape[2]
+        dx.reshape(x3.shape)[...] = (g * r * (1.0 / count)) * (count * dy3 - dbeta - xhat * dgamma)
+    else:
+        dx.reshape(x3.shape)[...] = (g * r) * dy3
+    (dg,) = rows.new_output(call, 1)
+    (db,) = rows.new_output(call, 2)
+    dg[...] = dgamma.reshape(dg.shape)
+    db[...] = dbeta.reshape(db.shape)
+    return [rows.shard(call, 0, [dx]), rows.shard(call, 1, [dg]), rows.shard(call, 2, [db])]

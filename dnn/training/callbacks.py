@@ -1,0 +1,322 @@
+"""Callbacks of Model.fit, and the History it returns.
+
+A callback's hooks get the epoch's logs: {'loss', 'accuracy', 'val_loss',
+'val_accuracy', 'samples_per_s'} as far as they apply. Per-batch hooks get
+no values: reading the loss costs a gather from the workers, so the model
+reads it once per epoch (and when the progress bar redraws).
+"""
+import math
+import numbers
+import os
+import string
+
+import dmath
+
+from ..errors import ConfigError, TrainingError
+
+
+class Callback:
+    """Base: override the hooks you need. fit sets `self.model` and `self.params` (as Keras):
+    {'epochs', 'batch_size', 'verbose', 'metrics': the names the epoch's logs will hold}."""
+
+    model = None
+    params = None
+
+    def on_train_begin(self, logs=None):
+        pass
+
+    def on_epoch_begin(self, epoch, logs=None):
+        pass
+
+    def on_batch_end(self, batch, logs=None):
+        pass
+
+    def on_epoch_end(self, epoch, logs=None):
+        pass
+
+    def on_train_end(self, logs=None):
+        pass
+
+
+class History(Callback):
+    """What fit returns: `history[key]` lists the value of each epoch; `epoch` the epoch indices."""
+
+    def __init__(self):
+        self.history = {}
+        self.epoch = []
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.epoch.append(epoch)
+        for k, v in (logs or {}).items():
+            self.history.setdefault(k, []).append(v)
+
+    def __getitem__(self, key):
+        return self.history[key]
+
+    def __contains__(self, key):
+        return key in self.history
+
+    def __repr__(self):
+        return f"History({self.history})"
+
+    def plot(self, path=None):
+        """Training curves: loss (and val_loss) and accuracy (and val_accuracy) against the epoch.
+
+        Returns the matplotlib Figure; with `path` it is also written there
+        (PNG, SVG, ... by the suffix). Needs matplotlib (the `plot` extra).
+        """
+        return plot_curves(self.epoch, self.history, path)
+
+
+def pyplot():
+    """matplotlib.pyplot (imported on first use: matplotlib stays optional), or an ImportError that
+    says how to get it. Without a display matplotlib picks a file-only backend itself."""
+    try:
+        import matplotlib.pyplot as plt
+    except ImportError as exc:
+        raise ImportError("plots need matplotlib: pip install 'dmath-dnn[plot]' (or pip install matplotlib)") \
+            from exc
+    return plt
+
+
+def plot_curves(epochs, history, path=None):
+    """The figure of History.plot from epoch numbers and {'loss': [...], 'val_loss': [...], ...}."""
+    plt = pyplot()
+    panels = [k for k in ("loss", "accuracy") if k in history or f"val_{k}" in history]
+    fig, axes = plt.subplots(1, max(len(panels), 1), figsize=(5 * max(len(panels), 1), 3.6), squeeze=False)
+    x = [e + 1 for e in epochs]
+    for ax, key in zip(axes[0], panels):
+        for name, style in ((key, "-o"), (f"val_{key}", "--s")):
+            if name in history:
+                ax.plot(x, history[name], style, label=name, markersize=4)
+        ax.set_xlabel("epoch")
+        ax.set_ylabel(key)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    if path is not None:
+        fig.savefig(path, dpi=100)
+    return fig
+
+
+class PlotHistory(Callback):
+    """Write the training curves to `path` (a PNG) at the end of every epoch: a run can be watched."""
+
+    def __init__(self, path):
+        self.path = path
+        self.history = History()
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.history.on_epoch_end(epoch, logs)
+        pyplot().close(self.history.plot(self.path))
+
+
+class LambdaCallback(Callback):
+    """A callback from functions: on_epoch_end=lambda epoch, logs: ..., and so on."""
+
+    def __init__(self, on_train_begin=None, on_epoch_begin=None, on_batch_end=None, on_epoch_end=None,
+                 on_train_end=None):
+        for name, fn in (("on_train_begin", on_train_begin), ("on_epoch_begin", on_epoch_begin),
+                         ("on_batch_end", on_batch_end), ("on_epoch_end", on_epoch_end),
+                         ("on_train_end", on_train_end)):
+            if fn is not None:
+                setattr(self, name, fn)
+
+
+class EarlyStopping(Callback):
+    """Stop training when `monitor` has not improved by min_delta for `patience` epochs in a row
+    (as Keras: with patience=2, after the second epoch without improvement; 0 stops at the first)."""
+
+    def __init__(self, monitor="val_loss", patience=0, min_delta=0.0, mode="auto"):
+        if mode not in ("auto", "min", "max"):
+            raise ConfigError(f"EarlyStopping: mode must be 'auto', 'min' or 'max', got {mode!r}")
+        self.monitor, self.patience, self.min_delta = monitor, int(patience), abs(float(min_delta))
+        self.sign = -1.0 if mode == "max" or (mode == "auto" and "acc" in monitor) else 1.0
+        self.best, self.wait, self.stopped_epoch = math.inf, 0, None
+
+    def on_train_begin(self, logs=None):
+        self.best, self.wait, self.stopped_epoch = math.inf, 0, None
+
+    def on_epoch_end(self, epoch, logs=None):
+        if not logs or self.monitor not in logs:
+            raise ConfigError(f"EarlyStopping: {self.monitor!r} is not in the epoch's logs {sorted(logs or {})}")
+        value = self.sign * logs[self.monitor]
+        if value < self.best - self.min_delta:
+            self.best, self.wait = value, 0
+        else:
+            self.wait += 1
+            # the patience-th epoch in a row without improvement stops (as Keras; 0 and 1: the first)
+            if self.wait >= self.patience:
+                self.stopped_epoch = epoch
+                self.model.stop_training = True
+
+
+class ModelCheckpoint(Callback):
+    """Save a checkpoint (Model.save: everything needed to resume) every `every` epochs or steps.
+
+    path: the file name, formatted with {epoch} (1-based: epochs completed), {batch} (batches done in
+        the epoch being trained, 0 at an epoch's end), {step} (optimizer steps taken) and, at an
+        epoch's end, the epoch's logs ({val_loss:.3f}). Its directory is made at the first save; a
+        field that will not be known when a file is due is refused here, before training starts.
+    unit: 'epoch' or 'step' (a step checkpoint inside an epoch resumes at its batch:
+        dnn.load(path).fit(..., same batch_size) continues from there).
+    keep: keep the last `keep` files this callback wrote (older ones are deleted); None keeps all.
+    save_best_only: per epoch only, save when `monitor` improved.
+    """
+
+    def __init__(self, path, monitor="val_loss", save_best_only=False, every=1, unit="epoch", keep=None):
+        if unit not in ("epoch", "step"):
+            raise ConfigError(f"ModelCheckpoint: unit must be 'epoch' or 'step', got {unit!r}")
+        if isinstance(every, bool) or not isinstance(every, numbers.Integral) or every < 1:
+            raise ConfigError(f"ModelCheckpoint: every must be a positive integer, got {every!r}")
+        if keep is not None and (isinstance(keep, bool) or not isinstance(keep, numbers.Integral) or keep < 1):
+            raise ConfigError(f"ModelCheckpoint: keep must be None or a positive integer, got {keep!r}")
+        if save_best_only and unit != "epoch":
+            raise ConfigError("ModelCheckpoint: save_best_only compares epoch logs; use it with unit='epoch'")
+        self.fields = _check_path_fields(path, unit)
+        self.path, self.monitor, self.save_best_only = path, monitor, bool(save_best_only)
+        self.every, self.unit, self.keep = int(every), unit, keep
+        self.best = math.inf
+        self.sign = -1.0 if "acc" in monitor else 1.0
+        self.written = []       # the files this callback wrote, oldest first
+
+    def on_train_begin(self, logs=None):
+        """Refuse, before any step, a path field or a monitored value that the epoch's logs of
+        this fit will not hold (e.g. {val_loss} without validation data)."""
+        known = (self.params or {}).get("metrics")
+        if known is None:           # not started by fit: nothing to check against
+            return
+        missing = [f for f in self.fields if f not in ("epoch", "batch", "step") and f not in known]
+        if missing:
+            raise ConfigError(f"ModelCheckpoint: path {os.fspath(self.path)!r} names "
+                              f"{', '.join('{' + f + '}' for f in missing)}, which this fit's epoch logs will "
+                              f"not hold; they hold {known} (val_* need validation data)")
+        if self.save_best_only and self.monitor not in known:
+            raise ConfigError(f"ModelCheckpoint: monitor {self.monitor!r} is not among this fit's epoch logs "
+                              f"{known} (val_* need validation data)")
+
+    def on_batch_end(self, batch, logs=None):
+        if self.unit == "step" and self.model.optimizer.iterations % self.every == 0:
+            epoch = self.model.position[0] if self.model.position else self.model.epochs_trained
+            self._save(epoch=epoch, batch=batch + 1)
+
+    def on_epoch_end(self, epoch, logs=None):
+        if self.unit != "epoch" or (epoch + 1) % self.every:
+            return
+        if self.save_best_only:
+            if not logs or self.monitor not in logs:
+                raise ConfigError(f"ModelCheckpoint: {self.monitor!r} is not in the epoch's logs")
+            value = self.sign * logs[self.monitor]
+            if value >= self.best:
+                return
+            self.best = value
+        self._save(epoch=epoch + 1, batch=0, **(logs or {}))
+
+    def _save(self, **fields):
+        path = os.fspath(self.path).format(step=self.model.optimizer.iterations, **fields)
+        directory = os.path.dirname(path)
+        if directory:
+            os.makedirs(directory, exist_ok=True)
+        self.model.save(path)
+        if path in self.written:
+            self.written.remove(path)
+        self.written.append(path)
+        while self.keep is not None and len(self.written) > self.keep:
+            old = self.written.pop(0)
+            try:
+                os.remove(old)
+            except FileNotFoundError:
+                pass
+
+
+def _check_path_fields(path, unit):
+    """The names of the fields of `path`; ConfigError unless it is a str.format pattern whose fields
+    ModelCheckpoint can fill: epoch, batch and step, and with unit='epoch' also the names of the
+    epoch's logs (which on_train_begin checks against the fit's)."""
+    try:
+        fields = [f for _, f, _, _ in string.Formatter().parse(os.fspath(path)) if f is not None]
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"ModelCheckpoint: path must be a file name pattern, got {path!r} ({exc})") from exc
+    names = []
+    for field in fields:
+        name = field.split(".")[0].split("[")[0]
+        if not name or name.isdigit():
+            raise ConfigError(f"ModelCheckpoint: path {path!r}: fields are named ({{epoch}}, {{step}}, ...), "
+                              f"not positional ({{{field}}})")
+        if unit == "step" and name not in ("epoch", "batch", "step"):
+            raise ConfigError(f"ModelCheckpoint: path {path!r} names {{{name}}}, which a step checkpoint does "
+                              f"not know: use {{epoch}}, {{batch}} and {{step}} (epoch logs come with "
+                              f"unit='epoch')")
+        names.append(name)
+    return names
+
+
+class TerminateOnNaN(Callback):
+    """Stop training with TrainingError when it has gone numerically wrong (on by default in fit).
+
+    Checked every `check_every` batches (one small gather) and at the end of
+    every epoch: the running loss is NaN or infinite; at an epoch's end, also
+    a weight holding NaN or infinity, or a non-finite validation loss; with
+    float16 and dynamic loss scaling, `max_skipped` steps in a row skipped
+    for inf/NaN gradients (the scale then only shrinks: the inputs or the
+    learning rate are wrong). Keras's TerminateOnNaN only stops; this one
+    raises, so that a script does not go on with a broken model. Pass
+    `fit(..., terminate_on_nan=False)` to train without it.
+    """
+
+    def __init__(self, check_every=50, max_skipped=30):
+        for name, v in (("check_every", check_every), ("max_skipped", max_skipped)):
+            if isinstance(v, bool) or not isinstance(v, numbers.Integral) or v < 1:
+                raise ConfigError(f"TerminateOnNaN: {name} must be a positive integer, got {v!r}")
+        self.check_every, self.max_skipped = int(check_every), int(max_skipped)
+        self.epoch = 0
+
+    def on_epoch_begin(self, epoch, logs=None):
+        self.epoch = epoch
+
+    def on_batch_end(self, batch, logs=None):
+        if (batch + 1) % self.check_every == 0:
+            self._check_running(f"after batch {batch + 1} of epoch {self.epoch}")
+
+    def on_epoch_end(self, epoch, logs=None):
+        where = f"at the end of epoch {epoch}"
+        for key in ("loss", "val_loss"):
+            value = (logs or {}).get(key)
+            if value is not None and not math.isfinite(value):
+                self._stop(f"the {key} is {value} {where}")
+        self._check_skips(where)
+        weights = [w for layer in self.model.layers for w in layer.weights if w.value.size]
+        # one test of all weights (one value read): a read per weight made short epochs markedly slower
+        if weights and not _all_finite([w.value for w in weights]):
+            bad = next(w for w in weights if not _all_finite([w.value]))
+            self._stop(f"the weight {bad.name} holds NaN or infinity {where}")
+
+    def _check_running(self, where):
+        loss = self.model.train_metrics.read()[0]
+        if not math.isfinite(loss):
+            self._stop(f"the loss is {loss} {where}")
+        self._check_skips(where)
+
+    def _check_skips(self, where):
+        scaler = self.model.loss_scale
+        if scaler is not None:
+            n = scaler.skipped_in_a_row()
+            if n >= self.max_skipped:
+                self._stop(f"the last {n} steps were all skipped {where}: their float16 gradients held inf "
+                           f"or NaN at every loss scale down to {scaler.value():g}")
+
+    def _stop(self, what):
+        self.model.stop_training = True
+        raise TrainingError(
+            f"training stopped: {what}. Usual causes: inputs with huge values (normalise them), a "
+            f"learning rate too large, or float16 where float32 is needed. fit(..., "
+            f"terminate_on_nan=False) trains on regardless")
+
+
+def _all_finite(matrices):
+    """Whether every value of the matrices is finite (decided on the workers, one value read; one
+    per matrix when they live on different worker groups)."""
+    try:
+        return dmath.nn.all_finite(matrices).get((0, 0)) == 1.0
+    except dmath.LayoutError:
+        return all(dmath.nn.all_finite([m]).get((0, 0)) == 1.0 for m in matrices)

@@ -1,0 +1,244 @@
+"""The programs a model runs on one batch size of one dataset: a training step, an evaluation pass.
+
+A program builds its graph once (placeholders for the batch, the layers'
+nodes, the loss head) over a `dnn.data.Feed` (the dataset's order and
+counters on the workers), keeps the batch matrices, and runs one step per
+call. The step starts by taking its own batch on the workers:
+
+    take the samples order[position ...] into the batch matrices (dmath.nn.take_rows)
+    transform them (augmentation in training, normalisation)  (dmath.nn.transform_images)
+    forward, backward, update, metrics
+    position += batch                                          (in place, on the workers)
+
+first call:  run the step eagerly inside `dmath.record()`  -> a Plan
+later calls: plan.replay()                                  (one control message, no sample bytes)
+
+A step is a fixed sequence of commands on fixed matrices: parameters and
+optimizer state are updated in place, the learning rate is a (1, 1) matrix
+written outside the step when it changes, the dropout step counters advance
+in place inside it, and the loss and the number of correct predictions are
+added into (1, 1) accumulators that the master reads only when it reports.
+"""
+import numpy as np
+
+import dmath
+
+from ..graph.execute import Releases, backward, forward, topological_order
+from ..graph.node import Placeholder
+from ..layers.base import Context
+from ..layers.core import Activation
+from ..losses import correct_count
+from ..ops import activation as make_activation, cast, fold_relu_masks, to_channels_first, to_channels_last
+from ..optim.base import to_layout_of
+from .. import parallel
+
+
+class Metrics:
+    """(1, 1) float64 accumulators of the summed loss and correct count, on the workers.
+
+    Each quantity has a Replicated and a Partial accumulator; a value is added
+    into the one of its own layout, so a per-sample sum that comes out Partial
+    over the batch's workers (the correct count, an MSE loss) is accumulated
+    without any communication, and the two are added only when read.
+    """
+
+    def __init__(self, group=None):
+        # group: the workers whose steps add into these sums (None: all); asynchronous training keeps
+        # one Metrics per worker group, so that adding a step's values never involves other groups
+        layouts = (("rep", dmath.Replicated(group)), ("partial", dmath.Partial(group)))
+        self._acc = {name: {kind: dmath.zeros((1, 1), dtype="float64", layout=lay) for kind, lay in layouts}
+                     for name in ("loss", "correct")}
+        # copied over the accumulators to reset them: a local copy on every worker, no bytes from the master
+        self._zero = {kind: dmath.zeros((1, 1), dtype="float64", layout=lay) for kind, lay in layouts}
+        # the model's workers: every worker, or the group of the dmath.on_group block it was built in
+        self._all = tuple(self._zero["partial"].layout.group)
+        self.samples = 0
+
+    def _add(self, name, value):
+        lay = value.layout
+        kind = "partial" if lay.partial and tuple(lay.group) == self._all else "rep"
+        target = self._acc[name][kind]
+        target += value
+
+    def add(self, loss, correct, batch):
+        """Recordable: loss (the batch mean) times the batch size, and the correct count."""
+        self._add("loss", loss * float(batch))
+        if correct is not None:
+            self._add("correct", correct)
+
+    def read(self):
+        """(mean loss, accuracy) over the samples since the last reset (master-side reads)."""
+        n = max(self.samples, 1)
+        return tuple(sum(m.get((0, 0)) for m in self._acc[name].values()) / n for name in ("loss", "correct"))
+
+    def get_state(self):
+        """{name: numpy array}: the accumulated sums and the sample count (a mid-epoch checkpoint)."""
+        out = {name: np.array(sum(m.get((0, 0)) for m in accs.values()), dtype=np.float64)
+               for name, accs in self._acc.items()}
+        out["samples"] = np.array(self.samples, dtype=np.int64)
+        return out
+
+    def set_state(self, arrays):
+        """Continue from `get_state`'s arrays: each sum goes into the Replicated accumulator."""
+        self.reset()
+        for name, accs in self._acc.items():
+            accs["rep"].set((0, 0), float(np.asarray(arrays[name]).reshape(-1)[0]))
+        self.samples = int(np.asarray(arrays["samples"]).reshape(-1)[0])
+
+    def reset(self):
+        for accs in self._acc.values():
+            for kind, m in accs.items():
+                m.assign(self._zero[kind])
+        self.samples = 0
+
+
+def split_head(layers):
+    """(body layers, output activation name, whether the body's last layer carries that activation).
+
+    The output activation is fused with the loss (dnn.losses): a final Activation/Output layer
+    (left out of the body), or the own activation of a final layer that has one, as Keras's
+    Dense(n, activation='softmax') (kept in the body, built without it: `pre_activation`), so that
+    both spellings train alike and the loss never sees an activation twice.
+    """
+    last = layers[-1] if layers else None
+    if isinstance(last, Activation):
+        return layers[:-1], last.activation, False
+    if getattr(last, "activation", None) is not None and hasattr(last, "pre_activation"):
+        return layers, last.activation, True
+    return layers, None, False
+
+
+def rows_for(h, reads, channels_last):
+    """The node h with its image rows in the order a layer reads (`reads`, a Layer.image_rows) in
+    a model that runs its convolutions channels-last or not: a conversion node where it changes
+    (once into channels-last before the first convolution, once back before Flatten or Dense)."""
+    if len(h.sample_shape) != 3 or reads == "any":
+        return h
+    want = channels_last and reads == "channels_last"
+    if want == h.channels_last:
+        return h
+    return to_channels_last(h) if want else to_channels_first(h)
+
+
+class Program:
+    """The graph of one batch size and mode over one feed, its batch matrices and its recorded plan.
+
+    group: the workers the batch is split over (None: all of them); context: the layers.Context the
+    graph reads its weights through (None: the model's own weights). Asynchronous training
+    (dnn.training.asgd) builds its per-group steps with both.
+    """
+
+    def __init__(self, model, feed, batch, training, with_targets, one_hot=False, group=None, context=None):
+        self.model, self.feed, self.batch, self.training = model, feed, batch, training
+        features = int(np.prod(model.input_shape))
+        lay = parallel.batch_layout(group)
+        self.x = dmath.zeros((batch, features), dtype=model.dtype, layout=lay)
+        self.inputs = Placeholder((batch, features), model.dtype, name="x", sample_shape=model.input_shape)
+        self.inputs.feed(self.x)
+        ctx = context if context is not None else Context(training, model.dtype, model.param_dtype)
+        body, act, carried = split_head(model.layers)
+        h = self.inputs
+        self.layer_nodes = []
+        i = 0
+        while i < len(body):
+            layer = body[i]
+            h = rows_for(h, layer.image_rows, model.channels_last)
+            if carried and i == len(body) - 1:
+                # the last layer's own output activation goes to the loss head: its pre-activation here
+                h = layer.pre_activation(h, ctx)
+            elif i + 1 < len(body) and getattr(layer, "absorbs", None) and layer.absorbs(body[i + 1]):
+                # Conv2D then relu: one fused kernel (cuDNN's epilogue), one node for both layers
+                h = layer.forward(h, ctx, activation="relu") if layer.built else layer(h, ctx)
+                self.layer_nodes += [h, h]
+                i += 2
+                continue
+            else:
+                h = layer(h, ctx)
+            self.layer_nodes.append(h)
+            i += 1
+        h = rows_for(h, "nchw", model.channels_last)
+        if act is None:
+            self.output = h
+        elif carried:
+            self.output = make_activation(act).apply(h)
+        else:
+            self.output = model.layers[-1](h, ctx)
+            self.layer_nodes.append(self.output)
+        self.loss = self.pred = self.y = None
+        self.one_hot = one_hot
+        if with_targets:
+            z = h if model.dtype != "float16" else cast(h, "float32")     # the loss in float32
+            self.y = dmath.zeros((batch, model.outputs), dtype=z.dtype, layout=lay)
+            self.targets = Placeholder((batch, model.outputs), z.dtype, name="y")
+            self.targets.feed(self.y)
+            self.loss, self.pred, self.accuracy_reference = model.loss.head(z, self.targets, act)
+        # training and evaluate need the loss head (the output activation is fused into it), predict the output
+        self.order = topological_order([self.loss, self.pred] if with_targets else [self.output])
+        # a max pool after a relu-fused convolution applies the relu's gradient mask (one pass fewer)
+        fold_relu_masks(self.order, keep=[self.loss, self.pred, self.output])
+        self.params = model.params
+        # gradients are taken where the graph reads each weight: at its cast in mixed precision, so that
+        # a float16 gradient is converted once, by the move to the weight's layout (to_layout_of)
+        self.grad_at = [ctx.read_node(p) for p in self.params]
+        # a training step drops each activation after its last reader (the metrics read loss and pred)
+        self.releases = Releases(self.order, self.grad_at, keep=[self.loss, self.pred]) if training else None
+        self.plan = None
+
+    # ---- one step -----------------------------------------------------------------
+    def run(self):
+        """Take the feed's next batch on the workers and run the step (a replay after the first)."""
+        opt = self.model.optimizer if self.training else None
+        if opt is not None:
+            opt.prepare(self.params)
+        if self.plan is not None:
+            self.plan.replay()
+        elif self.model.record:
+            with dmath.record() as plan:
+                self._step()
+            self.plan = plan
+        else:
+            self._step()
+        if opt is not None:
+            opt.finish()
+
+    def _step(self):
+        model, feed = self.model, self.feed
+        self.inputs.feed(feed.batch_x(self.x, self.training, model.seed))
+        if self.y is not None:
+            feed.batch_y(self.y, self.one_hot)
+        forward([], self.order, self.releases)
+        if self.training:
+            self._update()
+        if self.loss is not None:
+            metrics = model.train_metrics if self.training else model.eval_metrics
+            kind = model.loss.accuracy
+            correct = correct_count(self.pred.value, self.y, kind, self.accuracy_reference) if kind else None
+            metrics.add(self.loss.value, correct, self.batch)
+        feed.advance(self.batch)
+        if self.training:
+            self._release_activations()
+
+    def _release_activations(self):
+        """Drop what the step still holds (the loss, the predictions) once the metrics have read it:
+        the backward pass dropped every other activation after its last reader (`Releases`), so
+        each is a temporary of the recorded step whose memory a replay, and its CUDA graph, reuses,
+        and nothing holds them between steps (as PyTorch frees what autograd saved)."""
+        for node in self.order:
+            if node.fn is not None:
+                node.value = None
+
+    def _update(self):
+        model, params = self.model, self.params
+        scaler = model.loss_scale
+        seed = scaler.scale if scaler is not None else model.one
+        # each weight gradient moves to its weight's layout as soon as the backward pass completes it:
+        # a data-parallel all-reduce then runs beside the layers below (on a GPU's communication
+        # stream, inside the step's graph), as DDP's buckets do, but per weight and known in advance
+        grads = backward(self.loss, self.grad_at, seed=seed, order=self.order, releases=self.releases,
+                         ready=lambda k, g: to_layout_of(g, params[k].value, keep_dtype=True, background=True))
+        if scaler is None:
+            model.optimizer.apply(params, grads)
+            return
+        ok = scaler.check(grads)            # on the sums over the workers
+        model.optimizer.apply(params, grads, gate=ok, grad_scale=scaler.scale)
+        scaler.update(ok)

@@ -1,0 +1,242 @@
+"""Optimizers against NumPy transcriptions of PyTorch's update rules; schedules; gated (skipped)
+steps; dynamic loss scaling. Gradients arrive Partial, as data parallelism makes them."""
+import numpy as np
+import pytest
+
+import dmath
+import dnn
+from dnn import optim
+from dnn.graph.node import Variable
+from dnn.optim import schedules
+from dnn import layers as L
+
+SHAPE = (5, 3)
+
+
+def _grads(steps, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.normal(size=SHAPE) for _ in range(steps)]
+
+
+def ref_sgd(p, grads, lrs, momentum=0.0, nesterov=False, wd=0.0):
+    buf = np.zeros_like(p)
+    for g, lr in zip(grads, lrs):
+        g = g + wd * p
+        if momentum:
+            buf = momentum * buf + g
+            g = g + momentum * buf if nesterov else buf
+        p = p - lr * g
+    return p
+
+
+def ref_adam(p, grads, lrs, betas=(0.9, 0.999), eps=1e-8, wd=0.0):
+    m, v = np.zeros_like(p), np.zeros_like(p)
+    b1, b2 = betas
+    for t, (g, lr) in enumerate(zip(grads, lrs), 1):
+        g = g + wd * p
+        m = b1 * m + (1 - b1) * g
+        v = b2 * v + (1 - b2) * g * g
+        p = p - lr / (1 - b1 ** t) * m / (np.sqrt(v) / np.sqrt(1 - b2 ** t) + eps)
+    return p
+
+
+def ref_rmsprop(p, grads, lrs, alpha=0.99, eps=1e-8, momentum=0.0, centered=False, wd=0.0):
+    s, a, b = np.zeros_like(p), np.zeros_like(p), np.zeros_like(p)
+    for g, lr in zip(grads, lrs):
+        g = g + wd * p
+        s = alpha * s + (1 - alpha) * g * g
+        if centered:
+            a = alpha * a + (1 - alpha) * g
+            avg = np.sqrt(s - a * a) + eps
+        else:
+            avg = np.sqrt(s) + eps
+        if momentum:
+            b = momentum * b + g / avg
+            p = p - lr * b
+        else:
+            p = p - lr * g / avg
+    return p
+
+
+def ref_adagrad(p, grads, lrs, eps=1e-10, init=0.0, wd=0.0):
+    s = np.full_like(p, init)
+    for g, lr in zip(grads, lrs):
+        g = g + wd * p
+        s = s + g * g
+        p = p - lr * g / (np.sqrt(s) + eps)
+    return p
+
+
+CASES = [
+    ("sgd", lambda: optim.SGD(lr=0.1), lambda p, g, l: ref_sgd(p, g, l)),
+    ("sgd_wd", lambda: optim.SGD(lr=0.1, weight_decay=0.05), lambda p, g, l: ref_sgd(p, g, l, wd=0.05)),
+    ("sgd_momentum_wd", lambda: optim.SGD(lr=0.05, momentum=0.9, weight_decay=0.01),
+     lambda p, g, l: ref_sgd(p, g, l, 0.9, False, 0.01)),
+    ("sgd_nesterov", lambda: optim.SGD(lr=0.05, momentum=0.8, nesterov=True),
+     lambda p, g, l: ref_sgd(p, g, l, 0.8, True)),
+    ("adam", lambda: optim.Adam(lr=0.01, weight_decay=0.1), lambda p, g, l: ref_adam(p, g, l, wd=0.1)),
+    ("adam_betas", lambda: optim.Adam(lr=0.02, betas=(0.5, 0.9), eps=1e-6),
+     lambda p, g, l: ref_adam(p, g, l, (0.5, 0.9), 1e-6)),
+    ("rmsprop", lambda: optim.RMSProp(lr=0.01), lambda p, g, l: ref_rmsprop(p, g, l)),
+    ("rmsprop_centered_momentum", lambda: optim.RMSProp(lr=0.01, alpha=0.9, momentum=0.5, centered=True,
+                                                        weight_decay=0.05),
+     lambda p, g, l: ref_rmsprop(p, g, l, 0.9, 1e-8, 0.5, True, 0.05)),
+    ("adagrad", lambda: optim.AdaGrad(lr=0.1, initial_accumulator_value=0.1),
+     lambda p, g, l: ref_adagrad(p, g, l, init=0.1)),
+]
+
+
+def _param(p0):
+    return Variable(dmath.from_numpy(p0, layout=dmath.Replicated(), dtype="float64"), name="p")
+
+
+@pytest.mark.parametrize("name,make,ref", CASES, ids=[c[0] for c in CASES])
+def test_optimizer_matches_pytorch_rule(name, make, ref):
+    p0 = np.random.default_rng(1).normal(size=SHAPE)
+    grads = _grads(6)
+    p = _param(p0)
+    opt = make()
+    for g in grads:
+        opt.step([p], [dmath.from_numpy(g, layout=dmath.Partial(), dtype="float64")])
+    assert p.value.layout == dmath.Replicated().resolved(dmath.num_workers())
+    np.testing.assert_allclose(p.value.to_numpy(), ref(p0, grads, [opt.lr] * len(grads)), rtol=1e-10, atol=1e-12)
+
+
+def test_schedule_with_warmup_sets_each_steps_learning_rate():
+    sched = schedules.Warmup(3, then=schedules.StepDecay(2, gamma=0.5))
+    opt = optim.SGD(lr=0.4, momentum=0.5, schedule=sched)
+    lrs = [sched(t, 0.4) for t in range(8)]
+    # the decay clock starts after the warm-up: steps 3, 4 at 0.4, then 5, 6 at 0.2, then 0.1
+    np.testing.assert_allclose(lrs, [0.4 / 3, 0.8 / 3, 0.4, 0.4, 0.4, 0.2, 0.2, 0.1])
+    p0 = np.ones(SHAPE)
+    p, grads = _param(p0), _grads(8, seed=3)
+    for g in grads:
+        opt.step([p], [dmath.from_numpy(g, layout=dmath.Replicated(), dtype="float64")])
+    np.testing.assert_allclose(p.value.to_numpy(), ref_sgd(p0, grads, lrs, 0.5), rtol=1e-12)
+
+
+def test_schedule_values():
+    cos = schedules.CosineAnnealing(10, min_lr=0.1)
+    assert cos(0, 1.0) == pytest.approx(1.0) and cos(10, 1.0) == pytest.approx(0.1)
+    assert cos(5, 1.0) == pytest.approx(0.55) and cos(50, 1.0) == pytest.approx(0.1)
+    assert schedules.ExponentialDecay(0.5)(3, 8.0) == pytest.approx(1.0)
+    w = schedules.Warmup(4, start_factor=0.5)
+    assert [w(t, 1.0) for t in range(5)] == pytest.approx([0.625, 0.75, 0.875, 1.0, 1.0])
+    assert schedules.get(w.get_config())(1, 1.0) == pytest.approx(0.75)
+    with pytest.raises(dnn.ConfigError):
+        schedules.StepDecay(0)
+
+
+@pytest.mark.parametrize("name,make,ref", CASES[1:5] + CASES[7:], ids=[c[0] for c in CASES[1:5] + CASES[7:]])
+def test_a_gated_step_changes_nothing(name, make, ref):
+    """A step with gate 0 (an overflow in mixed precision) is skipped exactly, NaN gradients included."""
+    p0 = np.random.default_rng(2).normal(size=SHAPE)
+    grads = _grads(4, seed=5)
+    p, opt = _param(p0), make()
+    one = dmath.ones((1, 1), dtype="float64", layout=dmath.Replicated())
+    zero = dmath.zeros((1, 1), dtype="float64", layout=dmath.Replicated())
+    bad = np.full(SHAPE, np.nan)
+    bad[0, 0] = np.inf
+    # skipped first (Adam's bias corrections must not advance), then two good, one skipped, two good
+    sequence = [(bad, zero), (grads[0], one), (grads[1], one), (bad, zero), (grads[2], one), (grads[3], one)]
+    for g, gate in sequence:
+        opt.prepare([p])
+        opt.apply([p], [dmath.from_numpy(g, dtype="float64", layout=dmath.Partial())], gate=gate)
+    np.testing.assert_allclose(p.value.to_numpy(), ref(p0, grads, [opt.lr] * 4), rtol=1e-10, atol=1e-12)
+
+
+def test_dynamic_loss_scale_backs_off_and_grows():
+    scaler = optim.DynamicLossScale(init_scale=1024.0, growth_interval=3)
+    scaler.setup()
+    finite = dmath.from_numpy(np.ones((2, 2)), layout=dmath.Replicated(), dtype="float32")
+    inf = dmath.from_numpy(np.array([[1.0, np.inf], [0, 0]]), layout=dmath.Replicated(), dtype="float32")
+    nan = dmath.from_numpy(np.array([[np.nan, 1.0], [0, 0]]), layout=dmath.Replicated(), dtype="float32")
+    seen = []
+    for g in (inf, nan, finite, finite, finite, finite, inf, finite):
+        ok = scaler.check([g, None, finite])
+        seen.append((ok.get((0, 0)), scaler.value()))
+        scaler.update(ok)
+    assert [s[0] for s in seen] == [0, 0, 1, 1, 1, 1, 0, 1]
+    assert [s[1] for s in seen] == [1024, 512, 256, 256, 256, 512, 512, 256]
+
+
+@pytest.mark.parametrize("make", [lambda: optim.SGD(lr=0.5, momentum=0.9, weight_decay=0.1),
+                                  lambda: optim.Adam(lr=0.01, weight_decay=0.1),
+                                  lambda: optim.RMSProp(lr=0.01)], ids=["sgd", "adam", "rmsprop"])
+def test_a_scaled_gradient_steps_as_the_unscaled_one(make):
+    """apply(grad_scale=s) with s * g is the step of g: fused rules divide inside their kernel, the others
+    before their elementwise rule; float16 gradients of float64 weights are read as they are."""
+    p0 = np.random.default_rng(3).normal(size=SHAPE)
+    g = np.random.default_rng(4).normal(size=SHAPE).astype(np.float16).astype(np.float64)
+    scale = dmath.full((1, 1), 512.0, dtype="float32", layout=dmath.Replicated())
+    results = []
+    for grad, kw in ((dmath.from_numpy(g), {}),
+                     (dmath.from_numpy(g * 512.0, dtype="float16", layout=dmath.Partial()), {"grad_scale": scale}),
+                     (dmath.from_numpy(g * 512.0, dtype="float16"), {"grad_scale": scale})):
+        p, opt = _param(p0), make()
+        for _ in range(2):
+            opt.prepare([p])
+            opt.apply([p], [grad], **kw)
+            opt.finish()
+        results.append(p.value.to_numpy())
+    np.testing.assert_allclose(results[1], results[0], rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(results[2], results[0], rtol=1e-12, atol=1e-12)
+
+
+def test_optimizer_config_round_trip_and_errors():
+    opt = optim.Adam(lr=0.003, betas=(0.8, 0.99), weight_decay=0.01,
+                     schedule=schedules.Warmup(10, then=schedules.CosineAnnealing(100)))
+    again = optim.get(opt.get_config())
+    assert isinstance(again, optim.Adam) and again.get_config() == opt.get_config()
+    assert isinstance(optim.get("rmsprop"), optim.RMSProp)
+    for bad in (lambda: optim.SGD(lr=0), lambda: optim.SGD(lr=0.1, momentum=1.5),
+                lambda: optim.SGD(lr=0.1, nesterov=True), lambda: optim.Adam(betas=(0.9,)),
+                lambda: optim.get("lbfgs")):
+        with pytest.raises(dnn.ConfigError):
+            bad()
+
+
+def test_optimizer_state_round_trip():
+    p0 = np.random.default_rng(4).normal(size=SHAPE)
+    grads = _grads(5, seed=6)
+    a, b = _param(p0), _param(p0)
+    opt_a, opt_b = optim.Adam(lr=0.01), optim.Adam(lr=0.01)
+    for g in grads[:3]:
+        opt_a.step([a], [dmath.from_numpy(g, dtype="float64", layout=dmath.Replicated())])
+    b.value.assign(a.value.to_numpy())
+    opt_b.set_state([b], opt_a.get_state([a]))
+    for g in grads[3:]:
+        for p, o in ((a, opt_a), (b, opt_b)):
+            o.step([p], [dmath.from_numpy(g, dtype="float64", layout=dmath.Replicated())])
+    np.testing.assert_array_equal(a.value.to_numpy(), b.value.to_numpy())
+
+
+def test_an_optimizer_shared_by_successive_models_starts_each_fresh():
+    """The state is held per parameter Variable, weakly: a later model's parameters never take over a
+    collected model's momentum (a reused id once did), and a collected model's state goes with it."""
+    import gc
+    from dnn import layers as L
+    rng = np.random.default_rng(0)
+    x, y = rng.normal(size=(20, 4)), rng.integers(0, 3, 20)
+
+    def model(opt):
+        dmath.random.seed(0)
+        return dnn.Sequential([L.Input(4), L.Dense(3, use_bias=False), L.Output("softmax")], optimizer=opt,
+                              dtype="float64")
+    shared = optim.SGD(lr=0.1, momentum=0.9)
+    for _ in range(8):
+        m, ref = model(shared), model(optim.SGD(lr=0.1, momentum=0.9))
+        m.fit(x, y, batch_size=20, epochs=1, verbose=0)
+        ref.fit(x, y, batch_size=20, epochs=1, verbose=0)
+        np.testing.assert_array_equal(m.get_weights()[0], ref.get_weights()[0])
+        del m, ref
+        gc.collect()
+        assert len(shared._state) == 0
+
+
+def test_optimizer_assignment_takes_names_and_refuses_others():
+    m = dnn.Sequential([L.Input(4), L.Dense(3), L.Output("softmax")], dtype="float64")
+    m.optimizer = "adam"
+    assert isinstance(m.optimizer, dnn.optim.Adam)
+    with pytest.raises(dnn.ConfigError, match="optimizer"):
+        m.optimizer = 3
