@@ -11,6 +11,8 @@ See docs/ARCHITECTURE.md for the layers and how to add an operation;
 """
 __version__ = "0.1.0"   # the package's version (pyproject.toml reads it from here)
 
+import types as _types
+
 from . import memory, random
 from .backend import DTYPES
 from .errors import (DMathError, DTypeError, LayoutError, NotSupportedError, OutOfMemoryError, PlanError,
@@ -20,10 +22,7 @@ from .groups import current_group, on_group
 from .ops.gemm import explain_gemm, gemm
 from .layout import Block2D, BlockCyclic, ColBlock, Layout, Partial, Replicated, RowBlock, Tiles
 from .matrix import Matrix, eye, from_numpy, full, ones, zeros
-# every elementwise function (arithmetic, comparisons, logic): one definition each in ops/elementwise.py
-from .ops.elementwise import (abs, equal, exp, greater, greater_equal, isfinite, isnan, less, less_equal,
-                              log, logical_and, logical_not, logical_or, maximum, minimum, not_equal, pow,
-                              relu, sigmoid, sqrt, tanh, where)
+from .ops import elementwise as _elementwise
 from .runtime import Plan, finalize, init, is_initialized, record
 from .runtime import runtime as _runtime
 from .ops.stats import reset_stats, stats, synchronize
@@ -40,12 +39,12 @@ def device():
     return _runtime().backend.name
 
 
-__all__ = ["__version__", "init", "finalize", "is_initialized", "num_workers", "device", "stats", "reset_stats", "synchronize",
-           "Matrix", "gemm", "explain_gemm", "zeros", "ones", "full", "eye", "from_numpy", "from_file", "random", "memory",
-           "exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "pow", "maximum", "minimum", "where",
-           "equal", "not_equal", "greater", "greater_equal", "less", "less_equal", "isfinite", "isnan",
-           "logical_and", "logical_or", "logical_not",
-           "Layout", "Replicated", "Partial", "RowBlock", "ColBlock", "Block2D", "BlockCyclic", "Tiles",
-           "DMathError", "ShapeError", "LayoutError", "DTypeError", "WorkerError", "OutOfMemoryError",
-           "RuntimeStateError", "PlanError", "NotSupportedError", "record", "Plan", "DTYPES", "on_group",
-           "current_group"]
+# every elementwise function (arithmetic, comparisons, logic), named once: in its definition
+# (ops/elementwise.py), which lists it in PUBLIC
+globals().update({_name: getattr(_elementwise, _name) for _name in _elementwise.PUBLIC})
+
+#: the public API: the functions, classes and constants above and the public modules, read from the
+#: definitions (no list to keep in step with them)
+__all__ = (["__version__"] + sorted(_name for _name, _value in globals().items()
+                                    if not _name.startswith("_") and not isinstance(_value, _types.ModuleType))
+           + [_module.__name__.rpartition(".")[2] for _module in (memory, nn, random)])

@@ -1,5 +1,12 @@
-"""Registered operations: each module holds worker-side kernels (and the master-side helpers in base)."""
-from . import base, creation, data, elementwise, stats, movement, reductions, storage  # noqa: F401  (registers kernels)
-from . import elementwise_cuda  # noqa: F401
-from . import files  # noqa: F401
-from .nn import batch, conv, dropout, format, labels, norm, pool, softmax, update  # noqa: F401
+"""Registered operations: each module holds an op family's master halves and worker kernels.
+
+Every module under this package is imported here (a walk of the package, not a list), so an
+operation or a backend's kernel written in a new file registers itself on every rank: the workers
+import dmath before they serve, and never see the user's modules.
+"""
+import importlib
+import pkgutil
+
+for _module in pkgutil.walk_packages(__path__, __name__ + "."):
+    importlib.import_module(_module.name)
+del _module

@@ -49,9 +49,12 @@ class Function(NamedTuple):
 
 #: name -> Function
 FUNCTIONS = {}
+#: the names of the public functions, in the order defined (dmath/__init__.py exports them): every
+#: function but those whose only face is a Matrix operator
+PUBLIC = []
 
 
-def function(name, params, compute, doc, partial=None, grad=None, cuda=None, typed=None):
+def function(name, params, compute, doc, partial=None, grad=None, cuda=None, typed=None, operator=None):
     """Define elementwise function `name` with operands `params`; returns its public function.
 
     compute(xp, out, *operands) writes the value with the array module (every
@@ -70,6 +73,9 @@ def function(name, params, compute, doc, partial=None, grad=None, cuda=None, typ
     typed: the names of the operands whose dtypes the result's dtype is
     promoted from (None: every operand's); a matrix result of scalars only
     takes the other operands' dtype.
+
+    operator: the Matrix operator ('+', ...) that is the function's only
+    public face; None: dmath exports the function under `name`.
     """
     if name in FUNCTIONS:
         raise ValueError(f"elementwise function {name!r} defined twice")
@@ -79,6 +85,8 @@ def function(name, params, compute, doc, partial=None, grad=None, cuda=None, typ
         raise ValueError(f"{name}: a gradient is defined for functions of one operand only")
     typed = None if typed is None else tuple(params.index(p) for p in typed)
     FUNCTIONS[name] = Function(name, tuple(params), compute, partial, cuda, typed)
+    if operator is None:
+        PUBLIC.append(name)
     sig = inspect.Signature([inspect.Parameter(p, inspect.Parameter.POSITIONAL_OR_KEYWORD) for p in params])
 
     arity = len(params)
@@ -120,11 +128,16 @@ def _where(xp, out, c, a, b):
 # NaN wins in maximum and minimum, as in NumPy (dm_nan: CUDA has no NAN macro under NVRTC)
 _MAX = "(isnan(a) || isnan(b)) ? dm_nan<C>() : fmax(a, b)"
 _MIN = "(isnan(a) || isnan(b)) ? dm_nan<C>() : fmin(a, b)"
-add = function("add", ("a", "b"), _ufunc("add"), "a + b elementwise.", partial="linear", cuda="a + b")
-sub = function("sub", ("a", "b"), _ufunc("subtract"), "a - b elementwise.", partial="linear", cuda="a - b")
-mul = function("mul", ("a", "b"), _ufunc("multiply"), "a * b elementwise.", partial="scale", cuda="a * b")
-div = function("div", ("a", "b"), _ufunc("true_divide"), "a / b elementwise.", partial="scale", cuda="a / b")
-neg = function("neg", ("m",), _ufunc("negative"), "-m elementwise.", partial="linear", cuda="-m")
+add = function("add", ("a", "b"), _ufunc("add"), "a + b elementwise.", partial="linear", cuda="a + b",
+               operator="+")
+sub = function("sub", ("a", "b"), _ufunc("subtract"), "a - b elementwise.", partial="linear", cuda="a - b",
+               operator="-")
+mul = function("mul", ("a", "b"), _ufunc("multiply"), "a * b elementwise.", partial="scale", cuda="a * b",
+               operator="*")
+div = function("div", ("a", "b"), _ufunc("true_divide"), "a / b elementwise.", partial="scale", cuda="a / b",
+               operator="/")
+neg = function("neg", ("m",), _ufunc("negative"), "-m elementwise.", partial="linear", cuda="-m",
+               operator="unary -")
 pow = function("pow", ("m", "p"), _ufunc("power"), "m ** p elementwise.", cuda="pow(m, p)")      # noqa: A001
 maximum = function("maximum", ("a", "b"), _ufunc("maximum"), "The larger of a and b elementwise.", cuda=_MAX)
 minimum = function("minimum", ("a", "b"), _ufunc("minimum"), "The smaller of a and b elementwise.", cuda=_MIN)
@@ -163,11 +176,6 @@ logical_or = function("logical_or", ("a", "b"), _ufunc("logical_or"), "1 where a
                       cuda="a != (C)0 || b != (C)0")
 logical_not = function("logical_not", ("m",), _ufunc("logical_not"), "1 where m is zero, else 0.",
                        cuda="m == (C)0")
-
-#: the public functions, by name, in the order defined (dmath/__init__.py exports them)
-PUBLIC = ("exp", "log", "sqrt", "abs", "tanh", "sigmoid", "relu", "pow", "maximum", "minimum", "where",
-          "equal", "not_equal", "greater", "greater_equal", "less", "less_equal", "isfinite", "isnan",
-          "logical_and", "logical_or", "logical_not")
 
 
 # ---- the op unit -------------------------------------------------------------------------------

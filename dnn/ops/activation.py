@@ -11,22 +11,38 @@ from ..errors import ConfigError
 from ..graph.function import Function
 from .elementwise import Elementwise
 
+#: activation name -> Function class (the names the layers accept): each class below that is
+#: decorated `@_activation`, under its `name`
+ACTIVATIONS = {}
 
+
+def _activation(cls):
+    """Make the Function class `cls` an activation the layers accept, under `cls.name`."""
+    if cls.name in ACTIVATIONS:
+        raise ValueError(f"activation {cls.name!r} defined twice")
+    ACTIVATIONS[cls.name] = cls
+    return cls
+
+
+@_activation
 class Sigmoid(Elementwise):
     """1 / (1 + exp(-x)) elementwise (dmath.sigmoid and its gradient)."""
     name = "sigmoid"
 
 
+@_activation
 class Tanh(Elementwise):
     """tanh(x) elementwise (dmath.tanh and its gradient)."""
     name = "tanh"
 
 
+@_activation
 class Relu(Elementwise):
     """max(x, 0) elementwise (dmath.relu and its gradient)."""
     name = "relu"
 
 
+@_activation
 class Softmax(Function):
     """Row-wise softmax (each row one sample)."""
     name = "softmax"
@@ -40,6 +56,7 @@ class Softmax(Function):
         return (y * (gy - (gy * y).sum(axis=1)),)
 
 
+@_activation
 class LogSoftmax(Function):
     """Row-wise log-softmax."""
     name = "log_softmax"
@@ -53,6 +70,7 @@ class LogSoftmax(Function):
         return (gy - dmath.exp(y) * gy.sum(axis=1),)
 
 
+@_activation
 class Identity(Function):
     """The 'linear' activation: x itself."""
     name = "linear"
@@ -64,17 +82,6 @@ class Identity(Function):
 
     def backward(self, xs, y, gy, needs):
         return (gy,)
-
-
-#: activation name -> Function class (the names the layers accept)
-ACTIVATIONS = {
-    "sigmoid": Sigmoid,
-    "tanh": Tanh,
-    "relu": Relu,
-    "softmax": Softmax,
-    "log_softmax": LogSoftmax,
-    "linear": Identity,
-}
 
 
 def activation(name):

@@ -150,3 +150,16 @@ def test_initializer_specs():
     for bad in ("xavier_magic", {"name": "uniform", "low": 1, "high": 0}, {"name": "normal", "sd": 1}, [1, 2]):
         with pytest.raises(ConfigError):
             initializers.get(bad)
+
+
+def test_the_activation_table_is_built_from_the_definitions():
+    import importlib
+
+    from dnn.graph.function import Function
+    activation = importlib.import_module("dnn.ops.activation")   # (dnn.ops.activation is also a function)
+    assert set(activation.ACTIVATIONS) == {"sigmoid", "tanh", "relu", "softmax", "log_softmax", "linear"}
+    for name, cls in activation.ACTIVATIONS.items():
+        assert issubclass(cls, Function) and cls.name == name
+        assert type(activation.activation(name)) is cls
+    with pytest.raises(ConfigError, match="log_softmax"):
+        activation.activation("swish")

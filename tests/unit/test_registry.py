@@ -66,3 +66,32 @@ def test_every_public_elementwise_function_is_one_definition():
         f = getattr(dmath, name)
         assert f is getattr(elementwise, name) and name in dmath.__all__
         assert f.__doc__ and name in elementwise.FUNCTIONS
+
+
+def test_the_public_names_come_from_the_definitions():
+    import dmath
+    from dmath.ops import elementwise
+    # the operators' functions are reached through Matrix's operators only
+    operators = {"add", "sub", "mul", "div", "neg"}
+    assert set(elementwise.PUBLIC) == set(elementwise.FUNCTIONS) - operators
+    assert not operators & set(dmath.__all__)
+    assert len(dmath.__all__) == len(set(dmath.__all__))
+    for name in dmath.__all__:
+        assert getattr(dmath, name) is not None, name
+    for name in ("init", "Matrix", "gemm", "Tiles", "WorkerError", "record", "random", "memory", "nn"):
+        assert name in dmath.__all__, name
+
+
+def test_every_module_under_dmath_ops_is_imported_with_dmath():
+    # kernels are found by walking the package: one in a new file registers without being listed
+    import os
+    import sys
+
+    import dmath
+    root = os.path.dirname(dmath.ops.__file__)
+    for base, _, files in os.walk(root):
+        for name in files:
+            if name.endswith(".py"):
+                rel = os.path.relpath(os.path.join(base, name), root)[:-3].replace(os.sep, ".")
+                module = "dmath.ops" + ("" if rel == "__init__" else "." + rel.removesuffix(".__init__"))
+                assert module in sys.modules, module
