@@ -16,6 +16,7 @@ os.environ.setdefault("DMATH_TF32", "0")
 
 import dmath  # noqa: E402
 import _kernels  # noqa: F401  (test-only kernels: registered on every rank before init)
+import _harness  # noqa: F401,E402  (the op-case harness: backend kernels wrapped on every rank before init)
 
 # the CPU backend unless DMATH_DEVICE says otherwise (tools/gpu_check.sh runs this suite on GPUs)
 dmath.init(device=os.environ.get("DMATH_DEVICE", "cpu"))

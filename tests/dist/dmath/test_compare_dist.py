@@ -6,6 +6,7 @@ import pytest
 import dmath
 
 from _cases import case_names, layout, make, values
+from _harness import check_cases
 
 P = dmath.num_workers()
 NAMES = case_names(P)
@@ -24,17 +25,11 @@ def _ties(shape, seed):
 
 
 def _check(cases, dtype):
-    failures = []
-    for label, got, want in cases:
-        try:
-            r = got()
-            assert isinstance(r, dmath.Matrix), type(r)
-            assert r.dtype == dtype, (r.dtype, dtype)
-            assert not r.layout.partial, r.layout      # a 0/1 result is never a sum of addends
-            np.testing.assert_array_equal(r.to_numpy(), want.astype(dtype))
-        except Exception as exc:  # noqa: BLE001 - collect every failing case
-            failures.append(f"{label}: {type(exc).__name__}: {exc}")
-    assert not failures, "\n".join(failures)
+    """The cases' 0/1 results, exactly, in `dtype` and never Partial (a 0/1 result is never a sum of addends)."""
+    def zero_one(r):
+        assert r.dtype == dtype, (r.dtype, dtype)
+        assert not r.layout.partial, r.layout
+    check_cases(cases, dtype, exact=True, check=zero_one)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float64", "float16"])

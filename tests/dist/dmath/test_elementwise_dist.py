@@ -5,6 +5,7 @@ import pytest
 import dmath
 
 from _cases import case_names, layout, make, tol, values
+from _harness import Failures, check_cases
 
 P = dmath.num_workers()
 NAMES = case_names(P)
@@ -40,20 +41,6 @@ UNARY = {
 }
 
 
-def _check_all(cases, dtype="float32"):
-    """Run (label, dmath thunk, expected) cases; report every mismatch at once."""
-    failures = []
-    for label, got, want in cases:
-        try:
-            r = got()
-            assert isinstance(r, dmath.Matrix), type(r)
-            assert r.shape == want.shape, (r.shape, want.shape)
-            np.testing.assert_allclose(r.to_numpy(), want.astype(dtype), **tol(dtype))
-        except Exception as exc:  # noqa: BLE001 - collect every failing case
-            failures.append(f"{label}: {type(exc).__name__}: {exc}")
-    assert not failures, "\n".join(failures)
-
-
 def _pair(i, stride=7, shift=3):
     return NAMES[i], NAMES[(i * stride + shift) % len(NAMES)]
 
@@ -70,7 +57,7 @@ def test_binary_ops_mixed_layouts(i):
     cases += [("where", lambda: dmath.where(c, a, b), np.where(cond != 0, x, y)),
               ("where_scalar", lambda: dmath.where(c, a, -1.0), np.where(cond != 0, x, -1.0)),
               ("chain", lambda: (a - b) * (a + b) / b, (x - y) * (x + y) / y)]
-    _check_all(cases)
+    check_cases(cases)
     # the operands are unchanged and the result takes the first full operand's layout
     np.testing.assert_array_equal(a.to_numpy(), x)
     np.testing.assert_array_equal(b.to_numpy(), y)
@@ -80,14 +67,14 @@ def test_binary_ops_mixed_layouts(i):
 def test_unary_ops(name):
     x = values(SHAPE, 13, -2.0, 2.0).astype("float32")
     a = make(x, layout(name, SHAPE, P))
-    _check_all([(op, (lambda f=f: f(a)), g(x)) for op, (f, g) in UNARY.items()])
+    check_cases([(op, (lambda f=f: f(a)), g(x)) for op, (f, g) in UNARY.items()])
 
 
 @pytest.mark.parametrize("name", NAMES)
 def test_scalar_operands_both_sides(name):
     x = values(SHAPE, 14, 0.5, 1.5).astype("float32")
     a = make(x, layout(name, SHAPE, P))
-    _check_all([
+    check_cases([
         ("m+s", lambda: a + 2.0, x + 2.0), ("s+m", lambda: 2 + a, 2 + x),
         ("m-s", lambda: a - 2.0, x - 2.0), ("s-m", lambda: 2.0 - a, 2.0 - x),
         ("m*s", lambda: a * 3.0, x * 3.0), ("s*m", lambda: 3 * a, 3 * x),
@@ -116,7 +103,7 @@ def test_vector_broadcasting_mixed_layouts(i):
     mr = make(r, layout(lr, ROW, P))
     mc = make(c, layout(lc, COL, P))
     m1 = make(one, layout(lr, (1, 1), P))
-    _check_all([
+    check_cases([
         ("m+r", lambda: m + mr, x + r), ("r+m", lambda: mr + m, r + x),
         ("m-c", lambda: m - mc, x - c), ("c-m", lambda: mc - m, c - x),
         ("m*r", lambda: m * mr, x * r), ("c*m", lambda: mc * m, c * x),
@@ -228,7 +215,7 @@ def test_linear_ops_on_partial(name):
     a, b = make(x, lay, "float64"), make(y, lay, "float64")
     s = a + b
     assert s.layout.partial
-    _check_all([
+    check_cases([
         ("a+b", lambda: a + b, x + y), ("a-b", lambda: a - b, x - y), ("-a", lambda: -a, -x),
         ("a*2", lambda: a * 2.0, x * 2), ("a/4", lambda: a / 4.0, x / 4),
         ("a+1", lambda: a + 1.0, x + 1), ("1-a", lambda: 1.0 - a, 1 - x),
@@ -313,7 +300,7 @@ def test_ops_in_other_dtypes(dtype):
     lay = layout("bc23", SHAPE, P)
     a, b = make(x, lay, dtype), make(y, layout("col", SHAPE, P), dtype)
     xa, ya = x.astype(dtype), y.astype(dtype)
-    _check_all([
+    check_cases([
         ("add", lambda: a + b, xa + ya), ("mul", lambda: a * b, xa * ya),
         ("div", lambda: a / b, xa / ya), ("exp", lambda: dmath.exp(a), np.exp(xa)),
         ("sigmoid", lambda: dmath.sigmoid(-a), _sigmoid(-xa)), ("s-m", lambda: 1.0 - a, 1.0 - xa),
@@ -338,7 +325,7 @@ def test_empty_matrices(shape):
 def test_awkward_shapes(shape):
     """Vectors, fewer rows than workers; operands in different layouts."""
     x, y = values(shape, 28), values(shape, 29)
-    failures = []
+    failures = Failures()
     for i, name in enumerate(NAMES):
         other = NAMES[(i * 3 + 1) % len(NAMES)]
         a = make(x, layout(name, shape, P), "float64")
@@ -347,18 +334,14 @@ def test_awkward_shapes(shape):
                                  ("exp(a)-b", lambda: dmath.exp(a) - b, np.exp(x) - y),
                                  ("a/(|b|+1)", lambda: a / (abs(b) + 1.0), x / (np.abs(y) + 1)),
                                  ("max(a,b)", lambda: dmath.maximum(a, b), np.maximum(x, y))]:
-            try:
+            with failures.case(f"{name}, {other}: {label}"):
                 np.testing.assert_allclose(got().to_numpy(), want, **tol("float64"))
-            except Exception as exc:  # noqa: BLE001
-                failures.append(f"{name}, {other}: {label}: {exc}")
         if a.layout.partial:
             continue   # in place, a Partial target only takes Partial operands of its layout
-        a += b
-        try:
+        with failures.case(f"{name}, {other}: +="):
+            a += b
             np.testing.assert_allclose(a.to_numpy(), x + y, **tol("float64"))
-        except AssertionError as exc:
-            failures.append(f"{name}, {other}: +=: {exc}")
-    assert not failures, "\n".join(failures)
+    failures.check()
 
 
 def _special(shape, dtype, seed):
@@ -388,7 +371,7 @@ def test_gpu_one_launch_path_gives_cupys_bits(dtypes):
     from dmath.gpu import launcher as cuda
     from dmath.ops.elementwise import FUNCTIONS
     from dmath.ops.elementwise_cuda import run
-    failures = []
+    failures = Failures()
     for fn, f in FUNCTIONS.items():
         arity = len(f.params)
         if f.cuda is None or (len(dtypes) > arity):
@@ -417,13 +400,13 @@ def test_gpu_one_launch_path_gives_cupys_bits(dtypes):
                 same = (w.view(f"u{w.itemsize}") == g.view(f"u{g.itemsize}")) | (np.isnan(w) & np.isnan(g))
                 if not same.all():
                     k = int(np.argmin(same.ravel()))
-                    failures.append(f"{fn} ({', '.join(form)}, {size}): {int((~same).sum())} differ, first at "
-                                    f"{k}: {g.ravel()[k]!r} against CuPy's {w.ravel()[k]!r}")
+                    failures.add(f"{fn} ({', '.join(form)}, {size})", f"{int((~same).sum())} differ, first at "
+                                 f"{k}: {g.ravel()[k]!r} against CuPy's {w.ravel()[k]!r}")
     del operands, want, got
     # the large arrays' blocks go back to the device: a later test that measures what clear() gives
     # back must not find its requests carved out of them
     dmath.memory.clear()
-    assert not failures, "\n".join(failures)
+    failures.check()
 
 
 def test_eager_elementwise_chain_on_every_path():

@@ -8,6 +8,7 @@ import dmath
 from dmath.runtime.registry import collectives_in_graphs
 
 from _cases import case_names, layout, make, tol, values
+from _harness import Failures
 
 P = dmath.num_workers()
 NAMES = case_names(P)
@@ -19,9 +20,9 @@ def _check_reductions(m, x, dtype):
     # float16 data accumulates in float32 (and the scalar results are float64)
     t = tol("float32") if dtype == "float16" else tol(dtype)
     acc = x.astype(dtype).astype(np.float64)
-    failures = []
+    failures = Failures()
     for op, g in OPS.items():
-        try:
+        with failures.case(op):
             v = getattr(m, op)()
             assert isinstance(v, float), type(v)
             rt = dict(rtol=1e-3, atol=1e-2) if dtype == "float16" and op in ("sum", "mean") else t
@@ -33,13 +34,9 @@ def _check_reductions(m, x, dtype):
                 assert r.shape == want.shape and r.dtype == dtype, (r.shape, r.dtype)
                 np.testing.assert_allclose(r.to_numpy().astype(np.float64), want.astype(dtype),
                                            **tol(dtype), err_msg=f"{op} axis={axis}")
-        except Exception as exc:  # noqa: BLE001 - report every failing reduction
-            failures.append(f"{op}: {type(exc).__name__}: {exc}")
-    try:
+    with failures.case("norm"):
         np.testing.assert_allclose(m.norm(), np.linalg.norm(acc), **t)
-    except AssertionError as exc:
-        failures.append(f"norm: {exc}")
-    assert not failures, "\n".join(failures)
+    failures.check()
 
 
 @pytest.mark.parametrize("shape", [(7, 5), (2, 9)], ids=["7x5", "2x9"])

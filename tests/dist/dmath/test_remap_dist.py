@@ -6,6 +6,7 @@ import dmath
 from dmath.layout import distribution
 
 from _cases import case_names, expected_recv, layout, make, tol, values
+from _harness import Failures
 
 P = dmath.num_workers()
 NAMES = case_names(P)
@@ -99,14 +100,14 @@ def test_remap_dtype_change(shape, d1, d2):
     x2 = x1.astype(d2)
     narrow = min(np.dtype(d1).itemsize, np.dtype(d2).itemsize)
     k = SHAPES.index(shape) + 1
-    failures = []
+    failures = Failures()
     for i, src in enumerate(NAMES):
         dst = NAMES[(i * 5 + k) % len(NAMES)]
         a = make(x, layout(src, shape, P), d1)
         dmath.reset_stats()
         b = a.remap(layout(dst, shape, P), dtype=d2)
         stats = dmath.stats()
-        try:
+        with failures.case(f"{src} -> {dst}"):
             assert b.dtype == d2 and b.shape == shape
             np.testing.assert_allclose(b.to_numpy(), x2, **tol(d1, d2))
             # (a Partial source is summed in its own dtype, then narrowed)
@@ -114,9 +115,7 @@ def test_remap_dtype_change(shape, d1, d2):
             c = b.remap(a.layout, dtype=d1)
             assert c.dtype == d1
             np.testing.assert_allclose(c.to_numpy(), x2.astype(d1), **tol(d1, d2))
-        except AssertionError as exc:
-            failures.append(f"{src} -> {dst}: {exc}")
-    assert not failures, "\n".join(failures)
+    failures.check()
 
 
 @pytest.mark.parametrize("name", NAMES)
