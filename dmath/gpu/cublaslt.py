@@ -1,16 +1,14 @@
 """Matrix products through cuBLASLt with the algorithm chosen once per product shape (GPU only).
 
-Why: a float32 cublasGemmEx call of a small product (128 x 256 x 256) costs
-about 13 us of host time on an H200 host with cuBLAS 13, as much as the rest
-of an eager operation: cuBLAS chooses the algorithm on every call, and the
-one it chooses splits k, which is a second kernel to launch. cuBLASLt takes
-the algorithm as an argument: `Matmul` builds the descriptors and asks the
+Why: cublasGemmEx chooses the algorithm on every call, which for a small
+product costs as much host time as the rest of an eager operation, and the
+one it chooses splits k (a second kernel to launch). cuBLASLt takes the
+algorithm as an argument: `Matmul` builds the descriptors and asks the
 heuristic once, when a `blas.Product` first runs, and for a small product
 asks for one kernel that does not split k (ONE_KERNEL_FLOPS); each later
 product is one `cublasLtMatmul` call with the pointers, alpha and the
-stream: 9 us for that product (benchmarks/results/cublaslt_h200_2026-11-23.txt).
-Large products get the heuristic's first choice, as cuBLAS's would be (its
-throughput is cuBLAS's: 51 TFLOP/s in float32 at 8192^3).
+stream. Large products get the heuristic's first choice, as cuBLAS's would
+be. Measurements: benchmarks/results.
 
 The library is the copy CuPy's cuBLAS loaded (a second copy would be a
 second set of handles and kernels). Products run on the current stream, in

@@ -50,10 +50,9 @@ class Launcher:
 
     `kinds`: per kernel argument, 'p' (a device pointer), 'f' (float), 'd'
     (double) or 'q' (int64). A call writes the values into the kept block and
-    launches on the current stream: about 3 us of host time where a
-    RawKernel call takes 5 and a CuPy ufunc 8 (they convert every argument
-    on every call), which is most of an eager elementwise operation's cost on
-    a GPU. The driver copies the block at the launch (and a CUDA-graph
+    launches on the current stream, with less host time than a RawKernel
+    call or a CuPy ufunc (they convert every argument on every call), which
+    is most of an eager elementwise operation's cost on a GPU. The driver copies the block at the launch (and a CUDA-graph
     capture copies it into the graph), so the block is free to be rewritten
     by the next call. One thread per worker process calls it.
     """

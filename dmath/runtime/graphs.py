@@ -5,8 +5,8 @@ step by step (`Runtime._run_program`). On the GPU backend, when every step's
 kernel declares itself capturable (registry.py) and every matrix the program
 reads from outside is plain device memory, the second replay captures the
 program into a CUDA graph and launches it; later replays launch the graph and
-redo only the runtime's bookkeeping. On an H200 a 100-operation elementwise
-chain of 256 x 256 matrices then costs 0.24 ms per replay instead of 3.0 ms.
+redo only the runtime's bookkeeping (one launch instead of a kernel call
+per step).
 
 What a graph needs, and how it is kept:
 - fixed addresses: the capture allocates from a CuPy memory pool of its own

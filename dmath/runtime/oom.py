@@ -1,90 +1,25 @@
 """Undoing a command whose allocation a worker refused: the master's check, and careful commands.
 
-The master admits a command only when its new matrices fit (ledger.py), but
-the temporaries of a kernel (pack buffers, GEMM panels, convolution
-workspaces) are not in the ledger, and a worker's pool refuses them past the
-device's memory or the limit. A worker cannot give up alone: the others may
-be inside a collective of the same command, waiting for it.
+The master admits a command only when its new matrices fit (ledger.py), but a kernel's temporaries
+are not in the ledger and a worker's pool may refuse them; that worker cannot give up alone, its
+peers may be inside a collective of the same command, waiting for it.
 
-The check. After a refused allocation in command n (in its own share, or
-reported by a worker that names n as the last command it received), the
-master broadcasts OOM_CHECK and waits up to AGREE_S seconds for every
-worker's answer. A worker answers only between commands: one that finished
-n, or one that left it. If all answer, none is waiting in a collective of n;
-the master then tests, polled for up to AGREE_S seconds, that its own
-device work of n is done too (its kernel returned once its NCCL calls were
-queued, and one of them may wait for a worker that left: a blocking
-synchronize would never return). Then n is undone: its new matrices are freed on every rank and marked on the
-master (a Matrix the user already holds raises when used), every rank drops
-its replica cache (a rank that left n early made different keep, evict and
-LRU decisions than its peers, and the cache must be alike everywhere: a hit
-skips a collective that a miss enters), and OutOfMemoryError is raised with
-the runtime still usable. A worker that does not answer is inside n: the
-runtime is broken (WorkerError), as for any failure. So is a command that
-writes an operand in place (some workers wrote it, some did not), a plan
-replay (never careful: see below), and, outside careful commands, a refusal
-the master learns of only after it has sent another command.
+The check: after a refusal in command n, the master sends OOM_CHECK and waits up to AGREE_S for
+every worker's answer (a worker answers only between commands), then for its own device work of
+n. If all answer, n is undone on every rank (its new matrices freed and marked, the replica caches
+dropped, which must stay alike everywhere) and OutOfMemoryError is raised with the runtime usable.
+A silent worker is inside n: the runtime is broken (WorkerError). So is a refusal in a command that
+writes in place, in a plan replay, or, outside careful commands, one learnt of after the next
+command was sent.
 
-Careful commands make the check succeed when a worker is refused while its
-peers are, or will be, inside a collective with it. The master marks a
-command careful (a flag in its frame's kind byte, protocol.CAREFUL) when its
-ledger says the workers are under memory pressure: with the command's new
-matrices, some worker's live matrices pass ledger.CAREFUL_FRACTION of its
-capacity or limit (`dmath.memory.set_careful('always' | 'never' | 'auto')`,
-or DMATH_CAREFUL, forces it). In-place commands are never careful: they
-could not be undone anyway. In a careful command (comm/agreement.py):
-
-- every collective entry point (collectives.py; gather_objects in
-  control.py; the creation of a sub-communicator in world.py) allocates
-  its buffers first, then agrees with the members of its group, and only
-  then communicates. No rank is ever committed to a transfer with a member
-  that might still be refused before it;
-- a rank whose allocation is refused, or that learns at an agreement that a
-  member has left, leaves the command: it tells every other rank (a NOTICE),
-  completes the transfers it had started after agreements (its peers
-  complete them too), and goes to the check;
-- every worker ends the command by telling the master it is out (END), and
-  the master's share ends by waiting for every worker's END or NOTICE. So
-  the master never returns from a careful command, nor sends the next one,
-  while a worker is in it or has left it: the refusal is always found in
-  the command itself (a refusal after the last collective, with every peer
-  done, included), and by the time the master checks, every worker has
-  already left or finished: everyone answers.
-
-Why point-to-point flags and a NOTICE to every rank, not an all-reduce of a
-flag on each group's communicator with the refused worker joining "its next
-agreement" with 0. With a single group that works: collectives run in the
-same order on every member, so the refused worker's one agreement matches
-every peer's next one. But a command's collectives run on several groups
-(the row and column communicators of a SUMMA grid, a remap on a group then
-an all-reduce on all, point-to-point scatter pairs), and the refused worker
-would have to feed the next agreement of every group whose members will
-wait for it: it cannot know which, because it would learn its own later
-collectives only by running the rest of the kernel. Each worker that leaves
-in turn has the same problem. And an all-reduce some members entered and
-others never will stays pending on its communicator, shifting every later
-collective there by one. A NOTICE sent to every rank answers any agreement
-that waits for its sender, in whatever group, whenever it is reached; the
-flags are numbered by command, so those left unread are recognised and
-skipped later, and nothing is left pending on any communicator. The end of
-the command must be world-wide for the same reason: only the master (every
-worker's peer at the end) can hold the next command back.
-
-The cost, in careful commands only: per collective, a flag to and from each
-other member of its group, and per command a message to the master, which
-then waits for the slowest worker instead of running ahead (some tens of
-microseconds per command on a small CPU host: docs/ARCHITECTURE.md,
-tools/careful_cost.py). Outside careful commands: one attribute test per
-collective and per command, and the ledger's bound of the headroom.
-Agreements never touch the device; a plan replay (and so a CUDA graph
-capture) never runs a careful command, as replays are not undone.
-
-A refusal report from a careful command's worker reaches the master while
-it is still inside that command; it is noted, and the runtime is declared
-broken only if the command has not been left by every rank within AGREE_S
-seconds (a worker stuck in a collective with one that failed after agreeing
-to it: no kernel allocates between its agreement and its transfer, so that
-needs a defect).
+Careful commands (under memory pressure: ledger.CAREFUL_FRACTION, or DMATH_CAREFUL /
+dmath.memory.set_careful) make the check succeed when a refused worker's peers are in a
+collective with it (comm/agreement.py): every collective allocates first, then agrees with its
+group, then communicates; a refused rank tells every rank it left (a NOTICE: it may not know which
+groups will wait for it), and every worker tells the master it is out (END), so the master never
+runs ahead of a careful command. Outside careful commands this costs one attribute test per
+collective and per command. A refusal report arriving inside a careful command is noted, and the
+runtime is broken only if some rank has not left it within AGREE_S.
 """
 import time
 import traceback

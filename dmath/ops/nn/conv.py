@@ -252,7 +252,7 @@ def bias_gradient(dy, n, k, acc, channels_last=False):
 
     Channels-last, the sums are the column sums of (n*L, K): a product with a row of ones (one
     GEMV). An array-library reduction along that axis gives each of the K sums to one thread
-    block striding through n*L rows (AlexNet's first layer on an H200: milliseconds, not microseconds).
+    block striding through n*L rows (milliseconds on a large first layer, not microseconds).
     """
     if channels_last:
         m = dy.size // k
@@ -282,9 +282,8 @@ def _dense(a, dtype):
 
 
 # Channels-last tensor-core kernels read channels in fours or eights. An RGB first layer (3
-# channels) is padded by cuDNN itself into slow kernels: AlexNet's first convolution in float16 on
-# an H200 ran its forward pass in 0.90 ms, 0.41 ms on a copy with a zero fourth channel, and its
-# weight gradient in 0.77 ms, 0.53 ms with eight channels (tools/conv_probe.py). So a convolution
+# channels) is padded by cuDNN itself into slow kernels, often slower than a copy padded with zero
+# channels (about twice, for AlexNet's first layer in float16). So a convolution
 # whose channel count is not a multiple of 4 runs both ways at the first call of its shape (outside
 # any capture, as cuDNN's own plan timing) and keeps the padded way when it is faster, the padding
 # copies included: the forward pass padded to 4 channels, the weight gradient to 8.
