@@ -1,6 +1,6 @@
 """Master microseconds per control frame over MPI, by the way it is sent (a diagnostic).
 
-    mpiexec -n P python tools/control_costs.py [--frames 20000]
+    mpiexec -n P python benchmarks/probes/control_costs.py [--frames 20000]
 
 Rank 0 sends `frames` 64-byte frames to every other rank, which receive them
 the matching way; each way is timed on rank 0 from its first send to its

@@ -1,6 +1,6 @@
 """Time one convolution's forward and weight-gradient passes at a few input channel counts.
 
-    python tools/conv_probe.py [--device gpu] [--channels 3 4 8] [--dtypes float16 float32]
+    python benchmarks/probes/conv_probe.py [--device gpu] [--channels 3 4 8] [--dtypes float16 float32]
 
 AlexNet's first layer (256 x 3 x 224 x 224, 64 filters of 11 x 11, stride
 4, padding 2), channels-last, through dmath.nn at one worker: does a

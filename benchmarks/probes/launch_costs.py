@@ -1,6 +1,6 @@
 """Host microseconds per kernel launch on one GPU: CuPy ufuncs, ElementwiseKernel, RawKernel, cuBLAS, torch.
 
-    python tools/launch_costs.py
+    python benchmarks/probes/launch_costs.py
 
 A diagnostic for dispatch latency: what each way of starting the same small
 device operation costs the launching thread (the device work is tiny).

@@ -1,6 +1,6 @@
 """What careful commands cost: microseconds per operation with careful mode off and on.
 
-    mpiexec -n 2 python tools/careful_cost.py [--repeat 2000] [--n 64] [--runs 7]
+    mpiexec -n 2 python benchmarks/probes/careful_cost.py [--repeat 2000] [--n 64] [--runs 7]
 
 Careful commands (dmath/runtime/oom.py) agree before every collective and
 make the master wait for every worker at the end of each command. This
@@ -9,8 +9,7 @@ latency shows most, on the CPU backend: an all-reduce (`max(axis=0)` of a
 RowBlock matrix), an all-to-all (a remap to ColBlock), a scalar reduction
 (gathered on the master) and an elementwise operation (no collective: only
 the end-of-command message). The best of `--runs` runs of `--repeat` calls
-each, the modes taking turns, after a warm-up. Run on a checkout without careful commands it times the
-plain path alone (the cost careful mode adds when it is off).
+each, the modes taking turns, after a warm-up.
 """
 import argparse
 import time
@@ -44,18 +43,17 @@ def main(argv=None):
         "sum() (gather to the master)": lambda: x.sum(),
         "x + 1 (no collective)": lambda: x + 1.0,
     }
-    modes = ("never", "always") if hasattr(dmath.memory, "set_careful") else (None,)
+    modes = ("never", "always")
     print(f"{dmath.num_workers()} workers, {args.n} x {args.n} float32, best of {args.runs} x {args.repeat} calls")
-    print(f"{'operation':34s}" + "".join(f"{'careful ' + (m or 'n/a'):>18s}" for m in modes)
-          + ("   agreements per call (careful's cost)" if len(modes) == 2 else ""))
+    print(f"{'operation':34s}" + "".join(f"{'careful ' + m:>18s}" for m in modes)
+          + "   agreements per call (careful's cost)")
     for name, fn in ops.items():
         best = {m: float("inf") for m in modes}
         agreed = 0
         # runs alternate between the modes, so that a slow spell of the machine hits both
         for run in range(args.runs):
             for mode in modes:
-                if mode is not None:
-                    dmath.memory.set_careful(mode)
+                dmath.memory.set_careful(mode)
                 if run == 0:
                     for _ in range(100):
                         fn()
@@ -64,10 +62,8 @@ def main(argv=None):
                 if mode == "always":
                     agreed = (dmath.stats()[0].get("agreements", 0) - before) / args.repeat
         cells = [best[m] for m in modes]
-        line = f"{name:34s}" + "".join(f"{c:15.1f} us" for c in cells)
-        if len(modes) == 2:
-            line += f"   {agreed:.0f} ({cells[1] - cells[0]:+.1f} us)"
-        print(line, flush=True)
+        print(f"{name:34s}" + "".join(f"{c:15.1f} us" for c in cells)
+              + f"   {agreed:.0f} ({cells[1] - cells[0]:+.1f} us)", flush=True)
 
 
 if __name__ == "__main__":
