@@ -73,8 +73,8 @@ worker's peer at the end) can hold the next command back.
 The cost, in careful commands only: per collective, a flag to and from each
 other member of its group, and per command a message to the master, which
 then waits for the slowest worker instead of running ahead (some tens of
-microseconds per command on a small CPU host: docs/ARCHITECTURE.md,
-tools/careful_cost.py). Outside careful commands: one attribute test per
+microseconds per command on a small CPU host: benchmarks/results/README.md,
+benchmarks/probes/careful_cost.py). Outside careful commands: one attribute test per
 collective and per command, and the ledger's bound of the headroom.
 Agreements never touch the device; a plan replay (and so a CUDA graph
 capture) never runs a careful command, as replays are not undone.
