@@ -1,4 +1,4 @@
-"""The README's figures, from the JSON results in benchmarks/results.
+"""The figures of benchmarks/results/README.md, from the JSON results beside it.
 
     python benchmarks/plots.py gemm  RESULT.json ... [--out F.png]   # efficiency against GPU count
     python benchmarks/plots.py cnn   RESULT.json ... [--out F.png]   # efficiency and images/s against PyTorch
@@ -136,7 +136,7 @@ def remap(paths, out):
 
 
 def readme():
-    """The README's figures from the committed H200 results."""
+    """The figures of benchmarks/results/README.md from the committed H200 results."""
     r = lambda pattern: sorted(glob.glob(os.path.join(RESULTS, pattern)))   # noqa: E731
     # Only runs whose single-GPU baseline multiplies random data, as dmath does: the older
     # gemm_h200_p2_2026-11-21.json timed cuBLAS on constant data (float64 at n = 32768: 65.7 TF/s

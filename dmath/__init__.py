@@ -6,7 +6,7 @@
     B = A.remap(dmath.ColBlock(), dtype='float16')
     print((B.astype('float32') - A).norm())
 
-See docs/ARCHITECTURE.md for the layers and how to add an operation;
+See docs/ARCHITECTURE.md for the design and docs/adding.md for how to add an operation;
 `python -m dmath.machine` reports what dmath finds on this machine.
 """
 __version__ = "0.1.0"   # the package's version (pyproject.toml reads it from here)

