@@ -40,6 +40,10 @@ ENVIRONMENT = {
                             "its algorithm chosen once"),
     "DMATH_TF32": ("1", "float32 cuDNN convolutions may use TF32 tensor cores (as PyTorch's); 0: float32 "
                         "throughout"),
+    "DMATH_TUNE": ("fast", "how cuDNN plans and cuBLASLt algorithms are chosen: 'off' (heuristics' first), 'fast' "
+                           "(cached, else a few timed), 'full' (all timed); see docs/tuning.md"),
+    "DMATH_TUNE_CACHE": ("~/.cache/dmath/tune.json", "the tuning cache file (a directory: DIR/tune.json); empty: "
+                                                     "none read or written"),
     "DNN_DATA_DIR": ("~/.cache/dmath-dnn", "where dnn.data downloads and finds data sets"),
 }
 

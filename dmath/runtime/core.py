@@ -65,7 +65,7 @@ import weakref
 from threading import get_ident as _get_ident
 from time import perf_counter as _perf_counter
 
-from .. import backend, memory
+from .. import backend, memory, tuning
 from ..comm import World, agreement, counters, set_progress_hook
 from ..comm.heartbeat import Hang, Pinger, Responder
 from ..comm.control import ControlChannel, gather_objects, pending_failure, report_failure
@@ -964,6 +964,7 @@ def init(device=None):
         return _runtime
     timeout = _timeout_s()       # checked on every rank before any of them starts serving
     careful = careful_mode_from_env()
+    tuning.mode()                # DMATH_TUNE checked here: a bad value raises now, not at a worker's first convolution
     world = World()
     watchdog = float(os.environ.get("DMATH_WATCHDOG_S", "0"))
     if watchdog > 0:
