@@ -343,3 +343,10 @@ def test_timed_fast_budget_after_one(monkeypatch):
     assert out == [(2, 1.0)]                          # over budget from the start: stops once one was timed
     out = tuning.timed(range(10), lambda c: 1.0, "fast", few=5, budget_s=25)
     assert [c for c, _ in out] == [0, 1, 2]
+
+
+def test_init_refuses_a_bad_mode_before_starting():
+    out = subprocess.run([sys.executable, "-c", "import dmath; dmath.init('cpu')"], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, PYTHONPATH=ROOT, DMATH_TUNE="always"))
+    assert out.returncode != 0
+    assert "DMathError: DMATH_TUNE='always': expected one of off, fast, full" in out.stderr
