@@ -103,6 +103,20 @@ def _gpu():
     return out
 
 
+def _tuning():
+    """DMATH_TUNE, the tuning cache's path and how many choices it holds (dmath.tuning)."""
+    from . import tuning
+    from .errors import DMathError
+    try:
+        mode = tuning.mode()
+    except DMathError as exc:
+        mode = f"invalid: {exc}"
+    cache = tuning.shared()
+    if cache is None:
+        return {"mode": mode, "cache": "off (DMATH_TUNE_CACHE is empty)"}
+    return {"mode": mode, "cache": cache.path, "entries": cache.count()}
+
+
 def report():
     """A dict of what dmath finds on this machine (see the module docstring)."""
     from . import __version__
@@ -113,6 +127,7 @@ def report():
         "numpy": _version("numpy"),
         "mpi": _mpi(),
         "gpu": _gpu(),
+        "tuning": _tuning(),
         "optional": {name: _version(name) for name in ("tqdm", "matplotlib", "torch")},
         "environment": {name: os.environ[name] for name in ENVIRONMENT if name in os.environ},
         "threads": {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")},

@@ -202,6 +202,11 @@ class TuneCache:
             return None
         return entry["value"]
 
+    def count(self):
+        """How many entries the file holds that passed the checks (any machine's)."""
+        self._refresh()
+        return len(self._entries)
+
     # ---- writing ----------------------------------------------------------------------------
     def put(self, kind, machine, key, value):
         """Store value for (kind, machine, key), merged into the file under its lock. Returns True

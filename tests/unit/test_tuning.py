@@ -350,3 +350,14 @@ def test_init_refuses_a_bad_mode_before_starting():
                          timeout=120, env=dict(os.environ, PYTHONPATH=ROOT, DMATH_TUNE="always"))
     assert out.returncode != 0
     assert "DMathError: DMATH_TUNE='always': expected one of off, fast, full" in out.stderr
+
+
+def test_info_reports_the_settings(path, monkeypatch):
+    from dmath import info
+    FakeTuner().decide()
+    FakeTuner().decide(key=dict(KEY, n=64))
+    assert info.report()["tuning"] == {"mode": "fast", "cache": path, "entries": 2}
+    monkeypatch.setenv("DMATH_TUNE", "sometimes")
+    assert info.report()["tuning"]["mode"].startswith("invalid: DMATH_TUNE='sometimes'")
+    monkeypatch.setenv("DMATH_TUNE_CACHE", "")
+    assert info.report()["tuning"]["cache"].startswith("off")
