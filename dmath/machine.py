@@ -84,6 +84,19 @@ def _gpu():
     return out
 
 
+def _tuning():
+    """DMATH_TUNE, the tuning cache's path and how many choices it holds (dmath.tuning)."""
+    from . import tuning
+    try:
+        mode = tuning.mode()
+    except settings.SettingError as exc:
+        mode = f"invalid: {exc}"
+    cache = tuning.shared()
+    if cache is None:
+        return {"mode": mode, "cache": "off (DMATH_TUNE_CACHE is empty)"}
+    return {"mode": mode, "cache": cache.path, "entries": cache.count()}
+
+
 def report():
     """A dict of what dmath finds on this machine (see the module docstring)."""
     from . import __version__
@@ -94,6 +107,7 @@ def report():
         "numpy": _version("numpy"),
         "mpi": _mpi(),
         "gpu": _gpu(),
+        "tuning": _tuning(),
         "optional": {name: _version(name) for name in ("tqdm", "matplotlib", "torch")},
         "environment": {name: os.environ[name] for name in ENVIRONMENT if name in os.environ},
         "settings": _settings(),

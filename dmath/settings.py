@@ -118,6 +118,13 @@ VARIABLES = (
              "cuBLASLt with its algorithm chosen once", "0 or 1", _flag, True, "cublaslt"),
     Variable("DMATH_TF32", "1", "float32 cuDNN convolutions may use TF32 tensor cores (as PyTorch's); 0: "
              "float32 throughout", "0 or 1", _flag, True, "tf32"),
+    Variable("DMATH_TUNE", "fast", "how cuDNN plans and cuBLASLt algorithms are chosen: 'off' (heuristics' "
+             "first), 'fast' (cached, else a few timed), 'full' (all timed); see docs/tuning.md",
+             "'off', 'fast' or 'full'", _choice("off", "fast", "full"), "fast", "tune"),
+    # read where they are used (dmath.tuning's cache path: empty means none, unlike the others;
+    # dnn/data when it downloads, before or without init): listed here for the table only
+    Variable("DMATH_TUNE_CACHE", "~/.cache/dmath/tune.json", "the tuning cache file (a directory: "
+             "DIR/tune.json); empty: none read or written", "a file or folder path, or empty", _text),
     # read by dnn/data when it downloads (before or without init): listed here for the table only
     Variable("DNN_DATA_DIR", "~/.cache/dmath-dnn", "where dnn.data downloads and finds data sets",
              "a folder", _text),
@@ -150,6 +157,17 @@ def read(environ=None):
     """The Settings the environment (`os.environ` by default) gives; SettingError on the first bad value."""
     environ = os.environ if environ is None else environ
     return Settings({v.attr: _value(v, environ.get(v.name, "")) for v in VARIABLES if v.attr})
+
+
+def value(name, environ=None):
+    """One variable's checked value, for code that may run before or without `init()`."""
+    environ = os.environ if environ is None else environ
+    return _value(BY_NAME[name], environ.get(name, ""))
+
+
+def raw(name):
+    """A listed variable's text as set (None when unset), for one whose empty value means something."""
+    return os.environ.get(BY_NAME[name].name)
 
 
 def load():

@@ -17,6 +17,8 @@
 #   remap   remap throughput against NCCL at 2 and all GPUs
 #   mlp     the MagmaDNN MNIST MLP test against PyTorch eager on 1 GPU (and DDP on all), and on the CPU
 #   cnn     CNN training (LeNet, CIFAR net, AlexNet) against PyTorch eager on 1 GPU and DDP on all
+#   startup the time from fit to the end of the first step on 1 GPU, tuning cache cold and warm, against
+#           PyTorch eager's first step (STARTUP_ARGS, default AlexNet b256 float32)
 #   transfer from_numpy / to_numpy throughput on 1 GPU and on all
 #   pipeline the input pipeline alone (augmented 3x224x224 batches) against the copy bandwidth
 # The MNIST 5k wheel must already be in DNN_DATA_DIR (default: .data when it exists; the machine has
@@ -42,7 +44,7 @@ if "$mpiexec" --version 2>&1 | grep -qiE 'open mpi|openrte'; then mpiflags=(--ov
 read -r -a extra <<< "${MPIFLAGS:-}"
 mpiflags+=(${extra[@]+"${extra[@]}"})
 run() { timeout "${TIMEOUT:-300}" "$mpiexec" ${mpiflags[@]+"${mpiflags[@]}"} -n "$1" "$py" "${@:2}"; }
-stages=${STAGES:-info tests bench main gemm chain remap mlp cnn transfer pipeline}
+stages=${STAGES:-info tests bench main gemm chain remap mlp cnn startup transfer pipeline}
 has() { case " $stages " in *" $1 "*) return 0 ;; esac; return 1; }
 status=0
 if has info; then
@@ -114,6 +116,11 @@ if has cnn; then
     echo "== CNN training on $p GPU(s) =="
     run "$p" benchmarks/cnn_bench.py --device gpu ${CNN_ARGS:---nets lenet cifar alexnet} --out "$out/cnn_p$p.json" || status=1
   done
+fi
+if has startup; then
+  echo "== start-up on 1 GPU =="
+  # each case is a fresh process of its own (no mpiexec: one worker), its tuning cache under $out
+  "$py" benchmarks/startup_bench.py "$out" --device gpu ${STARTUP_ARGS:-} || status=1
 fi
 if has transfer; then
   for p in 1 "$ngpu"; do

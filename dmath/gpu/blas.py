@@ -200,8 +200,11 @@ class Product:
         if lt and not memory.capturing():
             scalar = _EX[args.dtype][0]
             cupy = _CUPY.get("cupy") or _cupy()
+            stream = cupy.cuda.get_current_stream().ptr
+            if not lt.settled:          # the algorithm, chosen on these buffers (cublaslt.Matmul.settle)
+                lt.settle(a.data.ptr, b.data.ptr, out.data.ptr, stream)
             lt.run(a.data.ptr, b.data.ptr, out.data.ptr, _host_scalar(scalar, alpha)[0], _host_scalar(scalar, 0.0)[0],
-                   cupy.cuda.get_current_stream().ptr)
+                   stream)
         else:
             args.launch(a.data.ptr, b.data.ptr, out.data.ptr, alpha, 0.0)
         return out

@@ -1,13 +1,18 @@
 """Convolutions through cuDNN's graph API (NVIDIA's `nvidia-cudnn-frontend` package, the `gpu` extra).
 
 One `ConvPlan` per (direction, shapes, groups, dtype), made at the first use
-of that shape and cached for the process: cuDNN's operation graph for the
-forward pass, the data gradient or the weight gradient, every execution
-plan its heuristics offer that builds on this GPU, and the one chosen by
-timing each on the call's own buffers (dMath's "algorithm selected from
-timing samples and system constraints"; PyTorch's cudnn.benchmark). Plans
-whose workspace does not fit the memory the worker has (the pool's limit or
-the device's free memory) are never tried. `explain()` lists the choices.
+of that shape and kept for the process: cuDNN's operation graph for the
+forward pass, the data gradient or the weight gradient, the execution plans
+its heuristics offer in their order, and the one chosen (dMath's "algorithm
+selected from timing samples and system constraints"; PyTorch's
+cudnn.benchmark). How it is chosen follows DMATH_TUNE (dmath.tuning): the
+choice an earlier run timed on this GPU model, driver and cuDNN, read from
+the tuning cache (one plan built, run once to check it); else the first few
+plans timed on the call's own buffers within a time budget ('fast', the
+default), every plan timed ('full'), or the heuristics' first ('off').
+Plans whose workspace does not fit the memory the worker has (the pool's
+limit or the device's free memory) are never built. `explain()` lists the
+choices and how each was made.
 
 Execution runs on the current stream with raw device pointers and one
 workspace per worker, shared by every plan: it grows to the largest chosen
@@ -28,7 +33,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import backend, memory, settings
+from .. import backend, memory, settings, tuning
 from ..planning.conv import output_length
 
 #: timed runs per candidate plan (after one warm-up run); the median decides
@@ -121,9 +126,15 @@ def _strides(dims, channels_last):
 
 
 class ConvPlan:
-    """A built convolution graph of one ConvKey, its candidate plans and the chosen one."""
+    """A convolution graph of one ConvKey, the plans built of it so far and the chosen one.
 
-    def __init__(self, key):
+    The heuristics order the graph's engine configurations; a plan is built
+    only when it is about to be timed or adopted (building a runtime-compiled
+    engine takes far longer than running it), so DMATH_TUNE=fast builds the
+    few it times and a cached choice builds one (see dmath.tuning).
+    """
+
+    def __init__(self, key, budget=None):
         cudnn = _module()
         if cudnn is None:
             raise Refused(status())
@@ -168,27 +179,29 @@ class ConvPlan:
             if key.dtype == "float32" and not settings.current.tf32:
                 note = cudnn.numerical_note
                 g.deselect_numeric_notes([note.TENSOR_CORE, note.DOWN_CONVERT_INPUTS])
+            if budget is not None and hasattr(g, "deselect_workspace_greater_than"):
+                g.deselect_workspace_greater_than(int(budget))      # never built, never timed
             g.check_support()
-            g.build_plans(cudnn.build_plan_policy.ALL)
+            # an older frontend without build_plan_at_index builds every plan now
+            self._lazy = hasattr(g, "build_plan_at_index")
+            if not self._lazy:
+                g.build_plans(cudnn.build_plan_policy.ALL)
             count = g.get_execution_plan_count()
         except Exception as exc:  # noqa: BLE001 - cuDNN's many "not supported" errors all mean: fall back
             raise Refused(f"cuDNN declined {key}: {type(exc).__name__}: {exc}") from exc
         self.graph, self.tensors = g, (a, b) + extra + (out,)
-        self.candidates = []
+        self.names = []
         for i in range(count):
             try:
-                name = g.get_plan_name_at_index(i)
-            except Exception:  # noqa: BLE001 - a name is only for explain()
-                name = f"plan {i}"
-            try:
-                ws = int(g.get_workspace_size_plan_at_index(i))
-            except Exception:  # noqa: BLE001 - a plan that did not build has no workspace size
-                continue
-            self.candidates.append({"index": i, "name": name, "workspace": ws, "ms": None})
-        if not self.candidates:
-            raise Refused(f"cuDNN built no plan for {key}")
+                self.names.append(g.get_plan_name_at_index(i))
+            except Exception:  # noqa: BLE001 - a name is for explain() and the cache
+                self.names.append(f"plan {i}")
+        if not self.names:
+            raise Refused(f"cuDNN offered no plan for {key}")
+        self.candidates = []        # the plans built so far, in the heuristics' order
         self.choice = None
         self.why = ""
+        self.source = ""            # how the choice was made: 'cache', 'off', 'fast' or 'full'
 
     def _execute(self, index, ptrs, workspace):
         cudnn = _module()
@@ -200,44 +213,98 @@ class ConvPlan:
     def _workspace(self, nbytes):
         return memory.empty((max(nbytes, 1),), np.uint8)
 
-    def tune(self, ptrs, budget):
-        """Time every candidate whose workspace fits `budget` bytes on these buffers; keep the one with
-        the smallest workspace among those within NEAR_FASTEST of the fastest."""
+    def _build(self, index):
+        """Plan `index` built: its candidate dict, or None where it does not build here."""
+        try:
+            if self._lazy:
+                self.graph.build_plan_at_index(index)
+            ws = int(self.graph.get_workspace_size_plan_at_index(index))
+        except Exception:  # noqa: BLE001 - a plan that does not build is not a candidate
+            return None
+        c = {"index": index, "name": self.names[index], "workspace": ws, "ms": None}
+        self.candidates.append(c)
+        return c
+
+    def _fitting(self, budget):
+        """The plans that build and whose workspace fits `budget` bytes, built one at a time, in the
+        heuristics' order."""
+        for i in range(len(self.names)):
+            c = self._build(i)
+            if c is not None and c["workspace"] <= budget:
+                yield c
+
+    def _time(self, c, ptrs):
+        """The median milliseconds of plan c on these buffers (after one warm-up run), or None (and
+        c['error']) when it fails to run."""
         xp = backend.current().xp
         stream = xp.cuda.get_current_stream()
-        fitting = [c for c in self.candidates if c["workspace"] <= budget]
-        if not fitting:
-            raise Refused(f"no cuDNN plan for {self.key} fits the {budget:,} bytes the worker can spare")
-        best = None
-        for c in fitting:
-            ws = self._workspace(c["workspace"])
-            try:
-                self._execute(c["index"], ptrs, ws.data.ptr)            # warm-up (and: does it run?)
-                times = []
-                for _ in range(TIMED_RUNS):
-                    start, end = xp.cuda.Event(), xp.cuda.Event()
-                    start.record(stream)
-                    self._execute(c["index"], ptrs, ws.data.ptr)
-                    end.record(stream)
-                    end.synchronize()
-                    times.append(xp.cuda.get_elapsed_time(start, end))
-            except Exception as exc:  # noqa: BLE001 - a plan that fails to run is not chosen
-                c["error"] = f"{type(exc).__name__}: {exc}"
-                continue
-            c["ms"] = float(np.median(times))
-            if best is None or c["ms"] < best["ms"]:
-                best = c
-            del ws
-        if best is None:
-            raise Refused(f"no cuDNN plan for {self.key} ran: {[c.get('error') for c in fitting]}")
-        fast = [c for c in fitting if c["ms"] is not None and c["ms"] <= best["ms"] * NEAR_FASTEST]
-        self.choice = min(fast, key=lambda c: (c["workspace"], c["ms"]))
-        skipped = len(self.candidates) - len(fitting)
-        lean = "" if self.choice is best else (f"; the fastest ({best['ms']:.3f} ms) needs a workspace of "
-                                               f"{best['workspace']:,} bytes")
-        self.why = (f"smallest workspace within {NEAR_FASTEST:g}x of the fastest of {len(fitting)} timed plan(s)"
-                    + lean
-                    + (f"; {skipped} skipped for a workspace over {budget:,} bytes" if skipped else ""))
+        ws = self._workspace(c["workspace"])
+        try:
+            self._execute(c["index"], ptrs, ws.data.ptr)            # warm-up (and: does it run?)
+            times = []
+            for _ in range(TIMED_RUNS):
+                start, end = xp.cuda.Event(), xp.cuda.Event()
+                start.record(stream)
+                self._execute(c["index"], ptrs, ws.data.ptr)
+                end.record(stream)
+                end.synchronize()
+                times.append(xp.cuda.get_elapsed_time(start, end))
+        except Exception as exc:  # noqa: BLE001 - a plan that fails to run is not chosen
+            c["error"] = f"{type(exc).__name__}: {exc}"
+            return None
+        c["ms"] = float(np.median(times))
+        return c["ms"]
+
+    def adopt(self, value, ptrs, budget):
+        """The cached choice `value` ({'name', 'ms', ...}) as this plan's choice when it builds, fits
+        `budget` and runs once on these buffers; None (tune instead) otherwise."""
+        name = value.get("name")
+        if name not in self.names:
+            return None
+        c = self._build(self.names.index(name))
+        if c is None or c["workspace"] > budget:
+            return None
+        ws = self._workspace(c["workspace"])
+        try:
+            self._execute(c["index"], ptrs, ws.data.ptr)
+            backend.current().xp.cuda.get_current_stream().synchronize()
+        except Exception:  # noqa: BLE001 - a cached plan that fails to run is tuned again
+            return None
+        ms = value.get("ms")
+        c["ms"] = float(ms) if isinstance(ms, (int, float)) else None
+        self.why = f"cached: {value.get('why', 'timed in an earlier run')}"
+        return c
+
+    def tune(self, ptrs, budget, how):
+        """(choice, value to cache) under DMATH_TUNE mode `how`: 'off' takes the heuristics' first plan
+        that builds and fits `budget` bytes, untimed; 'fast' times the first few (dmath.tuning.timed),
+        'full' every one; of the timed plans, the one with the smallest workspace among those within
+        NEAR_FASTEST of the fastest."""
+        if how == "off":
+            for c in self._fitting(budget):
+                self.why = "the heuristics' first plan that builds (DMATH_TUNE=off: nothing timed)"
+                return c, None
+            raise Refused(f"no cuDNN plan for {self.key} builds within the {budget:,} bytes the worker can spare")
+        timed = tuning.timed(self._fitting(budget), lambda c: self._time(c, ptrs), how)
+        if not timed:
+            raise Refused(f"no cuDNN plan for {self.key} ran within the {budget:,} bytes the worker can spare: "
+                          f"{[c.get('error') for c in self.candidates]}")
+        best = min(timed, key=lambda cm: cm[1])[0]
+        fast = [c for c, ms in timed if ms <= best["ms"] * NEAR_FASTEST]
+        choice = min(fast, key=lambda c: (c["workspace"], c["ms"]))
+        lean = "" if choice is best else (f"; the fastest ({best['ms']:.3f} ms) needs a workspace of "
+                                          f"{best['workspace']:,} bytes")
+        self.why = (f"smallest workspace within {NEAR_FASTEST:g}x of the fastest of {len(timed)} timed plan(s) "
+                    f"of {len(self.names)} (DMATH_TUNE={how})" + lean)
+        value = {"name": choice["name"], "workspace": choice["workspace"], "ms": choice["ms"], "why": self.why,
+                 "timed": [[c["name"], ms, c["workspace"]] for c, ms in timed]}
+        return choice, value
+
+    def choose(self, ptrs, budget):
+        """Make the choice: the cached one where DMATH_TUNE and the cache allow, else by tune()."""
+        self.choice, self.source = tuning.decide(
+            "cudnn_conv", fingerprint(), dict(self.key._asdict(), tf32=settings.current.tf32),
+            lambda value: self.adopt(value, ptrs, budget), lambda how: self.tune(ptrs, budget, how))
 
     def run(self, ptrs):
         """Run the chosen plan on device pointers (inputs, then the output), on the current stream."""
@@ -245,6 +312,15 @@ class ConvPlan:
         ws = shared_workspace(c["workspace"])
         memory.keep_for_capture(ws)
         self._execute(c["index"], ptrs, ws.data.ptr)
+
+
+def fingerprint():
+    """This worker's GPU and cuDNN, as the tuning cache keys them."""
+    machine = _state.get("machine")
+    if machine is None:
+        machine = _state["machine"] = tuning.gpu_fingerprint(
+            cudnn=_state["version"], cudnn_frontend=str(getattr(_state["cudnn"], "__version__", "")))
+    return machine
 
 
 def shared_workspace(nbytes):
@@ -285,8 +361,9 @@ def conv(key, ptrs):
     """Run the convolution `key` on device pointers (two inputs, the bias of a bias epilogue, then
     the output).
 
-    The first call of a key builds and times its plans (raises Refused when
-    cuDNN cannot do it; the caller falls back); later calls only execute.
+    The first call of a key chooses its plan, from the tuning cache or by
+    timing (dmath.tuning; raises Refused when cuDNN cannot do it: the caller
+    falls back); later calls only execute.
     Must not be first called while the stream is being captured.
     """
     plan = _plans.get(key)
@@ -294,8 +371,9 @@ def conv(key, ptrs):
         if key in _plans:
             raise Refused(f"cuDNN declined {key} before")
         try:
-            plan = ConvPlan(key)
-            plan.tune(ptrs, _budget())
+            budget = _budget()
+            plan = ConvPlan(key, budget)
+            plan.choose(ptrs, budget)
         except Refused:
             _plans[key] = None
             raise
@@ -318,7 +396,7 @@ def explain():
         else:
             c = plan.choice
             ms = c["ms"]
-            row.update(engine=c["name"], ms=ms, workspace=c["workspace"], why=plan.why,
+            row.update(engine=c["name"], ms=ms, workspace=c["workspace"], why=plan.why, source=plan.source,
                        tflops=key.flops / (ms * 1e-3) / 1e12 if ms else None,
                        candidates=[{k: v for k, v in cand.items() if k != "index"} for cand in plan.candidates])
         out.append(row)
@@ -337,6 +415,7 @@ def describe(rows):
             lines.append(f"{shape}: {r['engine']}")
         else:
             tf = f", {r['tflops']:.1f} TFLOP/s" if r.get("tflops") else ""
-            lines.append(f"{shape}: {r['engine']} {r['ms']:.3f} ms{tf}, workspace {r['workspace']:,} B ({r['why']})")
+            ms = "untimed" if r["ms"] is None else f"{r['ms']:.3f} ms"
+            lines.append(f"{shape}: {r['engine']} {ms}{tf}, workspace {r['workspace']:,} B ({r['why']})")
     return "\n".join(lines)
 

@@ -17,7 +17,7 @@ window with dmath/planning/conv.py, the geometry every caller shares.
 """
 from typing import NamedTuple
 
-from ... import backend, memory
+from ... import backend, memory, settings, tuning
 from ...comm.control import gather_objects
 from ...errors import DMathError
 from ...gpu import cudnn
@@ -286,7 +286,8 @@ def _dense(a, dtype):
 # channels (about twice, for AlexNet's first layer in float16). So a convolution
 # whose channel count is not a multiple of 4 runs both ways at the first call of its shape (outside
 # any capture, as cuDNN's own plan timing) and keeps the padded way when it is faster, the padding
-# copies included: the forward pass padded to 4 channels, the weight gradient to 8.
+# copies included: the forward pass padded to 4 channels, the weight gradient to 8. The choice
+# goes through the tuning cache as the plans' do (a later run reads it instead of timing again).
 # ConvKey -> (padded?, plain ms, padded ms or None: cuDNN refused it)
 _PADDED = {}
 _PAD_TIMED_RUNS = 5
@@ -321,19 +322,48 @@ def _ms(fn):
 
 
 def _plain_or_padded(key, plain, padded):
-    """Run plain() or padded(), whichever was faster at the first call of `key` (timed then)."""
+    """Run plain() or padded(), whichever was chosen at the first call of `key` (_pad_choice)."""
     choice = _PADDED.get(key)
     if choice is None:
-        plain_ms = _ms(plain)           # raises cudnn.Refused when cuDNN cannot run it: no choice kept
+        choice = _PADDED[key] = _pad_choice(key, plain, padded)
+    (padded if choice[0] else plain)()
+
+
+def _pad_choice(key, plain, padded):
+    """(padded?, plain ms, padded ms) for `key` under DMATH_TUNE (dmath.tuning): a cached choice where
+    it still runs; else both ways timed ('fast' and 'full': two candidates are few), or with 'off'
+    the padded way untimed where cuDNN takes it (it was the faster on the RGB layers measured above).
+    Raises cudnn.Refused when cuDNN cannot run the convolution: no choice is kept."""
+    def adopt(value):
+        pad = value.get("padded")
+        if not isinstance(pad, bool):
+            return None
+        try:
+            (padded if pad else plain)()            # builds its plans (through the cache too) and runs
+        except cudnn.Refused:
+            return None
+        return pad, value.get("plain_ms"), value.get("padded_ms")
+
+    def tune(how):
+        if how == "off":
+            try:
+                padded()
+                return (True, None, None), None
+            except cudnn.Refused:
+                plain()
+                return (False, None, None), None
+        plain_ms = _ms(plain)           # raises cudnn.Refused when cuDNN cannot run it
         before = cudnn.workspace_bytes()
         try:
             padded_ms = _ms(padded)
         except cudnn.Refused:
             padded_ms = None
-        choice = _PADDED[key] = (padded_ms is not None and padded_ms < plain_ms, plain_ms, padded_ms)
-        if not choice[0] and cudnn.workspace_bytes() > before:
+        pad = padded_ms is not None and padded_ms < plain_ms
+        if not pad and cudnn.workspace_bytes() > before:
             cudnn.release_workspace()   # grown for the padded plan alone: the next run makes the plain one's
-    (padded if choice[0] else plain)()
+        return (pad, plain_ms, padded_ms), {"padded": pad, "plain_ms": plain_ms, "padded_ms": padded_ms}
+
+    return tuning.decide("cudnn_pad", cudnn.fingerprint(), dict(key._asdict(), tf32=settings.current.tf32), adopt, tune)[0]
 
 
 def _fprop(key, g, x, w, b, out, n, k, fused):

@@ -1,0 +1,398 @@
+"""Choices made by timing (cuDNN plans, cuBLASLt algorithms), kept on disk between runs.
+
+Timing every candidate of every shape at every start made the first step of
+AlexNet take tens of seconds. Two settings fix that:
+
+    DMATH_TUNE=off|fast|full     how a choice nobody has cached is made
+        off    the library heuristics' first choice; nothing is timed, the cache is neither read
+               nor written (a reproducible baseline: it rules the cache out)
+        fast   (default) a cached choice when there is one; else only the heuristics' first
+               FAST_CANDIDATES candidates are timed, within FAST_BUDGET_S seconds per shape,
+               and the choice is written to the cache
+        full   every candidate is timed at every start (the cache is not read) and the choice is
+               written to the cache, refreshing it
+    DMATH_TUNE_CACHE=PATH        the cache file (default ~/.cache/dmath/tune.json, under
+                                 $XDG_CACHE_HOME when set; a directory means DIR/tune.json);
+                                 set to the empty string, no file is read or written
+
+The file is JSON (never pickle: a cache is data, and loading it must not run
+code). Each entry holds its kind (which tuner), the machine it was timed on
+(GPU model, compute capability, driver, CUDA and library versions), the
+key (op, shapes, dtype, layout) and the chosen value; it is stored under a
+digest of the first three. An entry is used only on a machine whose
+fingerprint, kind and key equal the stored ones field by field, so one file
+can serve several GPU models (a home directory shared by a cluster) and a
+driver or library update simply misses. A corrupt, truncated or foreign
+file, or an entry whose stored fields do not match its digest, is ignored
+with a `TuneCacheWarning` and never trusted; a cached choice that fails to
+build or run falls back to tuning (the callers' `adopt`).
+
+Several processes share the file. Writers merge: each takes an exclusive
+lock on PATH.lock (flock, released by the kernel if the process dies),
+re-reads the file, adds its entries and replaces the file atomically
+(temporary file in the same directory, fsync, os.replace, fsync of the
+directory), so concurrent writers of different entries all end up in it
+and a reader never sees half a file. A non-regular PATH (a symlink, a
+device, a directory) or a file that is not a dmath tuning cache is never
+replaced.
+
+The workers of a job each tune the shapes they lack, on their own GPU and
+at the same time, and each merges its choices into the file; before tuning
+a shape a worker re-reads the file if it changed, so a choice another
+process wrote meanwhile is taken. Waiting for one worker to tune while the
+others idle would save no wall time (each worker has its own GPU), would
+need a collective inside the kernels (a deadlock wherever workers' caches
+or shard shapes differ), and splitting the shapes among workers needs them
+known before the first step runs; parallel tuning needs neither.
+"""
+import errno
+import hashlib
+import json
+import os
+import re
+import socket
+import stat
+import tempfile
+import time
+import warnings
+
+from . import settings
+from .errors import DMathError
+
+MODES = ("off", "fast", "full")
+#: 'fast' times at most this many candidates per shape (the heuristics' first ones that build)
+FAST_CANDIDATES = 4
+#: 'fast' stops timing a shape's candidates once this many seconds went by (building included),
+#: after at least one candidate was timed
+FAST_BUDGET_S = 0.3
+#: the file format's name and version (a file with other ones is foreign)
+FORMAT, VERSION = "dmath-tune-cache", 1
+#: a cache file larger than this is not read (a cache of a few thousand shapes is a few MB)
+MAX_BYTES = 64 << 20
+#: seconds a writer waits for the lock before it gives up writing (with a warning)
+LOCK_TIMEOUT_S = 30.0
+
+
+class TuneCacheWarning(UserWarning):
+    """The tuning cache file was ignored (or could not be written): why, and the path."""
+
+
+def mode():
+    """DMATH_TUNE: 'off', 'fast' (when unset) or 'full'; settings.SettingError (a DMathError) else."""
+    return settings.value("DMATH_TUNE")
+
+
+def cache_path():
+    """The cache file's path from DMATH_TUNE_CACHE, or None when it is set to the empty string."""
+    value = settings.raw("DMATH_TUNE_CACHE")
+    if value is None:
+        base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+        return os.path.join(base, "dmath", "tune.json")
+    if value == "":
+        return None
+    value = os.path.expanduser(value)
+    if value.endswith(os.sep) or os.path.isdir(value):
+        return os.path.join(value, "tune.json")
+    return value
+
+
+def _canonical(obj):
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False)
+
+
+def digest(kind, machine, key):
+    """The entry name of (kind, machine, key): a SHA-256 of their canonical JSON."""
+    return hashlib.sha256(_canonical([kind, machine, key]).encode()).hexdigest()
+
+
+def _warn(message):
+    warnings.warn(message, TuneCacheWarning, stacklevel=3)
+
+
+class TuneCache:
+    """The entries of one cache file, read lazily and re-read when the file changes; `put` merges."""
+
+    def __init__(self, path):
+        self.path = path
+        self._entries = {}
+        self._seen = None           # the (inode, size, mtime) of the file as last read; None: never read
+
+    # ---- reading ----------------------------------------------------------------------------
+    def _signature(self):
+        try:
+            st = os.lstat(self.path)
+        except OSError:
+            return ()
+        return (st.st_ino, st.st_size, st.st_mtime_ns, st.st_mode)
+
+    def _refresh(self):
+        sig = self._signature()
+        if sig != self._seen:
+            self._seen = sig
+            self._entries = self._load()[0]
+
+    def _load(self):
+        """(entries, replaceable) of the file now: entries that passed every check (each warning
+        said what was dropped); replaceable: whether a writer may replace the file (it is missing,
+        a dmath cache, or one cut short)."""
+        try:
+            st = os.lstat(self.path)
+        except (FileNotFoundError, NotADirectoryError):
+            return {}, True
+        except OSError as exc:
+            _warn(f"tuning cache {self.path} not read: {exc}")
+            return {}, False
+        if not stat.S_ISREG(st.st_mode):
+            _warn(f"tuning cache {self.path} is not a regular file: ignored, and never replaced")
+            return {}, False
+        if st.st_size > MAX_BYTES:
+            _warn(f"tuning cache {self.path} is {st.st_size:,} bytes (over {MAX_BYTES:,}): not a dmath cache, "
+                  f"ignored")
+            return {}, False
+        try:
+            fd = os.open(self.path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            with os.fdopen(fd, "rb") as f:
+                raw = f.read(MAX_BYTES + 1)
+        except OSError as exc:
+            _warn(f"tuning cache {self.path} not read: {exc}")
+            return {}, False
+        if not raw.strip():
+            return {}, True
+        ours = _OURS.match(raw) is not None
+        try:
+            doc = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
+        except (UnicodeDecodeError, ValueError) as exc:
+            what = "truncated or corrupt" if ours else "not a dmath tuning cache"
+            _warn(f"tuning cache {self.path} is {what} ({type(exc).__name__}: {exc}): ignored"
+                  + ("; the next choice written replaces it" if ours else "; never replaced"))
+            return {}, ours
+        if not isinstance(doc, dict) or doc.get("format") != FORMAT or not isinstance(doc.get("entries"), dict):
+            _warn(f"tuning cache {self.path} is not a dmath tuning cache (no format {FORMAT!r}): ignored, "
+                  f"never replaced")
+            return {}, False
+        if doc.get("version") != VERSION:
+            _warn(f"tuning cache {self.path} has format version {doc.get('version')!r}, this dmath reads "
+                  f"{VERSION}: ignored; the next choice written replaces it")
+            return {}, True
+        entries, bad = {}, 0
+        for name, entry in doc["entries"].items():
+            if _valid(name, entry):
+                entries[name] = entry
+            else:
+                bad += 1
+        if bad:
+            _warn(f"tuning cache {self.path}: {bad} entr{'y' if bad == 1 else 'ies'} malformed or not matching "
+                  f"their digest: ignored")
+        return entries, True
+
+    def get(self, kind, machine, key):
+        """The value stored for (kind, machine, key), or None. Re-reads the file when it changed."""
+        self._refresh()
+        machine, key = _plain(machine), _plain(key)
+        entry = self._entries.get(digest(kind, machine, key))
+        if entry is None:
+            return None
+        # the digest matched: the stored fields must be these very ones (a hand-edited or colliding
+        # entry is not trusted)
+        if entry["kind"] != kind or entry["machine"] != machine or entry["key"] != key:
+            _warn(f"tuning cache {self.path}: the entry for {kind} {key} was stored for other fields: ignored")
+            return None
+        return entry["value"]
+
+    def count(self):
+        """How many entries the file holds that passed the checks (any machine's)."""
+        self._refresh()
+        return len(self._entries)
+
+    # ---- writing ----------------------------------------------------------------------------
+    def put(self, kind, machine, key, value):
+        """Store value for (kind, machine, key), merged into the file under its lock. Returns True
+        when the file was written (False, with a warning, when it could not be)."""
+        machine, key, value = _plain(machine), _plain(key), _plain(value)
+        entry = {"kind": kind, "machine": machine, "key": key, "value": value,
+                 "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                 "by": f"{socket.gethostname()}:{os.getpid()}"}
+        name = digest(kind, machine, key)
+        self._entries[name] = entry
+        try:
+            directory = os.path.dirname(os.path.abspath(self.path))
+            os.makedirs(directory, mode=0o700, exist_ok=True)
+            with _Lock(self.path + ".lock"):
+                entries, replaceable = self._load()
+                if not replaceable:
+                    return False                      # _load said why
+                entries[name] = entry
+                self._write(directory, entries)
+                self._entries = entries
+                self._seen = self._signature()
+        except OSError as exc:
+            _warn(f"tuning cache {self.path} not written: {exc}")
+            return False
+        return True
+
+    def _write(self, directory, entries):
+        text = json.dumps({"format": FORMAT, "version": VERSION, "entries": entries}, indent=1, allow_nan=False)
+        fd, tmp = tempfile.mkstemp(prefix=os.path.basename(self.path) + ".", suffix=".tmp", dir=directory)
+        try:
+            with os.fdopen(fd, "w", encoding="utf-8") as f:
+                f.write(text)
+                f.flush()
+                os.fsync(f.fileno())
+            try:
+                st = os.lstat(self.path)
+            except FileNotFoundError:
+                st = None
+            if st is not None and not stat.S_ISREG(st.st_mode):
+                raise OSError(errno.EEXIST, "not a regular file: not replaced", self.path)
+            os.replace(tmp, self.path)
+            tmp = None
+        finally:
+            if tmp is not None:
+                os.unlink(tmp)
+        try:                            # the rename itself survives a crash only once the directory is synced
+            dfd = os.open(directory, os.O_RDONLY)
+            try:
+                os.fsync(dfd)
+            finally:
+                os.close(dfd)
+        except OSError:
+            pass                        # some file systems cannot sync a directory: the data is synced
+
+
+#: how every file this module writes begins (a file cut short after it is still ours to replace)
+_OURS = re.compile(rb'\s*\{\s*"format"\s*:\s*"' + FORMAT.encode() + rb'"')
+
+
+def _plain(obj):
+    """obj as it reads back from JSON (tuples become lists), so that a stored field compares equal."""
+    return json.loads(_canonical(obj))
+
+
+def _refuse_constant(name):
+    raise ValueError(f"{name} is not a value a tuning cache holds")
+
+
+def _valid(name, entry):
+    """True when an entry read from a file is well formed and stored under its own digest."""
+    if not isinstance(entry, dict):
+        return False
+    kind, machine, key, value = (entry.get(f) for f in ("kind", "machine", "key", "value"))
+    if not (isinstance(kind, str) and isinstance(machine, dict) and isinstance(key, dict)
+            and isinstance(value, dict)):
+        return False
+    return name == digest(kind, machine, key)
+
+
+class _Lock:
+    """An exclusive flock on a lock file (created if missing, never a symlink), waited for at most
+    LOCK_TIMEOUT_S. The file stays: removing it would let two writers lock two different files."""
+
+    def __init__(self, path):
+        self.path = path
+        self.fd = None
+
+    def __enter__(self):
+        import fcntl
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return self
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    os.close(self.fd)
+                    raise OSError(errno.ETIMEDOUT, f"lock held for over {LOCK_TIMEOUT_S:g} s", self.path)
+                time.sleep(0.01)
+
+    def __exit__(self, *exc):
+        os.close(self.fd)               # closing releases the flock
+        return False
+
+
+_CACHES = {}
+
+
+def shared():
+    """The process's TuneCache of cache_path(), or None when DMATH_TUNE_CACHE is empty."""
+    path = cache_path()
+    if path is None:
+        return None
+    cache = _CACHES.get(path)
+    if cache is None:
+        cache = _CACHES[path] = TuneCache(path)
+    return cache
+
+
+def decide(kind, machine, key, adopt, tune):
+    """A choice for (kind, machine, key) under DMATH_TUNE, through the cache.
+
+    adopt(value) turns a cached value into the choice, or returns None when
+    it cannot (the plan does not build here, the algorithm is refused):
+    then the key is tuned as if nothing were cached. tune(mode) makes the
+    choice ('off': the heuristics' first, 'fast': a few timed, 'full': all
+    timed) and returns (choice, value to cache or None). Returns
+    (choice, source) with source 'cache', 'off', 'fast' or 'full'.
+    """
+    how = mode()
+    cache = shared() if how != "off" else None
+    if how == "fast" and cache is not None:
+        value = cache.get(kind, machine, key)
+        if value is not None:
+            choice = adopt(value)
+            if choice is not None:
+                return choice, "cache"
+    choice, value = tune(how)
+    if cache is not None and value is not None:
+        cache.put(kind, machine, key, value)
+    return choice, how
+
+
+def timed(candidates, measure, how, few=None, budget_s=None):
+    """[(candidate, ms)] for the candidates `measure` timed, in their order (the heuristics').
+
+    measure(candidate) returns milliseconds, or None when the candidate
+    cannot run. 'full' measures every candidate; 'fast' stops after `few`
+    (FAST_CANDIDATES) were timed or once `budget_s` (FAST_BUDGET_S) of wall
+    time went by, whichever comes first, but only after one was timed.
+    `candidates` may be a generator that builds each one as it is asked
+    for: the building counts against the budget.
+    """
+    few = FAST_CANDIDATES if few is None else few
+    budget_s = FAST_BUDGET_S if budget_s is None else budget_s
+    start = time.perf_counter()
+    out = []
+    for c in candidates:
+        ms = measure(c)
+        if ms is not None:
+            out.append((c, float(ms)))
+        if how == "fast" and out and (len(out) >= few or time.perf_counter() - start >= budget_s):
+            break
+    return out
+
+
+def gpu_fingerprint(**libraries):
+    """The current GPU's identity for cache keys: model, compute capability, driver, CUDA runtime,
+    and the given library versions (cudnn=..., cublaslt=...)."""
+    from . import backend
+    rt = backend.current().xp.cuda.runtime
+    dev = rt.getDevice()
+    props = rt.getDeviceProperties(dev)
+    name = props["name"]
+    out = {"gpu": name.decode() if isinstance(name, bytes) else str(name),
+           "cc": f"{props['major']}.{props['minor']}",
+           "cuda_driver": int(rt.driverGetVersion()), "cuda_runtime": int(rt.runtimeGetVersion()),
+           "driver": _driver_release()}
+    out.update({k: v if isinstance(v, (int, str)) else str(v) for k, v in libraries.items()})
+    return out
+
+
+def _driver_release():
+    """The NVIDIA kernel driver's release ('550.54.15'), which cudaDriverGetVersion does not tell
+    apart (it gives the CUDA version the driver supports); '' where it cannot be read."""
+    try:
+        with open("/proc/driver/nvidia/version") as f:
+            match = re.search(r"\b(\d+\.\d+(?:\.\d+)?)\b", f.readline())
+    except OSError:
+        return ""
+    return match.group(1) if match else ""

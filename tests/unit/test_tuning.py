@@ -1,0 +1,365 @@
+"""The tuning cache (dmath.tuning) with fake tuners: no GPU, no MPI.
+
+What it must guarantee: a second process reads what the first wrote; a
+corrupt, truncated, foreign or mismatched file or entry is ignored with a
+warning and never trusted (nor replaced, where it is not ours); concurrent
+writers from two processes both end up in the file; DMATH_TUNE's values.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dmath import tuning
+from dmath.errors import DMathError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+MACHINE = {"gpu": "NVIDIA H200", "cc": "9.0", "driver": "550.54.15", "cudnn": 91000}
+KEY = {"direction": "fprop", "n": 256, "c": 3, "h": 224, "w": 224, "dtype": "float32"}
+
+
+@pytest.fixture
+def path(tmp_path, monkeypatch):
+    p = str(tmp_path / "tune.json")
+    monkeypatch.setenv("DMATH_TUNE_CACHE", p)
+    monkeypatch.delenv("DMATH_TUNE", raising=False)
+    tuning._CACHES.clear()
+    yield p
+    tuning._CACHES.clear()
+
+
+class FakeTuner:
+    """Counts its calls; tune() 'times' and picks plan `best`, adopt() accepts what `builds` allows."""
+
+    def __init__(self, best="plan-b", builds=True):
+        self.best, self.builds = best, builds
+        self.tuned, self.adopted = [], []
+
+    def adopt(self, value):
+        self.adopted.append(value)
+        return ("built", value["name"]) if self.builds else None
+
+    def tune(self, how):
+        self.tuned.append(how)
+        if how == "off":
+            return ("built", "plan-a"), None
+        return ("built", self.best), {"name": self.best, "ms": 1.25, "candidates": [["plan-a", 2.0], [self.best, 1.25]]}
+
+    def decide(self, key=KEY, machine=MACHINE):
+        return tuning.decide("conv", machine, key, self.adopt, self.tune)
+
+
+def _entries(path):
+    with open(path) as f:
+        return json.load(f)["entries"]
+
+
+# ---- DMATH_TUNE and DMATH_TUNE_CACHE ----------------------------------------------------------
+def test_mode_values(monkeypatch):
+    monkeypatch.delenv("DMATH_TUNE", raising=False)
+    assert tuning.mode() == "fast"
+    for value in ("off", "fast", "full"):
+        monkeypatch.setenv("DMATH_TUNE", value)
+        assert tuning.mode() == value
+    monkeypatch.setenv("DMATH_TUNE", "")          # empty is unset, as for every setting
+    assert tuning.mode() == "fast"
+    for bad in ("FAST", "on", "1", "fast "):
+        monkeypatch.setenv("DMATH_TUNE", bad)
+        with pytest.raises(DMathError, match="DMATH_TUNE must be 'off', 'fast' or 'full'"):
+            tuning.mode()
+
+
+def test_cache_path(monkeypatch, tmp_path):
+    monkeypatch.delenv("DMATH_TUNE_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert tuning.cache_path() == str(tmp_path / "dmath" / "tune.json")
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    assert tuning.cache_path() == os.path.join(os.path.expanduser("~"), ".cache", "dmath", "tune.json")
+    monkeypatch.setenv("DMATH_TUNE_CACHE", "")
+    assert tuning.cache_path() is None and tuning.shared() is None
+    monkeypatch.setenv("DMATH_TUNE_CACHE", str(tmp_path))
+    assert tuning.cache_path() == str(tmp_path / "tune.json")
+    monkeypatch.setenv("DMATH_TUNE_CACHE", str(tmp_path / "x.json"))
+    assert tuning.cache_path() == str(tmp_path / "x.json")
+
+
+def test_bad_mode_raises_in_decide(path, monkeypatch):
+    monkeypatch.setenv("DMATH_TUNE", "sometimes")
+    t = FakeTuner()
+    with pytest.raises(DMathError, match="sometimes"):
+        t.decide()
+    assert t.tuned == [] and not os.path.exists(path)
+
+
+# ---- decide: the three modes ------------------------------------------------------------------
+def test_fast_tunes_once_then_reads(path):
+    t = FakeTuner()
+    assert t.decide() == (("built", "plan-b"), "fast")
+    assert t.tuned == ["fast"]
+    tuning._CACHES.clear()                       # as a fresh process would
+    t2 = FakeTuner(best="plan-c")
+    assert t2.decide() == (("built", "plan-b"), "cache")
+    assert t2.tuned == [] and t2.adopted[0]["name"] == "plan-b"
+    (entry,) = _entries(path).values()
+    assert entry["kind"] == "conv" and entry["machine"] == MACHINE and entry["key"] == KEY
+    assert entry["value"]["candidates"] == [["plan-a", 2.0], ["plan-b", 1.25]]
+
+
+def test_off_neither_reads_nor_writes(path, monkeypatch):
+    FakeTuner().decide()                         # cached: plan-b
+    monkeypatch.setenv("DMATH_TUNE", "off")
+    t = FakeTuner()
+    assert t.decide() == (("built", "plan-a"), "off")
+    assert t.tuned == ["off"] and t.adopted == []
+    assert len(_entries(path)) == 1
+
+
+def test_full_retimes_and_refreshes(path, monkeypatch):
+    FakeTuner(best="plan-b").decide()
+    monkeypatch.setenv("DMATH_TUNE", "full")
+    t = FakeTuner(best="plan-d")
+    assert t.decide() == (("built", "plan-d"), "full")
+    assert t.adopted == []
+    monkeypatch.setenv("DMATH_TUNE", "fast")
+    tuning._CACHES.clear()
+    assert FakeTuner().decide() == (("built", "plan-d"), "cache")
+
+
+def test_cached_choice_that_fails_to_build_is_retuned(path):
+    FakeTuner(best="plan-b").decide()
+    tuning._CACHES.clear()
+    t = FakeTuner(best="plan-e", builds=False)   # the cached plan does not build here any more
+    assert t.decide() == (("built", "plan-e"), "fast")
+    assert len(t.adopted) == 1 and t.tuned == ["fast"]
+    (entry,) = _entries(path).values()
+    assert entry["value"]["name"] == "plan-e"    # the fresh choice replaced the broken one
+
+
+def test_no_cache_file_when_disabled(tmp_path, monkeypatch):
+    monkeypatch.setenv("DMATH_TUNE_CACHE", "")
+    monkeypatch.chdir(tmp_path)
+    t = FakeTuner()
+    assert t.decide() == (("built", "plan-b"), "fast")
+    assert t.decide()[1] == "fast" and t.tuned == ["fast", "fast"]
+    assert os.listdir(tmp_path) == []
+
+
+def test_keys_and_machines_are_separate_entries(path):
+    FakeTuner(best="plan-b").decide()
+    other_gpu = dict(MACHINE, gpu="NVIDIA H100 80GB HBM3")
+    t = FakeTuner(best="plan-f")
+    assert t.decide(machine=other_gpu) == (("built", "plan-f"), "fast")
+    t = FakeTuner(best="plan-g")
+    assert t.decide(key=dict(KEY, dtype="float16")) == (("built", "plan-g"), "fast")
+    assert FakeTuner().decide() == (("built", "plan-b"), "cache")
+    assert len(_entries(path)) == 3
+
+
+def test_tuples_read_back_equal(path):
+    cache = tuning.TuneCache(path)
+    cache.put("lt", {"gpu": "x", "v": (1, 2)}, {"shape": (3, 4)}, {"algo": (5, 6)})
+    again = tuning.TuneCache(path)
+    assert again.get("lt", {"gpu": "x", "v": (1, 2)}, {"shape": (3, 4)}) == {"algo": [5, 6]}
+
+
+# ---- a second process -------------------------------------------------------------------------
+_CHILD = textwrap.dedent("""
+    import json, sys
+    from dmath import tuning
+    calls = []
+    def adopt(value):
+        return value["name"]
+    def tune(how):
+        calls.append(how)
+        return sys.argv[1], {"name": sys.argv[1]}
+    choice, source = tuning.decide("conv", {"gpu": "G"}, {"n": 1}, adopt, tune)
+    print(json.dumps({"choice": choice, "source": source, "tuned": calls}))
+""")
+
+
+def _child(path, arg, **env):
+    out = subprocess.run([sys.executable, "-c", _CHILD, arg], capture_output=True, text=True, timeout=120,
+                         env=dict(os.environ, PYTHONPATH=ROOT, DMATH_TUNE_CACHE=path, **env), check=True)
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_second_process_reads_what_the_first_wrote(path):
+    first = _child(path, "plan-x")
+    assert first == {"choice": "plan-x", "source": "fast", "tuned": ["fast"]}
+    second = _child(path, "plan-y")
+    assert second == {"choice": "plan-x", "source": "cache", "tuned": []}
+
+
+_WRITER = textwrap.dedent("""
+    import sys
+    from dmath import tuning
+    cache = tuning.TuneCache(sys.argv[1])
+    for i in range(int(sys.argv[3])):
+        assert cache.put("conv", {"gpu": "G"}, {"writer": sys.argv[2], "i": i}, {"name": f"p{i}"})
+""")
+
+
+def test_concurrent_writers_keep_both_entries(path):
+    n = 40
+    procs = [subprocess.Popen([sys.executable, "-c", _WRITER, path, w, str(n)], env=dict(os.environ, PYTHONPATH=ROOT))
+             for w in ("a", "b")]
+    assert [p.wait(timeout=300) for p in procs] == [0, 0]
+    entries = _entries(path)
+    assert len(entries) == 2 * n
+    cache = tuning.TuneCache(path)
+    for w in ("a", "b"):
+        for i in range(n):
+            assert cache.get("conv", {"gpu": "G"}, {"writer": w, "i": i}) == {"name": f"p{i}"}
+    leftovers = [f for f in os.listdir(os.path.dirname(path)) if f.endswith(".tmp")]
+    assert leftovers == []
+
+
+# ---- files not to trust -----------------------------------------------------------------------
+def _write(path, text):
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def test_corrupt_file_ignored_and_not_replaced(path):
+    _write(path, "\x00\x01 not json at all")
+    t = FakeTuner()
+    with pytest.warns(tuning.TuneCacheWarning, match="not a dmath tuning cache.*never replaced"):
+        assert t.decide() == (("built", "plan-b"), "fast")
+    assert t.adopted == [] and t.tuned == ["fast"]
+    with open(path) as f:
+        assert f.read() == "\x00\x01 not json at all"
+
+
+def test_truncated_file_ignored_then_replaced(path):
+    FakeTuner().decide()
+    with open(path) as f:
+        text = f.read()
+    _write(path, text[: len(text) // 2])            # a cache cut short (a full disk, a copy interrupted)
+    tuning._CACHES.clear()
+    t = FakeTuner(best="plan-h")
+    with pytest.warns(tuning.TuneCacheWarning, match="truncated or corrupt"):
+        assert t.decide() == (("built", "plan-h"), "fast")
+    assert t.adopted == []
+    (entry,) = _entries(path).values()              # rewritten whole
+    assert entry["value"]["name"] == "plan-h"
+
+
+def test_foreign_json_ignored_and_not_replaced(path):
+    _write(path, json.dumps({"format": "someone-else", "entries": {}}))
+    t = FakeTuner()
+    with pytest.warns(tuning.TuneCacheWarning, match="not a dmath tuning cache"):
+        assert t.decide()[1] == "fast"
+    with open(path) as f:
+        assert json.load(f) == {"format": "someone-else", "entries": {}}
+
+
+def test_other_version_ignored(path):
+    name = tuning.digest("conv", MACHINE, KEY)
+    _write(path, json.dumps({"format": tuning.FORMAT, "version": 99, "entries": {
+        name: {"kind": "conv", "machine": MACHINE, "key": KEY, "value": {"name": "plan-z"}}}}))
+    t = FakeTuner()
+    with pytest.warns(tuning.TuneCacheWarning, match="format version 99"):
+        assert t.decide() == (("built", "plan-b"), "fast")
+    assert t.adopted == []
+
+
+def test_entry_whose_fields_do_not_match_is_not_trusted(path):
+    """An entry filed under this machine's digest but stored for another GPU (edited, or a collision)
+    is dropped with a warning; the well-formed entries of the same file are still used."""
+    good_key = dict(KEY, n=128)
+    forged = {"kind": "conv", "machine": dict(MACHINE, gpu="Some Other GPU"), "key": KEY, "value": {"name": "evil"}}
+    good = {"kind": "conv", "machine": MACHINE, "key": good_key, "value": {"name": "plan-k"}}
+    _write(path, json.dumps({"format": tuning.FORMAT, "version": tuning.VERSION, "entries": {
+        tuning.digest("conv", MACHINE, KEY): forged,
+        tuning.digest("conv", MACHINE, good_key): good,
+        "0" * 64: "not an entry"}}))
+    t = FakeTuner()
+    with pytest.warns(tuning.TuneCacheWarning, match="2 entries malformed or not matching"):
+        assert t.decide() == (("built", "plan-b"), "fast")
+    assert all(v["name"] != "evil" for v in t.adopted) and t.tuned == ["fast"]
+    assert FakeTuner().decide(key=good_key) == (("built", "plan-k"), "cache")
+
+
+def test_get_checks_the_stored_fields(path):
+    """Even an entry that passed the load checks is compared field by field with the request."""
+    cache = tuning.TuneCache(path)
+    cache.put("conv", MACHINE, KEY, {"name": "plan-b"})
+    name = tuning.digest("conv", MACHINE, KEY)
+    cache._entries[name] = dict(cache._entries[name], machine=dict(MACHINE, gpu="other"))
+    cache._seen = cache._signature()
+    with pytest.warns(tuning.TuneCacheWarning, match="stored for other fields"):
+        assert cache.get("conv", MACHINE, KEY) is None
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo"])
+def test_non_regular_file_is_not_read_or_replaced(path, tmp_path, kind):
+    if kind == "symlink":
+        target = tmp_path / "elsewhere.json"
+        FakeTuner().decide()
+        os.replace(path, target)
+        os.symlink(target, path)
+    else:
+        os.mkfifo(path)
+    t = FakeTuner()
+    with pytest.warns(tuning.TuneCacheWarning, match="not a regular file"):
+        assert t.decide() == (("built", "plan-b"), "fast")
+    assert t.adopted == [] and t.tuned == ["fast"]
+    assert os.path.islink(path) if kind == "symlink" else not os.path.isfile(path)
+
+
+def test_unwritable_location_warns(tmp_path, monkeypatch):
+    """A cache that cannot be written (here its directory would be inside a regular file) costs a
+    warning, not the run: the choice is made all the same."""
+    blocker = tmp_path / "a-file"
+    blocker.write_text("x")
+    monkeypatch.setenv("DMATH_TUNE_CACHE", str(blocker / "tune.json"))
+    tuning._CACHES.clear()
+    try:
+        with pytest.warns(tuning.TuneCacheWarning, match="not written"):
+            assert FakeTuner().decide() == (("built", "plan-b"), "fast")
+    finally:
+        tuning._CACHES.clear()
+    assert blocker.read_text() == "x"
+
+
+# ---- timed: the fast mode's few candidates and budget -----------------------------------------
+def test_timed_fast_stops_after_few():
+    asked = []
+
+    def measure(c):
+        asked.append(c)
+        return None if c % 3 == 0 else float(c)      # every third candidate cannot run
+    out = tuning.timed(iter(range(20)), measure, "fast", few=3)
+    assert out == [(1, 1.0), (2, 2.0), (4, 4.0)] and asked == [0, 1, 2, 3, 4]
+    asked.clear()
+    assert len(tuning.timed(range(20), measure, "full", few=3)) == 13 and len(asked) == 20
+
+
+def test_timed_fast_budget_after_one(monkeypatch):
+    clock = iter(range(0, 1000, 10))                 # every reading of the clock: 10 s later
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: next(clock))
+    out = tuning.timed(range(10), lambda c: None if c < 2 else 1.0, "fast", few=5, budget_s=5)
+    assert out == [(2, 1.0)]                          # over budget from the start: stops once one was timed
+    out = tuning.timed(range(10), lambda c: 1.0, "fast", few=5, budget_s=25)
+    assert [c for c, _ in out] == [0, 1, 2]
+
+
+def test_init_refuses_a_bad_mode_before_starting():
+    out = subprocess.run([sys.executable, "-c", "import dmath; dmath.init('cpu')"], capture_output=True, text=True,
+                         timeout=120, env=dict(os.environ, PYTHONPATH=ROOT, DMATH_TUNE="always"))
+    assert out.returncode != 0
+    assert "DMATH_TUNE must be 'off', 'fast' or 'full', got 'always'" in out.stderr
+
+
+def test_info_reports_the_settings(path, monkeypatch):
+    from dmath import machine as info
+    FakeTuner().decide()
+    FakeTuner().decide(key=dict(KEY, n=64))
+    assert info.report()["tuning"] == {"mode": "fast", "cache": path, "entries": 2}
+    monkeypatch.setenv("DMATH_TUNE", "sometimes")
+    assert info.report()["tuning"]["mode"].startswith("invalid: DMATH_TUNE must be")
+    monkeypatch.setenv("DMATH_TUNE_CACHE", "")
+    assert info.report()["tuning"]["cache"].startswith("off")
