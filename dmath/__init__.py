@@ -24,6 +24,9 @@ from .matrix import Matrix, eye, from_numpy, full, ones, zeros
 from .ops.elementwise import (abs, equal, exp, greater, greater_equal, isfinite, isnan, less, less_equal,
                               log, logical_and, logical_not, logical_or, maximum, minimum, not_equal, pow,
                               relu, sigmoid, sqrt, tanh, where)
+# assembly and structure (HPC codes): writing into windows, building, triangles, diagonals, row gathers
+from .ops.assembly import block, concatenate, hstack, pad, roll, vstack
+from .ops.structure import diag, take_rows, trace, tril, triu
 from .runtime import Plan, finalize, init, is_initialized, record
 from .runtime import runtime as _runtime
 from .ops.info import reset_stats, stats, synchronize
@@ -48,4 +51,5 @@ __all__ = ["__version__", "init", "finalize", "is_initialized", "num_workers", "
            "Layout", "Replicated", "Partial", "RowBlock", "ColBlock", "Block2D", "BlockCyclic", "Tiles",
            "DMathError", "ShapeError", "LayoutError", "DTypeError", "WorkerError", "OutOfMemoryError",
            "RuntimeStateError", "PlanError", "NotSupportedError", "record", "Plan", "DTYPES", "on_group",
-           "current_group"]
+           "current_group", "concatenate", "hstack", "vstack", "block", "pad", "roll", "diag", "triu", "tril",
+           "trace", "take_rows"]

@@ -156,11 +156,11 @@ def _row_moves(src, dst, rows):
             sources = ([(_holder(src, d), 0, src.pieces[_holder(src, d)][0])] if src.replicated else
                        [(s, j, sp) for s, sp_ in enumerate(src.pieces) for j, sp in enumerate(sp_)])
             for s, j, sp in sources:
+                sel = _members(want, sp.rows)
+                if not sel.any():
+                    continue
                 for a, b in dp.cols:     # each column interval of the target piece: slices on both sides
                     for ca, cb in ix.intersect(((a, b),), sp.cols):
-                        sel = _members(want, sp.rows)
-                        if not sel.any():
-                            continue
                         out.append(Move(s, j, d, k, _local(want[sel], sp.rows),
                                         _slice_of(((ca, cb),), sp.cols), _local(out_rows[sel], dp.rows),
                                         _slice_of(((ca, cb),), dp.cols), True))
