@@ -24,7 +24,7 @@ from typing import NamedTuple
 import numpy as np
 
 from ..comm import collectives
-from ..errors import DMathError, NotSupportedError, ShapeError
+from ..errors import DMathError, DTypeError, NotSupportedError, ShapeError
 from ..layout import ColBlock, RowBlock, Tiles
 from ..layout import indexset as ix
 from ..planning.assembly import Rect, window_steps, zeroed
@@ -93,7 +93,7 @@ def setitem(m, key, value):
         return
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "iuf":
-            raise DMathError(f"M[...] = array needs a real numeric array, got dtype {value.dtype}")
+            raise DTypeError(f"M[...] = array needs a real numeric array, got dtype {value.dtype}")
         if value.shape != (h, w) and not (value.ndim == 1 and value.size == h * w and 1 in (h, w)):
             raise ShapeError(f"M[...] = array: the window has shape {(h, w)}, the array {value.shape}")
         if h * w:
