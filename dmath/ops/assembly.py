@@ -1,7 +1,7 @@
 """Assembly: writing into submatrices (`M[a:b, c:d] = X`) and building matrices from pieces
 (`concatenate`, `hstack`, `vstack`, `block`, `pad`, `roll`); master halves and kernels.
 
-Everything here is two commands written in place into a target matrix:
+Everything here is made of three commands:
 
 - `write_window` copies rectangles of a source matrix into rectangles of the
   target (`planning/assembly.window_steps`): an Exchange per rectangle whose
@@ -10,6 +10,8 @@ Everything here is two commands written in place into a target matrix:
   restricted to the window). The dtype converts on the way (the data
   travels in the narrower one).
 - `fill_window` writes a scalar into a window of every piece it meets.
+- `rolled` is `write_window` into a new matrix that its rectangles cover
+  whole (`roll`), allocated without a fill.
 
 A Partial target holds its value as a sum of addends: a write sets the
 window of the first member's addend and zeroes it in the others (so the sum
@@ -23,6 +25,7 @@ from typing import NamedTuple
 
 import numpy as np
 
+from .. import memory
 from ..comm import collectives
 from ..errors import DMathError, DTypeError, NotSupportedError, ShapeError
 from ..layout import ColBlock, RowBlock, Tiles
@@ -30,9 +33,9 @@ from ..layout import indexset as ix
 from ..planning.assembly import Rect, window_steps, zeroed
 from ..remap import execute, localize, send_dtype
 from ..remap.plan import _segment
-from ..runtime import define, runtime
+from ..runtime import Shard, define, runtime
 from ..runtime.registry import COLLECTIVES_IN_GRAPHS
-from .base import as_int, check_scalar, dispatch, is_matrix
+from .base import as_int, check_scalar, dispatch, is_matrix, new_meta
 from .creation import zeros
 from .data import from_numpy
 from .movement import _parse_key, remap
@@ -50,15 +53,21 @@ class FillArgs(NamedTuple):
 
 
 WRITE = define("write_window", WriteArgs)
+ROLLED = define("rolled", WriteArgs)
 FILL = define("fill_window", FillArgs)
 
 
 # ---- the two in-place commands (master side) ---------------------------------------------------
+def _rects(rects):
+    """The non-empty rectangles, with Python ints (they are static arguments: hashed, pickled)."""
+    return tuple(Rect(tuple(map(int, r.src)), tuple(map(int, r.dst)), tuple(map(int, r.shape)))
+                 for r in rects if r.shape[0] and r.shape[1])
+
+
 def write(target, src, rects):
     """Copy each `Rect` of `src` into `target` in place (one command). A Partial `src` is summed
     first unless it is Partial over the target's own Partial members."""
-    rects = tuple(Rect(tuple(map(int, r.src)), tuple(map(int, r.dst)), tuple(map(int, r.shape)))
-                  for r in rects if r.shape[0] and r.shape[1])
+    rects = _rects(rects)
     if not rects:
         return
     if src.layout.partial and not (target.layout.partial and _members(src) == _members(target)):
@@ -307,7 +316,7 @@ def roll(m, shift, axis=None):
     the row-major flattened matrix), those leaving one end entering at the other.
 
     The result has m's layout and dtype. It is one command of at most four
-    rectangle copies, each moving only the elements that change owner: on
+    rectangle copies into a new matrix, each moving only the elements that change owner: on
     RowBlock, ColBlock or Block2D a shift smaller than a block sends each
     worker's boundary strip (a halo of |shift| rows or columns) to its
     neighbour and copies the rest in place. A Partial matrix rolls addend by
@@ -336,9 +345,9 @@ def roll(m, shift, axis=None):
         rects = []
         for (sc, w), dc in _split(cols, by[1]):
             rects += _roll_rects(rows, sc, w, dc, by[0])
-    out = zeros(m.shape, m.dtype, m.layout)
-    write(out, m, rects)
-    return out
+    # the rectangles cover the result whole: a new matrix written once (no zeros first)
+    out = new_meta(m.layout, m.shape, m.dtype)
+    return dispatch("rolled", [m], [out], static=ROLLED.static(rects=_rects(rects)))[0][0]
 
 
 def _split(n, s):
@@ -355,45 +364,58 @@ def _roll_rects(rows, sc, w, dc, row_shift):
 
 
 # ---- kernels --------------------------------------------------------------------------------
-def _steps(call):
+def _steps(cache, src, dst, rects, rank):
     """This rank's (step, LocalExchange) of every rectangle, cached in the command's entry."""
-    cache = call.entry.cache
     steps = cache.get("steps")
     if steps is None:
-        plan = window_steps(call.entry.in_dists[1], call.entry.in_dists[0], call.entry.static.rects)
-        steps = cache["steps"] = [(s, localize(s, call.rank)) for s in plan]
+        steps = cache["steps"] = [(s, localize(s, rank)) for s in window_steps(src, dst, rects)]
     return steps
 
 
-def _write_capturable(entry):
-    # local copies always; exchanges (NCCL on the compute stream) when collectives may be captured
-    if COLLECTIVES_IN_GRAPHS:
-        return True
-    plan = window_steps(entry.in_dists[1], entry.in_dists[0], entry.static.rects)
-    return not any(t.src != t.dst for step in plan for t in step.transfers)
-
-
-@WRITE.kernel(capturable=_write_capturable)
-def _write(call):
-    """Input 0 (the target) overwritten in place, in every rectangle, with input 1's rectangle."""
-    target, src = call.inputs
+def _copy_rects(call, src, dst_dist, dst_pieces, dst_dtype, src_dist):
+    """Copy the command's rectangles of shard `src` into `dst_pieces` (of `dst_dist`): per rectangle,
+    one exchange among the workers involved and local copies."""
     rank = call.rank
-    if zeroed(src.dist, target.dist, rank):
-        for r in call.entry.static.rects:
-            _fill_pieces(target, r.dst, r.shape, 0.0, rank)
-    wire = send_dtype(src.dtype, target.dtype)
-    for step, loc in _steps(call):
-        if src is target and loc.send_displs is not None:
+    wire = send_dtype(src.dtype, dst_dtype)
+    for step, loc in _steps(call.entry.cache, src_dist, dst_dist, call.entry.static.rects, rank):
+        if src.pieces is dst_pieces and loc.send_displs is not None:
             # written from itself (pad's columns): the send comes from a packed copy, since MPI
             # refuses a send buffer that is also the receive buffer (other parts of one piece)
             loc = dataclasses.replace(loc, send_piece=None, send_displs=None)
         bufs = None
         if rank in loc.group:
-            bufs = execute.prepare(loc, src.pieces, target.pieces, wire, False)
+            bufs = execute.prepare(loc, src.pieces, dst_pieces, wire, False)
             collectives.exchange(call.world.group(loc.group), bufs.send, loc.send_counts, bufs.recv,
                                  loc.recv_counts, bufs.send_displs, bufs.recv_displs)
-        execute.finish(loc, src.pieces, target.pieces, bufs, False)
+        execute.finish(loc, src.pieces, dst_pieces, bufs, False)
+
+
+def _capturable(src, dst, rects):
+    # local copies always; exchanges (NCCL on the compute stream) when collectives may be captured
+    if COLLECTIVES_IN_GRAPHS:
+        return True
+    return not any(t.src != t.dst for step in window_steps(src, dst, rects) for t in step.transfers)
+
+
+@WRITE.kernel(capturable=lambda e: _capturable(e.in_dists[1], e.in_dists[0], e.static.rects))
+def _write(call):
+    """Input 0 (the target) overwritten in place, in every rectangle, with input 1's rectangle."""
+    target, src = call.inputs
+    if zeroed(src.dist, target.dist, call.rank):
+        for r in call.entry.static.rects:
+            _fill_pieces(target, r.dst, r.shape, 0.0, call.rank)
+    _copy_rects(call, src, target.dist, target.pieces, target.dtype, src.dist)
     return [target]
+
+
+@ROLLED.kernel(capturable=lambda e: _capturable(e.in_dists[0], e.out_dists[0], e.static.rects))
+def _rolled(call):
+    """A new matrix in the source's layout whose rectangles cover it whole (roll): no fill first."""
+    src = call.inputs[0]
+    dst = call.entry.out_dists[0]
+    pieces = [memory.empty(shape, src.dtype) for shape in dst.shard_shapes(call.rank)]
+    _copy_rects(call, src, dst, pieces, src.dtype, src.dist)
+    return [Shard(pieces, dst, src.dtype)]
 
 
 def _fill_pieces(shard, offset, shape, value, rank):
