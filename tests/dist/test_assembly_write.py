@@ -5,18 +5,12 @@ import pytest
 import dmath
 from dmath.layout import distribution
 
-from _cases import case_names, layout, make, tol, values
+from _cases import case_names, layout, make, shard_state, tol, values
 
 P = dmath.num_workers()
 SHAPE = (9, 7)
 NAMES = case_names(P)
 DTYPES = ["float16", "float32", "float64"]
-
-
-def _state(m):
-    """(version, buffers) of the master's shard of `m` (the master is worker 0)."""
-    shard = dmath._runtime().table[m._handle]
-    return shard.version, list(shard.pieces)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -27,12 +21,12 @@ def test_write_matrix_every_layout(k, dtype):
     x_name, x_dtype = NAMES[(k + 3) % len(NAMES)], DTYPES[(k + DTYPES.index(dtype) + 1) % 3]
     m = make(xv, layout(NAMES[k], SHAPE, P), dtype)
     x = make(yv, layout(x_name, (4, 3), P), x_dtype)
-    handle, (version, pieces) = m._handle, _state(m)
+    handle, (version, pieces) = m._handle, shard_state(m)
     m[2:6, 1:4] = x
     expected = xv.astype(dtype).astype("f8")
     expected[2:6, 1:4] = yv.astype(x_dtype).astype(dtype)
     np.testing.assert_allclose(m.to_numpy(), expected, **tol(dtype, x_dtype))
-    new_version, new_pieces = _state(m)
+    new_version, new_pieces = shard_state(m)
     assert m._handle == handle and new_version > version
     assert all(a is b for a, b in zip(pieces, new_pieces))          # the same buffers, written
     np.testing.assert_allclose(x.to_numpy(), yv.astype(x_dtype), **tol(x_dtype))     # X unchanged
