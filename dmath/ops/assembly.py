@@ -30,7 +30,7 @@ from ..comm import collectives
 from ..errors import DMathError, DTypeError, NotSupportedError, ShapeError
 from ..layout import ColBlock, RowBlock, Tiles
 from ..layout import indexset as ix
-from ..planning.assembly import Rect, window_steps, zeroed
+from ..planning.assembly import Rect, neighbourly, window_steps, zeroed
 from ..remap import execute, localize, send_dtype
 from ..remap.plan import _segment
 from ..runtime import Shard, define, runtime
@@ -365,10 +365,12 @@ def _roll_rects(rows, sc, w, dc, row_shift):
 
 # ---- kernels --------------------------------------------------------------------------------
 def _steps(cache, src, dst, rects, rank):
-    """This rank's (step, LocalExchange) of every rectangle, cached in the command's entry."""
+    """This rank's (step, LocalExchange, whether it is a halo exchange) of every rectangle, cached in
+    the command's entry."""
     steps = cache.get("steps")
     if steps is None:
-        steps = cache["steps"] = [(s, localize(s, rank)) for s in window_steps(src, dst, rects)]
+        steps = cache["steps"] = [(s, localize(s, rank), neighbourly((t.src, t.dst) for t in s.transfers))
+                                  for s in window_steps(src, dst, rects)]
     return steps
 
 
@@ -377,7 +379,7 @@ def _copy_rects(call, src, dst_dist, dst_pieces, dst_dtype, src_dist):
     one exchange among the workers involved and local copies."""
     rank = call.rank
     wire = send_dtype(src.dtype, dst_dtype)
-    for step, loc in _steps(call.entry.cache, src_dist, dst_dist, call.entry.static.rects, rank):
+    for step, loc, halo in _steps(call.entry.cache, src_dist, dst_dist, call.entry.static.rects, rank):
         if src.pieces is dst_pieces and loc.send_displs is not None:
             # written from itself (pad's columns): the send comes from a packed copy, since MPI
             # refuses a send buffer that is also the receive buffer (other parts of one piece)
@@ -386,7 +388,7 @@ def _copy_rects(call, src, dst_dist, dst_pieces, dst_dtype, src_dist):
         if rank in loc.group:
             bufs = execute.prepare(loc, src.pieces, dst_pieces, wire, False)
             collectives.exchange(call.world.group(loc.group), bufs.send, loc.send_counts, bufs.recv,
-                                 loc.recv_counts, bufs.send_displs, bufs.recv_displs)
+                                 loc.recv_counts, bufs.send_displs, bufs.recv_displs, point_to_point=halo)
         execute.finish(loc, src.pieces, dst_pieces, bufs, False)
 
 

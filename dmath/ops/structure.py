@@ -21,7 +21,7 @@ from ..comm.control import gather_objects
 from ..errors import DMathError, LayoutError, ShapeError
 from ..layout import RowBlock
 from ..layout import indexset as ix
-from ..planning.assembly import gather_plan
+from ..planning.assembly import gather_plan, neighbourly
 from ..remap import send_dtype
 from ..runtime import Shard, define, runtime
 from ..runtime.registry import COLLECTIVES_IN_GRAPHS
@@ -207,6 +207,7 @@ class _Local(NamedTuple):
     local: list
     sends: list
     recvs: list
+    halo: bool       # few peers each: sent point to point (collectives.exchange's point_to_point)
 
 
 def _device(move, xp):
@@ -220,6 +221,7 @@ def _device(move, xp):
 
 def _localize(moves, rank, xp):
     group = tuple(sorted({r for mv in moves if mv.src != mv.dst for r in (mv.src, mv.dst)}))
+    halo = neighbourly((mv.src, mv.dst) for mv in moves)
     pos = {r: k for k, r in enumerate(group)}
     local, sends, recvs = [], [[] for _ in group], [[] for _ in group]
     for mv in moves:
@@ -229,7 +231,7 @@ def _localize(moves, rank, xp):
             sends[pos[mv.dst]].append(_device(mv, xp))
         elif mv.dst == rank:
             recvs[pos[mv.src]].append(_device(mv, xp))
-    return _Local(group, local, sends, recvs)
+    return _Local(group, local, sends, recvs, halo)
 
 
 def _gather_capturable(entry):
@@ -266,7 +268,8 @@ def _gather(call):
             for spiece, take, _, _, c, _ in member:
                 send[o:o + c] = src.pieces[spiece][take].reshape(-1)
                 o += c
-        collectives.exchange(call.world.group(loc.group), send, send_counts, recv, recv_counts)
+        collectives.exchange(call.world.group(loc.group), send, send_counts, recv, recv_counts,
+                             point_to_point=loc.halo)
         o = 0
         for member in loc.recvs:
             for _, _, dpiece, put, c, shape in member:

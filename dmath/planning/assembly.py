@@ -88,6 +88,18 @@ def window_steps(src, dst, rects):
     return tuple(steps)
 
 
+def neighbourly(pairs):
+    """True when every worker exchanges with at most two others in these (source, target) rank
+    pairs: a halo exchange, sent point to point rather than as a collective over the group. Every
+    rank decides it from the same plan, so all of them call the same collective or none."""
+    peers = {}
+    for s, d in pairs:
+        if s != d:
+            peers.setdefault(s, set()).add(d)
+            peers.setdefault(d, set()).add(s)
+    return all(len(p) <= 2 for p in peers.values())
+
+
 # ---- gathers -------------------------------------------------------------------------------
 class Move(NamedTuple):
     """Elements from piece `spiece` of rank `src` to piece `dpiece` of rank `dst`.

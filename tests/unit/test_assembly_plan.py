@@ -3,7 +3,7 @@ import pytest
 
 import dmath
 from dmath.layout import distribution, indexset as ix
-from dmath.planning.assembly import Rect, gather_plan, window_steps
+from dmath.planning.assembly import Rect, gather_plan, neighbourly, window_steps
 
 from _cases import layout, layout_cases
 
@@ -102,3 +102,17 @@ def test_gather_diag_get_and_put():
                            ix.to_array(dp.cols)[mv.dst_cols]):
             put[(int(i), int(j))] = int(b)
     assert put == {(t + 1, t): t for t in range(4)}
+
+
+def test_halo_steps_are_neighbourly():
+    """A roll's rectangles on row blocks exchange with neighbours only (sent point to point); a
+    row permutation onto other row blocks is a general exchange (sent as a collective)."""
+    p = 4
+    dist = distribution(dmath.RowBlock().resolved(p), (16, 5), p)
+    rects = (Rect((0, 0), (1, 0), (15, 5)), Rect((15, 0), (0, 0), (1, 5)))
+    for step in window_steps(dist, dist, rects):
+        assert neighbourly((t.src, t.dst) for t in step.transfers)
+    interleave = tuple(4 * (i % 4) + i // 4 for i in range(16))      # every block takes a row of each
+    assert not neighbourly((m.src, m.dst) for m in gather_plan(dist, dist, "rows", interleave))
+    reverse = tuple(range(15, -1, -1))                                  # blocks swap in pairs
+    assert neighbourly((m.src, m.dst) for m in gather_plan(dist, dist, "rows", reverse))
