@@ -24,6 +24,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "examples"))
 import dmath                                          # noqa: E402
+from dmath.ops.base import dispatch                  # noqa: E402
+from dmath.runtime import kernel                      # noqa: E402
 from common import environment, write_json   # noqa: E402
 from jacobi import numpy_sweeps, problem, setup       # noqa: E402
 
@@ -75,21 +77,28 @@ def _interleaved(blocks, rounds):
     return times
 
 
-def _heat(hf, sweeps):
-    """Heat's seconds per sweep (split=0, the slices form), or the reason it could not run."""
+@kernel("bench_jacobi_heat")
+def _heat(call):
+    """Heat's seconds per sweep (split=0, the slices form), run by every worker together (Heat's
+    collectives span the job's ranks, which serve dmath commands otherwise), or why it could not."""
+    n, sweeps = call.entry.static
     try:
         import heat as ht
     except Exception as exc:            # any failure to import is the answer recorded in the JSON
-        return {"error": f"import heat failed: {type(exc).__name__}: {exc}"}
+        call.result = {"error": f"import heat failed: {type(exc).__name__}: {exc}"}
+        return []
+    hf, _ = problem(n)
     u = ht.zeros(hf.shape, dtype=ht.float64, split=0)
     inner = ht.array(hf[1:-1, 1:-1], split=0)
-
-    def block():
-        for _ in range(sweeps):
-            u[1:-1, 1:-1] = 0.25 * (u[:-2, 1:-1] + u[2:, 1:-1] + u[1:-1, :-2] + u[1:-1, 2:] + inner)
+    u[1:-1, 1:-1] = 0.25 * (u[:-2, 1:-1] + u[2:, 1:-1] + u[1:-1, :-2] + u[1:-1, 2:] + inner)   # warm-up
     t0 = time.perf_counter()
-    block()
-    return {"seconds_per_sweep": (time.perf_counter() - t0) / sweeps, "version": ht.__version__}
+    for _ in range(sweeps):
+        u[1:-1, 1:-1] = 0.25 * (u[:-2, 1:-1] + u[2:, 1:-1] + u[1:-1, :-2] + u[1:-1, 2:] + inner)
+    seconds = (time.perf_counter() - t0) / sweeps
+    ok = bool(np.allclose(u.numpy(), numpy_sweeps(hf, sweeps + 1), rtol=1e-12, atol=1e-14))
+    if call.rank == 0:
+        call.result = {"seconds_per_sweep": seconds, "version": ht.__version__, "checked": ok}
+    return []
 
 
 def main():
@@ -131,7 +140,12 @@ def main():
                "dtype": "float64", "layout": "RowBlock", "peer": peer_name,
                "peer_seconds_per_sweep_best": peer_best, "peer_seconds_per_sweep_median": peer_median,
                "dmath": results,
-               "heat": _heat(hf, args.sweeps), "environment": environment(dmath)}
+               "heat": dispatch("bench_jacobi_heat", static=(args.n, args.sweeps))[1],
+               "environment": environment(dmath)}
+    heat = payload["heat"]
+    if "seconds_per_sweep" in heat:
+        heat["ratio_vs_dmath_slices_best"] = heat["seconds_per_sweep"] / results["slices_replayed"]["seconds_per_sweep_best"]
+    print(f"heat: {heat}")
     write_json(os.path.join(args.outdir, f"jacobi_{dev}_p{P}.json"), payload)
 
 
