@@ -255,8 +255,8 @@ def pad(m, pad_width, mode="constant", constant_values=0, layout=None):
     pw = _pairs(pad_width, "pad_width", True)
     if (pw < 0).any():
         raise ShapeError(f"pad: pad_width must not be negative, got {pad_width!r}")
-    if mode not in PAD_MODES:
-        raise NotSupportedError(f"pad: mode {mode!r} is not supported; use one of {', '.join(PAD_MODES)}")
+    if not isinstance(mode, str) or mode not in PAD_MODES:
+        raise NotSupportedError(f"pad: mode {mode!r:.40} is not supported; use one of {', '.join(PAD_MODES)}")
     if mode != "constant" and not _is_zero(constant_values):
         raise DMathError(f"pad: constant_values applies to mode='constant' only, not {mode!r}")
     cv = _pairs(constant_values, "constant_values", False).astype(np.float64)

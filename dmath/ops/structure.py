@@ -59,7 +59,7 @@ def triu(m, k=0):
     """The upper triangle of `m` (elements with j - i >= k; the rest zero), as numpy.triu; same
     layout and dtype. No communication."""
     _matrix(m, "triu")
-    k = as_int(k, "triu: k")
+    k = _clamped(as_int(k, "triu: k"), m.shape)
     return dispatch("band", [m], [new_meta(m.layout, m.shape, m.dtype)], static=BAND.static(upper=True, k=k))[0][0]
 
 
@@ -67,7 +67,7 @@ def tril(m, k=0):
     """The lower triangle of `m` (elements with j - i <= k; the rest zero), as numpy.tril; same
     layout and dtype. No communication."""
     _matrix(m, "tril")
-    k = as_int(k, "tril: k")
+    k = _clamped(as_int(k, "tril: k"), m.shape)
     return dispatch("band", [m], [new_meta(m.layout, m.shape, m.dtype)], static=BAND.static(upper=False, k=k))[0][0]
 
 
@@ -76,7 +76,7 @@ def trace(m, offset=0):
     _matrix(m, "trace")
     offset = as_int(offset, "trace: offset")
     if offset:
-        d = diag(m, offset)
+        d = _diagonal(m, offset)
         return d.sum() if d.shape[0] else 0.0
     return dispatch("trace_sum", [m])[1]
 
@@ -95,21 +95,33 @@ def diag(m, k=0, layout=None):
     _matrix(m, "diag")
     k = as_int(k, "diag: k")
     rows, cols = m.shape
-    src = resolve_partial(m)
     if rows == 1 or cols == 1:
         n = cols if rows == 1 else rows
         size = n + abs(k)
         lay = result_layout(m.layout) if layout is None else layout
         out = new_meta(lay, (size, size), m.dtype)
         args = GATHER.static(kind="diag_put", arg=(k, cols == 1 and rows != 1))
-    else:
-        d = max(0, min(rows, cols - k)) if k >= 0 else max(0, min(rows + k, cols))
-        if layout is None:
-            members = m.layout.members(runtime().nworkers)
-            layout = m.layout if m.layout.replicated else RowBlock(members)
-        out = new_meta(layout, (d, 1), m.dtype)
-        args = GATHER.static(kind="diag_get", arg=k)
-    return dispatch("gather_moves", [src], [out], static=args)[0][0]
+        return dispatch("gather_moves", [resolve_partial(m)], [out], static=args)[0][0]
+    return _diagonal(m, k, layout)
+
+
+def _clamped(k, shape):
+    """Diagonal k within [-rows, cols]: every diagonal beyond is empty (the same triangles, an empty
+    diagonal), and the kernels' index arithmetic stays within int64."""
+    return max(-shape[0], min(k, shape[1]))
+
+
+def _diagonal(m, k, layout=None):
+    """Diagonal k of matrix m as a (d, 1) column (see `diag`)."""
+    k = _clamped(k, m.shape)
+    rows, cols = m.shape
+    d = max(0, min(rows, cols - k)) if k >= 0 else max(0, min(rows + k, cols))
+    if layout is None:
+        members = m.layout.members(runtime().nworkers)
+        layout = m.layout if m.layout.replicated else RowBlock(members)
+    out = new_meta(layout, (d, 1), m.dtype)
+    args = GATHER.static(kind="diag_get", arg=k)
+    return dispatch("gather_moves", [resolve_partial(m)], [out], static=args)[0][0]
 
 
 def take_rows(m, rows, layout=None):

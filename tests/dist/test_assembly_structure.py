@@ -145,3 +145,11 @@ def test_structure_errors_raise_on_the_master(case):
     if case != "take_matrix":
         assert dmath.stats()[0]["control_msgs"] - s0[0]["control_msgs"] == 1
     np.testing.assert_array_equal(m.to_numpy(), xv)
+
+
+def test_trace_offset_of_a_single_row_is_a_matrix_trace():
+    """trace treats every matrix as a matrix (diag alone reads one row or column as a vector)."""
+    xv = values((1, 5), 14)
+    m = make(xv, dmath.ColBlock(), "float64")
+    for k in (-1, 0, 2, 7):
+        np.testing.assert_allclose(dmath.trace(m, k), np.trace(xv, k), rtol=1e-12)
