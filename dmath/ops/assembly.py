@@ -57,7 +57,7 @@ ROLLED = define("rolled", WriteArgs)
 FILL = define("fill_window", FillArgs)
 
 
-# ---- the two in-place commands (master side) ---------------------------------------------------
+# ---- the in-place commands (master side) ------------------------------------------------------
 def _rects(rects):
     """The non-empty rectangles, with Python ints (they are static arguments: hashed, pickled)."""
     return tuple(Rect(tuple(map(int, r.src)), tuple(map(int, r.dst)), tuple(map(int, r.shape)))
@@ -100,6 +100,8 @@ def setitem(m, key, value):
                              f"is written only into a window of its own shape)")
         write(m, value, (Rect((0, 0), (r0, c0), (h, w)),))
         return
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()            # a 0-d array is its scalar, as NumPy broadcasts it
     if isinstance(value, np.ndarray):
         if value.dtype.kind not in "iuf":
             raise DTypeError(f"M[...] = array needs a real numeric array, got dtype {value.dtype}")
@@ -374,13 +376,13 @@ def _steps(cache, src, dst, rects, rank):
     return steps
 
 
-def _copy_rects(call, src, dst_dist, dst_pieces, dst_dtype, src_dist):
-    """Copy the command's rectangles of shard `src` into `dst_pieces` (of `dst_dist`): per rectangle,
-    one exchange among the workers involved and local copies."""
+def _copy_rects(call, src, dst_dist, dst_pieces, dst_dtype, itself=False):
+    """Copy the command's rectangles of shard `src` into `dst_pieces` (of `dst_dist`; `itself`: they
+    are src's own): per rectangle, one exchange among the workers involved and local copies."""
     rank = call.rank
     wire = send_dtype(src.dtype, dst_dtype)
-    for step, loc, halo in _steps(call.entry.cache, src_dist, dst_dist, call.entry.static.rects, rank):
-        if src.pieces is dst_pieces and loc.send_displs is not None:
+    for step, loc, halo in _steps(call.entry.cache, src.dist, dst_dist, call.entry.static.rects, rank):
+        if itself and loc.send_displs is not None:
             # written from itself (pad's columns): the send comes from a packed copy, since MPI
             # refuses a send buffer that is also the receive buffer (other parts of one piece)
             loc = dataclasses.replace(loc, send_piece=None, send_displs=None)
@@ -406,7 +408,7 @@ def _write(call):
     if zeroed(src.dist, target.dist, call.rank):
         for r in call.entry.static.rects:
             _fill_pieces(target, r.dst, r.shape, 0.0, call.rank)
-    _copy_rects(call, src, target.dist, target.pieces, target.dtype, src.dist)
+    _copy_rects(call, src, target.dist, target.pieces, target.dtype, itself=src is target)
     return [target]
 
 
@@ -416,7 +418,7 @@ def _rolled(call):
     src = call.inputs[0]
     dst = call.entry.out_dists[0]
     pieces = [memory.empty(shape, src.dtype) for shape in dst.shard_shapes(call.rank)]
-    _copy_rects(call, src, dst, pieces, src.dtype, src.dist)
+    _copy_rects(call, src, dst, pieces, src.dtype)
     return [Shard(pieces, dst, src.dtype)]
 
 

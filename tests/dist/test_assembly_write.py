@@ -179,3 +179,11 @@ def test_write_errors_raise_on_the_master(case):
     if case not in ("shape", "derived"):           # those create a matrix first
         assert s1[0]["control_msgs"] - s0[0]["control_msgs"] == 1
     np.testing.assert_allclose(m.to_numpy(), xv, rtol=1e-12)
+
+
+def test_write_zero_dimensional_array_is_a_scalar():
+    m = dmath.zeros((3, 4), "float32", dmath.BlockCyclic((1, 2)))
+    m[1:, 2:] = np.array(1.5)
+    e = np.zeros((3, 4), "float32")
+    e[1:, 2:] = 1.5
+    np.testing.assert_array_equal(m.to_numpy(), e)
