@@ -2,7 +2,8 @@
 gathers (`take_rows`), as NumPy's functions of the same names; master halves and kernels.
 
 - `band` keeps the elements on one side of a diagonal, piece by piece with
-  no communication (a Partial matrix addend by addend: it is linear).
+  no communication (a Partial matrix addend by addend: it is linear); per
+  local row, the kept columns are a prefix or a suffix of the local ones.
 - `trace_sum` sums each worker's diagonal elements; the master adds them up.
 - `gather_moves` moves single rows or elements whose target is not a window of
   the source (`planning/assembly.gather_plan`): the rows of `take_rows`, the
@@ -154,28 +155,36 @@ def take_rows(m, rows, layout=None):
 
 
 # ---- kernels --------------------------------------------------------------------------------
-def _masks(call, src):
-    """Per local piece, the boolean device mask of the kept elements (cached per signature)."""
-    masks = call.entry.cache.get("masks")
-    if masks is None:
+def _bounds(call, src):
+    """Per local piece, (the first kept local column of each local row as a column vector, the local
+    column positions as a row) on the device, cached per signature: O(rows + cols), not a mask.
+
+    A worker stores its columns in increasing global order, so the columns a triangle keeps in a
+    row are a suffix (triu: global column >= row + k) or a prefix (tril: <= row + k) of them.
+    """
+    bounds = call.entry.cache.get("bounds")
+    if bounds is None:
         xp = backend.current().xp
         upper, k = call.entry.static.upper, call.entry.static.k
-        masks = []
+        bounds = []
         for p in src.dist.pieces[call.rank]:
-            offs = ix.to_array(p.cols)[None, :] - ix.to_array(p.rows)[:, None]
-            masks.append(xp.asarray(offs >= k if upper else offs <= k))
-        call.entry.cache["masks"] = masks
-    return masks
+            rows, cols = ix.to_array(p.rows), ix.to_array(p.cols)
+            edge = np.searchsorted(cols, rows + k, side="left" if upper else "right")
+            bounds.append((xp.asarray(edge[:, None]), xp.arange(len(cols))[None, :]))
+        call.entry.cache["bounds"] = bounds
+    return bounds
 
 
 @BAND.kernel(capturable=True)
 def _band(call):
     xp = backend.current().xp
     src = call.inputs[0]
+    upper = call.entry.static.upper
     out = []
-    for a, mask in zip(src.pieces, _masks(call, src)):
+    for a, (edge, positions) in zip(src.pieces, _bounds(call, src)):
         b = memory.zeros(a.shape, src.dtype)
-        xp.copyto(b, a, where=mask)      # NumPy's triu: zeros elsewhere, even where a is inf or NaN
+        keep = positions >= edge if upper else positions < edge
+        xp.copyto(b, a, where=keep)      # NumPy's triu: zeros elsewhere, even where a is inf or NaN
         out.append(b)
     return [Shard(out, call.entry.out_dists[0], src.dtype)]
 
