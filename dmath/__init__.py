@@ -23,6 +23,9 @@ from .ops.gemm import explain_gemm, gemm
 from .layout import Block2D, BlockCyclic, ColBlock, Layout, Partial, Replicated, RowBlock, Tiles
 from .matrix import Matrix, eye, from_numpy, full, ones, zeros
 from .ops import elementwise as _elementwise
+# assembly and structure (HPC codes): writing into windows, building, triangles, diagonals, row gathers
+from .ops.assembly import block, concatenate, hstack, pad, roll, vstack
+from .ops.structure import diag, take_rows, trace, tril, triu
 from .runtime import Plan, finalize, init, is_initialized, record
 from .runtime import runtime as _runtime
 from .ops.stats import reset_stats, stats, synchronize

@@ -10,7 +10,7 @@ import numpy as np
 
 from .errors import DMathError, NotSupportedError
 from .layout.distribution import distribution
-from .ops import base, data, elementwise, gemm, movement, reductions, storage
+from .ops import assembly, base, data, elementwise, gemm, movement, reductions, storage
 from .ops.creation import eye, full, ones, zeros
 from .ops.data import from_numpy
 from .runtime import Meta, runtime
@@ -188,6 +188,14 @@ class Matrix:
     def __getitem__(self, key):
         """M[i, j]: the element (a float); M[r0:r1, c0:c1] (or a row, a column): a new matrix."""
         return movement.getitem(self, key)
+
+    def __setitem__(self, key, value):
+        """M[r0:r1, c0:c1] = X (rows and columns as slices with step 1, or integers, as NumPy's
+        indices): write in place. X: a dmath.Matrix of the window's shape (any layout; converted
+        to M's dtype), a numpy array (scattered from the master) or a scalar. Only the pieces of M
+        that meet the window change; each worker receives only the part of X that lands in them.
+        See dmath.ops.assembly."""
+        assembly.setitem(self, key, value)
 
     def get(self, index):
         """The element at (i, j) as a Python float."""

@@ -149,6 +149,13 @@ def make(x, lay, dtype=None):
     return dmath.from_numpy(x, lay, dtype=dtype)
 
 
+def shard_state(m):
+    """(version, buffers) of the master's own shard of `m` (the master is worker 0): what an in-place
+    write must keep (the buffers) and change (the version)."""
+    shard = dmath._runtime().table[m._handle]
+    return shard.version, list(shard.pieces)
+
+
 def values(shape, seed=0, lo=-1.0, hi=1.0):
     """Reproducible float64 test values in [lo, hi)."""
     return np.random.default_rng(seed).uniform(lo, hi, size=shape)

@@ -67,7 +67,8 @@ def _count_exchange(group, send_counts, recv_counts, isz):
                         sum(1 for k, c in enumerate(recv_counts) if c and k != me))
 
 
-def exchange(group, sendbuf, send_counts, recvbuf, recv_counts, send_displs=None, recv_displs=None):
+def exchange(group, sendbuf, send_counts, recvbuf, recv_counts, send_displs=None, recv_displs=None,
+             point_to_point=False):
     """All-to-all-v: send_counts[k] elements of `sendbuf` (in group order) go to member k.
 
     The part for this rank itself must be 0 (callers copy it locally).
@@ -75,15 +76,19 @@ def exchange(group, sendbuf, send_counts, recvbuf, recv_counts, send_displs=None
     anywhere in the 1-D buffers; by default they follow each other in group
     order. Explicit offsets let a caller send from, or receive into, its
     arrays directly when every part is one contiguous range of them.
+    point_to_point: the parts go as MPI sends and receives between the peers
+    with a part only (a halo exchange between neighbours), not as a
+    collective over the group; NCCL's path is point-to-point anyway.
     """
     if group.size == 1:
         return
     if agreement.state is not None:
         agreement.agree(group.ranks)
-    _exchange(group, sendbuf, send_counts, recvbuf, recv_counts, send_displs, recv_displs)
+    _exchange(group, sendbuf, send_counts, recvbuf, recv_counts, send_displs, recv_displs, point_to_point)
 
 
-def _exchange(group, sendbuf, send_counts, recvbuf, recv_counts, send_displs=None, recv_displs=None):
+def _exchange(group, sendbuf, send_counts, recvbuf, recv_counts, send_displs=None, recv_displs=None,
+              point_to_point=False):
     """`exchange` once agreed (a group of two or more)."""
     isz = sendbuf.dtype.itemsize
     _count_exchange(group, send_counts, recv_counts, isz)
@@ -103,7 +108,7 @@ def _exchange(group, sendbuf, send_counts, recvbuf, recv_counts, send_displs=Non
         return
     sc = np.asarray(send_counts, dtype=np.int64) * isz
     rc = np.asarray(recv_counts, dtype=np.int64) * isz
-    if max(sendbuf.nbytes, recvbuf.nbytes) > MAX_COLLECTIVE_BYTES:
+    if point_to_point or max(sendbuf.nbytes, recvbuf.nbytes) > MAX_COLLECTIVE_BYTES:
         _exchange_in_parts(group, _bytes(sendbuf), sc, sd * isz, _bytes(recvbuf), rc, rd * isz)
         return
     MPI = group.world.mpi_module
@@ -115,7 +120,7 @@ def _exchange(group, sendbuf, send_counts, recvbuf, recv_counts, send_displs=Non
 def _exchange_in_parts(group, sb, sc, sd, rb, rc, rd):
     """An all-to-all-v of byte buffers sb -> rb (byte counts and offsets per member) as point-to-point
     messages of at most MAX_MESSAGE_BYTES: for buffers past the C ints in which an MPI-3 library
-    counts and places a collective's parts. Parts between one pair arrive in the order they were
+    counts and places a collective's parts, and for halo exchanges (`exchange`'s point_to_point). Parts between one pair arrive in the order they were
     posted (MPI's non-overtaking rule), so the k-th receive from a member gets its k-th send."""
     BYTE, comm = group.world.mpi_module.BYTE, group.mpi
     reqs = []

@@ -4,7 +4,7 @@ import pytest
 
 import dmath
 
-from _cases import case_names, layout, make, tol, values
+from _cases import case_names, layout, make, shard_state, tol, values
 
 P = dmath.num_workers()
 SHAPE = (9, 7)
@@ -12,14 +12,8 @@ NAMES = case_names(P)
 DTYPES = ["float16", "float32", "float64"]
 
 
-def _state(m):
-    """(version, buffers) of the master's shard of `m` (the master is worker 0)."""
-    shard = dmath._runtime().table[m._handle]
-    return shard.version, list(shard.pieces)
-
-
 def _check_in_place(m, before, handle):
-    version, pieces = _state(m)
+    version, pieces = shard_state(m)
     assert m._handle == handle
     assert version > before[0]
     assert len(pieces) == len(before[1]) and all(a is b for a, b in zip(pieces, before[1]))
@@ -30,7 +24,7 @@ def _check_in_place(m, before, handle):
 def test_assign_numpy(name, dtype):
     lay = layout(name, SHAPE, P)
     m = dmath.full(SHAPE, 7.0, dtype, lay)
-    before, handle = _state(m), m._handle
+    before, handle = shard_state(m), m._handle
     xv = values(SHAPE, 1)
     assert m.assign(xv) is m
     _check_in_place(m, before, handle)
@@ -49,7 +43,7 @@ def test_assign_matrix(k, dtype):
     xv = values(SHAPE, 2 + k)
     src = make(xv, layout(src_name, SHAPE, P), src_dtype)
     m = dmath.zeros(SHAPE, dtype, dst_lay)
-    before, handle = _state(m), m._handle
+    before, handle = shard_state(m), m._handle
     assert m.assign(src) is m
     _check_in_place(m, before, handle)
     assert m.dtype == dtype and m.layout == dst_lay.resolved(P)
