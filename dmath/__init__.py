@@ -13,8 +13,8 @@ __version__ = "0.1.0"   # the package's version (pyproject.toml reads it from he
 
 from . import memory, random
 from .backend import DTYPES
-from .errors import (DMathError, DTypeError, LayoutError, NotSupportedError, OutOfMemoryError, PlanError,
-                     RuntimeStateError, ShapeError, WorkerError)
+from .errors import (DMathError, DTypeError, LayoutError, LinAlgError, NotSupportedError, OutOfMemoryError,
+                     PlanError, RuntimeStateError, ShapeError, WorkerError)
 from .ops.files import from_file
 from .groups import current_group, on_group
 from .ops.gemm import explain_gemm, gemm
@@ -28,6 +28,7 @@ from .runtime import Plan, finalize, init, is_initialized, record
 from .runtime import runtime as _runtime
 from .ops.info import reset_stats, stats, synchronize
 from . import nn  # noqa: E402  (the neural-network operations: dmath.nn.conv2d, ...)
+from . import linalg  # noqa: E402  (factorizations and solvers: dmath.linalg.cholesky, ...)
 
 
 def num_workers():
@@ -47,5 +48,5 @@ __all__ = ["__version__", "init", "finalize", "is_initialized", "num_workers", "
            "logical_and", "logical_or", "logical_not",
            "Layout", "Replicated", "Partial", "RowBlock", "ColBlock", "Block2D", "BlockCyclic", "Tiles",
            "DMathError", "ShapeError", "LayoutError", "DTypeError", "WorkerError", "OutOfMemoryError",
-           "RuntimeStateError", "PlanError", "NotSupportedError", "record", "Plan", "DTYPES", "on_group",
+           "RuntimeStateError", "PlanError", "LinAlgError", "linalg", "NotSupportedError", "record", "Plan", "DTYPES", "on_group",
            "current_group"]

@@ -1,0 +1,77 @@
+"""Master-side checks and choices shared by dmath.linalg's functions (no kernels here)."""
+import numpy as np
+
+from .. import backend
+from ..errors import DMathError, DTypeError, ShapeError
+from ..layout import Layout
+from ..ops.base import is_matrix
+from ..runtime import runtime
+
+#: the column-block width of the factorizations when `block=` is not given, per backend. On a CPU a
+#: block of 128 keeps the panel cheap next to the trailing products; on a GPU the trailing product
+#: needs a wide k to reach cuBLAS's rate (benchmarks/linalg_bench.py sweeps it: --blocks)
+DEFAULT_BLOCK = {"cpu": 128, "gpu": 512}
+
+
+def matrix(A, fn, what="A"):
+    """A, checked to be a dmath.Matrix of float32 or float64."""
+    if not is_matrix(A):
+        raise DMathError(f"{fn}: {what} must be a dmath.Matrix, got {type(A).__name__}")
+    if A.dtype == np.float16:
+        raise DTypeError(f"{fn}: {what} is float16, which has too few digits for a factorization "
+                         f"(3 significant digits: the residual would be larger than the answer for "
+                         f"most matrices); convert it with {what}.astype('float32')")
+    return A
+
+
+def square(A, fn, what="A"):
+    matrix(A, fn, what)
+    m, n = A.shape
+    if m != n:
+        raise ShapeError(f"{fn}: {what} must be square, got {m} x {n}")
+    return A
+
+
+def same_rows(A, B, fn):
+    matrix(B, fn, "B")
+    if B.shape[0] != A.shape[0]:
+        raise ShapeError(f"{fn}: B has {B.shape[0]} rows but A has {A.shape[0]}; they must agree")
+    return B
+
+
+def dtype_of(*ms):
+    """The dtype the computation runs in: NumPy's result type of the operands."""
+    return np.result_type(*[m.dtype for m in ms]).name
+
+
+def block(nb, n=None):
+    """The column-block width: `nb` checked, or the backend's default; at most n (when given)."""
+    if nb is None:
+        nb = DEFAULT_BLOCK["gpu" if backend.current().is_gpu else "cpu"]
+    elif isinstance(nb, (bool, np.bool_)) or not isinstance(nb, (int, np.integer)) or nb < 1:
+        raise DMathError(f"block must be a positive integer, got {nb!r}")
+    nb = int(nb)
+    return max(1, min(nb, n)) if n is not None else nb
+
+
+def layout(lay, fn):
+    if lay is not None and not isinstance(lay, Layout):
+        raise DMathError(f"{fn}: layout must be a dmath layout or None, got {lay!r}")
+    return lay
+
+
+def flag(v, fn, what):
+    if v is True or v is False or isinstance(v, np.bool_):
+        return bool(v)
+    raise DMathError(f"{fn}: {what} must be True or False, got {v!r}")
+
+
+def workers():
+    return runtime().nworkers
+
+
+def placed(M, lay):
+    """M in layout `lay` (None: as it is); a remap only when it is elsewhere."""
+    if lay is None:
+        return M
+    return M if M.layout == lay.resolved(workers()) else M.remap(lay)

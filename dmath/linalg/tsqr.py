@@ -1,0 +1,112 @@
+"""TSQR: the communication-avoiding QR of a tall and skinny matrix, and the eigen/SVD kernels of a
+matrix gathered on one worker.
+
+TSQR (Demmel, Grigori, Hoemmen, Langou 2012), one level: every worker
+factors its row block A_i = Q1_i R_i (Householder, local), the n x n R_i
+are all-gathered, worker 0 factors their stack [R_1; ...; R_P] = Q2 R and
+broadcasts Q2 and R, and every worker forms its rows of Q as Q1_i Q2_i.
+One all-gather and one broadcast of P n^2 + n^2 numbers, against a
+broadcast per column panel for Householder on columns; Q is a product of
+orthogonal factors from Householder reflections, so it is orthonormal to
+the working precision whatever A's condition number (unlike CholeskyQR or
+Gram-Schmidt). It needs every worker's block to have at least n rows,
+which the master half arranges (RowBlock sizes).
+"""
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import backend, blas, memory
+from ..comm import collectives
+from ..runtime import Shard, define
+from . import dense
+from .panels import group_of
+
+
+class TsqrArgs(NamedTuple):
+    """Static arguments of `linalg_tsqr`."""
+    with_q: bool        # form Q (output 0) as well as R (the last output)
+
+
+class GatheredArgs(NamedTuple):
+    """Static arguments of `linalg_eigh` / `linalg_svd` (a matrix held whole by one worker)."""
+    vectors: bool       # eigenvectors / singular vectors too
+    full: bool          # svd: full_matrices
+
+
+TSQR = define("linalg_tsqr", TsqrArgs)
+EIGH = define("linalg_eigh", GatheredArgs)
+SVD = define("linalg_svd", GatheredArgs)
+
+
+@TSQR.kernel()
+def _tsqr(call):
+    """Q (RowBlock, A's row blocks) and R (Replicated) of input 0 (RowBlock, >= n rows per worker)."""
+    x = call.inputs[0]
+    A = x.pieces[0]
+    m, n = x.dist.shape
+    P, rank = call.world.size, call.rank
+    xp = backend.current().xp
+    dtype = A.dtype
+    Q1, R1 = dense.qr_reduced(A)
+    stack = memory.empty((P * n * n,), dtype)
+    collectives.allgatherv(group_of(call), xp.ascontiguousarray(R1).reshape(-1), stack, [n * n] * P)
+    # worker 0 factors the stack alone and broadcasts it: every worker then uses bit-identical
+    # factors (a library may not give the same bits on two devices)
+    both = memory.empty((P * n * n + n * n,), dtype)
+    if rank == 0:
+        Q2, R = dense.qr_reduced(stack.reshape(P * n, n))
+        both[:P * n * n].reshape(P * n, n)[...] = Q2
+        both[P * n * n:].reshape(n, n)[...] = R
+    collectives.bcast(group_of(call), both, 0)
+    R = both[P * n * n:].reshape(n, n)
+    shards = []
+    if call.entry.static.with_q:
+        Q2i = both[:P * n * n].reshape(P * n, n)[rank * n:(rank + 1) * n]
+        Q = memory.empty(A.shape, dtype)
+        blas.gemm(Q1, Q2i, Q, 1.0, 0.0)
+        shards.append(Shard([Q], call.entry.out_dists[0], x.dtype))
+    rdist = call.entry.out_dists[-1]
+    shards.append(Shard([xp.ascontiguousarray(R)], rdist, x.dtype))
+    return shards
+
+
+def _on_root(call):
+    """Whether this rank holds the gathered matrix (input 0 lives on one worker)."""
+    return bool(call.inputs[0].pieces)
+
+
+def _empty_outputs(call, k):
+    return Shard([memory.empty(s, call.entry.outputs[k].dtype) for s in call.entry.out_dists[k].shard_shapes(call.rank)],
+                 call.entry.out_dists[k], call.entry.outputs[k].dtype)
+
+
+@EIGH.kernel()
+def _eigh(call):
+    """w (to the master) and V (output 0 when vectors, on the same worker) of the gathered matrix."""
+    x = call.inputs[0]
+    vectors = call.entry.static.vectors
+    outs = []
+    if _on_root(call):
+        w, V = dense.eigh(x.pieces[0], vectors)
+        call.result = backend.current().asnumpy(w).astype(np.float64)
+        if vectors:
+            outs.append(Shard([V.astype(x.dtype, copy=False)], call.entry.out_dists[0], x.dtype))
+    elif vectors:
+        outs.append(_empty_outputs(call, 0))
+    return outs
+
+
+@SVD.kernel()
+def _svd(call):
+    """s (to the master) and U, Vh (outputs 0 and 1 when vectors, on the same worker)."""
+    x = call.inputs[0]
+    vectors, full = call.entry.static
+    if not _on_root(call):
+        return [_empty_outputs(call, k) for k in range(len(call.entry.outputs))]
+    U, s, Vh = dense.svd(x.pieces[0], vectors, full)
+    call.result = backend.current().asnumpy(s).astype(np.float64)
+    if not vectors:
+        return []
+    return [Shard([U.astype(x.dtype, copy=False)], call.entry.out_dists[0], x.dtype),
+            Shard([Vh.astype(x.dtype, copy=False)], call.entry.out_dists[1], x.dtype)]
