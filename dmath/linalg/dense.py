@@ -19,6 +19,7 @@ def _scipy_linalg():
     """scipy.linalg (the CPU path's LAPACK), or a DMathError that says how to get it."""
     try:
         import scipy.linalg
+        import scipy.linalg.blas  # noqa: F401
         import scipy.linalg.lapack  # noqa: F401
     except ImportError as exc:
         raise DMathError("dmath.linalg on the CPU needs SciPy (LAPACK): pip install 'dmath[linalg]' "
@@ -79,13 +80,17 @@ def getrf(a):
 
 
 def trsm_left(t, b, lower, unit=False, trans=False):
-    """op(t)^-1 b for the triangular block t (op: transpose when `trans`); a new array."""
+    """op(t)^-1 b for the triangular block t (op: transpose when `trans`); a new array.
+
+    BLAS's trsm, which divides by a zero diagonal element (inf/nan) instead
+    of raising: a kernel never raises for the data it is given; the master
+    finds zero pivots from the diagonals the kernels return."""
     if _gpu():
         from cupyx.scipy.linalg import solve_triangular
-    else:
-        solve_triangular = _scipy_linalg().solve_triangular
-    return solve_triangular(t, b, lower=lower, trans=1 if trans else 0, unit_diagonal=unit,
-                            check_finite=False)
+        return solve_triangular(t, b, lower=lower, trans=1 if trans else 0, unit_diagonal=unit,
+                                check_finite=False)
+    fn, = _scipy_linalg().blas.get_blas_funcs(("trsm",), (t, b))
+    return fn(1.0, t, b, side=0, lower=int(lower), trans_a=int(trans), diag=int(unit))
 
 
 def trsm_right_lower_t(l, b):
