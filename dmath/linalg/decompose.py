@@ -246,7 +246,8 @@ def det(A, *, block=None):
     checks.square(A, "det")
     nb = checks.block(block, A.shape[0])
     _, perm, diag = _lu_work(A, nb)
-    return float(_parity(perm) * np.prod(np.asarray(diag, dtype=np.float64)))
+    with np.errstate(over="ignore", under="ignore"):      # as NumPy's det: inf or 0 past float64's range
+        return float(_parity(perm) * np.prod(np.asarray(diag, dtype=np.float64)))
 
 
 # ---- QR and least squares ----------------------------------------------------------------------

@@ -1,0 +1,329 @@
+"""dmath.linalg against one-GPU cuSOLVER (CuPy) or Heat (heat.linalg), in the same job.
+
+    python benchmarks/linalg_bench.py OUTDIR [--device gpu|cpu] [--workers 1 2 4] [--n 32768]
+        [--small-n 16384] [--ops cholesky lu qr eigh svd] [--dtype float64] [--blocks 512]
+        [--reps 3] [--peer auto|cupy|heat|none] [--heat-python PY] [--mpiexec MPIEXEC]
+
+The driver (this script without --child) runs, one after the other:
+- for every worker count P: `mpiexec -n P python linalg_bench.py --child dmath ...`, which times
+  each operation on a matrix that lives on the workers (made there by dmath.random, in the
+  factorizations' own layout, so the time is the factorization's; `--input-layout row` makes it
+  RowBlock and adds the remap) and checks its result on a random probe vector;
+- the peer: on GPUs `python linalg_bench.py --child cupy` (cupy.linalg / cupyx.scipy.linalg:
+  cuSOLVER on one GPU, the same n and data kind); on the CPU `mpiexec -n P HEAT_PY
+  linalg_bench.py --child heat` for each P (heat.linalg's qr, inv, det, eigh, svd on split=0
+  matrices; Heat has no Cholesky and no LU);
+and writes OUTDIR/linalg_<device>_<date>.json with every time, the nominal TFLOP/s (n^3/3
+Cholesky, 2n^3/3 LU, 4n^3/3 QR whose Q is formed on both sides) and the ratios against the peer:
+`vs_peer` = peer seconds / dmath seconds; on GPUs also `efficiency` = dmath rate / (P x one-GPU
+cuSOLVER rate). Each timed call ends with dmath.synchronize() (the peer: a device synchronize / a
+Heat barrier); the median of --reps runs after one warm-up.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+sys.path.insert(0, os.path.dirname(HERE))
+
+FLOPS = {"cholesky": lambda n: n ** 3 / 3, "lu": lambda n: 2 * n ** 3 / 3, "qr": lambda n: 4 * n ** 3 / 3,
+         "eigh": lambda n: 4 * n ** 3 / 3, "svd": lambda n: 4 * n ** 3, "inv": lambda n: 2 * n ** 3,
+         "det": lambda n: 2 * n ** 3 / 3}
+SMALL = ("eigh", "svd")
+
+
+def _size(op, args):
+    return args.small_n if op in SMALL else args.n
+
+
+# ---- dmath child -------------------------------------------------------------------------------
+def child_dmath(args):
+    import dmath
+    from dmath import linalg as la
+    from dmath.linalg.panels import work_layout
+    from common import environment, median_time
+    dmath.init(device=args.device)
+    P = dmath.num_workers()
+    rows = []
+    for op in args.ops:
+        n = _size(op, args)
+        for nb in (args.blocks if op in ("cholesky", "lu", "qr", "inv", "det") else [None]):
+            lay = dmath.RowBlock() if (args.input_layout == "row" or nb is None) else work_layout(nb, P)
+            dmath.random.seed(1)
+            if op == "cholesky":
+                # diagonally dominant: its lower triangle is that of a positive definite matrix
+                A = dmath.random.rand((n, n), dtype=args.dtype, layout=lay)
+                A += dmath.eye(n, dtype=args.dtype, layout=lay) * float(n)
+            elif op in ("eigh",):
+                B = dmath.random.randn((n, n), dtype=args.dtype, layout=lay)
+                A = B + B.T
+                del B
+            else:
+                A = dmath.random.randn((n, n), dtype=args.dtype, layout=lay)
+            run = {"cholesky": lambda: la.cholesky(A, block=nb), "lu": lambda: la.lu(A, block=nb),
+                   "qr": lambda: la.qr(A, block=nb), "eigh": lambda: la.eigh(A), "svd": lambda: la.svd(A),
+                   "inv": lambda: la.inv(A, block=nb), "det": lambda: la.det(A, block=nb)}[op]
+
+            def timed():
+                out = run()
+                dmath.synchronize()
+                return out
+
+            seconds = median_time(timed, args.reps, warmup=1)
+            err = _check_dmath(dmath, op, A, run(), n)
+            rows.append({"op": op, "n": n, "block": nb, "workers": P, "seconds": seconds,
+                         "tflops": FLOPS[op](n) / seconds / 1e12, "probe_residual": err,
+                         "input_layout": repr(lay)})
+            print(json.dumps(rows[-1]), flush=True)
+            del A
+    _write(args.json, {"environment": environment(dmath), "rows": rows})
+
+
+def _check_dmath(dmath, op, A, out, n):
+    """A relative residual on a random probe vector x (n numbers to the master, never n^2)."""
+    x = dmath.from_numpy(np.random.default_rng(0).standard_normal((n, 1)), dtype=A.dtype.name)
+    Ax = (A @ x).to_numpy()[:, 0]
+    scale = np.linalg.norm(Ax) + 1e-300
+    if op == "cholesky":
+        # the lower triangle's symmetric matrix: A_sym x = L (L^T x)
+        lhs = (out @ (out.T @ x)).to_numpy()[:, 0]
+        from dmath.linalg.decompose import triangle
+        Lo = triangle(A, lower=True)
+        sym = (Lo @ x + triangle(A, lower=True, k=-1).T @ x).to_numpy()[:, 0]
+        return float(np.linalg.norm(lhs - sym) / np.linalg.norm(sym))
+    if op == "lu":
+        perm, L, U = out
+        return float(np.linalg.norm((L @ (U @ x)).to_numpy()[:, 0] - Ax[perm]) / scale)
+    if op == "qr":
+        Q, R = out
+        return float(np.linalg.norm((Q @ (R @ x)).to_numpy()[:, 0] - Ax) / scale)
+    if op == "eigh":
+        w, V = out
+        v0 = V[:, 0:1]
+        return float(np.linalg.norm((A @ v0).to_numpy() - w[0] * v0.to_numpy()) / max(abs(w).max(), 1e-300))
+    if op == "svd":
+        U, s, Vh = out
+        return float(np.linalg.norm((U @ ((Vh @ x) * dmath.from_numpy(s[:, None], dtype=A.dtype.name))).to_numpy()[:, 0]
+                                    - Ax) / scale)
+    if op == "inv":
+        return float(np.linalg.norm((out @ (A @ x)).to_numpy() - x.to_numpy()) / np.linalg.norm(x.to_numpy()))
+    return 0.0
+
+
+# ---- CuPy child (one GPU) -------------------------------------------------------------------------
+def child_cupy(args):
+    import cupy
+    import cupyx.scipy.linalg as cla
+    rows = []
+    for op in args.ops:
+        n = _size(op, args)
+        rng = cupy.random.default_rng(1)
+        if op == "cholesky":
+            A = rng.random((n, n), dtype=args.dtype)
+            A = cupy.tril(A) + cupy.tril(A, -1).T + n * cupy.eye(n, dtype=args.dtype)
+        elif op == "eigh":
+            A = rng.standard_normal((n, n), dtype=args.dtype)
+            A = A + A.T
+        else:
+            A = rng.standard_normal((n, n), dtype=args.dtype)
+        run = {"cholesky": lambda: cupy.linalg.cholesky(A), "lu": lambda: cla.lu_factor(A, check_finite=False),
+               "qr": lambda: cupy.linalg.qr(A), "eigh": lambda: cupy.linalg.eigh(A),
+               "svd": lambda: cupy.linalg.svd(A, full_matrices=False), "inv": lambda: cupy.linalg.inv(A),
+               "det": lambda: cupy.linalg.det(A)}[op]
+        times = []
+        for r in range(args.reps + 1):
+            cupy.cuda.Device().synchronize()
+            t0 = time.perf_counter()
+            out = run()
+            cupy.cuda.Device().synchronize()
+            if r:
+                times.append(time.perf_counter() - t0)
+            del out
+        seconds = float(np.median(times))
+        rows.append({"op": op, "n": n, "workers": 1, "seconds": seconds, "tflops": FLOPS[op](n) / seconds / 1e12})
+        print(json.dumps(rows[-1]), flush=True)
+        del A
+        cupy.get_default_memory_pool().free_all_blocks()
+    _write(args.json, {"peer": "cupy " + cupy.__version__ + " (cuSOLVER, one GPU)", "rows": rows})
+
+
+# ---- Heat child (CPU) ------------------------------------------------------------------------------
+def _heat():
+    """Import heat. Heat 1.8 imports torchvision at import time for its image-data helpers only (never
+    in heat.linalg); where no torchvision matching the installed torch can be had (the project's CPU
+    torch 2.13 needs the CPU torchvision wheel from PyTorch's own index), an empty stand-in module
+    lets heat import, and heat.linalg runs as released."""
+    try:
+        import torchvision  # noqa: F401
+    except Exception:                # noqa: BLE001  (a CUDA torchvision against a CPU torch raises at import)
+        import types
+
+        class _Empty(types.ModuleType):
+            def __getattr__(self, name):
+                if name.startswith("__"):
+                    raise AttributeError(name)
+                return type(name, (), {})
+        tv, tr, trt, ds = (_Empty(n) for n in ("torchvision", "torchvision.transforms",
+                                               "torchvision.transforms.transforms", "torchvision.datasets"))
+        trt.__all__ = []
+        tr.transforms, tv.transforms, tv.datasets = trt, tr, ds
+        for mod in (tv, tr, trt, ds):
+            sys.modules[mod.__name__] = mod
+    import heat
+    return heat
+
+
+def child_heat(args):
+    ht = _heat()
+    comm = ht.MPI_WORLD
+    rows = []
+    for op in args.ops:
+        n = _size(op, args)
+        if op in ("cholesky", "lu"):
+            continue            # heat.linalg has neither
+        ht.random.seed(1)
+        A = ht.random.randn(n, n, dtype=ht.float64 if args.dtype == "float64" else ht.float32, split=0)
+        if op == "eigh":
+            A = A + ht.resplit(A.T, 0)
+        run = {"qr": lambda: ht.linalg.qr(A), "eigh": lambda: ht.linalg.eigh(A), "svd": lambda: ht.linalg.svd(A),
+               "inv": lambda: ht.linalg.inv(A), "det": lambda: ht.linalg.det(A)}.get(op)
+        if run is None:
+            continue
+        try:
+            times = []
+            for r in range(args.reps + 1):
+                comm.Barrier()
+                t0 = time.perf_counter()
+                run()
+                comm.Barrier()
+                if r:
+                    times.append(time.perf_counter() - t0)
+            seconds = float(np.median(times))
+            rows.append({"op": op, "n": n, "workers": comm.size, "seconds": seconds,
+                         "tflops": FLOPS[op](n) / seconds / 1e12})
+        except Exception as exc:            # noqa: BLE001  (recorded: what Heat cannot do is a result)
+            rows.append({"op": op, "n": n, "workers": comm.size, "error": f"{type(exc).__name__}: {exc}"})
+        if comm.rank == 0:
+            print(json.dumps(rows[-1]), flush=True)
+    if comm.rank == 0:
+        _write(args.json, {"peer": f"heat {ht.__version__} (heat.linalg, split=0)", "rows": rows})
+
+
+def _write(path, payload):
+    if path:
+        with open(path, "w") as f:
+            json.dump(payload, f, indent=2)
+
+
+# ---- driver ----------------------------------------------------------------------------------------
+def _child_cmd(kind, args, json_path, python=sys.executable):
+    cmd = [python, os.path.abspath(__file__), "--child", kind, "--json", json_path, "--device", args.device,
+           "--n", str(args.n), "--small-n", str(args.small_n), "--dtype", args.dtype, "--reps", str(args.reps),
+           "--input-layout", args.input_layout, "--ops", *args.ops, "--blocks", *map(str, args.blocks)]
+    return cmd
+
+
+def _run(cmd, env=None):
+    print("+", " ".join(cmd), flush=True)
+    subprocess.run(cmd, check=True, env=env)
+
+
+def driver(args):
+    os.makedirs(args.outdir, exist_ok=True)
+    tmp = tempfile.mkdtemp(prefix="linalg_bench_")
+    result = {"args": vars(args), "dmath": {}, "peer": {}}
+    for P in args.workers:
+        path = os.path.join(tmp, f"dmath_{P}.json")
+        _run([*args.mpiexec.split(), "-n", str(P), *_child_cmd("dmath", args, path)])
+        with open(path) as f:
+            result["dmath"][str(P)] = json.load(f)
+    peer = args.peer if args.peer != "auto" else ("cupy" if args.device == "gpu" else "heat")
+    if peer == "cupy":
+        path = os.path.join(tmp, "cupy.json")
+        _run(_child_cmd("cupy", args, path))
+        with open(path) as f:
+            result["peer"]["1"] = json.load(f)
+    elif peer == "heat":
+        env = dict(os.environ)
+        # Heat's Python must load the MPI library of this job's mpiexec: the mpich wheel puts it in
+        # this environment's lib/, where another environment's mpi4py does not look
+        env["LD_LIBRARY_PATH"] = os.pathsep.join(p for p in (os.path.join(sys.prefix, "lib"),
+                                                              env.get("LD_LIBRARY_PATH")) if p)
+        for P in args.workers:
+            path = os.path.join(tmp, f"heat_{P}.json")
+            try:
+                _run([*args.mpiexec.split(), "-n", str(P), *_child_cmd("heat", args, path, args.heat_python)], env)
+                with open(path) as f:
+                    result["peer"][str(P)] = json.load(f)
+            except (subprocess.CalledProcessError, OSError) as exc:
+                result["peer"][str(P)] = {"error": f"{type(exc).__name__}: {exc}"}
+    result["summary"] = _summary(result, peer)
+    for line in result["summary"]:
+        print(line)
+    name = f"linalg_{args.device}_{time.strftime('%Y-%m-%d_%H%M%S')}.json"
+    out = os.path.join(args.outdir, name)
+    with open(out, "w") as f:
+        json.dump(result, f, indent=2)
+    print(f"wrote {out}")
+
+
+def _summary(result, peer):
+    """One line per (op, P, block): dmath's time and rate, the peer's, the ratios."""
+    lines = []
+    for P, run in result["dmath"].items():
+        ref = result["peer"].get("1" if peer == "cupy" else P, {})
+        peer_rows = {r["op"]: r for r in ref.get("rows", []) if "seconds" in r}
+        for r in run["rows"]:
+            p = peer_rows.get(r["op"])
+            line = (f"{r['op']:9s} n={r['n']:6d} P={P} block={r['block']}: {r['seconds']:.3f} s "
+                    f"{r['tflops']:.3f} TFLOP/s (probe residual {r['probe_residual']:.1e})")
+            if p is not None and p["n"] == r["n"]:
+                r["vs_peer"] = p["seconds"] / r["seconds"]
+                line += f"; {peer} {p['seconds']:.3f} s {p['tflops']:.3f} TFLOP/s: x{r['vs_peer']:.2f}"
+                if peer == "cupy":
+                    r["efficiency"] = r["tflops"] / (int(P) * p["tflops"])
+                    line += f", efficiency {r['efficiency']:.2f} of P x one GPU"
+            lines.append(line)
+    return lines
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("outdir", nargs="?")
+    ap.add_argument("--child", choices=["dmath", "cupy", "heat"])
+    ap.add_argument("--json")
+    ap.add_argument("--device", default="gpu", choices=["gpu", "cpu"])
+    ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
+    ap.add_argument("--n", type=int, default=32768)
+    ap.add_argument("--small-n", type=int, default=16384)
+    ap.add_argument("--ops", nargs="+", default=["cholesky", "lu", "qr", "eigh", "svd"],
+                    choices=sorted(FLOPS))
+    ap.add_argument("--dtype", default="float64", choices=["float32", "float64"])
+    ap.add_argument("--blocks", type=int, nargs="+", default=[512])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--input-layout", default="work", choices=["work", "row"])
+    ap.add_argument("--peer", default="auto", choices=["auto", "cupy", "heat", "none"])
+    ap.add_argument("--heat-python", default="/work/venv-heat/bin/python")
+    ap.add_argument("--mpiexec", default="mpiexec")
+    args = ap.parse_args(argv)
+    if args.child == "dmath":
+        child_dmath(args)
+    elif args.child == "cupy":
+        child_cupy(args)
+    elif args.child == "heat":
+        child_heat(args)
+    else:
+        if not args.outdir:
+            ap.error("OUTDIR is required")
+        driver(args)
+
+
+if __name__ == "__main__":
+    main()
