@@ -228,8 +228,7 @@ def _lu(call):
         c0, _ = cols.span(t)
         k = kt(t)
         L = panel[:, :k]
-        for s in blocks:
-            l0, l1 = cols.local(s)
+        for l0, l1 in cols.ranges(blocks):
             _forward(L, A[:, l0:l1], c0, k)
 
     _right_looking(call, cols, shape, A.dtype, fill, update, panel_of, seen, steps)
@@ -305,8 +304,7 @@ def _qr(call):
     def update(t, VT, blocks):
         V, T = VT
         c0, _ = cols.span(t)
-        for s in blocks:
-            l0, l1 = cols.local(s)
+        for l0, l1 in cols.ranges(blocks):
             _apply_reflector(V, T.T, A[c0:, l0:l1])
 
     _right_looking(call, cols, shape, A.dtype, fill, update, panel_of, lambda t, buf: None, steps)

@@ -56,6 +56,18 @@ class Columns:
         m = self.mine(t)
         return self.local(m[0])[0] if m else self.local_end()
 
+    def ranges(self, blocks):
+        """The local column ranges [(l0, l1)] of my `blocks` (increasing), adjacent ones merged: a
+        worker's trailing blocks are one range, updated by one product."""
+        out = []
+        for t in blocks:
+            l0, l1 = self.local(t)
+            if out and out[-1][1] == l0:
+                out[-1] = (out[-1][0], l1)
+            else:
+                out.append((l0, l1))
+        return out
+
     def local_end(self):
         m = self.mine(0)
         return self.local(m[-1])[1] if m else 0
