@@ -112,18 +112,25 @@ def block_reflector(v, tau):
     """T of the compact WY form H_1 ... H_w = I - V T V^T (LAPACK's larft, forward, columnwise)
     for V with unit lower trapezoidal columns `v` (m x w) and `tau`.
 
-    The recurrence T[:i, i] = -tau_i T[:i, :i] (V^T V)[:i, i] runs on the host on the w x w Gram
-    matrix (one product on the device): it stays correct when a tau is 0 (a reflector that is the
-    identity), where the closed form inv(striu(V^T V) + diag(1 / tau)) breaks down."""
+    T^-1 = diag(1 / tau) + striu(V^T V) (Puglisi 1992; Joffrain et al. 2006): one product
+    and one triangular solve on the device, no host loop. A tau of 0 (a reflector that is the
+    identity, e.g. a column already zero below the diagonal) has no inverse there: then the
+    recurrence T[:i, i] = -tau_i T[:i, :i] (V^T V)[:i, i] runs on the host instead."""
     be = backend.current()
-    gram = be.asnumpy(v.T @ v).astype(np.float64)
-    t_host = be.asnumpy(tau).astype(np.float64)
+    xp = be.xp
+    gram = v.T @ v
     w = gram.shape[0]
+    t_host = be.asnumpy(tau).astype(np.float64)
+    if np.all(t_host != 0):
+        inv_t = xp.triu(gram, 1)
+        inv_t[xp.arange(w), xp.arange(w)] = 1 / xp.asarray(tau, dtype=v.dtype)
+        return xp.ascontiguousarray(trsm_left(inv_t, xp.eye(w, dtype=v.dtype), lower=False)).astype(v.dtype)
+    g = be.asnumpy(gram).astype(np.float64)
     T = np.zeros((w, w))
     for i in range(w):
         T[i, i] = t_host[i]
         if i:
-            T[:i, i] = -t_host[i] * (T[:i, :i] @ gram[:i, i])
+            T[:i, i] = -t_host[i] * (T[:i, :i] @ g[:i, i])
     return be.asarray(T, dtype=v.dtype)
 
 
