@@ -12,7 +12,8 @@ The driver (this script without --child) runs, one after the other:
 - the peer: on GPUs `python linalg_bench.py --child cupy` (cupy.linalg / cupyx.scipy.linalg:
   cuSOLVER on one GPU, the same n and data kind); on the CPU `mpiexec -n P HEAT_PY
   linalg_bench.py --child heat` for each P (heat.linalg's qr, inv, det, eigh, svd on split=0
-  matrices; Heat has no Cholesky and no LU);
+  matrices; Heat has no Cholesky and no LU), and SciPy's LAPACK in one process (`--child scipy`,
+  `vs_scipy`) as the single-node reference;
 and writes OUTDIR/linalg_<device>_<date>.json with every time, the nominal TFLOP/s (n^3/3
 Cholesky, 2n^3/3 LU, 4n^3/3 QR whose Q is formed on both sides) and the ratios against the peer:
 `vs_peer` = peer seconds / dmath seconds; on GPUs also `efficiency` = dmath rate / (P x one-GPU
@@ -154,6 +155,37 @@ def child_cupy(args):
     _write(args.json, {"peer": "cupy " + cupy.__version__ + " (cuSOLVER, one GPU)", "rows": rows})
 
 
+# ---- SciPy child (one process, CPU) -------------------------------------------------------------
+def child_scipy(args):
+    """LAPACK through SciPy in one process: the CPU's single-node reference, beside Heat."""
+    import scipy
+    import scipy.linalg as sla
+    rows = []
+    for op in args.ops:
+        n = _size(op, args)
+        rng = np.random.default_rng(1)
+        A = rng.standard_normal((n, n)).astype(args.dtype)
+        if op == "cholesky":
+            A = np.tril(A) + np.tril(A, -1).T + n * np.eye(n, dtype=args.dtype)
+        elif op == "eigh":
+            A = A + A.T
+        run = {"cholesky": lambda: sla.cholesky(A, lower=True, check_finite=False),
+               "lu": lambda: sla.lu_factor(A, check_finite=False), "qr": lambda: np.linalg.qr(A),
+               "eigh": lambda: np.linalg.eigh(A), "svd": lambda: np.linalg.svd(A, full_matrices=False),
+               "inv": lambda: np.linalg.inv(A), "det": lambda: np.linalg.det(A)}[op]
+        times = []
+        for r in range(args.reps + 1):
+            t0 = time.perf_counter()
+            run()
+            if r:
+                times.append(time.perf_counter() - t0)
+        seconds = float(np.median(times))
+        rows.append({"op": op, "n": n, "workers": 1, "seconds": seconds, "tflops": FLOPS[op](n) / seconds / 1e12})
+        print(json.dumps(rows[-1]), flush=True)
+    _write(args.json, {"peer": f"scipy {scipy.__version__} / numpy {np.__version__} (LAPACK, one process)",
+                       "rows": rows})
+
+
 # ---- Heat child (CPU) ------------------------------------------------------------------------------
 def _heat():
     """Import heat. Heat 1.8 imports torchvision at import time for its image-data helpers only (never
@@ -251,6 +283,10 @@ def driver(args):
         with open(path) as f:
             result["peer"]["1"] = json.load(f)
     elif peer == "heat":
+        path = os.path.join(tmp, "scipy.json")
+        _run(_child_cmd("scipy", args, path))
+        with open(path) as f:
+            result["scipy"] = json.load(f)
         env = dict(os.environ)
         # Heat's Python must load the MPI library of this job's mpiexec: the mpich wheel puts it in
         # this environment's lib/, where another environment's mpi4py does not look
@@ -291,13 +327,18 @@ def _summary(result, peer):
                     r["efficiency"] = r["tflops"] / (int(P) * p["tflops"])
                     line += f", efficiency {r['efficiency']:.2f} of P x one GPU"
             lines.append(line)
+            ref_rows = {x["op"]: x for x in result.get("scipy", {}).get("rows", [])}
+            q = ref_rows.get(r["op"])
+            if q is not None and q["n"] == r["n"]:
+                r["vs_scipy"] = q["seconds"] / r["seconds"]
+                lines[-1] += f"; scipy (1 process) {q['seconds']:.3f} s: x{r['vs_scipy']:.2f}"
     return lines
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("outdir", nargs="?")
-    ap.add_argument("--child", choices=["dmath", "cupy", "heat"])
+    ap.add_argument("--child", choices=["dmath", "cupy", "heat", "scipy"])
     ap.add_argument("--json")
     ap.add_argument("--device", default="gpu", choices=["gpu", "cpu"])
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
@@ -319,6 +360,8 @@ def main(argv=None):
         child_cupy(args)
     elif args.child == "heat":
         child_heat(args)
+    elif args.child == "scipy":
+        child_scipy(args)
     else:
         if not args.outdir:
             ap.error("OUTDIR is required")

@@ -7,10 +7,11 @@ from ..layout import Layout
 from ..ops.base import is_matrix
 from ..runtime import runtime
 
-#: the column-block width of the factorizations when `block=` is not given, per backend. On a CPU a
-#: block of 128 keeps the panel cheap next to the trailing products; on a GPU the trailing product
-#: needs a wide k to reach cuBLAS's rate (benchmarks/linalg_bench.py sweeps it: --blocks)
-DEFAULT_BLOCK = {"cpu": 128, "gpu": 512}
+#: the column-block width of the factorizations when `block=` is not given, per backend. CPU: 256
+#: beat 128 for Cholesky, LU and QR at n = 2048 on 2 workers (benchmarks/results/
+#: linalg_cpu_2026-11-26_060839.json); GPU: a first choice, wide enough for the trailing products to
+#: reach cuBLAS's rate, until benchmarks/linalg_bench.py --blocks 256 512 1024 has measured it there
+DEFAULT_BLOCK = {"cpu": 256, "gpu": 512}
 
 
 def matrix(A, fn, what="A"):
