@@ -26,6 +26,12 @@ def _general(shape, seed):
     return np.random.default_rng(seed).standard_normal(shape)
 
 
+def _input(shape, seed, name, dtype):
+    """A random general matrix in layout `name` and dtype, and its values as float64 (the oracle's)."""
+    G = _general(shape, seed)
+    return make(G, layout(name, shape, P), dtype), G.astype(dtype).astype(np.float64)
+
+
 def _rel(a, b):
     return np.linalg.norm(a - b) / max(np.linalg.norm(b), 1e-300)
 
@@ -69,10 +75,8 @@ def test_cholesky_not_positive_definite_names_the_minor(order):
 @pytest.mark.parametrize("name", ["row_all_last", "bc23", "col", "tiles"])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_lu(shape, name, dtype):
-    G = _general(shape, 4)
-    A = make(G, layout(name, shape, P), dtype)
-    g = G.astype(dtype).astype(np.float64)
-    p_ref, l_ref, u_ref = sla.lu(g)
+    A, g = _input(shape, 4, name, dtype)
+    u_ref = sla.lu(g)[2]
     for block in (None, 4):
         perm, L, U = la.lu(A, block=block)
         k = min(shape)
@@ -189,9 +193,7 @@ def _ill_conditioned(shape, seed, cond):
 @pytest.mark.parametrize("name", ["row_all_last", "bc23", "tiles", "partial"])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_qr(shape, name, dtype):
-    G = _general(shape, 14)
-    A = make(G, layout(name, shape, P), dtype)
-    g = G.astype(dtype).astype(np.float64)
+    A, g = _input(shape, 14, name, dtype)
     k = min(shape)
     r_ref = np.linalg.qr(g, mode="r")
     for block in (None, 4):          # None: TSQR where it fits; a block: the Householder panels
