@@ -109,7 +109,7 @@ def report():
         "numpy": _version("numpy"),
         "mpi": _mpi(),
         "gpu": _gpu(),
-        "optional": {name: _version(name) for name in ("tqdm", "matplotlib", "torch")},
+        "optional": {name: _version(name) for name in ("tqdm", "matplotlib", "torch", "scipy")},
         "environment": {name: os.environ[name] for name in ENVIRONMENT if name in os.environ},
         "threads": {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")},
     }
