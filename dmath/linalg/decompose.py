@@ -47,9 +47,10 @@ def triangle(M, lower, k=0, unit=False):
 
 
 # ---- Cholesky ---------------------------------------------------------------------------------
-def _cholesky_work(A, nb, fn):
-    """L (lower, in the work layout) of the square A; LinAlgError names the failing minor."""
-    W = _work(A, nb, checks.dtype_of(A))
+def _cholesky_work(A, nb, fn, dtype=None):
+    """L (lower, in the work layout, in `dtype`: A's by default) of the square A; LinAlgError names
+    the failing minor."""
+    W = _work(A, nb, dtype or checks.dtype_of(A))
     status = dispatch("linalg_cholesky", [W], [0], static=CHOLESKY.static(nb=nb, with_b=False))[1]
     if status:
         raise LinAlgError(f"{fn}: the matrix is not positive definite: its leading minor of order {status} "
@@ -140,8 +141,7 @@ def cho_solve(c_and_lower, B, *, block=None, layout=None):
 def _lu_work(A, nb, B=None):
     """(W, perm, U's diagonal) with W = the work-layout copy of A holding L and U; with B (ColBlock,
     in place) also L^-1 P B."""
-    dtype = checks.dtype_of(A) if B is None else B.dtype.name
-    W = _work(A, nb, dtype)
+    W = _work(A, nb, checks.dtype_of(A) if B is None else B.dtype.name)    # (B is already in the common dtype)
     ins, outs = ([W], [0]) if B is None else ([W, B], [0, 1])
     perm, diag = dispatch("linalg_lu", ins, outs, static=LU.static(nb=nb, with_b=B is not None))[1]
     return W, perm, diag
@@ -170,7 +170,7 @@ def lu(A, *, block=None, layout=None):
 def _solve_general(A, B, nb, fn, layout):
     dtype = checks.dtype_of(A, B)
     X = _rhs(B, dtype)
-    W, _, diag = _lu_work(A.astype(dtype) if A.dtype != dtype else A, nb, X)
+    W, _, diag = _lu_work(A, nb, X)
     _check_pivots(diag, fn, "the matrix is singular: U")
     _trsm(W, X, False, False, False, nb, fn, check=False)
     return _out(X, layout)
@@ -192,8 +192,9 @@ def solve(A, B, assume_a="gen", *, block=None, layout=None):
         raise DMathError(f"{fn}: assume_a must be 'gen' or 'pos', got {assume_a!r}")
     nb = checks.block(block, A.shape[0])
     if assume_a == "pos":
-        L = _cholesky_work(A.astype(checks.dtype_of(A, B)) if A.dtype != B.dtype else A, nb, fn)
-        X = _rhs(B, checks.dtype_of(A, B))
+        dtype = checks.dtype_of(A, B)
+        L = _cholesky_work(A, nb, fn, dtype)
+        X = _rhs(B, dtype)
         _trsm(L, X, True, False, False, nb, fn, check=False)
         _trsm(L, X, True, True, False, nb, fn, check=False)
         return _out(X, layout)

@@ -290,3 +290,15 @@ def test_qr_with_identity_reflectors():
         q, r = Q.to_numpy(), R.to_numpy()
         assert np.abs(q.T @ q - np.eye(12)).max() < 1e-14
         assert np.abs(q @ r - M).max() < 1e-13
+
+
+@pytest.mark.parametrize("assume_a", ["gen", "pos"])
+def test_solve_mixed_dtypes(assume_a):
+    """float32 A with float64 B: computed in float64 (NumPy's result type) from A's float32 values."""
+    n = 10
+    M = _spd(n, 21)
+    Bv = _general((n, 2), 22)
+    X = la.solve(dmath.from_numpy(M, dtype="float32"), dmath.from_numpy(Bv, dtype="float64"), assume_a=assume_a)
+    assert X.dtype == "float64"
+    np.testing.assert_allclose(X.to_numpy(), np.linalg.solve(M.astype(np.float32).astype(np.float64), Bv),
+                               rtol=1e-12, atol=1e-12)
