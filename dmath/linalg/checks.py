@@ -2,7 +2,7 @@
 import numpy as np
 
 from .. import backend
-from ..errors import DMathError, DTypeError, ShapeError
+from ..errors import DMathError, DTypeError, PlanError, ShapeError
 from ..layout import Layout
 from ..ops.base import is_matrix
 from ..runtime import runtime
@@ -15,7 +15,13 @@ DEFAULT_BLOCK = {"cpu": 256, "gpu": 512}
 
 
 def matrix(A, fn, what="A"):
-    """A, checked to be a dmath.Matrix of float32 or float64."""
+    """A, checked to be a dmath.Matrix of float32 or float64 (and the call outside a record block)."""
+    if runtime().recorder is not None:
+        # a replay repeats the commands, not the master's checks of their results (the failing
+        # minor, a zero pivot, convergence) nor the master's loop of cg or Lanczos's decisions
+        raise PlanError(f"{fn}: dmath.linalg functions cannot be recorded into a plan: the master "
+                        f"checks their results (a failing minor, a zero pivot, convergence), which a "
+                        f"replay would skip; call {fn} outside the record block")
     if not is_matrix(A):
         raise DMathError(f"{fn}: {what} must be a dmath.Matrix, got {type(A).__name__}")
     if A.dtype == np.float16:

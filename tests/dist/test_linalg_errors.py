@@ -82,3 +82,11 @@ def test_bad_arguments():
 def test_linalg_error_is_a_dmath_error():
     assert issubclass(dmath.LinAlgError, dmath.DMathError)
     assert dmath.linalg.LinAlgError is dmath.LinAlgError
+
+
+def test_refused_inside_a_record_block():
+    A = _m()
+    with pytest.raises(dmath.PlanError, match="cannot be recorded"):
+        with dmath.record():
+            la.cholesky(A)
+    np.testing.assert_allclose(la.cholesky(A).to_numpy(), np.linalg.cholesky(A.to_numpy()), atol=1e-15)
