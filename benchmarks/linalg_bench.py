@@ -3,6 +3,7 @@
     python benchmarks/linalg_bench.py OUTDIR [--device gpu|cpu] [--workers 1 2 4] [--n 32768]
         [--small-n 16384] [--ops cholesky lu qr eigh svd] [--dtype float64] [--blocks 512]
         [--reps 3] [--peer auto|cupy|heat|none] [--heat-python PY] [--mpiexec MPIEXEC]
+    python benchmarks/linalg_bench.py --plot RESULT.json       # the figure of a result file again
 
 The driver (this script without --child) runs, one after the other:
 - for every worker count P: `mpiexec -n P python linalg_bench.py --child dmath ...`, which times
@@ -308,6 +309,10 @@ def driver(args):
     with open(out, "w") as f:
         json.dump(result, f, indent=2)
     print(f"wrote {out}")
+    try:
+        plot(out)
+    except Exception as exc:            # noqa: BLE001  (the figure is optional: matplotlib may be absent)
+        print(f"no figure: {exc}")
 
 
 def _summary(result, peer):
@@ -335,6 +340,46 @@ def _summary(result, peer):
     return lines
 
 
+def plot(path, out=None):
+    """TFLOP/s of each operation against the worker count, with the peer's rate times P (dashed: perfect
+    scaling of the one-GPU cuSOLVER rate) or the peer's own rate at each P; written beside the JSON."""
+    from dnn.callbacks import pyplot        # the lazy matplotlib import with a clear error
+    plt = pyplot()
+    with open(path) as f:
+        result = json.load(f)
+    best = {}
+    for P, run in result["dmath"].items():
+        for r in run["rows"]:
+            key = (r["op"], int(P))
+            if key not in best or r["tflops"] > best[key]["tflops"]:
+                best[key] = r
+    ops = sorted({op for op, _ in best})
+    fig, axes = plt.subplots(1, len(ops), figsize=(3.2 * len(ops), 3.2), squeeze=False)
+    for ax, op in zip(axes[0], ops):
+        ps = sorted(P for o, P in best if o == op)
+        ax.plot(ps, [best[(op, P)]["tflops"] for P in ps], "o-", label="dmath")
+        for P_key, ref in result["peer"].items():
+            for r in ref.get("rows", []):
+                if r["op"] == op and "tflops" in r:
+                    if P_key == "1" and result["args"].get("device") == "gpu":
+                        ax.plot(ps, [r["tflops"] * P for P in ps], "k--", label="P x one-GPU cuSOLVER")
+                    else:
+                        ax.plot([int(P_key)], [r["tflops"]], "s", label=f"{ref['peer'].split()[0]} P={P_key}")
+        for r in result.get("scipy", {}).get("rows", []):
+            if r["op"] == op:
+                ax.plot([1], [r["tflops"]], "^", label="SciPy, 1 process")
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"{op} n={best[(op, ps[0])]['n']}")
+        ax.set_xlabel("workers")
+        ax.set_ylabel("TFLOP/s")
+        ax.set_xticks(sorted(set(ps) | {1}))
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    out = out or os.path.splitext(path)[0] + ".png"
+    fig.savefig(out, dpi=120)
+    print(f"wrote {out}")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("outdir", nargs="?")
@@ -353,7 +398,11 @@ def main(argv=None):
     ap.add_argument("--peer", default="auto", choices=["auto", "cupy", "heat", "none"])
     ap.add_argument("--heat-python", default="/work/venv-heat/bin/python")
     ap.add_argument("--mpiexec", default="mpiexec")
+    ap.add_argument("--plot", metavar="RESULT_JSON", help="only draw the figure of a result file")
     args = ap.parse_args(argv)
+    if args.plot:
+        plot(args.plot)
+        return
     if args.child == "dmath":
         child_dmath(args)
     elif args.child == "cupy":
