@@ -2,7 +2,7 @@
 layout, one command, the result's layout. See factor.py and tsqr.py for the kernels."""
 import numpy as np
 
-from ..errors import DMathError, LinAlgError, ShapeError
+from ..errors import DMathError, LinAlgError
 from ..layout import ColBlock, Replicated, RowBlock
 from ..matrix import eye
 from ..ops import movement

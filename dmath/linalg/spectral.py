@@ -30,7 +30,7 @@ from ..comm import collectives
 from ..errors import DMathError, LinAlgError
 from ..layout import RowBlock
 from ..ops import elementwise, movement
-from ..ops.base import as_int, dispatch, is_matrix, new_meta
+from ..ops.base import as_int, dispatch, new_meta
 from ..ops.gemm import gemm
 from ..runtime import Shard, define
 from . import checks

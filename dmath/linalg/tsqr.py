@@ -77,8 +77,9 @@ def _on_root(call):
 
 
 def _empty_outputs(call, k):
-    return Shard([memory.empty(s, call.entry.outputs[k].dtype) for s in call.entry.out_dists[k].shard_shapes(call.rank)],
-                 call.entry.out_dists[k], call.entry.outputs[k].dtype)
+    """Output k's (empty) shard on a worker that does not hold the gathered matrix."""
+    dist, dtype = call.entry.out_dists[k], call.entry.outputs[k].dtype
+    return Shard([memory.empty(s, dtype) for s in dist.shard_shapes(call.rank)], dist, dtype)
 
 
 @EIGH.kernel()
