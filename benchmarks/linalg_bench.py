@@ -2,7 +2,7 @@
 
     python benchmarks/linalg_bench.py OUTDIR [--device gpu|cpu] [--workers 1 2 4] [--n 32768]
         [--small-n 16384] [--ops cholesky lu qr eigh svd] [--dtype float64] [--blocks 512]
-        [--reps 3] [--peer auto|cupy|heat|none] [--heat-python PY] [--mpiexec MPIEXEC]
+        [--reps 3] [--peer auto|cupy|heat|none] [--peer-n N] [--heat-python PY] [--mpiexec MPIEXEC]
     python benchmarks/linalg_bench.py --plot RESULT.json       # the figure of a result file again
 
 The driver (this script without --child) runs, one after the other:
@@ -11,7 +11,8 @@ The driver (this script without --child) runs, one after the other:
   factorizations' own layout, so the time is the factorization's; `--input-layout row` makes it
   RowBlock and adds the remap) and checks its result on a random probe vector;
 - the peer: on GPUs `python linalg_bench.py --child cupy` (cupy.linalg / cupyx.scipy.linalg:
-  cuSOLVER on one GPU, the same n and data kind); on the CPU `mpiexec -n P HEAT_PY
+  cuSOLVER on one GPU, the same data kind and n, or --peer-n where one GPU cannot hold n; an
+  out-of-memory peer is recorded, not fatal); on the CPU `mpiexec -n P HEAT_PY
   linalg_bench.py --child heat` for each P (heat.linalg's qr, inv, det, eigh, svd on split=0
   matrices; Heat has no Cholesky and no LU), and SciPy's LAPACK in one process (`--child scipy`,
   `vs_scipy`) as the single-node reference;
@@ -126,34 +127,42 @@ def child_cupy(args):
     rows = []
     for op in args.ops:
         n = _size(op, args)
-        rng = cupy.random.default_rng(1)
-        if op == "cholesky":
-            A = rng.random((n, n), dtype=args.dtype)
-            A = cupy.tril(A) + cupy.tril(A, -1).T + n * cupy.eye(n, dtype=args.dtype)
-        elif op == "eigh":
-            A = rng.standard_normal((n, n), dtype=args.dtype)
-            A = A + A.T
-        else:
-            A = rng.standard_normal((n, n), dtype=args.dtype)
-        run = {"cholesky": lambda: cupy.linalg.cholesky(A), "lu": lambda: cla.lu_factor(A, check_finite=False),
-               "qr": lambda: cupy.linalg.qr(A), "eigh": lambda: cupy.linalg.eigh(A),
-               "svd": lambda: cupy.linalg.svd(A, full_matrices=False), "inv": lambda: cupy.linalg.inv(A),
-               "det": lambda: cupy.linalg.det(A)}[op]
-        times = []
-        for r in range(args.reps + 1):
-            cupy.cuda.Device().synchronize()
-            t0 = time.perf_counter()
-            out = run()
-            cupy.cuda.Device().synchronize()
-            if r:
-                times.append(time.perf_counter() - t0)
-            del out
-        seconds = float(np.median(times))
-        rows.append({"op": op, "n": n, "workers": 1, "seconds": seconds, "tflops": FLOPS[op](n) / seconds / 1e12})
+        if args.peer_n and op not in SMALL:
+            n = args.peer_n         # the largest n that fits one GPU, where the workers' n does not
+        try:
+            rows.append(_cupy_row(cupy, cla, op, n, args))
+        except cupy.cuda.memory.OutOfMemoryError as exc:
+            rows.append({"op": op, "n": n, "workers": 1, "error": f"out of memory: {exc}"})
         print(json.dumps(rows[-1]), flush=True)
-        del A
         cupy.get_default_memory_pool().free_all_blocks()
     _write(args.json, {"peer": "cupy " + cupy.__version__ + " (cuSOLVER, one GPU)", "rows": rows})
+
+
+def _cupy_row(cupy, cla, op, n, args):
+    rng = cupy.random.default_rng(1)
+    if op == "cholesky":
+        A = rng.random((n, n), dtype=args.dtype)
+        A = cupy.tril(A) + cupy.tril(A, -1).T + n * cupy.eye(n, dtype=args.dtype)
+    elif op == "eigh":
+        A = rng.standard_normal((n, n), dtype=args.dtype)
+        A = A + A.T
+    else:
+        A = rng.standard_normal((n, n), dtype=args.dtype)
+    run = {"cholesky": lambda: cupy.linalg.cholesky(A), "lu": lambda: cla.lu_factor(A, check_finite=False),
+           "qr": lambda: cupy.linalg.qr(A), "eigh": lambda: cupy.linalg.eigh(A),
+           "svd": lambda: cupy.linalg.svd(A, full_matrices=False), "inv": lambda: cupy.linalg.inv(A),
+           "det": lambda: cupy.linalg.det(A)}[op]
+    times = []
+    for r in range(args.reps + 1):
+        cupy.cuda.Device().synchronize()
+        t0 = time.perf_counter()
+        out = run()
+        cupy.cuda.Device().synchronize()
+        if r:
+            times.append(time.perf_counter() - t0)
+        del out
+    seconds = float(np.median(times))
+    return {"op": op, "n": n, "workers": 1, "seconds": seconds, "tflops": FLOPS[op](n) / seconds / 1e12}
 
 
 # ---- SciPy child (one process, CPU) -------------------------------------------------------------
@@ -259,7 +268,8 @@ def _write(path, payload):
 def _child_cmd(kind, args, json_path, python=sys.executable):
     cmd = [python, os.path.abspath(__file__), "--child", kind, "--json", json_path, "--device", args.device,
            "--n", str(args.n), "--small-n", str(args.small_n), "--dtype", args.dtype, "--reps", str(args.reps),
-           "--input-layout", args.input_layout, "--ops", *args.ops, "--blocks", *map(str, args.blocks)]
+           "--input-layout", args.input_layout, "--peer-n", str(args.peer_n), "--ops", *args.ops,
+           "--blocks", *map(str, args.blocks)]
     return cmd
 
 
@@ -280,9 +290,12 @@ def driver(args):
     peer = args.peer if args.peer != "auto" else ("cupy" if args.device == "gpu" else "heat")
     if peer == "cupy":
         path = os.path.join(tmp, "cupy.json")
-        _run(_child_cmd("cupy", args, path))
-        with open(path) as f:
-            result["peer"]["1"] = json.load(f)
+        try:
+            _run(_child_cmd("cupy", args, path))
+            with open(path) as f:
+                result["peer"]["1"] = json.load(f)
+        except (subprocess.CalledProcessError, OSError) as exc:
+            result["peer"]["1"] = {"error": f"{type(exc).__name__}: {exc}"}
     elif peer == "heat":
         path = os.path.join(tmp, "scipy.json")
         _run(_child_cmd("scipy", args, path))
@@ -325,10 +338,13 @@ def _summary(result, peer):
             p = peer_rows.get(r["op"])
             line = (f"{r['op']:9s} n={r['n']:6d} P={P} block={r['block']}: {r['seconds']:.3f} s "
                     f"{r['tflops']:.3f} TFLOP/s (probe residual {r['probe_residual']:.1e})")
-            if p is not None and p["n"] == r["n"]:
-                r["vs_peer"] = p["seconds"] / r["seconds"]
-                line += f"; {peer} {p['seconds']:.3f} s {p['tflops']:.3f} TFLOP/s: x{r['vs_peer']:.2f}"
+            if p is not None:
+                line += f"; {peer} n={p['n']} {p['seconds']:.3f} s {p['tflops']:.3f} TFLOP/s"
+                if p["n"] == r["n"]:
+                    r["vs_peer"] = p["seconds"] / r["seconds"]
+                    line += f": x{r['vs_peer']:.2f}"
                 if peer == "cupy":
+                    # rates, so also against the largest n one GPU holds (--peer-n)
                     r["efficiency"] = r["tflops"] / (int(P) * p["tflops"])
                     line += f", efficiency {r['efficiency']:.2f} of P x one GPU"
             lines.append(line)
@@ -394,6 +410,8 @@ def main(argv=None):
     ap.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     ap.add_argument("--blocks", type=int, nargs="+", default=[512])
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--peer-n", type=int, default=0,
+                    help="the one-GPU peer's n for Cholesky, LU and QR (default: --n); for an n one GPU cannot hold")
     ap.add_argument("--input-layout", default="work", choices=["work", "row"])
     ap.add_argument("--peer", default="auto", choices=["auto", "cupy", "heat", "none"])
     ap.add_argument("--heat-python", default="/work/venv-heat/bin/python")
