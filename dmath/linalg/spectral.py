@@ -73,16 +73,25 @@ def eigh(A, *, layout=None):
     checks.layout(layout, "eigh")
     dtype = checks.dtype_of(A)
     G = _gathered(A, dtype)
-    made, w = dispatch("linalg_eigh", [G], [new_meta(_root(), A.shape, dtype)],
-                       static=EIGH.static(vectors=True, full=False))
+    made, (w, failed) = dispatch("linalg_eigh", [G], [new_meta(_root(), A.shape, dtype)],
+                                 static=EIGH.static(vectors=True, full=False))
+    _refused("eigh", failed)
     return w, made[0].remap(layout if layout is not None else RowBlock())
+
+
+def _refused(fn, message):
+    """LinAlgError when the local solver refused the matrix (it did not converge: NaN or inf in it)."""
+    if message is not None:
+        raise LinAlgError(f"{fn}: the eigensolver did not converge ({message}); does the matrix hold NaN or inf?")
 
 
 def eigvalsh(A):
     """The eigenvalues of the symmetric A, ascending (a NumPy array on the master)."""
     checks.square(A, "eigvalsh")
     G = _gathered(A, checks.dtype_of(A))
-    return dispatch("linalg_eigh", [G], [], static=EIGH.static(vectors=False, full=False))[1]
+    w, failed = dispatch("linalg_eigh", [G], [], static=EIGH.static(vectors=False, full=False))[1]
+    _refused("eigvalsh", failed)
+    return w
 
 
 def _svd_gathered(X, vectors, full):
@@ -91,11 +100,15 @@ def _svd_gathered(X, vectors, full):
     dtype = checks.dtype_of(X)
     G = _gathered(X, dtype)
     if not vectors:
-        return None, dispatch("linalg_svd", [G], [], static=SVD.static(vectors=False, full=False))[1], None
+        s, failed = dispatch("linalg_svd", [G], [], static=SVD.static(vectors=False, full=False))[1]
+        _refused("svd", failed)
+        return None, s, None
     k = min(m, n)
     ushape, vshape = ((m, m), (n, n)) if full else ((m, k), (k, n))
-    made, s = dispatch("linalg_svd", [G], [new_meta(_root(), ushape, dtype), new_meta(_root(), vshape, dtype)],
-                       static=SVD.static(vectors=True, full=bool(full)))
+    made, (s, failed) = dispatch("linalg_svd", [G], [new_meta(_root(), ushape, dtype),
+                                                     new_meta(_root(), vshape, dtype)],
+                                 static=SVD.static(vectors=True, full=bool(full)))
+    _refused("svd", failed)
     return made[0], s, made[1]
 
 
@@ -167,6 +180,8 @@ def eigsh(A, k=6, which="LM", *, tol=None, maxiter=None, seed=0, layout=None):
     made, (w, converged) = dispatch(
         "linalg_lanczos", [X], [new_meta(rows, (n, k), dtype)],
         static=LANCZOS.static(k=k, which=which, steps=steps, tol=tol, seed=as_int(seed, "seed")))
+    if w is None:
+        raise LinAlgError(f"{fn}: the Lanczos recurrence met NaN or inf: does A hold them?")
     if not converged:
         raise LinAlgError(f"{fn}: {k} eigenpairs did not converge to tol={tol:g} within {steps} Lanczos steps; "
                           f"raise maxiter or tol")
@@ -232,6 +247,10 @@ def _lanczos(call):
         alphas.append(coef[j])
         beta = float(be.asnumpy(allsum(xp.reshape(w @ w, (1,))))[0]) ** 0.5
         m = j + 1
+        if not (np.isfinite(coef).all() and np.isfinite(beta)):
+            # NaN or inf in A (the same numbers on every worker: all stop here)
+            call.result = (None, False)
+            return [Shard([memory.zeros((mine, k), dtype)], call.entry.out_dists[0], x.dtype)]
         T = np.diag(alphas) + np.diag(betas, 1) + np.diag(betas, -1)
         theta, S = np.linalg.eigh(T)
         if m >= k:

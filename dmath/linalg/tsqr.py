@@ -82,32 +82,56 @@ def _empty_outputs(call, k):
     return Shard([memory.empty(s, dtype) for s in dist.shard_shapes(call.rank)], dist, dtype)
 
 
+def _solver_failed(exc):
+    """Whether `exc` is a local eigensolver's refusal of its data (LAPACK / cuSOLVER did not converge:
+    NaN or inf in the matrix), which the master reports as a LinAlgError instead of a failed job."""
+    return isinstance(exc, np.linalg.LinAlgError)
+
+
 @EIGH.kernel()
 def _eigh(call):
-    """w (to the master) and V (output 0 when vectors, on the same worker) of the gathered matrix."""
+    """w (to the master) and V (output 0 when vectors, on the same worker) of the gathered matrix.
+    The master gets (w, None), or (None, message) when the solver refused the matrix."""
     x = call.inputs[0]
     vectors = call.entry.static.vectors
-    outs = []
-    if _on_root(call):
+    if not _on_root(call):
+        return [_empty_outputs(call, 0)] if vectors else []
+    try:
         w, V = dense.eigh(x.pieces[0], vectors)
-        call.result = backend.current().asnumpy(w).astype(np.float64)
-        if vectors:
-            outs.append(Shard([V.astype(x.dtype, copy=False)], call.entry.out_dists[0], x.dtype))
-    elif vectors:
-        outs.append(_empty_outputs(call, 0))
-    return outs
+    except Exception as exc:           # noqa: BLE001  (only the solver's own refusal: see _solver_failed)
+        if not _solver_failed(exc):
+            raise
+        call.result = (None, str(exc))
+        return [_nan_outputs(call, 0)] if vectors else []
+    call.result = (backend.current().asnumpy(w).astype(np.float64), None)
+    return [Shard([V.astype(x.dtype, copy=False)], call.entry.out_dists[0], x.dtype)] if vectors else []
 
 
 @SVD.kernel()
 def _svd(call):
-    """s (to the master) and U, Vh (outputs 0 and 1 when vectors, on the same worker)."""
+    """s (to the master) and U, Vh (outputs 0 and 1 when vectors, on the same worker); the master gets
+    (s, None), or (None, message) when the solver refused the matrix."""
     x = call.inputs[0]
     vectors, full = call.entry.static
     if not _on_root(call):
         return [_empty_outputs(call, k) for k in range(len(call.entry.outputs))]
-    U, s, Vh = dense.svd(x.pieces[0], vectors, full)
-    call.result = backend.current().asnumpy(s).astype(np.float64)
+    try:
+        U, s, Vh = dense.svd(x.pieces[0], vectors, full)
+    except Exception as exc:           # noqa: BLE001  (only the solver's own refusal: see _solver_failed)
+        if not _solver_failed(exc):
+            raise
+        call.result = (None, str(exc))
+        return [_nan_outputs(call, k) for k in range(len(call.entry.outputs))]
+    call.result = (backend.current().asnumpy(s).astype(np.float64), None)
     if not vectors:
         return []
     return [Shard([U.astype(x.dtype, copy=False)], call.entry.out_dists[0], x.dtype),
             Shard([Vh.astype(x.dtype, copy=False)], call.entry.out_dists[1], x.dtype)]
+
+
+def _nan_outputs(call, k):
+    """Output k filled with NaN (the master raises; the matrix is dropped)."""
+    shard = _empty_outputs(call, k)
+    for p in shard.pieces:
+        p.fill(np.nan)
+    return shard

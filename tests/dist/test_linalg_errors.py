@@ -90,3 +90,15 @@ def test_refused_inside_a_record_block():
         with dmath.record():
             la.cholesky(A)
     np.testing.assert_allclose(la.cholesky(A).to_numpy(), np.linalg.cholesky(A.to_numpy()), atol=1e-15)
+
+
+def test_non_finite_input_is_a_linalg_error_not_a_failed_job():
+    M = np.eye(6) * 2 + 0.1
+    M[2, 3] = M[3, 2] = np.nan
+    A = dmath.from_numpy(M, dtype="float64")
+    for fn in (la.eigh, la.eigvalsh, la.svd, la.svdvals, lambda X: la.eigsh(X, 2)):
+        with pytest.raises(dmath.LinAlgError, match="NaN or inf"):
+            fn(A)
+    # the factorizations pass NaN through as NumPy's LAPACK does (no error, NaN out)
+    assert np.isnan(la.solve(A, _m((6, 1))).to_numpy()).any()
+    np.testing.assert_allclose(la.eigvalsh(_m()), np.linalg.eigvalsh(_m().to_numpy()), atol=1e-14)
