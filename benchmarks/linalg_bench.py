@@ -38,7 +38,9 @@ sys.path.insert(0, os.path.dirname(HERE))
 
 FLOPS = {"cholesky": lambda n: n ** 3 / 3, "lu": lambda n: 2 * n ** 3 / 3, "qr": lambda n: 4 * n ** 3 / 3,
          "eigh": lambda n: 4 * n ** 3 / 3, "svd": lambda n: 4 * n ** 3, "inv": lambda n: 2 * n ** 3,
-         "det": lambda n: 2 * n ** 3 / 3}
+         "det": lambda n: 2 * n ** 3 / 3, "cg": None, "svds": None}
+#: cg (to an absolute residual of 1e-10, Heat's fixed rule) and svds (rank 10, 10 oversamples, one
+#: power iteration: Heat's rsvd) have no nominal flop count: compared by time only
 SMALL = ("eigh", "svd")
 
 
@@ -64,6 +66,13 @@ def child_dmath(args):
                 # diagonally dominant: its lower triangle is that of a positive definite matrix
                 A = dmath.random.rand((n, n), dtype=args.dtype, layout=lay)
                 A += dmath.eye(n, dtype=args.dtype, layout=lay) * float(n)
+            elif op == "cg":
+                B = dmath.random.rand((n, n), dtype=args.dtype, layout=lay)
+                # symmetric, its spectrum shifted past the semicircle of radius ~0.41 sqrt(n): positive
+                # definite, condition ~ sqrt(n) (tens of CG steps, not the handful of n * I)
+                A = (B + B.T) * 0.5 + dmath.eye(n, dtype=args.dtype, layout=lay) * float(np.sqrt(n))
+                del B
+                rhs = dmath.ones((n, 1), dtype=args.dtype)
             elif op in ("eigh",):
                 B = dmath.random.randn((n, n), dtype=args.dtype, layout=lay)
                 A = B + B.T
@@ -72,7 +81,9 @@ def child_dmath(args):
                 A = dmath.random.randn((n, n), dtype=args.dtype, layout=lay)
             run = {"cholesky": lambda: la.cholesky(A, block=nb), "lu": lambda: la.lu(A, block=nb),
                    "qr": lambda: la.qr(A, block=nb), "eigh": lambda: la.eigh(A), "svd": lambda: la.svd(A),
-                   "inv": lambda: la.inv(A, block=nb), "det": lambda: la.det(A, block=nb)}[op]
+                   "inv": lambda: la.inv(A, block=nb), "det": lambda: la.det(A, block=nb),
+                   "cg": lambda: la.cg(A, rhs, tol=0.0, atol=1e-10)[0],
+                   "svds": lambda: la.svds(A, k=10, oversample=10, n_iter=1)}[op]
 
             def timed():
                 out = run()
@@ -82,11 +93,15 @@ def child_dmath(args):
             seconds = median_time(timed, args.reps, warmup=1)
             err = _check_dmath(dmath, op, A, run(), n)
             rows.append({"op": op, "n": n, "block": nb, "workers": P, "seconds": seconds,
-                         "tflops": FLOPS[op](n) / seconds / 1e12, "probe_residual": err,
-                         "input_layout": repr(lay)})
+                         "tflops": _rate(op, n, seconds), "probe_residual": err, "input_layout": repr(lay)})
             print(json.dumps(rows[-1]), flush=True)
             del A
     _write(args.json, {"environment": environment(dmath), "rows": rows})
+
+
+def _rate(op, n, seconds):
+    """Nominal TFLOP/s, or None for an operation without a nominal count."""
+    return None if FLOPS[op] is None else FLOPS[op](n) / seconds / 1e12
 
 
 def _check_dmath(dmath, op, A, out, n):
@@ -117,6 +132,11 @@ def _check_dmath(dmath, op, A, out, n):
                                     - Ax) / scale)
     if op == "inv":
         return float(np.linalg.norm((out @ (A @ x)).to_numpy() - x.to_numpy()) / np.linalg.norm(x.to_numpy()))
+    if op == "cg":
+        return float(np.linalg.norm((A @ out).to_numpy() - 1.0) / np.sqrt(n))
+    if op == "svds":
+        U, s, Vh = out
+        return float(np.linalg.norm((A @ Vh[0:1, :].T).to_numpy() - s[0] * U[:, 0:1].to_numpy()) / s[0])
     return 0.0
 
 
@@ -127,6 +147,8 @@ def child_cupy(args):
     rows = []
     for op in args.ops:
         n = _size(op, args)
+        if FLOPS[op] is None:
+            continue
         if args.peer_n and op not in SMALL:
             n = args.peer_n         # the largest n that fits one GPU, where the workers' n does not
         try:
@@ -162,7 +184,7 @@ def _cupy_row(cupy, cla, op, n, args):
             times.append(time.perf_counter() - t0)
         del out
     seconds = float(np.median(times))
-    return {"op": op, "n": n, "workers": 1, "seconds": seconds, "tflops": FLOPS[op](n) / seconds / 1e12}
+    return {"op": op, "n": n, "workers": 1, "seconds": seconds, "tflops": _rate(op, n, seconds)}
 
 
 # ---- SciPy child (one process, CPU) -------------------------------------------------------------
@@ -173,6 +195,8 @@ def child_scipy(args):
     rows = []
     for op in args.ops:
         n = _size(op, args)
+        if FLOPS[op] is None:
+            continue            # cg and svds: compared with Heat only
         rng = np.random.default_rng(1)
         A = rng.standard_normal((n, n)).astype(args.dtype)
         if op == "cholesky":
@@ -190,7 +214,7 @@ def child_scipy(args):
             if r:
                 times.append(time.perf_counter() - t0)
         seconds = float(np.median(times))
-        rows.append({"op": op, "n": n, "workers": 1, "seconds": seconds, "tflops": FLOPS[op](n) / seconds / 1e12})
+        rows.append({"op": op, "n": n, "workers": 1, "seconds": seconds, "tflops": _rate(op, n, seconds)})
         print(json.dumps(rows[-1]), flush=True)
     _write(args.json, {"peer": f"scipy {scipy.__version__} / numpy {np.__version__} (LAPACK, one process)",
                        "rows": rows})
@@ -234,8 +258,14 @@ def child_heat(args):
         A = ht.random.randn(n, n, dtype=ht.float64 if args.dtype == "float64" else ht.float32, split=0)
         if op == "eigh":
             A = A + ht.resplit(A.T, 0)
+        if op == "cg":
+            B = ht.random.rand(n, n, dtype=A.dtype, split=0)
+            A = (B + ht.resplit(B.T, 0)) * 0.5 + ht.eye(n, dtype=A.dtype, split=0) * float(np.sqrt(n))
+            rhs, x0 = ht.ones(n, dtype=A.dtype, split=0), ht.zeros(n, dtype=A.dtype, split=0)
         run = {"qr": lambda: ht.linalg.qr(A), "eigh": lambda: ht.linalg.eigh(A), "svd": lambda: ht.linalg.svd(A),
-               "inv": lambda: ht.linalg.inv(A), "det": lambda: ht.linalg.det(A)}.get(op)
+               "inv": lambda: ht.linalg.inv(A), "det": lambda: ht.linalg.det(A),
+               "cg": lambda: ht.linalg.cg(A, rhs, x0),
+               "svds": lambda: ht.linalg.rsvd(A, 10, n_oversamples=10, power_iter=1)}.get(op)
         if run is None:
             continue
         try:
@@ -248,8 +278,7 @@ def child_heat(args):
                 if r:
                     times.append(time.perf_counter() - t0)
             seconds = float(np.median(times))
-            rows.append({"op": op, "n": n, "workers": comm.size, "seconds": seconds,
-                         "tflops": FLOPS[op](n) / seconds / 1e12})
+            rows.append({"op": op, "n": n, "workers": comm.size, "seconds": seconds, "tflops": _rate(op, n, seconds)})
         except Exception as exc:            # noqa: BLE001  (recorded: what Heat cannot do is a result)
             rows.append({"op": op, "n": n, "workers": comm.size, "error": f"{type(exc).__name__}: {exc}"})
         if comm.rank == 0:
@@ -328,6 +357,10 @@ def driver(args):
         print(f"no figure: {exc}")
 
 
+def _tf(rate):
+    return "" if rate is None else f"{rate:.3f} TFLOP/s"
+
+
 def _summary(result, peer):
     """One line per (op, P, block): dmath's time and rate, the peer's, the ratios."""
     lines = []
@@ -337,13 +370,13 @@ def _summary(result, peer):
         for r in run["rows"]:
             p = peer_rows.get(r["op"])
             line = (f"{r['op']:9s} n={r['n']:6d} P={P} block={r['block']}: {r['seconds']:.3f} s "
-                    f"{r['tflops']:.3f} TFLOP/s (probe residual {r['probe_residual']:.1e})")
+                    f"{_tf(r['tflops'])} (probe residual {r['probe_residual']:.1e})")
             if p is not None:
-                line += f"; {peer} n={p['n']} {p['seconds']:.3f} s {p['tflops']:.3f} TFLOP/s"
+                line += f"; {peer} n={p['n']} {p['seconds']:.3f} s {_tf(p['tflops'])}"
                 if p["n"] == r["n"]:
                     r["vs_peer"] = p["seconds"] / r["seconds"]
                     line += f": x{r['vs_peer']:.2f}"
-                if peer == "cupy":
+                if peer == "cupy" and r["tflops"] is not None:
                     # rates, so also against the largest n one GPU holds (--peer-n)
                     r["efficiency"] = r["tflops"] / (int(P) * p["tflops"])
                     line += f", efficiency {r['efficiency']:.2f} of P x one GPU"
@@ -367,16 +400,21 @@ def plot(path, out=None):
     for P, run in result["dmath"].items():
         for r in run["rows"]:
             key = (r["op"], int(P))
+            if r["tflops"] is None:
+                continue
             if key not in best or r["tflops"] > best[key]["tflops"]:
                 best[key] = r
     ops = sorted({op for op, _ in best})
+    if not ops:
+        print("no figure: no operation here has a nominal rate (cg and svds are compared by time)")
+        return
     fig, axes = plt.subplots(1, len(ops), figsize=(3.2 * len(ops), 3.2), squeeze=False)
     for ax, op in zip(axes[0], ops):
         ps = sorted(P for o, P in best if o == op)
         ax.plot(ps, [best[(op, P)]["tflops"] for P in ps], "o-", label="dmath")
         for P_key, ref in result["peer"].items():
             for r in ref.get("rows", []):
-                if r["op"] == op and "tflops" in r:
+                if r["op"] == op and r.get("tflops") is not None:
                     if P_key == "1" and result["args"].get("device") == "gpu":
                         ax.plot(ps, [r["tflops"] * P for P in ps], "k--", label="P x one-GPU cuSOLVER")
                     else:
