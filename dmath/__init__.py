@@ -15,8 +15,8 @@ import types as _types
 
 from . import memory, random
 from .backend import DTYPES
-from .errors import (DMathError, DTypeError, LayoutError, NotSupportedError, OutOfMemoryError, PlanError,
-                     RuntimeStateError, ShapeError, WorkerError)
+from .errors import (DMathError, DTypeError, LayoutError, LinAlgError, NotSupportedError, OutOfMemoryError,
+                     PlanError, RuntimeStateError, ShapeError, WorkerError)
 from .ops.files import from_file
 from .groups import current_group, on_group
 from .ops.gemm import explain_gemm, gemm
@@ -30,6 +30,7 @@ from .runtime import Plan, finalize, init, is_initialized, record
 from .runtime import runtime as _runtime
 from .ops.stats import reset_stats, stats, synchronize
 from . import nn  # noqa: E402  (the neural-network operations: dmath.nn.conv2d, ...)
+from . import linalg  # noqa: E402  (factorizations and solvers: dmath.linalg.cholesky, ...)
 
 
 def num_workers():
@@ -50,4 +51,4 @@ globals().update({_name: getattr(_elementwise, _name) for _name in _elementwise.
 #: definitions (no list to keep in step with them)
 __all__ = (["__version__"] + sorted(_name for _name, _value in globals().items()
                                     if not _name.startswith("_") and not isinstance(_value, _types.ModuleType))
-           + [_module.__name__.rpartition(".")[2] for _module in (memory, nn, random)])
+           + [_module.__name__.rpartition(".")[2] for _module in (linalg, memory, nn, random)])

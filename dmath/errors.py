@@ -58,3 +58,8 @@ class PlanError(DMathError, RuntimeError):
 def _last_line(text):
     lines = [ln for ln in str(text).strip().splitlines() if ln.strip()]
     return lines[-1] if lines else "unknown error"
+
+
+class LinAlgError(DMathError, ValueError):
+    """A factorization or solve cannot be completed: the matrix is not positive definite (the
+    message names the failing leading minor) or it is singular (the message names the pivot)."""

@@ -108,7 +108,7 @@ def report():
         "mpi": _mpi(),
         "gpu": _gpu(),
         "tuning": _tuning(),
-        "optional": {name: _version(name) for name in ("tqdm", "matplotlib", "torch")},
+        "optional": {name: _version(name) for name in ("tqdm", "matplotlib", "torch", "scipy")},
         "environment": {name: os.environ[name] for name in ENVIRONMENT if name in os.environ},
         "settings": _settings(),
         "threads": {name: os.environ.get(name) for name in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")},
