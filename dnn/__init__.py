@@ -14,8 +14,9 @@ strategies. See docs/ARCHITECTURE.md, section dnn.
 from dmath import __version__  # one project, one version
 from . import callbacks, data, graph, initializers, layers, losses, ops, optim, parallel, search
 from .errors import ConfigError, DNNError, GraphError, ModelFileError, ShapeError, TrainingError
-from .model import Sequential, load
+from .functional import Input, SymbolicTensor
+from .model import Model, Sequential, load
 
-__all__ = ["__version__", "Sequential", "load", "data", "graph", "layers", "ops", "optim", "losses", "initializers",
+__all__ = ["__version__", "Model", "Input", "SymbolicTensor", "Sequential", "load", "data", "graph", "layers", "ops", "optim", "losses", "initializers",
            "callbacks", "parallel", "search", "DNNError", "ShapeError", "ConfigError", "GraphError", "ModelFileError",
            "TrainingError"]

@@ -34,11 +34,13 @@ class BatchNorm(Layer):
                                             trainable=False)
 
     def check_training_batch(self, batch):
-        if self.built:
+        if self.built and self.trainable:      # (a frozen one uses no batch statistics)
             check_training_batch(batch, self.input_shape, self.name)
 
     def forward(self, x, ctx):
-        fn = BatchNormFn(self.running_mean.value, self.running_var.value, ctx.training, self.momentum, self.eps)
+        # a frozen BatchNorm normalises with its running statistics and leaves them as they are
+        training = ctx.training and self.trainable
+        fn = BatchNormFn(self.running_mean.value, self.running_var.value, training, self.momentum, self.eps)
         return fn.apply(x, ctx.param(self.gamma), ctx.param(self.beta))
 
     def get_config(self):
