@@ -200,11 +200,12 @@ class Model:
             i += n
 
     # ---- data ---------------------------------------------------------------------------
-    def _dataset(self, x, y, what="x", targets=True):
+    def _dataset(self, x, y, what="x", targets=True, joined=False):
         """`x` as a Dataset checked against the model (arrays are checked first, then placed once)."""
         if isinstance(x, dmath.Matrix):
             raise ConfigError(f"{what}: pass numpy arrays or a dnn.data.Dataset; batches are made on the workers")
-        x = self._side_by_side(x, what)
+        if not joined:
+            x = self._side_by_side(x, what)
         _check_range(x, self.dtype, what)
 
         def check(features, kind, width, label_range):
@@ -540,7 +541,7 @@ class Model:
                                  f"shape {np.shape(x)}")
             return self._one_or_list([np.zeros(self._predicted_shape(0, s), dtype=self.dtype)
                                       for s in self._output_shapes()])
-        ds = self._dataset(x, None, targets=False)
+        ds = self._dataset(x, None, targets=False, joined=True)
         feed = self._feed(ds, reading=True)
         feed.start_epoch(None, 0)
         out = [[] for _ in self.graph.outputs]
