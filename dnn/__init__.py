@@ -16,7 +16,8 @@ from . import callbacks, data, graph, initializers, layers, losses, ops, optim, 
 from .errors import ConfigError, DNNError, GraphError, ModelFileError, ShapeError, TrainingError
 from .functional import Input, SymbolicTensor
 from .model import Model, Sequential, load
+from . import models
 
 __all__ = ["__version__", "Model", "Input", "SymbolicTensor", "Sequential", "load", "data", "graph", "layers", "ops", "optim", "losses", "initializers",
-           "callbacks", "parallel", "search", "DNNError", "ShapeError", "ConfigError", "GraphError", "ModelFileError",
+           "callbacks", "parallel", "search", "models", "DNNError", "ShapeError", "ConfigError", "GraphError", "ModelFileError",
            "TrainingError"]

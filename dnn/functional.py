@@ -190,6 +190,11 @@ def config_weight_shapes(config):
         for layer in layers[1:]:
             t = call_layer(layer, t)
         graph = Graph(_first(t), t)
+    return graph_weight_shapes(graph)
+
+
+def graph_weight_shapes(graph):
+    """[(weight name, public shape)] of the layers of `graph`, found without allocating anything."""
     shapes, done = [], set()
     for i, t in enumerate(graph.tensors):
         if id(t.layer) in done:

@@ -26,7 +26,7 @@ import numpy as np
 
 import dmath
 
-from . import asgd, callbacks as cbs, losses, optim, serialization
+from . import asgd, callbacks as cbs, losses, optim, serialization, state_dict
 from .data import Dataset
 from .data.dataset import as_dataset
 from .errors import ConfigError, ShapeError
@@ -198,6 +198,16 @@ class Model:
             n = len(layer.weights)
             layer.set_weights(weights[i:i + n])
             i += n
+
+    def state_dict(self):
+        """{PyTorch name: numpy array} of every weight and buffer, keyed by the layers' names as
+        PyTorch's modules ('conv1.weight', 'layer1.0.bn1.running_mean', 'fc.bias'; dnn.state_dict)."""
+        return state_dict.state_dict(self)
+
+    def load_state_dict(self, mapping):
+        """Write a PyTorch-named mapping of arrays (e.g. a torchvision model's state_dict()) into the
+        weights, in place; a missing or unexpected key or a shape mismatch raises and changes nothing."""
+        state_dict.load_state_dict(self, mapping)
 
     # ---- data ---------------------------------------------------------------------------
     def _dataset(self, x, y, what="x", targets=True, joined=False):

@@ -152,6 +152,9 @@ class Program:
         # a training step drops each activation after its last reader (the metrics read loss and pred)
         self.releases = Releases(self.order, self.grad_at, keep=[self.loss, self.pred]) if training else None
         self.plan = None
+        # the BatchNorm layers whose running statistics a training step updates (PyTorch counts them)
+        self.tracking = [layer for layer in model.layers if hasattr(layer, "batches_tracked")
+                         and layer.trainable] if training else []
 
     # ---- one step -----------------------------------------------------------------
     def run(self):
@@ -169,6 +172,8 @@ class Program:
             self._step()
         if opt is not None:
             opt.finish()
+        for layer in self.tracking:
+            layer.batches_tracked += 1
 
     def _step(self):
         model, feed = self.model, self.feed

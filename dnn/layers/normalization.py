@@ -1,9 +1,11 @@
 """BatchNorm: per-feature (flat samples) or per-channel (image samples) batch normalization."""
 import numbers
 
+import numpy as np
+
 import dmath
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ShapeError
 from ..ops import BatchNorm as BatchNormFn
 from ..ops.normalization import check_training_batch
 from .base import Layer
@@ -21,6 +23,8 @@ class BatchNorm(Layer):
         if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps > 0:
             raise ConfigError(f"BatchNorm: eps must be positive, got {eps!r}")
         self.momentum, self.eps = float(momentum), float(eps)
+        #: training steps that updated the running statistics (PyTorch's num_batches_tracked)
+        self.batches_tracked = 0
 
     def _create(self, sample_shape, dtype):
         c = sample_shape[0]
@@ -42,6 +46,16 @@ class BatchNorm(Layer):
         training = ctx.training and self.trainable
         fn = BatchNormFn(self.running_mean.value, self.running_var.value, training, self.momentum, self.eps)
         return fn.apply(x, ctx.param(self.gamma), ctx.param(self.beta))
+
+    def get_state(self):
+        return {"num_batches_tracked": np.array(self.batches_tracked, dtype=np.int64)}
+
+    def set_state(self, arrays):
+        if "num_batches_tracked" in arrays:
+            value = np.asarray(arrays["num_batches_tracked"]).reshape(-1)
+            if value.size != 1 or not value[0] >= 0 or value[0] != int(value[0]):
+                raise ShapeError(f"{self.name}: num_batches_tracked must be one non-negative integer, got {value}")
+            self.batches_tracked = int(value[0])
 
     def get_config(self):
         return {**super().get_config(), "momentum": self.momentum, "eps": self.eps}
