@@ -15,6 +15,8 @@ class BatchNorm(Layer):
     """y = gamma (x - mean) / sqrt(var + eps) + beta; batch statistics in training (all-reduced over
     the batch's workers), running statistics in evaluation, updated as PyTorch (momentum 0.1,
     unbiased variance). Weights: gamma, beta (trained), running_mean, running_var (buffers)."""
+    #: normalises channels-last image rows as they are (a GPU model converts nothing around it)
+    image_rows = "channels_last"
 
     def __init__(self, momentum=0.1, eps=1e-5, name=None):
         super().__init__(name)

@@ -331,10 +331,12 @@ def test_googlenet_channels_last_rows_give_the_same_step():
         dmath.random.seed(12)
         m = dnn.models.googlenet(num_classes=10, input_shape=(3, 32, 32), dtype="float64", dropout=0.0,
                                  optimizer=dnn.optim.SGD(lr=0.05, momentum=0.9), channels_last=channels_last)
-        m.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
+        m.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
         models.append(m.state_dict())
-    for k in models[0]:
-        np.testing.assert_allclose(models[1][k], models[0][k], rtol=1e-11, atol=1e-13, err_msg=k)
+    for k, v in models[0].items():
+        # (the sums of the two row orders differ in their last bits, which batch statistics of four
+        # values per channel amplify: compared relative to each tensor's largest value)
+        np.testing.assert_allclose(models[1][k], v, rtol=1e-8, atol=1e-9 * max(np.abs(v).max(), 1.0), err_msg=k)
 
 
 def test_load_state_dict_refuses_a_mismatch_and_changes_nothing():
