@@ -374,3 +374,57 @@ def test_graph_model_errors():
     with pytest.raises(dnn.ShapeError, match="same number of samples"):
         m.predict([np.zeros((4, 3)), np.zeros((3, 2))])
     assert m.predict([np.zeros((4, 3)), np.zeros((4, 2))]).shape == (4, 2)
+
+
+# ---- everything Sequential has, on a graph -----------------------------------------------------------
+def _residual(dtype="float32", record=True, parallel="data"):
+    inp = dnn.Input(6)
+    h = L.Dense(8, activation="tanh")(inp)
+    h = L.Add()([h, L.Dense(8, parallel=parallel)(h)])
+    return dnn.Model(inp, L.Output("softmax")(L.Dense(3)(L.Concatenate()([h, inp]))), dtype=dtype, record=record,
+                     optimizer=dnn.optim.SGD(lr=0.1, momentum=0.9))
+
+
+def test_recorded_steps_equal_eager_steps_and_float16_trains():
+    x, y = _blobs()
+    runs = {}
+    for record in (True, False):
+        dmath.random.seed(21)
+        m = _residual("float64", record)
+        runs[record] = (m.fit(x, y, batch_size=16, epochs=2, verbose=0)["loss"], m.get_weights())
+    assert runs[True][0] == runs[False][0]
+    for a, b in zip(runs[True][1], runs[False][1]):
+        np.testing.assert_array_equal(a, b)
+    dmath.random.seed(21)
+    half = _residual("float16")
+    assert half.loss_scale is not None and half.param_dtype == "float32"
+    h = half.fit(x, y, batch_size=16, epochs=6, verbose=0)
+    assert h["loss"][-1] < h["loss"][0] and h["accuracy"][-1] > 0.6
+
+
+def test_model_parallel_layer_and_validation_and_callbacks_on_a_graph():
+    x, y = _blobs(n=64)
+    dmath.random.seed(22)
+    m = _residual("float64", parallel="model")
+    ref = _residual("float64")
+    ref.set_weights(m.get_weights())
+    stop = dnn.callbacks.EarlyStopping(monitor="val_loss", patience=0)
+    h = m.fit(x[:48], y[:48], batch_size=16, epochs=2, validation_data=(x[48:], y[48:]), verbose=0, callbacks=[stop])
+    h2 = ref.fit(x[:48], y[:48], batch_size=16, epochs=2, validation_data=(x[48:], y[48:]), verbose=0)
+    np.testing.assert_allclose(h["loss"], h2["loss"][:len(h["loss"])], rtol=1e-12)
+    assert "val_accuracy" in h.history
+    text = m.summary(print_fn=None)
+    assert "model" in text and "ColBlock" in text
+    m.fit(x, y, batch_size=16, epochs=3, initial_epoch=2, verbose=0)
+    assert m.epochs_trained == 3
+
+
+def test_asynchronous_sgd_and_search_take_graph_models(P):
+    x, y = _blobs(n=64)
+    dmath.random.seed(23)
+    m = _residual("float64")
+    h = m.fit(x, y, batch_size=8, epochs=2, verbose=0, asynchronous=True, max_staleness=0)
+    assert np.isfinite(h["loss"]).all() and h["loss"][-1] < h["loss"][0]
+    results = dnn.search.grid(lambda p: _residual("float64"), {"lr": [0.1]}, x, y, epochs=1, batch_size=16,
+                              validation_data=(x, y), verbose=0)
+    assert len(results) == 1 and np.isfinite(results[0]["val_loss"])
