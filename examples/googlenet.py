@@ -21,6 +21,7 @@ import numpy as np
 
 import dmath
 import dnn
+from mnist_mlp import load          # the digits: 4,000 to train on, 1,000 held out
 
 
 def main():
@@ -35,10 +36,9 @@ def main():
 
     dmath.init(device=args.device)
     dmath.random.seed(args.seed)
-    x, y = dnn.data.load_mnist_5k()
-    x = np.pad(x, ((0, 0), (0, 0), (2, 2), (2, 2)))         # 28x28 -> 32x32: the smallest GoogLeNet pools to 1x1
-    perm = np.random.default_rng(args.seed).permutation(len(y))
-    (x, y), (xt, yt) = (x[perm[:4000]], y[perm[:4000]]), (x[perm[4000:]], y[perm[4000:]])
+    (x, y), (xt, yt) = load(None, args.seed)
+    # 28x28 -> 32x32: the smallest images GoogLeNet's pooling takes down to 1x1
+    x, xt = (np.pad(a.reshape(-1, 1, 28, 28), ((0, 0), (0, 0), (2, 2), (2, 2))) for a in (x, xt))
     model = dnn.models.googlenet(num_classes=10, input_shape=(1, 32, 32), dtype=args.dtype,
                                  optimizer=dnn.optim.SGD(lr=0.05, momentum=0.9, weight_decay=1e-4))
     print(f"GoogLeNet: {model.count_params():,} parameters, {len(model.layers)} layers")

@@ -13,11 +13,10 @@ cosine schedule on the CPU in a few minutes; prints the test accuracy.
 """
 import argparse
 
-import numpy as np
-
 import dmath
 import dnn
 from dnn import layers as L
+from mnist_mlp import load          # the digits: 4,000 to train on, 1,000 held out
 
 
 def block(x, filters, stride):
@@ -52,12 +51,7 @@ def main():
 
     dmath.init()
     dmath.random.seed(args.seed)
-    if args.data:
-        (x, y), (xt, yt) = dnn.data.load_mnist(args.data)
-    else:
-        x, y = dnn.data.load_mnist_5k()
-        perm = np.random.default_rng(args.seed).permutation(len(y))
-        (x, y), (xt, yt) = (x[perm[:4000]], y[perm[:4000]]), (x[perm[4000:]], y[perm[4000:]])
+    (x, y), (xt, yt) = load(args.data, args.seed)
     model = build(args.dtype, args.epochs, -(-len(y) // args.batch_size))
     model.summary()
     model.fit(x, y, batch_size=args.batch_size, epochs=args.epochs, validation_data=(xt, yt))

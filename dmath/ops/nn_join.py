@@ -31,17 +31,17 @@ class JoinArgs(NamedTuple):
 
 
 class PadArgs(NamedTuple):
-    """Static arguments of `nn_pad_images` and `nn_crop_images`."""
+    """Static arguments of `nn_pad_images` (padding, or its adjoint: cropping the padding off)."""
     image: tuple         # (C, H, W) of an unpadded sample
     pads: tuple          # (top, bottom, left, right)
     value: float         # what the padding holds
     channels_last: bool  # the rows are channels-last (H, W, C) instead of NCHW
+    crop: bool = False   # remove the padding instead
 
 
 CONCAT = define("nn_concat", JoinArgs)
 SPLIT = define("nn_split", JoinArgs)
 PAD = define("nn_pad_images", PadArgs)
-CROP = define("nn_crop_images", PadArgs)
 
 
 def _join_args(op, groups, widths, what):
@@ -92,7 +92,7 @@ def split_features(x, widths, groups=1):
     return dispatch("nn_split", [x], outs, static=static)[0]
 
 
-def _pad_args(op, image_shape, pads, value, channels_last, features, what):
+def _pad_args(image_shape, pads, value, channels_last, features, what, crop=False):
     image = window.image(image_shape, features, what)
     try:
         pads = tuple(window.integer(p, f"{what}: pads", 0) for p in pads)
@@ -103,7 +103,7 @@ def _pad_args(op, image_shape, pads, value, channels_last, features, what):
     # +-inf pads a max pool's input (torchvision's ceil mode); anything else must be finite
     infinite = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isinf(value)
     value = float(value) if infinite else args.real(value, f"{what}: value")
-    return op.static(image=image, pads=pads, value=value, channels_last=bool(channels_last))
+    return PAD.static(image=image, pads=pads, value=value, channels_last=bool(channels_last), crop=crop)
 
 
 def padded_shape(image_shape, pads):
@@ -118,7 +118,7 @@ def pad_images(x, image_shape, pads, value=0.0, channels_last=False):
     `value` (a real number or +-inf) around every image: (N, C*(H+top+bottom)*(W+left+right)) in
     x's row layout. channels_last: x and the result are channels-last rows."""
     x = args.rows(x, "pad_images: x")
-    static = _pad_args(PAD, image_shape, pads, value, channels_last, x.shape[1], "pad_images")
+    static = _pad_args(image_shape, pads, value, channels_last, x.shape[1], "pad_images")
     out = new_meta(x.layout, (x.shape[0], math.prod(padded_shape(static.image, static.pads))), x.dtype)
     return dispatch("nn_pad_images", [x], [out], static=static)[0][0]
 
@@ -127,10 +127,10 @@ def crop_images(x, image_shape, pads, channels_last=False):
     """The adjoint of pad_images: x (N, C*(H+top+bottom)*(W+left+right)) without its padding,
     (N, C*H*W); image_shape is the unpadded (C, H, W)."""
     x = args.rows(x, "crop_images: x")
-    static = _pad_args(CROP, image_shape, pads, 0.0, channels_last, None, "crop_images")
+    static = _pad_args(image_shape, pads, 0.0, channels_last, None, "crop_images", crop=True)
     args.expect_shape(x, (x.shape[0], math.prod(padded_shape(static.image, static.pads))), "crop_images: x")
     out = new_meta(x.layout, (x.shape[0], math.prod(static.image)), x.dtype)
-    return dispatch("nn_crop_images", [x], [out], static=static)[0][0]
+    return dispatch("nn_pad_images", [x], [out], static=static)[0][0]
 
 
 @CONCAT.kernel(capturable=True)
@@ -185,19 +185,11 @@ def _pad(call):
     if x is None:
         return rows.nothing_here(call)
     (out,) = rows.new_output(call, 0)
-    o = _images4(out, padded_shape(st.image, st.pads), st.channels_last)
-    o.fill(st.value)
-    _inner(o, st)[...] = _images4(x, st.image, st.channels_last)
-    return [rows.shard(call, 0, [out])]
-
-
-@CROP.kernel(capturable=True)
-def _crop(call):
-    st = call.entry.static
-    x = rows.local(call.inputs[0])
-    if x is None:
-        return rows.nothing_here(call)
-    (out,) = rows.new_output(call, 0)
-    _images4(out, st.image, st.channels_last)[...] = _inner(_images4(x, padded_shape(st.image, st.pads),
-                                                                   st.channels_last), st)
+    big = padded_shape(st.image, st.pads)
+    if st.crop:
+        _images4(out, st.image, st.channels_last)[...] = _inner(_images4(x, big, st.channels_last), st)
+    else:
+        o = _images4(out, big, st.channels_last)
+        o.fill(st.value)
+        _inner(o, st)[...] = _images4(x, st.image, st.channels_last)
     return [rows.shard(call, 0, [out])]

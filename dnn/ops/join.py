@@ -15,6 +15,12 @@ from ._util import result_dtype
 from .conv import _image
 
 
+def _several(name, xs):
+    """ShapeError unless xs holds two nodes or more."""
+    if len(xs) < 2:
+        raise ShapeError(f"{name}: needs at least two nodes, got {len(xs)}")
+
+
 def _same_order(name, xs):
     """The one row order (channels-last or not) of the image nodes xs."""
     orders = {x.channels_last for x in xs}
@@ -30,8 +36,7 @@ class Merge(Function):
     keeps_channels_last = True
 
     def infer(self, *xs):
-        if len(xs) < 2:
-            raise ShapeError(f"{self.name}: needs at least two nodes, got {len(xs)}")
+        _several(self.name, xs)
         first = xs[0]
         for x in xs[1:]:
             if x.shape != first.shape or x.sample_shape != first.sample_shape:
@@ -60,8 +65,7 @@ class Concat(Function):
     keeps_channels_last = True
 
     def infer(self, *xs):
-        if len(xs) < 2:
-            raise ShapeError(f"{self.name}: needs at least two nodes, got {len(xs)}")
+        _several(self.name, xs)
         n, dtype = xs[0].shape[0], xs[0].dtype
         for x in xs:
             if x.shape[0] != n or x.dtype != dtype:
