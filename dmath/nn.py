@@ -33,6 +33,7 @@ dmath/planning/conv.py.
 from .ops.nn_batch import take_rows, transform_images
 from .ops.nn_conv import conv2d, conv2d_backward, conv2d_output_shape, explain_conv2d
 from .ops.nn_dropout import dropout
+from .ops.nn_adaptive import adaptive_avg_pool, adaptive_avg_pool_backward
 from .ops.nn_join import concat_features, crop_images, pad_images, split_features
 from .ops.nn_format import to_channels_first, to_channels_last
 from .ops.nn_labels import argmax_rows, one_hot
@@ -47,4 +48,4 @@ __all__ = ["sgd_update", "adam_update", "all_finite", "take_rows", "transform_im
            "conv2d", "conv2d_output_shape", "conv2d_backward", "pool2d", "pool2d_backward",
            "batchnorm", "batchnorm_backward", "BatchNormSaved", "dropout", "argmax_rows", "one_hot",
            "to_channels_last", "to_channels_first", "concat_features", "split_features", "pad_images",
-           "crop_images"]
+           "crop_images", "adaptive_avg_pool", "adaptive_avg_pool_backward"]

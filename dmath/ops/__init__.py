@@ -2,4 +2,4 @@
 from . import base, creation, data, elementwise, info, movement, reductions, storage  # noqa: F401  (registers kernels)
 from . import elementwise_cuda  # noqa: F401
 from . import files, nn_batch, nn_conv, nn_dropout, nn_format, nn_labels, nn_norm  # noqa: F401
-from . import nn_join, nn_pool, nn_softmax, nn_update  # noqa: F401
+from . import nn_adaptive, nn_join, nn_pool, nn_softmax, nn_update  # noqa: F401

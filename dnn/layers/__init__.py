@@ -1,17 +1,19 @@
 """Layers (MagmaDNN's set): builders of graph nodes that own their parameters.
 
     Input, Dense, Activation, Conv2D, Pool2D, Dropout, Flatten, Reshape, BatchNorm, Output;
-    for graph models (dnn.Model): Add, Concatenate (called on lists), GlobalAvgPool2D, ZeroPadding2D
+    for graph models (dnn.Model): Add, Concatenate (called on lists), GlobalAvgPool2D, AdaptiveAvgPool2D,
+    ZeroPadding2D
 """
 from ..errors import ConfigError
 from .base import Context, Layer, Weight
 from .conv import Conv2D, Pool2D
 from .core import Activation, Dense, Dropout, Flatten, Input, Output, Reshape
-from .merge import Add, Concatenate, GlobalAvgPool2D, ZeroPadding2D
+from .merge import AdaptiveAvgPool2D, Add, Concatenate, GlobalAvgPool2D, ZeroPadding2D
 from .normalization import BatchNorm
 
 KINDS = {c.__name__: c for c in (Input, Dense, Activation, Conv2D, Pool2D, Dropout, Flatten, Reshape,
-                                 BatchNorm, Output, Add, Concatenate, GlobalAvgPool2D, ZeroPadding2D)}
+                                 BatchNorm, Output, Add, Concatenate, GlobalAvgPool2D, AdaptiveAvgPool2D,
+                                 ZeroPadding2D)}
 
 
 def from_config(config):
@@ -30,5 +32,6 @@ def from_config(config):
 
 
 __all__ = ["Layer", "Context", "Weight", "Input", "Dense", "Activation", "Conv2D", "Pool2D", "Dropout",
-           "Flatten", "Reshape", "BatchNorm", "Output", "Add", "Concatenate", "GlobalAvgPool2D", "ZeroPadding2D",
+           "Flatten", "Reshape", "BatchNorm", "Output", "Add", "Concatenate", "GlobalAvgPool2D", "AdaptiveAvgPool2D",
+           "ZeroPadding2D",
            "from_config"]

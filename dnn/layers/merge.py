@@ -1,9 +1,10 @@
-"""Layers of branchy networks: Add and Concatenate (called on a list of tensors), GlobalAvgPool2D
-and ZeroPadding2D. Each is data parallel and has no weights."""
+"""Layers of branchy networks: Add and Concatenate (called on a list of tensors), GlobalAvgPool2D,
+AdaptiveAvgPool2D and ZeroPadding2D. Each is data parallel and has no weights."""
 
 from ..errors import ConfigError, ShapeError
 from ..graph.node import int_tuple
-from ..ops.join import concat, global_avg_pool, merge_add, pad
+from ..ops import Pool2D as PoolFn
+from ..ops.join import adaptive_avg_pool, concat, global_avg_pool, merge_add, pad
 from .base import Layer
 
 
@@ -66,6 +67,41 @@ class GlobalAvgPool2D(Layer):
         return global_avg_pool(x)
 
 
+class AdaptiveAvgPool2D(Layer):
+    """Average pooling to a fixed output size (oh, ow) whatever the input's (PyTorch's
+    AdaptiveAvgPool2d): an ordinary average pool where the output divides the input (nothing
+    where they are equal), else PyTorch's uneven, overlapping windows."""
+    image_rows = "channels_last"
+
+    def __init__(self, output_size, name=None):
+        super().__init__(name)
+        out = int_tuple(output_size, ConfigError(f"AdaptiveAvgPool2D: output_size must be n or (oh, ow), "
+                                                 f"got {output_size!r}"))
+        out = out * 2 if len(out) == 1 else out
+        if len(out) != 2 or min(out) < 1:
+            raise ConfigError(f"AdaptiveAvgPool2D: output_size must be n or (oh, ow) of positive sizes, "
+                              f"got {output_size!r}")
+        self.output_size = out
+
+    def output_shape(self, sample_shape):
+        if len(sample_shape) != 3:
+            raise ShapeError(f"AdaptiveAvgPool2D needs image samples (C, H, W), got {tuple(sample_shape)}")
+        return (sample_shape[0],) + self.output_size
+
+    def forward(self, x, ctx):
+        _, h, w = x.sample_shape
+        oh, ow = self.output_size
+        if (h, w) == (oh, ow):
+            return x
+        if h % oh == 0 and w % ow == 0:
+            k = (h // oh, w // ow)
+            return PoolFn(k, k, 0, "average").apply(x)
+        return adaptive_avg_pool(x, self.output_size)
+
+    def get_config(self):
+        return {**super().get_config(), "output_size": list(self.output_size)}
+
+
 class ZeroPadding2D(Layer):
     """Images padded with zeros: padding = p (all sides), (ph, pw) or ((top, bottom), (left, right))."""
     image_rows = "channels_last"
@@ -108,4 +144,4 @@ def pads_of(padding, what):
     return tuple(int(p) for p in pads)
 
 
-__all__ = ["Add", "Concatenate", "GlobalAvgPool2D", "ZeroPadding2D"]
+__all__ = ["Add", "Concatenate", "GlobalAvgPool2D", "AdaptiveAvgPool2D", "ZeroPadding2D"]

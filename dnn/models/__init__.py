@@ -9,7 +9,7 @@ Each builder takes num_classes, input_shape (C, H, W), dtype and optimizer
 arguments go to dnn.Model. The parameter counts are torchvision's:
 
     alexnet 61,100,840   vgg16 138,357,544   resnet18 11,689,512   resnet50 25,557,032
-    googlenet 6,624,904 (aux_logits=False)   inception_v3 27,161,264 (aux) / 23,834,568
+    googlenet 6,624,904 (13,004,888 with aux_logits=True)   inception_v3 27,161,264 (aux) / 23,834,568
 """
 from .classic import alexnet, vgg16
 from .googlenet import googlenet

@@ -1,20 +1,7 @@
 """AlexNet (torchvision's one-GPU variant, Krizhevsky 2014) and VGG-16 (configuration D), with
 torchvision's parameter names ('features.0', 'classifier.1') and counts."""
 from .. import layers as L
-from ..errors import ConfigError
 from ._build import check, compile_model, dropout as drop, image_input
-
-
-def _adaptive(x, size, what):
-    """torchvision's AdaptiveAvgPool2d((size, size)) where it is an ordinary pooling: the feature
-    map is size x size (nothing to do) or a whole multiple of it."""
-    c, h, w = x.shape
-    if (h, w) == (size, size):
-        return x
-    if h % size or w % size:
-        raise ConfigError(f"{what}: the feature map is {h}x{w}, which average-pools to {size}x{size} only in "
-                          f"uneven windows; choose an input size whose map is a multiple of {size} (224: {size})")
-    return L.Pool2D((h // size, w // size), mode="average")(x)
 
 
 def _classifier(x, num_classes, p, names):
@@ -37,7 +24,7 @@ def alexnet(num_classes=1000, input_shape=(3, 224, 224), dtype="float32", optimi
                                           name=f"features.{i}")(x))
         if pool:
             x = L.Pool2D(3, stride=2)(x)
-    x = _classifier(_adaptive(x, 6, "alexnet"), num_classes, p, (1, 4, 6))
+    x = _classifier(L.AdaptiveAvgPool2D(6)(x), num_classes, p, (1, 4, 6))
     return compile_model(inp, x, "alexnet", dtype, optimizer, **kwargs)
 
 
@@ -56,5 +43,5 @@ def vgg16(num_classes=1000, input_shape=(3, 224, 224), dtype="float32", optimize
         else:
             x = L.Activation("relu")(L.Conv2D(v, 3, padding=1, kernel_init="he_normal", name=f"features.{i}")(x))
             i += 2
-    x = _classifier(_adaptive(x, 7, "vgg16"), num_classes, p, (0, 3, 6))
+    x = _classifier(L.AdaptiveAvgPool2D(7)(x), num_classes, p, (0, 3, 6))
     return compile_model(inp, x, "vgg16", dtype, optimizer, **kwargs)

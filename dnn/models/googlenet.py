@@ -28,21 +28,16 @@ def _inception(x, name, c1, c3r, c3, c5r, c5, pool_proj):
 
 
 def _aux(x, name, num_classes, p):
-    """torchvision's InceptionAux: 4x4 average pooling (uniform windows only), 1x1 conv, fc 1024, fc."""
-    c, h, w = x.shape
-    if h % 4 or w % 4:
-        raise ConfigError(f"googlenet: aux_logits=True average-pools the {h}x{w} map of {name} to 4x4, which "
-                          f"needs a multiple of 4 here (an input of 128 or 256, not 224); or aux_logits=False")
-    x = L.Pool2D((h // 4, w // 4), mode="average")(x)
-    x = L.Flatten()(_bc(x, f"{name}.conv", 128, 1))
+    """torchvision's InceptionAux: adaptive average pooling to 4x4, 1x1 conv, fc 1024, fc."""
+    x = L.Flatten()(_bc(L.AdaptiveAvgPool2D(4)(x), f"{name}.conv", 128, 1))
     x = drop(dense(x, 1024, f"{name}.fc1", relu=True), p)
     return dense(x, num_classes, f"{name}.fc2")
 
 
 def googlenet(num_classes=1000, input_shape=(3, 224, 224), dtype="float32", optimizer=None, aux_logits=False,
               dropout=0.2, dropout_aux=0.7, aux_weight=0.3, **kwargs):
-    """GoogLeNet: 6,624,904 parameters for 1000 classes (aux_logits=False), as torchvision's
-    googlenet. aux_logits=True adds its two auxiliary heads as outputs 2 and 3, trained with
+    """GoogLeNet: 6,624,904 parameters for 1000 classes (aux_logits=False; 13,004,888 with the
+    auxiliary heads), as torchvision's googlenet. aux_logits=True adds its two auxiliary heads as outputs 2 and 3, trained with
     loss weights [1, aux_weight, aux_weight] (the paper's 0.3); predict then returns three arrays."""
     num_classes, input_shape, p = check(num_classes, input_shape, dropout, 32, "googlenet")
     if not isinstance(aux_logits, bool):

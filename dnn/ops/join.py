@@ -121,6 +121,28 @@ class GlobalAvgPool(Function):
                                          channels_last=self.channels_last),)
 
 
+class AdaptiveAvgPool(Function):
+    """Average pooling to an (oh, ow) output in PyTorch's adaptive windows (dmath.nn.adaptive_avg_pool)."""
+    name = "adaptive_avg_pool"
+    saves_inputs = saves_output = False
+    keeps_channels_last = True
+
+    def __init__(self, out_hw):
+        self.out_hw = tuple(int(v) for v in out_hw)
+
+    def infer(self, x):
+        self.image_shape = c, _, _ = _image(self.name, x)
+        self.channels_last = x.channels_last
+        oh, ow = self.out_hw
+        return (x.shape[0], c * oh * ow), x.dtype, (c, oh, ow)
+
+    def forward(self, x):
+        return dmath.nn.adaptive_avg_pool(x, self.image_shape, self.out_hw, self.channels_last)
+
+    def backward(self, xs, y, gy, needs):
+        return (dmath.nn.adaptive_avg_pool_backward(gy, self.image_shape, self.out_hw, self.channels_last),)
+
+
 class Pad(Function):
     """Images padded by (top, bottom, left, right) rows and columns of a constant."""
     name = "pad"
@@ -157,6 +179,11 @@ def concat(*xs):
 def global_avg_pool(x):
     """A node: the mean of each channel of the image node x, as (C,) features."""
     return GlobalAvgPool().apply(x)
+
+
+def adaptive_avg_pool(x, out_hw):
+    """A node: the image node x average-pooled to out_hw = (oh, ow) in PyTorch's adaptive windows."""
+    return AdaptiveAvgPool(out_hw).apply(x)
 
 
 def pad(x, pads, value=0.0):

@@ -281,6 +281,7 @@ N = 5
     ("concat_images", lambda a, b: ops.concat(a, b), [(N, 8), (N, 12)], [(2, 2, 2), (3, 2, 2)]),
     ("global_avg_pool", ops.global_avg_pool, [(N, 18)], [(2, 3, 3)]),
     ("pad_uneven", lambda a: ops.pad(a, (1, 0, 2, 1)), [(N, 12)], [(2, 2, 3)]),
+    ("adaptive_avg_pool", lambda a: ops.adaptive_avg_pool(a, (2, 3)), [(N, 70)], [(2, 5, 7)]),
 ])
 def test_new_ops_gradients_by_central_differences(name, build, shapes, samples, channels_last):
     def wrapped(*leaves):
@@ -311,6 +312,17 @@ def test_new_ops_values_against_numpy():
     got = ops.pad(na, (0, 1, 2, 0), value=-np.inf).eval().to_numpy()
     want = np.pad(a.reshape(6, 2, 3, 2), ((0, 0), (0, 0), (0, 1), (2, 0)), constant_values=-np.inf)
     np.testing.assert_array_equal(got, want.reshape(6, -1))
+
+
+@needs_torch
+@pytest.mark.parametrize("size,out", [(14, 4), (7, 3), (6, 6), (8, 2), (5, (1, 4)), (1, 6)])
+def test_adaptive_average_pooling_matches_pytorch(size, out):
+    x = np.random.default_rng(size).normal(size=(3, 2, size, size + 1))
+    inp = dnn.Input((2, size, size + 1))
+    model = dnn.Model(inp, L.AdaptiveAvgPool2D(out)(inp), loss="mse", dtype="float64")
+    want = TF.adaptive_avg_pool2d(torch.tensor(x), out).numpy()
+    assert model.output_shape == want.shape[1:]
+    np.testing.assert_allclose(model.predict(x), want, rtol=1e-13, atol=1e-15)
 
 
 @needs_torch

@@ -23,7 +23,7 @@ except ImportError:
 needs_torch = pytest.mark.skipif(torch is None, reason="PyTorch (the oracle) is not installed")
 
 COUNTS = [("alexnet", {}, 61_100_840), ("vgg16", {}, 138_357_544), ("resnet18", {}, 11_689_512),
-          ("resnet50", {}, 25_557_032), ("googlenet", {}, 6_624_904),
+          ("resnet50", {}, 25_557_032), ("googlenet", {}, 6_624_904), ("googlenet", {"aux_logits": True}, 13_004_888),
           ("inception_v3", {"aux_logits": False}, 23_834_568), ("inception_v3", {}, 27_161_264)]
 
 
@@ -125,6 +125,17 @@ if torch is not None:
         def forward(self, x):
             return torch.cat([self.branch1(x), self.branch2(x), self.branch3(x), self.branch4(x)], 1)
 
+    class GoogLeNetAux(nn.Module):
+        def __init__(self, cin, num_classes):
+            super().__init__()
+            self.conv = BasicConv2d(cin, 128, kernel_size=1)
+            self.fc1 = nn.Linear(2048, 1024)
+            self.fc2 = nn.Linear(1024, num_classes)
+
+        def forward(self, x):
+            x = self.conv(TF.adaptive_avg_pool2d(x, (4, 4)))
+            return self.fc2(TF.relu(self.fc1(torch.flatten(x, 1))))
+
     class GoogLeNet(nn.Module):
         CFG = [("3a", 192, 64, 96, 128, 16, 32, 32), ("3b", 256, 128, 128, 192, 32, 96, 64), "M3",
                ("4a", 480, 192, 96, 208, 16, 48, 64), ("4b", 512, 160, 112, 224, 24, 64, 64),
@@ -132,7 +143,7 @@ if torch is not None:
                ("4e", 528, 256, 160, 320, 32, 128, 128), "M4", ("5a", 832, 256, 160, 320, 32, 128, 128),
                ("5b", 832, 384, 192, 384, 48, 128, 128)]
 
-        def __init__(self, num_classes):
+        def __init__(self, num_classes, aux_logits=False):
             super().__init__()
             self.conv1 = BasicConv2d(3, 64, kernel_size=7, stride=2, padding=3)
             self.conv2 = BasicConv2d(64, 64, kernel_size=1)
@@ -140,6 +151,8 @@ if torch is not None:
             for c in self.CFG:
                 if c[0] != "M":
                     setattr(self, f"inception{c[0]}", Inception(*c[1:]))
+            self.aux1 = GoogLeNetAux(512, num_classes) if aux_logits else None
+            self.aux2 = GoogLeNetAux(528, num_classes) if aux_logits else None
             self.fc = nn.Linear(1024, num_classes)
 
         def forward(self, x):
@@ -152,7 +165,12 @@ if torch is not None:
                     x = TF.max_pool2d(x, 2, 2, ceil_mode=True)
                 else:
                     x = getattr(self, f"inception{c[0]}")(x)
-            return self.fc(x.mean(dim=(2, 3)))
+                    if self.aux1 is not None and c[0] == "4a":
+                        aux1 = self.aux1(x)
+                    if self.aux2 is not None and c[0] == "4d":
+                        aux2 = self.aux2(x)
+            out = self.fc(x.mean(dim=(2, 3)))
+            return out if self.aux1 is None else (out, aux1, aux2)
 
     def _bc(cin, cout, k, **kw):
         return BasicConv2d(cin, cout, kernel_size=k, **kw)
@@ -276,11 +294,12 @@ def _torch_model(name, num_classes, **kwargs):
     if name == "resnet50":
         return ResNet(Bottleneck, (3, 4, 6, 3), num_classes)
     if name == "googlenet":
-        return GoogLeNet(num_classes)
+        return GoogLeNet(num_classes, kwargs.get("aux_logits", False))
     return Inception3(num_classes, kwargs.get("aux_logits", True))
 
 
 CASES = [("resnet18", 32, {}), ("resnet50", 32, {}), ("googlenet", 32, {"dropout": 0.0}),
+         ("googlenet", 32, {"aux_logits": True, "dropout": 0.0, "dropout_aux": 0.0}),
          ("inception_v3", 75, {"aux_logits": False, "dropout": 0.0})]
 
 
@@ -296,17 +315,23 @@ def test_forward_and_one_sgd_step_match_pytorch(name, size, kwargs):
                                       optimizer=dnn.optim.SGD(lr=0.05), **kwargs)
     ref = _torch_model(name, classes, **kwargs).double()
     state = model.state_dict()
-    assert list(state) == list(ref.state_dict())
+    assert set(state) == set(ref.state_dict())     # (the order too, but for where the aux heads come)
     ref.load_state_dict({k: torch.tensor(v) for k, v in state.items()})        # strict: same names and shapes
     rng = np.random.default_rng(5)
     x, y = rng.normal(size=(n, 3, size, size)), rng.integers(0, classes, n)
     xt = torch.tensor(x)
     ref.eval()
     with torch.no_grad():
-        want = torch.softmax(ref(xt), 1).numpy()
-    np.testing.assert_allclose(model.predict(x), want, rtol=1e-9, atol=1e-12)
+        want = ref(xt)
+    got = model.predict(x)
+    for g, w in zip(got if isinstance(got, list) else [got], want if isinstance(want, tuple) else [want]):
+        np.testing.assert_allclose(g, torch.softmax(w, 1).numpy(), rtol=1e-9, atol=1e-12)
     ref.train()
-    loss = TF.cross_entropy(ref(xt), torch.tensor(y))
+    out, target = ref(xt), torch.tensor(y)
+    if isinstance(out, tuple):          # the main output, then the auxiliary heads weighted 0.3
+        loss = TF.cross_entropy(out[0], target) + sum(0.3 * TF.cross_entropy(o, target) for o in out[1:])
+    else:
+        loss = TF.cross_entropy(out, target)
     loss.backward()
     with torch.no_grad():
         for p in ref.parameters():
@@ -374,6 +399,6 @@ def test_zoo_argument_errors():
     with pytest.raises(dnn.ConfigError, match="aux_logits"):
         dnn.models.inception_v3(input_shape=(3, 160, 160), _graph_only=True)
     with pytest.raises(dnn.ConfigError, match="aux_logits"):
-        dnn.models.googlenet(aux_logits=True, _graph_only=True)        # 14x14 does not pool to 4x4 evenly
-    g = dnn.models.googlenet(aux_logits=True, input_shape=(3, 256, 256), _graph_only=True)
+        dnn.models.googlenet(aux_logits=1, _graph_only=True)
+    g = dnn.models.googlenet(aux_logits=True, _graph_only=True)     # 14x14 pools to 4x4 in uneven windows
     assert len(g.outputs) == 3
