@@ -16,6 +16,7 @@ Sequential) and for any graph, so both train through the same code.
 A layer may be called more than once (shared weights); every call is a node
 of its own, and the layer is listed once in `Model.layers`.
 """
+import itertools
 import math
 
 from .errors import ConfigError, ShapeError
@@ -33,10 +34,13 @@ class SymbolicTensor:
         inbound: the symbolic tensors the call read (none for an input).
     """
 
+    _made = itertools.count()
+
     def __init__(self, shape, layer, inbound=()):
         self.shape = tuple(shape)
         self.layer = layer
         self.inbound = tuple(inbound)
+        self.made = next(SymbolicTensor._made)     # a tensor is made after those it reads
 
     def __repr__(self):
         return f"<SymbolicTensor {self.layer.name or type(self.layer).__name__} shape={self.shape}>"
@@ -86,8 +90,9 @@ def _tensors(value, what):
 class Graph:
     """The layer calls of a model, from its inputs to its outputs.
 
-    tensors: every symbolic tensor, the inputs first (in their order), each after its inbound
-    tensors; inbound[i]: the indices of tensor i's inbound tensors; layers: each layer once, in
+    tensors: every symbolic tensor the outputs depend on, the inputs first (in their order), then
+    the calls in the order they were written (so each comes after its inbound tensors, and
+    `layers` lists a zoo model's layers in torchvision's order of its modules); inbound[i]: the indices of tensor i's inbound tensors; layers: each layer once, in
     the order of its first call; inputs, outputs: indices into tensors.
     """
 
@@ -117,6 +122,8 @@ class Graph:
                 elif id(nxt) not in index and id(nxt) not in on_stack:
                     on_stack.add(id(nxt))
                     stack.append((nxt, iter(nxt.inbound)))
+        order = order[:len(inputs)] + sorted(order[len(inputs):], key=lambda t: t.made)
+        index = {id(t): i for i, t in enumerate(order)}
         self.tensors = order
         self.inbound = [[index[id(u)] for u in t.inbound] for t in order]
         self.inputs = list(range(len(inputs)))

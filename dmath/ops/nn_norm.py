@@ -31,6 +31,7 @@ class BatchNormArgs(NamedTuple):
     channels: int    # C: features (1d) or image channels (2d)
     training: bool   # the batch's statistics (True) or the running ones (False)
     channels_last: bool = False   # image rows are channels-last (H, W, C) (nn_format.py)
+    relu: bool = False            # a relu applied to Y in the same pass (backward: dY masked by Y > 0)
 
 
 BATCHNORM = define("nn_batchnorm", BatchNormArgs)
@@ -59,7 +60,7 @@ def _channels_of(x, image_shape, what):
 
 
 def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, training=True,
-              momentum=0.1, eps=1e-5, channels_last=False):
+              momentum=0.1, eps=1e-5, channels_last=False, activation=None):
     """Batch normalisation: (Y, saved).
 
     image_shape (C, H, W): per-channel statistics over N, H and W
@@ -71,6 +72,7 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
     the batch's workers. training=False normalises with the running
     statistics. `saved` (a BatchNormSaved) goes to batchnorm_backward.
     channels_last: x (and Y) are channels-last image rows (N, H*W*C).
+    activation: None, or 'relu' applied to Y in the same pass (pass Y to batchnorm_backward).
     """
     x = args.rows(x, "batchnorm: x")
     channels, pixels = _channels_of(x, image_shape, "batchnorm")
@@ -106,18 +108,20 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
             new_meta(Replicated(group), (2, channels), rows.compute_dtype(x.dtype).name)]
     if training:
         outs += [3, 4]
-    static = BATCHNORM.static(channels=channels, training=training, channels_last=_last(channels_last, image_shape))
+    static = BATCHNORM.static(channels=channels, training=training, channels_last=_last(channels_last, image_shape),
+                              relu=_relu(activation, "batchnorm"))
     made, _ = dispatch("nn_batchnorm", inputs, outs, static=static,
                        scalars=(momentum, eps, count / (count - 1) if count > 1 else 1.0))
     return made[0], BatchNormSaved(made[1], training)
 
 
-def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=False):
+def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=False, y=None):
     """Gradients of batchnorm: (dX, dgamma, dbeta).
 
     dX in x's row layout; dgamma and dbeta (1, C), in gamma's dtype,
     Replicated over the batch's workers (already summed over the batch).
-    channels_last: dy, x and dX are channels-last image rows.
+    channels_last: dy, x and dX are channels-last image rows. y: batchnorm's
+    output Y when it applied a relu (activation='relu'): dy counts where Y > 0 only.
     """
     x = args.rows(x, "batchnorm_backward: x")
     channels, _ = _channels_of(x, image_shape, "batchnorm_backward")
@@ -133,12 +137,22 @@ def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=Fals
     inputs = [args.like(dy, x, "batchnorm_backward: dy"), x,
               args.replicated(gamma, group, "batchnorm_backward: gamma"),
               args.replicated(saved.stats, group, "batchnorm_backward: saved.stats")]
+    if y is not None:
+        args.require(y, "batchnorm_backward: y")
+        args.expect_shape(y, x.shape, "batchnorm_backward: y")
+        inputs.append(args.like(y, x, "batchnorm_backward: y"))
     rep = Replicated(group)
     outs = [new_meta(x.layout, x.shape, x.dtype), new_meta(rep, (1, channels), gamma.dtype),
             new_meta(rep, (1, channels), gamma.dtype)]
     static = BATCHNORM_BACKWARD.static(channels=channels, training=bool(saved.training),
-                                       channels_last=_last(channels_last, image_shape))
+                                       channels_last=_last(channels_last, image_shape), relu=y is not None)
     return tuple(dispatch("nn_batchnorm_backward", inputs, outs, static=static)[0])
+
+
+def _relu(activation, what):
+    if activation not in (None, "relu"):
+        raise DMathError(f"{what}: activation must be None or 'relu', got {activation!r}")
+    return activation == "relu"
 
 
 def _last(channels_last, image_shape):
@@ -216,7 +230,10 @@ def _batchnorm(call):
     gamma, beta = rows.local(call.inputs[1]), rows.local(call.inputs[2])
     (out,) = rows.new_output(call, 0)
     scale = stats[1].reshape(-1, 1) * _vec(gamma, cdt)
-    _out_view(out, channels, last)[...] = dev * scale + _vec(beta, cdt)
+    view = _out_view(out, channels, last)
+    view[...] = dev * scale + _vec(beta, cdt)
+    if call.entry.static.relu:
+        xp.maximum(view, 0, out=view)
     shards = [rows.shard(call, 0, [out]), rows.shard(call, 1, [stats])]
     if training:
         shards += [call.inputs[3], call.inputs[4]]
@@ -242,6 +259,8 @@ def _batchnorm_backward(call):
     stats = rows.local(call.inputs[3])
     cdt = stats.dtype
     x3, dy3 = _channels(x, channels, cdt, last), _channels(dy, channels, cdt, last)
+    if call.entry.static.relu:          # the fused relu's gradient: dy where the output was positive
+        dy3 = dy3 * (_channels(rows.local(call.inputs[4]), channels, cdt, last) > 0)
     mean, r = stats[0].reshape(-1, 1), stats[1].reshape(-1, 1)
     xhat = (x3 - mean) * r
     sums = xp.empty(2 * channels, dtype=cdt)

@@ -43,11 +43,19 @@ class BatchNorm(Layer):
         if self.built and self.trainable:      # (a frozen one uses no batch statistics)
             check_training_batch(batch, self.input_shape, self.name)
 
-    def forward(self, x, ctx):
+    def forward(self, x, ctx, activation=None):
+        """The layer's node; `activation` ('relu', a following Activation layer the model folds in)
+        runs in the same kernel."""
         # a frozen BatchNorm normalises with its running statistics and leaves them as they are
         training = ctx.training and self.trainable
-        fn = BatchNormFn(self.running_mean.value, self.running_var.value, training, self.momentum, self.eps)
+        fn = BatchNormFn(self.running_mean.value, self.running_var.value, training, self.momentum, self.eps,
+                         activation)
         return fn.apply(x, ctx.param(self.gamma), ctx.param(self.beta))
+
+    def absorbs(self, layer):
+        """True when `layer`, coming right after this one, can run inside this layer's kernel (a relu:
+        one pass over the activations instead of two, forward and backward)."""
+        return type(layer).__name__ == "Activation" and layer.activation == "relu"
 
     def get_state(self):
         return {"num_batches_tracked": np.array(self.batches_tracked, dtype=np.int64)}

@@ -48,16 +48,17 @@ def googlenet(num_classes=1000, input_shape=(3, 224, 224), dtype="float32", opti
     x = _bc(x, "conv2", 64, 1)
     x = _bc(x, "conv3", 192, 3, 1)
     x = L.Pool2D(3, stride=2, ceil_mode=True)(x)
-    aux = []
+    taps = {}
     for m in _MODULES:
         if m == "pool3":
             x = L.Pool2D(3, stride=2, ceil_mode=True)(x)
         elif m == "pool4":
             x = L.Pool2D(2, stride=2, ceil_mode=True)(x)
         else:
-            x = _inception(x, *m)
-            if aux_logits and m[0] in ("inception4a", "inception4d"):
-                aux.append(_aux(x, "aux1" if m[0] == "inception4a" else "aux2", num_classes, dropout_aux))
+            x = taps[m[0]] = _inception(x, *m)
+    # the heads after the trunk, as torchvision lists its modules (the state_dict's order)
+    aux = [_aux(taps[t], name, num_classes, dropout_aux)
+           for t, name in (("inception4a", "aux1"), ("inception4d", "aux2"))] if aux_logits else []
     x = dense(drop(L.GlobalAvgPool2D()(x), p), num_classes, "fc")
     if aux:
         return compile_model(inp, [x] + aux, "googlenet", dtype, optimizer,

@@ -440,3 +440,38 @@ def test_asynchronous_sgd_and_search_take_graph_models(P):
     results = dnn.search.grid(lambda p: _residual("float64"), {"lr": [0.1]}, x, y, epochs=1, batch_size=16,
                               validation_data=(x, y), verbose=0)
     assert len(results) == 1 and np.isfinite(results[0]["val_loss"])
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_batchnorm_with_its_relu_fused_equals_the_two_ops(channels_last):
+    """BatchNorm followed by a relu runs as one kernel (both passes); the values and the gradients of
+    x, gamma and beta are those of the two separate ops."""
+    from dnn import graph as G
+    from dnn.graph.node import Variable
+    rng = np.random.default_rng(9)
+    x0 = rng.normal(size=(6, 3 * 2 * 2))
+    results = []
+    for fused in (False, True):
+        stats = [dmath.from_numpy(np.zeros((1, 3)), dtype="float64", layout=dmath.Replicated()),
+                 dmath.from_numpy(np.ones((1, 3)), dtype="float64", layout=dmath.Replicated())]
+        x = Variable(dmath.from_numpy(x0, dtype="float64", layout=dmath.RowBlock()))
+        x.sample_shape = (3, 2, 2)
+        g = Variable(dmath.from_numpy(rng.uniform(0.5, 1.5, (1, 3)) if not results else results[0][3],
+                                      dtype="float64", layout=dmath.Replicated()))
+        b = Variable(dmath.from_numpy(np.array([[0.1, -0.2, 0.0]]), dtype="float64", layout=dmath.Replicated()))
+        h = ops.to_channels_last(x) if channels_last else x
+        fn = ops.BatchNorm(stats[0], stats[1], True, activation="relu" if fused else None)
+        y = fn.apply(h, g, b)
+        y = y if fused else ops.relu(y)
+        y = ops.to_channels_first(y) if channels_last else y
+        r = G.constant(rng.uniform(-1, 1, y.shape) if not results else results[0][4], dtype="float64",
+                       layout=dmath.RowBlock())
+        loss = G.sum(y * r)
+        grads = G.gradients(loss, [x, g, b])
+        results.append((y.value.to_numpy(), [gr.to_numpy() for gr in grads], stats[0].to_numpy(),
+                        g.value.to_numpy(), r.value.to_numpy()))
+    (y0, g0, m0, _, _), (y1, g1, m1, _, _) = results
+    assert (y0 == 0).any() and (y0 > 0).any()
+    np.testing.assert_allclose(y1, y0, rtol=1e-14, atol=1e-15)
+    for a, b in zip(g1, g0):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
