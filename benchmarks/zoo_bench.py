@@ -37,6 +37,15 @@ NETS = {
     "resnet50": ((3, 224, 224), {}, {}),
     "inception_v3": ((3, 299, 299), {"aux_logits": True}, {"aux_logits": True, "init_weights": True}),
 }
+
+
+def arguments(net, shape):
+    """(dnn.models kwargs, torchvision kwargs) of `net` for images of `shape`: Inception v3's
+    auxiliary head needs about 299x299, so a smaller --image-size leaves it out on both sides."""
+    _, mine, theirs = NETS[net]
+    if net == "inception_v3" and shape[1] < 299:
+        mine, theirs = dict(mine, aux_logits=False), dict(theirs, aux_logits=False)
+    return mine, theirs
 CLASSES = 1000
 AUX_WEIGHT = 0.3
 
@@ -47,9 +56,9 @@ def per_epoch(batch):
 
 
 def dnn_model(net, dtype, shape):
-    _, kwargs, _ = NETS[net]
+    kwargs, _ = arguments(net, shape)
     opt = dnn.optim.SGD(lr=LR, momentum=MOMENTUM)
-    if net == "inception_v3":
+    if kwargs.get("aux_logits"):
         kwargs = dict(kwargs, aux_weight=AUX_WEIGHT)
     return getattr(dnn.models, net)(num_classes=CLASSES, input_shape=shape, dtype=dtype, optimizer=opt, **kwargs)
 
@@ -58,7 +67,7 @@ def dnn_model(net, dtype, shape):
 def _torch_zoo(call):
     """torchvision's network on every worker; static = (net, shape, batch, dtype, steps, port, compiled)."""
     net, shape, batch, dtype, steps, port, compiled = call.entry.static
-    _, _, tv_kwargs = NETS[net]
+    _, tv_kwargs = arguments(net, shape)
 
     def build(torch):
         import torchvision
