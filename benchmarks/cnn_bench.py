@@ -244,9 +244,16 @@ def torch_rate(call, build, shape, classes, per_epoch, batch, dtype, steps, port
         torch.cuda.empty_cache()
     except ImportError:
         result = None
+    except RuntimeError as exc:           # torch.cuda.OutOfMemoryError: this peer has no figure here
+        if "out of memory" not in str(exc).lower():
+            raise
+        print(f"  PyTorch on rank {call.rank}: out of memory ({str(exc).splitlines()[0]})", flush=True)
+        result = None
+        import torch
+        torch.cuda.empty_cache()
     results = gather_objects(call.world, result)
     if call.rank == 0:
-        call.result = results[0]
+        call.result = results[0] if all(r is not None for r in results) else None
 
 
 def _torch_local():

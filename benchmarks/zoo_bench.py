@@ -11,12 +11,13 @@ last rows on cuDNN) and torchvision's same network (channels_last,
 cudnn.benchmark; DDP over the same GPUs when P > 1; float16 through autocast
 and a GradScaler) on random images resident on the GPUs, SGD with momentum;
 Inception v3 at 299x299 with its auxiliary head on both sides (aux loss
-weight 0.3), GoogLeNet without (torchvision's aux heads pool unevenly at
-224). Reported per case: images/s of dnn and of every peer, the ratios, and
+weight 0.3), GoogLeNet without its auxiliary heads (the paper's Table 1
+network; the heads are training-only side branches). Reported per case: images/s of dnn and of every peer, the ratios, and
 peak memory per GPU (reserved and allocated, less the resident images; see
-benchmarks/cnn_bench.py, whose timing both sides reuse). Writes
-OUTDIR/zoo_P<workers>.json; strong-scaling efficiency comes from the files of
-P = 1, 2 and 4 (benchmarks/plots.py).
+benchmarks/cnn_bench.py, whose timing both sides reuse); a case that runs out
+of memory on one side is recorded without that side's figure. Writes
+OUTDIR/zoo_P<workers>_<nets>.json (one job per network keeps each under ten
+minutes); strong-scaling efficiency comes from the files of P = 1, 2 and 4.
 """
 import argparse
 import gc
@@ -79,7 +80,7 @@ def _torch_zoo(call):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("outdir", help="directory for zoo_P<workers>.json")
+    ap.add_argument("outdir", help="directory for zoo_P<workers>_<nets>.json")
     ap.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
     ap.add_argument("--batches", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float16"], choices=["float32", "float16"])
@@ -126,7 +127,7 @@ def main():
                                   f"{v['peak_bytes'] / 2**20:.0f} MB)" for k, v in row["peers"].items() if v)
                 print(f"{net:12s} b{batch:<5d} {dtype}: dnn {ips or 0:8.0f} img/s "
                       f"{(peak[0] or 0) / 2**20:.0f} MB; {peers or 'no PyTorch peer'}", flush=True)
-    path = os.path.join(args.outdir, f"zoo_P{p}.json")
+    path = os.path.join(args.outdir, f"zoo_P{p}_{'-'.join(args.nets)}.json")
     write_json(path, {"benchmark": "zoo", "environment": environment(dmath), "workers": p, "results": rows})
 
 
