@@ -293,4 +293,8 @@ def build_nodes(model, x, ctx, rows_for):
             values[i] = values[readers[0]] = layer.forward(arg, ctx, activation="relu")
         else:
             values[i] = layer(arg, ctx)
+    for i in graph.outputs:
+        if i not in heads:          # an input that is also an output (Model(x, [x, y]))
+            z = rows_for(values[i], "nchw")
+            heads[i] = Head(z, None, z)
     return values, [heads[i] for i in graph.outputs]

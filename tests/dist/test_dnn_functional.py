@@ -475,3 +475,11 @@ def test_batchnorm_with_its_relu_fused_equals_the_two_ops(channels_last):
     np.testing.assert_allclose(y1, y0, rtol=1e-14, atol=1e-15)
     for a, b in zip(g1, g0):
         np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_an_input_may_be_an_output():
+    x = dnn.Input(3)
+    m = dnn.Model(x, x, loss="mse", dtype="float64")
+    v = np.arange(6.0).reshape(2, 3)
+    np.testing.assert_array_equal(m.predict(v), v)
+    assert m.evaluate(v, np.zeros((2, 3)))["loss"] == pytest.approx((v ** 2).mean())
