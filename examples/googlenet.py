@@ -11,9 +11,10 @@ each four branches joined by L.Concatenate, batch norm after every
 convolution, ceil-mode max pooling) as a dnn.Model graph whose layers carry
 torchvision's module names, so `model.state_dict()` holds 'conv1.conv.weight',
 'inception3a.branch2.1.bn.running_mean', ... with NumPy values: written to an
-.npz file here, it loads into torchvision's googlenet with
-`model.load_state_dict({k: torch.from_numpy(v) for k, v in np.load(f).items()})`,
-and `dnn_model.load_state_dict(...)` reads PyTorch's the same way.
+.npz file here, it loads into torchvision's googlenet of the same shapes (10
+classes, its conv1 taking one channel) with
+`net.load_state_dict({k: torch.from_numpy(v) for k, v in np.load(f).items()})`,
+and `model.load_state_dict(...)` reads PyTorch's the same way.
 """
 import argparse
 
