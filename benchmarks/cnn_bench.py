@@ -123,8 +123,14 @@ def time_dnn(net, batch, dtype, steps, parallel, profile_kernels=False, channels
     """(images/s, (peak reserved, peak allocated) bytes less the resident images, Dense strategies) of fit
     over `steps` batches."""
     shape, classes, _ = NETS[net]
+    return time_model(lambda: dnn_model(net, dtype, parallel, channels_last), shape, classes,
+                      resident_batches(net, batch), batch, steps, profile_kernels)
+
+
+def time_model(make, shape, classes, per_epoch, batch, steps, profile_kernels=False):
+    """time_dnn's figures for the model make() builds (any dnn.Model: benchmarks/zoo_bench.py's too),
+    trained on per_epoch resident batches of random images of `shape`."""
     rng = np.random.default_rng(0)
-    per_epoch = resident_batches(net, batch)
     n = batch * per_epoch
     x = rng.random((n,) + shape, dtype=np.float32)
     y = rng.integers(0, classes, n)
@@ -132,7 +138,7 @@ def time_dnn(net, batch, dtype, steps, parallel, profile_kernels=False, channels
     resident = x.nbytes + n * 4
     del x
     dmath.random.seed(0)
-    model = dnn_model(net, dtype, parallel, channels_last)
+    model = make()
     model.fit(data, batch_size=batch, epochs=1, shuffle=True, verbose=0)      # records, captures, tunes
     # what the warm-up left cached (tuning's trial workspaces, the first runs) goes back to the
     # device; clear() drops the captured graph too, so one more epoch captures it again
@@ -175,20 +181,33 @@ def time_dnn(net, batch, dtype, steps, parallel, profile_kernels=False, channels
 def _torch_cnn(call):
     """PyTorch eager (P = 1) or DDP over the dmath workers; static = (net, batch, dtype, steps, port)."""
     net, batch, dtype, steps, port, profile_kernels = call.entry.static
+    shape, classes, _ = NETS[net]
+    torch_rate(call, lambda torch: torch_model(torch, net), shape, classes, resident_batches(net, batch), batch,
+               dtype, steps, port, profile_kernels)
+    return []
+
+
+def torch_rate(call, build, shape, classes, per_epoch, batch, dtype, steps, port, profile_kernels=False,
+               compiled=False, channels_last=False, aux_weight=0.3):
+    """On every worker: PyTorch trains build(torch) (eager, or torch.compile'd; DDP over the workers
+    when P > 1) on resident random images; the master's call.result is (images/s, (peak reserved,
+    peak allocated) bytes less the images), or None without PyTorch. A model returning (logits,
+    aux logits) in training (torchvision's Inception v3) trains both, the aux loss weighted."""
     result = None
     try:
         torch, dev = torch_distributed(call, port) if call.world.size > 1 else _torch_local()
         torch.backends.cudnn.benchmark = True
-        shape, classes, _ = NETS[net]
         local = batch // call.world.size
-        per_epoch = resident_batches(net, batch)
+        fmt = torch.channels_last if channels_last else torch.contiguous_format
         gen = torch.Generator(device=dev).manual_seed(call.rank)
-        x = torch.rand((local * per_epoch,) + shape, device=dev, generator=gen)
+        x = torch.rand((local * per_epoch,) + shape, device=dev, generator=gen).contiguous(memory_format=fmt)
         y = torch.randint(0, classes, (local * per_epoch,), device=dev, generator=gen)
         torch.manual_seed(0)
-        model = torch_model(torch, net).to(dev)
+        model = build(torch).to(dev, memory_format=fmt)
         if call.world.size > 1:
             model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
+        if compiled:
+            model = torch.compile(model)
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
         lossf = torch.nn.CrossEntropyLoss()
         half = dtype == "float16"
@@ -200,12 +219,16 @@ def _torch_cnn(call):
                 xb, yb = x[s * local:(s + 1) * local], y[s * local:(s + 1) * local]
                 opt.zero_grad(set_to_none=True)
                 with torch.autocast("cuda", dtype=torch.float16, enabled=half):
-                    loss = lossf(model(xb), yb)
+                    out = model(xb)
+                    if isinstance(out, tuple):
+                        loss = lossf(out[0], yb) + aux_weight * lossf(out[1], yb)
+                    else:
+                        loss = lossf(out, yb)
                 scaler.scale(loss).backward()
                 scaler.step(opt)
                 scaler.update()
 
-        epoch(min(steps, 5))                    # cudnn.benchmark tunes here
+        epoch(min(steps, 5) if not compiled else min(steps, 10))     # cudnn.benchmark tunes, compile compiles
         torch.cuda.synchronize(dev)
         torch.cuda.reset_peak_memory_stats(dev)
         t0 = time.perf_counter()
@@ -221,10 +244,16 @@ def _torch_cnn(call):
         torch.cuda.empty_cache()
     except ImportError:
         result = None
+    except RuntimeError as exc:           # torch.cuda.OutOfMemoryError: this peer has no figure here
+        if "out of memory" not in str(exc).lower():
+            raise
+        print(f"  PyTorch on rank {call.rank}: out of memory ({str(exc).splitlines()[0]})", flush=True)
+        result = None
+        import torch
+        torch.cuda.empty_cache()
     results = gather_objects(call.world, result)
     if call.rank == 0:
-        call.result = results[0]
-    return []
+        call.result = results[0] if all(r is not None for r in results) else None
 
 
 def _torch_local():

@@ -33,6 +33,8 @@ dmath/planning/conv.py.
 from .ops.nn.batch import take_rows, transform_images
 from .ops.nn.conv import conv2d, conv2d_backward, conv2d_output_shape, explain_conv2d
 from .ops.nn.dropout import dropout
+from .ops.nn.adaptive import adaptive_avg_pool, adaptive_avg_pool_backward
+from .ops.nn.join import concat_features, crop_images, pad_images, split_features
 from .ops.nn.format import to_channels_first, to_channels_last
 from .ops.nn.labels import argmax_rows, one_hot
 from .ops.nn.norm import BatchNormSaved, batchnorm, batchnorm_backward
@@ -44,4 +46,5 @@ __all__ = ["sgd_update", "adam_update", "all_finite", "take_rows", "transform_im
            "softmax", "log_softmax", "softmax_cross_entropy", "softmax_cross_entropy_backward",
            "conv2d", "conv2d_output_shape", "conv2d_backward", "pool2d", "pool2d_backward",
            "batchnorm", "batchnorm_backward", "BatchNormSaved", "dropout", "argmax_rows", "one_hot",
-           "to_channels_last", "to_channels_first"]
+           "to_channels_last", "to_channels_first", "concat_features", "split_features", "pad_images",
+           "crop_images", "adaptive_avg_pool", "adaptive_avg_pool_backward"]

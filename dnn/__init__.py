@@ -18,12 +18,14 @@ import sys as _sys
 from . import data, graph, initializers, layers, losses, ops, optim, parallel, search, training
 from .training import callbacks
 from .errors import ConfigError, DNNError, GraphError, ModelFileError, ShapeError, TrainingError
-from .model import Sequential, load
+from .functional import Input, SymbolicTensor
+from .model import Model, Sequential, load
+from . import models
 
 # users write dnn.callbacks.ModelCheckpoint and `from dnn.callbacks import ...`: the module lives in
 # dnn/training with the rest of the fit machinery, and is importable under its public name too
 _sys.modules[__name__ + ".callbacks"] = callbacks
 
-__all__ = ["__version__", "Sequential", "load", "data", "graph", "layers", "ops", "optim", "losses", "initializers",
+__all__ = ["__version__", "Model", "Input", "SymbolicTensor", "Sequential", "load", "models", "data", "graph", "layers", "ops", "optim", "losses", "initializers",
            "callbacks", "parallel", "search", "DNNError", "ShapeError", "ConfigError", "GraphError", "ModelFileError",
            "TrainingError"]

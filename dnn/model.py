@@ -1,14 +1,15 @@
-"""Sequential: a stack of layers trained with fit, used with evaluate and predict.
+"""Model: a graph of layers (Keras' functional API) with a loss and an optimizer; Sequential: a chain.
 
-    model = dnn.Sequential([L.Input((1, 28, 28)), L.Flatten(), L.Dense(528), L.Activation('sigmoid'),
-                            L.Dense(10), L.Output('softmax')],
-                           loss='cross_entropy', optimizer=dnn.optim.SGD(lr=0.05), dtype='float32')
+    x = dnn.Input((3, 32, 32))
+    h = L.Conv2D(16, 3, padding='same', activation='relu')(x)
+    model = dnn.Model(x, L.Dense(10, activation='softmax')(L.Flatten()(h)), loss='cross_entropy')
+    model = dnn.Sequential([L.Input((1, 28, 28)), L.Flatten(), L.Dense(10), L.Output('softmax')])
     history = model.fit(x, y, batch_size=100, epochs=5, validation_data=(xv, yv))
 
+A Sequential is a Model whose graph is a chain: one code path trains both.
 Training (fit, the recorded programs of each batch size and mode) is in
-dnn/training, which the class inherits. The batch is in
-row blocks over the workers (data parallelism); see dnn.parallel for the
-per-layer strategies.
+dnn/training, which Model inherits. The batch is in row blocks over the
+workers (data parallelism); see dnn.parallel for the per-layer strategies.
 
 Precision: dtype='float16' runs activations and gradients in float16 with
 float32 master weights (cast into the graph once per step) and dynamic loss
@@ -24,10 +25,11 @@ import numpy as np
 
 import dmath
 
-from . import losses, optim, serialization
+from . import losses, optim, serialization, state_dict
 from .data import Dataset
 from .data.dataset import as_dataset
 from .errors import ConfigError, ShapeError
+from .functional import Graph, SymbolicTensor, call_layer, graph_from_config
 from .graph.node import canonical_dtype
 from .layers import Dropout, Input, Layer, from_config
 from .training.fit import EVAL_BATCH, Training, positive_int as _positive_int
@@ -37,15 +39,29 @@ from .training.programs import Metrics
 SEED_END = 2 ** 53 // 1000 - 1000
 
 
-class Sequential(Training):
-    """A linear stack of layers with a loss and an optimizer.
+class Model(Training):
+    """A graph of layers with a loss and an optimizer (Keras' functional API); `Sequential` is a
+    Model whose graph is a chain, trained by the same code.
+
+        x = dnn.Input((3, 32, 32))
+        h = L.Conv2D(16, 3, padding='same', activation='relu')(x)
+        y = L.Dense(10, activation='softmax')(L.Flatten()(L.Add()([h, L.Conv2D(16, 1)(x)])))
+        model = dnn.Model(x, y, loss='cross_entropy', optimizer=dnn.optim.SGD(lr=0.1))
 
     Args:
-        layers: the layers, the first an Input.
+        inputs: a symbolic tensor from dnn.Input(shape), or a list of them (numpy samples are
+            then a list of arrays, one per input, in this order).
+        outputs: the symbolic tensor of the last layer call, or a list of them; each output is
+            trained against the same targets y (Inception v3's auxiliary head) with
+            loss_weights, and its last layer's activation is fused with the loss as in a
+            Sequential (an Output layer, or Dense(n, activation='softmax')).
         loss: 'cross_entropy', 'binary_cross_entropy', 'mse' or a dnn.losses.Loss.
         optimizer: a dnn.optim optimizer, a name or None (SGD(lr=0.01)).
         dtype: 'float16', 'float32' or 'float64' (activations; weights are
             float32 for float16).
+        loss_weights: None (1 per output) or one number per output: the training loss is the
+            weighted sum of the outputs' losses; accuracy is the first output's.
+        name: the model's name (None: 'model').
         loss_scale: float16 only: None (a DynamicLossScale with its defaults)
             or a DynamicLossScale.
         record: record each training and evaluation step as a dmath plan and
@@ -59,21 +75,18 @@ class Sequential(Training):
     dmath is initialised here if the program has not done so.
     """
 
-    def __init__(self, layers, loss="cross_entropy", optimizer=None, dtype="float32", loss_scale=None,
-                 record=True, seed=0, name="sequential", channels_last=None):
+    def __init__(self, inputs, outputs, loss="cross_entropy", optimizer=None, dtype="float32", loss_weights=None,
+                 name=None, loss_scale=None, record=True, seed=0, channels_last=None):
         if not dmath.is_initialized():
             dmath.init()
-        layers = list(layers)
-        if not layers or not all(isinstance(x, Layer) for x in layers):
-            raise ConfigError("Sequential needs a non-empty list of dnn.layers layers")
-        if not isinstance(layers[0], Input) or any(isinstance(x, Input) for x in layers[1:]):
-            raise ConfigError("the first layer of a Sequential must be an Input (and only the first), e.g. "
-                              "layers.Input((1, 28, 28)) or layers.Input(784)")
+        self.graph = Graph(inputs, outputs)
+        layers = self.graph.layers
         if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or not 0 <= seed < SEED_END:
             # (Dropout layers draw with seed * 1000 + their place: dmath's draws take keys below 2**53)
             raise ConfigError(f"seed must be an integer in [0, {SEED_END}), got {seed!r}")
         if not isinstance(record, bool):
             raise ConfigError(f"record must be True or False, got {record!r}")
+        name = "model" if name is None else name
         if not isinstance(name, str):
             raise ConfigError(f"name must be a string, got {name!r}")
         self.name, self.seed, self.record = name, int(seed), record
@@ -85,6 +98,7 @@ class Sequential(Training):
         self.dtype = canonical_dtype(dtype)
         self.param_dtype = "float32" if self.dtype == "float16" else self.dtype
         self.loss = losses.get(loss)
+        self.loss_weights = _loss_weights(loss_weights, len(self.graph.outputs))
         self.optimizer = optim.get(optimizer if optimizer is not None else optim.SGD())
         if self.dtype == "float16":
             self.loss_scale = loss_scale if loss_scale is not None else optim.DynamicLossScale()
@@ -97,11 +111,19 @@ class Sequential(Training):
             self.loss_scale = None
         self.layers = layers
         self._name_layers()
-        shape = layers[0].shape
-        for layer in layers:
-            shape = layer.build(shape, self.param_dtype)
-        self.input_shape, self.output_shape = layers[0].shape, shape
-        self.outputs = math.prod(shape)
+        g = self.graph
+        for i, t in enumerate(g.tensors):
+            t.layer.build(t.shape if not g.inbound[i] else g.sample_shapes(i), self.param_dtype)
+        shapes = [g.tensors[i].shape for i in g.inputs]
+        self.input_shape = shapes[0] if len(shapes) == 1 else shapes
+        self.features = sum(math.prod(s) for s in shapes)     # a batch row: the inputs' samples side by side
+        shapes = [g.tensors[i].shape for i in g.outputs]
+        self.output_shape = shapes[0] if len(shapes) == 1 else shapes
+        widths = {math.prod(s) for s in shapes}
+        if len(widths) > 1:
+            raise ConfigError(f"the outputs are trained against the same targets, so they need the same number "
+                              f"of values; got outputs of shapes {shapes}")
+        self.outputs = widths.pop()      # the target columns
         self.one = dmath.ones((1, 1), dtype="float32" if self.dtype == "float16" else self.dtype,
                               layout=dmath.Replicated())
         # the ranks the model lives on: every worker, or the group of the dmath.on_group block it was built in
@@ -113,6 +135,18 @@ class Sequential(Training):
         self.stop_training = False
         self.position = None      # (epoch, batches done, batch_size) while an epoch runs: what a checkpoint saves
         self.resume = None        # {'epoch', 'batch', 'batch_size', 'metrics'}: a loaded mid-epoch checkpoint
+
+    @property
+    def trainable(self):
+        """False when every layer is frozen; setting it freezes (False) or unfreezes (True) every layer."""
+        return any(layer.trainable for layer in self.layers)
+
+    @trainable.setter
+    def trainable(self, value):
+        if not isinstance(value, bool):
+            raise ConfigError(f"trainable must be True or False, got {value!r}")
+        for layer in self.layers:
+            layer.trainable = value
 
     def _name_layers(self):
         counts, taken = {}, {x.name for x in self.layers if x.name}
@@ -134,11 +168,16 @@ class Sequential(Training):
     # ---- parameters ------------------------------------------------------------------
     @property
     def params(self):
-        """The trainable Variables, layer by layer (kernel, then bias)."""
+        """The Variables fit trains, layer by layer (kernel, then bias); frozen layers' are left out."""
         return [p for layer in self.layers for p in layer.params]
 
     def count_params(self):
+        """The number of parameters (trained or frozen; not the buffers such as running statistics)."""
         return sum(layer.count_params() for layer in self.layers)
+
+    def count_trainable_params(self):
+        """The number of parameters fit trains (those of layers that are not frozen)."""
+        return sum(layer.count_params() for layer in self.layers if layer.trainable)
 
     def get_weights(self):
         """Every weight as a numpy array, layer by layer (kernel, then bias; BatchNorm: gamma, beta,
@@ -157,22 +196,53 @@ class Sequential(Training):
             layer.set_weights(weights[i:i + n])
             i += n
 
+    def state_dict(self):
+        """{PyTorch name: numpy array} of every weight and buffer, keyed by the layers' names as
+        PyTorch's modules ('conv1.weight', 'layer1.0.bn1.running_mean', 'fc.bias'; dnn.state_dict)."""
+        return state_dict.state_dict(self)
+
+    def load_state_dict(self, mapping):
+        """Write a PyTorch-named mapping of arrays (e.g. a torchvision model's state_dict()) into the
+        weights, in place; a missing or unexpected key or a shape mismatch raises and changes nothing."""
+        state_dict.load_state_dict(self, mapping)
+
     # ---- data ---------------------------------------------------------------------------
-    def _dataset(self, x, y, what="x", targets=True):
+    def _dataset(self, x, y, what="x", targets=True, joined=False):
         """`x` as a Dataset checked against the model (arrays are checked first, then placed once)."""
         if isinstance(x, dmath.Matrix):
             raise ConfigError(f"{what}: pass numpy arrays or a dnn.data.Dataset; batches are made on the workers")
+        if not joined:
+            x = self._side_by_side(x, what)
         _check_range(x, self.dtype, what)
 
         def check(features, kind, width, label_range):
-            if features != math.prod(self.input_shape):
+            if features != self.features:
                 raise ShapeError(f"{what}: samples must have shape {self.input_shape} (or be flat rows of "
-                                 f"{math.prod(self.input_shape)}), got samples of {features} values")
+                                 f"{self.features}), got samples of {features} values")
             if targets:
                 if kind is None:
                     raise ConfigError(f"{what}: targets are needed (y, or a Dataset built with y)")
                 self.loss.one_hot(kind, width, label_range, self.outputs)      # raises on a misfit
         return as_dataset(x, y, what, check)
+
+    def _side_by_side(self, x, what):
+        """A model with several inputs reads a list of arrays, one per input (each (N, ...) of its
+        samples), as one array whose rows hold each sample's inputs side by side (a Dataset of such
+        rows is taken as it is)."""
+        if len(self.graph.inputs) == 1 or isinstance(x, Dataset):
+            return x
+        if not isinstance(x, (list, tuple)) or len(x) != len(self.graph.inputs):
+            raise ConfigError(f"{what}: this model has {len(self.graph.inputs)} inputs: pass a list of as many "
+                              f"arrays (or a Dataset whose samples hold the inputs side by side)")
+        arrays = [np.asarray(a) for a in x]
+        n = {len(a) if a.ndim else -1 for a in arrays}
+        if len(n) != 1 or -1 in n:
+            raise ShapeError(f"{what}: the inputs' arrays must hold the same number of samples, got shapes "
+                             f"{[a.shape for a in arrays]}")
+        for a, shape in zip(arrays, self.input_shape):
+            if math.prod(a.shape[1:]) != math.prod(shape):
+                raise ShapeError(f"{what}: an input of samples {shape} got an array of shape {a.shape}")
+        return np.concatenate([a.reshape(len(a), -1) for a in arrays], axis=1)
 
     def _feed(self, ds, reading=False):
         """This model's Feed over dataset `ds` (made once per dataset and use; dropped with the dataset).
@@ -223,54 +293,77 @@ class Sequential(Training):
 
     def predict(self, x, batch_size=None):
         """The network's outputs (after the output activation) for x (numpy samples or a Dataset),
-        a numpy array (N, outputs)."""
+        a numpy array (N, outputs); a list of arrays, one per output, for a model with several."""
         batch_size = EVAL_BATCH if batch_size is None else _positive_int(batch_size, "batch_size")
         if x is None:
             raise ConfigError("predict: x must be numpy samples or a dnn.data.Dataset, got None")
+        x = self._side_by_side(x, "predict")
         if not isinstance(x, Dataset) and np.ndim(x) and len(x) == 0:
             features = math.prod(np.shape(x)[1:]) if np.ndim(x) > 1 else None
-            if features != math.prod(self.input_shape):
+            if features != self.features:
                 raise ShapeError(f"predict: samples must have shape {self.input_shape}, got an empty array of "
                                  f"shape {np.shape(x)}")
-            return np.zeros(self._predicted_shape(0), dtype=self.dtype)
-        ds = self._dataset(x, None, targets=False)
+            return self._one_or_list([np.zeros(self._predicted_shape(0, s), dtype=self.dtype)
+                                      for s in self._output_shapes()])
+        ds = self._dataset(x, None, targets=False, joined=True)
         feed = self._feed(ds, reading=True)
         feed.start_epoch(None, 0)
-        out = []
+        out = [[] for _ in self.graph.outputs]
         for size in self._batches(feed.n, batch_size):
             prog = self._program("predict", size, feed)
             prog.run()
-            out.append(prog.output.value.to_numpy())
-        return np.concatenate(out).reshape(self._predicted_shape(feed.n))
+            for parts, node in zip(out, prog.output_nodes):
+                parts.append(node.value.to_numpy())
+        return self._one_or_list([np.concatenate(parts).reshape(self._predicted_shape(feed.n, s))
+                                  for parts, s in zip(out, self._output_shapes())])
 
-    def _predicted_shape(self, n):
+    def _output_shapes(self):
+        return [self.graph.tensors[i].shape for i in self.graph.outputs]
+
+    def _one_or_list(self, arrays):
+        return arrays[0] if len(arrays) == 1 else arrays
+
+    @staticmethod
+    def _predicted_shape(n, shape):
         """The shape of predict's result for n samples: (n, outputs), or (n,) + an image output's shape."""
-        return (n,) + tuple(self.output_shape) if len(self.output_shape) > 1 else (n, self.outputs)
+        return (n,) + tuple(shape) if len(shape) > 1 else (n, math.prod(shape))
 
     # ---- description -------------------------------------------------------------------------------
     def summary(self, print_fn=print):
-        """Print (and return) the layers with output shapes, parameters, parallel strategy and layouts."""
+        """Print (and return) the layer calls with output shapes, parameters, parallel strategy and
+        layouts (a graph model adds the layers each call reads), and the trainable and frozen counts."""
         acts = self._activation_layouts()
-        rows = [("Layer (type)", "Output shape", "Params", "Parallel", "Weights", "Activations")]
-        shape = self.input_shape
-        for i, layer in enumerate(self.layers):
-            shape = layer.output_shape(shape)
+        chain = self.graph.is_chain()
+        head = ("Layer (type)", "Output shape", "Params", "Parallel", "Weights", "Activations")
+        rows = [head if chain else head + ("Connected to",)]
+        seen = set()
+        for i, t in enumerate(self.graph.tensors):
+            layer = t.layer
             names = {_layout_name(w.value.layout) for w in layer.weights}
             lays = names.pop() if len(names) == 1 else \
                 ", ".join(f"{w.name.split('/')[-1]} {_layout_name(w.value.layout)}" for w in layer.weights)
             strategy = (layer.strategy or "auto") if layer.weights else "-"
-            rows.append((f"{layer.name} ({type(layer).__name__})", str(tuple(shape)), str(layer.count_params()),
-                         strategy, lays or "-", acts.get(i, "RowBlock")))
+            if not layer.trainable and layer.weights:
+                strategy += ", frozen"
+            params = layer.count_params() if id(layer) not in seen else 0       # a shared layer's, once
+            seen.add(id(layer))
+            row = (f"{layer.name} ({type(layer).__name__})", str(tuple(t.shape)), str(params), strategy,
+                   lays or "-", acts.get(i, "RowBlock"))
+            if not chain:
+                row += (", ".join(self.graph.tensors[k].layer.name for k in self.graph.inbound[i]) or "-",)
+            rows.append(row)
         widths = [max(len(r[k]) for r in rows) for k in range(len(rows[0]))]
         line = lambda r: "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip()  # noqa: E731
         rule = "-" * len(line(rows[0]).ljust(sum(widths) + 2 * (len(widths) - 1)))
         text = [f"Model: {self.name}  (dtype {self.dtype}, weights {self.param_dtype}, {dmath.num_workers()} "
                 f"worker(s), batch RowBlock: data parallel)", rule, line(rows[0]), rule]
         text += [line(r) for r in rows[1:]]
-        text += [rule, f"Total params: {self.count_params():,}",
+        total, trained = self.count_params(), self.count_trainable_params()
+        text += [rule, f"Total params: {total:,}   Trainable params: {trained:,}   Frozen params: {total - trained:,}",
                  f"Loss: {self.loss.name}   Optimizer: {type(self.optimizer).__name__} "
                  f"(lr {self.optimizer.current_lr():g})"
-                 + ("   Loss scaling: dynamic" if self.loss_scale is not None else "")]
+                 + ("   Loss scaling: dynamic" if self.loss_scale is not None else "")
+                 + (f"   Loss weights: {list(self.loss_weights)}" if len(self.loss_weights) > 1 else "")]
         out = "\n".join(text)
         if print_fn is not None:
             print_fn(out)
@@ -285,6 +378,69 @@ class Sequential(Training):
         return {i: _layout_name(n.layout) for i, n in enumerate(prog.layer_nodes) if n.layout is not None}
 
     # ---- configuration and files --------------------------------------------------------------------
+    def get_config(self):
+        return {"class": "Model", "name": self.name, "dtype": self.dtype, "loss": self.loss.name,
+                "seed": self.seed, "record": self.record, "loss_weights": list(self.loss_weights),
+                "loss_scale": self.loss_scale.get_config() if self.loss_scale is not None else None,
+                "graph": self.graph.get_config()}
+
+    @classmethod
+    def from_config(cls, config, optimizer=None):
+        """A new model (fresh weights) from get_config()'s dict (a Model's or a Sequential's)."""
+        if not isinstance(config, dict) or config.get("class") not in ("Model", "Sequential"):
+            raise ConfigError(f"not a Model config: {config!r}")
+        if config["class"] == "Sequential":
+            return Sequential.from_config(config, optimizer)
+        ls = config.get("loss_scale")
+        inputs, outputs = graph_from_config(config["graph"])
+        return cls(inputs, outputs, loss=config["loss"], optimizer=optimizer, dtype=config["dtype"],
+                   loss_weights=config.get("loss_weights"), name=config.get("name", "model"),
+                   loss_scale=optim.DynamicLossScale(**ls) if ls else None, record=config.get("record", True),
+                   seed=config.get("seed", 0))
+
+    def save(self, path):
+        """Write a checkpoint to `path` (see dnn.serialization): the architecture, the weights as global
+        arrays, the optimizer's state and clock, the loss scale, the epoch (and the batch, when called
+        inside an epoch, e.g. by a callback), the layers' random counters and dmath's random streams.
+        dnn.load resumes it at any worker count: fit(..., initial_epoch=k) continues as if never stopped."""
+        serialization.save_model(self, path)
+
+    def load_weights(self, path):
+        """Load the weights and training state (optimizer, counters, epoch) of a model file into this
+        model; they must match."""
+        header, arrays = serialization.read_file(path)
+        serialization.load_state(self, header, arrays, path)
+
+
+class Sequential(Model):
+    """A linear stack of layers: a Model whose graph is a chain (the same training code).
+
+    Args:
+        layers: the layers, the first an Input (layers.Input((C, H, W)) or layers.Input(features)).
+        loss, optimizer, dtype, loss_scale, record, seed, name, channels_last: as Model's.
+    """
+
+    def __init__(self, layers, loss="cross_entropy", optimizer=None, dtype="float32", loss_scale=None,
+                 record=True, seed=0, name="sequential", channels_last=None):
+        layers = list(layers)
+        if not layers or not all(isinstance(x, Layer) for x in layers):
+            raise ConfigError("Sequential needs a non-empty list of dnn.layers layers")
+        if not isinstance(layers[0], Input) or any(isinstance(x, Input) for x in layers[1:]):
+            raise ConfigError("the first layer of a Sequential must be an Input (and only the first), e.g. "
+                              "layers.Input((1, 28, 28)) or layers.Input(784)")
+        if len({id(x) for x in layers}) != len(layers):
+            raise ConfigError("a Sequential lists each layer once")
+        if not dmath.is_initialized():
+            dmath.init()
+        first = t = SymbolicTensor(layers[0].shape, layers[0])
+        for layer in layers[1:]:
+            if getattr(layer, "joins", False):
+                raise ConfigError(f"{type(layer).__name__} joins several tensors: build such a network with "
+                                  f"dnn.Model (the functional API), not Sequential")
+            t = call_layer(layer, t)
+        super().__init__(first, t, loss=loss, optimizer=optimizer, dtype=dtype, name=name, loss_scale=loss_scale,
+                         record=record, seed=seed, channels_last=channels_last)
+
     def get_config(self):
         return {"class": "Sequential", "name": self.name, "dtype": self.dtype, "loss": self.loss.name,
                 "seed": self.seed, "record": self.record,
@@ -301,19 +457,6 @@ class Sequential(Training):
                    dtype=config["dtype"], loss_scale=optim.DynamicLossScale(**ls) if ls else None,
                    record=config.get("record", True), seed=config.get("seed", 0),
                    name=config.get("name", "sequential"))
-
-    def save(self, path):
-        """Write a checkpoint to `path` (see dnn.serialization): the architecture, the weights as global
-        arrays, the optimizer's state and clock, the loss scale, the epoch (and the batch, when called
-        inside an epoch, e.g. by a callback), the layers' random counters and dmath's random streams.
-        dnn.load resumes it at any worker count: fit(..., initial_epoch=k) continues as if never stopped."""
-        serialization.save_model(self, path)
-
-    def load_weights(self, path):
-        """Load the weights and training state (optimizer, counters, epoch) of a model file into this
-        model; they must match."""
-        header, arrays = serialization.read_file(path)
-        serialization.load_state(self, header, arrays, path)
 
 
 def load(path):
@@ -333,6 +476,19 @@ def _check_range(x, dtype, what):
             raise ConfigError(f"{what}: a float16 model needs inputs within +-{np.finfo(np.float16).max:g}; "
                               f"the largest magnitude here is {biggest:g}, which becomes infinity. Normalise "
                               f"the inputs (or Dataset(..., scale=...)), or use dtype='float32'")
+
+
+def _loss_weights(weights, n):
+    """One finite non-negative float per output (None: 1 each)."""
+    if weights is None:
+        return (1.0,) * n
+    try:
+        weights = [float(w) for w in weights]
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"loss_weights must be a list of one number per output, got {weights!r}") from exc
+    if len(weights) != n or not all(math.isfinite(w) and w >= 0 for w in weights):
+        raise ConfigError(f"loss_weights must be {n} finite non-negative numbers (one per output), got {weights!r}")
+    return tuple(weights)
 
 
 def _layout_name(layout):

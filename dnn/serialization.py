@@ -192,13 +192,13 @@ def save_model(model, path):
 
 
 def load_model(path):
-    """A new Sequential from a file written by `save_model`; raises ModelFileError on any mismatch."""
+    """A new Model (or Sequential) from a file written by `save_model`; raises ModelFileError on any mismatch."""
     from . import optim
-    from .model import Sequential
+    from .model import Model
     header, arrays = read_file(path)
     try:
         check_weight_shapes(header["model"], arrays, path)
-        model = Sequential.from_config(header["model"], optimizer=optim.get(header.get("optimizer")))
+        model = Model.from_config(header["model"], optimizer=optim.get(header.get("optimizer")))
     except (ConfigError, KeyError, TypeError, ValueError) as exc:
         raise ModelFileError(f"{os.fspath(path)!r}: the model described in the file cannot be built: {exc}") from exc
     load_state(model, header, arrays, path)
@@ -214,16 +214,14 @@ def load_model(path):
 def check_weight_shapes(config, arrays, path):
     """Raise ModelFileError unless the weights the architecture `config` would create are exactly
     the file's weight arrays (names and shapes), without creating anything."""
-    from .layers import Input, from_config
-    if not isinstance(config, dict) or not isinstance(config.get("layers"), list) or not config["layers"]:
+    from .functional import config_weight_shapes
+    if not isinstance(config, dict) or not (isinstance(config.get("graph"), dict) or
+                                            (isinstance(config.get("layers"), list) and config["layers"])):
         raise ModelFileError(f"{os.fspath(path)!r}: the header's model has no layers")
-    layers = [from_config(c) for c in config["layers"]]
-    if not isinstance(layers[0], Input):
-        raise ModelFileError(f"{os.fspath(path)!r}: the model's first layer is not an Input")
-    shape, expected = layers[0].shape, []
-    for layer in layers:
-        expected += [(f"weights/{name}", s) for name, s in layer.weight_shapes(shape)]
-        shape = layer.output_shape(shape)
+    try:
+        expected = [(f"weights/{name}", s) for name, s in config_weight_shapes(config)]
+    except ConfigError as exc:
+        raise ModelFileError(f"{os.fspath(path)!r}: {exc}") from exc
     found = [(k, tuple(a.shape)) for k, a in arrays.items() if k.startswith("weights/")]
     if found != expected:
         raise ModelFileError(f"{os.fspath(path)!r}: the architecture in the file needs weights {expected}, "

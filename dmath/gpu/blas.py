@@ -318,7 +318,7 @@ def _captured_calls(handle):
     """The C library's functions, called directly (CuPy's bindings refuse during a capture), each
     raising on a failed call."""
     if handle not in _CAPTURE:
-        raise RuntimeError("dmath.blas.prepare_capture() must run before a capture that multiplies")
+        raise RuntimeError("dmath.gpu.blas.prepare_capture() must run before a capture that multiplies")
     calls = _CALLS.get("captured")
     if calls is None:
         lib = _libcublas()

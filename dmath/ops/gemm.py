@@ -293,7 +293,7 @@ def _capturable(entry):
     """A GEMM may be captured into a CUDA graph when it is a local or inner product (no SUMMA
     panels on the side stream): of operands in place, or, when collectives may be captured,
     with its operand and result remaps (NCCL exchanges and all-reduces on the compute stream)
-    captured with it; during a capture the replica cache is bypassed (`operand`). (dmath.blas
+    captured with it; during a capture the replica cache is bypassed (`operand`). (dmath.gpu.blas
     calls cuBLAS itself during a capture: CuPy's bindings refuse to.)"""
     if entry.static.strategy.name not in ("local", "inner"):
         return False

@@ -55,7 +55,7 @@ class Op:
         capturable: True (or a function of the command's Entry returning True)
         when the kernel, on the GPU backend, only enqueues device work on the
         current stream: CuPy kernels and copies, library calls that accept a
-        capture (cuDNN, NCCL; cuBLAS through `dmath.blas`), no host
+        capture (cuDNN, NCCL; cuBLAS through `dmath.gpu.blas`), no host
         synchronisation, no host-device transfer, no MPI, no replica-cache use,
         and every allocation through the array module. Such kernels may be
         replayed from a CUDA graph (graphs.py).

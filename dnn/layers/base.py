@@ -115,6 +115,9 @@ class Layer:
         self.weights = []
         self.input_shape = None
         self.built = False
+        #: False freezes the layer: fit leaves its weights as they are (a BatchNorm then normalises
+        #: with its running statistics, which stay fixed too)
+        self.trainable = True
         self._dry = None          # a list while weight_shapes runs _create without allocating
 
     # ---- shapes and building -------------------------------------------------
@@ -170,18 +173,35 @@ class Layer:
     def forward(self, x, ctx):
         raise NotImplementedError
 
-    def __call__(self, x, ctx):
+    def __call__(self, x, ctx=None):
+        """Called on a symbolic tensor (or a list of them) without ctx: the symbolic tensor of the
+        output, for a graph model (dnn.Model). Called on a graph node with a Context: the layer's
+        nodes (a Program builds its graph so)."""
+        if ctx is None:
+            from ..functional import call_layer
+            return call_layer(self, x)
         if not self.built:
             raise ConfigError(f"{self.name} is not built: build it for an input shape first")
         return self.forward(x, ctx)
 
     # ---- weights -------------------------------------------------------------------
     @property
+    def trainable(self):
+        return self._trainable
+
+    @trainable.setter
+    def trainable(self, value):
+        if not isinstance(value, bool):
+            raise ConfigError(f"{type(self).__name__}: trainable must be True or False, got {value!r}")
+        self._trainable = value
+
+    @property
     def params(self):
-        """The trainable Variables (kernel, then bias)."""
-        return [w.var for w in self.weights if w.trainable]
+        """The Variables fit trains (kernel, then bias): none while the layer is frozen."""
+        return [w.var for w in self.weights if w.trainable] if self.trainable else []
 
     def count_params(self):
+        """The number of parameters (frozen or not; buffers such as running statistics not counted)."""
         return sum(math.prod(w.public_shape) for w in self.weights if w.trainable)
 
     def get_weights(self):
@@ -203,7 +223,10 @@ class Layer:
         """Restore `get_state`'s arrays (missing names keep their values)."""
 
     def get_config(self):
-        return {"class": type(self).__name__, "name": self.name}
+        config = {"class": type(self).__name__, "name": self.name}
+        if not self.trainable:
+            config["trainable"] = False
+        return config
 
     def describe(self):
         """The parallel strategy and weight layouts, for Model.summary()."""

@@ -1,4 +1,5 @@
 """Convolution and pooling layers over image batches (samples (C, H, W)); always data parallel."""
+import math
 import numbers
 
 import dmath
@@ -7,6 +8,7 @@ from dmath.planning import conv as window
 from ..errors import ConfigError, ShapeError
 from ..ops import Conv2D as ConvFn, Pool2D as PoolFn, activation as make_activation
 from ..ops.conv import window_errors
+from ..ops.join import pad
 from .base import Layer
 from .core import _check_activation, _init_config
 
@@ -18,8 +20,9 @@ class Conv2D(Layer):
         filters: output channels K.
         kernel: kh or (kh, kw).
         stride, dilation: int or pair.
-        padding: int, pair, 'valid' (0) or 'same' (output as large as the
-            input; stride 1 and an odd dilated kernel, as PyTorch).
+        padding: int, pair, 'valid' (0) or 'same': with stride 1, an output as large as the input
+            (an odd dilated kernel, as PyTorch); with a stride, Keras' rule: ceil(input / stride)
+            pixels, the padding split evenly with the odd one at the bottom and right.
         groups: input and output channels in that many groups, each
             convolved on its own (PyTorch's groups; C and K must divide).
         activation: optional activation applied after (on a model's last layer: the output
@@ -57,20 +60,31 @@ class Conv2D(Layer):
             return (0, 0)
         if padding == "same":
             if self.stride != (1, 1):
-                raise ConfigError("Conv2D: padding='same' needs stride 1 (as PyTorch)")
+                return None         # Keras' rule, decided by the input's size (same_padding)
             span = [d * (k - 1) for d, k in zip(self.dilation, self.kernel_hw)]
-            if any(s % 2 for s in span):
-                raise ConfigError(f"Conv2D: padding='same' needs an odd (dilated) kernel, got {self.kernel_hw}")
+            if any(v % 2 for v in span):
+                raise ConfigError(f"Conv2D: padding='same' with stride 1 needs an odd (dilated) kernel (as "
+                                  f"PyTorch: the same padding on both sides), got {self.kernel_hw}")
             return (span[0] // 2, span[1] // 2)
         with window_errors():
             return window.pair(padding, "Conv2D: padding", 0)
 
+    def _window(self, sample_shape):
+        """(symmetric padding of the convolution, extra (bottom, right) rows and columns padded
+        before it) for samples of `sample_shape`."""
+        if self.padding is not None:
+            return self.padding, (0, 0)
+        return same_padding(sample_shape[1:], self.kernel_hw, self.stride, self.dilation)
+
     def output_shape(self, sample_shape):
         if len(sample_shape) != 3:
             raise ShapeError(f"Conv2D needs image samples (C, H, W), got {tuple(sample_shape)}")
+        padding, extra = self._window(sample_shape)
+        c, h, w = sample_shape
         with window_errors():
-            window.groups(self.groups, sample_shape[0], self.filters, "Conv2D")
-            g = window.geometry(sample_shape, self.kernel_hw, self.stride, self.padding, self.dilation, "Conv2D")
+            window.groups(self.groups, c, self.filters, "Conv2D")
+            g = window.geometry((c, h + extra[0], w + extra[1]), self.kernel_hw, self.stride, padding,
+                                self.dilation, "Conv2D")
         return (self.filters, g.out_h, g.out_w)
 
     def _create(self, sample_shape, dtype):
@@ -94,11 +108,14 @@ class Conv2D(Layer):
 
     def pre_activation(self, x, ctx):
         """The convolution's node before the layer's activation (a model's last layer: its
-        activation is fused with the loss instead, dnn.training.programs.split_head)."""
+        activation is fused with the loss instead, dnn.functional.build_nodes)."""
         return self._convolve(x, ctx, None)
 
     def _convolve(self, x, ctx, fused):
-        fn = ConvFn(self.kernel_hw, self.stride, self.padding, self.dilation, self.groups, fused)
+        padding, extra = self._window(x.sample_shape)
+        if any(extra):
+            x = pad(x, (0, extra[0], 0, extra[1]))
+        fn = ConvFn(self.kernel_hw, self.stride, padding, self.dilation, self.groups, fused)
         w = ctx.param(self.kernel)
         return fn.apply(x, w) if self.bias is None else fn.apply(x, w, ctx.param(self.bias))
 
@@ -116,23 +133,68 @@ class Conv2D(Layer):
 
 
 class Pool2D(Layer):
-    """Max or average pooling; stride defaults to the kernel (non-overlapping windows)."""
+    """Max or average pooling; stride defaults to the kernel (non-overlapping windows).
+
+    ceil_mode (max pooling): PyTorch's rule, the output rounds up ((H + 2p - k) / s + 1 pixels,
+    rounded up, less one where the last window would start in the bottom or right padding): the
+    windows that reach past the image read -inf there (torchvision's GoogLeNet).
+    """
     image_rows = "channels_last"
 
-    def __init__(self, kernel=2, stride=None, padding=0, mode="max", name=None):
+    def __init__(self, kernel=2, stride=None, padding=0, mode="max", ceil_mode=False, name=None):
         super().__init__(name)
         self._template = PoolFn(kernel, stride, padding, mode)     # validates the arguments
+        if not isinstance(ceil_mode, bool):
+            raise ConfigError(f"Pool2D: ceil_mode must be True or False, got {ceil_mode!r}")
+        if ceil_mode and self._template.mode != "max":
+            raise ConfigError("Pool2D: ceil_mode applies to max pooling (an average's divisor at the edge would "
+                              "differ from PyTorch's)")
+        self.ceil_mode = ceil_mode
+
+    def _extra(self, sample_shape):
+        """The rows and columns ceil mode adds at the bottom and right (0, 0 in floor mode)."""
+        if not self.ceil_mode:
+            return (0, 0)
+        t = self._template
+        return tuple(ceil_extra(n, k, s, p) for n, k, s, p in zip(sample_shape[1:], t.kernel, t.stride, t.padding))
 
     def output_shape(self, sample_shape):
         if len(sample_shape) != 3:
             raise ShapeError(f"Pool2D needs image samples (C, H, W), got {tuple(sample_shape)}")
-        return self._template.output_image(sample_shape, "Pool2D")
+        c, h, w = sample_shape
+        eh, ew = self._extra(sample_shape)
+        return self._template.output_image((c, h + eh, w + ew), "Pool2D")
 
     def forward(self, x, ctx):
         t = self._template
+        extra = self._extra(x.sample_shape)
+        if any(extra):
+            x = pad(x, (0, extra[0], 0, extra[1]), value=-math.inf)
         return PoolFn(t.kernel, t.stride, t.padding, t.mode).apply(x)
 
     def get_config(self):
         t = self._template
         return {**super().get_config(), "kernel": list(t.kernel), "stride": list(t.stride),
-                "padding": list(t.padding), "mode": t.mode}
+                "padding": list(t.padding), "mode": t.mode, "ceil_mode": self.ceil_mode}
+
+
+def ceil_extra(size, k, s, p):
+    """The rows past the padded image that PyTorch's ceil mode adds along one axis (0 or more): its
+    output is ceil((size + 2p - k) / s) + 1, less one where that last window would start at or past
+    size + p (entirely in the padding)."""
+    out = -(-(size + 2 * p - k) // s) + 1
+    if (out - 1) * s >= size + p:
+        out -= 1
+    return max((out - 1) * s + k - (size + 2 * p), 0)
+
+
+def same_padding(size_hw, kernel_hw, stride, dilation):
+    """Keras' 'same' padding: ((top, left) padding of the convolution, (bottom - top, right - left)
+    extra rows and columns), so that the output is ceil(size / stride) along each axis."""
+    sym, extra = [], []
+    for n, k, s, d in zip(size_hw, kernel_hw, stride, dilation):
+        out = -(-n // s)
+        total = max((out - 1) * s + d * (k - 1) + 1 - n, 0)
+        sym.append(total // 2)
+        extra.append(total - 2 * (total // 2))
+    return tuple(sym), tuple(extra)

@@ -91,7 +91,7 @@ class Dense(Layer):
 
     def pre_activation(self, x, ctx):
         """The node x W + b, before the layer's activation (a model's last layer: its activation is
-        fused with the loss instead, dnn.training.programs.split_head)."""
+        fused with the loss instead, dnn.functional.build_nodes)."""
         w = ctx.param(self.kernel)
         return linear(x, w) if self.bias is None else linear(x, w, ctx.param(self.bias))
 

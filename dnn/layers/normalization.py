@@ -1,9 +1,11 @@
 """BatchNorm: per-feature (flat samples) or per-channel (image samples) batch normalization."""
 import numbers
 
+import numpy as np
+
 import dmath
 
-from ..errors import ConfigError
+from ..errors import ConfigError, ShapeError
 from ..ops import BatchNorm as BatchNormFn
 from ..ops.normalization import check_training_batch
 from .base import Layer
@@ -13,6 +15,8 @@ class BatchNorm(Layer):
     """y = gamma (x - mean) / sqrt(var + eps) + beta; batch statistics in training (all-reduced over
     the batch's workers), running statistics in evaluation, updated as PyTorch (momentum 0.1,
     unbiased variance). Weights: gamma, beta (trained), running_mean, running_var (buffers)."""
+    #: normalises channels-last image rows as they are (a GPU model converts nothing around it)
+    image_rows = "channels_last"
 
     def __init__(self, momentum=0.1, eps=1e-5, name=None):
         super().__init__(name)
@@ -21,6 +25,8 @@ class BatchNorm(Layer):
         if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps > 0:
             raise ConfigError(f"BatchNorm: eps must be positive, got {eps!r}")
         self.momentum, self.eps = float(momentum), float(eps)
+        #: training steps that updated the running statistics (PyTorch's num_batches_tracked)
+        self.batches_tracked = 0
 
     def _create(self, sample_shape, dtype):
         c = sample_shape[0]
@@ -34,12 +40,32 @@ class BatchNorm(Layer):
                                             trainable=False)
 
     def check_training_batch(self, batch):
-        if self.built:
+        if self.built and self.trainable:      # (a frozen one uses no batch statistics)
             check_training_batch(batch, self.input_shape, self.name)
 
-    def forward(self, x, ctx):
-        fn = BatchNormFn(self.running_mean.value, self.running_var.value, ctx.training, self.momentum, self.eps)
+    def forward(self, x, ctx, activation=None):
+        """The layer's node; `activation` ('relu', a following Activation layer the model folds in)
+        runs in the same kernel."""
+        # a frozen BatchNorm normalises with its running statistics and leaves them as they are
+        training = ctx.training and self.trainable
+        fn = BatchNormFn(self.running_mean.value, self.running_var.value, training, self.momentum, self.eps,
+                         activation)
         return fn.apply(x, ctx.param(self.gamma), ctx.param(self.beta))
+
+    def absorbs(self, layer):
+        """True when `layer`, coming right after this one, can run inside this layer's kernel (a relu:
+        one pass over the activations instead of two, forward and backward)."""
+        return type(layer).__name__ == "Activation" and layer.activation == "relu"
+
+    def get_state(self):
+        return {"num_batches_tracked": np.array(self.batches_tracked, dtype=np.int64)}
+
+    def set_state(self, arrays):
+        if "num_batches_tracked" in arrays:
+            value = np.asarray(arrays["num_batches_tracked"]).reshape(-1)
+            if value.size != 1 or not value[0] >= 0 or value[0] != int(value[0]):
+                raise ShapeError(f"{self.name}: num_batches_tracked must be one non-negative integer, got {value}")
+            self.batches_tracked = int(value[0])
 
     def get_config(self):
         return {**super().get_config(), "momentum": self.momentum, "eps": self.eps}

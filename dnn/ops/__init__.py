@@ -10,6 +10,7 @@
     conv           conv2d, pool2d, to_channels_last, to_channels_first
     normalization  batchnorm
     shape          reshape, flatten
+    join           merge_add, concat, global_avg_pool, adaptive_avg_pool, pad (branchy networks)
 """
 from .activation import (ACTIVATIONS, Identity, LogSoftmax, Relu, Sigmoid, Softmax, Tanh, activation,
                          log_softmax, relu, sigmoid, softmax, tanh)
@@ -23,5 +24,7 @@ from .dropout import Dropout, dropout
 from .loss import (BinaryCrossEntropy, CrossEntropy, MeanSquaredError, SigmoidBinaryCrossEntropy,
                    SoftmaxCrossEntropy, binary_cross_entropy, cross_entropy, mse, sigmoid_binary_cross_entropy,
                    softmax_cross_entropy)
+from .join import (AdaptiveAvgPool, Concat, GlobalAvgPool, Merge, Pad, adaptive_avg_pool, concat, global_avg_pool,
+                   merge_add, pad)
 from .normalization import BatchNorm, batchnorm
 from .shape import Reshape, flatten, reshape

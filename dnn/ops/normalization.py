@@ -15,18 +15,24 @@ class BatchNorm(Function):
     """y = gamma * (x - mean) / sqrt(var + eps) + beta, per channel (image batch) or per feature."""
     name = "batchnorm"
     saves_output = False
+    keeps_channels_last = True       # channels-last image rows are normalised as they are
 
-    def __init__(self, running_mean, running_var, training, momentum=0.1, eps=1e-5):
+    def __init__(self, running_mean, running_var, training, momentum=0.1, eps=1e-5, activation=None):
         if not 0.0 <= momentum <= 1.0:
             raise ConfigError(f"batchnorm: momentum must be in [0, 1], got {momentum!r}")
         if not eps > 0:
             raise ConfigError(f"batchnorm: eps must be positive, got {eps!r}")
         self.running_mean, self.running_var = running_mean, running_var
         self.training, self.momentum, self.eps = bool(training), float(momentum), float(eps)
+        if activation not in (None, "relu"):
+            raise ConfigError(f"batchnorm: a fused activation must be None or 'relu', got {activation!r}")
+        self.activation = activation
+        self.saves_output = activation == "relu"        # backward reads y for the fused relu's mask
 
     def infer(self, x, gamma, beta):
         sample = x.sample_shape
         self.image_shape = sample if len(sample) == 3 else None
+        self.channels_last = x.channels_last
         channels = sample[0] if self.image_shape else x.shape[1]
         for what, node in (("gamma", gamma), ("beta", beta)):
             if node.shape != (1, channels):
@@ -40,12 +46,15 @@ class BatchNorm(Function):
 
     def forward(self, x, gamma, beta):
         y, self.saved = dmath.nn.batchnorm(x, gamma, beta, self.running_mean, self.running_var,
-                                           self.image_shape, self.training, self.momentum, self.eps)
+                                           self.image_shape, self.training, self.momentum, self.eps,
+                                           channels_last=self.channels_last, activation=self.activation)
         return y
 
     def backward(self, xs, y, gy, needs):
         x, gamma, _ = xs
-        return dmath.nn.batchnorm_backward(gy, x, gamma, self.saved, self.image_shape)
+        return dmath.nn.batchnorm_backward(gy, x, gamma, self.saved, self.image_shape,
+                                           channels_last=self.channels_last,
+                                           y=y if self.activation == "relu" else None)
 
     def drop_saved(self):
         self.saved = None

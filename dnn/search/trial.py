@@ -20,7 +20,7 @@ import time
 import dmath
 
 from ..errors import ConfigError
-from ..model import EVAL_BATCH, Sequential
+from ..model import EVAL_BATCH, Model
 
 
 class Trial:
@@ -51,8 +51,8 @@ class Trial:
         train, val = data
         dmath.random.seed(seed)
         model = build(dict(self.params))
-        if not isinstance(model, Sequential):
-            raise ConfigError(f"dnn.search: build(params) must return a dnn.Sequential model, got "
+        if not isinstance(model, Model):
+            raise ConfigError(f"dnn.search: build(params) must return a dnn.Sequential or dnn.Model, got "
                               f"{type(model).__name__} for params {self.params}")
         # the shared datasets checked against this model (shapes, targets), as fit checks its arrays
         train = model._dataset(train, None)

@@ -19,18 +19,20 @@ EVAL_BATCH = 1000
 
 
 class Training:
-    """The fit loop and the recorded programs of a model (a mixin of `Sequential`)."""
+    """The fit loop and the recorded programs of a model (a mixin of `Model`)."""
 
     def _program_key(self, kind):
         """What a recorded step of `kind` has baked in besides the weights and data: for training the
         optimizer object (its state and step matrices), its hyper-parameters (momentum, betas, eps,
-        weight decay: constants of its update commands) and the loss and loss scale; for evaluation
+        weight decay: constants of its update commands), the loss and loss scale and which layers are
+        frozen; for evaluation
         the loss. The learning rate and its schedule are left out: the lr is a (1, 1) matrix
         written before each step, so changing them re-records nothing. The key holds the objects
         themselves (compared by identity), so none is freed while a step recorded with it lives."""
         if kind == "train":
             hyper = {k: v for k, v in self.optimizer.get_config().items() if k not in ("lr", "schedule")}
-            return (self.optimizer, repr(sorted(hyper.items())), self.loss, self.loss_scale)
+            frozen = tuple(not layer.trainable for layer in self.layers)
+            return (self.optimizer, repr(sorted(hyper.items())), self.loss, self.loss_scale, frozen)
         return (self.loss,) if kind == "eval" else ()
 
     @staticmethod

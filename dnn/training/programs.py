@@ -26,9 +26,9 @@ import dmath
 from ..graph.execute import Releases, backward, forward, topological_order
 from ..graph.node import Placeholder
 from ..layers.base import Context
-from ..layers.core import Activation
 from ..losses import correct_count
-from ..ops import activation as make_activation, cast, fold_relu_masks, to_channels_first, to_channels_last
+from ..functional import build_nodes
+from ..ops import Affine, add_n, cast, fold_relu_masks, to_channels_first, to_channels_last
 from ..optim.base import to_layout_of
 from .. import parallel
 
@@ -92,22 +92,6 @@ class Metrics:
         self.samples = 0
 
 
-def split_head(layers):
-    """(body layers, output activation name, whether the body's last layer carries that activation).
-
-    The output activation is fused with the loss (dnn.losses): a final Activation/Output layer
-    (left out of the body), or the own activation of a final layer that has one, as Keras's
-    Dense(n, activation='softmax') (kept in the body, built without it: `pre_activation`), so that
-    both spellings train alike and the loss never sees an activation twice.
-    """
-    last = layers[-1] if layers else None
-    if isinstance(last, Activation):
-        return layers[:-1], last.activation, False
-    if getattr(last, "activation", None) is not None and hasattr(last, "pre_activation"):
-        return layers, last.activation, True
-    return layers, None, False
-
-
 def rows_for(h, reads, channels_last):
     """The node h with its image rows in the order a layer reads (`reads`, a Layer.image_rows) in
     a model that runs its convolutions channels-last or not: a conversion node where it changes
@@ -130,52 +114,37 @@ class Program:
 
     def __init__(self, model, feed, batch, training, with_targets, one_hot=False, group=None, context=None):
         self.model, self.feed, self.batch, self.training = model, feed, batch, training
-        features = int(np.prod(model.input_shape))
         lay = parallel.batch_layout(group)
-        self.x = dmath.zeros((batch, features), dtype=model.dtype, layout=lay)
-        self.inputs = Placeholder((batch, features), model.dtype, name="x", sample_shape=model.input_shape)
+        self.x = dmath.zeros((batch, model.features), dtype=model.dtype, layout=lay)
+        sample = model.input_shape if len(model.graph.inputs) == 1 else (model.features,)
+        self.inputs = Placeholder((batch, model.features), model.dtype, name="x", sample_shape=sample)
         self.inputs.feed(self.x)
         ctx = context if context is not None else Context(training, model.dtype, model.param_dtype)
-        body, act, carried = split_head(model.layers)
-        h = self.inputs
-        self.layer_nodes = []
-        i = 0
-        while i < len(body):
-            layer = body[i]
-            h = rows_for(h, layer.image_rows, model.channels_last)
-            if carried and i == len(body) - 1:
-                # the last layer's own output activation goes to the loss head: its pre-activation here
-                h = layer.pre_activation(h, ctx)
-            elif i + 1 < len(body) and getattr(layer, "absorbs", None) and layer.absorbs(body[i + 1]):
-                # Conv2D then relu: one fused kernel (cuDNN's epilogue), one node for both layers
-                h = layer.forward(h, ctx, activation="relu") if layer.built else layer(h, ctx)
-                self.layer_nodes += [h, h]
-                i += 2
-                continue
-            else:
-                h = layer(h, ctx)
-            self.layer_nodes.append(h)
-            i += 1
-        h = rows_for(h, "nchw", model.channels_last)
-        if act is None:
-            self.output = h
-        elif carried:
-            self.output = make_activation(act).apply(h)
-        else:
-            self.output = model.layers[-1](h, ctx)
-            self.layer_nodes.append(self.output)
+        # one node per layer call (a Sequential's: per layer), the heads of the outputs
+        self.layer_nodes, heads = build_nodes(model, self.inputs, ctx,
+                                              lambda h, reads: rows_for(h, reads, model.channels_last))
+        self.output_nodes = [hd.out for hd in heads]
+        self.output = self.output_nodes[0]
         self.loss = self.pred = self.y = None
         self.one_hot = one_hot
         if with_targets:
-            z = h if model.dtype != "float16" else cast(h, "float32")     # the loss in float32
-            self.y = dmath.zeros((batch, model.outputs), dtype=z.dtype, layout=lay)
-            self.targets = Placeholder((batch, model.outputs), z.dtype, name="y")
-            self.targets.feed(self.y)
-            self.loss, self.pred, self.accuracy_reference = model.loss.head(z, self.targets, act)
+            self.y = self.targets = None
+            parts = []
+            for hd, weight in zip(heads, model.loss_weights):
+                z = hd.z if model.dtype != "float16" else cast(hd.z, "float32")     # the loss in float32
+                if self.y is None:
+                    self.y = dmath.zeros((batch, model.outputs), dtype=z.dtype, layout=lay)
+                    self.targets = Placeholder((batch, model.outputs), z.dtype, name="y")
+                    self.targets.feed(self.y)
+                loss, pred, ref = model.loss.head(z, self.targets, hd.act)
+                if self.pred is None:           # accuracy: the first output's
+                    self.pred, self.accuracy_reference = pred, ref
+                parts.append(loss if weight == 1.0 or len(heads) == 1 else Affine(weight).apply(loss))
+            self.loss = parts[0] if len(parts) == 1 else add_n(*parts)
         # training and evaluate need the loss head (the output activation is fused into it), predict the output
-        self.order = topological_order([self.loss, self.pred] if with_targets else [self.output])
+        self.order = topological_order([self.loss, self.pred] if with_targets else self.output_nodes)
         # a max pool after a relu-fused convolution applies the relu's gradient mask (one pass fewer)
-        fold_relu_masks(self.order, keep=[self.loss, self.pred, self.output])
+        fold_relu_masks(self.order, keep=[self.loss, self.pred] + self.output_nodes)
         self.params = model.params
         # gradients are taken where the graph reads each weight: at its cast in mixed precision, so that
         # a float16 gradient is converted once, by the move to the weight's layout (to_layout_of)
@@ -183,6 +152,9 @@ class Program:
         # a training step drops each activation after its last reader (the metrics read loss and pred)
         self.releases = Releases(self.order, self.grad_at, keep=[self.loss, self.pred]) if training else None
         self.plan = None
+        # the BatchNorm layers whose running statistics a training step updates (PyTorch counts them)
+        self.tracking = [layer for layer in model.layers if hasattr(layer, "batches_tracked")
+                         and layer.trainable] if training else []
 
     # ---- one step -----------------------------------------------------------------
     def run(self):
@@ -200,6 +172,8 @@ class Program:
             self._step()
         if opt is not None:
             opt.finish()
+        for layer in self.tracking:
+            layer.batches_tracked += 1
 
     def _step(self):
         model, feed = self.model, self.feed

@@ -1,4 +1,4 @@
-"""The GPU choosers wired to dmath.tuning (dmath.cudnn's plans, dmath.cublaslt's algorithms), run on
+"""The GPU choosers wired to dmath.tuning (dmath.gpu.cudnn's plans, dmath.gpu.cublaslt's algorithms), run on
 the CPU against fake libraries: which candidates get built and timed under each DMATH_TUNE, what the
 cache holds, and that a cached choice is adopted (one build) or, where it no longer builds or is
 refused, tuned again. The libraries' own behaviour is the GPU suite's to test; this is the logic
@@ -66,7 +66,7 @@ class FakeTensor:
 
 
 class FakeGraph:
-    """The pygraph calls dmath.cudnn makes, over a list of Plans in the heuristics' order."""
+    """The pygraph calls dmath.gpu.cudnn makes, over a list of Plans in the heuristics' order."""
 
     def __init__(self, lib):
         self.lib, self.plans, self.limit = lib, lib.plans, None
@@ -362,7 +362,7 @@ def test_cublaslt_malformed_cached_words_are_not_used(lt):
     assert mm._adopt({"algo": [5] + [0] * 7, "ms": 0.5}).algo.data[0] == 5 and mm.ms == 0.5
 
 
-# ---- the channel-padding choice (dmath.ops.nn_conv) ----------------------------------------------
+# ---- the channel-padding choice (dmath.ops.nn.conv) ----------------------------------------------
 def test_pad_choice_timed_cached_and_off(device, monkeypatch):
     from dmath.ops.nn import conv as nn_conv
     fake_cudnn(monkeypatch, device, _plans())

@@ -402,7 +402,7 @@ def padding_choices():
 
 @CONV2D.kernel(backend="gpu", capturable=True)
 def _conv2d_cudnn(call):
-    """nn_conv2d through cuDNN's chosen plan (see dmath.cudnn), the bias and the activation fused
+    """nn_conv2d through cuDNN's chosen plan (see dmath.gpu.cudnn), the bias and the activation fused
     into it (the graph's epilogue) where cuDNN can; im2col where cuDNN declines the convolution."""
     xp = backend.current().xp
     st = call.entry.static

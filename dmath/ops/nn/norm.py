@@ -9,7 +9,10 @@ never E[x^2] - E[x]^2, which cancels badly in float32. float16 data computes
 in float32.
 
 A batch of N samples with C channels of S = H*W pixels (S = 1 for 1d) is
-viewed as (n, C, S); per-channel statistics run over n and S.
+viewed as (n, C, S); per-channel statistics run over n and S. Channels-last
+image rows (channels_last=True: what the convolutions of a GPU model read
+and write) are the same view over (n, S, C) storage, so a network that runs
+channels-last never converts around its batch norms.
 """
 from typing import NamedTuple
 
@@ -27,6 +30,8 @@ class BatchNormArgs(NamedTuple):
     """Static arguments of `nn_batchnorm` and `nn_batchnorm_backward`."""
     channels: int    # C: features (1d) or image channels (2d)
     training: bool   # the batch's statistics (True) or the running ones (False)
+    channels_last: bool = False   # image rows are channels-last (H, W, C) (nn_format.py)
+    relu: bool = False            # a relu applied to Y in the same pass (backward: dY masked by Y > 0)
 
 
 BATCHNORM = define("nn_batchnorm", BatchNormArgs)
@@ -55,7 +60,7 @@ def _channels_of(x, image_shape, what):
 
 
 def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, training=True,
-              momentum=0.1, eps=1e-5):
+              momentum=0.1, eps=1e-5, channels_last=False, activation=None):
     """Batch normalisation: (Y, saved).
 
     image_shape (C, H, W): per-channel statistics over N, H and W
@@ -66,6 +71,8 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
     s, with the unbiased variance); they must then be Replicated over exactly
     the batch's workers. training=False normalises with the running
     statistics. `saved` (a BatchNormSaved) goes to batchnorm_backward.
+    channels_last: x (and Y) are channels-last image rows (N, H*W*C).
+    activation: None, or 'relu' applied to Y in the same pass (pass Y to batchnorm_backward).
     """
     x = args.rows(x, "batchnorm: x")
     channels, pixels = _channels_of(x, image_shape, "batchnorm")
@@ -101,16 +108,20 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
             new_meta(Replicated(group), (2, channels), rows.compute_dtype(x.dtype).name)]
     if training:
         outs += [3, 4]
-    made, _ = dispatch("nn_batchnorm", inputs, outs, static=BATCHNORM.static(channels=channels, training=training),
+    static = BATCHNORM.static(channels=channels, training=training, channels_last=_last(channels_last, image_shape),
+                              relu=_relu(activation, "batchnorm"))
+    made, _ = dispatch("nn_batchnorm", inputs, outs, static=static,
                        scalars=(momentum, eps, count / (count - 1) if count > 1 else 1.0))
     return made[0], BatchNormSaved(made[1], training)
 
 
-def batchnorm_backward(dy, x, gamma, saved, image_shape=None):
+def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=False, y=None):
     """Gradients of batchnorm: (dX, dgamma, dbeta).
 
     dX in x's row layout; dgamma and dbeta (1, C), in gamma's dtype,
     Replicated over the batch's workers (already summed over the batch).
+    channels_last: dy, x and dX are channels-last image rows. y: batchnorm's
+    output Y when it applied a relu (activation='relu'): dy counts where Y > 0 only.
     """
     x = args.rows(x, "batchnorm_backward: x")
     channels, _ = _channels_of(x, image_shape, "batchnorm_backward")
@@ -126,19 +137,48 @@ def batchnorm_backward(dy, x, gamma, saved, image_shape=None):
     inputs = [args.like(dy, x, "batchnorm_backward: dy"), x,
               args.replicated(gamma, group, "batchnorm_backward: gamma"),
               args.replicated(saved.stats, group, "batchnorm_backward: saved.stats")]
+    if y is not None:
+        args.require(y, "batchnorm_backward: y")
+        args.expect_shape(y, x.shape, "batchnorm_backward: y")
+        inputs.append(args.like(y, x, "batchnorm_backward: y"))
     rep = Replicated(group)
     outs = [new_meta(x.layout, x.shape, x.dtype), new_meta(rep, (1, channels), gamma.dtype),
             new_meta(rep, (1, channels), gamma.dtype)]
-    static = BATCHNORM_BACKWARD.static(channels=channels, training=bool(saved.training))
+    static = BATCHNORM_BACKWARD.static(channels=channels, training=bool(saved.training),
+                                       channels_last=_last(channels_last, image_shape), relu=y is not None)
     return tuple(dispatch("nn_batchnorm_backward", inputs, outs, static=static)[0])
+
+
+def _relu(activation, what):
+    if activation not in (None, "relu"):
+        raise DMathError(f"{what}: activation must be None or 'relu', got {activation!r}")
+    return activation == "relu"
+
+
+def _last(channels_last, image_shape):
+    if not isinstance(channels_last, bool):
+        raise DMathError(f"batchnorm: channels_last must be True or False, got {channels_last!r}")
+    if channels_last and image_shape is None:
+        raise DMathError("batchnorm: channels_last applies to image batches (give image_shape)")
+    return channels_last
 
 
 # ---- kernels -------------------------------------------------------------------------------
 
 
-def _channels(x, channels, dtype):
+def _channels(x, channels, dtype, last=False):
+    """The (n, C, S) view of a batch: of (n, S, C) storage for channels-last rows."""
     # explicit sizes: a worker may hold no samples, and -1 cannot be inferred from an empty array
+    if last:
+        return x.reshape(x.shape[0], x.shape[1] // channels, channels).astype(dtype, copy=False).transpose(0, 2, 1)
     return x.reshape(x.shape[0], channels, x.shape[1] // channels).astype(dtype, copy=False)
+
+
+def _out_view(out, channels, last):
+    """The (n, C, S) view of an output array (written through: never a copy)."""
+    if last:
+        return out.reshape(out.shape[0], out.shape[1] // channels, channels).transpose(0, 2, 1)
+    return out.reshape(out.shape[0], channels, out.shape[1] // channels)
 
 
 def _channel_sums(a3):
@@ -160,6 +200,7 @@ def _batchnorm(call):
     """
     xp = backend.current().xp
     channels, training = call.entry.static.channels, call.entry.static.training
+    last = call.entry.static.channels_last
     momentum, eps, unbias = call.scalars
     src = call.inputs[0]
     x = rows.local(src)
@@ -167,7 +208,7 @@ def _batchnorm(call):
         return rows.nothing_here(call)
     (stats,) = rows.new_output(call, 1)
     cdt = stats.dtype
-    x3 = _channels(x, channels, cdt)
+    x3 = _channels(x, channels, cdt, last)
     rm, rv = rows.local(call.inputs[3]), rows.local(call.inputs[4])
     if training:
         count = src.dist.shape[0] * x3.shape[2]
@@ -189,7 +230,10 @@ def _batchnorm(call):
     gamma, beta = rows.local(call.inputs[1]), rows.local(call.inputs[2])
     (out,) = rows.new_output(call, 0)
     scale = stats[1].reshape(-1, 1) * _vec(gamma, cdt)
-    out.reshape(x3.shape)[...] = dev * scale + _vec(beta, cdt)
+    view = _out_view(out, channels, last)
+    view[...] = dev * scale + _vec(beta, cdt)
+    if call.entry.static.relu:
+        xp.maximum(view, 0, out=view)
     shards = [rows.shard(call, 0, [out]), rows.shard(call, 1, [stats])]
     if training:
         shards += [call.inputs[3], call.inputs[4]]
@@ -207,13 +251,16 @@ def _batchnorm_backward(call):
     """
     xp = backend.current().xp
     channels, training = call.entry.static.channels, call.entry.static.training
+    last = call.entry.static.channels_last
     src = call.inputs[1]
     dy, x = rows.local(call.inputs[0]), rows.local(src)
     if x is None:
         return rows.nothing_here(call)
     stats = rows.local(call.inputs[3])
     cdt = stats.dtype
-    x3, dy3 = _channels(x, channels, cdt), _channels(dy, channels, cdt)
+    x3, dy3 = _channels(x, channels, cdt, last), _channels(dy, channels, cdt, last)
+    if call.entry.static.relu:          # the fused relu's gradient: dy where the output was positive
+        dy3 = dy3 * (_channels(rows.local(call.inputs[4]), channels, cdt, last) > 0)
     mean, r = stats[0].reshape(-1, 1), stats[1].reshape(-1, 1)
     xhat = (x3 - mean) * r
     sums = xp.empty(2 * channels, dtype=cdt)
@@ -225,9 +272,9 @@ def _batchnorm_backward(call):
     (dx,) = rows.new_output(call, 0)
     if training:
         count = src.dist.shape[0] * x3.shape[2]
-        dx.reshape(x3.shape)[...] = (g * r * (1.0 / count)) * (count * dy3 - dbeta - xhat * dgamma)
+        _out_view(dx, channels, last)[...] = (g * r * (1.0 / count)) * (count * dy3 - dbeta - xhat * dgamma)
     else:
-        dx.reshape(x3.shape)[...] = (g * r) * dy3
+        _out_view(dx, channels, last)[...] = (g * r) * dy3
     (dg,) = rows.new_output(call, 1)
     (db,) = rows.new_output(call, 2)
     dg[...] = dgamma.reshape(dg.shape)

@@ -25,7 +25,7 @@ def compute_dtype(dtype):
 
 
 def matmul(a, b, out):
-    """out[...] = a @ b on local arrays through dmath.blas (views such as a.T need no copy).
+    """out[...] = a @ b on local arrays through dmath.gpu.blas (views such as a.T need no copy).
 
     float16 operands accumulate in float32; an `out` of a third dtype gets
     the float32 (or float64) product rounded once.

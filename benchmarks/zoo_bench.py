@@ -1,0 +1,135 @@
+"""Training throughput of the zoo's branchy networks: dnn against PyTorch eager, torch.compile and
+DDP (eager and compiled), in the same job.
+
+    python benchmarks/zoo_bench.py OUTDIR [--nets googlenet resnet50 inception_v3] [--batches 256 1024]
+        [--dtypes float32 float16] [--peers eager compile]
+    mpiexec -n P python benchmarks/zoo_bench.py OUTDIR ...     (strong scaling: the global batch is fixed)
+
+Each case (network, global batch, dtype) trains dnn.models' network through
+`Model.fit` (recorded steps replayed as one CUDA graph per worker, channels-
+last rows on cuDNN) and torchvision's same network (channels_last,
+cudnn.benchmark; DDP over the same GPUs when P > 1; float16 through autocast
+and a GradScaler) on random images resident on the GPUs, SGD with momentum;
+Inception v3 at 299x299 with its auxiliary head on both sides (aux loss
+weight 0.3), GoogLeNet without its auxiliary heads (the paper's Table 1
+network; the heads are training-only side branches). Reported per case: images/s of dnn and of every peer, the ratios, and
+peak memory per GPU (reserved and allocated, less the resident images; see
+benchmarks/cnn_bench.py, whose timing both sides reuse); a case that runs out
+of memory on one side is recorded without that side's figure. Writes
+OUTDIR/zoo_P<workers>_<nets>.json (one job per network keeps each under ten
+minutes); strong-scaling efficiency comes from the files of P = 1, 2 and 4.
+"""
+import argparse
+import gc
+import os
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import dmath                                    # noqa: E402
+import dnn                                      # noqa: E402
+from dmath.ops.base import dispatch             # noqa: E402
+from dmath.runtime import kernel                # noqa: E402
+from cnn_bench import LR, MOMENTUM, time_model, torch_rate   # noqa: E402
+from common import environment, write_json      # noqa: E402
+
+#: network -> (input shape, dnn.models keyword arguments, torchvision keyword arguments)
+NETS = {
+    "googlenet": ((3, 224, 224), {"aux_logits": False}, {"aux_logits": False, "init_weights": True}),
+    "resnet50": ((3, 224, 224), {}, {}),
+    "inception_v3": ((3, 299, 299), {"aux_logits": True}, {"aux_logits": True, "init_weights": True}),
+}
+
+
+def arguments(net, shape):
+    """(dnn.models kwargs, torchvision kwargs) of `net` for images of `shape`: Inception v3's
+    auxiliary head needs about 299x299, so a smaller --image-size leaves it out on both sides."""
+    _, mine, theirs = NETS[net]
+    if net == "inception_v3" and shape[1] < 299:
+        mine, theirs = dict(mine, aux_logits=False), dict(theirs, aux_logits=False)
+    return mine, theirs
+CLASSES = 1000
+AUX_WEIGHT = 0.3
+
+
+def per_epoch(batch):
+    """Distinct resident batches: at most 2048 images (a 299x299 image is 1 MB), at least two."""
+    return max(2, min(8, 2048 // batch))
+
+
+def dnn_model(net, dtype, shape):
+    kwargs, _ = arguments(net, shape)
+    opt = dnn.optim.SGD(lr=LR, momentum=MOMENTUM)
+    if kwargs.get("aux_logits"):
+        kwargs = dict(kwargs, aux_weight=AUX_WEIGHT)
+    return getattr(dnn.models, net)(num_classes=CLASSES, input_shape=shape, dtype=dtype, optimizer=opt, **kwargs)
+
+
+@kernel("bench_torch_zoo")
+def _torch_zoo(call):
+    """torchvision's network on every worker; static = (net, shape, batch, dtype, steps, port, compiled)."""
+    net, shape, batch, dtype, steps, port, compiled = call.entry.static
+    _, tv_kwargs = arguments(net, shape)
+
+    def build(torch):
+        import torchvision
+        return getattr(torchvision.models, net)(weights=None, num_classes=CLASSES, **tv_kwargs)
+    torch_rate(call, build, shape, CLASSES, per_epoch(batch), batch, dtype, steps, port,
+               compiled=compiled, channels_last=True, aux_weight=AUX_WEIGHT)
+    return []
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("outdir", help="directory for zoo_P<workers>_<nets>.json")
+    ap.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
+    ap.add_argument("--batches", type=int, nargs="+", default=[256, 1024])
+    ap.add_argument("--dtypes", nargs="+", default=["float32", "float16"], choices=["float32", "float16"])
+    ap.add_argument("--peers", nargs="*", default=["eager", "compile"], choices=["eager", "compile"],
+                    help="PyTorch peers (DDP over the same GPUs when P > 1)")
+    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--device", default=None, choices=["cpu", "gpu"])
+    ap.add_argument("--image-size", type=int, default=None,
+                    help="train on size x size images instead of the networks' own (a quick check)")
+    ap.add_argument("--port", type=int, default=29541)
+    args = ap.parse_args()
+    dmath.init(device=args.device)
+    p = dmath.num_workers()
+    os.makedirs(args.outdir, exist_ok=True)
+    rows = []
+    for net in args.nets:
+        shape = NETS[net][0] if args.image_size is None else (3, args.image_size, args.image_size)
+        for batch in args.batches:
+            if batch % p:
+                continue
+            for dtype in args.dtypes:
+                steps = max(args.steps, per_epoch(batch))
+                try:
+                    ips, peak, _ = time_model(lambda: dnn_model(net, dtype, shape), shape, CLASSES, per_epoch(batch),
+                                              batch, steps)
+                except dmath.OutOfMemoryError as exc:
+                    ips, peak = None, (None, None)
+                    print(f"{net} b{batch} {dtype}: dnn out of memory ({exc})", flush=True)
+                gc.collect()
+                dmath.memory.clear()
+                row = {"net": net, "global_batch": batch, "dtype": dtype, "workers": p, "steps": steps,
+                       "image_shape": list(shape), "dnn_images_per_s": ips, "dnn_peak_bytes": peak[0],
+                       "dnn_peak_allocated_bytes": peak[1], "peers": {}}
+                if dmath.device() == "gpu":
+                    for peer in args.peers:
+                        name = ("ddp_" if p > 1 else "") + peer
+                        res = dispatch("bench_torch_zoo", static=(net, shape, batch, dtype, steps, args.port,
+                                                                   peer == "compile"))[1]
+                        row["peers"][name] = None if res is None else {
+                            "images_per_s": res[0], "peak_bytes": res[1][0], "peak_allocated_bytes": res[1][1],
+                            "dnn_over_peer": ips / res[0] if ips else None}
+                rows.append(row)
+                peers = "; ".join(f"{k} {v['images_per_s']:.0f} (x{v['dnn_over_peer'] or 0:.2f}, "
+                                  f"{v['peak_bytes'] / 2**20:.0f} MB)" for k, v in row["peers"].items() if v)
+                print(f"{net:12s} b{batch:<5d} {dtype}: dnn {ips or 0:8.0f} img/s "
+                      f"{(peak[0] or 0) / 2**20:.0f} MB; {peers or 'no PyTorch peer'}", flush=True)
+    path = os.path.join(args.outdir, f"zoo_P{p}_{'-'.join(args.nets)}.json")
+    write_json(path, {"benchmark": "zoo", "environment": environment(dmath), "workers": p, "results": rows})
+
+
+if __name__ == "__main__":
+    main()

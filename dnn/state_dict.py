@@ -1,0 +1,90 @@
+"""A model's weights keyed by PyTorch's names: `model.state_dict()` and `model.load_state_dict(mapping)`.
+
+A layer named as a PyTorch module ('conv1', 'layer1.0.bn1', 'fc': the zoo in
+dnn.models names every layer so) holds the entries that module holds in a
+PyTorch state dict, with NumPy arrays as values:
+
+    Conv2D     <name>.weight (K, C/groups, kh, kw), <name>.bias (K,)
+    Dense      <name>.weight (out, in): the transpose of the layer's (in, out) kernel, <name>.bias
+    BatchNorm  <name>.weight (gamma), .bias (beta), .running_mean, .running_var and
+               .num_batches_tracked (an int64 scalar: the training steps that updated the
+               running statistics, counted as PyTorch counts them)
+
+Weights of any other layer are keyed <layer name>.<weight name>. Loading checks
+every key and shape before it writes anything: a missing or unexpected key or
+a shape that differs raises, and the model is left as it was.
+"""
+import numpy as np
+
+from .errors import ConfigError, ShapeError
+
+_TORCH_NAMES = {"Conv2D": {"kernel": "weight", "bias": "bias"},
+                "Dense": {"kernel": "weight", "bias": "bias"},
+                "BatchNorm": {"gamma": "weight", "beta": "bias", "running_mean": "running_mean",
+                              "running_var": "running_var"}}
+
+
+def _entries(layer):
+    """[(key, weight or None for num_batches_tracked, transposed)] of one layer."""
+    names = _TORCH_NAMES.get(type(layer).__name__, {})
+    out = []
+    for w in layer.weights:
+        short = w.name.split("/")[-1]
+        out.append((f"{layer.name}.{names.get(short, short)}", w, type(layer).__name__ == "Dense"
+                    and short == "kernel"))
+    if hasattr(layer, "batches_tracked"):
+        out.append((f"{layer.name}.num_batches_tracked", None, False))
+    return out
+
+
+def state_dict(model):
+    """{PyTorch name: numpy array} of every weight and buffer of `model` (see the module)."""
+    out = {}
+    for layer in model.layers:
+        for key, w, transposed in _entries(layer):
+            if w is None:
+                out[key] = np.array(layer.batches_tracked, dtype=np.int64)
+            else:
+                a = w.numpy()
+                out[key] = np.ascontiguousarray(a.T) if transposed else a
+    return out
+
+
+def load_state_dict(model, mapping):
+    """Write `mapping` ({PyTorch name: array}, e.g. a PyTorch model's state_dict() whose tensors
+    NumPy can read) into `model`'s weights, in place. Every key and shape is checked first: a
+    missing or unexpected key raises ConfigError, a shape mismatch ShapeError, and nothing
+    changes."""
+    if not hasattr(mapping, "keys"):
+        raise ConfigError(f"load_state_dict takes a mapping of names to arrays, got {type(mapping).__name__}")
+    plan = [(layer, _entries(layer)) for layer in model.layers]
+    expected = [key for _, entries in plan for key, _, _ in entries]
+    missing = [k for k in expected if k not in mapping]
+    unexpected = sorted(set(mapping) - set(expected))
+    if missing or unexpected:
+        raise ConfigError("load_state_dict: the names do not match the model's"
+                          + (f"; missing keys: {missing}" if missing else "")
+                          + (f"; unexpected keys: {unexpected}" if unexpected else ""))
+    writes = []
+    for layer, entries in plan:
+        arrays, tracked = [], None
+        for key, w, transposed in entries:
+            a = np.asarray(mapping[key])
+            if w is None:
+                if a.size != 1 or not np.isfinite(a).all() or a.reshape(-1)[0] < 0 or \
+                        a.reshape(-1)[0] != int(a.reshape(-1)[0]):
+                    raise ShapeError(f"load_state_dict: {key} must be one non-negative integer, got {a!r}")
+                tracked = int(a.reshape(-1)[0])
+                continue
+            want = w.public_shape[::-1] if transposed else w.public_shape
+            if a.shape != tuple(want):
+                raise ShapeError(f"load_state_dict: {key} has shape {a.shape}, the model's is {tuple(want)}")
+            if a.dtype.kind not in "fiu":
+                raise ShapeError(f"load_state_dict: {key} must hold numbers, got dtype {a.dtype}")
+            arrays.append(a.T if transposed else a)
+        writes.append((layer, arrays, tracked))
+    for layer, arrays, tracked in writes:
+        if arrays:
+            layer.set_weights(arrays)
+        if tracked is not None:
+            layer.batches_tracked = tracked
