@@ -13,9 +13,9 @@ strategies. See docs/ARCHITECTURE.md, section dnn.
 """
 from dmath import __version__  # one project, one version
 from . import callbacks, data, graph, initializers, layers, losses, ops, optim, parallel, search
-from .errors import ConfigError, DNNError, GraphError, ModelFileError, ShapeError, TrainingError
+from .errors import ConfigError, DNNError, GraphError, ModelFileError, NotSupportedError, ShapeError, TrainingError
 from .model import Sequential, load
 
 __all__ = ["__version__", "Sequential", "load", "data", "graph", "layers", "ops", "optim", "losses", "initializers",
            "callbacks", "parallel", "search", "DNNError", "ShapeError", "ConfigError", "GraphError", "ModelFileError",
-           "TrainingError"]
+           "NotSupportedError", "TrainingError"]

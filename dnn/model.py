@@ -29,7 +29,7 @@ import dmath
 from . import asgd, callbacks as cbs, losses, optim, serialization
 from .data import Dataset
 from .data.dataset import as_dataset
-from .errors import ConfigError, ShapeError
+from .errors import ConfigError, NotSupportedError, ShapeError
 from .graph.node import canonical_dtype
 from .layers import Dropout, Input, Layer, from_config
 from .programs import Metrics, Program
@@ -119,9 +119,9 @@ class Sequential:
         self.resume = None        # {'epoch', 'batch', 'batch_size', 'metrics'}: a loaded mid-epoch checkpoint
 
     def _name_layers(self):
-        counts, taken = {}, {x.name for x in self.layers if x.name}
+        counts, taken = {}, {x.name for x in self.layers if x.named}
         for i, layer in enumerate(self.layers):
-            if layer.name is None:
+            if not layer.named:
                 kind = type(layer).__name__.lower()
                 while True:
                     counts[kind] = counts.get(kind, 0) + 1
@@ -155,17 +155,25 @@ class Sequential:
         expected = sum(len(layer.weights) for layer in self.layers)
         if len(weights) != expected:
             raise ShapeError(f"set_weights: the model has {expected} weights, got {len(weights)} arrays")
-        i = 0
+        # every array checked before any is written: a misfit leaves the model as it was
+        checked, i = [], 0
         for layer in self.layers:
             n = len(layer.weights)
-            layer.set_weights(weights[i:i + n])
+            checked.append(layer.checked_weights(weights[i:i + n]))
             i += n
+        for layer, arrays in zip(self.layers, checked):
+            layer.write_checked(arrays)
+
+    def __reduce_ex__(self, protocol):
+        raise NotSupportedError(f"a {type(self).__name__} holds dmath matrices, which cannot be pickled: "
+                                f"save it with model.save(path) and read it back with dnn.load(path)")
 
     # ---- data ---------------------------------------------------------------------------
     def _dataset(self, x, y, what="x", targets=True):
         """`x` as a Dataset checked against the model (arrays are checked first, then placed once)."""
         if isinstance(x, dmath.Matrix):
             raise ConfigError(f"{what}: pass numpy arrays or a dnn.data.Dataset; batches are made on the workers")
+        self._check_sample_shape(x, what)
         _check_range(x, self.dtype, what)
 
         def check(features, kind, width, label_range):
@@ -177,6 +185,23 @@ class Sequential:
                     raise ConfigError(f"{what}: targets are needed (y, or a Dataset built with y)")
                 self.loss.one_hot(kind, width, label_range, self.outputs)      # raises on a misfit
         return as_dataset(x, y, what, check)
+
+    def _check_sample_shape(self, x, what):
+        """Samples of an image (or any multi-dimensional) input must have its shape or be flat rows:
+        the same number of values in another shape (channels-last images for an NCHW Input) would be
+        read in the wrong order and train or predict garbage."""
+        want = tuple(self.input_shape)
+        if len(want) < 2:
+            return
+        got = tuple(x.sample_shape) if isinstance(x, Dataset) else tuple(np.shape(x)[1:])
+        if got == want or len(got) <= 1 or math.prod(got) != math.prod(want):
+            return          # right, flat, or a count that the check below words
+        hint = ""
+        if len(want) == 3 and got == want[1:] + want[:1]:
+            hint = (f": these are channels-last (N, H, W, C) images, the model reads NCHW; pass "
+                    f"x.transpose(0, 3, 1, 2)")
+        raise ShapeError(f"{what}: samples must have shape {want} (or be flat rows of {math.prod(want)}), got "
+                         f"samples of shape {got}{hint}")
 
     def _feed(self, ds, reading=False):
         """This model's Feed over dataset `ds` (made once per dataset and use; dropped with the dataset).

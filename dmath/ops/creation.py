@@ -9,6 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import backend
+from ..errors import DMathError
 from ..layout import indexset as ix
 from ..memory import kinds
 from ..runtime import define
@@ -46,11 +47,16 @@ def full(shape, value, dtype="float32", layout=None, memory=None):
     return create(new_meta(layout, shape, dtype), "fill", memory, scalars=(value,))
 
 
-def eye(n, dtype="float32", layout=None, memory=None):
-    """The n x n identity matrix (layout None means RowBlock())."""
+def eye(n, m=None, dtype="float32", layout=None, memory=None):
+    """The n x m matrix with ones on the diagonal (m None: n, the identity), as NumPy's eye(N, M);
+    layout None means RowBlock()."""
     memory = check_kind(memory)
-    n = as_int(n, "n")
-    return create(new_meta(layout, (n, n), dtype), "eye", memory)
+    n = as_int(n, "eye: n")
+    if m is not None and (isinstance(m, (bool, np.bool_)) or not isinstance(m, (int, np.integer))):
+        raise DMathError(f"eye(n, m): m is the number of columns (NumPy's order), got {m!r}; pass the dtype "
+                         f"by keyword: eye(n, dtype=...)")
+    m = n if m is None else int(m)
+    return create(new_meta(layout, (n, m), dtype), "eye", memory)
 
 
 def random(kind, shape, dtype, layout, memory, state):

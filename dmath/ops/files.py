@@ -69,13 +69,28 @@ class FileSpec(NamedTuple):
         return self.rows * self.cols * np.dtype(self.file_dtype).itemsize
 
 
+class NotRegularFile(OSError):
+    """The path names something other than a regular file (a directory, a FIFO, a device)."""
+
+
+def open_regular(path):
+    """`path` opened for reading (binary), which must be a regular file: opened without blocking (a
+    FIFO would wait for a writer forever), then checked; NotRegularFile (an OSError) otherwise."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(f"{path}: not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def npy_spec(path):
     """The FileSpec of a .npy file (C order; 1-D is one row, N-D is (shape[0], the rest)); raises DMathError."""
     try:
-        with open(path, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                # a FIFO or a character device would block the header read, or never end it
-                raise DMathError(f"{path}: not a regular file")
+        with open_regular(path) as f:
             version = np.lib.format.read_magic(f)
             if version == (1, 0):
                 shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
@@ -117,7 +132,7 @@ def check_size(spec):
     try:
         # opened, not only looked at: a directory or an unreadable file has a size too, and would
         # then fail on the workers instead of here
-        with open(spec.path, "rb") as f:
+        with open_regular(spec.path) as f:
             st = os.fstat(f.fileno())
     except OSError as exc:
         raise DMathError(f"{spec.path}: cannot be read ({exc})") from exc
@@ -313,7 +328,7 @@ def _open(spec):
     another host (a node-local copy) one of the same size.
     """
     try:
-        f = open(spec.path, "rb")
+        f = open_regular(spec.path)
     except OSError as exc:
         raise FileChanged(f"cannot be opened any more ({exc})") from exc
     st = os.fstat(f.fileno())
