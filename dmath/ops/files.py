@@ -280,6 +280,11 @@ class FileChanged(DMathError):
     """The file is not the version the master checked, or changed while a worker read it."""
 
 
+def _verified(attribute):
+    """Shard's `attribute` (a property or slot), read after `verify()` (see MappedShard)."""
+    return property(lambda shard: (shard.verify(), attribute.__get__(shard))[1], attribute.__set__)
+
+
 class MappedShard(Shard):
     """A shard of a mapped file: its pieces are views of a private mapping, read on use.
 
@@ -302,23 +307,9 @@ class MappedShard(Shard):
                               f"(the matrix needs {self.spec.offset + self.spec.nbytes:,}); a mapped file must "
                               f"keep its size while the matrix lives")
 
-    @property
-    def pieces(self):
-        self.verify()
-        return Shard.pieces.__get__(self)
-
-    @pieces.setter
-    def pieces(self, arrays):
-        Shard.pieces.__set__(self, arrays)
-
-    @property
-    def home(self):
-        self.verify()
-        return Shard.home.__get__(self)
-
-    @home.setter
-    def home(self, value):
-        Shard.home.__set__(self, value)
+    # every read of the pieces checks first (the runtime reads `home` of each input of a command)
+    pieces = _verified(Shard.pieces)
+    home = _verified(Shard.home)
 
 
 def _open(spec):
