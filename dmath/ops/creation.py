@@ -47,15 +47,16 @@ def full(shape, value, dtype="float32", layout=None, memory=None):
     return create(new_meta(layout, shape, dtype), "fill", memory, scalars=(value,))
 
 
-def eye(n, m=None, dtype="float32", layout=None, memory=None):
-    """The n x m matrix with ones on the diagonal (m None: n, the identity), as NumPy's eye(N, M);
-    layout None means RowBlock()."""
+def eye(n, dtype="float32", layout=None, memory=None, *, m=None):
+    """The n x n identity matrix, or with m= the n x m matrix with ones on the diagonal (NumPy's
+    eye(N, M)); layout None means RowBlock()."""
+    if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, (bool, np.bool_)):
+        # NumPy's eye(N, M): here the second argument is the dtype, as in every creation function
+        raise DMathError(f"eye(n, ...): the second argument is the dtype, got {dtype!r}; for an {n} x {dtype} "
+                         f"matrix pass the columns by keyword: dmath.eye({n}, m={dtype})")
     memory = check_kind(memory)
     n = as_int(n, "eye: n")
-    if m is not None and (isinstance(m, (bool, np.bool_)) or not isinstance(m, (int, np.integer))):
-        raise DMathError(f"eye(n, m): m is the number of columns (NumPy's order), got {m!r}; pass the dtype "
-                         f"by keyword: eye(n, dtype=...)")
-    m = n if m is None else int(m)
+    m = n if m is None else as_int(m, "eye: m")
     return create(new_meta(layout, (n, m), dtype), "eye", memory)
 
 

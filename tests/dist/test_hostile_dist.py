@@ -207,7 +207,8 @@ class Fuzz:
             return v if axis is None else np.expand_dims(v, axis)
         ops = {
             "zeros": (lambda: dmath.zeros(self.shape(), dtype=dt, layout=lay), None),
-            "eye": (lambda: dmath.eye(n_eye, m_eye, layout=lay), lambda: np.eye(n_eye, m_eye)),
+            "eye": (lambda: dmath.eye(n_eye, m=m_eye, layout=lay), lambda: np.eye(n_eye, m_eye)),
+            "eye_numpy_order": (lambda: dmath.eye(n_eye, m_eye, layout=lay), None),
             "full": (lambda: dmath.full(self.shape(), s, layout=lay), None),
             "from_numpy": (lambda: dmath.from_numpy(arr, layout=lay), lambda: np.atleast_2d(arr)),
             "add": (lambda: a + b, lambda: x + y),
@@ -311,12 +312,14 @@ def test_boolean_shapes_are_refused():
     _usable()
 
 
-def test_eye_takes_numpys_columns_and_refuses_a_positional_dtype():
-    np.testing.assert_array_equal(dmath.eye(3, 4, layout=dmath.ColBlock()).to_numpy(), np.eye(3, 4))
-    np.testing.assert_array_equal(dmath.eye(4, 2, dtype="float64").to_numpy(), np.eye(4, 2))
+def test_eye_says_how_to_ask_for_numpys_columns():
+    with pytest.raises(DMathError, match=r"second argument is the dtype, got 4; .*dmath\.eye\(3, m=4\)"):
+        dmath.eye(3, 4)                      # before: "unknown dtype 4"
+    np.testing.assert_array_equal(dmath.eye(3, m=4, layout=dmath.ColBlock()).to_numpy(), np.eye(3, 4))
+    np.testing.assert_array_equal(dmath.eye(4, "float64", m=2).to_numpy(), np.eye(4, 2))
     np.testing.assert_array_equal(dmath.eye(3).to_numpy(), np.eye(3))
-    with pytest.raises(DMathError, match=r"m is the number of columns .*dtype by keyword"):
-        dmath.eye(3, "float64")              # before: "unknown dtype 4" for eye(3, 4)
+    with pytest.raises(DMathError, match="m must be an integer"):
+        dmath.eye(3, m=2.0)
     _usable()
 
 
