@@ -11,7 +11,6 @@ import zlib
 import numpy as np
 import pytest
 
-import dmath
 import dnn
 from dnn import layers as L
 from dnn.callbacks import ModelCheckpoint
