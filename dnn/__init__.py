@@ -17,7 +17,7 @@ import sys as _sys
 
 from . import data, graph, initializers, layers, losses, ops, optim, parallel, search, training
 from .training import callbacks
-from .errors import ConfigError, DNNError, GraphError, ModelFileError, ShapeError, TrainingError
+from .errors import ConfigError, DNNError, GraphError, ModelFileError, NotSupportedError, ShapeError, TrainingError
 from .functional import Input, SymbolicTensor
 from .model import Model, Sequential, load
 from . import models
@@ -28,4 +28,4 @@ _sys.modules[__name__ + ".callbacks"] = callbacks
 
 __all__ = ["__version__", "Model", "Input", "SymbolicTensor", "Sequential", "load", "models", "data", "graph", "layers", "ops", "optim", "losses", "initializers",
            "callbacks", "parallel", "search", "DNNError", "ShapeError", "ConfigError", "GraphError", "ModelFileError",
-           "TrainingError"]
+           "NotSupportedError", "TrainingError"]

@@ -30,3 +30,7 @@ class TrainingError(DNNError, ArithmeticError):
 
 class ModelFileError(DNNError, OSError):
     """A model file is not a dnn model file, is truncated or corrupt, or does not match the model."""
+
+
+class NotSupportedError(DNNError, TypeError):
+    """A Python protocol a model does not offer (pickling: a model holds dmath matrices; save it)."""

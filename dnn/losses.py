@@ -78,6 +78,12 @@ class CrossEntropy(Loss):
             if lo < 0 or hi >= outputs:
                 raise ShapeError(f"cross_entropy: labels must be in [0, {outputs}), got {lo}..{hi}")
             return True
+        if width == 1 and outputs > 1:
+            # one value per sample that is not a whole number (_targets takes whole ones for labels)
+            lo, hi = label_range if label_range else (float("nan"),) * 2
+            raise ShapeError(f"cross_entropy: one target per sample is a class label, a whole number in "
+                             f"[0, {outputs}); these are not all whole (values {lo:g}..{hi:g}): pass integer "
+                             f"labels or one-hot rows of {outputs} values")
         return super().one_hot(kind, width, label_range, outputs)
 
 

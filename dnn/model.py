@@ -28,7 +28,7 @@ import dmath
 from . import losses, optim, serialization, state_dict
 from .data import Dataset
 from .data.dataset import as_dataset
-from .errors import ConfigError, ShapeError
+from .errors import ConfigError, NotSupportedError, ShapeError
 from .functional import Graph, SymbolicTensor, call_layer, graph_from_config
 from .graph.node import canonical_dtype
 from .layers import Dropout, Input, Layer, from_config
@@ -149,9 +149,9 @@ class Model(Training):
             layer.trainable = value
 
     def _name_layers(self):
-        counts, taken = {}, {x.name for x in self.layers if x.name}
+        counts, taken = {}, {x.name for x in self.layers if x.named}
         for i, layer in enumerate(self.layers):
-            if layer.name is None:
+            if not layer.named:
                 kind = type(layer).__name__.lower()
                 while True:
                     counts[kind] = counts.get(kind, 0) + 1
@@ -190,11 +190,18 @@ class Model(Training):
         expected = sum(len(layer.weights) for layer in self.layers)
         if len(weights) != expected:
             raise ShapeError(f"set_weights: the model has {expected} weights, got {len(weights)} arrays")
-        i = 0
+        # every array checked before any is written: a misfit leaves the model as it was
+        checked, i = [], 0
         for layer in self.layers:
             n = len(layer.weights)
-            layer.set_weights(weights[i:i + n])
+            checked.append(layer.checked_weights(weights[i:i + n]))
             i += n
+        for layer, arrays in zip(self.layers, checked):
+            layer.write_checked(arrays)
+
+    def __reduce_ex__(self, protocol):
+        raise NotSupportedError(f"a {type(self).__name__} holds dmath matrices, which cannot be pickled: "
+                                f"save it with model.save(path) and read it back with dnn.load(path)")
 
     def state_dict(self):
         """{PyTorch name: numpy array} of every weight and buffer, keyed by the layers' names as
@@ -213,6 +220,8 @@ class Model(Training):
             raise ConfigError(f"{what}: pass numpy arrays or a dnn.data.Dataset; batches are made on the workers")
         if not joined:
             x = self._side_by_side(x, what)
+        if len(self.graph.inputs) == 1:
+            self._check_sample_shape(x, what)
         _check_range(x, self.dtype, what)
 
         def check(features, kind, width, label_range):
@@ -243,6 +252,23 @@ class Model(Training):
             if math.prod(a.shape[1:]) != math.prod(shape):
                 raise ShapeError(f"{what}: an input of samples {shape} got an array of shape {a.shape}")
         return np.concatenate([a.reshape(len(a), -1) for a in arrays], axis=1)
+
+    def _check_sample_shape(self, x, what):
+        """Samples of an image (or any multi-dimensional) input must have its shape or be flat rows:
+        the same number of values in another shape (channels-last images for an NCHW Input) would be
+        read in the wrong order and train or predict garbage."""
+        want = tuple(self.input_shape)
+        if len(want) < 2:
+            return
+        got = tuple(x.sample_shape) if isinstance(x, Dataset) else tuple(np.shape(x)[1:])
+        if got == want or len(got) <= 1 or math.prod(got) != math.prod(want):
+            return          # right, flat, or a count that the check below words
+        hint = ""
+        if len(want) == 3 and got == want[1:] + want[:1]:
+            hint = (": these are channels-last (N, H, W, C) images, the model reads NCHW; pass "
+                    "x.transpose(0, 3, 1, 2)")
+        raise ShapeError(f"{what}: samples must have shape {want} (or be flat rows of {math.prod(want)}), got "
+                         f"samples of shape {got}{hint}")
 
     def _feed(self, ds, reading=False):
         """This model's Feed over dataset `ds` (made once per dataset and use; dropped with the dataset).

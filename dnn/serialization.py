@@ -56,6 +56,8 @@ import numpy as np
 
 import dmath
 
+from dmath.ops.files import open_regular
+
 from .data.files import write_atomically
 from .errors import ConfigError, DNNError, ModelFileError
 
@@ -89,7 +91,7 @@ def write_file(path, header, arrays):
     head = json.dumps(header, separators=(",", ":")).encode("utf-8")
     prefix = _PREFIX.pack(MAGIC, VERSION, len(head), zlib.crc32(head))
     data_start = _align(len(prefix) + len(head))
-    path = os.fspath(path)
+    path = model_path(path)
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise ModelFileError(f"{path!r} cannot be written: its directory {directory!r} does not exist")
@@ -104,11 +106,22 @@ def write_file(path, header, arrays):
         raise ModelFileError(f"{path!r} cannot be written ({exc})") from exc
 
 
+def model_path(path):
+    """`path` as a str: a str or an os.PathLike of one; ConfigError otherwise (None, bytes, ...)."""
+    try:
+        p = os.fspath(path)
+    except TypeError:
+        p = None
+    if not isinstance(p, str):
+        raise ConfigError(f"a model file's path must be a str or os.PathLike (of a str), got {path!r}")
+    return p
+
+
 def read_file(path):
     """(header dict, {name: numpy array}) of a model file, checked; raises ModelFileError."""
-    path = os.fspath(path)
+    path = model_path(path)
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             blob = f.read()
     except OSError as exc:
         raise ModelFileError(f"cannot read model file {path!r}: {exc}") from exc
@@ -129,6 +142,8 @@ def read_file(path):
         header = json.loads(head.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelFileError(f"{path!r} is corrupt: its header is not valid JSON ({exc})") from exc
+    except RecursionError as exc:        # valid JSON nested deeper than the parser's recursion limit
+        raise ModelFileError(f"{path!r} is corrupt: its header nests deeper than any model's") from exc
     if not isinstance(header, dict) or header.get("format") != "dnn.model":
         raise ModelFileError(f"{path!r}: the header does not describe a dnn model")
     data_start = _align(_PREFIX.size + hsize)
@@ -175,6 +190,7 @@ def _array(blob, start, size, e, path):
 # ---- models --------------------------------------------------------------------------------------
 def save_model(model, path):
     """Write `model` (architecture, weights, optimizer and loss-scale state) to `path`."""
+    path = model_path(path)          # before any weight is gathered
     arrays = [(f"weights/{w.name}", w.numpy()) for layer in model.layers for w in layer.weights]
     arrays += [(f"optimizer/{k}", np.asarray(v)) for k, v in model.optimizer.get_state(model.params).items()]
     if model.loss_scale is not None:

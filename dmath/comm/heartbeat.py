@@ -10,8 +10,19 @@ ping of the current wait for `timeout` seconds is hung: the master asks
 every rank to write its Python stacks to its standard error and raises
 `Hang`, which the runtime turns into a WorkerError naming the rank.
 
-Only the waits count: while the master runs the user's own code it sends
-nothing, and the first round of a new wait starts the clock afresh.
+Only the waits count, and only the pings: a worker is silent for as long as
+the oldest ping it has not answered has been out. While the master computes
+(the user's code, or its own share of a command) it sends no pings, so that
+time is never a worker's silence (it was, when silence was counted from the
+last answered ping: a long GEMM on the master with DMATH_TIMEOUT_S=1 was
+taken for a hung worker).
+
+The other way round: a `Beacon` thread on the master sends a beat every
+fraction of the timeout whatever its main thread does, and each worker's
+`Responder` notes when it last heard from the master (a ping or a beat). A
+master silent for `timeout` seconds (frozen by SIGSTOP, or stuck in code
+that holds the GIL) makes the workers write why and abort the job, which
+then ends non-zero instead of waiting for it forever.
 """
 import faulthandler
 import sys
@@ -20,6 +31,7 @@ import time
 
 PING_TAG = 1
 PONG_TAG = 2
+BEAT_TAG = 3
 #: seconds between pings while the master waits
 PING_S = 1.0
 #: seconds a worker's thread sleeps between looks for a ping
@@ -34,12 +46,42 @@ class Hang(Exception):
         self.rank, self.report = rank, report
 
 
-class Responder:
-    """Worker: a daemon thread that answers the master's pings with `status()` (a short text)."""
+def beat_period(timeout):
+    """Seconds between the master's beats: several beats within any `timeout` seconds."""
+    return min(PING_S, timeout / 4)
 
-    def __init__(self, world, status):
+
+class Beacon:
+    """Master: a daemon thread that tells every worker it is alive, every `beat_period` seconds."""
+
+    def __init__(self, world, timeout):
+        self.comm, self.size = world.hb, world.size
+        self.period = beat_period(timeout)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="dmath-beacon", daemon=True)
+        self._thread.start()
+
+    def _run(self):
+        sends = []
+        while not self._stop.wait(self.period):
+            sends = [r for r in sends if not r.Test()]
+            if len(sends) < 64 * self.size:         # (a worker gone quiet does not pile them up)
+                sends += [self.comm.isend(None, dest=r, tag=BEAT_TAG) for r in range(1, self.size)]
+
+    def stop(self):
+        """End the thread (at shutdown, before MPI_Finalize)."""
+        self._stop.set()
+        self._thread.join()
+
+
+class Responder:
+    """Worker: a daemon thread that answers the master's pings with `status()` (a short text) and,
+    with a `timeout`, ends the job when the master has sent nothing (ping or beat) for that long."""
+
+    def __init__(self, world, status, timeout=0.0, abort=None):
         self.comm = world.hb
         self.status = status
+        self.timeout, self.abort = timeout, abort
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="dmath-heartbeat", daemon=True)
         self._thread.start()
@@ -47,8 +89,13 @@ class Responder:
     def _run(self):
         comm = self.comm
         sends = []
+        heard = time.monotonic()
         while not self._stop.wait(ANSWER_S):
+            while comm.Iprobe(source=0, tag=BEAT_TAG):
+                comm.recv(source=0, tag=BEAT_TAG)
+                heard = time.monotonic()
             while comm.Iprobe(source=0, tag=PING_TAG):
+                heard = time.monotonic()
                 seq, dump = comm.recv(source=0, tag=PING_TAG)
                 if dump:
                     sys.stderr.write(f"dmath: stacks of worker {comm.Get_rank()} (the master found a hung "
@@ -57,6 +104,18 @@ class Responder:
                     sys.stderr.flush()
                 sends.append(comm.isend((seq, self.status()), dest=0, tag=PONG_TAG))
             sends = [r for r in sends if not r.Test()]
+            silent = time.monotonic() - heard
+            if self.timeout and silent > self.timeout and not self._stop.is_set():
+                self._master_silent(silent)
+                return
+
+    def _master_silent(self, silent):
+        sys.stderr.write(
+            f"dmath worker {self.comm.Get_rank()}: the master has sent nothing for {silent:.0f} s (no "
+            f"heartbeat; DMATH_TIMEOUT_S={self.timeout:g}): it is frozen (e.g. SIGSTOP) or stuck in "
+            f"code that holds the GIL; ending the job. This worker was {self.status()}.\n")
+        sys.stderr.flush()
+        self.abort(1)
 
     def stop(self):
         """End the thread (before MPI_Finalize: it must make no MPI call after that)."""
@@ -73,7 +132,7 @@ class Pinger:
         self.size = world.size
         self.timeout = timeout
         self.seq = 0
-        self.sent_at = {}                      # ping seq -> when it was sent (this wait's pings)
+        self.sent_at = {}                      # ping seq -> when it was sent (this wait's unanswered pings)
         self.answered = [0.0] * world.size     # rank -> when the newest ping it answered was sent
         self.state = ["no answer yet"] * world.size
         self.last_tick = -1e300
@@ -95,10 +154,17 @@ class Pinger:
             return
         self.next_ping = now + PING_S
         self._collect()
-        silent = [r for r in range(1, self.size) if now - self.answered[r] > self.timeout]
+        silent = [r for r in range(1, self.size) if self._silent_for(r, now) > self.timeout]
         if silent:
             raise Hang(silent[0], self._hang_report(silent, now))
         self._ping(dump=False)
+
+    def _silent_for(self, r, now):
+        """How long rank r has left a ping unanswered: since the oldest ping sent after the newest it
+        answered (0 when it answered them all). Pings go out only while the master waits, so the
+        master's own computing, however long, is never counted."""
+        out = [t for t in self.sent_at.values() if t > self.answered[r]]
+        return now - min(out) if out else 0.0
 
     def _ping(self, dump):
         self.seq += 1
@@ -115,6 +181,10 @@ class Pinger:
             sent = self.sent_at.get(seq)
             if sent is not None and sent > self.answered[r]:
                 self.answered[r], self.state[r] = sent, state
+        # pings every worker has answered matter no more
+        done = min(self.answered[1:], default=0.0)
+        for seq in [q for q, t in self.sent_at.items() if t <= done]:
+            del self.sent_at[seq]
 
     def _hang_report(self, silent, now):
         """Ask every rank for its stacks, write the master's own; the text of the WorkerError."""
@@ -126,7 +196,7 @@ class Pinger:
         while time.monotonic() < deadline:
             time.sleep(0.05)
             self._collect()
-        lines = [f"worker {r}: " + ("NO ANSWER for %.0f s" % (now - self.answered[r]) if r in silent
+        lines = [f"worker {r}: " + ("NO ANSWER for %.0f s" % self._silent_for(r, now) if r in silent
                                     else self.state[r]) for r in range(1, self.size)]
         names = ", ".join(str(r) for r in silent)
         return (f"worker {names} stopped answering: no reply to the master's pings for more than "

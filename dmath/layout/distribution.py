@@ -93,6 +93,9 @@ def check_shape(shape):
         m, n = (operator.index(v) for v in shape)
     except (TypeError, ValueError) as exc:
         raise LayoutError(f"a matrix shape is a pair of non-negative integers, got {shape!r}") from exc
+    if any(isinstance(v, (bool, np.bool_)) for v in shape):
+        # operator.index(True) is 1: (True, 2) is a mistake, not a (1, 2) matrix
+        raise LayoutError(f"a matrix shape is a pair of non-negative integers, got the booleans in {shape!r}")
     if m < 0 or n < 0:
         raise LayoutError(f"a matrix shape is a pair of non-negative integers, got {shape!r}")
     return (m, n)

@@ -9,6 +9,7 @@ from typing import NamedTuple
 import numpy as np
 
 from .. import backend
+from ..errors import DMathError
 from ..layout import indexset as ix
 from ..memory import kinds
 from ..runtime import define
@@ -46,11 +47,17 @@ def full(shape, value, dtype="float32", layout=None, memory=None):
     return create(new_meta(layout, shape, dtype), "fill", memory, scalars=(value,))
 
 
-def eye(n, dtype="float32", layout=None, memory=None):
-    """The n x n identity matrix (layout None means RowBlock())."""
+def eye(n, dtype="float32", layout=None, memory=None, *, m=None):
+    """The n x n identity matrix, or with m= the n x m matrix with ones on the diagonal (NumPy's
+    eye(N, M)); layout None means RowBlock()."""
+    if isinstance(dtype, (int, np.integer)) and not isinstance(dtype, (bool, np.bool_)):
+        # NumPy's eye(N, M): here the second argument is the dtype, as in every creation function
+        raise DMathError(f"eye(n, ...): the second argument is the dtype, got {dtype!r}; for an {n} x {dtype} "
+                         f"matrix pass the columns by keyword: dmath.eye({n}, m={dtype})")
     memory = check_kind(memory)
-    n = as_int(n, "n")
-    return create(new_meta(layout, (n, n), dtype), "eye", memory)
+    n = as_int(n, "eye: n")
+    m = n if m is None else as_int(m, "eye: m")
+    return create(new_meta(layout, (n, m), dtype), "eye", memory)
 
 
 def random(kind, shape, dtype, layout, memory, state):

@@ -1,5 +1,7 @@
 """Moving whole matrices between the master's host memory and the workers: scatter and gather
 (`from_numpy`, `Matrix.to_numpy`, `Matrix.assign`: master halves and kernels)."""
+import math
+
 import numpy as np
 
 from .. import backend, memory
@@ -36,8 +38,12 @@ def from_numpy(array, layout=None, dtype=None, memory=None):
     if a.dtype.kind == "c":
         raise DTypeError(f"from_numpy: dmath matrices are real; the array is {a.dtype}. Pass a.real and "
                          f"a.imag as two matrices (converting would drop the imaginary part)")
+    if dtype is None and a.dtype.kind == "f" and a.dtype.itemsize > 8:
+        raise DTypeError(f"from_numpy: {a.dtype} (long double) is wider than any dmath dtype; pass dtype= "
+                         f"(e.g. 'float64', which rounds it) or a.astype(np.float64)")
     dtype = canonical_dtype(dtype if dtype is not None else
                             (a.dtype if a.dtype.name in ("float16", "float32", "float64") else "float64"))
+    _check_exact_integers(a, dtype, "from_numpy")
     out = new_meta(layout, a.shape, dtype)
     return create(out, "scatter", memory, payload=np.ascontiguousarray(a, dtype=dtype))
 
@@ -61,8 +67,35 @@ def assign(m, value):
         raise ShapeError(f"assign: the array has shape {value.shape}, this matrix {m.shape}")
     if value.dtype.kind not in "iuf":
         raise DTypeError(f"assign needs a real numeric array, got dtype {value.dtype}")
+    _check_exact_integers(value, m.dtype, "assign")
     dispatch("scatter_into", [m], [0], payload=np.ascontiguousarray(value, dtype=m.dtype))
     return m
+
+
+#: the largest magnitude below which every integer is exact in each dtype (2 ** mantissa bits)
+_EXACT = {"float16": 2 ** 11, "float32": 2 ** 24, "float64": 2 ** 53}
+
+
+def _check_exact_integers(a, dtype, what):
+    """DTypeError when integer array `a` holds values that `dtype` rounds (int64 past 2**53 in
+    float64, say): a conversion that changes values is the user's to ask for (a.astype(float))."""
+    if a.dtype.kind not in "iu" or a.size == 0:
+        return
+    limit = _EXACT[np.dtype(dtype).name]
+    lo, hi = int(a.min()), int(a.max())
+    if -limit <= lo and hi <= limit:
+        return
+    flat = a.reshape(-1)
+    big = np.flatnonzero((flat < -limit) | (flat > limit))      # the only values that may round
+    with np.errstate(all="ignore"):
+        conv = flat[big].astype(dtype).astype(np.float64).tolist()
+    # Python ints and floats compare exactly (no conversion of either to the other's type)
+    bad = big[[not (math.isfinite(c) and c == v) for c, v in zip(conv, flat[big].tolist())]]
+    if bad.size:
+        v = int(flat[bad[0]])
+        raise DTypeError(f"{what}: {bad.size} integer value(s) are not exact in {dtype} (the first: {v}, "
+                         f"which would become {float(np.array(v).astype(dtype))!r}); convert them yourself "
+                         f"(a.astype(np.float64)) if rounding is what you want")
 
 
 # ---- kernels ------------------------------------------------------------------------------

@@ -15,10 +15,25 @@ The file must be visible to every worker under the same path (a shared or
 node-local copy). The master checks the header and the size first, so a
 truncated or malformed file raises DMathError there and the runtime stays
 usable.
+
+Snapshot: the master stamps the file it checked (host, device, inode, size,
+modification time); every worker on the master's host reads only that very
+version (one on another host, a node-local copy, one of the same size), with
+plain reads from one open descriptor, and checks that it did not change
+while it read. from_file returns only after every worker has reported, so
+the file may be replaced, rewritten or deleted as soon as it returns; a
+worker that met another version makes from_file raise DMathError (the
+runtime stays usable). A mapped matrix reads the file on use: the file must
+keep its size while the matrix lives (a rewrite in place is seen, a rename
+over it is not: the mapping keeps the old file); each command that reads the
+matrix first checks the size, and one that shrank raises `FileChanged` on
+that worker (the job ends with the reason) instead of SIGBUS.
 """
 import math
 import os
+import socket
 import stat
+import tokenize
 from typing import NamedTuple
 
 import numpy as np
@@ -30,30 +45,52 @@ from ..layout import RowBlock
 from ..layout import indexset as ix
 from ..memory import kinds
 from ..runtime import define
+from ..runtime.shard import Shard
+from ..comm.control import gather_objects
 from .base import as_int, dispatch, new_meta
-from .storage import check_kind, compute_empty, create, kind_scalar, new_shard, placed
+from .storage import check_kind, check_room, compute_empty, kind_scalar, new_shard, placed, pooled
 
 #: rows converted per read, so that a large file needs little temporary memory
 _READ_BYTES = 64 << 20
 
 
 class FileSpec(NamedTuple):
-    """Where a (rows, cols) matrix lies in a file: its byte offset and stored element type."""
+    """Where a (rows, cols) matrix lies in a file: its byte offset and stored element type, and the
+    master's view of the file when it checked it (`stamp`: host, device, inode, size, mtime in ns)."""
     path: str
     offset: int
     file_dtype: str        # a numpy dtype string with byte order, e.g. '<f4', '|u1'
     rows: int
     cols: int
+    stamp: tuple = ()
 
     @property
     def nbytes(self):
         return self.rows * self.cols * np.dtype(self.file_dtype).itemsize
 
 
+class NotRegularFile(OSError):
+    """The path names something other than a regular file (a directory, a FIFO, a device)."""
+
+
+def open_regular(path):
+    """`path` opened for reading (binary), which must be a regular file: opened without blocking (a
+    FIFO would wait for a writer forever), then checked; NotRegularFile (an OSError) otherwise."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(f"{path}: not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def npy_spec(path):
     """The FileSpec of a .npy file (C order; 1-D is one row, N-D is (shape[0], the rest)); raises DMathError."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             version = np.lib.format.read_magic(f)
             if version == (1, 0):
                 shape, fortran, dtype = np.lib.format.read_array_header_1_0(f)
@@ -64,8 +101,12 @@ def npy_spec(path):
             offset = f.tell()
     except FileNotFoundError as exc:
         raise DMathError(f"{path}: no such file") from exc
-    except (ValueError, OSError, EOFError) as exc:
-        raise DMathError(f"{path}: not a readable .npy file ({exc})") from exc
+    except (ValueError, OSError, EOFError, SyntaxError, tokenize.TokenError, RecursionError, MemoryError) as exc:
+        # NumPy parses the header's dict with the tokenizer and ast.literal_eval: garbage there raises
+        # any of these
+        raise DMathError(f"{path}: not a readable .npy file ({type(exc).__name__}: {exc})") from exc
+    if not isinstance(shape, tuple) or not all(type(d) is int for d in shape):
+        raise DMathError(f"{path}: header gives the shape {shape!r}, not a tuple of integers; the file is corrupt")
     if fortran:
         raise DMathError(f"{path}: Fortran-ordered arrays are not supported (save it in C order)")
     if dtype.kind not in "iuf" or dtype.hasobject:
@@ -80,17 +121,28 @@ def npy_spec(path):
     return FileSpec(os.path.abspath(path), int(offset), dtype.str, rows, cols)
 
 
+def _stamp(st):
+    """What identifies one version of a file: where it is (host, device, inode), its size and mtime."""
+    return (socket.gethostname(), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
 def check_size(spec):
-    """Raise DMathError unless the file holds the whole matrix (a truncated file is refused, not read)."""
+    """The spec stamped with the file's current version (`FileSpec.stamp`); raises DMathError unless
+    the file is a regular file that holds the whole matrix (a truncated file is refused, not read)."""
     try:
         # opened, not only looked at: a directory or an unreadable file has a size too, and would
-        # then fail on the workers, ending the runtime, instead of here
-        with open(spec.path, "rb") as f:
-            if not stat.S_ISREG(os.fstat(f.fileno()).st_mode):
-                raise DMathError(f"{spec.path}: not a regular file")
-            size = os.fstat(f.fileno()).st_size
+        # then fail on the workers instead of here
+        with open_regular(spec.path) as f:
+            st = os.fstat(f.fileno())
     except OSError as exc:
         raise DMathError(f"{spec.path}: cannot be read ({exc})") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise DMathError(f"{spec.path}: not a regular file")
+    _check_length(spec, st.st_size)
+    return spec._replace(stamp=_stamp(st))
+
+
+def _check_length(spec, size):
     if size < spec.offset + spec.nbytes:
         raise DMathError(f"{spec.path}: {size:,} bytes, too short for a {spec.rows} x {spec.cols} "
                          f"{np.dtype(spec.file_dtype)} matrix at offset {spec.offset} "
@@ -167,11 +219,15 @@ def from_file(path, shape=None, dtype=None, *, offset=None, file_dtype=None, lay
     RowBlock or Replicated layout, and memory None or 'host'. A mapped matrix
     is outside the memory limit.
     """
-    path = os.fspath(path)
-    spec = _spec(path, shape, offset, file_dtype)
-    check_size(spec)
+    path = _path(path)
+    spec = check_size(_spec(path, shape, offset, file_dtype))
     stored = np.dtype(spec.file_dtype)
     if dtype is None:
+        if stored.kind != "f" and stored.itemsize > 2:
+            # float32 holds every 8- and 16-bit integer exactly, not wider ones: choosing a rounding
+            # for the user would change values without a word
+            raise DMathError(f"from_file: {path} holds {stored} values, which float32 may round; pass dtype= "
+                             f"('float64' holds integers up to 2**53 exactly)")
         dtype = stored.name if stored.kind == "f" and stored.name in ("float16", "float32", "float64") else "float32"
     dtype = canonical_dtype(dtype)
     out = new_meta(layout, (spec.rows, spec.cols), dtype)
@@ -184,55 +240,192 @@ def from_file(path, shape=None, dtype=None, *, offset=None, file_dtype=None, lay
         memory = "host" if memory is None else check_kind(memory)
         if memory != "host":
             raise DMathError(f"from_file: a mapped matrix lives in host memory (memory='host'), got {memory!r}")
-        made = dispatch("from_file", [], [out], static=FROM_FILE.static(spec=spec, mapped=True),
-                        scalars=(kind_scalar("host"),), pooled=False)
-        return placed(made[0][0], "host")
-    return create(out, "from_file", check_kind(memory), static=FROM_FILE.static(spec=spec, mapped=False))
+    else:
+        memory = check_kind(memory)
+        check_room(memory, out)
+    # the kernel gathers every worker's report on the master: this returns once all have read (or
+    # mapped) the file, which may then change or vanish
+    made, problems = dispatch("from_file", [], [out], static=FROM_FILE.static(spec=spec, mapped=mapped),
+                              scalars=(kind_scalar(memory),), pooled=not mapped and pooled(memory))
+    if any(problems or ()):
+        del made        # frees the matrix (the traceback would otherwise keep it)
+        _raise_problems(problems)
+    return placed(made[0], memory)
+
+
+def _path(path):
+    try:
+        path = os.fspath(path)
+    except TypeError as exc:
+        raise DMathError(f"from_file: path must be a str or os.PathLike, got {path!r}") from exc
+    if not isinstance(path, str):
+        raise DMathError(f"from_file: path must be a str or os.PathLike, got the bytes {path!r}")
+    return path
+
+
+def _raise_problems(problems):
+    """DMathError when some worker read another version of the file than the master checked.
+
+    The matrix is then dropped (the caller holds no reference): every worker read, or failed to
+    read, before the kernel gathered these reports, so nothing reads the file after this returns.
+    """
+    bad = [(rank, text) for rank, text in enumerate(problems or ()) if text]
+    if bad:
+        raise DMathError("from_file: the file changed while the workers read it; nothing was made:\n"
+                         + "\n".join(f"  worker {rank}: {text}" for rank, text in bad))
 
 
 # ---- kernel -------------------------------------------------------------------------------
-def _mapped(spec):
-    if spec.rows * spec.cols == 0:
-        return np.zeros((spec.rows, spec.cols), dtype=spec.file_dtype)
-    return np.memmap(spec.path, dtype=spec.file_dtype, mode="c", offset=spec.offset, shape=(spec.rows, spec.cols))
+class FileChanged(DMathError):
+    """The file is not the version the master checked, or changed while a worker read it."""
 
 
-def _read_piece(src, piece, out):
-    """Copy the piece's block of the mapped file `src` into `out` (any backend), a band of rows at a time."""
-    r, c = ix.selection(piece.rows), ix.selection(piece.cols)
-    rows_idx = np.arange(src.shape[0])[r]
-    step = max(1, _READ_BYTES // max(1, src.shape[1] * src.dtype.itemsize))
-    staging = None
-    for k in range(0, len(rows_idx), step):
-        sel = rows_idx[k:k + step]
-        band = src[sel[0]:sel[-1] + 1] if sel[-1] - sel[0] + 1 == len(sel) else src[sel]
-        band = band[:, c]
-        if isinstance(out, np.ndarray):
-            out[k:k + len(sel)] = band
-        else:
-            if staging is None or staging.shape[0] < len(sel):
-                staging = memory.host_empty((min(step, len(rows_idx)), out.shape[1]), out.dtype)
-            part = staging[:len(sel)]
-            part[...] = band
-            out[k:k + len(sel)].set(part)       # synchronous: the staging rows are refilled next
+def _verified(attribute):
+    """Shard's `attribute` (a property or slot), read after `verify()` (see MappedShard)."""
+    return property(lambda shard: (shard.verify(), attribute.__get__(shard))[1], attribute.__set__)
+
+
+class MappedShard(Shard):
+    """A shard of a mapped file: its pieces are views of a private mapping, read on use.
+
+    It holds the file open; every access to its pieces first checks that the file still holds the
+    matrix, since touching a mapped page past the end of a file that shrank kills the process
+    with SIGBUS (no traceback, no report). A rewrite in place that keeps the size is read on use.
+    """
+    __slots__ = ("file", "spec")
+
+    def __init__(self, arrays, dist, dtype, file, spec):
+        pieces, home = kinds.store(arrays, "host")
+        super().__init__(pieces, dist, dtype, "host", home)
+        self.file, self.spec = file, spec
+
+    def verify(self):
+        """Raise FileChanged unless the mapped file still holds the whole matrix."""
+        size = os.fstat(self.file.fileno()).st_size
+        if size < self.spec.offset + self.spec.nbytes:
+            raise FileChanged(f"{self.spec.path}: the mapped file shrank to {size:,} bytes after it was mapped "
+                              f"(the matrix needs {self.spec.offset + self.spec.nbytes:,}); a mapped file must "
+                              f"keep its size while the matrix lives")
+
+    # every read of the pieces checks first (the runtime reads `home` of each input of a command)
+    pieces = _verified(Shard.pieces)
+    home = _verified(Shard.home)
+
+
+def _open(spec):
+    """(file object, fstat) of the file the master checked; FileChanged when it is another version.
+
+    A worker on the master's host must see the very file (device, inode, size, mtime); one on
+    another host (a node-local copy) one of the same size.
+    """
+    try:
+        f = open_regular(spec.path)
+    except OSError as exc:
+        raise FileChanged(f"cannot be opened any more ({exc})") from exc
+    st = os.fstat(f.fileno())
+    now = _stamp(st)
+    same = now == spec.stamp if now[0] == spec.stamp[0] else now[3] == spec.stamp[3]
+    if not same:
+        f.close()
+        raise FileChanged(f"{spec.path} was replaced or modified after the master checked it "
+                          f"(size {spec.stamp[3]:,} -> {st.st_size:,} bytes)")
+    return f, st
+
+
+def _pread(fd, buf, offset, path):
+    """Fill the byte array `buf` from `offset` of the file; FileChanged when the file ends first."""
+    view, got = memoryview(buf), 0
+    while got < len(view):
+        n = os.preadv(fd, [view[got:]], offset + got)
+        if n == 0:
+            raise FileChanged(f"{path} ended at {offset + got:,} bytes while it was read (truncated)")
+        got += n
+
+
+def _read_piece(f, spec, piece, out):
+    """Read the piece's block of the file into `out` (any backend), a band of rows at a time.
+
+    Plain reads, not a mapping: a file truncated meanwhile then gives a short read (an error)
+    where a mapped page past its end would kill the process with SIGBUS.
+    """
+    stored = np.dtype(spec.file_dtype)
+    cols = piece.cols
+    c0, c1 = cols[0][0], cols[-1][1]
+    sel = slice(0, c1 - c0) if len(cols) == 1 else ix.to_array(cols) - c0
+    row_bytes = spec.cols * stored.itemsize
+    span = (c1 - c0) * stored.itemsize
+    # whole rows when the piece needs most of each row (one read per band), else each row's span
+    whole = 2 * span >= row_bytes
+    step = max(1, _READ_BYTES // max(1, span))
+    raw = staging = None
+    k = 0
+    for r0, r1 in piece.rows:
+        for a in range(r0, r1, step):
+            n = min(step, r1 - a)
+            if raw is None:
+                raw = np.empty(min(step, ix.size(piece.rows)) * (row_bytes if whole else span), dtype=np.uint8)
+            if whole:
+                buf = raw[:n * row_bytes]
+                _pread(f.fileno(), buf, spec.offset + a * row_bytes, spec.path)
+                band = buf.view(stored).reshape(n, spec.cols)[:, c0:c1]
+            else:
+                buf = raw[:n * span]
+                for i in range(n):
+                    _pread(f.fileno(), buf[i * span:(i + 1) * span],
+                           spec.offset + (a + i) * row_bytes + c0 * stored.itemsize, spec.path)
+                band = buf.view(stored).reshape(n, c1 - c0)
+            band = band[:, sel]
+            if isinstance(out, np.ndarray):
+                out[k:k + n] = band
+            else:
+                if staging is None:
+                    staging = memory.host_empty((min(step, out.shape[0]), out.shape[1]), out.dtype)
+                part = staging[:n]
+                part[...] = band
+                out[k:k + n].set(part)       # synchronous: the staging rows are refilled next
+            k += n
 
 
 @FROM_FILE.kernel()
 def _from_file(call):
-    """scalars = (memory kind,). Each worker reads its own pieces (or maps them)."""
+    """scalars = (memory kind,). Each worker reads its own pieces (or maps them), then every worker
+    reports to the master whether it read the version of the file the master checked."""
     spec, mapped = call.entry.static.spec, call.entry.static.mapped
     dist, dtype = call.entry.out_dists[0], call.entry.outputs[0].dtype
     kind = kinds.from_code(call.scalars[-1])
     pieces = dist.pieces[call.rank]
-    if not pieces:
-        return [new_shard([], dist, dtype, kind)]
-    check_size(spec)          # the worker's view of the file (another node may see another file)
-    src = _mapped(spec)
+    problem, shard = None, None
+    if pieces:
+        try:
+            shard = _read(spec, mapped, pieces, dist, dtype, kind)
+        except FileChanged as exc:
+            problem = str(exc)
+    if shard is None:       # no pieces here, or a problem that the master raises (dropping the matrix)
+        kind = "host" if mapped else kind
+        shard = new_shard([compute_empty(kind, p.shape, dtype) for p in pieces], dist, dtype, kind)
+    call.result = gather_objects(call.world, problem)
+    return [shard]
+
+
+def _read(spec, mapped, pieces, dist, dtype, kind):
+    """This worker's shard of the file; FileChanged when the file is not, or stops being, the
+    version the master checked."""
+    f, st = _open(spec)
     if mapped:
+        if spec.nbytes == 0:
+            src = np.zeros((spec.rows, spec.cols), dtype=spec.file_dtype)
+        else:
+            # MAP_PRIVATE (copy-on-write): a write stays in this process and never reaches the file
+            src = np.memmap(f, dtype=spec.file_dtype, mode="c", offset=spec.offset, shape=(spec.rows, spec.cols))
         # views of the mapping: nothing is read until a kernel touches the rows
         arrays = [src[ix.selection(p.rows), ix.selection(p.cols)] for p in pieces]
-        return [new_shard(arrays, dist, dtype, "host")]
-    arrays = [compute_empty(kind, p.shape, dtype) for p in pieces]
-    for p, a in zip(pieces, arrays):
-        _read_piece(src, p, a)
-    return [new_shard(arrays, dist, dtype, kind)]
+        return MappedShard(arrays, dist, dtype, f, spec)
+    with f:
+        arrays = [compute_empty(kind, p.shape, dtype) for p in pieces]
+        for p, a in zip(pieces, arrays):
+            if a.size:
+                _read_piece(f, spec, p, a)
+        after = os.fstat(f.fileno())
+    if (after.st_size, after.st_mtime_ns) != (st.st_size, st.st_mtime_ns):
+        raise FileChanged(f"{spec.path} was modified while it was read")
+    return new_shard(arrays, dist, dtype, kind)

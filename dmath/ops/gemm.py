@@ -18,6 +18,7 @@ from typing import NamedTuple, Optional
 import numpy as np
 
 from .. import backend, memory, remap as _remap
+from ..remap.execute import PARTIAL_SUM, sums_wider
 from ..comm import collectives
 from ..errors import DMathError, LayoutError, ShapeError
 from ..gpu import blas
@@ -314,7 +315,10 @@ def _no_communication(entry):
         if (entry.inputs[k].dtype != out.dtype
                 or not entry.in_dists[k].same_placement(distribution(raw, entry.inputs[k].shape, P))):
             return False
-    return distribution(strategy.c, out.shape, P).same_placement(distribution(result_layout, out.shape, P))
+    natural = distribution(strategy.c, out.shape, P)
+    if sums_wider(natural, out.dtype):
+        return False        # its addends are summed among the workers (in float32) before the result
+    return natural.same_placement(distribution(result_layout, out.shape, P))
 
 
 class _Prepared(NamedTuple):
@@ -348,7 +352,7 @@ def _direct(call):
     product lands. (blas.Product, result shape, result Distribution, dtype), from the first command."""
     strategy, result_layout, trans_a, trans_b, has_c = call.entry.static
     if strategy.name != "local" or has_c or not _no_communication(call.entry):
-        return False
+        return False        # (_no_communication also rules out a float16 Partial product: sums_wider)
     prep = call.entry.cache.get("prep") or _prepared(call)
     a, b = call.inputs[0].pieces, call.inputs[1].pieces
     if len(prep.local_shapes) != 1 or len(a) != 1 or len(b) != 1:
@@ -394,13 +398,20 @@ def _gemm(call):
                            panel_kind("bstat", "A"))
         prod = [backend.current().xp.ascontiguousarray(p.T) for p in ct]
     else:
+        if sums_wider(prep.natural, dtype):
+            # float16 addends made in float32 (blas accumulates in it anyway) and summed in it below,
+            # by the remap into the result or into C: the value is rounded once, at any worker count
+            dtype = PARTIAL_SUM[dtype]
         prod = summa.local_product(a, b, prep.local_shapes, dtype, alpha)
     final = prep.final
-    if not prep.in_place:
+    # the dtype the product is delivered in: the result's (rounded from a wider Partial product on
+    # the way), or the product's own for C (_round_into converts into a C of another dtype)
+    delivered = dtype if has_c else prep.dtype
+    if not prep.in_place or delivered != dtype:
         prod = _remap.run(call.world, call.entry.cache.setdefault("result", {}), prod, prep.natural, final,
-                          dtype, dtype)
+                          dtype, delivered)
     if not has_c:
-        return [Shard(prod, final, dtype)]
+        return [Shard(prod, final, delivered)]
     c = call.inputs[2]
     if np.dtype(c.dtype) != np.dtype(dtype):
         _round_into(call, final, c, prod, dtype, beta)

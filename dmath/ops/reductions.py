@@ -5,7 +5,9 @@ axis on one worker reduces locally ('local'); otherwise sums come out
 Partial ('partial', no communication) and max/min are combined by an
 all-reduce ('allreduce'). `reduce_all`: every worker reduces what it holds
 and the master combines the values (a float). Float16 data is accumulated
-in float32.
+in float32, and float16 Partial sums over several workers are summed in
+float32 before they are rounded (one member then holds each sum), so the
+result does not depend on the worker count.
 """
 from typing import NamedTuple, Optional
 
@@ -19,6 +21,8 @@ from ..layout import ColBlock, Partial, Replicated, RowBlock
 from ..layout import indexset as ix
 from ..runtime import Shard, define
 from ..runtime.registry import collectives_in_graphs
+from ..remap import execute as _remap
+from ..remap.execute import sums_wider
 from .base import dispatch, dist_of, is_matrix, new_meta
 from .movement import resolve_partial
 
@@ -96,7 +100,12 @@ def _reduce_axis_capturable(entry):
     """Capturable unless an all-reduce is needed and collectives stay out of graphs. The index
     arrays of the result slots go to the device once, at the signature's first command, which is
     never captured (`_result_slots`), so a capture copies nothing from the host."""
-    return entry.static.mode != "allreduce" or collectives_in_graphs()
+    return not _communicates(entry.static.mode, entry.out_dists[0], entry.outputs[0].dtype) or collectives_in_graphs()
+
+
+def _communicates(mode, dist, dtype):
+    """Whether the kernel runs a collective: an all-reduce, or the sums of float16 Partial addends."""
+    return mode == "allreduce" or (mode == "partial" and sums_wider(dist, dtype))
 
 
 def _result_slots(call):
@@ -150,6 +159,11 @@ def _reduce_axis(call):
         collectives.allreduce(call.world.group(dist.group), flat, op)
     if scale != 1.0:
         full *= scale
+    if mode == "partial" and sums_wider(dist, dtype):
+        # float16 addends, each of which alone may overflow where their sum does not: summed in
+        # float32 and rounded once (one member holds each sum), as gemm's Partial products are
+        out = _remap.run(call.world, call.entry.cache.setdefault("sums", {}), [full], dist, dist, acc_dtype, dtype)
+        return [Shard(out, dist, dtype)]
     if full.dtype == np.dtype(dtype):
         out = full
     else:

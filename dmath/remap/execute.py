@@ -114,6 +114,18 @@ def narrows_partial(src, dst, src_dtype, dst_dtype):
             and np.dtype(dst_dtype).itemsize < np.dtype(src_dtype).itemsize)
 
 
+#: the dtype the addends of a Partial product of each dtype are made and summed in: float16 ones
+#: alone may overflow (or round) where their sum does not, which made a float16 result depend on
+#: the worker count (NaN at 2 workers, 0 at one); wider ones are summed as they are
+PARTIAL_SUM = {"float16": "float32"}
+
+
+def sums_wider(natural, dtype):
+    """Whether a product landing as `natural` (a Distribution) in `dtype` is made in a wider dtype and
+    summed before it is rounded: a Partial product of float16 addends over several workers."""
+    return dtype in PARTIAL_SUM and natural.partial and len(natural.group) > 1
+
+
 def _allreduce(world, step, pieces, rank, dtype, offset, pending=None):
     """The sums of a Partial step, made in `dtype` (the addends converted into it first)."""
     if rank not in step.dst.group:

@@ -10,6 +10,7 @@ under a plan ID; a replay is one REPLAY frame, run step by step or as a CUDA
 graph (graphs.py).
 """
 import collections
+import os
 import threading
 import time
 
@@ -56,6 +57,10 @@ class Runtime(Dispatch, Handles, Failures, Execution, Worker, Shutdown):
         self.profile = {}          # op -> [kernels run, seconds] when PROFILE is on
         self.owner = threading.get_ident()   # master: the only thread that may issue commands
         self.pinger = None         # master: heartbeat.Pinger when a timeout is set (MPI only)
+        self.beacon = None         # master: heartbeat.Beacon (its beats tell the workers it is alive)
+        self.pid = os.getpid()     # the process that called init(): only it talks to the workers
+        self.forked = False        # set in a child forked from it (lifecycle._forked)
+        self.child_status = None   # [exit status] of such a child
         self.activity = ("starting", time.monotonic())   # worker: what its main thread does, since when
         self.last_command = None   # master: oom.LastCommand of the last message sent, if a command
         self.poisoned = set()      # master: handles of matrices whose command was undone (oom.py)

@@ -1,6 +1,7 @@
 """The failure policy: what a worker's failure, a hung worker, or a failure of the master's own
 share means for the runtime (it breaks, or a refused allocation is undone: oom.py), and how a job
 ends after one instead of hanging."""
+import os
 import sys
 import threading
 import time
@@ -18,6 +19,11 @@ class Failures:
     """The Runtime's checks for failures and its answers to them."""
 
     def check_usable(self):
+        if self.forked:
+            raise RuntimeStateError(
+                f"this process (pid {os.getpid()}) was forked from the dmath master (pid {self.pid}) after "
+                f"dmath.init(): only the master issues commands. Compute with numpy in the child, or fork "
+                f"before dmath.init()")
         if self.closed:
             raise RuntimeStateError("dmath has been finalized")
         if self.broken is not None:
@@ -136,6 +142,9 @@ def install_excepthook(rt):
     def hook(kind, value, tb):
         # an uncaught exception on the master: report it, then end every process
         previous(kind, value, tb)
+        if rt.forked:
+            rt.child_status[0] = 1
+            return          # in a child forked from the master: it ends alone (lifecycle._forked)
         sys.stderr.write("dmath: uncaught exception on the master; ending all workers\n")
         sys.stderr.flush()
         rt.world.abort(1)

@@ -1,11 +1,13 @@
 """Starting and ending the process's runtime: `init` (settings, world, backend, pool, heartbeat,
 exit hooks) and `finalize`."""
 import atexit
+import os
+import sys
 
 from .. import backend, memory, settings
 from ..comm import World, set_progress_hook
 from ..comm.control import gather_objects
-from ..comm.heartbeat import Pinger
+from ..comm.heartbeat import Beacon, Pinger
 from ..errors import RuntimeStateError
 from ..memory import replicas
 from . import dispatch, execute
@@ -63,14 +65,49 @@ def init(device=None):
     rt.ledger.set_capacity(capacities)
     if heartbeat(world) and values.timeout_s > 0:
         rt.pinger = Pinger(world, values.timeout_s)
+        rt.beacon = Beacon(world, values.timeout_s)     # the workers end the job if the master falls silent
     set_progress_hook(rt.check_failures)
     atexit.register(finalize)
+    os.register_at_fork(after_in_child=_forked)
     if world.is_mpi:
         install_excepthook(rt)
     return rt
 
 
 def finalize():
-    """Shut the workers down (also runs at exit). After a worker failure the job exits non-zero."""
+    """Shut the workers down (also runs at exit). After a worker failure the job exits non-zero.
+
+    Nothing in a process forked from the master after init(): its exit must not end the master's
+    workers (`_forked`)."""
     if _runtime is not None and not _runtime.closed and _runtime.world.rank == 0:
         _runtime.shutdown()
+
+
+def _forked():
+    """In a child forked from an initialised process: the runtime is the parent's. The child may not
+    issue commands (check_usable says why) nor shut the workers down at its exit, and an uncaught
+    exception in it ends only the child (failures.install_excepthook).
+
+    Nor may it finalize MPI: mpi4py's MPI_Finalize at exit, a collective of the parent's job, would
+    wait forever for ranks that never join. So the child leaves through os._exit once its own exit
+    handlers (those registered after the fork) have run, with the status its sys.exit() or an
+    uncaught exception gave (0 otherwise: a `raise SystemExit(n)` is not seen)."""
+    if _runtime is None or _runtime.world.rank != 0:
+        return
+    _runtime.forked = True
+    _runtime.closed = True
+    if _runtime.world.is_mpi:
+        status = _runtime.child_status = [0]
+        leave = sys.exit
+
+        def exit_noting(code=None):
+            status[0] = code if isinstance(code, int) else (0 if code is None else 1)
+            leave(code)
+        sys.exit = exit_noting
+        atexit.register(_leave_child)
+
+
+def _leave_child():
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(_runtime.child_status[0])

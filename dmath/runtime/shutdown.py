@@ -39,6 +39,8 @@ class Shutdown:
             self.world.abort(1)
         message, total = protocol.encode(protocol.SHUTDOWN, frees=self.pending_frees[:protocol.MAX_FREES])
         self._post(message, total)
+        if self.beacon is not None:
+            self.beacon.stop()      # after SHUTDOWN: the workers stop listening for beats once they get it
         self._release_graphs()
         dump_profile(0)
         self.world.close()

@@ -4,6 +4,7 @@ import sys
 import time
 import traceback
 
+from .. import settings
 from ..comm import agreement
 from ..comm.control import gather_objects
 from ..comm.heartbeat import Responder
@@ -22,7 +23,10 @@ class Worker:
         Any exception, waiting for a command (Ctrl-C, an MPI error) or running
         one, goes to the master as a failure report.
         """
-        responder = Responder(self.world, self._status) if heartbeat(self.world) else None
+        timeout = settings.current.timeout_s
+        # with a timeout, the responder also ends the job when the master falls silent (its Beacon)
+        responder = Responder(self.world, self._status, timeout, self.world.abort) \
+            if heartbeat(self.world) else None
         while True:
             kind = None
             undoable = False

@@ -163,6 +163,9 @@ class Dataset:
             raise DataError(f"{spec.path}: the file holds no samples (shape {tuple(shape)}); a Dataset needs one")
         sample_shape = _checked_sample_shape(sample_shape, tuple(shape[1:]) or (1,), features, "the file's samples")
         stored = np.dtype(spec.file_dtype)
+        if dtype is None and stored.kind in "iu" and stored.itemsize > 2:
+            raise DataError(f"{spec.path}: holds {stored} samples, which float32 may round: pass dtype= "
+                            f"(float32 holds 8- and 16-bit integers exactly)")
         dtype = _storage_dtype(None, dtype) if dtype is not None else (
             stored.name if stored.name in dmath.DTYPES else "float32")
         nbytes = n * features * np.dtype(dtype).itemsize

@@ -3,7 +3,10 @@ writing files atomically (a crash leaves the old file or the whole new one, neve
 import gzip
 import os
 import secrets
+import stat
 import zlib
+
+from dmath.ops.files import NotRegularFile
 
 from .errors import DataError
 
@@ -44,13 +47,29 @@ def find_file(directory, names, what):
     raise DataError(f"{what}: none of {', '.join(names)} (or .gz) in {directory}")
 
 
+def write_target(path):
+    """The path a write to `path` must replace: a symlink is followed to its (final) target, which
+    must be a regular file or not exist yet. A rename over anything else (a device such as
+    /dev/null, a FIFO, a socket, a directory) would replace it with a regular file; NotRegularFile."""
+    real = os.path.realpath(path)
+    try:
+        st = os.stat(real)
+    except FileNotFoundError:
+        return real
+    if not stat.S_ISREG(st.st_mode):
+        raise NotRegularFile(f"{path}{' (-> ' + real + ')' if real != os.path.abspath(path) else ''} is not a "
+                             f"regular file: only a regular file or a new path is written")
+    return real
+
+
 def write_atomically(path, chunks):
     """Write the byte strings `chunks` to `path`, atomically: into a new file beside it (mode 0o666
     less the umask, as the file it replaces would get), fsync'ed, renamed over `path`, then the
     directory fsync'ed so that the rename itself is durable. The temporary file is removed when
-    anything fails; OSError propagates for the caller to word."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
+    anything fails; OSError propagates for the caller to word (NotRegularFile: see write_target).
+    A symlink is written through: its target is replaced, the link stays."""
+    path = write_target(os.fspath(path))
+    directory = os.path.dirname(path)
     fd, tmp = _new_temporary(directory, os.path.basename(path))
     try:
         with os.fdopen(fd, "wb") as f:

@@ -36,11 +36,18 @@ class Weight:
     def numpy(self):
         return self.value.to_numpy().reshape(self.public_shape)
 
-    def write(self, array):
-        """Overwrite the values in place (the matrix keeps its handle, so recorded steps stay valid)."""
+    def checked(self, array):
+        """`array` as this weight's values (a numpy array of its public shape and real numbers)."""
         a = np.asarray(array)
         if a.shape != self.public_shape:
             raise ShapeError(f"weight {self.name}: expected shape {self.public_shape}, got {a.shape}")
+        if a.dtype.kind not in "biuf":
+            raise ConfigError(f"weight {self.name}: expected real numbers, got dtype {a.dtype}")
+        return a
+
+    def write(self, array):
+        """Overwrite the values in place (the matrix keeps its handle, so recorded steps stay valid)."""
+        a = self.checked(array)
         m = self.value
         overwrite(m, a.reshape(m.shape))
 
@@ -103,7 +110,9 @@ class Layer:
     image_rows = "nchw"
 
     def __init__(self, name=None, parallel="data"):
-        self.name = name
+        if name is not None and not isinstance(name, str):
+            raise ConfigError(f"{type(self).__name__}: name must be a string or None, got {name!r}")
+        self._name = name
         if parallel != "auto" and parallel not in self.strategies:
             # every layer takes 'auto' (the cost model's choice: `decide`, here always 'data')
             accepted = tuple(dict.fromkeys(self.strategies + ("auto",)))
@@ -119,6 +128,21 @@ class Layer:
         #: with its running statistics, which stay fixed too)
         self.trainable = True
         self._dry = None          # a list while weight_shapes runs _create without allocating
+
+    @property
+    def name(self):
+        """The layer's name: given, or set by the model it joins ('dense_1'); before that its kind
+        ('dense'), so that messages never say None."""
+        return self._name if self._name is not None else type(self).__name__.lower()
+
+    @name.setter
+    def name(self, value):
+        self._name = value
+
+    @property
+    def named(self):
+        """Whether the layer has a name of its own (given, or set by a model)."""
+        return self._name is not None
 
     # ---- shapes and building -------------------------------------------------
     def output_shape(self, sample_shape):
@@ -208,9 +232,18 @@ class Layer:
         return [w.numpy() for w in self.weights]
 
     def set_weights(self, arrays):
+        """Write `arrays` (get_weights' order and shapes); all are checked before any is written."""
+        self.write_checked(self.checked_weights(arrays))
+
+    def checked_weights(self, arrays):
+        """`arrays` checked against the weights (count, shapes, numbers), ready for write_checked."""
+        arrays = list(arrays)
         if len(arrays) != len(self.weights):
             raise ShapeError(f"{self.name} has {len(self.weights)} weights "
                              f"({', '.join(w.name for w in self.weights) or 'none'}), got {len(arrays)} arrays")
+        return [w.checked(a) for w, a in zip(self.weights, arrays)]
+
+    def write_checked(self, arrays):
         for w, a in zip(self.weights, arrays):
             w.write(a)
 

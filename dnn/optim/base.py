@@ -96,8 +96,9 @@ class Optimizer:
         return self.schedule(self.iterations, self.lr)
 
     # ---- the step, in two halves -------------------------------------------------
-    def prepare(self, params):
-        """Master-side, outside a recorded step: make the state and write the next learning rate."""
+    def prepare(self, params, lr_scale=1.0):
+        """Master-side, outside a recorded step: make the state and write the next learning rate
+        (times `lr_scale`: asynchronous SGD's staleness-aware rate, dnn.asgd)."""
         for p in params:
             self._check_param(p)
             state = self._state.get(p)
@@ -109,7 +110,7 @@ class Optimizer:
                 for name, m in state.items():
                     if m.layout != p.value.layout:
                         state[name] = m.remap(plain_layout(p.value))
-        lr = self.current_lr()
+        lr = self.current_lr() * lr_scale
         for dtype in {p.dtype for p in params}:
             s = self._step_scalars(dtype)
             if self._lr_written.get(dtype) != lr:

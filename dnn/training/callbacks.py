@@ -207,7 +207,9 @@ class ModelCheckpoint(Callback):
             if not logs or self.monitor not in logs:
                 raise ConfigError(f"ModelCheckpoint: {self.monitor!r} is not in the epoch's logs")
             value = self.sign * logs[self.monitor]
-            if value >= self.best:
+            # not an improvement unless a finite number below the best: NaN compares False with
+            # everything, and saving at a NaN epoch would overwrite the best file with NaN weights
+            if not (math.isfinite(value) and value < self.best):
                 return
             self.best = value
         self._save(epoch=epoch + 1, batch=0, **(logs or {}))

@@ -19,3 +19,13 @@ def _message_limits(call):
     from dmath.comm import collectives
     collectives.MAX_MESSAGE_BYTES, collectives.MAX_COLLECTIVE_BYTES = int(call.scalars[0]), int(call.scalars[1])
     return []
+
+
+@kernel("test_partial_addends")
+def _partial_addends(call):
+    """A (rows, 1) Partial whose addend on worker w is column w of the (rows, P) ColBlock input, as
+    it is: addends that a sum would round or overflow in their dtype (dmath's own Partial results
+    of float16 hold sums rounded once), for the tests of what a remap does with them."""
+    from dmath.runtime import Shard
+    dist, dtype = call.entry.out_dists[0], call.entry.outputs[0].dtype
+    return [Shard([p.copy() for p in call.inputs[0].pieces], dist, dtype)]

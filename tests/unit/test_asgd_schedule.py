@@ -89,3 +89,28 @@ def test_worker_groups():
     assert worker_groups(4, 2) == [(0, 1), (2, 3)]
     assert worker_groups(3, 3) == [(0,), (1,), (2,)]
     assert worker_groups(1, 1) == [(0,)]
+
+
+# ---- the staleness rule (issue 35, item 9) ------------------------------------------------------------
+def test_the_staleness_rule_lowers_momentum_by_the_implicit_one_and_divides_the_rate():
+    from dnn.asgd import StalenessRule, mean_staleness
+    from dnn.errors import ConfigError
+    assert mean_staleness(1, 0, 50) == 0.0
+    assert mean_staleness(3, 0, 50) == 0.0                       # k = 0: sequential
+    assert mean_staleness(3, 2, 60) == pytest.approx((0 + 1 + 2 * 58) / 60)   # the first two are fresher
+    both = StalenessRule("both", 2.0, momentum=0.9)
+    # (1 - mu') (1 - s / (s + 1)) = 1 - mu: the heavy ball's step multiplier is the synchronous one
+    assert both.momentum(0.9) == pytest.approx(0.7)
+    assert (1 - both.momentum(0.9)) * (1 - 2 / 3) == pytest.approx(1 - 0.9)
+    assert both.momentum(0.5) == 0.0                             # implicit momentum alone is more
+    assert both.momentum(0.0) == 0.0
+    assert [both.lr_scale(s) for s in (0, 1, 2, 4)] == [0.5] * 4      # by the mean staleness
+    assert StalenessRule("both", 0.5, 0.9).lr_scale(1) == 1.0
+    assert StalenessRule("both", 2.0, 0.0).lr_scale(2) == 1.0                # plain SGD: left alone
+    assert [StalenessRule("lr", 2.0).lr_scale(s) for s in (0, 1, 2, 4)] == [1.0, 1.0, 0.5, 0.25]
+    assert StalenessRule("momentum", 2.0).lr_scale(4) == 1.0
+    assert StalenessRule("lr", 2.0).momentum(0.9) == 0.9
+    assert StalenessRule("none", 3.0).momentum(0.9) == 0.9 and StalenessRule("none", 3.0).lr_scale(3) == 1.0
+    assert StalenessRule("both", 0.0).momentum(0.9) == pytest.approx(0.9)   # fresh: nothing changes
+    with pytest.raises(ConfigError, match="STALENESS_RULE"):
+        StalenessRule("zhang", 1.0)

@@ -312,8 +312,12 @@ def _take_rows(call):
     # names both a matrix and its contents
     contents = (source.version, order.version)
 
+    # a mapped file is checked before each gather (also on the read-ahead thread, after the command
+    # that checked it has ended): a page past the end of a file that shrank kills with SIGBUS
+    verify = getattr(source, "verify", None) or (lambda: None)
+
     def gather_at(p):
-        return lambda: _gather_host(host_src, order_host[p + r0:p + r0 + m].astype(np.int64), stype)
+        return lambda: (verify(), _gather_host(host_src, order_host[p + r0:p + r0 + m].astype(np.int64), stype))[1]
     block = ahead.take((contents, pos), gather_at(pos))
     if one_hot:
         _write_rows(target, backend.current().asarray(block), True, xp)

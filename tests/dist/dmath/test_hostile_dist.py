@@ -156,7 +156,7 @@ def test_writes_into_a_slice_or_transpose_raise_instead_of_changing_a_copy(view,
 
 # ---- the fuzz suite ------------------------------------------------------------------------------------
 BAD = [None, "x", 1j, float("nan"), float("inf"), -1, 2.5, (), (3,), (3, 4, 5), [[1, 2]], np.ones(3), object(),
-       dmath.Replicated(), True, 10 ** 30]
+       dmath.Replicated(), True, 10 ** 30, (True, 2), (2, np.True_)]
 LAYOUTS = [None, dmath.RowBlock(), dmath.ColBlock(), dmath.Replicated(), dmath.Block2D(),
            dmath.BlockCyclic((2, 3)), "rowblock", dmath.RowBlock(group=[P]), dmath.RowBlock(sizes=[1] * P)]
 DTYPES = ["float16", "float32", "float64", "int32", "complex64", np.float32, None, "float"]
@@ -199,12 +199,16 @@ class Fuzz:
         rows, cols = self.pick([0, -1, 7, slice(0, 2), slice(None, None, 2), "a", None, 1.5]), \
             self.pick([slice(None), 0, -9, slice(3, 1)])
         ij, arr = self.pick([(0, 0), (9, 9), (-1, -1), 3, (0.5, 1), ("a", 0)]), \
-            self.pick([x, x.astype(np.complex64), x.astype(str), x[None], np.float16(3), x.astype(np.int8)])
+            self.pick([x, x.astype(np.complex64), x.astype(str), x[None], np.float16(3), x.astype(np.int8),
+                       x.astype(np.longdouble), np.array([[2 ** 53 + 1, 7]]), np.array([[2 ** 52, -5]])])
+        n_eye, m_eye = int(self.rng.integers(0, 5)), self.pick([None, 0, 3, 5, "float64", True, 2.0])
 
         def keep(v, axis):           # numpy's reduction in dmath's (1, n) / (m, 1) shape
             return v if axis is None else np.expand_dims(v, axis)
         ops = {
             "zeros": (lambda: dmath.zeros(self.shape(), dtype=dt, layout=lay), None),
+            "eye": (lambda: dmath.eye(n_eye, m=m_eye, layout=lay), lambda: np.eye(n_eye, m_eye)),
+            "eye_numpy_order": (lambda: dmath.eye(n_eye, m_eye, layout=lay), None),
             "full": (lambda: dmath.full(self.shape(), s, layout=lay), None),
             "from_numpy": (lambda: dmath.from_numpy(arr, layout=lay), lambda: np.atleast_2d(arr)),
             "add": (lambda: a + b, lambda: x + y),
@@ -298,3 +302,66 @@ def test_clear_releases_replica_copies_and_captured_plans():
     # step by step (the CPU) the replica cache fills again; a re-captured CUDA graph remaps inside
     # the graph on every launch and keeps nothing in the cache
     assert dmath.stats()[0]["cache_entries"] > 0 or P == 1 or dmath.device() == "gpu"
+
+
+# ---- issue 35: arguments that were accepted wrongly, or refused with raw errors --------------------------
+def test_boolean_shapes_are_refused():
+    for shape in [(True, 2), (2, False), (np.True_, 3)]:
+        with pytest.raises(dmath.LayoutError, match="pair of non-negative integers"):
+            dmath.zeros(shape)               # before: a (1, 2) matrix
+    _usable()
+
+
+def test_eye_says_how_to_ask_for_numpys_columns():
+    with pytest.raises(DMathError, match=r"second argument is the dtype, got 4; .*dmath\.eye\(3, m=4\)"):
+        dmath.eye(3, 4)                      # before: "unknown dtype 4"
+    np.testing.assert_array_equal(dmath.eye(3, m=4, layout=dmath.ColBlock()).to_numpy(), np.eye(3, 4))
+    np.testing.assert_array_equal(dmath.eye(4, "float64", m=2).to_numpy(), np.eye(4, 2))
+    np.testing.assert_array_equal(dmath.eye(3).to_numpy(), np.eye(3))
+    with pytest.raises(DMathError, match="m must be an integer"):
+        dmath.eye(3, m=2.0)
+    _usable()
+
+
+def test_from_numpy_refuses_values_it_would_round():
+    with pytest.raises(dmath.DTypeError, match=r"long double"):
+        dmath.from_numpy(np.ones((2, 2), dtype=np.longdouble))
+    np.testing.assert_array_equal(dmath.from_numpy(np.ones((2, 2), dtype=np.longdouble), dtype="float64")
+                                  .to_numpy(), np.ones((2, 2)))
+    with pytest.raises(dmath.DTypeError, match=r"not exact in float64 \(the first: 9007199254740993"):
+        dmath.from_numpy(np.array([[1, 2 ** 53 + 1]]))
+    with pytest.raises(dmath.DTypeError, match=r"not exact in float32"):
+        dmath.from_numpy(np.array([[2 ** 24 + 1]], dtype=np.int32), dtype="float32")
+    m = dmath.zeros((1, 2), dtype="float16")
+    with pytest.raises(dmath.DTypeError, match=r"not exact in float16"):
+        m.assign(np.array([[2049, 1]]))
+    # exact ones pass, however large
+    big = np.array([[2 ** 60, -(2 ** 55), 3]])
+    np.testing.assert_array_equal(dmath.from_numpy(big).to_numpy(), big.astype(np.float64))
+    _usable()
+
+
+@pytest.mark.parametrize("header", [
+    b"{'descr': '<f4', 'fortran_order': False, 'shape': (2, \"",      # tokenize.TokenError before
+    b"{'descr': '<f4', 'fortran_order': False, 'shape': " + b"(" * 500 + b")" * 500 + b"}",
+    b"{'descr': '<f4', 'fortran_order': False, 'shape': (2.5, 1), }",
+    b"\xff\xfe garbage",
+])
+def test_a_npy_header_of_garbage_is_a_dmath_error(tmp_path, header):
+    path = tmp_path / "bad.npy"
+    head = header.ljust(118 - 10) + b"\n"
+    path.write_bytes(b"\x93NUMPY\x01\x00" + len(head).to_bytes(2, "little") + head + b"\0" * 64)
+    with pytest.raises(DMathError, match="bad.npy"):
+        dmath.from_file(str(path))
+    _usable()
+
+
+def test_from_file_of_a_fifo_is_refused_without_blocking(tmp_path):
+    import os
+    fifo = str(tmp_path / "pipe.npy")
+    os.mkfifo(fifo)
+    with pytest.raises(DMathError, match="not a regular file"):
+        dmath.from_file(fifo)               # before: blocked for a writer in the header read
+    with pytest.raises(DMathError, match="path must be a str"):
+        dmath.from_file(b"/tmp/x.npy")
+    _usable()

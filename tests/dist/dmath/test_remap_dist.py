@@ -210,9 +210,12 @@ def test_background_sum_equals_the_blocking_one(dtype):
 
 
 def _partial(columns, dtype):
-    """A (rows, 1) Partial over every worker whose addend on worker w is columns[:, w] (P columns):
-    the row sums of a ColBlock matrix come out Partial with one column per worker."""
-    S = dmath.from_numpy(columns, layout=dmath.ColBlock(), dtype=dtype).sum(axis=1)
+    """A (rows, 1) Partial over every worker whose addend on worker w is columns[:, w] (P columns),
+    made by a test kernel (tests/dist/_kernels.py): dmath's own float16 Partial results (row sums
+    of a ColBlock matrix, say) hold their sums rounded once, not such addends (issue 35)."""
+    from dmath.ops.base import dispatch, new_meta
+    C = dmath.from_numpy(columns, layout=dmath.ColBlock(), dtype=dtype)
+    S = dispatch("test_partial_addends", [C], [new_meta(dmath.Partial(), (columns.shape[0], 1), dtype)])[0][0]
     assert S.layout.partial
     return S
 

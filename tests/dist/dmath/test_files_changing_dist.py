@@ -1,0 +1,161 @@
+"""Files that change or vanish around `dmath.from_file` and `dnn.data.Dataset.from_npy/from_mnist`
+(issue 35, item 1), at every worker count.
+
+from_file returns only once every worker has read its pieces (or mapped them), so the file may be
+replaced, rewritten or deleted afterwards; a file that is not the version the master checked, or
+that changes while the workers read it, raises DMathError on the master and leaves the runtime
+usable. Before the fix, from_file returned while the workers were still reading: a replacement
+right after it gave a matrix mixing rows of both files, a deleted file a WorkerError, and a
+rewrite in place a SIGBUS. (A mapped file that shrinks later: tests/test_failures_files.py.)
+"""
+import os
+import tempfile
+
+import numpy as np
+import pytest
+
+import dmath
+import dnn
+from dmath.ops import files
+
+from _cases import values
+
+P = dmath.num_workers()
+LAYOUTS = [dmath.RowBlock(), dmath.Replicated(), dmath.ColBlock(), dmath.BlockCyclic(block=(3, 2))]
+
+
+def _usable():
+    x = values((7, 5), 3)
+    np.testing.assert_allclose((dmath.from_numpy(x) * 2.0).to_numpy(), 2 * x, rtol=1e-6)
+
+
+def _save(path, a):
+    """np.save to a new file, then an atomic rename over `path` (how a pipeline publishes a file)."""
+    tmp = str(path) + ".new.npy"
+    np.save(tmp, a)
+    os.replace(tmp, path)
+
+
+@pytest.mark.parametrize("lay", LAYOUTS, ids=lambda lay: type(lay).__name__)
+def test_a_file_replaced_right_after_from_file_returns_is_not_mixed_in(tmp_path, lay):
+    path = str(tmp_path / "x.npy")
+    for trial in range(8):
+        a = np.full((64, 33), float(trial), dtype=np.float32) + np.arange(33, dtype=np.float32)
+        _save(path, a)
+        m = dmath.from_file(path, layout=lay)
+        _save(path, -a - 1)                                   # the next file, at once
+        np.testing.assert_array_equal(m.to_numpy(), a)
+
+
+def test_a_file_rewritten_in_place_right_after_from_file_returns(tmp_path):
+    path = str(tmp_path / "x.npy")
+    a = values((300, 40), 1).astype(np.float32)
+    np.save(path, a)
+    m = dmath.from_file(path, layout=dmath.RowBlock())
+    with open(path, "r+b") as f:                # truncated, then written again: a mapped reader dies
+        f.truncate(0)
+        f.flush()
+        np.save(f, np.zeros_like(a))
+    np.testing.assert_array_equal(m.to_numpy(), a)
+    _usable()
+
+
+def test_a_file_in_a_temporary_directory_outlives_the_block():
+    a = values((50, 9), 2)
+    with tempfile.TemporaryDirectory() as d:
+        np.save(os.path.join(d, "x.npy"), a)
+        m = dmath.from_file(os.path.join(d, "x.npy"), dtype="float64", layout=dmath.Replicated())
+    np.testing.assert_array_equal(m.to_numpy(), a)
+    _usable()
+
+
+def test_a_mapped_file_replaced_by_a_rename_keeps_the_mapped_version(tmp_path):
+    path = str(tmp_path / "x.npy")
+    a = values((40, 6), 4).astype(np.float32)
+    np.save(path, a)
+    m = dmath.from_file(path, layout=dmath.Replicated(), mapped=True)
+    _save(path, a[:3] + 1)          # smaller: the mapping still holds the old inode, whole
+    np.testing.assert_array_equal(m.to_numpy(), a)
+    np.testing.assert_array_equal((m * 1.0).sum(axis=0).to_numpy(), a.sum(axis=0, keepdims=True))
+
+
+def test_a_file_that_is_not_the_version_the_master_checked_is_refused(tmp_path, monkeypatch):
+    """Every worker compares the file it opens with the master's stamp (same host: device, inode,
+    size, mtime): here the master's stamp is made stale, as when the file is replaced between the
+    master's check and the workers' reads."""
+    path = str(tmp_path / "x.npy")
+    np.save(path, values((20, 4), 5))
+    checked = files.check_size
+
+    def stale(spec):
+        spec = checked(spec)
+        return spec._replace(stamp=spec.stamp[:4] + (spec.stamp[4] - 1,))
+    monkeypatch.setattr(files, "check_size", stale)
+    with pytest.raises(dmath.DMathError, match=r"changed while the workers read it(.|\n)*worker 0: .*replaced"):
+        dmath.from_file(path)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(dmath.from_file(path, dtype="float64").to_numpy(), values((20, 4), 5))
+    _usable()
+
+
+def test_a_file_modified_while_the_master_reads_it_is_refused(tmp_path, monkeypatch):
+    """The master (worker 0) rewrites the file in the middle of its own read: it reports it, the
+    call raises and the runtime goes on (the other workers' reads are done by then)."""
+    path = str(tmp_path / "x.npy")
+    a = values((30, 4), 6).astype(np.float32)
+    np.save(path, a)
+    read = files._read_piece
+
+    def read_then_touch(f, spec, piece, out):
+        read(f, spec, piece, out)
+        st = os.stat(spec.path)
+        os.utime(spec.path, ns=(st.st_atime_ns, st.st_mtime_ns + 10 ** 9))
+    monkeypatch.setattr(files, "_read_piece", read_then_touch)
+    with pytest.raises(dmath.DMathError, match=r"worker 0: .*modified while it was read"):
+        dmath.from_file(path, layout=dmath.Replicated())
+    monkeypatch.undo()
+    np.testing.assert_array_equal(dmath.from_file(path, layout=dmath.Replicated()).to_numpy(), a)
+
+
+def test_a_short_read_is_reported_not_a_crash(tmp_path):
+    """The plain reads of the worker kernel meet the end of a truncated file as an error."""
+    path = str(tmp_path / "x.bin")
+    with open(path, "wb") as f:
+        f.write(b"\0" * 10)
+    with open(path, "rb") as f, pytest.raises(files.FileChanged, match="ended at 10 bytes"):
+        files._pread(f.fileno(), np.empty(16, np.uint8), 0, path)
+
+
+def test_wide_integer_files_need_an_explicit_dtype(tmp_path):
+    path = str(tmp_path / "i.npy")
+    big = np.array([[2 ** 40 + 1, 3], [5, -(2 ** 33) - 7]], dtype=np.int64)
+    np.save(path, big)
+    with pytest.raises(dmath.DMathError, match=r"int64 values, which float32 may round; pass dtype="):
+        dmath.from_file(path)
+    np.testing.assert_array_equal(dmath.from_file(path, dtype="float64").to_numpy(), big.astype(np.float64))
+    np.save(path, np.arange(6, dtype=np.uint16).reshape(2, 3))      # float32 holds every uint16
+    np.testing.assert_array_equal(dmath.from_file(path).to_numpy(), np.arange(6).reshape(2, 3))
+
+
+@pytest.mark.parametrize("placement", ["host", "mapped"])
+def test_dataset_from_npy_replaced_right_after(tmp_path, placement):
+    path = str(tmp_path / "x.npy")
+    for trial in range(4):
+        x = np.full((40, 1, 4, 4), float(trial), dtype=np.float32)
+        _save(path, x)
+        ds = dnn.data.Dataset.from_npy(path, np.arange(40) % 3, placement=placement)
+        _save(path, x + 100)
+        np.testing.assert_array_equal(ds._store.x.to_numpy(), x.reshape(40, 16))
+
+
+def test_dataset_from_mnist_files_removed_right_after(tmp_path):
+    from dnn.data.idx import write_idx
+    rng = np.random.default_rng(0)
+    images = rng.integers(0, 256, size=(30, 28, 28), dtype=np.uint8)
+    labels = rng.integers(0, 10, size=30, dtype=np.uint8)
+    write_idx(str(tmp_path / "t10k-images-idx3-ubyte"), images)
+    write_idx(str(tmp_path / "t10k-labels-idx1-ubyte"), labels)
+    ds = dnn.data.Dataset.from_mnist(str(tmp_path), split="test")
+    for name in os.listdir(tmp_path):
+        os.remove(tmp_path / name)
+    np.testing.assert_array_equal(ds._store.x.to_numpy(), images.reshape(30, 784).astype(np.float16))
