@@ -1,5 +1,5 @@
 """Asynchronous SGD's accuracy against synchronous SGD's at every max_staleness up to P + 1, under each
-staleness rule of dnn.asgd (issue 35, item 9).
+staleness rule of dnn.training.asgd (issue 35, item 9).
 
     mpiexec -n P python benchmarks/asgd_staleness.py OUTDIR [--device cpu|gpu] [--rules both,momentum,lr,none]
         [--epochs 6] [--train 4000] [--lr 0.1] [--momentum 0.9] [--batch-size 50] [--seeds 0]
@@ -21,7 +21,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dmath                                    # noqa: E402
 import dnn                                      # noqa: E402
-from dnn import asgd                            # noqa: E402
+from dnn.training import asgd                   # noqa: E402
 from dnn import layers as L                     # noqa: E402
 from common import environment, write_json      # noqa: E402
 

@@ -93,7 +93,7 @@ def test_worker_groups():
 
 # ---- the staleness rule (issue 35, item 9) ------------------------------------------------------------
 def test_the_staleness_rule_lowers_momentum_by_the_implicit_one_and_divides_the_rate():
-    from dnn.asgd import StalenessRule, mean_staleness
+    from dnn.training.asgd import StalenessRule, mean_staleness
     from dnn.errors import ConfigError
     assert mean_staleness(1, 0, 50) == 0.0
     assert mean_staleness(3, 0, 50) == 0.0                       # k = 0: sequential

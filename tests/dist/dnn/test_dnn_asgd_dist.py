@@ -175,7 +175,7 @@ def more_digits(mnist_5k):
 def test_asgd_with_momentum_converges_at_every_staleness(more_digits):
     """Issue 35, item 9: SGD with momentum 0.9 at lr 0.1 learned nothing asynchronously (0.21-0.30
     at the default max_staleness, 3 workers) where synchronous SGD reached 0.93. The staleness
-    rule (dnn.asgd.StalenessRule, 'both') keeps it within 2 points at every max_staleness to P + 1."""
+    rule (dnn.training.asgd.StalenessRule, 'both') keeps it within 2 points at every max_staleness to P + 1."""
     train, test = more_digits
 
     def accuracy(**kwargs):

@@ -155,7 +155,7 @@ def test_non_integer_labels_get_a_message_about_labels():
 def test_a_layer_without_a_name_reports_its_kind():
     d = L.Dense(3)
     assert d.name == "dense" and repr(d) == "<Dense dense>" and not d.named
-    with pytest.raises(dnn.ConfigError, match="^dense is not built"):      # before: "None is not built"
+    with pytest.raises(dnn.ConfigError, match=r"^dense \(Dense\) is called"):      # before: "None is not built"
         d(None, None)
     model = dnn.Sequential([L.Input(4), d, L.Dense(2, name="head"), L.Output("softmax")])
     assert [x.name for x in model.layers[1:3]] == ["dense_1", "head"]
