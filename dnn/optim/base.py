@@ -98,7 +98,7 @@ class Optimizer:
     # ---- the step, in two halves -------------------------------------------------
     def prepare(self, params, lr_scale=1.0):
         """Master-side, outside a recorded step: make the state and write the next learning rate
-        (times `lr_scale`: asynchronous SGD's staleness-aware rate, dnn.asgd)."""
+        (times `lr_scale`: asynchronous SGD's staleness-aware rate, dnn.training.asgd)."""
         for p in params:
             self._check_param(p)
             state = self._state.get(p)

@@ -104,7 +104,7 @@ class StalenessRule:
 
     def __init__(self, name, mean_staleness, momentum=0.0):
         if name not in ("momentum", "lr", "both", "none"):
-            raise ConfigError(f"dnn.asgd.STALENESS_RULE must be 'momentum', 'lr', 'both' or 'none', got {name!r}")
+            raise ConfigError(f"dnn.training.asgd.STALENESS_RULE must be 'momentum', 'lr', 'both' or 'none', got {name!r}")
         self.name, self.mean_staleness = name, float(mean_staleness)
         self.with_momentum = bool(momentum)      # the optimizer's own momentum is > 0
 
