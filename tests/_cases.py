@@ -172,7 +172,7 @@ def uneven_remap(p):
     the limit, so the remap is careful (dmath.memory.set_careful('auto')).
     """
     from dmath.memory import block_bytes
-    rows, n = [8] * (p - 1) + [1200], 240
+    rows, n = [8] * (p - 1) + [9600], 240      # large beside what kernels keep per signature
     x = values((sum(rows), n), 97)
     a = dmath.from_numpy(x, dmath.RowBlock(sizes=rows))
     cols = n // p                                           # the last worker's ColBlock columns

@@ -8,11 +8,12 @@ from ..ops.base import is_matrix
 from ..runtime import runtime
 from . import dense
 
-#: the column-block width of the factorizations when `block=` is not given, per backend. CPU: 256
-#: beat 128 for Cholesky, LU and QR at n = 2048 on 2 workers (benchmarks/results/
-#: linalg_cpu_2026-11-26_060839.json); GPU: a first choice, wide enough for the trailing products to
-#: reach cuBLAS's rate, until benchmarks/linalg_bench.py --blocks 256 512 1024 has measured it there
-DEFAULT_BLOCK = {"cpu": 256, "gpu": 512}
+#: the column-block width of the factorizations when `block=` is not given, per backend (and per
+#: factorization where the best differs), measured with benchmarks/linalg_bench.py --blocks: on the
+#: CPU 256 beat 128 (n = 2048, 2 workers); on an H200 (n = 16384, float64) 1024 gave Cholesky 0.90
+#: and LU 0.48 of one-GPU cuSOLVER's rate against 0.62 and 0.43 at 512, while QR peaked at 512
+#: (0.86, 0.66 at 1024): benchmarks/results/linalg_gpu_2026-11-26_065329.json
+DEFAULT_BLOCK = {"cpu": 256, "gpu": 1024, "gpu:qr": 512}
 
 
 def matrix(A, fn, what="A"):
@@ -54,10 +55,12 @@ def dtype_of(*ms):
     return np.result_type(*[m.dtype for m in ms]).name
 
 
-def block(nb, n=None):
-    """The column-block width: `nb` checked, or the backend's default; at most n (when given)."""
+def block(nb, n=None, op=None):
+    """The column-block width: `nb` checked, or the backend's default (for factorization `op` where
+    it has its own); at most n (when given)."""
     if nb is None:
-        nb = DEFAULT_BLOCK["gpu" if backend.current().is_gpu else "cpu"]
+        where = "gpu" if backend.current().is_gpu else "cpu"
+        nb = DEFAULT_BLOCK.get(f"{where}:{op}", DEFAULT_BLOCK[where])
     elif isinstance(nb, (bool, np.bool_)) or not isinstance(nb, (int, np.integer)) or nb < 1:
         raise DMathError(f"block must be a positive integer, got {nb!r}")
     nb = int(nb)

@@ -285,7 +285,7 @@ def qr(A, mode="reduced", *, block=None, layout=None):
         Q, R = (made[0], made[1]) if want_q else (None, made[0])
     else:
         k = min(m, n)
-        nb = checks.block(block, max(1, k))
+        nb = checks.block(block, max(1, k), op="qr")
         W = _work(A, nb, dtype)
         outs = [0] + ([new_meta(work_layout(nb, P), (m, k), dtype)] if want_q else [])
         made = dispatch("linalg_qr", [W], outs, static=QR.static(nb=nb, with_b=want_q))[0]
@@ -322,7 +322,7 @@ def lstsq(A, B, *, block=None, layout=None):
     if rank < k:
         raise LinAlgError(f"{fn}: A has rank {rank} < {k} (singular values below {tol:.3g}); the QR "
                           f"least-squares solver needs full rank")
-    nb = checks.block(block, k)
+    nb = checks.block(block, k, op="qr")
     if tall:
         X = solve_triangular(R, gemm(Q, B, trans_a=True), lower=False, block=nb)
         if m > n:

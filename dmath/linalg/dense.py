@@ -144,9 +144,16 @@ def qr_reduced(a):
     return backend.current().xp.linalg.qr(a, mode="reduced")
 
 
+def _finite(a, xp):
+    # LAPACK refuses NaN and inf (SciPy checks); cuSOLVER returns NaN without a word: same refusal
+    if not bool(xp.isfinite(a).all()):
+        raise np.linalg.LinAlgError("the matrix holds NaN or inf")
+
+
 def eigh(a, vectors=True):
     """Eigenvalues (ascending) and, when `vectors`, orthonormal eigenvectors of the symmetric block."""
     xp = backend.current().xp
+    _finite(a, xp)
     if vectors:
         return xp.linalg.eigh(a)
     return xp.linalg.eigvalsh(a), None
@@ -155,6 +162,7 @@ def eigh(a, vectors=True):
 def svd(a, vectors=True, full=False):
     """(U, s, Vh) of the block `a` (s descending), or (None, s, None) without vectors."""
     xp = backend.current().xp
+    _finite(a, xp)
     if not vectors:
         return None, xp.linalg.svd(a, compute_uv=False), None
     return xp.linalg.svd(a, full_matrices=full)

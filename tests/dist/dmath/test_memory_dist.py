@@ -206,7 +206,9 @@ def test_limit_refuses_on_the_master_and_the_runtime_goes_on(limit):
 
 
 def test_limit_counts_live_matrices(limit):
-    side = 1024                                             # a Replicated 1024 x 1024 float32: 4 MiB each
+    # a Replicated 2048 x 2048 float32, 16 MiB each: far above what kernels keep per signature
+    # (device index arrays, remap buffers), which grows with the commands a session has run
+    side = 2048
     each = side * side * 4
     held = [d["matrices"] for d in limit]
     # what the pools hold besides live matrices (kernels' cached buffers): the master does not see it

@@ -81,21 +81,23 @@ def test_placements_train_to_the_same_weights(tmp_path):
 
 
 def test_auto_placement_falls_back_to_the_file_under_a_memory_limit(tmp_path):
-    x, y = _blobs(n=400, features=50)
+    # 4.8 MB of samples: large beside what kernels keep per signature (device index arrays, remap
+    # buffers), which the limit counts and the master's ledger does not
+    x, y = _blobs(n=400, features=1500)
     np.save(tmp_path / "x.npy", x)
     held = max(s["matrices"] for s in dmath.memory.stats())
     dmath.memory.set_limit(held + 3 * x.nbytes // 2)     # room for the samples once, not for twice them
     try:
         data = dnn.data.Dataset.from_npy(str(tmp_path / "x.npy"), y)
         assert data.placement == "mapped"
-        model = _model(features=50)
+        model = _model(features=1500)
         hist = model.fit(data, batch_size=50, epochs=2, verbose=0)
         assert hist["loss"][1] < hist["loss"][0]
     finally:
         dmath.memory.set_limit(None)
     small = dnn.data.Dataset.from_npy(str(tmp_path / "x.npy"), y)
     assert small.placement == "device"
-    reference = _model(features=50)
+    reference = _model(features=1500)
     reference.fit(small, batch_size=50, epochs=2, verbose=0)
     for a, b in zip(model.get_weights(), reference.get_weights()):
         np.testing.assert_array_equal(a, b)
