@@ -16,11 +16,23 @@ exactly (bilinear, Pillow's antialiasing), so only the random numbers differ.
 import math
 
 import numpy as np
-from PIL import Image
+
+from .errors import DataError
 
 #: torchvision's ImageNet statistics (of pixels scaled to [0, 1])
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
+
+
+def pillow():
+    """Pillow's Image module (the `images` extra), imported on first use: dnn needs it for image
+    folders only."""
+    try:
+        from PIL import Image
+    except ImportError as exc:
+        raise DataError("dnn.data.ImageFolder decodes images with Pillow: pip install Pillow (the 'images' "
+                        "extra)") from exc
+    return Image
 
 
 def sample_generator(seed, stream):
@@ -62,9 +74,10 @@ def train_draws(width, height, rng, scale, ratio, flip):
 
 def resized_crop(img, box, size, mirrored):
     """`img` cropped to `box`, resized to size (H, W) bilinear (antialiased), mirrored: uint8 (H, W, 3)."""
-    out = img.crop(box).resize((size[1], size[0]), Image.BILINEAR)
+    image = pillow()
+    out = img.crop(box).resize((size[1], size[0]), image.BILINEAR)
     if mirrored:
-        out = out.transpose(Image.FLIP_LEFT_RIGHT)
+        out = out.transpose(image.FLIP_LEFT_RIGHT)
     return np.asarray(out)
 
 
@@ -91,5 +104,5 @@ def eval_transform(img, size, resize_size):
     short = max(resize_size, size[0], size[1])
     w, h = resize_shorter(width, height, short)
     if (w, h) != (width, height):
-        img = img.resize((w, h), Image.BILINEAR)
+        img = img.resize((w, h), pillow().BILINEAR)
     return np.asarray(img.crop(center_crop_box(w, h, size)))

@@ -23,7 +23,6 @@ import threading
 import warnings
 
 import numpy as np
-from PIL import Image
 
 from . import augment
 from .errors import DataError
@@ -40,7 +39,7 @@ def _resolve(ref):
 def open_rgb(path):
     """The image at `path`, decoded, as an RGB Pillow image (raises on a file Pillow cannot decode)."""
     with open(path, "rb") as f:
-        img = Image.open(f)
+        img = augment.pillow().open(f)
         img.load()            # decode now, while the file is open: a truncated file raises here
     # (convert copies: an RGB image, most JPEGs, is used as it is)
     return img if img.mode == "RGB" else img.convert("RGB")

@@ -161,6 +161,7 @@ class ImageFolder(Dataset):
     def __init__(self, root, image_size=224, train=True, *, resize_size=None, crop_scale=(0.08, 1.0),
                  crop_ratio=(3 / 4, 4 / 3), flip=True, mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD,
                  batch_transform=None, on_error="skip", threads=0, normalize_on="auto"):
+        augment.pillow()                # (a DataError now, not on the workers, when Pillow is missing)
         size = _size(image_size, "image_size")
         resize = int(round(max(size) / EVAL_CROP)) if resize_size is None else _size(resize_size, "resize_size")[0]
         if resize < max(size):
