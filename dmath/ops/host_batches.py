@@ -386,14 +386,16 @@ class Pipeline:
             src, t, arr = self.source, self.t, staged.array
             c, h, w = t.image
             host_norm = staged.place == "host"
-            mean = np.asarray(t.mean, dtype=np.float32).reshape(c, 1, 1)
-            inv = (1.0 / np.asarray(t.std, dtype=np.float64)).astype(np.float32).reshape(c, 1, 1)
+            # the device stage's arithmetic, in its dtype: either place gives the same values
+            cdt = rows.compute_dtype(self.dtype)
+            mean = np.asarray(t.mean, dtype=cdt).reshape(c, 1, 1)
+            inv = (1.0 / np.asarray(t.std, dtype=np.float64)).astype(cdt).reshape(c, 1, 1)
 
             def one(i):
                 if host_norm:
                     pix = np.empty((h, w, c), dtype=np.uint8)
                     src.sample(int(indices[i]), int(streams[i]), t.random, seed, pix)
-                    chw = pix.transpose(2, 0, 1).astype(np.float32)
+                    chw = pix.transpose(2, 0, 1).astype(cdt)
                     chw -= mean
                     chw *= inv
                     arr[i] = chw.reshape(-1)
@@ -471,7 +473,7 @@ class Pipeline:
             else:
                 target[...] = be.asarray(staged.array)
         else:
-            pix = xp.empty((m, h, w, c), dtype=xp.uint8) if be.is_gpu else None
+            pix = memory.empty((m, h, w, c), np.uint8) if be.is_gpu else None
             if pix is not None:
                 be.copy_to_device(pix, staged.array)        # uint8 to the device: a quarter of float32's bytes
             else:
@@ -484,8 +486,9 @@ class Pipeline:
             y *= inv
             target.reshape(m, c, h, w)[...] = y
         finish = getattr(self.source, "finish", None)
-        if finish is not None:
-            # the source's own batch function, on the device, with each sample's place in the stream
+        if finish is not None and self.t.random:
+            # the source's own function on training batches, on the device, with each sample's place
+            # in the stream of samples drawn
             finish(target.reshape(m, c, h, w), staged.streams, xp)
         staged.copied[1] = be.mark()
 
