@@ -64,8 +64,9 @@ class SourceArgs(NamedTuple):
 HOST_SOURCE = define("host_source", SourceArgs)
 
 
-def _resolve(factory):
-    module, _, name = factory.partition(":")
+def resolve(ref):
+    """The object an importable reference "module:qualified.name" names (imported on first use)."""
+    module, _, name = ref.partition(":")
     obj = importlib.import_module(module)
     for part in name.split("."):
         obj = getattr(obj, part)
@@ -84,7 +85,7 @@ def host_source(factory, description, n):
     if not isinstance(factory, str) or ":" not in factory:
         raise DMathError(f"host_source: factory must be 'module:callable', got {factory!r}")
     try:
-        _resolve(factory)
+        resolve(factory)
     except (ImportError, AttributeError) as exc:
         raise DMathError(f"host_source: cannot import {factory!r} ({exc})") from exc
     if not isinstance(description, (bytes, bytearray)):
@@ -107,7 +108,7 @@ def _host_source(call):
     collectives.wait_host(collectives.bcast_host_start(group, size), size.nbytes)
     data = call.payload if call.rank == 0 else np.empty(int(size[0]), dtype=np.uint8)
     collectives.wait_host(collectives.bcast_host_start(group, data), data.nbytes)
-    source = _resolve(call.entry.static.factory)(data.tobytes())
+    source = resolve(call.entry.static.factory)(data.tobytes())
     labels = np.asarray(source.labels, dtype=np.float32).reshape(-1, 1)
     if labels.shape != tuple(dist.shape):
         raise DMathError(f"host_source: the source has {labels.shape[0]} labels, the master announced "
@@ -260,7 +261,7 @@ class Tuner:
         self.threads = threads if threads > 0 else max(1, min(max_threads, 2))
         self.max_threads = max(self.threads, max_threads)
         self.place_choice = place
-        self.trials = {} if place == "auto" else None       # place -> [critical seconds]
+        self.trials = {} if place == "auto" else None       # place -> its step-side seconds a batch
         self.place = "device" if place == "auto" else place
         self.window = []
         self.frozen_up = self.frozen_down = self.fixed_threads
@@ -268,7 +269,9 @@ class Tuner:
         self.log = []
         self.totals = {"batches": 0, "samples": 0, "host_s": 0.0, "stall_s": 0.0, "device_s": 0.0, "step_s": 0.0}
 
-    def record(self, m, host_s, stall_s, device_s, step_s):
+    def record(self, m, host_s, stall_s, device_s, step_s, ahead=True):
+        """One batch's measurements; ahead: whether it was read ahead (a batch decoded on demand, at
+        an epoch's start or a new batch size, stalls by its whole host stage and teaches nothing)."""
         tot = self.totals
         tot["batches"] += 1
         tot["samples"] += m
@@ -276,8 +279,8 @@ class Tuner:
         tot["stall_s"] += stall_s
         tot["device_s"] += device_s
         tot["step_s"] += step_s
-        if tot["batches"] <= 1:
-            return             # the first batch was not read ahead: no stall to learn from
+        if not ahead:
+            return
         self.window.append((stall_s + device_s, stall_s, step_s))
         if len(self.window) < self.WINDOW:
             return
@@ -292,7 +295,8 @@ class Tuner:
                 self.place = left[0]
             else:
                 self.place = min(self.trials, key=self.trials.get)
-                self.log.append(f"normalisation on the {self.place} ({', '.join(f'{p}: {1e3 * v:.2f} ms' for p, v in self.trials.items())} a batch on the step's side)")
+                times = ", ".join(f"{p}: {1e3 * v:.2f} ms" for p, v in self.trials.items())
+                self.log.append(f"normalisation on the {self.place} ({times} a batch on the step's side)")
                 self.trials = None
             return
         self._threads(crit, stall / step)
@@ -432,7 +436,7 @@ class Pipeline:
         indices = order_host[pos + r0:pos + r0 + m].astype(np.int64)
         streams = drawn + r0 + np.arange(m, dtype=np.int64)
         key = (contents, pos, drawn, seed)
-        staged = None
+        staged, ahead = None, True
         if self.ahead is not None:
             th, guess = self.ahead
             th.join()
@@ -441,6 +445,7 @@ class Pipeline:
                 staged = guess
         stall = time.perf_counter() - t_enter
         if staged is None:            # not read ahead (the first batch, a new epoch or batch size)
+            ahead = False
             slot = self._buffer(self.tuner.place)
             staged = _Staged(key, self.tuner.place, slot[0])
             staged.copied, staged.streams = slot, streams
@@ -452,7 +457,7 @@ class Pipeline:
         t_dev = time.perf_counter()
         self._device_stage(target, staged)
         device_s = time.perf_counter() - t_dev
-        self.tuner.record(m, staged.host_s, stall, device_s, step_s)
+        self.tuner.record(m, staged.host_s, stall, device_s, step_s, ahead)
         # guess the next call: the stride of the last two, else one whole batch later
         last, self.last_pos = self.last_pos, pos
         stride = pos - last if last is not None and pos > last else batch

@@ -16,7 +16,6 @@ count trains on the same batches. The file is reported once per worker
 with a warning and counted (`report()`). With on_error='raise' the batch
 fails with a DataError naming the file.
 """
-import importlib
 import json
 import os
 import threading
@@ -24,16 +23,10 @@ import warnings
 
 import numpy as np
 
+from dmath.ops.host_batches import resolve
+
 from . import augment
 from .errors import DataError
-
-
-def _resolve(ref):
-    module, _, name = ref.partition(":")
-    obj = importlib.import_module(module)
-    for part in name.split("."):
-        obj = getattr(obj, part)
-    return obj
 
 
 def open_rgb(path):
@@ -59,7 +52,7 @@ class FolderSource:
         self.flip = bool(d["flip"])
         self.on_error = d["on_error"]
         fn = d.get("batch_transform")
-        self._user = _resolve(fn) if fn else None
+        self._user = resolve(fn) if fn else None
         # the files of class k are first[k] .. first[k + 1] - 1 (the folder lists them class by class)
         self.first = np.searchsorted(self.labels, np.arange(int(self.labels.max()) + 2))
         self.lock = threading.Lock()

@@ -115,9 +115,8 @@ def _function_ref(fn):
             raise ConfigError(f"ImageFolder: batch_transform must be a module-level function (the workers import "
                               f"it by name), got {fn!r}")
         ref = f"{mod}:{qual}"
-    from .decode import _resolve
     try:
-        _resolve(ref)
+        host_batches.resolve(ref)
     except (ImportError, AttributeError, ValueError) as exc:
         raise ConfigError(f"ImageFolder: batch_transform {ref!r} cannot be imported ({exc})") from exc
     return ref
