@@ -4,7 +4,8 @@
                 RandomHorizontalFlip(0.5)
     evaluation  Resize(resize_size) (the shorter side) then CenterCrop(size)
 
-Both end as uint8 (H, W, 3) pixels; the normalisation ((v/255 - mean) / std)
+They take a Pillow image or decoded (H, W, 3) uint8 pixels (simplejpeg's)
+and end as uint8 (H, W, 3) pixels; the normalisation ((v/255 - mean) / std)
 and the cast to the model's dtype come later, on the device (dmath's
 host_batch). The crop box and the flip of a sample are drawn from a
 generator seeded by (seed, the sample's place in the stream of samples
@@ -72,13 +73,25 @@ def train_draws(width, height, rng, scale, ratio, flip):
     return box, bool(flip and rng.random() < 0.5)
 
 
+def image_size(img):
+    """(width, height) of a Pillow image or of (H, W, 3) pixels."""
+    return (img.shape[1], img.shape[0]) if isinstance(img, np.ndarray) else img.size
+
+
+def as_pillow(img, box=None):
+    """A Pillow image of `img` (a Pillow image or (H, W, 3) uint8 pixels), cropped to `box` if given
+    (pixels are cropped before they are copied into Pillow: one copy of the region only)."""
+    if isinstance(img, np.ndarray):
+        if box is not None:
+            img = img[box[1]:box[3], box[0]:box[2]]
+        return pillow().fromarray(np.ascontiguousarray(img))
+    return img if box is None else img.crop(box)
+
+
 def resized_crop(img, box, size, mirrored):
     """`img` cropped to `box`, resized to size (H, W) bilinear (antialiased), mirrored: uint8 (H, W, 3)."""
-    image = pillow()
-    out = img.crop(box).resize((size[1], size[0]), image.BILINEAR)
-    if mirrored:
-        out = out.transpose(image.FLIP_LEFT_RIGHT)
-    return np.asarray(out)
+    out = np.asarray(as_pillow(img, box).resize((size[1], size[0]), pillow().BILINEAR))
+    return out[:, ::-1] if mirrored else out
 
 
 def resize_shorter(width, height, size):
@@ -100,9 +113,10 @@ def center_crop_box(width, height, size):
 def eval_transform(img, size, resize_size):
     """Resize(resize_size) then CenterCrop(size): uint8 (H, W, 3). An image whose resized shorter side
     is still below the crop is scaled up to cover it (torchvision would pad with zeros)."""
-    width, height = img.size
+    width, height = image_size(img)
     short = max(resize_size, size[0], size[1])
     w, h = resize_shorter(width, height, short)
-    if (w, h) != (width, height):
-        img = img.resize((w, h), pillow().BILINEAR)
-    return np.asarray(img.crop(center_crop_box(w, h, size)))
+    box = center_crop_box(w, h, size)
+    if (w, h) == (width, height):
+        return np.asarray(as_pillow(img, box))
+    return np.asarray(as_pillow(img).resize((w, h), pillow().BILINEAR).crop(box))

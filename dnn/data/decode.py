@@ -16,6 +16,7 @@ count trains on the same batches. The file is reported once per worker
 with a warning and counted (`report()`). With on_error='raise' the batch
 fails with a DataError naming the file.
 """
+import io
 import json
 import os
 import threading
@@ -29,11 +30,32 @@ from . import augment
 from .errors import DataError
 
 
-def open_rgb(path):
-    """The image at `path`, decoded, as an RGB Pillow image (raises on a file Pillow cannot decode)."""
+try:
+    import simplejpeg
+except ImportError:           # (optional: Pillow decodes every file then)
+    simplejpeg = None
+
+#: the decoders a folder may ask for: 'auto' is simplejpeg for JPEG files where it is installed
+DECODERS = ("auto", "pillow", "simplejpeg")
+_JPEG = b"\xff\xd8"
+
+
+def decode_rgb(path, decoder="auto"):
+    """The RGB image at `path`: (H, W, 3) uint8 pixels from simplejpeg (a JPEG file, decoder 'auto' or
+    'simplejpeg', where it is installed), else a Pillow image. Raises on a file that cannot be decoded.
+
+    Both use libjpeg-turbo's default (accurate) DCT and upsampling, so they give the same pixels;
+    simplejpeg skips Pillow's per-image overhead. A JPEG it refuses (CMYK, or damaged: its strict
+    mode raises at a truncation) goes to Pillow, which decides."""
     with open(path, "rb") as f:
-        img = augment.pillow().open(f)
-        img.load()            # decode now, while the file is open: a truncated file raises here
+        data = f.read()
+    if simplejpeg is not None and decoder != "pillow" and data[:2] == _JPEG:
+        try:
+            return simplejpeg.decode_jpeg(data, colorspace="RGB")
+        except ValueError:
+            pass
+    img = augment.pillow().open(io.BytesIO(data))
+    img.load()                # decode now: a truncated file raises here
     # (convert copies: an RGB image, most JPEGs, is used as it is)
     return img if img.mode == "RGB" else img.convert("RGB")
 
@@ -51,6 +73,7 @@ class FolderSource:
         self.scale, self.ratio = tuple(d["crop_scale"]), tuple(d["crop_ratio"])
         self.flip = bool(d["flip"])
         self.on_error = d["on_error"]
+        self.decoder = d.get("decoder", "auto")
         fn = d.get("batch_transform")
         self._user = resolve(fn) if fn else None
         # the files of class k are first[k] .. first[k + 1] - 1 (the folder lists them class by class)
@@ -64,13 +87,14 @@ class FolderSource:
         img = self._decoded(index)
         if random:
             rng = augment.sample_generator(seed, stream)
-            box, mirrored = augment.train_draws(img.size[0], img.size[1], rng, self.scale, self.ratio, self.flip)
+            width, height = augment.image_size(img)
+            box, mirrored = augment.train_draws(width, height, rng, self.scale, self.ratio, self.flip)
             out[...] = augment.resized_crop(img, box, self.size, mirrored)
         else:
             out[...] = augment.eval_transform(img, self.size, self.resize_size)
 
     def _decoded(self, index):
-        """The RGB image of `index`, or (skipping) of the next decodable file of its class."""
+        """The RGB image (or pixels) of `index`, or (skipping) of the next decodable file of its class."""
         label = int(self.labels[index])
         lo, hi = int(self.first[label]), int(self.first[label + 1])
         i = index
@@ -78,7 +102,7 @@ class FolderSource:
             if i not in self.bad:
                 path = os.path.join(self.root, self.files[i])
                 try:
-                    return open_rgb(path)
+                    return decode_rgb(path, self.decoder)
                 except Exception as exc:        # Pillow raises OSError, ValueError, SyntaxError, ...
                     self._failed(i, path, exc)
             i = lo + (i - lo + 1) % (hi - lo)

@@ -14,7 +14,7 @@ import dmath
 import dnn
 from dmath.ops.nn_batch import permutation_values
 from dnn import layers as L
-from dnn.data import augment
+from dnn.data import augment, decode
 from dnn.data.errors import DataError
 from dnn.errors import ConfigError
 
@@ -123,6 +123,17 @@ def test_threads_and_the_normalisation_place_change_no_value(root, threads, plac
         np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.skipif(decode.simplejpeg is None, reason="simplejpeg is not installed")
+def test_simplejpeg_and_pillow_decode_the_same_pixels(root, bad_root):
+    for r, train in ((root, True), (root, False), (bad_root, False)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            a, _ = batch(dnn.data.ImageFolder(r, image_size=10, train=train, decoder="pillow"), 24, train, key=(2,))
+            b, _ = batch(dnn.data.ImageFolder(r, image_size=10, train=train, decoder="simplejpeg"), 24, train,
+                         key=(2,))
+        np.testing.assert_array_equal(a, b)
+
+
 def test_read_ahead_batches_equal_cold_ones(root):
     """Consecutive batches (the later ones read ahead while the caller runs) equal batches taken
     alone at the same position."""
@@ -189,7 +200,7 @@ def test_on_error_raise_refuses_non_images_on_the_master(bad_root):
     (dict(image_size=0), "image_size"), (dict(image_size=(3, 4, 5)), "image_size"),
     (dict(on_error="ignore"), "on_error"), (dict(threads=-1), "threads"), (dict(normalize_on="gpu"), "normalize_on"),
     (dict(crop_scale=(0.5, 2)), "crop_scale"), (dict(crop_ratio=(2, 1)), "crop_ratio"), (dict(std=(1, 0, 1)), "std"),
-    (dict(mean=(1, 2)), "mean"), (dict(resize_size=8), "resize_size"), (dict(train="yes"), "train"),
+    (dict(mean=(1, 2)), "mean"), (dict(decoder="turbo"), "decoder"), (dict(resize_size=8), "resize_size"), (dict(train="yes"), "train"),
     (dict(batch_transform=lambda x, s, xp: x), "module-level"), (dict(batch_transform="nowhere:fn"), "imported")])
 def test_bad_arguments_raise_config_errors(root, kwargs, match):
     with pytest.raises(ConfigError, match=match):
