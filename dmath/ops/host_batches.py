@@ -32,6 +32,7 @@ import json
 import os
 import threading
 import time
+from concurrent import futures
 from concurrent.futures import ThreadPoolExecutor
 from typing import NamedTuple
 
@@ -267,7 +268,7 @@ class Tuner:
         self.frozen_up = self.frozen_down = self.fixed_threads
         self.trying = None           # (previous threads, previous mean critical) of a change on trial
         self.log = []
-        self.totals = {"batches": 0, "samples": 0, "host_s": 0.0, "stall_s": 0.0, "device_s": 0.0, "step_s": 0.0}
+        self.totals = {"batches": 0, "samples": 0, "read_ahead": 0, "host_s": 0.0, "stall_s": 0.0, "device_s": 0.0, "step_s": 0.0}
 
     def record(self, m, host_s, stall_s, device_s, step_s, ahead=True):
         """One batch's measurements; ahead: whether it was read ahead (a batch decoded on demand, at
@@ -275,6 +276,7 @@ class Tuner:
         tot = self.totals
         tot["batches"] += 1
         tot["samples"] += m
+        tot["read_ahead"] += bool(ahead)
         tot["host_s"] += host_s
         tot["stall_s"] += stall_s
         tot["device_s"] += device_s
@@ -326,7 +328,7 @@ class Tuner:
         n = max(tot["batches"], 1)
         return {"threads": self.threads, "max_threads": self.max_threads, "threads_tuned": not self.fixed_threads,
                 "normalise_on": self.place, "place_tuned": self.place_choice == "auto",
-                "batches": tot["batches"], "samples": tot["samples"],
+                "batches": tot["batches"], "samples": tot["samples"], "read_ahead": tot["read_ahead"],
                 "host_ms_per_batch": 1e3 * tot["host_s"] / n, "stall_ms_per_batch": 1e3 * tot["stall_s"] / n,
                 "device_ms_per_batch": 1e3 * tot["device_s"] / n, "step_ms_per_batch": 1e3 * tot["step_s"] / n,
                 "decisions": list(self.log)}
@@ -334,11 +336,11 @@ class Tuner:
 
 class _Staged:
     """One staging buffer of a batch's host stage and what made it."""
-    __slots__ = ("key", "place", "array", "flips", "streams", "host_s", "error", "copied")
+    __slots__ = ("key", "place", "array", "streams", "host_s", "error", "copied")
 
     def __init__(self, key, place, array):
         self.key, self.place, self.array = key, place, array
-        self.flips = self.streams = self.error = self.copied = None
+        self.streams = self.error = self.copied = None
         self.host_s = 0.0
 
 
@@ -355,7 +357,7 @@ class Pipeline:
         self.ahead = None          # (thread, _Staged) of the read-ahead
         self.last_pos = None
         self.last_end = None       # when the previous call returned (the step's time runs from there)
-        self.lock = threading.Lock()
+        self.affine = None
 
     # -- buffers and threads
     def _buffer(self, place):
@@ -405,7 +407,12 @@ class Pipeline:
                     arr[i] = chw.reshape(-1)
                 else:
                     src.sample(int(indices[i]), int(streams[i]), t.random, seed, arr[i])
-            list(self._executor().map(one, range(len(indices))))
+            pool = self._executor()
+            tasks = [pool.submit(one, i) for i in range(len(indices))]
+            # every task ends before the buffer is handed on, a failed one too (the others still write)
+            futures.wait(tasks)
+            for task in tasks:
+                task.result()
         except BaseException as exc:         # carried to the step, which raises it there
             staged.error = exc
         staged.host_s = time.perf_counter() - t0
@@ -463,9 +470,23 @@ class Pipeline:
         stride = pos - last if last is not None and pos > last else batch
         if pos + stride + r0 + m <= order_host.size:
             nxt = order_host[pos + stride + r0:pos + stride + r0 + m].astype(np.int64)
-            self._start((contents, pos + stride, drawn + stride, seed), nxt,
-                        drawn + stride + r0 + np.arange(m, dtype=np.int64), seed)
+            # the draw counter moves with the position (Feed.advance); without draws it stays 0
+            drawn_next = drawn + stride if self.t.random else drawn
+            self._start((contents, pos + stride, drawn_next, seed), nxt,
+                        drawn_next + r0 + np.arange(m, dtype=np.int64), seed)
         self.last_end = time.perf_counter()
+
+    def _affine(self, dtype):
+        """(mean, 1 / std) as (1, C, 1, 1) device arrays of the compute dtype (made once: a host-to-device
+        copy per batch would synchronise)."""
+        if self.affine is None:
+            c = self.t.image[0]
+            cdt = rows.compute_dtype(dtype)
+            xp = backend.current().xp
+            inv = (1.0 / np.asarray(self.t.std, dtype=np.float64)).astype(cdt)
+            self.affine = (xp.asarray(np.asarray(self.t.mean, dtype=cdt).reshape(1, c, 1, 1)),
+                           xp.asarray(inv.reshape(1, c, 1, 1)))
+        return self.affine
 
     def _device_stage(self, target, staged):
         be = backend.current()
@@ -483,10 +504,8 @@ class Pipeline:
                 be.copy_to_device(pix, staged.array)        # uint8 to the device: a quarter of float32's bytes
             else:
                 pix = staged.array
-            cdt = rows.compute_dtype(target.dtype)
-            mean = xp.asarray(np.asarray(self.t.mean, dtype=cdt).reshape(1, c, 1, 1))
-            inv = xp.asarray((1.0 / np.asarray(self.t.std, dtype=np.float64)).astype(cdt).reshape(1, c, 1, 1))
-            y = pix.transpose(0, 3, 1, 2).astype(cdt)       # the one promotion, on the device
+            mean, inv = self._affine(target.dtype)
+            y = pix.transpose(0, 3, 1, 2).astype(mean.dtype)     # the one promotion, on the device
             y -= mean
             y *= inv
             target.reshape(m, c, h, w)[...] = y

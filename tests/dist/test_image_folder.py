@@ -152,7 +152,18 @@ def test_read_ahead_batches_equal_cold_ones(root):
     text = f.explain()
     assert "threads" in text and "skipped files: 0" in text
     pipes = [p for rep in f.stats() for p in rep["pipelines"]]
-    assert pipes and all(p["batches"] == 4 for p in pipes)
+    # every batch after the first was read ahead
+    assert pipes and all(p["batches"] == 4 and p["read_ahead"] == 3 for p in pipes)
+    # evaluation batches too (no draw counter moves with them)
+    feed = f.feed()
+    feed.start_epoch(None, 0)
+    for k in range(5):
+        feed.batch_x(out, False, 0)
+        ref = [ref_eval(os.path.join(f.root, p), 8, 9) for p in f.files[12 * k:12 * k + 12]]
+        np.testing.assert_allclose(out.to_numpy(), ref, rtol=1e-12, atol=1e-12)
+        feed.advance(12)
+    evals = [p for rep in f.stats() for p in rep["pipelines"] if not p["random"]]
+    assert evals and all(p["batches"] == 5 and p["read_ahead"] == 4 for p in evals)
 
 
 def negate_even(x, streams, xp):
