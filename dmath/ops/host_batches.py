@@ -268,7 +268,8 @@ class Tuner:
         self.frozen_up = self.frozen_down = self.fixed_threads
         self.trying = None           # (previous threads, previous mean critical) of a change on trial
         self.log = []
-        self.totals = {"batches": 0, "samples": 0, "read_ahead": 0, "host_s": 0.0, "stall_s": 0.0, "device_s": 0.0, "step_s": 0.0}
+        self.totals = {"batches": 0, "samples": 0, "read_ahead": 0, "host_s": 0.0, "stall_s": 0.0, "device_s": 0.0,
+                       "step_s": 0.0}
 
     def record(self, m, host_s, stall_s, device_s, step_s, ahead=True):
         """One batch's measurements; ahead: whether it was read ahead (a batch decoded on demand, at
