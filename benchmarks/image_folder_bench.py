@@ -15,9 +15,10 @@ pipeline (always): images/s of the training transform (RandomResizedCrop
   dmath       mpiexec -n P: ImageFolder's batches (each worker decodes its
               share), decoding threads tuned; and with threads=1 (one
               decoding thread per process: the same processes as the peer)
-  torchvision DataLoader(ImageFolder, the same transforms, num_workers=P,
-              batches of the same global size; pin_memory and .cuda() on a
-              GPU), run by --torch-python (a separate environment is fine)
+  torchvision DataLoader(ImageFolder, the same transforms, num_workers=P
+              or --tv-workers, batches of the same global size; pin_memory
+              and .cuda() on a GPU), run by --torch-python (a separate
+              environment is fine)
   nvjpeg      (GPU only) torchvision.io.decode_jpeg on the GPU, then the
               crop, flip and normalisation on the GPU, one process
 train (--train): samples/s of Model.fit from the folder against fit from
@@ -25,6 +26,12 @@ the same images decoded once and resident on the workers (a Dataset), in
 --dtype, with --model (dnn.models.resnet50 when dnn has it, else a plain
 CNN stand-in), at each P.
 Every figure is a ratio against its peer measured in the same run.
+
+On GPUs, P is the number of GPUs (one worker each): give the peer the
+cores dmath's tuned threads may use, e.g. on one H200 with 16 cores
+    python benchmarks/image_folder_bench.py OUT --device gpu --workers 1 --images 20000 --tv-workers 16 --train
+and on 4 GPUs --workers 4 --tv-workers 64 (the DataLoader's processes feed
+one process; dmath's 4 workers each decode their share).
 """
 import argparse
 import json
@@ -123,7 +130,8 @@ def child_torchvision(a):
                             transforms.ToTensor(), transforms.Normalize(MEAN, STD)])
     ds = datasets.ImageFolder(a.root, transform=t)
     B = a.batch * a.procs
-    loader = torch.utils.data.DataLoader(ds, batch_size=B, shuffle=True, num_workers=a.procs, pin_memory=gpu,
+    loader = torch.utils.data.DataLoader(ds, batch_size=B, shuffle=True, num_workers=a.tv_workers or a.procs,
+                                         pin_memory=gpu,
                                          persistent_workers=True, prefetch_factor=2, drop_last=True)
     n_batches = max(3, len(ds) // B)
     dtype = getattr(torch, a.dtype)
@@ -207,8 +215,9 @@ def child_train(a):
                        "crop_ratio": [0.75, 4 / 3], "flip": True, "on_error": "skip"}).encode()
     src = FolderSource(desc)
     pix = np.empty((len(folder), a.size, a.size, 3), dtype=np.uint8)
-    for i in range(len(folder)):
-        src.sample(i, 0, False, 0, pix[i])
+    from concurrent.futures import ThreadPoolExecutor
+    with ThreadPoolExecutor(len(os.sched_getaffinity(0))) as pool:
+        list(pool.map(lambda i: src.sample(i, 0, False, 0, pix[i]), range(len(folder))))
     resident = dnn.data.Dataset(pix.transpose(0, 3, 1, 2), np.asarray(folder.targets),
                                 augment=dnn.data.Augment(flip=True), scale=1 / 255, mean=MEAN, std=STD)
     res = {"P": P}
@@ -246,7 +255,7 @@ def _child(kind, a, P, python=None):
     os.close(fd)
     common = ["--child", kind, "--root", a.root, "--batch", str(a.batch), "--size", str(a.size), "--device",
               a.device, "--dtype", a.dtype, "--json", path, "--procs", str(P), "--model", a.model, "--epochs",
-              str(a.epochs), a.outdir]
+              str(a.epochs), "--tv-workers", str(a.tv_workers), a.outdir]
     if kind == "torchvision":
         _run([python, os.path.abspath(__file__)] + common, a.timeout)
     else:
@@ -269,6 +278,8 @@ def main():
     ap.add_argument("--device", default="cpu", choices=("cpu", "gpu"))
     ap.add_argument("--dtype", default=None)
     ap.add_argument("--torch-python", default=sys.executable)
+    ap.add_argument("--tv-workers", type=int, default=0,
+                    help="the DataLoader's num_workers (default: P, as many processes as dmath's workers)")
     ap.add_argument("--train", action="store_true")
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--epochs", type=int, default=2)
@@ -298,6 +309,7 @@ def main():
         try:
             tv = _child("torchvision", a, P, a.torch_python)
             row["torchvision_img_s"] = tv["images_per_s"]
+            row["torchvision_num_workers"] = a.tv_workers or P
             row["torchvision_version"] = tv["torchvision"]
             row["tuned_over_torchvision"] = row["dmath_tuned_img_s"] / tv["images_per_s"]
             row["threads1_over_torchvision"] = row["dmath_threads1_img_s"] / tv["images_per_s"]

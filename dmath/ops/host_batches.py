@@ -438,6 +438,8 @@ class Pipeline:
 
     # -- one call
     def run(self, target, order_host, pos, drawn, r0, batch, seed, contents):
+        if not self.m:
+            return
         t_enter = time.perf_counter()
         step_s = t_enter - self.last_end if self.last_end is not None else 0.0
         m = self.m
