@@ -17,10 +17,17 @@ message), but each worker builds only its own rows, on host threads:
                   cast to the batch's dtype there (lazy promotion), and the
                   source's batch function, if any.
 
+A source that can also hand over each sample's undecimated region (its
+`region()`: the crop of the decoded image and where the output lies in the
+resampled grid) may have the resize run on the device as well (place
+'device_resize'): the host then only decodes and crops, and one kernel
+resizes, mirrors, normalises and casts the whole batch (dmath/ops/resize.py).
+
 The host stage of the next batch runs on a background thread while the step
 runs (double-buffered: two staging buffers, the one the device may still be
 copying from never refilled). The pipeline measures its stages and tunes
-itself (`Tuner`): where the normalisation runs and how many threads decode.
+itself (`Tuner`): where the stages run (among the places it is given) and
+how many threads decode.
 `report` gathers what each worker measured and chose.
 
 The source is named by an importable "module:callable" (the factory) that
@@ -44,11 +51,15 @@ from ..errors import DMathError, DTypeError, LayoutError, ShapeError
 from ..layout import Replicated, RowBlock
 from ..memory import kinds
 from ..runtime import Shard, define, runtime
-from . import nn_args as args, nn_rows as rows
+from . import nn_args as args, nn_rows as rows, resize
 from .base import as_int, dispatch, new_meta
 
-#: placements of the normalisation stage
-PLACES = ("device", "host")
+#: packed regions are kept in buffers of a multiple of this many bytes
+PACK_STEP = 8 << 20
+#: where the stages after decoding run: 'device' (crop and resize on the host, normalisation on the
+#: device), 'host' (all on the host threads), 'device_resize' (crop on the host, resize and
+#: normalisation on the device: the source needs a region())
+PLACES = ("device", "host", "device_resize")
 
 
 # ---- the source on every worker -------------------------------------------------------------
@@ -130,14 +141,14 @@ class BatchArgs(NamedTuple):
     mean: tuple           # per channel, on the 0..255 pixel scale
     std: tuple            # per channel, on the 0..255 pixel scale
     threads: int          # decoding threads per worker; 0: tuned at run time
-    place: str            # where the normalisation runs: 'device', 'host' or 'auto' (tuned)
+    places: tuple         # the PLACES to choose among (tuned when more than one), the first tried first
 
 
 HOST_BATCH = define("host_batch", BatchArgs)
 
 
 def host_batch(source, order, position, out, *, image, random, mean, std, counter=None, seed=0, threads=0,
-               place="auto"):
+               places=("device", "host")):
     """Overwrite the batch `out` (B, C*H*W) with samples order[position + i] of a host source.
 
     source: a `host_source` labels matrix; order (1, M) float64 and position
@@ -147,8 +158,9 @@ def host_batch(source, order, position, out, *, image, random, mean, std, counte
     counter + row), counter a (1, 1) matrix of the samples drawn before the
     batch. Each worker makes only its own rows of `out`. mean, std: one
     value per channel on the 0..255 scale ((v - mean) / std). threads: 0
-    tunes the number of decoding threads at run time; place 'auto' tunes
-    where the normalisation runs. Returns out.
+    tunes the number of decoding threads at run time; places: the PLACES
+    the stages may run in, tried in turn and the fastest kept when more
+    than one. Returns out.
     """
     args.require(out, "host_batch: out")
     out._check_writable("host_batch")
@@ -174,8 +186,9 @@ def host_batch(source, order, position, out, *, image, random, mean, std, counte
         raise DMathError(f"host_batch: mean and std need {c} values each (std positive), got {mean}, {std}")
     if isinstance(threads, bool) or not isinstance(threads, (int, np.integer)) or threads < 0:
         raise DMathError(f"host_batch: threads must be 0 (tuned) or a positive integer, got {threads!r}")
-    if place not in PLACES + ("auto",):
-        raise DMathError(f"host_batch: place must be one of {PLACES + ('auto',)}, got {place!r}")
+    places = tuple(places) if isinstance(places, (tuple, list)) else (places,)
+    if not places or not set(places) <= set(PLACES) or len(set(places)) != len(places):
+        raise DMathError(f"host_batch: places must be distinct values of {PLACES}, got {places!r}")
     position = args.counter_matrix(position, group, "host_batch: position")
     inputs = [out, source, order, position]
     if random:
@@ -183,7 +196,7 @@ def host_batch(source, order, position, out, *, image, random, mean, std, counte
             raise DMathError("host_batch: random augmentation needs counter=, a (1, 1) matrix of samples drawn")
         inputs.append(args.counter_matrix(counter, group, "host_batch: counter"))
     static = HOST_BATCH.static(image=(c, h, w), random=bool(random), mean=mean, std=std, threads=int(threads),
-                               place=place)
+                               places=places)
     dispatch("host_batch", inputs, [0], static=static, scalars=(args.counter(seed, "host_batch: seed"),))
     return out
 
@@ -246,9 +259,9 @@ class Tuner:
 
     Per batch it is told the host stage's seconds (decoding, on the
     background threads), the stall (how long the step waited for it) and
-    the device stage's host seconds. 'auto' placement first runs WINDOW
-    batches with each place and keeps the one whose step-side time (stall +
-    device stage) was lower. Threads (when tuned) then climb by one while
+    the device stage's host seconds. Given several places, it first runs
+    WINDOW batches with each and keeps the one whose step-side time (stall +
+    device stage) was lowest. Threads (when tuned) then climb by one while
     the step stalls on the host stage and a thread more shortens the stall,
     and drop by one while nothing stalls (the cores go to the step), each
     direction stopping at the first change that did not help.
@@ -257,13 +270,13 @@ class Tuner:
     #: a stall below this share of the step's time counts as none
     QUIET = 0.05
 
-    def __init__(self, threads, place, max_threads):
+    def __init__(self, threads, places, max_threads):
         self.fixed_threads = threads > 0
         self.threads = threads if threads > 0 else max(1, min(max_threads, 2))
         self.max_threads = max(self.threads, max_threads)
-        self.place_choice = place
-        self.trials = {} if place == "auto" else None       # place -> its step-side seconds a batch
-        self.place = "device" if place == "auto" else place
+        self.places = tuple(places)
+        self.trials = {} if len(self.places) > 1 else None      # place -> its step-side seconds a batch
+        self.place = self.places[0]
         self.window = []
         self.frozen_up = self.frozen_down = self.fixed_threads
         self.trying = None           # (previous threads, previous mean critical) of a change on trial
@@ -293,13 +306,13 @@ class Tuner:
         self.window = []
         if self.trials is not None:
             self.trials[self.place] = crit
-            left = [p for p in PLACES if p not in self.trials]
+            left = [p for p in self.places if p not in self.trials]
             if left:
                 self.place = left[0]
             else:
                 self.place = min(self.trials, key=self.trials.get)
                 times = ", ".join(f"{p}: {1e3 * v:.2f} ms" for p, v in self.trials.items())
-                self.log.append(f"normalisation on the {self.place} ({times} a batch on the step's side)")
+                self.log.append(f"place {self.place!r} ({times} a batch on the step's side)")
                 self.trials = None
             return
         self._threads(crit, stall / step)
@@ -328,7 +341,7 @@ class Tuner:
         tot = self.totals
         n = max(tot["batches"], 1)
         return {"threads": self.threads, "max_threads": self.max_threads, "threads_tuned": not self.fixed_threads,
-                "normalise_on": self.place, "place_tuned": self.place_choice == "auto",
+                "place": self.place, "place_tuned": len(self.places) > 1,
                 "batches": tot["batches"], "samples": tot["samples"], "read_ahead": tot["read_ahead"],
                 "host_ms_per_batch": 1e3 * tot["host_s"] / n, "stall_ms_per_batch": 1e3 * tot["stall_s"] / n,
                 "device_ms_per_batch": 1e3 * tot["device_s"] / n, "step_ms_per_batch": 1e3 * tot["step_s"] / n,
@@ -337,11 +350,12 @@ class Tuner:
 
 class _Staged:
     """One staging buffer of a batch's host stage and what made it."""
-    __slots__ = ("key", "place", "array", "streams", "host_s", "error", "copied")
+    __slots__ = ("key", "place", "array", "streams", "host_s", "error", "copied", "geom", "total")
 
     def __init__(self, key, place, array):
         self.key, self.place, self.array = key, place, array
-        self.streams = self.error = self.copied = None
+        self.streams = self.error = self.copied = self.geom = None
+        self.total = 0
         self.host_s = 0.0
 
 
@@ -350,7 +364,7 @@ class Pipeline:
 
     def __init__(self, source, static, m, dtype):
         self.source, self.t, self.m, self.dtype = source, static, m, np.dtype(dtype)
-        self.tuner = Tuner(static.threads, static.place, max(1, _cpus() // local_workers()))
+        self.tuner = Tuner(static.threads, static.places, max(1, _cpus() // local_workers()))
         self.pool = None
         self.pool_threads = 0
         self.buffers = {}          # place -> two staging arrays, used in turn
@@ -365,8 +379,12 @@ class Pipeline:
         bufs = self.buffers.get(place)
         if bufs is None:
             c, h, w = self.t.image
-            shape, dt = ((self.m, h, w, c), np.uint8) if place == "device" else ((self.m, c * h * w), self.dtype)
-            bufs = self.buffers[place] = [[memory.host_empty(shape, dt), None] for _ in range(2)]
+            if place == "device_resize":
+                # packed regions of varying size: allocated (and grown) by the host stage
+                bufs = self.buffers[place] = [[None, None] for _ in range(2)]
+            else:
+                shape, dt = ((self.m, h, w, c), np.uint8) if place == "device" else ((self.m, c * h * w), self.dtype)
+                bufs = self.buffers[place] = [[memory.host_empty(shape, dt), None] for _ in range(2)]
         slot = bufs[self.turn % 2]
         self.turn += 1
         # never refill a buffer the device may still be copying from (its copy's mark)
@@ -408,15 +426,49 @@ class Pipeline:
                     arr[i] = chw.reshape(-1)
                 else:
                     src.sample(int(indices[i]), int(streams[i]), t.random, seed, arr[i])
-            pool = self._executor()
-            tasks = [pool.submit(one, i) for i in range(len(indices))]
-            # every task ends before the buffer is handed on, a failed one too (the others still write)
-            futures.wait(tasks)
-            for task in tasks:
-                task.result()
+            if staged.place == "device_resize":
+                self._produce_regions(staged, indices, streams, seed)
+            else:
+                self._each(one, len(indices))
         except BaseException as exc:         # carried to the step, which raises it there
             staged.error = exc
         staged.host_s = time.perf_counter() - t0
+
+    def _each(self, fn, n):
+        """fn(0) .. fn(n - 1) on the decoding threads; every call ends before this returns (a failed
+        one too: the others still write into the buffer), then the first failure is raised."""
+        pool = self._executor()
+        tasks = [pool.submit(fn, i) for i in range(n)]
+        futures.wait(tasks)
+        for task in tasks:
+            task.result()
+
+    def _produce_regions(self, staged, indices, streams, seed):
+        """The host stage of place 'device_resize': each sample's region, packed into staged.array."""
+        m, t, src = len(indices), self.t, self.source
+        regions = [None] * m
+        geom = np.zeros((m, len(resize.GEOM)), dtype=np.int64)
+
+        def decode(i):
+            pix, (full_h, full_w, off_y, off_x, mirrored) = src.region(int(indices[i]), int(streams[i]), t.random,
+                                                                       seed)
+            regions[i] = pix
+            geom[i, 1:] = (pix.shape[0], pix.shape[1], full_h, full_w, off_y, off_x, int(mirrored))
+        self._each(decode, m)
+        sizes = [r.size for r in regions]
+        geom[:, 0] = np.concatenate([[0], np.cumsum(sizes[:-1], dtype=np.int64)]) if m else []
+        staged.total = total = int(sum(sizes))
+        slot = staged.copied
+        if slot[0] is None or slot[0].size < total:
+            # grown in steps of PACK_STEP bytes: a few sizes over a run, so pinned memory is rarely reallocated
+            slot[0] = memory.host_empty((-(-max(total, 1) // PACK_STEP) * PACK_STEP,), np.uint8)
+        staged.array, staged.geom = slot[0], geom
+        packed = slot[0]
+
+        def pack(i):
+            o = int(geom[i, 0])
+            packed[o:o + sizes[i]] = regions[i].reshape(-1)
+        self._each(pack, m)
 
     def _start(self, key, indices, streams, seed):
         slot = self._buffer(self.tuner.place)
@@ -491,12 +543,30 @@ class Pipeline:
                            xp.asarray(inv.reshape(1, c, 1, 1)))
         return self.affine
 
+    def _device_resize(self, target, staged):
+        """Resize, mirror, normalise and cast the packed regions into `target` on the device."""
+        be = backend.current()
+        c, h, w = self.t.image
+        mean, inv = self._affine(target.dtype)
+        packed, geom = staged.array, staged.geom
+        if be.is_gpu:
+            total = staged.total
+            # sized in PACK_STEP steps: the pool keeps a few sizes, not one per batch
+            dev = memory.empty((-(-max(total, 1) // PACK_STEP) * PACK_STEP,), np.uint8)
+            be.copy_to_device(dev[:total], packed[:total])
+            geom_dev = memory.empty(geom.shape, np.int64)
+            geom_dev.set(geom)                 # (small, from pageable memory: a synchronous copy)
+            packed, geom = dev, geom_dev
+        resize.resize_batch(be.xp, packed, geom, target.reshape(self.m, c, h, w), mean, inv)
+
     def _device_stage(self, target, staged):
         be = backend.current()
         xp = be.xp
         c, h, w = self.t.image
         m = self.m
-        if staged.place == "host":
+        if staged.place == "device_resize":
+            self._device_resize(target, staged)
+        elif staged.place == "host":
             if target.dtype == staged.array.dtype and target.flags.c_contiguous:
                 be.copy_to_device(target, staged.array)
             else:

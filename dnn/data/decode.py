@@ -93,6 +93,24 @@ class FolderSource:
         else:
             out[...] = augment.eval_transform(img, self.size, self.resize_size)
 
+    def region(self, index, stream, random, seed):
+        """Sample `index` decoded and cropped, not resized, for a resize on the device (dmath's
+        place 'device_resize'): ((h, w, 3) uint8 pixels, (full_h, full_w, off_y, off_x, mirrored)):
+        the pixels resampled to full_h x full_w, from (off_y, off_x) on, give the sample; the same
+        draws as sample()."""
+        img = self._decoded(index)
+        width, height = augment.image_size(img)
+        pixels = img if isinstance(img, np.ndarray) else np.asarray(img)
+        if random:
+            rng = augment.sample_generator(seed, stream)
+            (left, top, right, bottom), mirrored = augment.train_draws(width, height, rng, self.scale, self.ratio,
+                                                                       self.flip)
+            return (np.ascontiguousarray(pixels[top:bottom, left:right]),
+                    (self.size[0], self.size[1], 0, 0, mirrored))
+        w, h = augment.resize_shorter(width, height, max(self.resize_size, *self.size))
+        left, top, _, _ = augment.center_crop_box(w, h, self.size)
+        return np.ascontiguousarray(pixels), (h, w, top, left, False)
+
     def _decoded(self, index):
         """The RGB image (or pixels) of `index`, or (skipping) of the next decodable file of its class."""
         label = int(self.labels[index])

@@ -122,6 +122,23 @@ def _function_ref(fn):
     return ref
 
 
+def _places(normalize_on, resize_on):
+    """host_batch's candidate places for the options (the first is tried first)."""
+    if normalize_on not in ("auto", "device", "host"):
+        raise ConfigError(f"ImageFolder: normalize_on must be 'auto', 'device' or 'host', got {normalize_on!r}")
+    if resize_on not in ("auto", "device", "host"):
+        raise ConfigError(f"ImageFolder: resize_on must be 'auto', 'device' or 'host', got {resize_on!r}")
+    if resize_on == "device" and normalize_on == "host":
+        raise ConfigError("ImageFolder: resize_on='device' normalises on the device too; normalize_on='host' "
+                          "contradicts it")
+    places = []
+    if resize_on != "device":
+        places += [p for p in ("device", "host") if normalize_on in ("auto", p)]
+    if resize_on != "host" and normalize_on != "host":
+        places.append("device_resize")
+    return tuple(places)
+
+
 class ImageFolder(Dataset):
     """An image folder as a dnn.data Dataset, decoded by the workers at every step (module docstring).
 
@@ -155,6 +172,11 @@ class ImageFolder(Dataset):
             ('raise').
         threads: decoding threads per worker (0: tuned at run time).
         normalize_on: 'auto' (tuned), 'device' or 'host' (see explain()).
+        resize_on: 'host' (Pillow, on the decoding threads), 'device' (one
+            kernel resizes the batch's crops on the device: the host only
+            decodes and crops; Pillow's filter, within one grey level of
+            Pillow's pixels; normalize_on must allow the device) or 'auto'
+            (tried against the host, the faster kept).
         decoder: 'auto' (JPEG files through simplejpeg where it is installed
             on the workers, the rest through Pillow), 'pillow', or
             'simplejpeg' (installed on the master too). Both give the same
@@ -163,7 +185,8 @@ class ImageFolder(Dataset):
 
     def __init__(self, root, image_size=224, train=True, *, resize_size=None, crop_scale=(0.08, 1.0),
                  crop_ratio=(3 / 4, 4 / 3), flip=True, mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD,
-                 batch_transform=None, on_error="skip", threads=0, normalize_on="auto", decoder="auto"):
+                 batch_transform=None, on_error="skip", threads=0, normalize_on="auto", resize_on="host",
+                 decoder="auto"):
         augment.pillow()                # (a DataError now, not on the workers, when Pillow is missing)
         size = _size(image_size, "image_size")
         resize = int(round(max(size) / EVAL_CROP)) if resize_size is None else _size(resize_size, "resize_size")[0]
@@ -182,8 +205,7 @@ class ImageFolder(Dataset):
             raise ConfigError(f"ImageFolder: on_error must be 'skip' or 'raise', got {on_error!r}")
         if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 0:
             raise ConfigError(f"ImageFolder: threads must be 0 (tuned) or a positive integer, got {threads!r}")
-        if normalize_on not in ("auto",) + host_batches.PLACES:
-            raise ConfigError(f"ImageFolder: normalize_on must be 'auto', 'device' or 'host', got {normalize_on!r}")
+        places = _places(normalize_on, resize_on)
         if decoder not in decode.DECODERS:
             raise ConfigError(f"ImageFolder: decoder must be one of {decode.DECODERS}, got {decoder!r}")
         if decoder == "simplejpeg" and decode.simplejpeg is None:
@@ -214,7 +236,7 @@ class ImageFolder(Dataset):
         self.image_size, self.resize_size, self.train = size, resize, bool(train)
         self.crop_scale, self.crop_ratio, self.flip = crop_scale, crop_ratio, bool(flip)
         self.pixel_mean, self.pixel_std = mean, std
-        self.on_error, self.threads, self.normalize_on = on_error, int(threads), normalize_on
+        self.on_error, self.threads, self.places = on_error, int(threads), places
         self.batch_transform, self.decoder = ref, decoder
         store = _Store(table, table, "labels", (0, len(classes) - 1), "files")
         # the pixels are normalised by host_batch: the Dataset's own affine step stays the identity
@@ -252,7 +274,7 @@ class ImageFolder(Dataset):
                 lines.append(
                     f"  worker {rep['rank']} rows {p['rows'][0]}..{p['rows'][1] - 1} "
                     f"({'training' if p['random'] else 'evaluation'}, {p['dtype']}): {p['threads']} threads"
-                    f"{' (tuned)' if p['threads_tuned'] else ''}, normalisation on the {p['normalise_on']}"
+                    f"{' (tuned)' if p['threads_tuned'] else ''}, place {p['place']!r}"
                     f"{' (tuned)' if p['place_tuned'] else ''}; per batch: decode {p['host_ms_per_batch']:.1f} ms "
                     f"(in the background), step waited {p['stall_ms_per_batch']:.1f} ms, device stage "
                     f"{p['device_ms_per_batch']:.1f} ms, step {p['step_ms_per_batch']:.1f} ms; {p['batches']} batches")
@@ -283,13 +305,13 @@ class ImageFeed(Feed):
     def __init__(self, folder, group=None):
         super().__init__(folder, group)
         self.folder = (folder.train, folder.image_size, tuple(255.0 * v for v in folder.pixel_mean),
-                       tuple(255.0 * v for v in folder.pixel_std), folder.threads, folder.normalize_on)
+                       tuple(255.0 * v for v in folder.pixel_std), folder.threads, folder.places)
 
     def batch_x(self, out, training, seed):
         """Recordable: the next batch decoded by the workers into `out`; returns out."""
-        train, size, mean, std, threads, place = self.folder
+        train, size, mean, std, threads, places = self.folder
         random = bool(train and training)
         return host_batches.host_batch(self.store.x, self.order, self.position, out, image=(3,) + size,
                                        random=random, mean=mean, std=std,
                                        counter=self.drawn if random else None, seed=seed, threads=threads,
-                                       place=place)
+                                       places=places)

@@ -117,10 +117,91 @@ def test_training_batches_follow_the_fixed_draws_of_each_sample(root):
 def test_threads_and_the_normalisation_place_change_no_value(root, threads, place):
     base = dnn.data.ImageFolder(root, image_size=10, threads=1, normalize_on="device")
     other = dnn.data.ImageFolder(root, image_size=10, threads=threads, normalize_on=place)
+    assert other.places == {"device": ("device",), "host": ("host",), "auto": ("device", "host")}[place]
     for dtype in ("float32", "float16"):
         a, _ = batch(base, 30, True, key=(3,), seed=2, dtype=dtype)
         b, _ = batch(other, 30, True, key=(3,), seed=2, dtype=dtype)
         np.testing.assert_array_equal(a, b)
+
+
+def two_pass(img, w, h):
+    """Pillow's bilinear resize to (w, h) as upstream Pillow computes it: the rows first (rounded to
+    uint8), then the columns; each single-axis resize is Pillow's own."""
+    return img.resize((w, img.size[1]), Image.BILINEAR).resize((w, h), Image.BILINEAR)
+
+
+def ref_device(path, size, train, seed=0, stream=0):
+    """The device resize's batch row of one file: Pillow's two passes in upstream order."""
+    img = rgb(path)
+    if train:
+        box, mirrored = augment.train_draws(img.size[0], img.size[1], augment.sample_generator(seed, stream),
+                                            (0.08, 1.0), (3 / 4, 4 / 3), True)
+        a = np.asarray(two_pass(img.crop(box), size, size))
+        return normalised(a[:, ::-1] if mirrored else a)
+    w, h = augment.resize_shorter(img.size[0], img.size[1], int(round(size / 0.875)))
+    left, top, right, bottom = augment.center_crop_box(w, h, (size, size))
+    return normalised(np.asarray(two_pass(img, w, h))[top:bottom, left:right])
+
+
+#: one grey level after the normalisation
+GREY = 1 / 255 / min(augment.IMAGENET_STD)
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_device_resize_gives_pillows_pixels(root, train):
+    host = dnn.data.ImageFolder(root, image_size=10, train=train, resize_on="host")
+    dev = dnn.data.ImageFolder(root, image_size=10, train=train, resize_on="device")
+    auto = dnn.data.ImageFolder(root, image_size=10, train=train, resize_on="auto")
+    assert (dev.places, auto.places) == (("device_resize",), ("device", "host", "device_resize"))
+    got, _ = batch(dev, 30, train, key=(4,), epoch=1, seed=3)
+    order = permutation_values(len(dev), (4,)).astype(int)
+    ref = np.stack([ref_device(root / dev.files[order[i]], 10, train, 3, len(dev) + i) for i in range(30)])
+    np.testing.assert_allclose(got, ref, rtol=1e-12, atol=1e-12)
+    # the host's Pillow may resample the columns first (a build that picks the cheaper order): one grey level
+    for dtype in ("float64", "float32", "float16"):
+        a, _ = batch(host, 30, train, key=(4,), epoch=1, seed=3, dtype=dtype)
+        b, _ = batch(dev, 30, train, key=(4,), epoch=1, seed=3, dtype=dtype)
+        assert np.abs(a.astype(np.float64) - b).max() <= GREY * 1.01
+    assert {p["place"] for rep in dev.stats() for p in rep["pipelines"]} == {"device_resize"}
+
+
+def test_resize_equals_pillow_on_random_images():
+    """dmath.ops.resize's NumPy reference equals Pillow's own resampling (the rows, then the columns)
+    of random images, enlarging and shrinking, and a mirrored crop of it."""
+    from dmath.ops import resize
+    rng = np.random.default_rng(0)
+    for (h, w), (fh, fw) in (((37, 53), (10, 12)), ((10, 7), (37, 30)), ((64, 64), (64, 64)), ((5, 3), (2, 9)),
+                             ((300, 451), (224, 224)), ((375, 500), (256, 341)), ((40, 12), (2, 4))):
+        pix = rng.integers(0, 256, size=(h, w, 3)).astype(np.uint8)
+        ref = np.asarray(two_pass(Image.fromarray(pix), fw, fh))
+        np.testing.assert_array_equal(resize.resize_one(pix, fh, fw, 0, 0, fh, fw, False), ref)
+        oy, ox = fh // 3, fw // 4
+        np.testing.assert_array_equal(resize.resize_one(pix, fh, fw, oy, ox, fh - oy, fw - ox, True),
+                                      ref[oy:, ox:][:, ::-1])
+        # and within one grey level of this Pillow's resize in one call (whatever order it takes)
+        one = np.asarray(Image.fromarray(pix).resize((fw, fh), Image.BILINEAR)).astype(int)
+        assert np.abs(one - ref).max() <= 1
+
+
+@pytest.mark.skipif(dmath.device() != "gpu", reason="the CUDA resize kernel needs a GPU")
+def test_cuda_resize_kernel_equals_numpy():
+    import cupy
+    from dmath.ops import resize
+    rng = np.random.default_rng(1)
+    shapes = [(31, 17), (224, 300), (8, 8), (500, 375)]
+    imgs = [rng.integers(0, 256, size=(h, w, 3)).astype(np.uint8) for h, w in shapes]
+    packed = np.concatenate([i.reshape(-1) for i in imgs])
+    offs = np.concatenate([[0], np.cumsum([i.size for i in imgs])[:-1]])
+    geom = np.array([[o, h, w, 12, 12, 0, 0, k % 2] for k, (o, (h, w)) in enumerate(zip(offs, shapes))] +
+                    [[offs[3], 500, 375, 14, 18, 1, 2, 0]], dtype=np.int64)
+    mean = np.array(MEAN * 255, dtype=np.float32).reshape(1, 3, 1, 1)
+    inv = (1 / (np.array(STD) * 255)).astype(np.float32).reshape(1, 3, 1, 1)
+    for dtype in (np.float32, np.float16):
+        ref = resize.resize_batch(np, packed, geom, np.empty((5, 3, 12, 12), dtype), mean, inv)
+        got = resize.resize_batch(cupy, cupy.asarray(packed), cupy.asarray(geom), cupy.empty((5, 3, 12, 12), dtype),
+                                  cupy.asarray(mean), cupy.asarray(inv))
+        np.testing.assert_array_equal(cupy.asnumpy(got), ref)
+    assert not np.all(ref == ref[0])
 
 
 @pytest.mark.skipif(decode.simplejpeg is None, reason="simplejpeg is not installed")
@@ -212,7 +293,8 @@ def test_on_error_raise_refuses_non_images_on_the_master(bad_root):
     (dict(on_error="ignore"), "on_error"), (dict(threads=-1), "threads"), (dict(normalize_on="gpu"), "normalize_on"),
     (dict(crop_scale=(0.5, 2)), "crop_scale"), (dict(crop_ratio=(2, 1)), "crop_ratio"), (dict(std=(1, 0, 1)), "std"),
     (dict(mean=(1, 2)), "mean"), (dict(decoder="turbo"), "decoder"), (dict(resize_size=8), "resize_size"),
-    (dict(train="yes"), "train"),
+    (dict(train="yes"), "train"), (dict(resize_on="gpu"), "resize_on"),
+    (dict(resize_on="device", normalize_on="host"), "contradicts"),
     (dict(batch_transform=lambda x, s, xp: x), "module-level"), (dict(batch_transform="nowhere:fn"), "imported")])
 def test_bad_arguments_raise_config_errors(root, kwargs, match):
     with pytest.raises(ConfigError, match=match):
