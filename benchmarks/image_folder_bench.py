@@ -13,8 +13,10 @@ reused when it holds the same images).
 pipeline (always): images/s of the training transform (RandomResizedCrop
 224, flip, normalisation) delivered as batches, at each worker count P:
   dmath       mpiexec -n P: ImageFolder's batches (each worker decodes its
-              share), decoding threads tuned; and with threads=1 (one
-              decoding thread per process: the same processes as the peer)
+              share), decoding threads tuned; with threads=1 (one decoding
+              thread per process: the same processes as the peer); on GPUs
+              also with resize_on='device' (the host decodes and crops, the
+              GPU resizes), in a job of its own
   torchvision DataLoader(ImageFolder, the same transforms, num_workers=P
               or --tv-workers, batches of the same global size; pin_memory
               and .cuda() on a GPU), run by --torch-python (a separate
@@ -24,7 +26,8 @@ pipeline (always): images/s of the training transform (RandomResizedCrop
 train (--train): samples/s of Model.fit from the folder against fit from
 the same images decoded once and resident on the workers (a Dataset), in
 --dtype, with --model (dnn.models.resnet50 when dnn has it, else a plain
-CNN stand-in), at each P.
+CNN stand-in), at each P (on GPUs with the resize on the host and, in
+another job, on the device).
 Every figure is a ratio against its peer measured in the same run.
 
 On GPUs, P is the number of GPUs (one worker each): give the peer the
@@ -82,6 +85,10 @@ def make_folder(root, images):
 
 
 # ---- children -----------------------------------------------------------------------------------
+#: the ImageFolder options of each measured configuration
+CONFIGS = {"tuned": {}, "threads1": {"threads": 1}, "device_resize": {"resize_on": "device"}}
+
+
 def child_dmath(a):
     """One mpiexec job: batches/s of ImageFolder's training batches (rank 0 writes the JSON)."""
     sys.path.insert(0, ROOT)
@@ -90,8 +97,8 @@ def child_dmath(a):
     dmath.init(device=a.device)
     P = dmath.num_workers()
     out = {}
-    for threads in (0, 1):
-        f = dnn.data.ImageFolder(a.root, image_size=a.size, threads=threads)
+    for key in a.config.split(","):
+        f = dnn.data.ImageFolder(a.root, image_size=a.size, **CONFIGS[key])
         feed = f.feed()
         B = a.batch * P
         x = dmath.zeros((B, f.features), dtype=a.dtype, layout=dmath.RowBlock())
@@ -108,7 +115,6 @@ def child_dmath(a):
             feed.advance(B)
         float(x[0:1, 0:1].sum())                # every worker done (a read to the master)
         secs = time.perf_counter() - t0
-        key = "tuned" if threads == 0 else "threads1"
         out[key] = {"images_per_s": n_batches * B / secs, "seconds": secs, "batches": n_batches,
                     "stats": [p for rep in f.stats() for p in rep["pipelines"]]}
     out["P"] = P
@@ -194,7 +200,7 @@ def child_train(a):
     from dnn import layers as L
     dmath.init(device=a.device)
     P = dmath.num_workers()
-    folder = dnn.data.ImageFolder(a.root, image_size=a.size)
+    folder = dnn.data.ImageFolder(a.root, image_size=a.size, **CONFIGS[a.config])
 
     def build():
         dmath.random.seed(0)
@@ -250,12 +256,12 @@ def _run(cmd, timeout):
         raise RuntimeError(f"{' '.join(cmd)} exited {p.returncode}\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
 
 
-def _child(kind, a, P, python=None):
+def _child(kind, a, P, python=None, config="tuned"):
     fd, path = tempfile.mkstemp(suffix=".json")
     os.close(fd)
     common = ["--child", kind, "--root", a.root, "--batch", str(a.batch), "--size", str(a.size), "--device",
               a.device, "--dtype", a.dtype, "--json", path, "--procs", str(P), "--model", a.model, "--epochs",
-              str(a.epochs), "--tv-workers", str(a.tv_workers), a.outdir]
+              str(a.epochs), "--tv-workers", str(a.tv_workers), "--config", config, a.outdir]
     if kind == "torchvision":
         _run([python, os.path.abspath(__file__)] + common, a.timeout)
     else:
@@ -287,6 +293,7 @@ def main():
     ap.add_argument("--child", default=None)
     ap.add_argument("--json", default=None)
     ap.add_argument("--procs", type=int, default=1)
+    ap.add_argument("--config", default="tuned")
     a = ap.parse_args()
     if a.dtype is None:
         a.dtype = "float16" if a.device == "gpu" else "float32"
@@ -302,10 +309,18 @@ def main():
               "pipeline": [], "train": []}
     for P in (int(v) for v in a.workers.split(",")):
         row = {"P": P}
-        d = _child("dmath", a, P)
+        d = _child("dmath", a, P, config="tuned,threads1")
         row["dmath_tuned_img_s"] = d["tuned"]["images_per_s"]
         row["dmath_threads1_img_s"] = d["threads1"]["images_per_s"]
         row["dmath_tuned_threads"] = sorted({p["threads"] for p in d["tuned"]["stats"]})
+        if a.device == "gpu":
+            # its own job: the device resize's kernel is measured apart from the rest
+            try:
+                dr = _child("dmath", a, P, config="device_resize")["device_resize"]
+                row["dmath_device_resize_img_s"] = dr["images_per_s"]
+                row["dmath_device_resize_threads"] = sorted({p["threads"] for p in dr["stats"]})
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                row["dmath_device_resize_error"] = str(exc)[-1500:]
         try:
             tv = _child("torchvision", a, P, a.torch_python)
             row["torchvision_img_s"] = tv["images_per_s"]
@@ -321,9 +336,14 @@ def main():
         print(json.dumps(row), flush=True)
         result["pipeline"].append(row)
         if a.train:
-            tr = _child("train", a, P)
-            print(json.dumps({k: v for k, v in tr.items() if k != "pipeline"}), flush=True)
-            result["train"].append(tr)
+            for config in ("tuned",) + (("device_resize",) if a.device == "gpu" else ()):
+                try:
+                    tr = _child("train", a, P, config=config)
+                except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                    tr = {"P": P, "error": str(exc)[-1500:]}
+                tr["config"] = config
+                print(json.dumps({k: v for k, v in tr.items() if k != "pipeline"}), flush=True)
+                result["train"].append(tr)
     result["load_after"] = os.getloadavg()
     os.makedirs(a.outdir, exist_ok=True)
     path = os.path.join(a.outdir, f"image_folder_{a.device}_{time.strftime('%Y-%m-%d_%H%M%S')}.json")

@@ -122,8 +122,10 @@ def _function_ref(fn):
     return ref
 
 
-def _places(normalize_on, resize_on):
-    """host_batch's candidate places for the options (the first is tried first)."""
+def _places(normalize_on, resize_on, gpu):
+    """host_batch's candidate places for the options (the first is tried first). resize_on='auto'
+    tries the device resize only on GPUs: on the CPU backend the device is the host, where Pillow
+    resizes on the decoding threads, overlapped with the step, and NumPy would not."""
     if normalize_on not in ("auto", "device", "host"):
         raise ConfigError(f"ImageFolder: normalize_on must be 'auto', 'device' or 'host', got {normalize_on!r}")
     if resize_on not in ("auto", "device", "host"):
@@ -134,7 +136,7 @@ def _places(normalize_on, resize_on):
     places = []
     if resize_on != "device":
         places += [p for p in ("device", "host") if normalize_on in ("auto", p)]
-    if resize_on != "host" and normalize_on != "host":
+    if (resize_on == "device" or (resize_on == "auto" and gpu)) and normalize_on != "host":
         places.append("device_resize")
     return tuple(places)
 
@@ -176,7 +178,8 @@ class ImageFolder(Dataset):
             kernel resizes the batch's crops on the device: the host only
             decodes and crops; Pillow's filter, within one grey level of
             Pillow's pixels; normalize_on must allow the device) or 'auto'
-            (tried against the host, the faster kept).
+            (on GPUs: tried against the host, the faster kept; on the CPU
+            backend the host).
         decoder: 'auto' (JPEG files through simplejpeg where it is installed
             on the workers, the rest through Pillow), 'pillow', or
             'simplejpeg' (installed on the master too). Both give the same
@@ -205,7 +208,8 @@ class ImageFolder(Dataset):
             raise ConfigError(f"ImageFolder: on_error must be 'skip' or 'raise', got {on_error!r}")
         if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 0:
             raise ConfigError(f"ImageFolder: threads must be 0 (tuned) or a positive integer, got {threads!r}")
-        places = _places(normalize_on, resize_on)
+        _ensure_runtime()
+        places = _places(normalize_on, resize_on, dmath.device() == "gpu")
         if decoder not in decode.DECODERS:
             raise ConfigError(f"ImageFolder: decoder must be one of {decode.DECODERS}, got {decoder!r}")
         if decoder == "simplejpeg" and decode.simplejpeg is None:

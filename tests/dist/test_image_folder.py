@@ -152,7 +152,8 @@ def test_device_resize_gives_pillows_pixels(root, train):
     host = dnn.data.ImageFolder(root, image_size=10, train=train, resize_on="host")
     dev = dnn.data.ImageFolder(root, image_size=10, train=train, resize_on="device")
     auto = dnn.data.ImageFolder(root, image_size=10, train=train, resize_on="auto")
-    assert (dev.places, auto.places) == (("device_resize",), ("device", "host", "device_resize"))
+    gpu = dmath.device() == "gpu"
+    assert (dev.places, auto.places) == (("device_resize",), ("device", "host") + (("device_resize",) if gpu else ()))
     got, _ = batch(dev, 30, train, key=(4,), epoch=1, seed=3)
     order = permutation_values(len(dev), (4,)).astype(int)
     ref = np.stack([ref_device(root / dev.files[order[i]], 10, train, 3, len(dev) + i) for i in range(30)])
