@@ -392,6 +392,13 @@ class Pipeline:
         slot[1] = None
         return slot
 
+    def _drop_buffers(self, keep):
+        """Free the staging buffers of every place but `keep` (once the tuner has chosen), each after
+        the device has passed its last copy."""
+        for place in [p for p in self.buffers if p != keep]:
+            for slot in self.buffers.pop(place):
+                backend.current().passed(slot[1])
+
     def _executor(self):
         want = self.tuner.threads
         if self.pool is None or self.pool_threads != want:
@@ -519,7 +526,10 @@ class Pipeline:
         t_dev = time.perf_counter()
         self._device_stage(target, staged)
         device_s = time.perf_counter() - t_dev
+        tuning = self.tuner.trials is not None
         self.tuner.record(m, staged.host_s, stall, device_s, step_s, ahead)
+        if tuning and self.tuner.trials is None:
+            self._drop_buffers(keep=self.tuner.place)
         # guess the next call: the stride of the last two, else one whole batch later
         last, self.last_pos = self.last_pos, pos
         stride = pos - last if last is not None and pos > last else batch
