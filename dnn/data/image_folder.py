@@ -153,8 +153,8 @@ class ImageFolder(Dataset):
             horizontal flip with probability 1/2 when flip); evaluation
             batches, and every batch of a train=False folder, are
             Resize(resize_size) + CenterCrop(image_size).
-        resize_size: the shorter side before the center crop (default
-            image_size / 0.875: 256 for 224).
+        resize_size: the shorter side (an int) before the center crop
+            (default image_size / 0.875: 256 for 224).
         mean, std: per channel, of pixels scaled to [0, 1] (default
             ImageNet's); every batch is (v / 255 - mean) / std.
         batch_transform: a module-level function f(x, streams, xp) applied
@@ -192,7 +192,13 @@ class ImageFolder(Dataset):
                  decoder="auto"):
         augment.pillow()                # (a DataError now, not on the workers, when Pillow is missing)
         size = _size(image_size, "image_size")
-        resize = int(round(max(size) / EVAL_CROP)) if resize_size is None else _size(resize_size, "resize_size")[0]
+        if resize_size is None:
+            resize = int(round(max(size) / EVAL_CROP))
+        elif isinstance(resize_size, numbers.Integral) and not isinstance(resize_size, bool) and resize_size > 0:
+            resize = int(resize_size)
+        else:
+            raise ConfigError(f"ImageFolder: resize_size (the shorter side before the center crop) must be a positive "
+                              f"integer, got {resize_size!r}")
         if resize < max(size):
             raise ConfigError(f"ImageFolder: resize_size {resize} is smaller than the crop {size}")
         if not isinstance(train, (bool, np.bool_)) or not isinstance(flip, (bool, np.bool_)):
@@ -224,7 +230,6 @@ class ImageFolder(Dataset):
             if on_error == "raise":
                 raise DataError(msg + " (on_error='skip' leaves them out)")
             warnings.warn(msg + "; left out", RuntimeWarning, stacklevel=2)
-        _ensure_runtime()
         description = json.dumps({
             "root": root, "files": files, "labels": labels, "image_size": list(size), "resize_size": resize,
             "crop_scale": list(crop_scale), "crop_ratio": list(crop_ratio), "flip": bool(flip),

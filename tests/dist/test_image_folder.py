@@ -294,6 +294,7 @@ def test_on_error_raise_refuses_non_images_on_the_master(bad_root):
     (dict(on_error="ignore"), "on_error"), (dict(threads=-1), "threads"), (dict(normalize_on="gpu"), "normalize_on"),
     (dict(crop_scale=(0.5, 2)), "crop_scale"), (dict(crop_ratio=(2, 1)), "crop_ratio"), (dict(std=(1, 0, 1)), "std"),
     (dict(mean=(1, 2)), "mean"), (dict(decoder="turbo"), "decoder"), (dict(resize_size=8), "resize_size"),
+    (dict(resize_size=(9, 9)), "resize_size"),
     (dict(train="yes"), "train"), (dict(resize_on="gpu"), "resize_on"),
     (dict(resize_on="device", normalize_on="host"), "contradicts"),
     (dict(batch_transform=lambda x, s, xp: x), "module-level"), (dict(batch_transform="nowhere:fn"), "imported")])
