@@ -338,6 +338,8 @@ class Tuner:
             self.threads -= 1
 
     def summary(self):
+        """What was chosen and measured (per batch: the host stage, the step's wait, the device
+        stage's host time, the step between calls) and the decisions taken, as a dict."""
         tot = self.totals
         n = max(tot["batches"], 1)
         return {"threads": self.threads, "max_threads": self.max_threads, "threads_tuned": not self.fixed_threads,
@@ -497,6 +499,9 @@ class Pipeline:
 
     # -- one call
     def run(self, target, order_host, pos, drawn, r0, batch, seed, contents):
+        """Fill `target` (this worker's rows r0 .. r0 + m - 1 of the batch) with the samples
+        order_host[pos + r0 + i], drawn as samples drawn + r0 + i; then start the next batch's
+        host stage, guessed one stride on. contents names the order and source versions."""
         if not self.m:
             return
         t_enter = time.perf_counter()

@@ -254,9 +254,11 @@ class ImageFolder(Dataset):
     # ---- what models ask ---------------------------------------------------------------------
     @property
     def features(self):
+        """Values per sample: 3 x height x width."""
         return 3 * self.image_size[0] * self.image_size[1]
 
     def feed(self, group=None):
+        """A new ImageFeed: a model's cursor whose batches the workers decode (see Dataset.feed)."""
         return ImageFeed(self, group)
 
     def split(self, fraction):
