@@ -500,8 +500,8 @@ class Pipeline:
     # -- one call
     def run(self, target, order_host, pos, drawn, r0, batch, seed, contents):
         """Fill `target` (this worker's rows r0 .. r0 + m - 1 of the batch) with the samples
-        order_host[pos + r0 + i], drawn as samples drawn + r0 + i; then start the next batch's
-        host stage, guessed one stride on. contents names the order and source versions."""
+        order_host[pos + r0 + i], drawn as samples drawn + r0 + i, starting the next batch's host
+        stage (guessed one stride on) first. contents names the order and source versions."""
         if not self.m:
             return
         t_enter = time.perf_counter()
@@ -528,14 +528,9 @@ class Pipeline:
         if staged.error is not None:
             err, staged.error = staged.error, None
             raise err
-        t_dev = time.perf_counter()
-        self._device_stage(target, staged)
-        device_s = time.perf_counter() - t_dev
-        tuning = self.tuner.trials is not None
-        self.tuner.record(m, staged.host_s, stall, device_s, step_s, ahead)
-        if tuning and self.tuner.trials is None:
-            self._drop_buffers(keep=self.tuner.place)
-        # guess the next call: the stride of the last two, else one whole batch later
+        # the next batch's host stage starts now, into the other buffer: it overlaps this batch's
+        # device stage (host work on the CPU backend) as well as the step. Guessed: the stride of
+        # the last two calls, else one whole batch later
         last, self.last_pos = self.last_pos, pos
         stride = pos - last if last is not None and pos > last else batch
         if pos + stride + r0 + m <= order_host.size:
@@ -544,6 +539,14 @@ class Pipeline:
             drawn_next = drawn + stride if self.t.random else drawn
             self._start((contents, pos + stride, drawn_next, seed), nxt,
                         drawn_next + r0 + np.arange(m, dtype=np.int64), seed)
+        t_dev = time.perf_counter()
+        self._device_stage(target, staged)
+        device_s = time.perf_counter() - t_dev
+        tuning = self.tuner.trials is not None
+        self.tuner.record(m, staged.host_s, stall, device_s, step_s, ahead)
+        if tuning and self.tuner.trials is None:
+            # (a read-ahead already started in a dropped buffer keeps it alive until it is used)
+            self._drop_buffers(keep=self.tuner.place)
         self.last_end = time.perf_counter()
 
     def _affine(self, dtype):
