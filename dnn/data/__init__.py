@@ -8,6 +8,7 @@
     x, y = data.synthetic_classification(1000, (1, 8, 8), classes=3, seed=0)
     train = data.Dataset(x, y, augment=data.Augment(shift=1))  # placed on the workers once (see dataset.py)
     for xb, yb in data.DataLoader(x, y, batch_size=100, shuffle=True, seed=1): ...
+    folder = data.ImageFolder("/data/imagenet/train", image_size=224)  # decoded by the workers (image_folder.py)
 
 Images come as float32 (N, C, H, W) in [0, 1] and labels as int64 (N,).
 Every reader checks its input and raises DataError rather than return data
@@ -18,9 +19,11 @@ from .csv_reader import read_csv
 from .errors import DataError
 from .idx import load_mnist, read_idx, write_idx
 from .dataset import Augment, Dataset, Feed
+from .image_folder import ImageFolder
 from .loader import DataLoader
 from .mnist_5k import load_mnist_5k
 from .synthetic import synthetic_classification
 
 __all__ = ["DataError", "read_idx", "write_idx", "load_mnist", "read_csv", "read_cifar10_batch", "load_cifar10",
-           "synthetic_classification", "load_mnist_5k", "DataLoader", "Dataset", "Augment", "Feed"]
+           "synthetic_classification", "load_mnist_5k", "DataLoader", "Dataset", "Augment", "Feed",
+           "ImageFolder"]

@@ -1,0 +1,157 @@
+"""The worker side of an ImageFolder: reads and decodes its own samples of each batch.
+
+`FolderSource` is what every worker builds from the folder's description
+(the root, the files relative to it, their labels and the transform's
+options: JSON, sent once by the master through dmath's `host_source`).
+dmath's host_batch pipeline calls `sample()` on its decoding threads, one
+call per sample of this worker's rows of a batch; Pillow (libjpeg-turbo
+inside) releases the GIL while it decodes and resizes, so the threads run
+in parallel.
+
+A file that cannot be decoded (corrupt, truncated, not an image) is, with
+on_error='skip', replaced by the next file of the same class that decodes
+(in the folder's order, wrapping around inside the class): the label stays
+right, and the replacement depends on the files alone, so every worker
+count trains on the same batches. The file is reported once per worker
+with a warning and counted (`report()`). With on_error='raise' the batch
+fails with a DataError naming the file.
+"""
+import io
+import json
+import os
+import threading
+import warnings
+
+import numpy as np
+
+from dmath.ops.host_batches import resolve
+
+from . import augment
+from .errors import DataError
+
+
+try:
+    import simplejpeg
+except ImportError:           # (optional: Pillow decodes every file then)
+    simplejpeg = None
+
+#: the decoders a folder may ask for: 'auto' is simplejpeg for JPEG files where it is installed
+DECODERS = ("auto", "pillow", "simplejpeg")
+_JPEG = b"\xff\xd8"
+
+
+def decode_rgb(path, decoder="auto"):
+    """The RGB image at `path`: (H, W, 3) uint8 pixels from simplejpeg (a JPEG file, decoder 'auto' or
+    'simplejpeg', where it is installed), else a Pillow image. Raises on a file that cannot be decoded.
+
+    Both use libjpeg-turbo's default (accurate) DCT and upsampling, so they give the same pixels;
+    simplejpeg skips Pillow's per-image overhead. A JPEG it refuses (CMYK, or damaged: its strict
+    mode raises at a truncation) goes to Pillow, which decides."""
+    with open(path, "rb") as f:
+        data = f.read()
+    if simplejpeg is not None and decoder != "pillow" and data[:2] == _JPEG:
+        try:
+            return simplejpeg.decode_jpeg(data, colorspace="RGB")
+        except ValueError:
+            pass
+    img = augment.pillow().open(io.BytesIO(data))
+    img.load()                # decode now: a truncated file raises here
+    # (convert copies: an RGB image, most JPEGs, is used as it is)
+    return img if img.mode == "RGB" else img.convert("RGB")
+
+
+class FolderSource:
+    """One worker's reader of an image folder (see the module docstring)."""
+
+    def __init__(self, description):
+        d = json.loads(description.decode("utf-8"))
+        self.root = d["root"]
+        self.files = d["files"]
+        self.labels = np.asarray(d["labels"], dtype=np.int64)
+        self.size = tuple(d["image_size"])
+        self.resize_size = int(d["resize_size"])
+        self.scale, self.ratio = tuple(d["crop_scale"]), tuple(d["crop_ratio"])
+        self.flip = bool(d["flip"])
+        self.on_error = d["on_error"]
+        self.decoder = d.get("decoder", "auto")
+        fn = d.get("batch_transform")
+        self._user = resolve(fn) if fn else None
+        # the files of class k are first[k] .. first[k + 1] - 1 (the folder lists them class by class)
+        self.first = np.searchsorted(self.labels, np.arange(int(self.labels.max()) + 2))
+        self.lock = threading.Lock()
+        self.bad = {}              # index -> why it could not be decoded (this worker's finds)
+
+    # ---- the host stage ------------------------------------------------------------------------
+    def sample(self, index, stream, random, seed, out):
+        """Sample `index` decoded and transformed into `out` (uint8 (H, W, 3))."""
+        img = self._decoded(index)
+        if random:
+            rng = augment.sample_generator(seed, stream)
+            width, height = augment.image_size(img)
+            box, mirrored = augment.train_draws(width, height, rng, self.scale, self.ratio, self.flip)
+            out[...] = augment.resized_crop(img, box, self.size, mirrored)
+        else:
+            out[...] = augment.eval_transform(img, self.size, self.resize_size)
+
+    def region(self, index, stream, random, seed):
+        """Sample `index` decoded and cropped, not resized, for a resize on the device (dmath's
+        place 'device_resize'): ((h, w, 3) uint8 pixels, (full_h, full_w, off_y, off_x, mirrored)):
+        the pixels resampled to full_h x full_w, from (off_y, off_x) on, give the sample; the same
+        draws as sample()."""
+        img = self._decoded(index)
+        width, height = augment.image_size(img)
+        pixels = img if isinstance(img, np.ndarray) else np.asarray(img)
+        if random:
+            rng = augment.sample_generator(seed, stream)
+            (left, top, right, bottom), mirrored = augment.train_draws(width, height, rng, self.scale, self.ratio,
+                                                                       self.flip)
+            return (np.ascontiguousarray(pixels[top:bottom, left:right]),
+                    (self.size[0], self.size[1], 0, 0, mirrored))
+        w, h = augment.resize_shorter(width, height, max(self.resize_size, *self.size))
+        left, top, _, _ = augment.center_crop_box(w, h, self.size)
+        return np.ascontiguousarray(pixels), (h, w, top, left, False)
+
+    def _decoded(self, index):
+        """The RGB image (or pixels) of `index`, or (skipping) of the next decodable file of its class."""
+        label = int(self.labels[index])
+        lo, hi = int(self.first[label]), int(self.first[label + 1])
+        i = index
+        for _ in range(hi - lo):
+            if i not in self.bad:
+                path = os.path.join(self.root, self.files[i])
+                try:
+                    return decode_rgb(path, self.decoder)
+                except Exception as exc:        # Pillow raises OSError, ValueError, SyntaxError, ...
+                    self._failed(i, path, exc)
+            i = lo + (i - lo + 1) % (hi - lo)
+        raise DataError(f"{self.root}: no file of class {label} can be decoded ({hi - lo} tried)")
+
+    def _failed(self, i, path, exc):
+        why = f"{type(exc).__name__}: {exc}"
+        if self.on_error == "raise":
+            raise DataError(f"{path}: cannot be decoded ({why}); ImageFolder(on_error='skip') skips such "
+                            f"files") from exc
+        with self.lock:
+            new = i not in self.bad
+            self.bad[i] = why
+        if new:
+            warnings.warn(f"{path}: cannot be decoded ({why}); skipped (the next image of its class takes "
+                          f"its place)", RuntimeWarning, stacklevel=2)
+
+    # ---- the device stage ----------------------------------------------------------------------
+    @property
+    def finish(self):
+        """The user's batch function as host_batch calls it, or None."""
+        if self._user is None:
+            return None
+        user = self._user
+
+        def apply(x, streams, xp):
+            y = user(x, streams, xp)
+            if y is not None and y is not x:
+                x[...] = y
+        return apply
+
+    def report(self):
+        with self.lock:
+            return {"skipped": {self.files[i]: why for i, why in sorted(self.bad.items())}}

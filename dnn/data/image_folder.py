@@ -1,0 +1,328 @@
+"""Datasets that stay in a folder of image files: each worker reads and decodes its own samples.
+
+    train = dnn.data.ImageFolder("/data/imagenet/train", image_size=224)            # augmented
+    val = dnn.data.ImageFolder("/data/imagenet/val", image_size=224, train=False)   # resize + center crop
+    model.fit(train, batch_size=256, epochs=90, validation_data=val)
+    print(train.explain())           # threads, where each stage runs, stage times, skipped files
+
+torchvision's `ImageFolder` convention: `root/<class>/.../<image>`, the
+classes are the sorted subfolder names (`.classes`, `.class_to_idx`), a
+sample's label the index of its class; files ending in .jpg, .jpeg or .png
+(any case) are the samples, in sorted order class by class.
+
+Only the file names and labels go through the master, once: every worker
+builds a `dnn.data.decode.FolderSource` from them, and at every step reads
+and decodes only its own rows of the batch (dmath's `host_batch`), in the
+order the epoch's permutation (seed and epoch only) gives, so any worker
+count trains on the same batches. The pixels go to the device as uint8; the
+normalisation and the cast to the model's dtype happen there. The next
+batch is decoded on host threads while the step runs; the number of
+threads and where the normalisation runs are tuned from measured stage
+times (`explain()`).
+"""
+import json
+import math
+import numbers
+import os
+import warnings
+
+import numpy as np
+
+import dmath
+from dmath.ops import host_batches
+
+from ..errors import ConfigError
+from . import augment, decode
+from .dataset import Dataset, Feed, _Store, _ensure_runtime
+from .errors import DataError
+
+#: the files that are samples (torchvision's IMG_EXTENSIONS, as far as Pillow decodes them here)
+EXTENSIONS = (".jpg", ".jpeg", ".png")
+#: evaluation resizes the shorter side to image_size / EVAL_CROP before the center crop (256 for 224)
+EVAL_CROP = 0.875
+_FACTORY = "dnn.data.decode:FolderSource"
+
+
+def scan(root, extensions=EXTENSIONS):
+    """(classes, files relative to root, labels, other files) of an image folder, torchvision's way."""
+    try:
+        classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+    except OSError as exc:
+        raise DataError(f"ImageFolder: cannot list {root!r} ({exc})") from exc
+    if not classes:
+        raise DataError(f"ImageFolder: {root!r} holds no class folders (root/<class>/<image>)")
+    files, labels, others = [], [], []
+    for k, name in enumerate(classes):
+        top = os.path.join(root, name)
+        for dirpath, dirnames, names in sorted(os.walk(top, followlinks=True)):
+            dirnames.sort()
+            for f in sorted(names):
+                rel = os.path.relpath(os.path.join(dirpath, f), root)
+                if f.lower().endswith(extensions):
+                    files.append(rel)
+                    labels.append(k)
+                else:
+                    others.append(rel)
+    empty = [c for k, c in enumerate(classes) if k not in set(labels)]
+    if empty:
+        raise DataError(f"ImageFolder: no {'/'.join(extensions)} files in the class folder(s) {empty} of {root!r}")
+    return classes, files, labels, others
+
+
+def _size(value, what):
+    if isinstance(value, numbers.Integral) and not isinstance(value, bool):
+        value = (value, value)
+    try:
+        h, w = value
+    except (TypeError, ValueError):
+        raise ConfigError(f"ImageFolder: {what} must be a positive integer or (height, width), got {value!r}") \
+            from None
+    if not all(isinstance(v, numbers.Integral) and not isinstance(v, bool) and v > 0 for v in (h, w)):
+        raise ConfigError(f"ImageFolder: {what} must be a positive integer or (height, width), got {value!r}")
+    return int(h), int(w)
+
+
+def _pair(value, what, positive=False, low=None):
+    try:
+        a, b = (float(v) for v in value)
+    except (TypeError, ValueError):
+        raise ConfigError(f"ImageFolder: {what} must be a pair (low, high), got {value!r}") from None
+    if not (math.isfinite(a) and math.isfinite(b)) or a > b or (positive and a <= 0) or (low is not None and a < low):
+        raise ConfigError(f"ImageFolder: {what} must be finite with low <= high"
+                          f"{' and positive' if positive else ''}, got {value!r}")
+    return a, b
+
+
+def _channels(value, what):
+    try:
+        vals = tuple(float(v) for v in value)
+    except TypeError:
+        vals = (float(value),) * 3
+    if len(vals) != 3 or not all(math.isfinite(v) for v in vals):
+        raise ConfigError(f"ImageFolder: {what} must be 3 finite numbers (RGB), got {value!r}")
+    return vals
+
+
+def _function_ref(fn):
+    """'module:qualname' of a module-level function every worker can import, or None."""
+    if fn is None:
+        return None
+    if isinstance(fn, str):
+        ref = fn
+    else:
+        mod, qual = getattr(fn, "__module__", None), getattr(fn, "__qualname__", "")
+        if not callable(fn) or mod is None or "<" in qual:
+            raise ConfigError(f"ImageFolder: batch_transform must be a module-level function (the workers import "
+                              f"it by name), got {fn!r}")
+        ref = f"{mod}:{qual}"
+    try:
+        host_batches.resolve(ref)
+    except (ImportError, AttributeError, ValueError) as exc:
+        raise ConfigError(f"ImageFolder: batch_transform {ref!r} cannot be imported ({exc})") from exc
+    return ref
+
+
+def _places(normalize_on, resize_on, gpu):
+    """host_batch's candidate places for the options (the first is tried first). resize_on='auto'
+    tries the device resize only on GPUs: on the CPU backend the device is the host, where Pillow
+    resizes on the decoding threads, overlapped with the step, and NumPy would not."""
+    if normalize_on not in ("auto", "device", "host"):
+        raise ConfigError(f"ImageFolder: normalize_on must be 'auto', 'device' or 'host', got {normalize_on!r}")
+    if resize_on not in ("auto", "device", "host"):
+        raise ConfigError(f"ImageFolder: resize_on must be 'auto', 'device' or 'host', got {resize_on!r}")
+    if resize_on == "device" and normalize_on == "host":
+        raise ConfigError("ImageFolder: resize_on='device' normalises on the device too; normalize_on='host' "
+                          "contradicts it")
+    places = []
+    if resize_on != "device":
+        places += [p for p in ("device", "host") if normalize_on in ("auto", p)]
+    if (resize_on == "device" or (resize_on == "auto" and gpu)) and normalize_on != "host":
+        places.append("device_resize")
+    return tuple(places)
+
+
+class ImageFolder(Dataset):
+    """An image folder as a dnn.data Dataset, decoded by the workers at every step (module docstring).
+
+    Args:
+        root: the folder (root/<class>/.../<image>), visible to every worker
+            under the same path.
+        image_size: the side (or (height, width)) of the samples.
+        train: augment training batches as torchvision's ImageNet recipe
+            (RandomResizedCrop(image_size, crop_scale, crop_ratio), a
+            horizontal flip with probability 1/2 when flip); evaluation
+            batches, and every batch of a train=False folder, are
+            Resize(resize_size) + CenterCrop(image_size).
+        resize_size: the shorter side (an int) before the center crop
+            (default image_size / 0.875: 256 for 224).
+        mean, std: per channel, of pixels scaled to [0, 1] (default
+            ImageNet's); every batch is (v / 255 - mean) / std.
+        batch_transform: a module-level function f(x, streams, xp) applied
+            to every training batch after normalisation, on the device: x
+            the (m, 3, H, W) array of this worker's samples (in the model's
+            dtype, changed in place or returned), streams their places in
+            the stream of samples drawn (int64, for per-sample draws that
+            do not depend on the worker count), xp the array module. The
+            workers import it by name: define it at the top level of a
+            module (or of the script, before dmath.init()).
+        on_error: 'skip' (a file that cannot be decoded is replaced by the
+            next decodable image of its class, with a warning, and counted
+            in explain()) or 'raise' (the step fails with a DataError naming
+            the file; on several workers it reaches the master as
+            dmath.WorkerError). Files with other extensions are not samples:
+            left out with a warning ('skip') or refused with a DataError
+            ('raise').
+        threads: decoding threads per worker (0: tuned at run time).
+        normalize_on: 'auto' (tuned), 'device' or 'host' (see explain()).
+        resize_on: 'host' (Pillow, on the decoding threads), 'device' (one
+            kernel resizes the batch's crops on the device: the host only
+            decodes and crops; Pillow's filter, within one grey level of
+            Pillow's pixels; normalize_on must allow the device) or 'auto'
+            (on GPUs: tried against the host, the faster kept; on the CPU
+            backend the host).
+        decoder: 'auto' (JPEG files through simplejpeg where it is installed
+            on the workers, the rest through Pillow), 'pillow', or
+            'simplejpeg' (installed on the master too). Both give the same
+            pixels (libjpeg-turbo's accurate DCT); simplejpeg is faster.
+    """
+
+    def __init__(self, root, image_size=224, train=True, *, resize_size=None, crop_scale=(0.08, 1.0),
+                 crop_ratio=(3 / 4, 4 / 3), flip=True, mean=augment.IMAGENET_MEAN, std=augment.IMAGENET_STD,
+                 batch_transform=None, on_error="skip", threads=0, normalize_on="auto", resize_on="host",
+                 decoder="auto"):
+        augment.pillow()                # (a DataError now, not on the workers, when Pillow is missing)
+        size = _size(image_size, "image_size")
+        if resize_size is None:
+            resize = int(round(max(size) / EVAL_CROP))
+        elif isinstance(resize_size, numbers.Integral) and not isinstance(resize_size, bool) and resize_size > 0:
+            resize = int(resize_size)
+        else:
+            raise ConfigError(f"ImageFolder: resize_size (the shorter side before the center crop) must be a positive "
+                              f"integer, got {resize_size!r}")
+        if resize < max(size):
+            raise ConfigError(f"ImageFolder: resize_size {resize} is smaller than the crop {size}")
+        if not isinstance(train, (bool, np.bool_)) or not isinstance(flip, (bool, np.bool_)):
+            raise ConfigError(f"ImageFolder: train and flip must be True or False, got {train!r}, {flip!r}")
+        crop_scale = _pair(crop_scale, "crop_scale", positive=True)
+        if crop_scale[1] > 1:
+            raise ConfigError(f"ImageFolder: crop_scale is a share of the image's area, at most 1; got {crop_scale}")
+        crop_ratio = _pair(crop_ratio, "crop_ratio", positive=True)
+        mean, std = _channels(mean, "mean"), _channels(std, "std")
+        if min(std) <= 0:
+            raise ConfigError(f"ImageFolder: std must be positive, got {std}")
+        if on_error not in ("skip", "raise"):
+            raise ConfigError(f"ImageFolder: on_error must be 'skip' or 'raise', got {on_error!r}")
+        if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 0:
+            raise ConfigError(f"ImageFolder: threads must be 0 (tuned) or a positive integer, got {threads!r}")
+        _ensure_runtime()
+        places = _places(normalize_on, resize_on, dmath.device() == "gpu")
+        if decoder not in decode.DECODERS:
+            raise ConfigError(f"ImageFolder: decoder must be one of {decode.DECODERS}, got {decoder!r}")
+        if decoder == "simplejpeg" and decode.simplejpeg is None:
+            raise ConfigError("ImageFolder: decoder='simplejpeg' needs the simplejpeg package (pip install "
+                              "simplejpeg); decoder='auto' uses it where it is installed, else Pillow")
+        ref = _function_ref(batch_transform)
+        root = os.path.abspath(os.fspath(root))
+        classes, files, labels, others = scan(root)
+        if others:
+            msg = (f"ImageFolder: {len(others)} file(s) in {root!r} are not {'/'.join(EXTENSIONS)} images, "
+                   f"e.g. {others[0]!r}")
+            if on_error == "raise":
+                raise DataError(msg + " (on_error='skip' leaves them out)")
+            warnings.warn(msg + "; left out", RuntimeWarning, stacklevel=2)
+        description = json.dumps({
+            "root": root, "files": files, "labels": labels, "image_size": list(size), "resize_size": resize,
+            "crop_scale": list(crop_scale), "crop_ratio": list(crop_ratio), "flip": bool(flip),
+            "on_error": on_error, "batch_transform": ref, "decoder": decoder}).encode("utf-8")
+        try:
+            table = host_batches.host_source(_FACTORY, description, len(files))
+        except dmath.DMathError as exc:
+            raise DataError(f"ImageFolder: {exc}") from exc
+        self.root, self.classes, self.files = root, classes, files
+        self.class_to_idx = {c: k for k, c in enumerate(classes)}
+        self.targets = labels
+        self.ignored = others
+        self.image_size, self.resize_size, self.train = size, resize, bool(train)
+        self.crop_scale, self.crop_ratio, self.flip = crop_scale, crop_ratio, bool(flip)
+        self.pixel_mean, self.pixel_std = mean, std
+        self.on_error, self.threads, self.places = on_error, int(threads), places
+        self.batch_transform, self.decoder = ref, decoder
+        store = _Store(table, table, "labels", (0, len(classes) - 1), "files")
+        # the pixels are normalised by host_batch: the Dataset's own affine step stays the identity
+        self._init(store, 0, len(files), (3,) + size, None, 1.0, 0.0, 1.0)
+
+    # ---- what models ask ---------------------------------------------------------------------
+    @property
+    def features(self):
+        """Values per sample: 3 x height x width."""
+        return 3 * self.image_size[0] * self.image_size[1]
+
+    def feed(self, group=None):
+        """A new ImageFeed: a model's cursor whose batches the workers decode (see Dataset.feed)."""
+        return ImageFeed(self, group)
+
+    def split(self, fraction):
+        """(first, last) as Dataset.split: the last `fraction` of the files (in the folder's order:
+        the last classes, so shuffle a folder's classes into both parts by other means) becomes a
+        second folder view; the second uses the evaluation transform."""
+        first, last = Dataset.split(self, fraction)
+        views = []
+        for part, train in ((first, self.train), (last, False)):
+            view = ImageFolder.__new__(ImageFolder)
+            view.__dict__.update(self.__dict__)
+            view.lo, view.hi, view.train = part.lo, part.hi, train
+            views.append(view)
+        return tuple(views)
+
+    def explain(self):
+        """What every worker's pipeline measured and chose, as text: decoding threads, where the
+        normalisation runs, the stage times per batch, and the files skipped."""
+        reports = host_batches.report(self.x)
+        lines = [f"ImageFolder {self.root!r}: {len(self)} images of {len(self.classes)} classes, "
+                 f"{self.image_size[0]}x{self.image_size[1]}, on_error={self.on_error!r}"]
+        for rep in reports:
+            for p in rep["pipelines"]:
+                lines.append(
+                    f"  worker {rep['rank']} rows {p['rows'][0]}..{p['rows'][1] - 1} "
+                    f"({'training' if p['random'] else 'evaluation'}, {p['dtype']}): {p['threads']} threads"
+                    f"{' (tuned)' if p['threads_tuned'] else ''}, place {p['place']!r}"
+                    f"{' (tuned)' if p['place_tuned'] else ''}; per batch: decode {p['host_ms_per_batch']:.1f} ms "
+                    f"(in the background), step waited {p['stall_ms_per_batch']:.1f} ms, device stage "
+                    f"{p['device_ms_per_batch']:.1f} ms, step {p['step_ms_per_batch']:.1f} ms; {p['batches']} batches")
+                lines += [f"    {d}" for d in p["decisions"]]
+        skipped = self.skipped()
+        lines.append(f"  skipped files: {len(skipped)}" + "".join(f"\n    {f}: {why}" for f, why in skipped.items()))
+        return "\n".join(lines)
+
+    def stats(self):
+        """The per-worker reports behind explain() (a list indexed by rank of dicts)."""
+        return host_batches.report(self.x)
+
+    def skipped(self):
+        """{file (relative to root): why} of the files some worker could not decode so far."""
+        out = {}
+        for rep in host_batches.report(self.x):
+            out.update(rep["source"].get("skipped", {}))
+        return dict(sorted(out.items()))
+
+    def __repr__(self):
+        return (f"dnn.data.ImageFolder({self.root!r}, {len(self)} images, {len(self.classes)} classes, "
+                f"image_size={self.image_size}, train={self.train})")
+
+
+class ImageFeed(Feed):
+    """A model's cursor over an ImageFolder: a Feed whose batches are decoded by the workers."""
+
+    def __init__(self, folder, group=None):
+        super().__init__(folder, group)
+        self.folder = (folder.train, folder.image_size, tuple(255.0 * v for v in folder.pixel_mean),
+                       tuple(255.0 * v for v in folder.pixel_std), folder.threads, folder.places)
+
+    def batch_x(self, out, training, seed):
+        """Recordable: the next batch decoded by the workers into `out`; returns out."""
+        train, size, mean, std, threads, places = self.folder
+        random = bool(train and training)
+        return host_batches.host_batch(self.store.x, self.order, self.position, out, image=(3,) + size,
+                                       random=random, mean=mean, std=std,
+                                       counter=self.drawn if random else None, seed=seed, threads=threads,
+                                       places=places)
