@@ -186,7 +186,7 @@ def main():
     for k, v in ratios.items():
         print(f"{k}: {v:.2f}")
     sys.path.insert(0, os.path.dirname(HERE))
-    from dmath import info
+    from dmath import machine as info
     payload = {"benchmark": "startup", "net": args.net, "batch": args.batch, "dtype": args.dtype,
                "device": args.device or "auto", "gpu": info.report()["gpu"],
                "date": time.strftime("%Y-%m-%d %H:%M:%S"), "cases": results, "ratios": ratios}

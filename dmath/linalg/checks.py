@@ -2,9 +2,10 @@
 import numpy as np
 
 from .. import backend
-from ..errors import DMathError, DTypeError, PlanError, ShapeError
+from ..errors import DMathError, DTypeError, LinAlgError, PlanError, ShapeError
 from ..layout import Layout
 from ..ops.base import is_matrix
+from ..ops.nn.update import all_finite
 from ..runtime import runtime
 from . import dense
 
@@ -32,6 +33,9 @@ def matrix(A, fn, what="A"):
         raise DTypeError(f"{fn}: {what} is float16, which has too few digits for a factorization "
                          f"(3 significant digits: the residual would be larger than the answer for "
                          f"most matrices); convert it with {what}.astype('float32')")
+    # as SciPy's check_finite: LAPACK passes NaN through, cuSOLVER may return finite garbage for it
+    if float(all_finite([A]).to_numpy()[0, 0]) != 1.0:
+        raise LinAlgError(f"{fn}: {what} holds NaN or inf")
     return A
 
 

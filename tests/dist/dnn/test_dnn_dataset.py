@@ -100,7 +100,8 @@ def test_auto_placement_falls_back_to_the_file_under_a_memory_limit(tmp_path):
     reference = _model(features=1500)
     reference.fit(small, batch_size=50, epochs=2, verbose=0)
     for a, b in zip(model.get_weights(), reference.get_weights()):
-        np.testing.assert_array_equal(a, b)
+        # (a GPU's GEMM may split k of the host-read and the resident batch differently: last bits)
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-15)
 
 
 def test_resumed_epochs_equal_an_uninterrupted_run():

@@ -18,7 +18,7 @@ from dnn.data import augment, decode
 from dnn.data.errors import DataError
 from dnn.errors import ConfigError
 
-from _images import CLASSES, make_folder
+from _images import CLASSES, make_folder, negate_even
 
 P = dmath.num_workers()
 MEAN, STD = np.array(augment.IMAGENET_MEAN), np.array(augment.IMAGENET_STD)
@@ -246,11 +246,6 @@ def test_read_ahead_batches_equal_cold_ones(root):
         feed.advance(12)
     evals = [p for rep in f.stats() for p in rep["pipelines"] if not p["random"]]
     assert evals and all(p["batches"] == 5 and p["read_ahead"] == 4 for p in evals)
-
-
-def negate_even(x, streams, xp):
-    """A batch_transform: mirrors the sign of the samples with an even place in the stream."""
-    x[xp.asarray(streams % 2 == 0)] *= -1
 
 
 def test_batch_transform_runs_on_each_workers_samples(root):
