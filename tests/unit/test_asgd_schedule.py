@@ -104,7 +104,7 @@ def test_the_staleness_rule_lowers_momentum_by_the_implicit_one_and_divides_the_
     assert (1 - both.momentum(0.9)) * (1 - 2 / 3) == pytest.approx(1 - 0.9)
     assert both.momentum(0.5) == 0.0                             # implicit momentum alone is more
     assert both.momentum(0.0) == 0.0
-    assert [both.lr_scale(s) for s in (0, 1, 2, 4)] == [0.5] * 4      # by the mean staleness
+    assert [both.lr_scale(s) for s in (0, 1, 2, 4)] == [pytest.approx(2 ** -0.5)] * 4   # by sqrt(mean staleness)
     assert StalenessRule("both", 0.5, 0.9).lr_scale(1) == 1.0
     assert StalenessRule("both", 2.0, 0.0).lr_scale(2) == 1.0                # plain SGD: left alone
     assert [StalenessRule("lr", 2.0).lr_scale(s) for s in (0, 1, 2, 4)] == [1.0, 1.0, 0.5, 0.25]

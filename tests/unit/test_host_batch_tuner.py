@@ -1,8 +1,8 @@
-"""The host-batch pipeline's tuner (dmath/ops/host_batches.Tuner) on simulated stage times: it picks
+"""The host-batch pipeline's tuner (dmath/planning/host_stages.Tuner) on simulated stage times: it picks
 the normalisation place with the shorter step-side time, adds decoding threads while they shorten the
 step's wait and stops at the first that does not, drops threads the step never waits for, and keeps
 what the user fixed."""
-from dmath.ops.host_batches import Tuner
+from dmath.planning.host_stages import Tuner
 
 
 def drive(tuner, stall_of, device_of=lambda place: 0.001, step=0.05, batches=200):
