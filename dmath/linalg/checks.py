@@ -1,4 +1,7 @@
 """Master-side checks and choices shared by dmath.linalg's functions (no kernels here)."""
+import functools
+import threading
+
 import numpy as np
 
 from .. import backend
@@ -15,6 +18,24 @@ from . import dense
 #: and LU 0.48 of one-GPU cuSOLVER's rate against 0.62 and 0.43 at 512, while QR peaked at 512
 #: (0.86, 0.66 at 1024): benchmarks/results/linalg_gpu_2026-11-26_065329.json
 DEFAULT_BLOCK = {"cpu": 256, "gpu": 1024, "gpu:qr": 512}
+
+
+_calls = threading.local()
+
+
+def entry(fn):
+    """Mark a public dmath.linalg function: the finiteness of its inputs is checked at the user's
+    call only, not again when it runs inside another one (lstsq's qr, svds' qr in every power
+    iteration: each check is a collective and a gather, and an intermediate's non-finite value is
+    not the user's input)."""
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        _calls.depth = getattr(_calls, "depth", 0) + 1
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            _calls.depth -= 1
+    return call
 
 
 def matrix(A, fn, what="A"):
@@ -34,7 +55,7 @@ def matrix(A, fn, what="A"):
                          f"(3 significant digits: the residual would be larger than the answer for "
                          f"most matrices); convert it with {what}.astype('float32')")
     # as SciPy's check_finite: LAPACK passes NaN through, cuSOLVER may return finite garbage for it
-    if float(all_finite([A]).to_numpy()[0, 0]) != 1.0:
+    if getattr(_calls, "depth", 0) <= 1 and float(all_finite([A]).to_numpy()[0, 0]) != 1.0:
         raise LinAlgError(f"{fn}: {what} holds NaN or inf")
     return A
 

@@ -58,6 +58,7 @@ def _cholesky_work(A, nb, fn, dtype=None):
     return W
 
 
+@checks.entry
 def cholesky(A, lower=True, *, block=None, layout=None):
     """The Cholesky factor of the symmetric positive definite A: L with A = L L^T (lower=True), or
     U = L^T with A = U^T U. Only A's lower triangle is read.
@@ -92,6 +93,7 @@ def _check_pivots(diag, fn, what):
         raise LinAlgError(f"{fn}: {what} [{i}, {i}] is zero (pivot {i})")
 
 
+@checks.entry
 def solve_triangular(A, B, lower=False, trans=0, unit_diagonal=False, *, block=None, layout=None):
     """X with op(A) X = B for the triangular A (SciPy's convention: lower=False reads A's upper
     triangle; trans 0/'N', 1/'T' or 2/'C' for A, A^T, A^H). B is (n, k).
@@ -116,6 +118,7 @@ def solve_triangular(A, B, lower=False, trans=0, unit_diagonal=False, *, block=N
     return _out(X, layout)
 
 
+@checks.entry
 def cho_solve(c_and_lower, B, *, block=None, layout=None):
     """X with A X = B from A's Cholesky factor: `c_and_lower` is (L, True) or (U, False) as
     `cholesky` returns them (SciPy's convention). Two blocked triangular solves."""
@@ -147,6 +150,7 @@ def _lu_work(A, nb, B=None):
     return W, perm, diag
 
 
+@checks.entry
 def lu(A, *, block=None, layout=None):
     """LU with partial pivoting: (perm, L, U) with A[perm] == L @ U.
 
@@ -176,6 +180,7 @@ def _solve_general(A, B, nb, fn, layout):
     return _out(X, layout)
 
 
+@checks.entry
 def solve(A, B, assume_a="gen", *, block=None, layout=None):
     """X with A X = B for the square A and B of n rows.
 
@@ -201,6 +206,7 @@ def solve(A, B, assume_a="gen", *, block=None, layout=None):
     return _solve_general(A, B, nb, fn, layout)
 
 
+@checks.entry
 def inv(A, *, block=None, layout=None):
     """The inverse of the square A: solve(A, I) with I made on the workers (LU with partial
     pivoting). Raises LinAlgError naming the zero pivot of a singular A."""
@@ -228,6 +234,7 @@ def _parity(perm):
     return sign
 
 
+@checks.entry
 def slogdet(A, *, block=None):
     """(sign, log|det A|) of the square A from its LU factorization, as NumPy floats (sign 0 and
     log -inf for a singular A)."""
@@ -241,6 +248,7 @@ def slogdet(A, *, block=None):
     return float(sign), float(np.sum(np.log(np.abs(diag))))
 
 
+@checks.entry
 def det(A, *, block=None):
     """The determinant of the square A (the product of U's diagonal and the sign of the row
     permutation of its LU factorization), a float on the master."""
@@ -257,6 +265,7 @@ def _tsqr_fits(m, n, P):
     return n <= TSQR_MAX_COLS and m >= n * P
 
 
+@checks.entry
 def qr(A, mode="reduced", *, block=None, layout=None):
     """QR factorization of the m x n A: (Q, R) with Q m x k orthonormal and R k x n upper
     triangular (k = min(m, n)); mode='r' returns R alone.
@@ -295,6 +304,7 @@ def qr(A, mode="reduced", *, block=None, layout=None):
     return R if not want_q else (_out(Q, layout), R)
 
 
+@checks.entry
 def lstsq(A, B, *, block=None, layout=None):
     """The least-squares solution of A X = B: (X, residuals, rank, s) as NumPy's lstsq.
 

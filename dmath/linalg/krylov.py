@@ -9,6 +9,7 @@ from ..ops.gemm import gemm
 from . import checks
 
 
+@checks.entry
 def cg(A, b, x0=None, *, tol=1e-5, atol=0.0, maxiter=None, callback=None):
     """Solve A x = b for the symmetric positive definite A by conjugate gradients (SciPy's cg).
 

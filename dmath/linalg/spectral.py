@@ -64,6 +64,7 @@ def _gathered(A, dtype):
     return movement.remap(A, _root(), dtype)
 
 
+@checks.entry
 def eigh(A, *, layout=None):
     """Eigenvalues (ascending, a NumPy array on the master) and orthonormal eigenvectors (a Matrix,
     RowBlock unless `layout` is given) of the symmetric A; its lower triangle is read.
@@ -86,6 +87,7 @@ def _refused(fn, message):
         raise LinAlgError(f"{fn}: the eigensolver did not converge ({message}); does the matrix hold NaN or inf?")
 
 
+@checks.entry
 def eigvalsh(A):
     """The eigenvalues of the symmetric A, ascending (a NumPy array on the master)."""
     checks.square(A, "eigvalsh")
@@ -113,6 +115,7 @@ def _svd_gathered(X, vectors, full):
     return made[0], s, made[1]
 
 
+@checks.entry
 def svd(A, full_matrices=False, *, layout=None):
     """(U, s, Vh) with A = U diag(s) Vh, s descending (a NumPy array on the master).
 
@@ -137,6 +140,7 @@ def svd(A, full_matrices=False, *, layout=None):
     return U.remap(out), s, Vh.remap(out)
 
 
+@checks.entry
 def svdvals(A):
     """The singular values of A, descending (a NumPy array on the master); a tall or wide A is
     reduced by the distributed QR first (svd)."""
@@ -150,6 +154,7 @@ def svdvals(A):
 
 
 # ---- Lanczos ----------------------------------------------------------------------------------
+@checks.entry
 def eigsh(A, k=6, which="LM", *, tol=None, maxiter=None, seed=0, layout=None):
     """k eigenvalues of the symmetric A and their eigenvectors, by Lanczos (SciPy's eigsh): which='LM'
     (largest magnitude, the default), 'LA' (largest) or 'SA' (smallest).
@@ -277,6 +282,7 @@ def _lanczos(call):
 
 
 # ---- randomized SVD ---------------------------------------------------------------------------
+@checks.entry
 def svds(A, k=6, *, oversample=10, n_iter=2, layout=None):
     """The k largest singular triplets of A by randomized SVD (Halko, Martinsson, Tropp 2011, as
     Heat's rsvd): (U, s, Vh) with s descending (a NumPy array), U m x k and Vh k x n Matrices.
@@ -310,6 +316,7 @@ def svds(A, k=6, *, oversample=10, n_iter=2, layout=None):
 
 
 # ---- norms ------------------------------------------------------------------------------------
+@checks.entry
 def norm(A, ord=None):
     """The matrix norm of A (NumPy's norm of a 2-D array), a float on the master: None or 'fro'
     (Frobenius), 'nuc' (sum of singular values), 1 / -1 (max / min column sum of |A|), inf / -inf
