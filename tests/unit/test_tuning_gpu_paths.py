@@ -248,7 +248,7 @@ def test_cache_is_keyed_by_the_machine(device, monkeypatch):
 
 # ---- cuBLASLt ------------------------------------------------------------------------------------
 class FakeLt:
-    """The cuBLASLt entry points dmath.cublaslt calls, over algorithms numbered 1.. in the heuristic's
+    """The cuBLASLt entry points dmath.gpu.cublaslt calls, over algorithms numbered 1.. in the heuristic's
     order, each with a time; an algorithm's words are (its number, 0, ...)."""
 
     def __init__(self, clock, times, accepted=None):
