@@ -135,6 +135,46 @@ class Model(Training):
         self.stop_training = False
         self.position = None      # (epoch, batches done, batch_size) while an epoch runs: what a checkpoint saves
         self.resume = None        # {'epoch', 'batch', 'batch_size', 'metrics'}: a loaded mid-epoch checkpoint
+        #: {batch size: what parallel='auto' timed and chose} (explain_parallel() prints it)
+        self.parallel_report = {}
+        self._trials = {}         # batch size -> its dnn.training.strategy.Trial
+
+    #: see `bucket_mb`
+    _bucket_mb = 25.0
+
+    @property
+    def bucket_mb(self):
+        """Megabytes (MiB) of weight gradients summed over the workers by one all-reduce in data-parallel
+        training (dnn.training.buckets): 25 by default, as DDP's bucket_cap_mb; 0 sums each weight's
+        gradient alone. A change takes effect when the next training step is recorded."""
+        return self._bucket_mb
+
+    @bucket_mb.setter
+    def bucket_mb(self, value):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value < float("inf"):
+            raise ConfigError(f"bucket_mb must be a number of megabytes >= 0, got {value!r}")
+        self._bucket_mb = float(value)
+
+    @property
+    def gradient_sum_dtype(self):
+        """The dtype data-parallel float16 gradients are summed over the workers in: 'float16' (the
+        default of float16 models: half the bytes; an overflowing sum is skipped by the loss scale's
+        check, as an overflowing backward pass is) or 'float32' (the weights' dtype). Models of other
+        dtypes sum in their weights' dtype."""
+        if self.dtype != "float16":
+            return self.param_dtype
+        return self._gradient_sum_dtype
+
+    @gradient_sum_dtype.setter
+    def gradient_sum_dtype(self, value):
+        if self.dtype != "float16" and value != self.param_dtype:
+            raise ConfigError(f"gradient_sum_dtype is a float16 model's choice; a {self.dtype} model sums "
+                              f"its gradients in {self.param_dtype}")
+        if value not in ("float16", "float32"):
+            raise ConfigError(f"gradient_sum_dtype must be 'float16' or 'float32', got {value!r}")
+        self._gradient_sum_dtype = value
+
+    _gradient_sum_dtype = "float16"
 
     @property
     def trainable(self):

@@ -108,7 +108,10 @@ def backward(loss, wrt, seed=None, order=None, ready=None, releases=None):
     ready: None, or f(k, gradient) -> gradient, called as soon as the
     gradient of wrt[k] is complete (its last consumer is done), while the
     rest of the backward pass is still to be issued: data parallelism starts
-    that gradient's all-reduce there, so it overlaps the layers below.
+    that gradient's all-reduce there, so it overlaps the layers below. It
+    may return None for a target that passes no gradient on (a weight or
+    its cast): the caller took the gradient (a bucket sums it later) and
+    the returned list holds None there, so no reference here keeps it.
     releases: None, or the `Releases` of (order, wrt): each value is dropped after the last
     backward step that reads it, and each function forgets what its forward saved (masks,
     indices) once its backward has run. A function is handed the only reference to its output's
@@ -166,7 +169,14 @@ def backward(loss, wrt, seed=None, order=None, ready=None, releases=None):
                 if x.id in waiting:
                     waiting[x.id] -= 1
                     if waiting[x.id] == 0 and x.id in grads and x.id in index:
-                        grads[x.id] = ready(index[x.id], grads[x.id])
+                        g = ready(index[x.id], grads[x.id])
+                        if g is not None:
+                            grads[x.id] = g
+                        elif x.fn is None or not any(i.id in needed for i in x.inputs):
+                            del grads[x.id]
+                        else:
+                            raise GraphError(f"backward's ready hook took the gradient of {x.name}, which "
+                                             "passes a gradient on to its inputs")
     return [grads.get(n.id) for n in wrt]
 
 

@@ -189,9 +189,18 @@ class Layer:
         before its first step, so that a short last batch fails before any step, not after)."""
 
     def decide(self, batch, nworkers):
-        """Resolve parallel='auto' for a batch size (called before the first training graph)."""
+        """Resolve parallel='auto' for a batch size by the cost model (a program built before fit
+        measured the candidates, e.g. evaluate's; fit times them: dnn.training.strategy)."""
         if self.strategy is None:
-            self.strategy = "data"
+            self.adopt(self.proposal(batch, nworkers))
+
+    def proposal(self, batch, nworkers):
+        """The strategy the cost model gives parallel='auto' for `batch` on `nworkers` ('data' here)."""
+        return "data"
+
+    def adopt(self, strategy):
+        """Take `strategy` (one of `strategies`): the weights move to its layouts."""
+        self.strategy = strategy
 
     # ---- graph building ----------------------------------------------------------
     def forward(self, x, ctx):

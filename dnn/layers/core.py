@@ -81,13 +81,15 @@ class Dense(Layer):
             self.bias = self._add_weight("bias", self.bias_init, (1, self.units), dtype, layout,
                                          public_shape=(self.units,), fans=(fan_in, self.units))
 
-    def decide(self, batch, nworkers):
-        if self.strategy is not None:
-            return
-        self.strategy = par.choose_dense(math.prod(self.input_shape), self.units, batch, nworkers)
-        if self.strategy != "data":
-            for w in self.weights:
-                w.relayout(par.weight_layout(self.strategy))
+    def proposal(self, batch, nworkers):
+        return par.choose_dense(math.prod(self.input_shape), self.units, batch, nworkers)
+
+    def adopt(self, strategy):
+        self.strategy = strategy
+        layout = par.weight_layout(strategy)
+        for w in self.weights:
+            if type(w.value.layout) is not type(layout):       # (both over all the model's workers)
+                w.relayout(layout)
 
     def pre_activation(self, x, ctx):
         """The node x W + b, before the layer's activation (a model's last layer: its activation is

@@ -10,7 +10,7 @@ import dmath
 
 from ..data import Dataset
 from ..errors import ConfigError
-from . import asgd, callbacks as cbs
+from . import asgd, callbacks as cbs, strategy
 from .programs import Program
 from .progress import ProgressBar
 
@@ -32,8 +32,14 @@ class Training:
         if kind == "train":
             hyper = {k: v for k, v in self.optimizer.get_config().items() if k not in ("lr", "schedule")}
             frozen = tuple(not layer.trainable for layer in self.layers)
-            return (self.optimizer, repr(sorted(hyper.items())), self.loss, self.loss_scale, frozen)
-        return (self.loss,) if kind == "eval" else ()
+            return (self.optimizer, repr(sorted(hyper.items())), self.loss, self.loss_scale, frozen, self.bucket_mb,
+                    self.gradient_sum_dtype, self._strategies())
+        # every kind reads the weights where their layouts put them: a strategy changed (parallel='auto'
+        # timed at fit's first steps) moved them to new matrices
+        return ((self.loss,) if kind == "eval" else ()) + (self._strategies(),)
+
+    def _strategies(self):
+        return tuple(layer.strategy for layer in self.layers)
 
     @staticmethod
     def _drop_stale(feed, kind, key):
@@ -71,6 +77,20 @@ class Training:
             prog.key = key
             self._last_program = weakref.ref(prog)
         return prog
+
+    def _strategy_trial(self, batch):
+        """The `strategy.Trial` deciding the parallel='auto' layers at this batch size (made at the
+        first training step; None once they are decided, or when none is undecided)."""
+        trial = self._trials.get(batch)
+        if trial is None:
+            if not strategy.undecided(self):
+                return None
+            trial = self._trials[batch] = strategy.Trial(self, batch)
+        return None if trial.done else trial
+
+    def explain_parallel(self):
+        """What parallel='auto' timed and chose at each batch size (dnn.training.strategy)."""
+        return strategy.explain(self.parallel_report)
 
     @staticmethod
     def _batches(n, batch_size):
@@ -241,9 +261,17 @@ class Training:
         start = time.perf_counter()
         done = skipped
         key = self._program_key("train")     # (a change of the optimizer takes effect at the next epoch)
+        trial = self._strategy_trial(batch_size)
         for b in range(skip, len(sizes)):
             size = sizes[b]
+            if trial is not None:
+                trial.before_step(size)
+                key = self._program_key("train")
             self._program("train", size, feed, key).run()
+            if trial is not None:
+                trial.after_step(size, last=b == len(sizes) - 1)
+                if trial.done:
+                    trial, key = None, self._program_key("train")
             done += size
             metrics.samples = done
             self.position = (epoch, b + 1, batch_size)
@@ -251,6 +279,8 @@ class Training:
             for cb in hooks:
                 cb.on_batch_end(b)
         self.position = None
+        if trial is not None:
+            trial.end_epoch()
         self.epochs_trained = epoch + 1
         loss, acc = metrics.read()            # a gather: also waits for the epoch's last step
         elapsed = time.perf_counter() - start

@@ -29,8 +29,8 @@ from ..layers.base import Context
 from ..losses import correct_count
 from ..functional import build_nodes
 from ..ops import Affine, add_n, cast, fold_relu_masks, to_channels_first, to_channels_last
-from ..optim.base import to_layout_of
 from .. import parallel
+from .buckets import Buckets
 
 
 class Metrics:
@@ -152,6 +152,8 @@ class Program:
         # a training step drops each activation after its last reader (the metrics read loss and pred)
         self.releases = Releases(self.order, self.grad_at, keep=[self.loss, self.pred]) if training else None
         self.plan = None
+        #: the gradient buckets of the recorded step (lists of parameter indices, dnn.training.buckets)
+        self.buckets = []
         # the BatchNorm layers whose running statistics a training step updates (PyTorch counts them)
         self.tracking = [layer for layer in model.layers if hasattr(layer, "batches_tracked")
                          and layer.trainable] if training else []
@@ -205,11 +207,15 @@ class Program:
         model, params = self.model, self.params
         scaler = model.loss_scale
         seed = scaler.scale if scaler is not None else model.one
-        # each weight gradient moves to its weight's layout as soon as the backward pass completes it:
-        # a data-parallel all-reduce then runs beside the layers below (on a GPU's communication
-        # stream, inside the step's graph), as DDP's buckets do, but per weight and known in advance
-        grads = backward(self.loss, self.grad_at, seed=seed, order=self.order, releases=self.releases,
-                         ready=lambda k, g: to_layout_of(g, params[k].value, keep_dtype=True, background=True))
+        # the weight gradients move to their weights' layouts as the backward pass completes them:
+        # the data-parallel sums in buckets (dnn.training.buckets), each one all-reduce that runs
+        # beside the layers below (on a GPU's communication stream, inside the step's graph), as
+        # DDP's buckets do, with the buckets known in advance
+        buckets = Buckets([p.value for p in params], cap=int(model.bucket_mb * (1 << 20)),
+                          half=model.gradient_sum_dtype == "float16")
+        grads = buckets.gradients(backward(self.loss, self.grad_at, seed=seed, order=self.order,
+                                           releases=self.releases, ready=buckets.ready))
+        self.buckets = buckets.summed
         if scaler is None:
             model.optimizer.apply(params, grads)
             return

@@ -11,6 +11,7 @@ import pytest
 
 import dmath
 import dnn
+from dmath.ops.buckets import offsets
 from dnn import layers as L
 
 P = dmath.num_workers()
@@ -54,8 +55,14 @@ def test_an_epoch_moves_no_sample_bytes():
     x, y = _blobs(n=120, features=40)
     model = _model(features=40)
     probe = _Traffic()
-    model.fit(x, y, batch_size=24, epochs=2, verbose=0, callbacks=[probe])
-    sizes = [p.value.size for p in model.params] + [1]      # the parameters' gradients and the loss
+    ds = dnn.data.Dataset(x, y)           # held: its feed keeps the recorded step read below
+    model.fit(ds, batch_size=24, epochs=2, verbose=0, callbacks=[probe])
+    # the gradients' all-reduces, each bucket's one buffer (dnn.training.buckets), and the loss's
+    params = [p.value.size for p in model.params]
+    buckets = model._last_program().buckets
+    alone = set(range(len(params))) - {k for b in buckets for k in b}
+    sizes = [offsets([params[k] for k in b], 8)[1] if len(b) > 1 else params[b[0]] for b in buckets]
+    sizes += [params[k] for k in sorted(alone)] + [1]
     steps = 120 // 24
     for rank in range(P):
         want = steps * sum(_allreduce_bytes(n, 8, rank) for n in sizes)

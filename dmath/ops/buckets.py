@@ -1,0 +1,130 @@
+"""Bucketed sums: several Partial matrices summed by one all-reduce (`sum_partials`).
+
+A data-parallel training step ends its backward pass with one all-reduce per
+weight gradient. Each collective has a fixed price besides its bytes (a NCCL
+launch and protocol start, an MPI round on the CPU), which ResNet-50 pays for
+161 weights. `sum_partials` packs the addends of several Partial matrices
+into one buffer, converting each into the result's dtype on the way (a
+float16 gradient summed in float32, as `remap` sums it), all-reduces the
+buffer once, and hands back each sum as a view of its part: one copy in, none
+out. Every part starts at an ALIGN-byte boundary, so each result is as
+aligned as a pool allocation (vector loads in the kernels that read it).
+
+With background=True the all-reduce runs on the communication stream (a
+GPU's side stream, see collectives.allreduce_start): the commands issued next
+overlap it, and the first command that reads a result waits for it (every
+result shares the one Pending). This is how dnn's gradient buckets overlap
+the backward pass of the layers below them, DDP's buckets inside a recorded
+step.
+"""
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import memory
+from ..comm import collectives
+from ..errors import DMathError, DTypeError, LayoutError
+from ..layout import Replicated
+from ..runtime import Shard, define, runtime
+from ..runtime.registry import collectives_in_graphs
+from .base import dispatch, is_matrix, new_meta
+
+#: every part of the buffer starts at a multiple of this many bytes
+ALIGN = 256
+
+
+class SumArgs(NamedTuple):
+    """Static arguments of `sum_partials`: whether the all-reduce runs in the background."""
+    background: bool
+
+
+SUM_PARTIALS = define("sum_partials", SumArgs)
+
+
+def offsets(sizes, itemsize):
+    """(start of each part in elements, total elements) of parts of `sizes` elements packed in one
+    buffer of `itemsize`-byte elements, each part starting at an ALIGN-byte boundary (pure)."""
+    step = max(1, ALIGN // itemsize)
+    starts, at = [], 0
+    for n in sizes:
+        starts.append(at)
+        at += -(-n // step) * step
+    return starts, at
+
+
+def sum_partials(matrices, dtype=None, background=False):
+    """The sums of several Partial matrices over one group, made by one all-reduce.
+
+    matrices: a non-empty list of dmath.Matrix, each in a `Partial` layout
+    over the same workers. dtype: the results' dtype (None: the inputs' own,
+    which must then agree); it may not be narrower than an input's (addends
+    rounded or overflowing where their sum does not: `remap` sums narrowing
+    cases first). Returns one new matrix per input, `Replicated` over the
+    same workers, equal to `m.remap(Replicated(group), dtype=dtype)`.
+    background: run the all-reduce on the communication stream (see the
+    module docstring); the results are complete for every later command.
+    """
+    ms = list(matrices) if isinstance(matrices, (list, tuple)) else None
+    if not ms or not all(is_matrix(m) for m in ms):
+        raise DMathError(f"sum_partials takes a non-empty list of dmath matrices, got {matrices!r}")
+    rt = runtime()
+    group = None
+    for i, m in enumerate(ms):
+        if not m.layout.partial:
+            raise LayoutError(f"sum_partials: matrix {i} is in {m.layout!r}; it sums Partial matrices "
+                              "(any other layout holds its value already: remap it instead)")
+        members = m.layout.members(rt.nworkers)
+        if group is None:
+            group = members
+        elif members != group:
+            raise LayoutError(f"sum_partials: matrix {i} is Partial over workers {members}, matrix 0 over "
+                              f"{group}: one all-reduce sums over one group")
+    if dtype is None:
+        kinds = sorted({m.dtype for m in ms})
+        if len(kinds) > 1:
+            raise DTypeError(f"sum_partials: the matrices have dtypes {kinds}; pass dtype= for the sums")
+        dtype = kinds[0]
+    outs = [new_meta(Replicated(group), m.shape, dtype) for m in ms]
+    out_dtype = outs[0].dtype
+    for i, m in enumerate(ms):
+        if np.dtype(out_dtype).itemsize < np.dtype(m.dtype).itemsize:
+            raise DTypeError(f"sum_partials: matrix {i} is {m.dtype}, wider than the sums' {out_dtype}: "
+                             "its addends would be rounded before they are summed (use remap, which sums first)")
+    return dispatch("sum_partials", ms, outs, static=SUM_PARTIALS.static(background=bool(background)))[0]
+
+
+def _capturable(entry):
+    # one all-reduce on the compute or the side stream: capturable where collectives are, and
+    # always over one worker (then no collective runs)
+    return len(entry.in_dists[0].group) == 1 or collectives_in_graphs()
+
+
+@SUM_PARTIALS.kernel(capturable=_capturable)
+def _sum_partials(call):
+    """Pack this worker's addends into one buffer in the output dtype, all-reduce it over the group,
+    and return each sum as a view of its part."""
+    dists = call.entry.out_dists
+    dtype = call.entry.outputs[0].dtype
+    group = call.entry.in_dists[0].group
+    if call.rank not in group:
+        return [Shard([], d, dtype) for d in dists]
+    sizes = [math.prod(d.shape) for d in dists]
+    starts, total = offsets(sizes, np.dtype(dtype).itemsize)
+    buf = memory.empty((max(total, 1),), dtype)
+    for shard, start, n, d in zip(call.inputs, starts, sizes, dists):
+        # a Partial shard holds its whole addend as one piece (converted on the copy)
+        buf[start:start + n].reshape(d.shape)[...] = shard.pieces[0]
+    comm = call.world.group(group)
+    pending = None
+    if call.entry.static.background:
+        pending = collectives.allreduce_start(comm, buf[:total])
+    else:
+        collectives.allreduce(comm, buf[:total])
+    outs = []
+    for start, n, d in zip(starts, sizes, dists):
+        s = Shard([buf[start:start + n].reshape(d.shape)], d, dtype)
+        if pending is not None and pending.event is not None:
+            s.pending = [pending]
+        outs.append(s)
+    return outs

@@ -1,0 +1,183 @@
+"""parallel='auto' decided by measurement: the candidate strategies timed at the first training steps.
+
+The byte-counting cost model (dnn.parallel) ranks strategies by traffic
+alone; on 4 GPUs it chose model-parallel Dense layers for AlexNet at batch
+256 that ran 6% slower than all data parallel, since it sees neither the
+GEMM shapes nor how a sum overlaps the backward pass. So, as for the
+convolution algorithms, the candidates are timed:
+
+- 'data': every undecided layer data parallel;
+- the cost model's choice per layer (when it differs from 'data').
+
+At the first training steps of a batch size on several workers, each
+candidate in turn trains `WARM` steps (its step is recorded, the first
+replay captured) and then `TIMED` steps between two `dmath.synchronize()`;
+the fastest is kept. The steps are ordinary training steps on the epoch's
+batches: the strategies compute the same values, so nothing is spent but
+one recording per candidate. The choice goes to dmath's tuning cache
+(kind 'dnn_parallel', keyed by the model's layers, batch, workers, dtype
+and machine), so a second run of the same model starts with it:
+DMATH_TUNE=off takes the cost model's choice untimed, 'fast' a cached one
+when there is one, 'full' always times. `Model.explain_parallel()` says
+what was timed and what was chosen.
+"""
+import hashlib
+import json
+import platform
+import time
+
+import dmath
+from dmath import tuning
+
+#: steps of each candidate before its timing starts (recording, capture, the first replay)
+WARM = 2
+#: steps of each candidate timed
+TIMED = 3
+#: the tuning cache's kind
+KIND = "dnn_parallel"
+
+
+def undecided(model):
+    """The layers whose strategy parallel='auto' leaves to be decided."""
+    return [layer for layer in model.layers if layer.strategy is None]
+
+
+def candidates(layers, batch, nworkers):
+    """{name: strategies of `layers`}: all 'data', and the cost model's choice where it differs (pure)."""
+    data = tuple("data" for _ in layers)
+    cost = tuple(layer.proposal(batch, nworkers) for layer in layers)
+    if cost == data:
+        return {"data": data}
+    split = [layer.name for layer, s in zip(layers, cost) if s != "data"]
+    return {"data": data, "cost model (" + ", ".join(f"{n}: model" for n in split) + ")": cost}
+
+
+def fastest(ms):
+    """The name of the smallest time in {name: ms per step}; ties go to the first (pure)."""
+    return min(ms, key=lambda name: ms[name])
+
+
+def machine():
+    """The machine a timing holds for: the GPU's identity, or the CPU's."""
+    if dmath.device() == "gpu":
+        return tuning.gpu_fingerprint()
+    return {"device": "cpu", "cpu": platform.processor() or platform.machine(), "python": platform.python_version()}
+
+
+def model_key(model, batch, names):
+    """The cache key: a digest of the layers' configurations, the batch, the workers, the dtype."""
+    layers = json.dumps([layer.get_config() for layer in model.layers], sort_keys=True, default=str)
+    return {"layers": hashlib.sha256(layers.encode()).hexdigest()[:32], "batch": int(batch),
+            "workers": len(model.workers), "dtype": model.dtype, "candidates": sorted(names)}
+
+
+class Trial:
+    """The decision of the undecided layers' strategies at one batch size (see the module docstring).
+
+    Created by fit before the first step of the batch size; `before_step` and
+    `after_step` wrap each training step until `done`. The report (what was
+    timed, what chosen, and why) is `model.parallel_report[batch]`.
+    """
+
+    def __init__(self, model, batch):
+        self.model, self.batch = model, batch
+        self.layers = undecided(model)
+        P = len(model.workers)
+        self.options = candidates(self.layers, batch, P)
+        self.names = list(self.options)
+        self.ms = {}
+        self.index = 0
+        self.warm_left, self.t0, self.window, self.timed_n, self.timed_s = WARM, None, 0, 0, 0.0
+        self.done = False
+        report = {"batch": batch, "workers": P, "layers": [layer.name for layer in self.layers],
+                  "candidates": {n: list(s) for n, s in self.options.items()}}
+        model.parallel_report[batch] = self.report = report
+        how = tuning.mode()
+        if len(self.names) == 1 or P == 1:
+            self._finish(self.names[0] if P > 1 else "data", "only candidate")
+            return
+        if how == "off":
+            self._finish(self.names[-1], "cost model (DMATH_TUNE=off)")
+            return
+        self.key = model_key(model, batch, self.names)
+        self.machine = machine()
+        if how == "fast":
+            cache = tuning.shared()
+            cached = cache.get(KIND, self.machine, self.key) if cache is not None else None
+            if isinstance(cached, dict) and cached.get("choice") in self.options:
+                self.ms = {n: float(v) for n, v in cached.get("ms", {}).items() if n in self.options}
+                self._finish(cached["choice"], "tuning cache")
+                return
+        self._adopt(self.names[0])
+
+    # ---- the steps ---------------------------------------------------------------------------
+    def before_step(self, size):
+        """Open the current candidate's timing window before a full step once its warm-up is done;
+        close it before a step of another size (a ragged last batch is not timed)."""
+        if self.done:
+            return
+        if size != self.batch:
+            self._close()
+        elif self.warm_left == 0 and self.t0 is None:
+            dmath.synchronize()
+            self.t0 = time.perf_counter()
+
+    def after_step(self, size, last=False):
+        """Count the step; close the window after TIMED timed steps or at the epoch's last step (the
+        epoch's end, its evaluation and callbacks are not timed); move on, or decide."""
+        if self.done or size != self.batch:
+            return
+        if self.warm_left > 0:
+            self.warm_left -= 1
+            return
+        self.window += 1
+        if self.timed_n + self.window >= TIMED or last:
+            self._close()
+        if self.timed_n >= TIMED:
+            name = self.names[self.index]
+            self.ms[name] = self.timed_s * 1e3 / self.timed_n
+            self.index += 1
+            if self.index < len(self.names):
+                self._adopt(self.names[self.index])
+            else:
+                self._finish(fastest(self.ms), "measured")
+                cache = tuning.shared()
+                if cache is not None:
+                    cache.put(KIND, self.machine, self.key, {"choice": self.report["chosen"], "ms": self.ms})
+
+    def _close(self):
+        if self.t0 is not None:
+            dmath.synchronize()
+            self.timed_s += time.perf_counter() - self.t0
+            self.timed_n += self.window
+        self.t0, self.window = None, 0
+
+    def end_epoch(self):
+        """The epoch ended (fit may stop here): a window still open is dropped, not timed."""
+        self.t0, self.window = None, 0
+
+    # ---- choosing ---------------------------------------------------------------------------
+    def _adopt(self, name):
+        for layer, strategy in zip(self.layers, self.options[name]):
+            layer.adopt(strategy)
+        self.warm_left, self.t0, self.window, self.timed_n, self.timed_s = WARM, None, 0, 0, 0.0
+
+    def _finish(self, name, how):
+        self._adopt(name)
+        self.done = True
+        self.report.update(chosen=name, how=how, ms_per_step=dict(self.ms))
+
+
+def explain(reports):
+    """The text of `Model.explain_parallel()`: one paragraph per batch size decided."""
+    if not reports:
+        return "no layer with parallel='auto' has been decided (fit decides at the first training step)"
+    lines = []
+    for batch, r in sorted(reports.items()):
+        lines.append(f"batch {batch} on {r['workers']} worker(s), layers {', '.join(r['layers']) or '-'}: "
+                     f"{r.get('chosen', 'undecided')} ({r.get('how', 'timing under way')})")
+        for name, strategies in r["candidates"].items():
+            t = r.get("ms_per_step", {}).get(name)
+            timing = f"{t:.2f} ms per step" if t is not None else "not timed"
+            lines.append(f"  {name}: {timing}; " + ", ".join(f"{n}={s}" for n, s in zip(r["layers"], strategies)))
+    return "\n".join(lines)

@@ -1,0 +1,118 @@
+"""dmath.sum_partials: several Partial matrices summed by one all-reduce, at every worker count.
+
+The oracle is the per-matrix sum (`remap` to Replicated) and the float64 value of the addends. Real
+per-worker addends come from ColBlock @ RowBlock products (each worker's addend is its share of the
+inner dimension) and from the test kernel that puts column w of a matrix on worker w.
+"""
+import numpy as np
+import pytest
+
+import dmath
+from dmath.ops.base import dispatch, new_meta
+from dmath.ops.buckets import ALIGN, offsets
+
+P = dmath.num_workers()
+RNG = np.random.default_rng(7)
+SHAPES = [(3, 5), (1, 7), (4, 1), (6, 6), (1, 1)]
+
+
+def _partial_product(shape, k=8, dtype="float64", seed=0):
+    """A Partial (m, n) matrix: a ColBlock (m, k) times a RowBlock (k, n), and its float64 value."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.standard_normal((shape[0], k)), rng.standard_normal((k, shape[1]))
+    A = dmath.from_numpy(a, layout=dmath.ColBlock(), dtype=dtype)
+    B = dmath.from_numpy(b, layout=dmath.RowBlock(), dtype=dtype)
+    got = dmath.gemm(A, B, layout=dmath.Partial())
+    assert got.layout.partial
+    return got, a.astype(dtype).astype(np.float64) @ b.astype(dtype).astype(np.float64)
+
+
+def test_offsets_align_every_part():
+    starts, total = offsets([3, 0, 65, 1], 4)
+    assert starts == [0, 64, 64, 192] and total == 256
+    for itemsize in (2, 4, 8):
+        starts, total = offsets([5, 17, 1000], itemsize)
+        assert all(s * itemsize % ALIGN == 0 for s in starts)
+        assert total >= starts[-1] + 1000
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("background", [False, True])
+def test_sums_equal_the_per_matrix_remaps(dtype, background):
+    pairs = [_partial_product(s, dtype=dtype, seed=i) for i, s in enumerate(SHAPES)]
+    ms = [m for m, _ in pairs]
+    sums = dmath.sum_partials(ms, background=background)
+    tol = 1e-12 if dtype == "float64" else 2e-5
+    for (m, want), got in zip(pairs, sums):
+        assert got.layout == dmath.Replicated(tuple(range(P))) and got.dtype == dtype
+        assert got.shape == m.shape
+        ref = m.remap(dmath.Replicated()).to_numpy()
+        np.testing.assert_allclose(got.to_numpy(), ref, rtol=tol, atol=tol)
+        np.testing.assert_allclose(got.to_numpy(), want, rtol=10 * tol, atol=10 * tol)
+    # the results are ordinary matrices: later commands read them (waiting for a background sum)
+    total = sum(float(s.sum()) for s in sums)
+    np.testing.assert_allclose(total, sum(w.sum() for _, w in pairs), rtol=1e-4)
+
+
+def test_float16_addends_are_summed_in_float32():
+    # column w of X is worker w's addend: 6e4 + 6e4 overflows float16, their float32 sum does not
+    cols = np.full((3, P), 6e4)
+    cols[1] = np.arange(P) + 0.25
+    X = dmath.from_numpy(cols, layout=dmath.ColBlock(), dtype="float16")
+    part = dispatch("test_partial_addends", [X], [new_meta(dmath.Partial(), (3, 1), "float16")])[0][0]
+    other, want_other = _partial_product((2, 2), dtype="float16")
+    got = dmath.sum_partials([part, other], dtype="float32")
+    want = cols.astype(np.float16).astype(np.float64).sum(axis=1, keepdims=True)
+    np.testing.assert_array_equal(got[0].to_numpy(), want.astype(np.float32))
+    assert got[0].dtype == "float32" and np.isfinite(got[0].to_numpy()).all()
+    np.testing.assert_allclose(got[1].to_numpy(), want_other, rtol=1e-3, atol=1e-2)
+
+
+def test_recorded_and_replayed():
+    m1, w1 = _partial_product((5, 3), seed=1)
+    m2, w2 = _partial_product((2, 9), seed=2)
+    out1 = dmath.zeros((5, 3), dtype="float64", layout=dmath.Replicated())
+    out2 = dmath.zeros((2, 9), dtype="float64", layout=dmath.Replicated())
+    with dmath.record() as plan:
+        s1, s2 = dmath.sum_partials([m1, m2], background=True)
+        out1.assign(s1 * 2.0)
+        out2.assign(s2)
+    for _ in range(2):
+        out1.assign(dmath.zeros((5, 3), dtype="float64", layout=dmath.Replicated()))
+        plan.replay()
+        np.testing.assert_allclose(out1.to_numpy(), 2 * w1, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(out2.to_numpy(), w2, rtol=1e-12, atol=1e-12)
+    plan.close()
+
+
+@pytest.mark.skipif(P < 3, reason="a group smaller than the world needs 3 workers")
+def test_a_group_of_some_workers():
+    group = (P - 1, 0)
+    a = RNG.standard_normal((4, 3))
+    ms = [dmath.from_numpy(a, layout=dmath.Partial(group)), dmath.from_numpy(a.T, layout=dmath.Partial(group))]
+    got = dmath.sum_partials(ms)
+    assert got[0].layout == dmath.Replicated(group)
+    np.testing.assert_array_equal(got[0].to_numpy(), a)
+    np.testing.assert_array_equal(got[1].to_numpy(), a.T)
+
+
+def test_bad_arguments_are_refused_on_the_master():
+    m, _ = _partial_product((2, 2))
+    rep = dmath.ones((2, 2), layout=dmath.Replicated())
+    with pytest.raises(dmath.DMathError, match="non-empty list"):
+        dmath.sum_partials([])
+    with pytest.raises(dmath.DMathError, match="non-empty list"):
+        dmath.sum_partials([m, np.ones((2, 2))])
+    with pytest.raises(dmath.LayoutError, match="sums Partial matrices"):
+        dmath.sum_partials([m, rep])
+    m32, _ = _partial_product((2, 2), dtype="float32")
+    with pytest.raises(dmath.DTypeError, match="pass dtype="):
+        dmath.sum_partials([m, m32])
+    with pytest.raises(dmath.DTypeError, match="wider than the sums"):
+        dmath.sum_partials([m, m32], dtype="float32")
+    if P > 1:
+        other = dmath.from_numpy(np.ones((2, 2)), layout=dmath.Partial((0,)))
+        with pytest.raises(dmath.LayoutError, match="one all-reduce sums over one group"):
+            dmath.sum_partials([m, other])
+    # the runtime is usable after the refusals
+    np.testing.assert_allclose(dmath.sum_partials([m])[0].to_numpy(), m.to_numpy())

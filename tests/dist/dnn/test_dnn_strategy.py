@@ -1,0 +1,103 @@
+"""parallel='auto' decided by timing the candidates at fit's first steps (dnn.training.strategy).
+
+Oracles: the same training with the strategy fixed (the candidates compute the same values, float64),
+the cost model's choice where timing is off, and the cache's entry read back by a second model.
+"""
+import numpy as np
+import pytest
+
+import dmath
+import dnn
+from dmath import tuning
+from dnn import layers as L
+from dnn.training import strategy
+
+P = dmath.num_workers()
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch):
+    """A private tuning cache in 'fast' mode (the master's: the trial runs there)."""
+    own = tuning.TuneCache(str(tmp_path / "tune.json"))
+    monkeypatch.setattr(tuning, "shared", lambda: own)
+    monkeypatch.setattr(tuning, "mode", lambda: "fast")
+    return own
+
+
+def _data():
+    rng = np.random.default_rng(5)
+    return rng.standard_normal((160, 48)), rng.integers(0, 3, 160)
+
+
+def _model(parallel="auto"):
+    dmath.random.seed(9)
+    return dnn.Sequential([L.Input(48), L.Dense(64, activation="relu", parallel=parallel),
+                           L.Dense(48, activation="tanh", parallel=parallel), L.Dense(3), L.Output("softmax")],
+                          dtype="float64", optimizer=dnn.optim.SGD(lr=0.05, momentum=0.9))
+
+
+def test_candidates_and_the_fastest():
+    a, b = L.Dense(512, parallel="auto"), L.Dense(10, parallel="auto")
+    a.build((512,), "float32")
+    b.build((512,), "float32")
+    got = strategy.candidates([a, b], 32, 4)
+    assert list(got.values()) == [("data", "data"), ("model", "data")]
+    assert "dense: model" in list(got)[1]
+    assert strategy.candidates([b], 32, 4) == {"data": ("data",)}
+    assert strategy.fastest({"x": 2.0, "y": 1.0, "z": 1.0}) == "y"
+    assert "no layer" in strategy.explain({})
+
+
+def test_the_candidates_are_timed_and_the_fastest_kept(cache):
+    x, y = _data()
+    m = _model()
+    m.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    report = m.parallel_report[8]
+    assert report["layers"] == ["dense_1", "dense_2"] or len(report["layers"]) == 2
+    if P == 1:
+        assert report["chosen"] == "data" and report["how"] == "only candidate"
+        return
+    assert report["how"] == "measured"
+    assert set(report["ms_per_step"]) == set(report["candidates"]) and len(report["candidates"]) == 2
+    assert report["chosen"] == strategy.fastest(report["ms_per_step"])
+    chosen = report["candidates"][report["chosen"]]
+    assert tuple(layer.strategy for layer in m.layers[1:3]) == tuple(chosen)
+    text = m.explain_parallel()
+    assert "measured" in text and "ms per step" in text
+    # the same values as the training with the chosen strategies fixed from the start
+    fixed = _model()
+    for layer, s in zip(fixed.layers[1:3], chosen):
+        layer.parallel = s
+        layer.adopt(s)
+    fixed.fit(x, y, batch_size=8, epochs=2, verbose=0)
+    for a, b in zip(m.get_weights(), fixed.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-11, atol=1e-12)
+    # a second model of the same layers reads the choice from the cache: nothing timed again
+    again = _model()
+    again.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    r2 = again.parallel_report[8]
+    assert r2["how"] == "tuning cache" and r2["chosen"] == report["chosen"]
+    assert r2["ms_per_step"] == pytest.approx(report["ms_per_step"])
+
+
+def test_timing_off_takes_the_cost_models_choice(cache, monkeypatch):
+    monkeypatch.setattr(tuning, "mode", lambda: "off")
+    x, y = _data()
+    m = _model()
+    m.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    report = m.parallel_report[8]
+    if P > 1:
+        assert report["how"].startswith("cost model") and report["ms_per_step"] == {}
+        assert m.layers[1].strategy == m.layers[1].proposal(8, P)
+    assert cache.get(strategy.KIND, strategy.machine(), strategy.model_key(m, 8, list(report["candidates"]))) is None
+
+
+def test_a_trial_continues_across_epochs_of_few_steps(cache):
+    """Two steps per epoch: each candidate's timing restarts after the epoch's end."""
+    x, y = _data()
+    m = _model()
+    for _ in range(8):
+        m.fit(x[:16], y[:16], batch_size=8, epochs=1, verbose=0)
+    report = m.parallel_report[8]
+    if P > 1:
+        assert report.get("how") == "measured", m.explain_parallel()
