@@ -16,7 +16,10 @@ pipeline (always): images/s of the training transform (RandomResizedCrop
               share), decoding threads tuned; with threads=1 (one decoding
               thread per process: the same processes as the peer); on GPUs
               also with resize_on='device' (the host decodes and crops, the
-              GPU resizes), in a job of its own
+              GPU resizes) and with decoder='nvimgcodec' (the GPU decodes the
+              JPEG files through nvImageCodec, crops and resizes them; the host
+              only reads the files), each in a job of its own (an error, e.g.
+              nvImageCodec not installed, is recorded in the row)
   torchvision DataLoader(ImageFolder, the same transforms, num_workers=P
               or --tv-workers, batches of the same global size; pin_memory
               and .cuda() on a GPU), run by --torch-python (a separate
@@ -27,7 +30,9 @@ train (--train): samples/s of Model.fit from the folder against fit from
 the same images decoded once and resident on the workers (a Dataset), in
 --dtype, with --model (dnn.models.resnet50 when dnn has it, else a plain
 CNN stand-in), at each P (on GPUs with the resize on the host and, in
-another job, on the device).
+another job, on the device); --train-configs names the configurations
+trained (CONFIGS: e.g. tuned,gpu_decode, or tuned_all, where the tuner
+chooses among every place, GPU decoding included).
 Every figure is a ratio against its peer measured in the same run. Each
 side runs a whole epoch first (the tuning, the peer's worker processes
 starting), then one timed epoch; with --repeats R the two sides run in
@@ -89,7 +94,8 @@ def make_folder(root, images):
 
 # ---- children -----------------------------------------------------------------------------------
 #: the ImageFolder options of each measured configuration
-CONFIGS = {"tuned": {}, "threads1": {"threads": 1}, "device_resize": {"resize_on": "device"}}
+CONFIGS = {"tuned": {}, "threads1": {"threads": 1}, "device_resize": {"resize_on": "device"},
+           "gpu_decode": {"decoder": "nvimgcodec"}, "tuned_all": {"resize_on": "auto"}}
 
 
 def child_dmath(a):
@@ -298,6 +304,9 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--procs", type=int, default=1)
     ap.add_argument("--config", default="tuned")
+    ap.add_argument("--train-configs", default=None,
+                    help="with --train: the pipeline configurations trained, comma-separated (default: tuned, and "
+                         "device_resize on GPUs)")
     a = ap.parse_args()
     if a.dtype is None:
         a.dtype = "float16" if a.device == "gpu" else "float32"
@@ -338,6 +347,14 @@ def main():
                 row["dmath_device_resize_threads"] = sorted({p["threads"] for p in dr["stats"]})
             except (RuntimeError, subprocess.TimeoutExpired) as exc:
                 row["dmath_device_resize_error"] = str(exc)[-1500:]
+            try:
+                gd = _child("dmath", a, P, config="gpu_decode")["gpu_decode"]
+                row["dmath_gpu_decode_img_s"] = gd["images_per_s"]
+                row["dmath_gpu_decode_threads"] = sorted({p["threads"] for p in gd["stats"]})
+                row["dmath_gpu_decode_decoded_on"] = {k: sum(p["decoded_on"][k] for p in gd["stats"])
+                                                      for k in ("gpu", "host")}
+            except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                row["dmath_gpu_decode_error"] = str(exc)[-1500:]
         if runs["torchvision"]:
             best = max(runs["torchvision"])
             row["torchvision_img_s"] = best
@@ -351,7 +368,9 @@ def main():
         print(json.dumps(row), flush=True)
         result["pipeline"].append(row)
         if a.train:
-            for config in ("tuned",) + (("device_resize",) if a.device == "gpu" else ()):
+            configs = a.train_configs.split(",") if a.train_configs else (
+                ("tuned",) + (("device_resize",) if a.device == "gpu" else ()))
+            for config in configs:
                 try:
                     tr = _child("train", a, P, config=config)
                 except (RuntimeError, subprocess.TimeoutExpired) as exc:

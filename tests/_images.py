@@ -8,15 +8,21 @@ from PIL import Image
 CLASSES = ("ant", "bee", "cow")
 
 
-def make_folder(root, per_class=20, seed=0):
+def make_folder(root, per_class=20, seed=0, smooth=False):
     """per_class images of random sizes per class (JPEG, PNG, a grayscale and a palette PNG): class k
-    brighter in channel k, so that a small network can learn them."""
+    brighter in channel k, so that a small network can learn them. The pixels are noise, or with
+    smooth=True a coarse random field enlarged (photographs' spectrum: two JPEG decoders then differ
+    by their IDCT's rounding only, not by how they upsample noisy chroma)."""
     rng = np.random.default_rng(seed)
     for k, name in enumerate(CLASSES):
         os.makedirs(root / name / "sub", exist_ok=True)
         for i in range(per_class):
             w, h = (int(v) for v in rng.integers(14, 48, size=2))
-            a = rng.integers(0, 90, size=(h, w, 3)).astype(np.uint8)
+            if smooth:
+                coarse = rng.integers(0, 90, size=(max(2, h // 8), max(2, w // 8), 3)).astype(np.uint8)
+                a = np.array(Image.fromarray(coarse).resize((w, h), Image.BILINEAR))
+            else:
+                a = rng.integers(0, 90, size=(h, w, 3)).astype(np.uint8)
             a[..., k] += 150
             img = Image.fromarray(a)
             where = root / name / ("sub" if i % 7 == 6 else "")

@@ -22,6 +22,10 @@ A source that can also hand over each sample's undecimated region (its
 resampled grid) may have the resize run on the device as well (place
 'device_resize'): the host then only decodes and crops, and one kernel
 resizes, mirrors, normalises and casts the whole batch (dmath/ops/resize.py).
+A source that also hands over a sample's file bytes and its crop geometry
+(`encoded()`, `geometry()`) may have its JPEG files decoded on the GPU
+(place 'device_decode', dmath/ops/gpu_decode.py: nvImageCodec): the host then
+only reads files, and the samples the GPU does not take are decoded there.
 
 The host stage of the next batch runs on a background thread while the step
 runs (double-buffered: two staging buffers, the one the device may still be
@@ -51,17 +55,20 @@ from ..errors import DMathError, DTypeError, LayoutError, ShapeError
 from ..layout import Replicated, RowBlock
 from ..memory import kinds
 from ..runtime import Shard, define, runtime
-from . import resize
+from . import gpu_decode, resize
 from .nn import args, rows
 from ..planning.host_stages import Tuner
 from .base import as_int, dispatch, new_meta
 
 #: packed regions are kept in buffers of a multiple of this many bytes
 PACK_STEP = 8 << 20
-#: where the stages after decoding run: 'device' (crop and resize on the host, normalisation on the
-#: device), 'host' (all on the host threads), 'device_resize' (crop on the host, resize and
-#: normalisation on the device: the source needs a region())
-PLACES = ("device", "host", "device_resize")
+#: where the stages run: 'device' (decoding, crop and resize on the host, normalisation on the device),
+#: 'host' (all on the host threads), 'device_resize' (decoding and crop on the host, resize and
+#: normalisation on the device: the source needs a region()), 'device_decode' (JPEG files decoded on
+#: the GPU, then cropped, resized and normalised there: the source needs encoded() and geometry() too)
+PLACES = ("device", "host", "device_resize", "device_decode")
+#: the places whose host stage packs regions of varying size for the device resize kernel
+_PACKED = ("device_resize", "device_decode")
 
 
 # ---- the source on every worker -------------------------------------------------------------
@@ -256,14 +263,26 @@ def local_workers():
     return max(1, runtime().nworkers)
 
 
+def host_cores():
+    """The cores of this host one worker may keep busy (its share among the workers on the host)."""
+    return max(1, _cpus() // local_workers())
+
+
+def gpu_decode_status():
+    """(True, what decodes) or (False, why not) of the place 'device_decode' on this worker."""
+    return gpu_decode.status(host_cores())
+
+
 class _Staged:
-    """One staging buffer of a batch's host stage and what made it."""
-    __slots__ = ("key", "place", "array", "streams", "host_s", "error", "copied", "geom", "total")
+    """One staging buffer of a batch's host stage and what made it. Places that pack regions: `total`
+    bytes, `host_total` of them staged, the rest gathered on the device (`gather`: GPU-decoded `images`)."""
+    __slots__ = ("key", "place", "array", "streams", "host_s", "error", "copied", "geom", "total", "host_total",
+                 "gather", "images")
 
     def __init__(self, key, place, array):
         self.key, self.place, self.array = key, place, array
-        self.streams = self.error = self.copied = self.geom = None
-        self.total = 0
+        self.streams = self.error = self.copied = self.geom = self.gather = self.images = None
+        self.total = self.host_total = 0
         self.host_s = 0.0
 
 
@@ -272,7 +291,12 @@ class Pipeline:
 
     def __init__(self, source, static, m, dtype):
         self.source, self.t, self.m, self.dtype = source, static, m, np.dtype(dtype)
-        self.tuner = Tuner(static.threads, static.places, max(1, _cpus() // local_workers()))
+        self.cores = host_cores()
+        self.tuner = Tuner(static.threads, static.places, self.cores)
+        self.decoded = {"gpu": 0, "host": 0}     # samples of place 'device_decode' decoded on each
+        self.notes = []
+        if "device_decode" in static.places:      # the GPU decoder started now, not in a timed batch
+            gpu_decode.status(self.cores)
         self.pool = None
         self.pool_threads = 0
         self.buffers = {}          # place -> two staging arrays, used in turn
@@ -287,9 +311,10 @@ class Pipeline:
         bufs = self.buffers.get(place)
         if bufs is None:
             c, h, w = self.t.image
-            if place == "device_resize":
-                # packed regions of varying size: allocated (and grown) by the host stage
-                bufs = self.buffers[place] = [[None, None] for _ in range(2)]
+            if place in _PACKED:
+                # packed regions of varying size: allocated (and grown) by the host stage; a third
+                # entry keeps the GPU-decoded images of the batch until the device has passed it
+                bufs = self.buffers[place] = [[None, None, None] for _ in range(2)]
             else:
                 shape, dt = ((self.m, h, w, c), np.uint8) if place == "device" else ((self.m, c * h * w), self.dtype)
                 bufs = self.buffers[place] = [[memory.host_empty(shape, dt), None] for _ in range(2)]
@@ -297,7 +322,7 @@ class Pipeline:
         self.turn += 1
         # never refill a buffer the device may still be copying from (its copy's mark)
         backend.current().passed(slot[1])
-        slot[1] = None
+        slot[1:] = [None] * (len(slot) - 1)
         return slot
 
     def _drop_buffers(self, keep):
@@ -306,6 +331,11 @@ class Pipeline:
         for place in [p for p in self.buffers if p != keep]:
             for slot in self.buffers.pop(place):
                 backend.current().passed(slot[1])
+
+    def note(self, text):
+        """A remark for report() (once)."""
+        if text not in self.notes:
+            self.notes.append(text)
 
     def _executor(self):
         want = self.tuner.threads
@@ -343,6 +373,8 @@ class Pipeline:
                     src.sample(int(indices[i]), int(streams[i]), t.random, seed, arr[i])
             if staged.place == "device_resize":
                 self._produce_regions(staged, indices, streams, seed)
+            elif staged.place == "device_decode":
+                gpu_decode.host_stage(self, staged, indices, streams, seed)
             else:
                 self._each(one, len(indices))
         except BaseException as exc:         # carried to the step, which raises it there
@@ -370,20 +402,26 @@ class Pipeline:
             regions[i] = pix
             geom[i, 1:] = (pix.shape[0], pix.shape[1], full_h, full_w, off_y, off_x, int(mirrored))
         self._each(decode, m)
-        sizes = [r.size for r in regions]
-        geom[:, 0] = np.concatenate([[0], np.cumsum(sizes[:-1], dtype=np.int64)]) if m else []
-        staged.total = total = int(sum(sizes))
+        geom[:, 0], total = self._pack(staged, regions)
+        staged.geom, staged.total, staged.host_total = geom, total, total
+
+    def _pack(self, staged, arrays):
+        """Pack the uint8 `arrays` one after another into the staging slot's pinned buffer (staged.array,
+        grown as needed); returns their byte offsets and the bytes in all."""
+        sizes = [a.size for a in arrays]
+        offsets = np.cumsum([0] + sizes, dtype=np.int64)[:-1]
+        total = int(sum(sizes))
         slot = staged.copied
         if slot[0] is None or slot[0].size < total:
             # grown in steps of PACK_STEP bytes: a few sizes over a run, so pinned memory is rarely reallocated
             slot[0] = memory.host_empty((-(-max(total, 1) // PACK_STEP) * PACK_STEP,), np.uint8)
-        staged.array, staged.geom = slot[0], geom
-        packed = slot[0]
+        staged.array = packed = slot[0]
 
         def pack(i):
-            o = int(geom[i, 0])
-            packed[o:o + sizes[i]] = regions[i].reshape(-1)
-        self._each(pack, m)
+            o = int(offsets[i])
+            packed[o:o + sizes[i]] = arrays[i].reshape(-1)
+        self._each(pack, len(arrays))
+        return offsets, total
 
     def _start(self, key, indices, streams, seed):
         slot = self._buffer(self.tuner.place)
@@ -474,10 +512,14 @@ class Pipeline:
         mean, inv = self._affine(target.dtype)
         packed, geom = staged.array, staged.geom
         if be.is_gpu:
-            total = staged.total
+            total, host_total = staged.total, staged.host_total
             # sized in PACK_STEP steps: the pool keeps a few sizes, not one per batch
             dev = memory.empty((-(-max(total, 1) // PACK_STEP) * PACK_STEP,), np.uint8)
-            be.copy_to_device(dev[:total], packed[:total])
+            if host_total:
+                be.copy_to_device(dev[:host_total], packed[:host_total])
+            if staged.gather is not None:
+                # the GPU-decoded crops after the host's regions
+                gpu_decode.gather(dev, staged.gather, host_total, total)
             geom_dev = memory.empty(geom.shape, np.int64)
             geom_dev.set(geom)                 # (small, from pageable memory: a synchronous copy)
             packed, geom = dev, geom_dev
@@ -488,7 +530,7 @@ class Pipeline:
         xp = be.xp
         c, h, w = self.t.image
         m = self.m
-        if staged.place == "device_resize":
+        if staged.place in _PACKED:
             self._device_resize(target, staged)
         elif staged.place == "host":
             if target.dtype == staged.array.dtype and target.flags.c_contiguous:
@@ -512,6 +554,8 @@ class Pipeline:
             # in the stream of samples drawn
             finish(target.reshape(m, c, h, w), staged.streams, xp)
         staged.copied[1] = be.mark()
+        if staged.images is not None:
+            staged.copied[2] = staged.images        # freed once the device has passed the mark
 
 
 # ---- what every worker measured -----------------------------------------------------------------
@@ -533,7 +577,8 @@ def _report(call):
         for (_, r0, m, t, dtype), pipe in shard.pipelines.items():
             pipe.join()
             mine["pipelines"].append({"rows": [r0, r0 + m], "random": t.random, "dtype": dtype,
-                                      **pipe.tuner.summary()})
+                                      **pipe.tuner.summary(), "decoded_on": dict(pipe.decoded),
+                                      "notes": list(pipe.notes)})
         rep = getattr(shard.source, "report", None)
         mine["source"] = rep() if rep is not None else {}
     data = np.frombuffer(json.dumps(mine).encode(), dtype=np.uint8)

@@ -8,6 +8,11 @@ call per sample of this worker's rows of a batch; Pillow (libjpeg-turbo
 inside) releases the GIL while it decodes and resizes, so the threads run
 in parallel.
 
+With the place 'device_decode' (decoder='nvimgcodec', or tried by the
+tuner), dmath decodes the JPEG files on the GPU: it asks `encoded()` for a
+file's bytes and `geometry()` for the sample's crop (the draws `region()`
+makes), and hands every other file to `region()`, which decodes it here.
+
 A file that cannot be decoded (corrupt, truncated, not an image) is, with
 on_error='skip', replaced by the next file of the same class that decodes
 (in the folder's order, wrapping around inside the class): the label stays
@@ -35,9 +40,11 @@ try:
 except ImportError:           # (optional: Pillow decodes every file then)
     simplejpeg = None
 
-#: the decoders a folder may ask for: 'auto' is simplejpeg for JPEG files where it is installed
-DECODERS = ("auto", "pillow", "simplejpeg")
+#: the decoders a folder may ask for: 'auto' is simplejpeg for JPEG files where it is installed (and,
+#: tuned, the GPU), 'nvimgcodec' the GPU (its fallback on the host as 'auto')
+DECODERS = ("auto", "pillow", "simplejpeg", "nvimgcodec")
 _JPEG = b"\xff\xd8"
+_EOI = b"\xff\xd9"
 
 
 def decode_rgb(path, decoder="auto"):
@@ -101,15 +108,35 @@ class FolderSource:
         img = self._decoded(index)
         width, height = augment.image_size(img)
         pixels = img if isinstance(img, np.ndarray) else np.asarray(img)
+        (left, top, right, bottom), geometry = self.geometry(width, height, stream, random, seed)
+        return np.ascontiguousarray(pixels[top:bottom, left:right]), geometry
+
+    def geometry(self, width, height, stream, random, seed):
+        """((left, top, right, bottom), (full_h, full_w, off_y, off_x, mirrored)) of a width x height
+        image: its crop, and where the crop resampled to full_h x full_w lands (from (off_y, off_x) on,
+        the sample's size): the training draws of (seed, stream), or the evaluation's resize of the whole
+        image and its center crop."""
         if random:
             rng = augment.sample_generator(seed, stream)
-            (left, top, right, bottom), mirrored = augment.train_draws(width, height, rng, self.scale, self.ratio,
-                                                                       self.flip)
-            return (np.ascontiguousarray(pixels[top:bottom, left:right]),
-                    (self.size[0], self.size[1], 0, 0, mirrored))
+            box, mirrored = augment.train_draws(width, height, rng, self.scale, self.ratio, self.flip)
+            return box, (self.size[0], self.size[1], 0, 0, mirrored)
         w, h = augment.resize_shorter(width, height, max(self.resize_size, *self.size))
         left, top, _, _ = augment.center_crop_box(w, h, self.size)
-        return np.ascontiguousarray(pixels), (h, w, top, left, False)
+        return (0, 0, width, height), (h, w, top, left, False)
+
+    def encoded(self, index):
+        """The bytes of file `index` for a GPU decoder, or None to have it decoded on the host (region()):
+        only a whole JPEG file goes to the GPU (SOI at the start, EOI at the end: a truncated one goes to
+        the host, whose decoder refuses it the way on_error says) that this worker has not found
+        undecodable already."""
+        if index in self.bad:
+            return None
+        try:
+            with open(os.path.join(self.root, self.files[index]), "rb") as f:
+                data = f.read()
+        except OSError:
+            return None             # (the host path reports it)
+        return data if data[:2] == _JPEG and data[-2:] == _EOI else None
 
     def _decoded(self, index):
         """The RGB image (or pixels) of `index`, or (skipping) of the next decodable file of its class."""

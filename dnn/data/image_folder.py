@@ -17,8 +17,10 @@ order the epoch's permutation (seed and epoch only) gives, so any worker
 count trains on the same batches. The pixels go to the device as uint8; the
 normalisation and the cast to the model's dtype happen there. The next
 batch is decoded on host threads while the step runs; the number of
-threads and where the normalisation runs are tuned from measured stage
-times (`explain()`).
+threads and where the stages run are tuned from measured stage times
+(`explain()`). On GPUs with nvImageCodec installed, JPEG files may be
+decoded on the GPU instead (decoder='nvimgcodec', or tried by the tuner
+with decoder='auto' and resize_on='auto').
 """
 import json
 import math
@@ -41,6 +43,13 @@ EXTENSIONS = (".jpg", ".jpeg", ".png")
 #: evaluation resizes the shorter side to image_size / EVAL_CROP before the center crop (256 for 224)
 EVAL_CROP = 0.875
 _FACTORY = "dnn.data.decode:FolderSource"
+#: what each of host_batch's places does, for explain()
+PLACE_WORDS = {
+    "device": "decode, crop and resize on the host threads, normalise on the device",
+    "host": "decode, crop, resize and normalise on the host threads",
+    "device_resize": "decode and crop on the host threads, resize and normalise on the device",
+    "device_decode": "decode JPEG files on the GPU (nvImageCodec; the other files on the host threads), crop, "
+                     "resize and normalise on the device"}
 
 
 def scan(root, extensions=EXTENSIONS):
@@ -122,10 +131,13 @@ def _function_ref(fn):
     return ref
 
 
-def _places(normalize_on, resize_on, gpu):
+def _places(normalize_on, resize_on, gpu, gpu_decode=False):
     """host_batch's candidate places for the options (the first is tried first). resize_on='auto'
     tries the device resize only on GPUs: on the CPU backend the device is the host, where Pillow
-    resizes on the decoding threads, overlapped with the step, and NumPy would not."""
+    resizes on the decoding threads, overlapped with the step, and NumPy would not. gpu_decode: the
+    place 'device_decode' is a candidate too ('only': the one place; see _gpu_decoding)."""
+    if gpu_decode == "only":
+        return ("device_decode",)
     if normalize_on not in ("auto", "device", "host"):
         raise ConfigError(f"ImageFolder: normalize_on must be 'auto', 'device' or 'host', got {normalize_on!r}")
     if resize_on not in ("auto", "device", "host"):
@@ -138,7 +150,43 @@ def _places(normalize_on, resize_on, gpu):
         places += [p for p in ("device", "host") if normalize_on in ("auto", p)]
     if (resize_on == "device" or (resize_on == "auto" and gpu)) and normalize_on != "host":
         places.append("device_resize")
+    if gpu_decode:
+        places.append("device_decode")
     return tuple(places)
+
+
+def _gpu_decoding(decoder, normalize_on, resize_on, gpu, status):
+    """Whether the place 'device_decode' (JPEG files decoded on the GPU by nvImageCodec, then cropped,
+    resized and normalised there) is among the candidates: ('only' | True | False, why). Raises a
+    ConfigError where decoder='nvimgcodec' cannot run. status: a callable -> (ok, why) of nvImageCodec
+    on this GPU, called only where the answer matters (it imports the module and starts a decoder).
+
+    decoder='auto' tries it where the resize may run on the device (resize_on 'auto' or 'device': a
+    GPU-decoded image is resized there, and its pixels differ from the host decoder's by the IDCT's
+    rounding, so the default resize_on='host' keeps every batch Pillow's) and the normalisation too."""
+    if decoder == "nvimgcodec":
+        if not gpu:
+            raise ConfigError("ImageFolder: decoder='nvimgcodec' decodes on the GPU: it needs dmath's GPU backend "
+                              "(this run is on the CPU backend); decoder='auto', 'pillow' or 'simplejpeg' decode "
+                              "on the host")
+        if normalize_on == "host":
+            raise ConfigError("ImageFolder: decoder='nvimgcodec' normalises on the device; normalize_on='host' "
+                              "contradicts it")
+        ok, why = status()
+        if not ok:
+            raise ConfigError(f"ImageFolder: decoder='nvimgcodec' cannot decode here: {why}")
+        return "only", f"decoder='nvimgcodec' ({why})"
+    if decoder != "auto":
+        return False, f"decoder={decoder!r} decodes on the host"
+    if not gpu:
+        return False, "the CPU backend"
+    if normalize_on == "host":
+        return False, "normalize_on='host' (a GPU-decoded image is normalised on the device)"
+    if resize_on == "host":
+        return False, ("resize_on='host' (a GPU-decoded image is resized on the device: resize_on='auto' makes it "
+                       "a candidate)")
+    ok, why = status()
+    return (True, why) if ok else (False, why)
 
 
 class ImageFolder(Dataset):
@@ -181,9 +229,21 @@ class ImageFolder(Dataset):
             (on GPUs: tried against the host, the faster kept; on the CPU
             backend the host).
         decoder: 'auto' (JPEG files through simplejpeg where it is installed
-            on the workers, the rest through Pillow), 'pillow', or
-            'simplejpeg' (installed on the master too). Both give the same
-            pixels (libjpeg-turbo's accurate DCT); simplejpeg is faster.
+            on the workers, the rest through Pillow; on a GPU with
+            nvImageCodec and resize_on 'auto' or 'device', decoding on the
+            GPU is tried as well and kept where it measures faster),
+            'pillow', 'simplejpeg' (installed on the master too), or
+            'nvimgcodec': JPEG files decoded on the GPU by nvImageCodec
+            (nvJPEG, batched; the hardware JPEG engine where the GPU has
+            one), then cropped, resized, mirrored, normalised and cast
+            there whatever resize_on says; the host threads only read the
+            files and decode the others (PNG, CMYK or truncated JPEG, a
+            file the GPU refuses) as 'auto' does. GPU backend only: pip
+            install 'nvidia-nvimgcodec-cu12[nvjpeg]' (the gpu-images
+            extra; CUDA 13: 'nvidia-nvimgcodec-cu13[nvjpeg]'). Pillow and
+            simplejpeg give the same pixels (libjpeg-turbo's accurate DCT);
+            nvJPEG's differ from them by the IDCT's rounding (a grey level
+            or two).
     """
 
     def __init__(self, root, image_size=224, train=True, *, resize_size=None, crop_scale=(0.08, 1.0),
@@ -215,12 +275,15 @@ class ImageFolder(Dataset):
         if isinstance(threads, bool) or not isinstance(threads, numbers.Integral) or threads < 0:
             raise ConfigError(f"ImageFolder: threads must be 0 (tuned) or a positive integer, got {threads!r}")
         _ensure_runtime()
-        places = _places(normalize_on, resize_on, dmath.device() == "gpu")
+        gpu = dmath.device() == "gpu"
+        _places(normalize_on, resize_on, gpu)        # (the placement options checked before the decoder)
         if decoder not in decode.DECODERS:
             raise ConfigError(f"ImageFolder: decoder must be one of {decode.DECODERS}, got {decoder!r}")
         if decoder == "simplejpeg" and decode.simplejpeg is None:
             raise ConfigError("ImageFolder: decoder='simplejpeg' needs the simplejpeg package (pip install "
                               "simplejpeg); decoder='auto' uses it where it is installed, else Pillow")
+        gpu_decode, gpu_why = _gpu_decoding(decoder, normalize_on, resize_on, gpu, host_batches.gpu_decode_status)
+        places = _places(normalize_on, resize_on, gpu, gpu_decode)
         ref = _function_ref(batch_transform)
         root = os.path.abspath(os.fspath(root))
         classes, files, labels, others = scan(root)
@@ -247,6 +310,8 @@ class ImageFolder(Dataset):
         self.pixel_mean, self.pixel_std = mean, std
         self.on_error, self.threads, self.places = on_error, int(threads), places
         self.batch_transform, self.decoder = ref, decoder
+        #: (whether the GPU decodes: 'only', True (a candidate of the tuner) or False, why)
+        self.gpu_decoding = (gpu_decode, gpu_why)
         store = _Store(table, table, "labels", (0, len(classes) - 1), "files")
         # the pixels are normalised by host_batch: the Dataset's own affine step stays the identity
         self._init(store, 0, len(files), (3,) + size, None, 1.0, 0.0, 1.0)
@@ -275,21 +340,31 @@ class ImageFolder(Dataset):
         return tuple(views)
 
     def explain(self):
-        """What every worker's pipeline measured and chose, as text: decoding threads, where the
-        normalisation runs, the stage times per batch, and the files skipped."""
+        """What every worker's pipeline measured and chose, as text: decoding threads, where the stages
+        run (where the images are decoded: the host threads or the GPU, and whether GPU decoding was a
+        candidate), the stage times per batch, and the files skipped."""
         reports = host_batches.report(self.x)
+        gpu, why = self.gpu_decoding
         lines = [f"ImageFolder {self.root!r}: {len(self)} images of {len(self.classes)} classes, "
-                 f"{self.image_size[0]}x{self.image_size[1]}, on_error={self.on_error!r}"]
+                 f"{self.image_size[0]}x{self.image_size[1]}, on_error={self.on_error!r}",
+                 f"  GPU decoding: {'the only place' if gpu == 'only' else 'a candidate' if gpu else 'not a candidate'}"
+                 f" ({why}); places {list(self.places)}"]
         for rep in reports:
             for p in rep["pipelines"]:
                 lines.append(
                     f"  worker {rep['rank']} rows {p['rows'][0]}..{p['rows'][1] - 1} "
                     f"({'training' if p['random'] else 'evaluation'}, {p['dtype']}): {p['threads']} threads"
                     f"{' (tuned)' if p['threads_tuned'] else ''}, place {p['place']!r}"
-                    f"{' (tuned)' if p['place_tuned'] else ''}; per batch: decode {p['host_ms_per_batch']:.1f} ms "
-                    f"(in the background), step waited {p['stall_ms_per_batch']:.1f} ms, device stage "
-                    f"{p['device_ms_per_batch']:.1f} ms, step {p['step_ms_per_batch']:.1f} ms; {p['batches']} batches")
+                    f"{' (tuned)' if p['place_tuned'] else ''}: {PLACE_WORDS.get(p['place'], '?')}; per batch: "
+                    f"host stage {p['host_ms_per_batch']:.1f} ms (in the background), step waited "
+                    f"{p['stall_ms_per_batch']:.1f} ms, device stage {p['device_ms_per_batch']:.1f} ms, step "
+                    f"{p['step_ms_per_batch']:.1f} ms; {p['batches']} batches")
                 lines += [f"    {d}" for d in p["decisions"]]
+                done = p.get("decoded_on", {})
+                if done.get("gpu") or done.get("host"):
+                    lines.append(f"    place 'device_decode': {done['gpu']} samples decoded on the GPU, "
+                                 f"{done['host']} on the host (not JPEG, truncated, or refused by the GPU decoder)")
+                lines += [f"    {n}" for n in p.get("notes", [])]
         skipped = self.skipped()
         lines.append(f"  skipped files: {len(skipped)}" + "".join(f"\n    {f}: {why}" for f, why in skipped.items()))
         return "\n".join(lines)
