@@ -1,7 +1,7 @@
 """CNN training throughput: dnn against PyTorch eager (one GPU) and DDP (P GPUs), in the same job.
 
     python benchmarks/cnn_bench.py --device gpu [--nets lenet cifar alexnet] [--batches 256 1024]
-        [--dtypes float32 float16] [--out F.json]
+        [--dtypes float32 float16] [--peers eager compile] [--out F.json]
     mpiexec -n P python benchmarks/cnn_bench.py --device gpu ...        (strong scaling: global batch fixed)
 
 For every network, global batch and dtype it trains on random images that
@@ -12,21 +12,26 @@ SGD with momentum. dnn runs `Model.fit` (every step a replayed plan, one
 CUDA graph per worker where the step allows); PyTorch runs the same network
 eagerly with cudnn.benchmark=True (DDP when P > 1; float16 through autocast
 and a GradScaler, dnn's float16 keeps float32 master weights and dynamic
-loss scaling too). Reported per case: images/s of both, their ratio, and
-each side's peak device memory less its resident images, reserved (what the
+loss scaling too), and with `--peers eager compile` also torch.compile'd
+(over DDP when P > 1; `--compile-only` names the cases). Reported per case:
+images/s of both (and of every peer), their ratio, and each side's peak
+device memory less its resident images, reserved (what the
 device had to provide: dnn's largest pool high-water mark of any worker over
 the timed steps plus the bytes its captured CUDA graphs hold; PyTorch's
 max_memory_reserved on GPU 0) and allocated (in buffers at once: dnn's bytes
 in use between steps plus the graph's buffers at their peak inside the step;
-PyTorch's max_memory_allocated).
+PyTorch's max_memory_allocated), and the wall seconds of each side's
+measurement, warm-up, tuning and compilation included (wall_s).
 Efficiency across GPU counts comes from comparing the JSON of P = 1 and P
-(`benchmarks/plots.py cnn` draws it).
+(`benchmarks/plots.py cnn` and `scaling` draw it). The JSON is rewritten
+after every measurement, so a job cut short keeps the cases it finished.
 """
 import argparse
 import gc
 import os
 import sys
 import time
+import traceback
 
 import numpy as np
 
@@ -119,6 +124,10 @@ def kernel_profile(run, rows=25):
     return prof.key_averages().table(sort_by="cuda_time_total", row_limit=rows, max_name_column_width=70)
 
 
+#: gradient bucket size of every dnn model timed (Model.bucket_mb; None: the default), from --bucket-mb
+BUCKET_MB = None
+
+
 def time_dnn(net, batch, dtype, steps, parallel, profile_kernels=False, channels_last=None):
     """(images/s, (peak reserved, peak allocated) bytes less the resident images, Dense strategies) of fit
     over `steps` batches."""
@@ -139,7 +148,18 @@ def time_model(make, shape, classes, per_epoch, batch, steps, profile_kernels=Fa
     del x
     dmath.random.seed(0)
     model = make()
+    if BUCKET_MB is not None:
+        model.bucket_mb = BUCKET_MB
     model.fit(data, batch_size=batch, epochs=1, shuffle=True, verbose=0)      # records, captures, tunes
+    # parallel='auto' times its candidates at the first steps: warm up until it has chosen, so that no
+    # timed step records or switches a strategy
+    for _ in range(40):
+        report = model.parallel_report.get(batch)
+        if report is None or "chosen" in report:
+            break
+        model.fit(data, batch_size=batch, epochs=1, shuffle=True, verbose=0)
+    if model.parallel_report:
+        print("  " + model.explain_parallel().replace("\n", "\n  "))
     # what the warm-up left cached (tuning's trial workspaces, the first runs) goes back to the
     # device; clear() drops the captured graph too, so one more epoch captures it again
     dmath.memory.clear()
@@ -179,11 +199,12 @@ def time_model(make, shape, classes, per_epoch, batch, steps, profile_kernels=Fa
 
 @kernel("bench_torch_cnn")
 def _torch_cnn(call):
-    """PyTorch eager (P = 1) or DDP over the dmath workers; static = (net, batch, dtype, steps, port)."""
-    net, batch, dtype, steps, port, profile_kernels = call.entry.static
+    """PyTorch eager or compiled (P = 1), DDP over the dmath workers (P > 1); static = (net, batch, dtype,
+    steps, port, profile_kernels, compiled)."""
+    net, batch, dtype, steps, port, profile_kernels, compiled = call.entry.static
     shape, classes, _ = NETS[net]
     torch_rate(call, lambda torch: torch_model(torch, net), shape, classes, resident_batches(net, batch), batch,
-               dtype, steps, port, profile_kernels)
+               dtype, steps, port, profile_kernels, compiled=compiled)
     return []
 
 
@@ -191,11 +212,18 @@ def torch_rate(call, build, shape, classes, per_epoch, batch, dtype, steps, port
                compiled=False, channels_last=False, aux_weight=0.3):
     """On every worker: PyTorch trains build(torch) (eager, or torch.compile'd; DDP over the workers
     when P > 1) on resident random images; the master's call.result is (images/s, (peak reserved,
-    peak allocated) bytes less the images), or None without PyTorch. A model returning (logits,
-    aux logits) in training (torchvision's Inception v3) trains both, the aux loss weighted."""
+    peak allocated) bytes less the images), or None without PyTorch or where it fails on a worker (out
+    of memory, a compile error: printed with its traceback). A model returning (logits,
+    aux logits) in training (torchvision's Inception v3) trains both, the aux loss weighted. On the
+    CPU backend (--cpu-peers: a check of the scripts, not a figure) the peak bytes are 0."""
     result = None
     try:
         torch, dev = torch_distributed(call, port) if call.world.size > 1 else _torch_local()
+        cuda = dev.type == "cuda"
+
+        def sync():
+            if cuda:
+                torch.cuda.synchronize(dev)
         torch.backends.cudnn.benchmark = True
         local = batch // call.world.size
         fmt = torch.channels_last if channels_last else torch.contiguous_format
@@ -205,20 +233,23 @@ def torch_rate(call, build, shape, classes, per_epoch, batch, dtype, steps, port
         torch.manual_seed(0)
         model = build(torch).to(dev, memory_format=fmt)
         if call.world.size > 1:
-            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index])
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=[dev.index] if cuda else None)
         if compiled:
+            # compiled afresh: dynamo's cache would keep an earlier case's graphs and, seeing a
+            # second batch size, compile this case with a dynamic batch dimension
+            torch._dynamo.reset()
             model = torch.compile(model)
         opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
         lossf = torch.nn.CrossEntropyLoss()
         half = dtype == "float16"
-        scaler = torch.amp.GradScaler("cuda", enabled=half)
+        scaler = torch.amp.GradScaler(dev.type, enabled=half)
 
         def epoch(count):
             for step in range(count):
                 s = step % per_epoch
                 xb, yb = x[s * local:(s + 1) * local], y[s * local:(s + 1) * local]
                 opt.zero_grad(set_to_none=True)
-                with torch.autocast("cuda", dtype=torch.float16, enabled=half):
+                with torch.autocast(dev.type, dtype=torch.float16, enabled=half):
                     out = model(xb)
                     if isinstance(out, tuple):
                         loss = lossf(out[0], yb) + aux_weight * lossf(out[1], yb)
@@ -229,28 +260,36 @@ def torch_rate(call, build, shape, classes, per_epoch, batch, dtype, steps, port
                 scaler.update()
 
         epoch(min(steps, 5) if not compiled else min(steps, 10))     # cudnn.benchmark tunes, compile compiles
-        torch.cuda.synchronize(dev)
-        torch.cuda.reset_peak_memory_stats(dev)
+        sync()
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(dev)
         t0 = time.perf_counter()
         epoch(steps)
-        torch.cuda.synchronize(dev)
+        sync()
         secs = time.perf_counter() - t0
         resident = x.element_size() * x.nelement() + y.element_size() * y.nelement()
         result = (batch * steps / secs, (torch.cuda.max_memory_reserved(dev) - resident,
-                                         torch.cuda.max_memory_allocated(dev) - resident))
+                                         torch.cuda.max_memory_allocated(dev) - resident) if cuda else (0, 0))
         if profile_kernels and call.rank == 0:
             print(f"  GPU kernels of {per_epoch} steps, PyTorch:\n{kernel_profile(lambda: epoch(per_epoch))}")
         del model, opt, x, y
-        torch.cuda.empty_cache()
+        if cuda:
+            torch.cuda.empty_cache()
     except ImportError:
         result = None
-    except RuntimeError as exc:           # torch.cuda.OutOfMemoryError: this peer has no figure here
-        if "out of memory" not in str(exc).lower():
-            raise
-        print(f"  PyTorch on rank {call.rank}: out of memory ({str(exc).splitlines()[0]})", flush=True)
-        result = None
+    except Exception as exc:      # noqa: BLE001  out of memory, or a torch.compile that fails: no figure here,
+        # and the job goes on to its other cases and peers (the traceback says what failed)
+        first = (str(exc).splitlines() or [""])[0]
+        if "out of memory" in str(exc).lower():
+            print(f"  PyTorch on rank {call.rank}: out of memory ({first})", flush=True)
+        else:
+            print(f"  PyTorch on rank {call.rank} failed: {type(exc).__name__}: {first}", flush=True)
+            traceback.print_exc()
+        result = model = opt = x = y = None       # what the failed peer held goes back to the device
+        gc.collect()
         import torch
-        torch.cuda.empty_cache()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
     results = gather_objects(call.world, result)
     if call.rank == 0:
         call.result = results[0] if all(r is not None for r in results) else None
@@ -258,9 +297,24 @@ def torch_rate(call, build, shape, classes, per_epoch, batch, dtype, steps, port
 
 def _torch_local():
     import torch
+    if not backend.current().is_gpu:
+        return torch, torch.device("cpu")
     dev = torch.device("cuda", backend.current().device_id)
     torch.cuda.set_device(dev)
     return torch, dev
+
+
+def wanted(specs, net, batch, dtype):
+    """Whether the case (net, batch, dtype) is one of `specs` ("batch", "batch:dtype" or "net:batch:dtype";
+    None: every case)."""
+    forms = {1: (str(batch),), 2: (str(batch), dtype), 3: (net, str(batch), dtype)}
+    return specs is None or any(tuple(s.split(":")) == forms.get(len(s.split(":"))) for s in specs)
+
+
+def peer_entry(res, ips):
+    """A PyTorch peer's figures in the JSON (None: it has none here, as after running out of memory)."""
+    return None if res is None else {"images_per_s": res[0], "peak_bytes": res[1][0],
+                                     "peak_allocated_bytes": res[1][1], "dnn_over_peer": ips / res[0] if ips else None}
 
 
 def main():
@@ -273,15 +327,25 @@ def main():
                     help="the Dense layers' strategy (convolutions are always data parallel)")
     ap.add_argument("--device", default=None, choices=["cpu", "gpu"])
     ap.add_argument("--no-torch", action="store_true")
+    ap.add_argument("--peers", nargs="+", default=["eager"], choices=["eager", "compile"],
+                    help="PyTorch peers: eager (DDP when P > 1; the torch_* fields) and torch.compile'd")
+    ap.add_argument("--compile-only", nargs="+", default=None, metavar="CASE",
+                    help="run the compile peer only in these cases: batch, batch:dtype or net:batch:dtype")
+    ap.add_argument("--cpu-peers", action="store_true",
+                    help="run the PyTorch peers on the CPU backend too (checks the script; no figure)")
     ap.add_argument("--channels-last", default="auto", choices=["auto", "on", "off"],
                     help="dnn's convolutions on channels-last rows (auto: on GPUs with cuDNN)")
     ap.add_argument("--only", nargs="*", default=None,
                     help="cases to run as net:batch:dtype (default: every combination)")
     ap.add_argument("--port", type=int, default=29533)
+    ap.add_argument("--bucket-mb", type=float, default=None,
+                    help="dnn's gradient buckets (Model.bucket_mb; 0: one all-reduce per weight; default 25)")
     ap.add_argument("--kernel-profile", action="store_true",
                     help="print the GPU time of every kernel of one dnn epoch and one PyTorch epoch (needs PyTorch)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    global BUCKET_MB
+    BUCKET_MB = args.bucket_mb
     dmath.init(device=args.device)
     p = dmath.num_workers()
     cases = [(n, b, d) for n in args.nets for b in args.batches for d in args.dtypes]
@@ -292,35 +356,54 @@ def main():
     channels_last = {"auto": None, "on": True, "off": False}[args.channels_last]
     print(dnn_header := f"{p} worker(s), {dmath.device()}; Dense layers parallel={args.parallel}; "
                         f"channels_last={args.channels_last}")
-    for net, batch, dtype in cases:
-        steps = args.steps or (24 if net == "alexnet" else 64)
-        steps = max(steps, resident_batches(net, batch))
-        ips, peak, strategies = time_dnn(net, batch, dtype, steps, args.parallel, args.kernel_profile,
-                                         channels_last)
-        torch_res = None
-        if not args.no_torch and dmath.device() == "gpu":
-            torch_res = dispatch("bench_torch_cnn", static=(net, batch, dtype, steps, args.port,
-                                                            args.kernel_profile))[1]
-        row = {"net": net, "global_batch": batch, "dtype": dtype, "workers": p, "steps": steps,
-               "dnn_images_per_s": ips, "dnn_peak_bytes": peak[0], "dnn_peak_allocated_bytes": peak[1],
-               "dense_strategies": strategies,
-               "torch_images_per_s": torch_res[0] if torch_res else None,
-               "torch_peak_bytes": torch_res[1][0] if torch_res else None,
-               "torch_peak_allocated_bytes": torch_res[1][1] if torch_res else None,
-               "dnn_over_torch": ips / torch_res[0] if torch_res else None,
-               "torch_peer": ("DDP" if p > 1 else "eager") if torch_res else None}
-        rows.append(row)
-        peer = "-" if not torch_res else f"{torch_res[0]:9.0f} ({row['torch_peer']}), ratio {row['dnn_over_torch']:.2f}"
-        print(f"{net:8s} b{batch:<5d} {dtype}: dnn {ips:9.0f} img/s ({strategies}); PyTorch {peer}; "
-              f"peak MB reserved/allocated dnn {peak[0] / 2**20:.0f}/{peak[1] / 2**20:.0f}"
-              + (f" torch {torch_res[1][0] / 2**20:.0f}/{torch_res[1][1] / 2**20:.0f}" if torch_res else ""),
-              flush=True)
-    reports = dmath.nn.explain_conv2d(print_fn=None)
-    if args.out:
+
+    def save(rows):
+        """The JSON so far (rewritten after every measurement; the cuDNN plans of the cases run)."""
+        if not args.out:
+            return
+        reports = dmath.nn.explain_conv2d(print_fn=None)
         write_json(args.out, {"benchmark": "cnn", "environment": environment(dmath), "header": dnn_header,
                               "cudnn": reports[0]["status"], "conv_plans_worker0": reports[0]["shapes"],
                               "conv_padding_worker0": reports[0]["padded"],
                               "results": rows})
+    for net, batch, dtype in cases:
+        steps = args.steps or (24 if net == "alexnet" else 64)
+        steps = max(steps, resident_batches(net, batch))
+        t0 = time.perf_counter()
+        ips, peak, strategies = time_dnn(net, batch, dtype, steps, args.parallel, args.kernel_profile,
+                                         channels_last)
+        wall = {"dnn": time.perf_counter() - t0}
+        torch_res = None
+        row = {"net": net, "global_batch": batch, "dtype": dtype, "workers": p, "steps": steps,
+               "parallel": args.parallel, "bucket_mb": args.bucket_mb, "dnn_images_per_s": ips, "dnn_peak_bytes": peak[0],
+               "dnn_peak_allocated_bytes": peak[1], "dense_strategies": strategies,
+               "torch_images_per_s": None, "torch_peak_bytes": None, "torch_peak_allocated_bytes": None,
+               "dnn_over_torch": None, "torch_peer": None, "peers": {}, "wall_s": wall}
+        rows.append(row)
+        save(rows)                      # the dnn figure is kept even if a peer does not finish
+        peers = [] if args.no_torch or (dmath.device() != "gpu" and not args.cpu_peers) else args.peers
+        for peer_kind in peers:
+            if peer_kind == "compile" and not wanted(args.compile_only, net, batch, dtype):
+                continue
+            t0 = time.perf_counter()
+            res = dispatch("bench_torch_cnn", static=(net, batch, dtype, steps, args.port, args.kernel_profile,
+                                                      peer_kind == "compile"))[1]
+            wall[peer_kind] = time.perf_counter() - t0
+            row["peers"][("ddp_" if p > 1 else "") + peer_kind] = peer_entry(res, ips)
+            if peer_kind == "eager" and res:
+                torch_res = res
+                row.update({"torch_images_per_s": res[0], "torch_peak_bytes": res[1][0],
+                            "torch_peak_allocated_bytes": res[1][1], "dnn_over_torch": ips / res[0],
+                            "torch_peer": "DDP" if p > 1 else "eager"})
+            save(rows)
+        peer = "-" if not torch_res else f"{torch_res[0]:9.0f} ({row['torch_peer']}), ratio {row['dnn_over_torch']:.2f}"
+        peer += "".join(f"; {k} {v['images_per_s']:.0f} (x{v['dnn_over_peer']:.2f})"
+                        for k, v in row["peers"].items() if v and "compile" in k)
+        print(f"{net:8s} b{batch:<5d} {dtype}: dnn {ips:9.0f} img/s ({strategies}); PyTorch {peer}; "
+              f"peak MB reserved/allocated dnn {peak[0] / 2**20:.0f}/{peak[1] / 2**20:.0f}"
+              + (f" torch {torch_res[1][0] / 2**20:.0f}/{torch_res[1][1] / 2**20:.0f}" if torch_res else ""),
+              flush=True)
+    save(rows)
 
 
 if __name__ == "__main__":

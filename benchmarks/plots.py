@@ -2,6 +2,7 @@
 
     python benchmarks/plots.py gemm  RESULT.json ... [--out F.png]   # efficiency against GPU count
     python benchmarks/plots.py cnn   RESULT.json ... [--out F.png]   # efficiency and images/s against PyTorch
+    python benchmarks/plots.py scaling RESULT.json ... [--out F.png] # images/s against GPUs (cnn_bench, zoo_bench)
     python benchmarks/plots.py mlp   RESULT.json     [--out F.png]   # time against hidden layers (MagmaDNN's table)
     python benchmarks/plots.py remap RESULT.json ... [--out F.png]   # remap GB/s against the raw collective
     python benchmarks/plots.py readme                                # all four from the committed H200 results
@@ -97,6 +98,83 @@ def cnn(paths, out):
     _save(fig, out)
 
 
+def _scaling_rows(paths):
+    """{(net, global batch, dtype): {workers: {"dnn", "torch", "compile": images/s}}} from cnn_bench's and
+    zoo_bench's JSON; PyTorch is eager at P = 1 and DDP at P > 1, compile its torch.compile'd peer (over
+    DDP at P > 1). A case measured in several files keeps the first figure of each (files in sorted order:
+    cnn_P4_alexnet.json before cnn_P4_alexnet_compile.json); rows with --parallel other than auto or an
+    explicit --bucket-mb are left out (comparisons of strategies, not of GPU counts)."""
+    cases = collections.defaultdict(lambda: collections.defaultdict(dict))
+    rows = []
+    for p in sorted(paths):
+        try:
+            with open(p) as f:
+                rows.extend(r for r in json.load(f).get("results", []) if isinstance(r, dict))
+        except (OSError, ValueError, AttributeError) as exc:
+            print(f"scaling: {p} skipped ({exc})")
+    for r in rows:
+        if r.get("parallel", "auto") != "auto" or r.get("bucket_mb") is not None or "workers" not in r:
+            continue
+        if "net" not in r:
+            continue
+        peers = r.get("peers") or {}
+        figure = lambda name: (peers.get(name) or {}).get("images_per_s")   # noqa: E731
+        ddp = "ddp_" if r["workers"] > 1 else ""
+        rates = {"dnn": r.get("dnn_images_per_s"), "torch": r.get("torch_images_per_s") or figure(ddp + "eager"),
+                 "compile": figure(ddp + "compile")}
+        point = cases[(r["net"], r["global_batch"], r["dtype"])][r["workers"]]
+        for who, rate in rates.items():
+            if rate and who not in point:
+                point[who] = rate
+    return cases
+
+
+def scaling(paths, out):
+    """Images/s against GPUs: a row of panels per network, a panel per (dtype, global batch); dnn, PyTorch
+    (eager at 1 GPU, DDP beyond), its torch.compile'd peer dashed where measured, and the linear line
+    from dnn's 1-GPU rate. The legend gives each side's efficiency at the most GPUs (rate / (P x 1 GPU))."""
+    cases = _scaling_rows(paths)
+    if not cases:
+        raise SystemExit("scaling: no cnn_bench or zoo_bench rows in " + " ".join(paths))
+    plt = pyplot()
+    nets = sorted({c[0] for c in cases})
+    combos = sorted({c[1:] for c in cases}, key=lambda bd: (bd[1] != "float32", bd[0]))
+    counts = sorted({p for pts in cases.values() for p in pts})
+    fig, axes = plt.subplots(len(nets), len(combos), figsize=(3.3 * len(combos), 2.7 * len(nets)), squeeze=False)
+    styles = (("dnn", "dnn", "-o"), ("torch", "PyTorch", "-.s"), ("compile", "torch.compile", "--^"))
+    for i, net in enumerate(nets):
+        for j, (batch, dtype) in enumerate(combos):
+            ax = axes[i][j]
+            pts = cases.get((net, batch, dtype), {})
+            ax.set_title(f"{net} b{batch} {dtype}", fontsize=9)
+            ax.set_xticks(counts)
+            ax.set_xlim(counts[0] - 0.2, counts[-1] + 0.2)
+            ax.grid(alpha=0.3)
+            if not pts:
+                ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+                continue
+            top = 0
+            for who, label, style in styles:
+                ps = [p for p in counts if p in pts and who in pts[p]]
+                if not ps:
+                    continue
+                rates = [pts[p][who] for p in ps]
+                top = max(top, *rates)
+                if ps[0] == 1 and len(ps) > 1:
+                    label += f" (eff. {rates[-1] / (ps[-1] * rates[0]):.2f} at {ps[-1]})"
+                ax.plot(ps, rates, style, color=COLORS.get(dtype) if who == "dnn" else None, label=label)
+            base = pts.get(1, {}).get("dnn")
+            if base:
+                ax.plot(counts, [p * base for p in counts], color="black", lw=0.8, ls=":", label="linear (dnn)")
+                top = max(top, counts[-1] * base)
+            ax.set_ylim(0, 1.12 * top)
+            ax.legend(fontsize=6, loc="best")
+        axes[i][0].set_ylabel("images/s")
+    for ax in axes[-1]:
+        ax.set_xlabel("GPUs")
+    _save(fig, out)
+
+
 def mlp(paths, out):
     plt = pyplot()
     fig, ax = plt.subplots(figsize=(5.2, 3.8))
@@ -152,7 +230,7 @@ def readme():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("kind", choices=["gemm", "cnn", "mlp", "remap", "readme"])
+    ap.add_argument("kind", choices=["gemm", "cnn", "scaling", "mlp", "remap", "readme"])
     ap.add_argument("files", nargs="*")
     ap.add_argument("--out")
     args = ap.parse_args()

@@ -2,7 +2,7 @@
 DDP (eager and compiled), in the same job.
 
     python benchmarks/zoo_bench.py OUTDIR [--nets googlenet resnet50 inception_v3] [--batches 256 1024]
-        [--dtypes float32 float16] [--peers eager compile]
+        [--dtypes float32 float16] [--peers eager compile] [--compile-only 256 ...] [--only NET:B:DTYPE ...]
     mpiexec -n P python benchmarks/zoo_bench.py OUTDIR ...     (strong scaling: the global batch is fixed)
 
 Each case (network, global batch, dtype) trains dnn.models' network through
@@ -14,22 +14,27 @@ Inception v3 at 299x299 with its auxiliary head on both sides (aux loss
 weight 0.3), GoogLeNet without its auxiliary heads (the paper's Table 1
 network; the heads are training-only side branches). Reported per case: images/s of dnn and of every peer, the ratios, and
 peak memory per GPU (reserved and allocated, less the resident images; see
-benchmarks/cnn_bench.py, whose timing both sides reuse); a case that runs out
+benchmarks/cnn_bench.py, whose timing both sides reuse), the wall seconds of
+each measurement (wall_s: warm-up, tuning and compilation included); a case that runs out
 of memory on one side is recorded without that side's figure. Writes
 OUTDIR/zoo_P<workers>_<nets>.json (one job per network keeps each under ten
-minutes); strong-scaling efficiency comes from the files of P = 1, 2 and 4.
+minutes), rewritten after every measurement so that a job cut short keeps
+what it finished; strong-scaling efficiency comes from the files of P = 1, 2
+and 4 (`benchmarks/plots.py scaling` draws it).
 """
 import argparse
 import gc
 import os
 import sys
+import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import dmath                                    # noqa: E402
 import dnn                                      # noqa: E402
 from dmath.ops.base import dispatch             # noqa: E402
 from dmath.runtime import kernel                # noqa: E402
-from cnn_bench import LR, MOMENTUM, time_model, torch_rate   # noqa: E402
+import cnn_bench                                # noqa: E402
+from cnn_bench import LR, MOMENTUM, peer_entry, time_model, torch_rate, wanted   # noqa: E402
 from common import environment, write_json      # noqa: E402
 
 #: network -> (input shape, dnn.models keyword arguments, torchvision keyword arguments)
@@ -86,23 +91,39 @@ def main():
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float16"], choices=["float32", "float16"])
     ap.add_argument("--peers", nargs="*", default=["eager", "compile"], choices=["eager", "compile"],
                     help="PyTorch peers (DDP over the same GPUs when P > 1)")
+    ap.add_argument("--compile-only", nargs="+", default=None, metavar="CASE",
+                    help="run the compile peer only in these cases: batch, batch:dtype or net:batch:dtype")
+    ap.add_argument("--only", nargs="+", default=None, metavar="CASE",
+                    help="run only these of the --nets x --batches x --dtypes cases (as --compile-only)")
+    ap.add_argument("--cpu-peers", action="store_true",
+                    help="run the PyTorch peers on the CPU backend too (checks the script; no figure)")
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--device", default=None, choices=["cpu", "gpu"])
     ap.add_argument("--image-size", type=int, default=None,
                     help="train on size x size images instead of the networks' own (a quick check)")
     ap.add_argument("--port", type=int, default=29541)
+    ap.add_argument("--bucket-mb", type=float, default=None,
+                    help="dnn's gradient buckets (Model.bucket_mb; 0: one all-reduce per weight; default 25)")
     args = ap.parse_args()
+    cnn_bench.BUCKET_MB = args.bucket_mb
     dmath.init(device=args.device)
     p = dmath.num_workers()
     os.makedirs(args.outdir, exist_ok=True)
     rows = []
+    path = os.path.join(args.outdir, f"zoo_P{p}_{'-'.join(args.nets)}.json")
+
+    def save():
+        write_json(path, {"benchmark": "zoo", "environment": environment(dmath), "workers": p, "results": rows})
     for net in args.nets:
         shape = NETS[net][0] if args.image_size is None else (3, args.image_size, args.image_size)
         for batch in args.batches:
             if batch % p:
                 continue
             for dtype in args.dtypes:
+                if not wanted(args.only, net, batch, dtype):
+                    continue
                 steps = max(args.steps, per_epoch(batch))
+                t0 = time.perf_counter()
                 try:
                     ips, peak, _ = time_model(lambda: dnn_model(net, dtype, shape), shape, CLASSES, per_epoch(batch),
                                               batch, steps)
@@ -111,24 +132,28 @@ def main():
                     print(f"{net} b{batch} {dtype}: dnn out of memory ({exc})", flush=True)
                 gc.collect()
                 dmath.memory.clear()
+                wall = {"dnn": time.perf_counter() - t0}
                 row = {"net": net, "global_batch": batch, "dtype": dtype, "workers": p, "steps": steps,
-                       "image_shape": list(shape), "dnn_images_per_s": ips, "dnn_peak_bytes": peak[0],
-                       "dnn_peak_allocated_bytes": peak[1], "peers": {}}
-                if dmath.device() == "gpu":
+                       "image_shape": list(shape), "bucket_mb": args.bucket_mb, "dnn_images_per_s": ips, "dnn_peak_bytes": peak[0],
+                       "dnn_peak_allocated_bytes": peak[1], "peers": {}, "wall_s": wall}
+                rows.append(row)
+                save()
+                if dmath.device() == "gpu" or args.cpu_peers:
                     for peer in args.peers:
+                        if peer == "compile" and not wanted(args.compile_only, net, batch, dtype):
+                            continue
                         name = ("ddp_" if p > 1 else "") + peer
+                        t0 = time.perf_counter()
                         res = dispatch("bench_torch_zoo", static=(net, shape, batch, dtype, steps, args.port,
                                                                    peer == "compile"))[1]
-                        row["peers"][name] = None if res is None else {
-                            "images_per_s": res[0], "peak_bytes": res[1][0], "peak_allocated_bytes": res[1][1],
-                            "dnn_over_peer": ips / res[0] if ips else None}
-                rows.append(row)
+                        row["peers"][name] = peer_entry(res, ips)
+                        wall[peer] = time.perf_counter() - t0
+                        save()
                 peers = "; ".join(f"{k} {v['images_per_s']:.0f} (x{v['dnn_over_peer'] or 0:.2f}, "
                                   f"{v['peak_bytes'] / 2**20:.0f} MB)" for k, v in row["peers"].items() if v)
                 print(f"{net:12s} b{batch:<5d} {dtype}: dnn {ips or 0:8.0f} img/s "
                       f"{(peak[0] or 0) / 2**20:.0f} MB; {peers or 'no PyTorch peer'}", flush=True)
-    path = os.path.join(args.outdir, f"zoo_P{p}_{'-'.join(args.nets)}.json")
-    write_json(path, {"benchmark": "zoo", "environment": environment(dmath), "workers": p, "results": rows})
+    save()
 
 
 if __name__ == "__main__":

@@ -22,7 +22,7 @@ from ...layout import Replicated
 from ...planning.conv import image
 from ...runtime import define, runtime
 from ...runtime.registry import collectives_in_graphs
-from . import args, rows
+from . import args, norm_cuda, rows
 from ..base import dispatch, new_meta
 
 
@@ -208,8 +208,10 @@ def _batchnorm(call):
         return rows.nothing_here(call)
     (stats,) = rows.new_output(call, 1)
     cdt = stats.dtype
-    x3 = _channels(x, channels, cdt, last)
     rm, rv = rows.local(call.inputs[3]), rows.local(call.inputs[4])
+    if last and norm_cuda.usable(x):
+        return _batchnorm_gpu(call, x, stats, rm, rv)
+    x3 = _channels(x, channels, cdt, last)
     if training:
         count = src.dist.shape[0] * x3.shape[2]
         mean = _channel_sums(x3)
@@ -240,6 +242,40 @@ def _batchnorm(call):
     return shards
 
 
+def _batchnorm_gpu(call, x, stats, rm, rv):
+    """_batchnorm on a GPU for channels-last rows: the (M, C) kernels of norm_cuda (statistics in
+    double, one pass to normalise)."""
+    xp = backend.current().xp
+    channels, training = call.entry.static.channels, call.entry.static.training
+    momentum, eps, unbias = call.scalars
+    src = call.inputs[0]
+    x2 = x.reshape(-1, channels)
+    if training:
+        count = src.dist.shape[0] * (x.shape[1] // channels)
+        total = norm_cuda.channel_sums(0, x2)[0]
+        rows.sum_over_batch(call, src.dist, total)
+        mean = total * (1.0 / count)
+        dev = norm_cuda.channel_sums(1, x2, mean)[0]
+        rows.sum_over_batch(call, src.dist, dev)
+        var = dev * (1.0 / count)
+        # PyTorch's convention: the running variance is the unbiased estimate
+        rm[...] = (1.0 - momentum) * rm + momentum * mean.reshape(rm.shape)
+        rv[...] = (1.0 - momentum) * rv + (momentum * unbias) * var.reshape(rv.shape)
+    else:
+        mean, var = rm.reshape(-1).astype(xp.float64), rv.reshape(-1).astype(xp.float64)
+    inv = 1.0 / xp.sqrt(var + eps)
+    stats[0] = mean
+    stats[1] = inv
+    gamma, beta = rows.local(call.inputs[1]), rows.local(call.inputs[2])
+    (out,) = rows.new_output(call, 0)
+    norm_cuda.normalize(x2, out.reshape(-1, channels), mean, inv * gamma.reshape(-1), beta.reshape(-1),
+                        call.entry.static.relu)
+    shards = [rows.shard(call, 0, [out]), rows.shard(call, 1, [stats])]
+    if training:
+        shards += [call.inputs[3], call.inputs[4]]
+    return shards
+
+
 @BATCHNORM_BACKWARD.kernel(capturable=lambda entry: collectives_in_graphs() or entry.in_dists[1].replicated)
 def _batchnorm_backward(call):
     """Inputs dY, X, gamma, stats; outputs dX, dgamma, dbeta.
@@ -258,6 +294,8 @@ def _batchnorm_backward(call):
         return rows.nothing_here(call)
     stats = rows.local(call.inputs[3])
     cdt = stats.dtype
+    if last and norm_cuda.usable(x) and dy.flags.c_contiguous:
+        return _batchnorm_backward_gpu(call, dy, x, stats)
     x3, dy3 = _channels(x, channels, cdt, last), _channels(dy, channels, cdt, last)
     if call.entry.static.relu:          # the fused relu's gradient: dy where the output was positive
         dy3 = dy3 * (_channels(rows.local(call.inputs[4]), channels, cdt, last) > 0)
@@ -275,6 +313,35 @@ def _batchnorm_backward(call):
         _out_view(dx, channels, last)[...] = (g * r * (1.0 / count)) * (count * dy3 - dbeta - xhat * dgamma)
     else:
         _out_view(dx, channels, last)[...] = (g * r) * dy3
+    (dg,) = rows.new_output(call, 1)
+    (db,) = rows.new_output(call, 2)
+    dg[...] = dgamma.reshape(dg.shape)
+    db[...] = dbeta.reshape(db.shape)
+    return [rows.shard(call, 0, [dx]), rows.shard(call, 1, [dg]), rows.shard(call, 2, [db])]
+
+
+def _batchnorm_backward_gpu(call, dy, x, stats):
+    """_batchnorm_backward on a GPU for channels-last rows (norm_cuda): the two sums per channel in one
+    pass, dx in another."""
+    xp = backend.current().xp
+    channels, training = call.entry.static.channels, call.entry.static.training
+    src = call.inputs[1]
+    x2, dy2 = x.reshape(-1, channels), dy.reshape(-1, channels)
+    y2 = rows.local(call.inputs[4]).reshape(-1, channels) if call.entry.static.relu else None
+    mean, r = stats[0].astype(xp.float64), stats[1].astype(xp.float64)
+    sums = norm_cuda.channel_sums(2, x2, mean, dy2, y2)
+    flat = sums.reshape(-1)
+    rows.sum_over_batch(call, src.dist, flat)
+    dbeta, dgamma = sums[0], sums[1] * r
+    g = rows.local(call.inputs[2]).reshape(-1).astype(xp.float64)
+    a = g * r
+    if training:
+        count = src.dist.shape[0] * (x.shape[1] // channels)
+        b, c0 = a * r * dgamma * (-1.0 / count), a * dbeta * (-1.0 / count)
+    else:
+        b = c0 = xp.zeros_like(a)
+    (dx,) = rows.new_output(call, 0)
+    norm_cuda.input_gradient(dy2, x2, y2, dx.reshape(-1, channels), mean, a, b, c0)
     (dg,) = rows.new_output(call, 1)
     (db,) = rows.new_output(call, 2)
     dg[...] = dgamma.reshape(dg.shape)

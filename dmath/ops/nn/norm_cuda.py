@@ -1,0 +1,168 @@
+"""GPU kernels of batch normalisation on channels-last batches (the layout cuDNN's convolutions give).
+
+A batch of channels-last image rows is an (M, C) array: M = samples x
+pixels rows, one column per channel. Written with array expressions, the
+NumPy kernels of norm.py make each channel's sums along a transposed view
+(reads strided by C) and several full-size float32 temporaries per call;
+on a GPU that made BatchNorm most of a ResNet step. Here:
+
+- `channel_sums`: each thread owns one channel of a chunk of rows, so a
+  warp reads 32 adjacent channels of a row (coalesced), accumulating in
+  double; the chunks' partial sums (a few MB) are added by one reduction.
+  Three modes: sum(x); sum((x - mean)^2); and for the backward pass
+  [sum(g), sum(g * (x - mean))] with g = dy, masked by y > 0 after a fused
+  relu. The statistics are two passes (mean, then squared deviations), as
+  the NumPy kernel makes them, so the sums over workers stay exact sums.
+- `normalize`: y = (x - mean) * scale + shift (relu), one pass.
+- `input_gradient`: dx = a * g + b * (x - mean) + c per channel, one pass.
+
+Values are read into float (double for double data) and written with one
+rounding, as the other GPU kernels (dmath/gpu/launcher.py).
+"""
+import warnings
+
+import numpy as np
+
+from ... import backend, memory
+from ...gpu import launcher
+
+SOURCE = r"""
+template <typename T, int MODE, bool RELU>
+__global__ void dm_bn_sums(const T* x, const T* dy, const T* y, const double* mean, double* partial,
+                           long long M, int C, long long rows) {
+    int c = blockIdx.y * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    long long r0 = (long long)blockIdx.x * rows;
+    long long r1 = r0 + rows < M ? r0 + rows : M;
+    double m = MODE > 0 ? mean[c] : 0.0;
+    double s0 = 0.0, s1 = 0.0;
+    for (long long r = r0; r < r1; ++r) {
+        long long i = r * C + c;
+        double v = (double)dm_val(x[i]);
+        if (MODE == 0) {
+            s0 += v;
+        } else if (MODE == 1) {
+            double d = v - m;
+            s0 += d * d;
+        } else {
+            double g = (double)dm_val(dy[i]);
+            if (RELU && !(dm_val(y[i]) > 0)) g = 0.0;
+            s0 += g;
+            s1 += g * (v - m);
+        }
+    }
+    int k = MODE == 2 ? 2 : 1;
+    partial[((long long)blockIdx.x * k) * C + c] = s0;
+    if (MODE == 2) partial[((long long)blockIdx.x * k + 1) * C + c] = s1;
+}
+
+template <typename T, bool RELU>
+__global__ void dm_bn_normalize(const T* x, T* y, const typename Acc<T>::type* mean,
+                                const typename Acc<T>::type* scale, const typename Acc<T>::type* shift,
+                                long long total, int C) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    int c = (int)(i % C);
+    typename Acc<T>::type v = (dm_val(x[i]) - mean[c]) * scale[c] + shift[c];
+    if (RELU && v < 0) v = 0;
+    y[i] = dm_cast<T>(v);
+}
+
+template <typename T, bool RELU>
+__global__ void dm_bn_dx(const T* dy, const T* x, const T* y, T* dx, const typename Acc<T>::type* mean,
+                         const typename Acc<T>::type* a, const typename Acc<T>::type* b,
+                         const typename Acc<T>::type* c0, long long total, int C) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= total) return;
+    int c = (int)(i % C);
+    typename Acc<T>::type g = dm_val(dy[i]);
+    if (RELU && !(dm_val(y[i]) > 0)) g = 0;
+    dx[i] = dm_cast<T>(a[c] * g + b[c] * (dm_val(x[i]) - mean[c]) + c0[c]);
+}
+"""
+
+_TYPES = launcher.C_TYPES
+#: the sums' threads: one per (chunk of rows, channel); about this many in all
+_SUM_THREADS = 1 << 18
+
+
+def _names():
+    out = []
+    for t in _TYPES.values():
+        for relu in ("false", "true"):
+            out += [f"dm_bn_sums<{t}, {mode}, {relu}>" for mode in (0, 1, 2)]
+            out += [f"dm_bn_normalize<{t}, {relu}>", f"dm_bn_dx<{t}, {relu}>"]
+    return out
+
+
+def _fn(name, dtype, *params):
+    expression = f"{name}<{', '.join((_TYPES[np.dtype(dtype).name],) + tuple(params))}>"
+    return launcher.function(SOURCE, expression, _names())
+
+
+#: None until the module is first compiled; then whether it compiled (else the array kernels run)
+_COMPILED = None
+
+
+def usable(x2):
+    """Whether the GPU kernels take this local batch: a C-contiguous device array, and the module
+    compiled here (a compiler that refuses it leaves BatchNorm to norm.py's array kernels, with a
+    warning, rather than failing a training step)."""
+    global _COMPILED
+    if not (backend.current().is_gpu and x2.flags.c_contiguous):
+        return False
+    if _COMPILED is None:
+        try:
+            _fn("dm_bn_sums", "float32", "0", "false")
+            _COMPILED = True
+        except Exception as exc:        # noqa: BLE001 - any compiler failure: the array kernels still work
+            warnings.warn(f"dmath: the BatchNorm GPU kernels did not compile ({exc}); using the array kernels")
+            _COMPILED = False
+    return _COMPILED
+
+
+def _acc(dtype):
+    return np.float64 if np.dtype(dtype) == np.float64 else np.float32
+
+
+def channel_sums(mode, x2, mean=None, dy2=None, y2=None):
+    """Per-channel sums (double, shape (k, C)) of the (M, C) batch x2 (see the module docstring).
+    mode 0: [sum x]; 1: [sum (x - mean)^2]; 2: [sum g, sum g (x - mean)], g = dy2 (masked by y2 > 0
+    when y2 is given). mean: a double array of C values (modes 1 and 2)."""
+    xp = backend.current().xp
+    M, C = x2.shape
+    k = 2 if mode == 2 else 1
+    if M == 0 or C == 0:
+        return xp.zeros((k, C), dtype=np.float64)
+    threads = min(256, 32 * -(-C // 32))
+    chunks = max(1, min(M, _SUM_THREADS // C))
+    rows = -(-M // chunks)
+    chunks = -(-M // rows)
+    partial = memory.empty((chunks, k, C), np.float64)
+    relu = "true" if y2 is not None else "false"
+    fn = _fn("dm_bn_sums", x2.dtype, str(mode), relu)
+    dummy = x2
+    fn((chunks, -(-C // threads)), (threads,),
+       (x2, dy2 if dy2 is not None else dummy, y2 if y2 is not None else dummy,
+        mean if mean is not None else partial, partial, np.int64(M), np.int32(C), np.int64(rows)))
+    return partial.sum(axis=0)
+
+
+def normalize(x2, out2, mean, scale, shift, relu):
+    """out2 = (x2 - mean) * scale + shift per channel (relu: then max(., 0)); the per-channel arrays
+    in float (double for double data)."""
+    acc = _acc(x2.dtype)
+    args = [a.astype(acc, copy=False) for a in (mean, scale, shift)]
+    total = x2.size
+    fn = _fn("dm_bn_normalize", x2.dtype, "true" if relu else "false")
+    launcher.launch(fn, total, (x2, out2, *args, np.int64(total), np.int32(x2.shape[1])))
+
+
+def input_gradient(dy2, x2, y2, dx2, mean, a, b, c0):
+    """dx2 = a * g + b * (x2 - mean) + c0 per channel, g = dy2 masked by y2 > 0 when y2 is given."""
+    acc = _acc(x2.dtype)
+    args = [v.astype(acc, copy=False) for v in (mean, a, b, c0)]
+    total = x2.size
+    fn = _fn("dm_bn_dx", x2.dtype, "true" if y2 is not None else "false")
+    launcher.launch(fn, total, (dy2, x2, y2 if y2 is not None else x2, dx2, *args, np.int64(total),
+                                np.int32(x2.shape[1])))
