@@ -172,12 +172,11 @@ def time_model(make, shape, classes, per_epoch, batch, steps, profile_kernels=Fa
     dmath.synchronize()
     secs = time.perf_counter() - t0
     stats = dmath.stats()
-    # reserved: the pool's high-water mark over the timed steps (in use plus cached) plus what the
-    # captured step's graph holds in its own pool (activations, gradients, workspaces), as torch's
-    # max_memory_reserved; allocated: the bytes in use between steps plus the graph's buffers at their
-    # peak inside the step, as torch's max_memory_allocated
-    peak = (max(s["pool"]["high_water"] + s["pool"].get("graphs", 0) for s in stats) - resident,
-            max(s["pool"]["in_use"] + s["pool"].get("graphs_peak", 0) for s in stats) - resident)
+    # dmath.memory.peak() over the timed steps, as torch's max_memory_reserved / max_memory_allocated:
+    # reserved counts the pool's high-water mark and the captured graph's own pool (activations,
+    # gradients, workspaces), allocated the most bytes in buffers at once
+    peaks = dmath.memory.peak()
+    peak = (max(p["reserved"] for p in peaks) - resident, max(p["allocated"] for p in peaks) - resident)
     print(f"  {stats[0]['plan_graphs']} of {stats[0]['plans']} recorded plans run as CUDA graphs"
           + (f"; kept step by step by: {stats[0]['plan_blockers']}" if stats[0]["plan_blockers"] else ""))
     if profile_kernels:

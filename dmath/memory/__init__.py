@@ -20,7 +20,7 @@ from . import kinds, pool, replicas
 from .kinds import KINDS
 from .pool import size_class
 
-__all__ = ["stats", "set_limit", "limit", "set_careful", "careful", "check_careful", "CAREFUL_MODES",
+__all__ = ["stats", "peak", "set_limit", "limit", "set_careful", "careful", "check_careful", "CAREFUL_MODES",
            "clear", "available", "KINDS", "install", "empty", "zeros", "host_empty",
            "keep_for_capture", "local_stats", "reset_local_stats", "set_local_limit", "release_cached",
            "block_bytes", "size_class", "kinds", "replicas", "free_bytes", "capacity", "host_available"]
@@ -170,6 +170,24 @@ def stats():
     if _everywhere():
         return _commands.stats()
     return [local_stats()]
+
+
+def peak():
+    """Each worker's peak memory since init or `dmath.reset_stats()`, a list indexed by worker rank of
+    {'allocated': bytes, 'reserved': bytes}: device memory on GPUs (host memory on the CPU backend),
+    as PyTorch's torch.cuda.max_memory_allocated and max_memory_reserved.
+
+    allocated: the most bytes in use at once: the pool's own peak, or the bytes in use between
+    steps plus the peak of the captured CUDA graphs' buffers inside their steps (a replayed step
+    allocates from its graph's private pool), whichever is larger. reserved: what the device had
+    to provide: the pool's high-water mark (in use plus cached) plus the graphs' private pools.
+    """
+    out = []
+    for s in stats():
+        in_graphs = s["in_use"] + s.get("graphs_peak", 0)
+        out.append({"allocated": max(s.get("peak_in_use", s["in_use"]), in_graphs),
+                    "reserved": s["high_water"] + s.get("graphs", 0)})
+    return out
 
 
 def set_limit(nbytes):

@@ -89,6 +89,7 @@ class HostPool:
         self._requests = {}      # (shape, dtype) as asked -> `_request`'s answer
         self._on_dead = self._on_lease_dead     # the weak references' callback, bound once
         self.in_use = self.cached = self.high_water = 0
+        self.peak_in_use = 0     # the most bytes in use at once (torch's max_memory_allocated)
         self.new_allocs = self.reused_allocs = 0
 
     # ---- allocation ---------------------------------------------------------
@@ -114,6 +115,8 @@ class HostPool:
             self.new_allocs += 1
             self.high_water = max(self.high_water, self.in_use + self.cached + size)
         self.in_use += size
+        if self.in_use > self.peak_in_use:
+            self.peak_in_use = self.in_use
         # The lease: a ctypes view of the block that holds the block and is the base
         # numpy keeps for every array made from the one returned (numpy collapses
         # chains of views only through ndarrays). It dies with the last of them.
@@ -194,13 +197,14 @@ class HostPool:
     def stats(self):
         self._file_returned()
         return {"in_use": self.in_use, "cached": self.cached, "high_water": self.high_water,
-                "new_allocs": self.new_allocs, "reused_allocs": self.reused_allocs, "limit": self.limit,
-                "graphs": 0}
+                "peak_in_use": self.peak_in_use, "new_allocs": self.new_allocs,
+                "reused_allocs": self.reused_allocs, "limit": self.limit, "graphs": 0}
 
     def reset_stats(self):
         self._file_returned()
         self.new_allocs = self.reused_allocs = 0
         self.high_water = self.in_use + self.cached
+        self.peak_in_use = self.in_use
 
 
 class CudaPool:
@@ -220,6 +224,7 @@ class CudaPool:
         self.pinned = cupy.cuda.PinnedMemoryPool()
         self.limit = None
         self.high_water = 0
+        self.peak_in_use = 0         # the most device bytes in use at once (torch's max_memory_allocated)
         self.new_allocs = self.reused_allocs = 0
         self.unified = 0             # bytes of live CUDA managed ('cuda_managed') allocations
         self.graph_pools = {}        # id(owner) -> the private MemoryPool of a live captured CUDA graph
@@ -256,8 +261,11 @@ class CudaPool:
         elif size:
             self.reused_allocs += 1
         self.footprint = after
+        used = pool.used_bytes()
+        if used > self.peak_in_use:
+            self.peak_in_use = used
         if self.used_peak is not None:
-            self.used_peak = max(self.used_peak, pool.used_bytes())
+            self.used_peak = max(self.used_peak, used)
         return mem
 
     def measure_peak(self, run):
@@ -385,7 +393,7 @@ class CudaPool:
     def stats(self):
         self._file_unified()
         return {"in_use": self.device.used_bytes(), "cached": self.device.free_bytes(),
-                "high_water": self.high_water, "new_allocs": self.new_allocs,
+                "high_water": self.high_water, "peak_in_use": self.peak_in_use, "new_allocs": self.new_allocs,
                 "reused_allocs": self.reused_allocs, "limit": self.limit,
                 "pinned_free_blocks": self.pinned.n_free_blocks(), "unified": self.unified,
                 "graphs": sum(p.total_bytes() for p in self.graph_pools.values()),
@@ -395,6 +403,7 @@ class CudaPool:
     def reset_stats(self):
         self.new_allocs = self.reused_allocs = 0
         self.high_water = self.device.total_bytes()
+        self.peak_in_use = self.device.used_bytes()
 
 
 def create(be):

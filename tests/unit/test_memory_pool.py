@@ -36,6 +36,18 @@ def test_size_classes_are_few():
 
 
 # ---- the host pool --------------------------------------------------------------------
+def test_the_peak_in_use_stays_until_reset():
+    pool = HostPool()
+    a, b = pool.empty((100,), "float64"), pool.empty((100,), "float64")     # 800 bytes each: 896
+    del a, b
+    c = pool.empty((10,), "float64")
+    st = pool.stats()
+    assert st["peak_in_use"] == 2 * 896 and st["in_use"] == size_class(80)
+    pool.reset_stats()
+    assert pool.stats()["peak_in_use"] == size_class(80)
+    del c
+
+
 def test_a_freed_block_is_reused_by_the_same_class():
     pool = HostPool()
     a = pool.empty((10, 10), "float64")             # 800 bytes -> the 896-byte class
