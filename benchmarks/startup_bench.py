@@ -19,7 +19,8 @@ initialisation), building the model, the first `fit` of one batch (the
 first step: plans chosen, the step recorded, everything made at first use),
 a second one-batch `fit` (a step with nothing left to choose), and the
 whole process from its start to the end of the first step. The network is
-benchmarks/cnn_bench.py's (AlexNet by default: torchvision's), on random
+benchmarks/cnn_bench.py's (AlexNet by default: torchvision's) or zoo_bench.py's
+(googlenet, resnet50, inception_v3: without auxiliary heads), on random
 images resident on the GPU, SGD with momentum. Writes
 OUTDIR/startup_<net>_b<batch>_<dtype>.json with every case's figures and
 the ratios of dnn's first step to PyTorch eager's in the same job.
@@ -45,17 +46,16 @@ def _child_dnn(args):
     import numpy as np
     import dmath
     import dnn
-    from cnn_bench import NETS, dnn_model
     t_init = time.perf_counter()
     dmath.init(device=args.device)
     t_build = time.perf_counter()
-    shape, classes, _ = NETS[args.net]
+    shape, classes, make, _ = _network(args.net)
     rng = np.random.default_rng(0)
     x = rng.random((args.batch,) + shape, dtype=np.float32)
     y = rng.integers(0, classes, args.batch)
     data = dnn.data.Dataset(x, y)
     dmath.random.seed(0)
-    model = dnn_model(args.net, args.dtype, "data")
+    model = make(args.dtype)
     dmath.synchronize()
     t_fit = time.perf_counter()
     model.fit(data, batch_size=args.batch, epochs=1, shuffle=False, verbose=0)
@@ -77,11 +77,38 @@ def _child_dnn(args):
             "padding_choices": len(padded)}
 
 
+def _network(name):
+    """(input shape, classes, dnn maker(dtype), torch maker(torch)) of `name`: a network of cnn_bench.py
+    (AlexNet, ...) or of zoo_bench.py (GoogLeNet, ResNet-50, Inception v3; without auxiliary heads
+    here on both sides). zoo_bench imports dmath: a PyTorch child of a zoo network imports it too."""
+    import cnn_bench
+    if name in cnn_bench.NETS:
+        shape, classes, _ = cnn_bench.NETS[name]
+        return (shape, classes, lambda dtype: cnn_bench.dnn_model(name, dtype, "data"),
+                lambda torch: cnn_bench.torch_model(torch, name))
+    import zoo_bench
+    shape = zoo_bench.NETS[name][0]
+    mine, theirs = zoo_bench.arguments(name, shape)
+    if "aux_logits" in mine:
+        mine, theirs = dict(mine, aux_logits=False), dict(theirs, aux_logits=False)
+
+    def dnn_make(dtype):
+        import dnn
+        return getattr(dnn.models, name)(num_classes=zoo_bench.CLASSES, input_shape=shape, dtype=dtype,
+                                         optimizer=dnn.optim.SGD(lr=cnn_bench.LR, momentum=cnn_bench.MOMENTUM),
+                                         **mine)
+
+    def torch_make(torch):
+        import torchvision
+        return getattr(torchvision.models, name)(weights=None, num_classes=zoo_bench.CLASSES, **theirs)
+    return shape, zoo_bench.CLASSES, dnn_make, torch_make
+
+
 def _child_torch(args):
     t_import = time.perf_counter()
     sys.path.insert(0, HERE)
     import torch
-    from cnn_bench import LR, MOMENTUM, NETS, torch_model
+    from cnn_bench import LR, MOMENTUM
     t_init = time.perf_counter()
     gpu = args.device != "cpu"
     dev = torch.device("cuda", 0) if gpu else torch.device("cpu")
@@ -89,12 +116,12 @@ def _child_torch(args):
         torch.cuda.init()
         torch.backends.cudnn.benchmark = args.child == "torch"
     t_build = time.perf_counter()
-    shape, classes, _ = NETS[args.net]
+    shape, classes, _, make = _network(args.net)
     gen = torch.Generator(device=dev).manual_seed(0)
     x = torch.rand((args.batch,) + shape, device=dev, generator=gen)
     y = torch.randint(0, classes, (args.batch,), device=dev, generator=gen)
     torch.manual_seed(0)
-    model = torch_model(torch, args.net).to(dev)
+    model = make(torch).to(dev)
     opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
     lossf = torch.nn.CrossEntropyLoss()
     half = args.dtype == "float16"
