@@ -89,8 +89,19 @@ class Training:
         return None if trial.done else trial
 
     def explain_parallel(self):
-        """What parallel='auto' timed and chose at each batch size (dnn.training.strategy)."""
-        return strategy.explain(self.parallel_report)
+        """What parallel='auto' timed and chose at each batch size (dnn.training.strategy), and the
+        gradient buckets of the last recorded training step (dnn.training.buckets)."""
+        text = strategy.explain(self.parallel_report)
+        prog = self._last_program() if self._last_program is not None else None
+        if prog is not None and prog.training:
+            params = [p.value for p in prog.params]
+            sizes = [sum(params[k].size * params[k].itemsize for k in b) / 2 ** 20 for b in prog.buckets]
+            if sizes:
+                text += (f"\ngradient buckets of the training step (batch {prog.batch}): {len(sizes)} all-reduces of "
+                         + ", ".join(f"{mb:.2f}" for mb in sizes) + " MB, in the order the backward pass sums them")
+            else:
+                text += f"\ngradient buckets of the training step (batch {prog.batch}): none (nothing summed over workers)"
+        return text
 
     @staticmethod
     def _batches(n, batch_size):

@@ -60,6 +60,7 @@ def test_buckets_train_as_gradients_summed_alone(alone, bucket_mb):
         sizes = [sum(m.params[k].value.size * 8 for k in b) for b in buckets]
         assert sizes[-1] <= 2048 or len(buckets[-1]) == 1
     assert _buckets(alone) == []          # bucket_mb = 0: each gradient moved alone, as it completed
+    assert f"{len(buckets)} all-reduces of" in m.explain_parallel()
 
 
 def _train16(bucket_mb, sum_dtype):
