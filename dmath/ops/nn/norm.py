@@ -252,12 +252,12 @@ def _batchnorm_gpu(call, x, stats, rm, rv):
     x2 = x.reshape(-1, channels)
     if training:
         count = src.dist.shape[0] * (x.shape[1] // channels)
-        total = norm_cuda.channel_sums(0, x2)[0]
-        rows.sum_over_batch(call, src.dist, total)
-        mean = total * (1.0 / count)
-        dev = norm_cuda.channel_sums(1, x2, mean)[0]
-        rows.sum_over_batch(call, src.dist, dev)
-        var = dev * (1.0 / count)
+        shift = rm.reshape(-1).astype(xp.float64)      # the same on every worker: one all-reduce
+        sums = norm_cuda.channel_sums(3, x2, shift)
+        rows.sum_over_batch(call, src.dist, sums.reshape(-1))
+        offset = sums[0] * (1.0 / count)
+        mean = shift + offset
+        var = xp.maximum(sums[1] * (1.0 / count) - offset * offset, 0.0)
         # PyTorch's convention: the running variance is the unbiased estimate
         rm[...] = (1.0 - momentum) * rm + momentum * mean.reshape(rm.shape)
         rv[...] = (1.0 - momentum) * rv + (momentum * unbias) * var.reshape(rv.shape)

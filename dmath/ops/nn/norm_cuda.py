@@ -9,10 +9,14 @@ on a GPU that made BatchNorm most of a ResNet step. Here:
 - `channel_sums`: each thread owns one channel of a chunk of rows, so a
   warp reads 32 adjacent channels of a row (coalesced), accumulating in
   double; the chunks' partial sums (a few MB) are added by one reduction.
-  Three modes: sum(x); sum((x - mean)^2); and for the backward pass
+  The statistics take one pass: the sums of (x - k) and (x - k)^2 around
+  a shift k every worker holds alike (the running mean), summed over the
+  workers by one all-reduce; in double, var = S2/M - (S1/M)^2 loses
+  nothing that float32 data holds unless the batch mean is some 10^6
+  standard deviations from the shift (the float32 E[x^2] - E[x]^2 is why
+  the NumPy kernel takes two passes). The backward pass sums
   [sum(g), sum(g * (x - mean))] with g = dy, masked by y > 0 after a fused
-  relu. The statistics are two passes (mean, then squared deviations), as
-  the NumPy kernel makes them, so the sums over workers stay exact sums.
+  relu.
 - `normalize`: y = (x - mean) * scale + shift (relu), one pass.
 - `input_gradient`: dx = a * g + b * (x - mean) + c per channel, one pass.
 
@@ -41,6 +45,10 @@ __global__ void dm_bn_sums(const T* x, const T* dy, const T* y, const double* me
         double v = (double)dm_val(x[i]);
         if (MODE == 0) {
             s0 += v;
+        } else if (MODE == 3) {
+            double d = v - m;
+            s0 += d;
+            s1 += d * d;
         } else if (MODE == 1) {
             double d = v - m;
             s0 += d * d;
@@ -51,9 +59,9 @@ __global__ void dm_bn_sums(const T* x, const T* dy, const T* y, const double* me
             s1 += g * (v - m);
         }
     }
-    int k = MODE == 2 ? 2 : 1;
+    int k = MODE >= 2 ? 2 : 1;
     partial[((long long)blockIdx.x * k) * C + c] = s0;
-    if (MODE == 2) partial[((long long)blockIdx.x * k + 1) * C + c] = s1;
+    if (MODE >= 2) partial[((long long)blockIdx.x * k + 1) * C + c] = s1;
 }
 
 template <typename T, bool RELU>
@@ -90,7 +98,7 @@ def _names():
     out = []
     for t in _TYPES.values():
         for relu in ("false", "true"):
-            out += [f"dm_bn_sums<{t}, {mode}, {relu}>" for mode in (0, 1, 2)]
+            out += [f"dm_bn_sums<{t}, {mode}, {relu}>" for mode in (0, 1, 2, 3)]
             out += [f"dm_bn_normalize<{t}, {relu}>", f"dm_bn_dx<{t}, {relu}>"]
     return out
 
@@ -128,10 +136,11 @@ def _acc(dtype):
 def channel_sums(mode, x2, mean=None, dy2=None, y2=None):
     """Per-channel sums (double, shape (k, C)) of the (M, C) batch x2 (see the module docstring).
     mode 0: [sum x]; 1: [sum (x - mean)^2]; 2: [sum g, sum g (x - mean)], g = dy2 (masked by y2 > 0
-    when y2 is given). mean: a double array of C values (modes 1 and 2)."""
+    when y2 is given); 3: [sum (x - mean), sum (x - mean)^2] around a shift given as `mean` (one pass
+    for both statistics). mean: a double array of C values (modes 1 to 3)."""
     xp = backend.current().xp
     M, C = x2.shape
-    k = 2 if mode == 2 else 1
+    k = 2 if mode >= 2 else 1
     if M == 0 or C == 0:
         return xp.zeros((k, C), dtype=np.float64)
     threads = min(256, 32 * -(-C // 32))

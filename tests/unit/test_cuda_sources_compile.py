@@ -1,0 +1,59 @@
+"""The CUDA C of the BatchNorm GPU kernels compiles with NVRTC, every instantiation, without a GPU.
+
+NVRTC compiles on any machine; it is found where pip installs it (`pip install nvidia-cuda-nvrtc-cu12
+nvidia-cuda-runtime-cu12`, the runtime wheel for cuda_fp16.h), and the test is skipped where it is not
+(CI has no CUDA). A developer without a GPU catches a template or syntax error here before a GPU run.
+"""
+import ctypes
+import glob
+import os
+import sys
+
+import pytest
+
+from dmath.gpu import launcher
+from dmath.ops.nn import norm_cuda
+
+
+def _find(pattern):
+    for root in sys.path:
+        hits = sorted(glob.glob(os.path.join(root or ".", "nvidia", *pattern)))
+        if hits:
+            return hits[0]
+    return None
+
+
+def _nvrtc():
+    lib, include = _find(("cuda_nvrtc", "lib", "libnvrtc.so.*")), _find(("cuda_runtime", "include"))
+    if lib is None or include is None:
+        pytest.skip("NVRTC is not installed (pip install nvidia-cuda-nvrtc-cu12 nvidia-cuda-runtime-cu12)")
+    return ctypes.CDLL(lib), include
+
+
+def _compile(source, names):
+    lib, include = _nvrtc()
+    prog = ctypes.c_void_p()
+    assert lib.nvrtcCreateProgram(ctypes.byref(prog), source.encode(), b"dmath.cu", 0, None, None) == 0
+    for name in names:
+        assert lib.nvrtcAddNameExpression(prog, name.encode()) == 0
+    opts = [b"-std=c++14", b"-I" + include.encode(), b"--gpu-architecture=compute_90"]
+    result = lib.nvrtcCompileProgram(prog, len(opts), (ctypes.c_char_p * len(opts))(*opts))
+    size = ctypes.c_size_t()
+    lib.nvrtcGetProgramLogSize(prog, ctypes.byref(size))
+    log = ctypes.create_string_buffer(size.value)
+    lib.nvrtcGetProgramLog(prog, log)
+    lowered = []
+    for name in names:
+        out = ctypes.c_char_p()
+        lib.nvrtcGetLoweredName(prog, name.encode(), ctypes.byref(out))
+        lowered.append(out.value)
+    lib.nvrtcDestroyProgram(ctypes.byref(prog))
+    return result, log.value.decode(errors="replace"), lowered
+
+
+def test_batchnorm_kernels_compile():
+    names = norm_cuda._names()
+    assert len(names) == 3 * 2 * 6          # dtypes x relu x (4 sum modes, normalize, dx)
+    result, log, lowered = _compile(launcher.PREAMBLE + norm_cuda.SOURCE, names)
+    assert result == 0, log
+    assert all(lowered), "every instantiation was compiled"
