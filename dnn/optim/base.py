@@ -254,19 +254,20 @@ class Optimizer:
             raise GraphError(f"optimizers update dnn.graph Variables, got {p!r}")
 
 
-def to_layout_of(g, p, keep_dtype=False, background=False):
+def to_layout_of(g, p, keep_dtype=False, background=False, dtype=None):
     """The gradient g in the layout and dtype of the parameter matrix p (an all-reduce for a Partial g).
 
     keep_dtype: a gradient already in p's layout keeps its dtype (a fused rule reads it as it is);
     one that must move is converted on the way, so a sum over workers runs in p's precision.
-    background: the all-reduce overlaps the commands issued after it (Matrix.remap)."""
+    background: the all-reduce overlaps the commands issued after it (Matrix.remap).
+    dtype: what a move converts to instead of p's dtype (float16 gradients summed in float16)."""
     if tuple(g.shape) != tuple(p.shape):
         raise GraphError(f"a gradient of shape {tuple(g.shape)} for a parameter of shape {tuple(p.shape)}")
     if g.layout == p.layout and (g.dtype == p.dtype or keep_dtype):
         return g
     if keep_dtype and g.placed_as(p):
         return g        # e.g. a Partial over one worker: its only addend is the sum, already in place
-    return g.remap(p.layout, dtype=p.dtype, background=background)
+    return g.remap(p.layout, dtype=p.dtype if dtype is None else dtype, background=background)
 
 
 def _positive(v, what):

@@ -41,11 +41,6 @@ def cut(bucket_bytes, remaining_bytes, cap, last, tail_cut):
     return not tail_cut and remaining_bytes <= last < bucket_bytes + remaining_bytes
 
 
-def nbytes(p):
-    """Bytes of a parameter matrix."""
-    return p.size * np.dtype(p.dtype).itemsize
-
-
 def bucketable(g, p, dtype):
     """Whether gradient g of parameter matrix p is a sum over two or more workers of p's group
     (Partial over the members of p's Replicated layout) that may be summed in `dtype`."""
@@ -55,10 +50,8 @@ def bucketable(g, p, dtype):
 
 
 def move(g, p, dtype):
-    """Gradient g in parameter p's layout, summed in `dtype` where it is a sum (to_layout_of for p's)."""
-    if dtype == p.dtype or g.dtype != dtype or g.placed_as(p) or not g.layout.partial:
-        return to_layout_of(g, p, keep_dtype=True, background=True)
-    return g.remap(p.layout, dtype=dtype, background=True)
+    """Gradient g in parameter p's layout, a sum made in `dtype` (Buckets.sum_dtype)."""
+    return to_layout_of(g, p, keep_dtype=True, background=True, dtype=dtype)
 
 
 class Buckets:
@@ -73,7 +66,7 @@ class Buckets:
 
     def __init__(self, params, cap=CAP_BYTES, last=LAST_BYTES, half=False):
         self.params, self.cap, self.last, self.half = params, cap, min(last, cap), half
-        self.remaining = sum(nbytes(p) for p in params)
+        self.remaining = sum(p.nbytes for p in params)
         self.open, self.open_bytes, self.tail_cut = [], 0, False
         self.done = {}
         #: the buckets summed, as lists of parameter indices (for tests and explain)
@@ -83,7 +76,7 @@ class Buckets:
         """Gradient k is complete: move it now, or keep it for its bucket (then None: backward
         drops its own reference, and the bucket's sum replaces it in `gradients`)."""
         p = self.params[k]
-        self.remaining -= nbytes(p)
+        self.remaining -= p.nbytes
         dtype = self.sum_dtype(g, p)
         if self.cap <= 0 or not bucketable(g, p, dtype):
             moved = move(g, p, dtype)
@@ -94,13 +87,13 @@ class Buckets:
             if self.sum_dtype(g0, self.params[k0]) != dtype or g0.layout.group != g.layout.group:
                 self.sum_open()         # one buffer holds one dtype, one all-reduce one group
         self.open.append((k, g))
-        self.open_bytes += nbytes(p)
+        self.open_bytes += p.nbytes
         self._maybe_sum()
         return None
 
     def sum_dtype(self, g, p):
-        """The dtype gradient g of p is summed in."""
-        return g.dtype if self.half and g.dtype == "float16" else p.dtype
+        """The dtype gradient g of p is summed in (p's, unless a float16 sum is kept in float16)."""
+        return g.dtype if self.half and g.dtype == "float16" and g.layout.partial else p.dtype
 
     def _maybe_sum(self):
         if cut(self.open_bytes, self.remaining, self.cap, self.last, self.tail_cut):

@@ -94,8 +94,7 @@ class Training:
         text = strategy.explain(self.parallel_report)
         prog = self._last_program() if self._last_program is not None else None
         if prog is not None and prog.training:
-            params = [p.value for p in prog.params]
-            sizes = [sum(params[k].size * params[k].itemsize for k in b) / 2 ** 20 for b in prog.buckets]
+            sizes = [sum(prog.params[k].value.nbytes for k in b) / 2 ** 20 for b in prog.buckets]
             if sizes:
                 text += (f"\ngradient buckets of the training step (batch {prog.batch}): {len(sizes)} all-reduces of "
                          + ", ".join(f"{mb:.2f}" for mb in sizes) + " MB, in the order the backward pass sums them")

@@ -93,8 +93,8 @@ class Trial:
                   "candidates": {n: list(s) for n, s in self.options.items()}}
         model.parallel_report[batch] = self.report = report
         how = tuning.mode()
-        if len(self.names) == 1 or P == 1:
-            self._finish(self.names[0] if P > 1 else "data", "only candidate")
+        if len(self.names) == 1:         # (one worker: the cost model's choice is data parallel)
+            self._finish(self.names[0], "only candidate")
             return
         if how == "off":
             self._finish(self.names[-1], "cost model (DMATH_TUNE=off)")

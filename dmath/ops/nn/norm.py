@@ -192,6 +192,21 @@ def _vec(a, dtype):
     return a.reshape(-1, 1).astype(dtype, copy=False)
 
 
+def _update_running(rm, rv, mean, var, momentum, unbias):
+    """The running statistics updated in place with a training batch's mean and (biased) variance;
+    PyTorch's convention: the running variance is the unbiased estimate."""
+    rm[...] = (1.0 - momentum) * rm + momentum * mean.reshape(rm.shape)
+    rv[...] = (1.0 - momentum) * rv + (momentum * unbias) * var.reshape(rv.shape)
+
+
+def _forward_shards(call, out, stats, training):
+    """The forward kernel's outputs: Y, the statistics, and in training the running statistics."""
+    shards = [rows.shard(call, 0, [out]), rows.shard(call, 1, [stats])]
+    if training:
+        shards += [call.inputs[3], call.inputs[4]]
+    return shards
+
+
 @BATCHNORM.kernel(capturable=lambda entry: collectives_in_graphs() or entry.in_dists[0].replicated)
 def _batchnorm(call):
     """Inputs X, gamma, beta, running_mean, running_var;
@@ -221,9 +236,7 @@ def _batchnorm(call):
         var = _channel_sums(dev * dev)
         rows.sum_over_batch(call, src.dist, var)
         var *= 1.0 / count
-        # PyTorch's convention: the running variance is the unbiased estimate
-        rm[...] = (1.0 - momentum) * rm + momentum * mean.reshape(rm.shape)
-        rv[...] = (1.0 - momentum) * rv + (momentum * unbias) * var.reshape(rv.shape)
+        _update_running(rm, rv, mean, var, momentum, unbias)
     else:
         mean, var = rm.reshape(-1).astype(cdt), rv.reshape(-1).astype(cdt)
         dev = x3 - mean.reshape(-1, 1)
@@ -236,10 +249,7 @@ def _batchnorm(call):
     view[...] = dev * scale + _vec(beta, cdt)
     if call.entry.static.relu:
         xp.maximum(view, 0, out=view)
-    shards = [rows.shard(call, 0, [out]), rows.shard(call, 1, [stats])]
-    if training:
-        shards += [call.inputs[3], call.inputs[4]]
-    return shards
+    return _forward_shards(call, out, stats, training)
 
 
 def _batchnorm_gpu(call, x, stats, rm, rv):
@@ -258,9 +268,7 @@ def _batchnorm_gpu(call, x, stats, rm, rv):
         offset = sums[0] * (1.0 / count)
         mean = shift + offset
         var = xp.maximum(sums[1] * (1.0 / count) - offset * offset, 0.0)
-        # PyTorch's convention: the running variance is the unbiased estimate
-        rm[...] = (1.0 - momentum) * rm + momentum * mean.reshape(rm.shape)
-        rv[...] = (1.0 - momentum) * rv + (momentum * unbias) * var.reshape(rv.shape)
+        _update_running(rm, rv, mean, var, momentum, unbias)
     else:
         mean, var = rm.reshape(-1).astype(xp.float64), rv.reshape(-1).astype(xp.float64)
     inv = 1.0 / xp.sqrt(var + eps)
@@ -270,10 +278,7 @@ def _batchnorm_gpu(call, x, stats, rm, rv):
     (out,) = rows.new_output(call, 0)
     norm_cuda.normalize(x2, out.reshape(-1, channels), mean, inv * gamma.reshape(-1), beta.reshape(-1),
                         call.entry.static.relu)
-    shards = [rows.shard(call, 0, [out]), rows.shard(call, 1, [stats])]
-    if training:
-        shards += [call.inputs[3], call.inputs[4]]
-    return shards
+    return _forward_shards(call, out, stats, training)
 
 
 @BATCHNORM_BACKWARD.kernel(capturable=lambda entry: collectives_in_graphs() or entry.in_dists[1].replicated)
