@@ -1,4 +1,5 @@
-"""Parallel strategies of a layer, as matrix layouts, and the cost model that picks one ('auto').
+"""Parallel strategies of a layer, as matrix layouts, and the cost model behind 'auto' (its choice is a
+candidate that fit times against all data parallel: dnn.training.strategy).
 
     'data'   the batch in row blocks over the workers, the weights Replicated;
              the weight gradients (Partial) are all-reduced every step.

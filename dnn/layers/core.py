@@ -53,8 +53,9 @@ class Dense(Layer):
         use_bias: add b (1, units).
         kernel_init, bias_init: initializers (names, numbers or dnn.initializers objects).
         parallel: 'data' (W replicated, the batch split), 'model' (W in column
-            blocks, each worker owns units / P outputs) or 'auto' (the cost model
-            in dnn.parallel picks at the first training step, from the batch size).
+            blocks, each worker owns units / P outputs) or 'auto' (fit times all data
+            parallel against the cost model of dnn.parallel at its first steps and keeps
+            the faster: dnn.training.strategy).
     """
 
     strategies = par.STRATEGIES
