@@ -121,6 +121,9 @@ VARIABLES = (
     Variable("DMATH_TUNE", "fast", "how cuDNN plans and cuBLASLt algorithms are chosen: 'off' (heuristics' "
              "first), 'fast' (cached, else a few timed), 'full' (all timed); see docs/tuning.md",
              "'off', 'fast' or 'full'", _choice("off", "fast", "full"), "fast", "tune"),
+    Variable("DMATH_TUNE_BUDGET_MS", "300", "'fast' tuning: the milliseconds one shape's candidates may take "
+             "(building them included) before the fastest timed so far is kept; smaller starts sooner",
+             "a finite number of milliseconds > 0", _number(above=True), 300.0, "tune_budget_ms"),
     # read where they are used (dmath.tuning's cache path: empty means none, unlike the others;
     # dnn/data when it downloads, before or without init): listed here for the table only
     Variable("DMATH_TUNE_CACHE", "~/.cache/dmath/tune.json", "the tuning cache file (a directory: "

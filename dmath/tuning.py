@@ -7,7 +7,7 @@ AlexNet take tens of seconds. Two settings fix that:
         off    the library heuristics' first choice; nothing is timed, the cache is neither read
                nor written (a reproducible baseline: it rules the cache out)
         fast   (default) a cached choice when there is one; else only the heuristics' first
-               FAST_CANDIDATES candidates are timed, within FAST_BUDGET_S seconds per shape,
+               FAST_CANDIDATES candidates are timed, within DMATH_TUNE_BUDGET_MS per shape,
                and the choice is written to the cache
         full   every candidate is timed at every start (the cache is not read) and the choice is
                written to the cache, refreshing it
@@ -62,9 +62,10 @@ from .errors import DMathError
 MODES = ("off", "fast", "full")
 #: 'fast' times at most this many candidates per shape (the heuristics' first ones that build)
 FAST_CANDIDATES = 4
-#: 'fast' stops timing a shape's candidates once this many seconds went by (building included),
-#: after at least one candidate was timed
-FAST_BUDGET_S = 0.3
+#: 'fast' stops timing a shape's candidates once DMATH_TUNE_BUDGET_MS went by (building included),
+#: after at least one candidate was timed: about 0.3 s a shape times the heuristics' first four
+#: (where cuDNN compiles an engine at run time, its building is most of that); a network of 70
+#: convolution shapes then spends some 18 s of its first step choosing
 #: the file format's name and version (a file with other ones is foreign)
 FORMAT, VERSION = "dmath-tune-cache", 1
 #: a cache file larger than this is not read (a cache of a few thousand shapes is a few MB)
@@ -353,13 +354,13 @@ def timed(candidates, measure, how, few=None, budget_s=None):
 
     measure(candidate) returns milliseconds, or None when the candidate
     cannot run. 'full' measures every candidate; 'fast' stops after `few`
-    (FAST_CANDIDATES) were timed or once `budget_s` (FAST_BUDGET_S) of wall
-    time went by, whichever comes first, but only after one was timed.
+    (FAST_CANDIDATES) were timed or once `budget_s` (DMATH_TUNE_BUDGET_MS) of
+    wall time went by, whichever comes first, but only after one was timed.
     `candidates` may be a generator that builds each one as it is asked
     for: the building counts against the budget.
     """
     few = FAST_CANDIDATES if few is None else few
-    budget_s = FAST_BUDGET_S if budget_s is None else budget_s
+    budget_s = settings.current.tune_budget_ms / 1000.0 if budget_s is None else budget_s
     start = time.perf_counter()
     out = []
     for c in candidates:
