@@ -53,7 +53,7 @@ def _compile(source, names):
 
 def test_batchnorm_kernels_compile():
     names = norm_cuda._names()
-    assert len(names) == 3 * 2 * 6          # dtypes x relu x (4 sum modes, normalize, dx)
+    assert len(names) == 3 * 2 * 8          # dtypes x relu x (4 sum modes, normalize and dx with or without a residual)
     result, log, lowered = _compile(launcher.PREAMBLE + norm_cuda.SOURCE, names)
     assert result == 0, log
     assert all(lowered), "every instantiation was compiled"

@@ -32,6 +32,8 @@ class BatchNormArgs(NamedTuple):
     training: bool   # the batch's statistics (True) or the running ones (False)
     channels_last: bool = False   # image rows are channels-last (H, W, C) (nn_format.py)
     relu: bool = False            # a relu applied to Y in the same pass (backward: dY masked by Y > 0)
+    residual: bool = False        # forward: R added before the relu (input 5); backward: dR = dY masked by
+                                  # Y > 0 (output 3)
 
 
 BATCHNORM = define("nn_batchnorm", BatchNormArgs)
@@ -60,7 +62,7 @@ def _channels_of(x, image_shape, what):
 
 
 def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, training=True,
-              momentum=0.1, eps=1e-5, channels_last=False, activation=None):
+              momentum=0.1, eps=1e-5, channels_last=False, activation=None, residual=None):
     """Batch normalisation: (Y, saved).
 
     image_shape (C, H, W): per-channel statistics over N, H and W
@@ -73,6 +75,9 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
     statistics. `saved` (a BatchNormSaved) goes to batchnorm_backward.
     channels_last: x (and Y) are channels-last image rows (N, H*W*C).
     activation: None, or 'relu' applied to Y in the same pass (pass Y to batchnorm_backward).
+    residual: None, or a matrix R of x's shape (and row order) added to the normalised batch before
+    the activation, in the same pass: Y = act(gamma * x_hat + beta + R), a residual block's tail
+    (pass residual=True to batchnorm_backward for R's gradient).
     """
     x = args.rows(x, "batchnorm: x")
     channels, pixels = _channels_of(x, image_shape, "batchnorm")
@@ -104,24 +109,32 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
                    args.replicated(running_var, group, "batchnorm: running_var")]
     inputs = [x, args.replicated(gamma, group, "batchnorm: gamma"),
               args.replicated(beta, group, "batchnorm: beta")] + running
+    if residual is not None:
+        args.require(residual, "batchnorm: residual")
+        args.expect_shape(residual, x.shape, "batchnorm: residual")
+        if residual.dtype != x.dtype:
+            raise DMathError(f"batchnorm: residual must have x's dtype {x.dtype}, got {residual.dtype}")
+        inputs.append(args.like(residual, x, "batchnorm: residual"))
     outs = [new_meta(x.layout, x.shape, x.dtype),
             new_meta(Replicated(group), (2, channels), rows.compute_dtype(x.dtype).name)]
     if training:
         outs += [3, 4]
     static = BATCHNORM.static(channels=channels, training=training, channels_last=_last(channels_last, image_shape),
-                              relu=_relu(activation, "batchnorm"))
+                              relu=_relu(activation, "batchnorm"), residual=residual is not None)
     made, _ = dispatch("nn_batchnorm", inputs, outs, static=static,
                        scalars=(momentum, eps, count / (count - 1) if count > 1 else 1.0))
     return made[0], BatchNormSaved(made[1], training)
 
 
-def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=False, y=None):
-    """Gradients of batchnorm: (dX, dgamma, dbeta).
+def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=False, y=None, residual=False):
+    """Gradients of batchnorm: (dX, dgamma, dbeta), and dR after them when residual=True.
 
     dX in x's row layout; dgamma and dbeta (1, C), in gamma's dtype,
     Replicated over the batch's workers (already summed over the batch).
     channels_last: dy, x and dX are channels-last image rows. y: batchnorm's
     output Y when it applied a relu (activation='relu'): dy counts where Y > 0 only.
+    residual: batchnorm added a residual R; its gradient dR is dy masked by Y > 0 after a relu
+    (written by the pass that writes dX), else dy itself.
     """
     x = args.rows(x, "batchnorm_backward: x")
     channels, _ = _channels_of(x, image_shape, "batchnorm_backward")
@@ -137,6 +150,8 @@ def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=Fals
     inputs = [args.like(dy, x, "batchnorm_backward: dy"), x,
               args.replicated(gamma, group, "batchnorm_backward: gamma"),
               args.replicated(saved.stats, group, "batchnorm_backward: saved.stats")]
+    if not isinstance(residual, bool):
+        raise DMathError(f"batchnorm_backward: residual must be True or False, got {residual!r}")
     if y is not None:
         args.require(y, "batchnorm_backward: y")
         args.expect_shape(y, x.shape, "batchnorm_backward: y")
@@ -144,9 +159,14 @@ def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=Fals
     rep = Replicated(group)
     outs = [new_meta(x.layout, x.shape, x.dtype), new_meta(rep, (1, channels), gamma.dtype),
             new_meta(rep, (1, channels), gamma.dtype)]
+    masked = residual and y is not None         # dR differs from dy: one more output of the dX pass
+    if masked:
+        outs.append(new_meta(x.layout, x.shape, x.dtype))
     static = BATCHNORM_BACKWARD.static(channels=channels, training=bool(saved.training),
-                                       channels_last=_last(channels_last, image_shape), relu=y is not None)
-    return tuple(dispatch("nn_batchnorm_backward", inputs, outs, static=static)[0])
+                                       channels_last=_last(channels_last, image_shape), relu=y is not None,
+                                       residual=masked)
+    grads = tuple(dispatch("nn_batchnorm_backward", inputs, outs, static=static)[0])
+    return grads + (dy,) if residual and not masked else grads
 
 
 def _relu(activation, what):
@@ -224,8 +244,9 @@ def _batchnorm(call):
     (stats,) = rows.new_output(call, 1)
     cdt = stats.dtype
     rm, rv = rows.local(call.inputs[3]), rows.local(call.inputs[4])
-    if last and norm_cuda.usable(x):
-        return _batchnorm_gpu(call, x, stats, rm, rv)
+    res = rows.local(call.inputs[5]) if call.entry.static.residual else None
+    if last and norm_cuda.usable(x) and (res is None or res.flags.c_contiguous):
+        return _batchnorm_gpu(call, x, stats, rm, rv, res)
     x3 = _channels(x, channels, cdt, last)
     if training:
         count = src.dist.shape[0] * x3.shape[2]
@@ -246,13 +267,16 @@ def _batchnorm(call):
     (out,) = rows.new_output(call, 0)
     scale = stats[1].reshape(-1, 1) * _vec(gamma, cdt)
     view = _out_view(out, channels, last)
-    view[...] = dev * scale + _vec(beta, cdt)
+    y3 = dev * scale + _vec(beta, cdt)
+    if call.entry.static.residual:
+        y3 += _channels(rows.local(call.inputs[5]), channels, cdt, last)
+    view[...] = y3
     if call.entry.static.relu:
         xp.maximum(view, 0, out=view)
     return _forward_shards(call, out, stats, training)
 
 
-def _batchnorm_gpu(call, x, stats, rm, rv):
+def _batchnorm_gpu(call, x, stats, rm, rv, res):
     """_batchnorm on a GPU for channels-last rows: the (M, C) kernels of norm_cuda (statistics in
     double, one pass to normalise)."""
     xp = backend.current().xp
@@ -277,13 +301,14 @@ def _batchnorm_gpu(call, x, stats, rm, rv):
     gamma, beta = rows.local(call.inputs[1]), rows.local(call.inputs[2])
     (out,) = rows.new_output(call, 0)
     norm_cuda.normalize(x2, out.reshape(-1, channels), mean, inv * gamma.reshape(-1), beta.reshape(-1),
-                        call.entry.static.relu)
+                        call.entry.static.relu, None if res is None else res.reshape(-1, channels))
     return _forward_shards(call, out, stats, training)
 
 
 @BATCHNORM_BACKWARD.kernel(capturable=lambda entry: collectives_in_graphs() or entry.in_dists[1].replicated)
 def _batchnorm_backward(call):
-    """Inputs dY, X, gamma, stats; outputs dX, dgamma, dbeta.
+    """Inputs dY, X, gamma, stats (and Y after a fused relu); outputs dX, dgamma, dbeta (and dR, dY
+    masked by Y > 0, for a residual added before the relu).
 
     With x_hat = (x - mean) * r (r = 1/sqrt(var + eps)), over the M values of a channel:
       dbeta = sum(dy), dgamma = sum(dy * x_hat),
@@ -301,9 +326,17 @@ def _batchnorm_backward(call):
     cdt = stats.dtype
     if last and norm_cuda.usable(x) and dy.flags.c_contiguous:
         return _batchnorm_backward_gpu(call, dy, x, stats)
-    x3, dy3 = _channels(x, channels, cdt, last), _channels(dy, channels, cdt, last)
-    if call.entry.static.relu:          # the fused relu's gradient: dy where the output was positive
-        dy3 = dy3 * (_channels(rows.local(call.inputs[4]), channels, cdt, last) > 0)
+    x3 = _channels(x, channels, cdt, last)
+    shards = []
+    if call.entry.static.residual:      # the residual's gradient is the masked dy: computed once, kept
+        (dr,) = rows.new_output(call, 3)
+        xp.multiply(dy, rows.local(call.inputs[4]) > 0, out=dr)
+        dy3 = _channels(dr, channels, cdt, last)
+        shards = [rows.shard(call, 3, [dr])]
+    elif call.entry.static.relu:        # the fused relu's gradient: dy where the output was positive
+        dy3 = _channels(dy, channels, cdt, last) * (_channels(rows.local(call.inputs[4]), channels, cdt, last) > 0)
+    else:
+        dy3 = _channels(dy, channels, cdt, last)
     mean, r = stats[0].reshape(-1, 1), stats[1].reshape(-1, 1)
     xhat = (x3 - mean) * r
     sums = xp.empty(2 * channels, dtype=cdt)
@@ -322,7 +355,7 @@ def _batchnorm_backward(call):
     (db,) = rows.new_output(call, 2)
     dg[...] = dgamma.reshape(dg.shape)
     db[...] = dbeta.reshape(db.shape)
-    return [rows.shard(call, 0, [dx]), rows.shard(call, 1, [dg]), rows.shard(call, 2, [db])]
+    return [rows.shard(call, 0, [dx]), rows.shard(call, 1, [dg]), rows.shard(call, 2, [db])] + shards
 
 
 def _batchnorm_backward_gpu(call, dy, x, stats):
@@ -346,9 +379,12 @@ def _batchnorm_backward_gpu(call, dy, x, stats):
     else:
         b = c0 = xp.zeros_like(a)
     (dx,) = rows.new_output(call, 0)
-    norm_cuda.input_gradient(dy2, x2, y2, dx.reshape(-1, channels), mean, a, b, c0)
+    dr = rows.new_output(call, 3)[0] if call.entry.static.residual else None
+    norm_cuda.input_gradient(dy2, x2, y2, dx.reshape(-1, channels), mean, a, b, c0,
+                             None if dr is None else dr.reshape(-1, channels))
     (dg,) = rows.new_output(call, 1)
     (db,) = rows.new_output(call, 2)
     dg[...] = dgamma.reshape(dg.shape)
     db[...] = dbeta.reshape(db.shape)
-    return [rows.shard(call, 0, [dx]), rows.shard(call, 1, [dg]), rows.shard(call, 2, [db])]
+    shards = [rows.shard(call, 0, [dx]), rows.shard(call, 1, [dg]), rows.shard(call, 2, [db])]
+    return shards + ([rows.shard(call, 3, [dr])] if dr is not None else [])

@@ -17,8 +17,10 @@ on a GPU that made BatchNorm most of a ResNet step. Here:
   the NumPy kernel takes two passes). The backward pass sums
   [sum(g), sum(g * (x - mean))] with g = dy, masked by y > 0 after a fused
   relu.
-- `normalize`: y = (x - mean) * scale + shift (relu), one pass.
-- `input_gradient`: dx = a * g + b * (x - mean) + c per channel, one pass.
+- `normalize`: y = (x - mean) * scale + shift (+ r, a residual) (relu), one pass.
+- `input_gradient`: dx = a * g + b * (x - mean) + c per channel, one pass;
+  with a residual it also writes dr = g (dy masked by y > 0), so a
+  residual block's tail costs no pass of its own in either direction.
 
 Values are read into float (double for double data) and written with one
 rounding, as the other GPU kernels (dmath/gpu/launcher.py).
@@ -64,27 +66,31 @@ __global__ void dm_bn_sums(const T* x, const T* dy, const T* y, const double* me
     if (MODE >= 2) partial[((long long)blockIdx.x * k + 1) * C + c] = s1;
 }
 
-template <typename T, bool RELU>
-__global__ void dm_bn_normalize(const T* x, T* y, const typename Acc<T>::type* mean,
+template <typename T, bool RELU, bool RES>
+__global__ void dm_bn_normalize(const T* x, const T* res, T* y, const typename Acc<T>::type* mean,
                                 const typename Acc<T>::type* scale, const typename Acc<T>::type* shift,
                                 long long total, int C) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
     int c = (int)(i % C);
     typename Acc<T>::type v = (dm_val(x[i]) - mean[c]) * scale[c] + shift[c];
+    if (RES) v += dm_val(res[i]);
     if (RELU && v < 0) v = 0;
     y[i] = dm_cast<T>(v);
 }
 
-template <typename T, bool RELU>
-__global__ void dm_bn_dx(const T* dy, const T* x, const T* y, T* dx, const typename Acc<T>::type* mean,
+template <typename T, bool RELU, bool DR>
+__global__ void dm_bn_dx(const T* dy, const T* x, const T* y, T* dx, T* dr, const typename Acc<T>::type* mean,
                          const typename Acc<T>::type* a, const typename Acc<T>::type* b,
                          const typename Acc<T>::type* c0, long long total, int C) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
     int c = (int)(i % C);
-    typename Acc<T>::type g = dm_val(dy[i]);
-    if (RELU && !(dm_val(y[i]) > 0)) g = 0;
+    T raw = dy[i];
+    typename Acc<T>::type g = dm_val(raw);
+    bool off = RELU && !(dm_val(y[i]) > 0);
+    if (off) g = 0;
+    if (DR) dr[i] = off ? dm_cast<T>(0.0) : raw;     // the residual's gradient: dy where y > 0, exactly
     dx[i] = dm_cast<T>(a[c] * g + b[c] * (dm_val(x[i]) - mean[c]) + c0[c]);
 }
 """
@@ -99,7 +105,8 @@ def _names():
     for t in _TYPES.values():
         for relu in ("false", "true"):
             out += [f"dm_bn_sums<{t}, {mode}, {relu}>" for mode in (0, 1, 2, 3)]
-            out += [f"dm_bn_normalize<{t}, {relu}>", f"dm_bn_dx<{t}, {relu}>"]
+            for extra in ("false", "true"):
+                out += [f"dm_bn_normalize<{t}, {relu}, {extra}>", f"dm_bn_dx<{t}, {relu}, {extra}>"]
     return out
 
 
@@ -157,21 +164,23 @@ def channel_sums(mode, x2, mean=None, dy2=None, y2=None):
     return partial.sum(axis=0)
 
 
-def normalize(x2, out2, mean, scale, shift, relu):
-    """out2 = (x2 - mean) * scale + shift per channel (relu: then max(., 0)); the per-channel arrays
-    in float (double for double data)."""
+def normalize(x2, out2, mean, scale, shift, relu, res2=None):
+    """out2 = (x2 - mean) * scale + shift (+ res2) per channel (relu: then max(., 0)); the
+    per-channel arrays in float (double for double data); res2: None or an (M, C) array like x2."""
     acc = _acc(x2.dtype)
     args = [a.astype(acc, copy=False) for a in (mean, scale, shift)]
     total = x2.size
-    fn = _fn("dm_bn_normalize", x2.dtype, "true" if relu else "false")
-    launcher.launch(fn, total, (x2, out2, *args, np.int64(total), np.int32(x2.shape[1])))
+    fn = _fn("dm_bn_normalize", x2.dtype, "true" if relu else "false", "true" if res2 is not None else "false")
+    launcher.launch(fn, total, (x2, res2 if res2 is not None else x2, out2, *args, np.int64(total),
+                                np.int32(x2.shape[1])))
 
 
-def input_gradient(dy2, x2, y2, dx2, mean, a, b, c0):
-    """dx2 = a * g + b * (x2 - mean) + c0 per channel, g = dy2 masked by y2 > 0 when y2 is given."""
+def input_gradient(dy2, x2, y2, dx2, mean, a, b, c0, dr2=None):
+    """dx2 = a * g + b * (x2 - mean) + c0 per channel, g = dy2 masked by y2 > 0 when y2 is given;
+    dr2: None, or an (M, C) array that receives g (a residual's gradient) in the same pass."""
     acc = _acc(x2.dtype)
     args = [v.astype(acc, copy=False) for v in (mean, a, b, c0)]
     total = x2.size
-    fn = _fn("dm_bn_dx", x2.dtype, "true" if y2 is not None else "false")
-    launcher.launch(fn, total, (dy2, x2, y2 if y2 is not None else x2, dx2, *args, np.int64(total),
-                                np.int32(x2.shape[1])))
+    fn = _fn("dm_bn_dx", x2.dtype, "true" if y2 is not None else "false", "true" if dr2 is not None else "false")
+    launcher.launch(fn, total, (dy2, x2, y2 if y2 is not None else x2, dx2, dr2 if dr2 is not None else dx2,
+                                *args, np.int64(total), np.int32(x2.shape[1])))

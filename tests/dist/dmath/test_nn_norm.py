@@ -196,3 +196,67 @@ def test_errors_raise_on_the_master():
     np.testing.assert_array_equal(m.to_numpy(), before)
     y, _ = dmath.nn.batchnorm(xm, g, b, m, v, training=False)
     assert y.shape == x.shape
+
+
+# ---- a residual added before the relu, in the same kernel ----------------------------------------
+def _fused_reference(x, gamma, beta, r, rm, rv, training, relu, last):
+    """act(gamma * x_hat + beta + r) in NumPy, channels-last rows (H, W, C) or NCHW ones."""
+    _, c, _ = KINDS["2d"]
+    to3 = (lambda a: a.reshape(N, -1, c).transpose(0, 2, 1)) if last else (lambda a: a.reshape(N, c, -1))
+    x3 = to3(x)
+    mean, var = (x3.mean(axis=(0, 2)), x3.var(axis=(0, 2))) if training else (rm.reshape(-1), rv.reshape(-1))
+    y3 = (x3 - mean[:, None]) / np.sqrt(var[:, None] + EPS) * gamma.reshape(-1, 1) + beta.reshape(-1, 1) + to3(r)
+    y3 = np.maximum(y3, 0.0) if relu else y3
+    return (y3.transpose(0, 2, 1) if last else y3).reshape(N, -1)
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_case(training, relu, last):
+    x, gamma, beta, rm, rv = _params("2d", 21)
+    r = values(x.shape, 22)
+    w = values(x.shape, 23)             # the loss sum(Y * w)
+    arrays = [x, gamma, beta, r]
+
+    def loss(k, z):
+        a = list(arrays)
+        a[k] = z
+        return float((_fused_reference(*a, rm, rv, training, relu, last) * w).sum())
+    want = [ref.numeric_grad(functools.partial(loss, k), arrays[k]) for k in range(4)]
+    return (x, gamma, beta, r, rm, rv, w), _fused_reference(x, gamma, beta, r, rm, rv, training, relu, last), want
+
+
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("last", [False, True])
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_residual_fused_forward_and_gradients(name, last, training, relu):
+    """Y = act(gamma * x_hat + beta + R) in one pass (a residual block's tail); the gradients of x,
+    gamma, beta and R against central differences, in every batch layout, NCHW and channels-last
+    rows, batch and running statistics."""
+    (x, gamma, beta, r, rm, rv, w), want_y, want = _fused_case(training, relu, last)
+    lay = LAYOUTS[name](N)
+    rep = dmath.Replicated(group=_group(lay))
+    mats = [make(x, lay, "float64")] + [make(a, rep, "float64") for a in (gamma, beta, rm, rv)]
+    image = KINDS["2d"][0]
+    y, saved = dmath.nn.batchnorm(*mats, image_shape=image, training=training, momentum=MOMENTUM, eps=EPS,
+                                  channels_last=last, activation="relu" if relu else None,
+                                  residual=make(r, lay, "float64"))
+    np.testing.assert_allclose(y.to_numpy(), want_y, rtol=1e-12, atol=1e-12)
+    if relu:
+        assert (want_y == 0).any() and (want_y > 0).any()
+    grads = dmath.nn.batchnorm_backward(make(w, lay, "float64"), mats[0], mats[1], saved, image_shape=image,
+                                        channels_last=last, y=y if relu else None, residual=True)
+    assert len(grads) == 4
+    for k, (g, ww) in enumerate(zip(grads, want)):
+        np.testing.assert_allclose(g.to_numpy(), ww, rtol=1e-5, atol=1e-7, err_msg=f"gradient {k}")
+
+
+def test_residual_is_checked_on_the_master():
+    (x, *_), mats, _, _ = _run("2d", "row", seed=24)
+    image = KINDS["2d"][0]
+    for bad in (dmath.ones((N, 4), dtype="float64"), make(x, dmath.RowBlock(), "float32")):
+        with pytest.raises(dmath.DMathError):
+            dmath.nn.batchnorm(*mats, image_shape=image, residual=bad)
+    y, saved = dmath.nn.batchnorm(*mats, image_shape=image, residual=mats[0])
+    with pytest.raises(dmath.DMathError):
+        dmath.nn.batchnorm_backward(mats[0], mats[0], mats[1], saved, image_shape=image, residual="yes")
