@@ -102,7 +102,7 @@ class Model(Training):
         if channels_last is None:
             channels_last = dmath.device() == "gpu" and dmath.gpu.cudnn.available()
         self.channels_last = channels_last
-        if fuse not in (True, False, "relu"):
+        if not (fuse is True or fuse is False or fuse == "relu"):
             raise ConfigError(f"fuse must be True, 'relu' or False, got {fuse!r}")
         self.fuse = fuse
         self.dtype = canonical_dtype(dtype)
