@@ -260,3 +260,42 @@ def test_residual_is_checked_on_the_master():
     y, saved = dmath.nn.batchnorm(*mats, image_shape=image, residual=mats[0])
     with pytest.raises(dmath.DMathError):
         dmath.nn.batchnorm_backward(mats[0], mats[0], mats[1], saved, image_shape=image, residual="yes")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_residual_fused_low_precision(dtype):
+    """The fused residual and relu in float32 and float16 (computed in float32; on GPUs the CUDA
+    kernels of channels-last rows) against the float64 reference of the rounded inputs."""
+    (x, gamma, beta, r, rm, rv, w), _, _ = _fused_case(True, True, True)
+    q = lambda a: a.astype(dtype).astype(np.float64)   # noqa: E731
+    lay = dmath.RowBlock()
+    mats = [make(x, lay, dtype)] + [make(a, dmath.Replicated(), dtype) for a in (gamma, beta, rm, rv)]
+    image = KINDS["2d"][0]
+    y, saved = dmath.nn.batchnorm(*mats, image_shape=image, channels_last=True, activation="relu",
+                                  residual=make(r, lay, dtype))
+    want = _fused_reference(q(x), q(gamma), q(beta), q(r), rm, rv, True, True, True)
+    tol = dict(rtol=5e-3, atol=5e-3) if dtype == "float16" else dict(rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y.to_numpy().astype(np.float64), want, **tol)
+    dx, dg, db, dr = dmath.nn.batchnorm_backward(make(w, lay, dtype), mats[0], mats[1], saved, image_shape=image,
+                                                 channels_last=True, y=y, residual=True)
+    # the residual's gradient is dy where y > 0, exactly
+    np.testing.assert_array_equal(dr.to_numpy(), np.where(y.to_numpy() > 0, q(w), 0.0).astype(dtype))
+    (_, want_dx, want_dg, want_db), _ = _fused_low_precision_grads(dtype)
+    np.testing.assert_allclose(dx.to_numpy().astype(np.float64), want_dx, rtol=0.05 if dtype == "float16" else 1e-4,
+                               atol=0.05 if dtype == "float16" else 1e-4)
+    np.testing.assert_allclose(dg.to_numpy(), want_dg, rtol=0.02 if dtype == "float16" else 1e-4, atol=1e-3)
+    np.testing.assert_allclose(db.to_numpy(), want_db, rtol=0.02 if dtype == "float16" else 1e-4, atol=1e-3)
+
+
+def _fused_low_precision_grads(dtype):
+    """The float64 gradients (x, gamma, beta) of the fused case's loss at the inputs rounded to dtype."""
+    (x, gamma, beta, r, rm, rv, w), _, _ = _fused_case(True, True, True)
+    q = lambda a: a.astype(dtype).astype(np.float64)   # noqa: E731
+    rep = dmath.Replicated()
+    mats = [make(q(a), lay, "float64") for a, lay in ((x, dmath.RowBlock()), (gamma, rep), (beta, rep), (rm, rep),
+                                                       (rv, rep))]
+    y, saved = dmath.nn.batchnorm(*mats, image_shape=KINDS["2d"][0], channels_last=True, activation="relu",
+                                  residual=make(q(r), dmath.RowBlock(), "float64"))
+    grads = dmath.nn.batchnorm_backward(make(q(w), dmath.RowBlock(), "float64"), mats[0], mats[1], saved,
+                                        image_shape=KINDS["2d"][0], channels_last=True, y=y, residual=True)
+    return (None,) + tuple(g.to_numpy() for g in grads[:3]), y.to_numpy()
