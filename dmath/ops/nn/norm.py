@@ -18,12 +18,12 @@ from typing import NamedTuple
 
 from ... import backend
 from ...errors import DMathError, LayoutError, ShapeError
-from ...layout import Replicated
+from ...layout import Replicated, distribution
 from ...planning.conv import image
 from ...runtime import define, runtime
 from ...runtime.registry import collectives_in_graphs
 from . import args, norm_cuda, rows
-from ..base import dispatch, new_meta
+from ..base import as_int, dispatch, new_meta
 
 
 class BatchNormArgs(NamedTuple):
@@ -34,6 +34,9 @@ class BatchNormArgs(NamedTuple):
     relu: bool = False            # a relu applied to Y in the same pass (backward: dY masked by Y > 0)
     residual: bool = False        # forward: R added before the relu (input 5); backward: dR = dY masked by
                                   # Y > 0 (output 3)
+    total: int = 0                # > 0: Y (forward), dY and Y (backward) are batches of `total` channels, of
+    offset: int = 0               # which channels offset .. offset + C are this batch norm's (a concatenation)
+    into: bool = False            # forward with a window: Y written in place into the last input
 
 
 BATCHNORM = define("nn_batchnorm", BatchNormArgs)
@@ -62,7 +65,8 @@ def _channels_of(x, image_shape, what):
 
 
 def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, training=True,
-              momentum=0.1, eps=1e-5, channels_last=False, activation=None, residual=None):
+              momentum=0.1, eps=1e-5, channels_last=False, activation=None, residual=None, window=None,
+              out=None):
     """Batch normalisation: (Y, saved).
 
     image_shape (C, H, W): per-channel statistics over N, H and W
@@ -78,6 +82,11 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
     residual: None, or a matrix R of x's shape (and row order) added to the normalised batch before
     the activation, in the same pass: Y = act(gamma * x_hat + beta + R), a residual block's tail
     (pass residual=True to batchnorm_backward for R's gradient).
+    window: None, or (L, offset) for image batches: Y is channels offset .. offset + C of a batch of
+    L channels with x's pixels and rows (a slice of a channel concatenation, written where it
+    lies: no concatenation copy); out: that (N, H*W*L) batch, written in place and returned as Y,
+    or None: a new batch whose other channels are unset until other calls write them. Pass the
+    same window, and that whole batch as dy (and y), to batchnorm_backward.
     """
     x = args.rows(x, "batchnorm: x")
     channels, pixels = _channels_of(x, image_shape, "batchnorm")
@@ -115,18 +124,35 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
         if residual.dtype != x.dtype:
             raise DMathError(f"batchnorm: residual must have x's dtype {x.dtype}, got {residual.dtype}")
         inputs.append(args.like(residual, x, "batchnorm: residual"))
-    outs = [new_meta(x.layout, x.shape, x.dtype),
+    total, offset = _window(window, x, image_shape, channels, residual is not None, "batchnorm")
+    shape = (x.shape[0], x.shape[1] // channels * (total or channels))
+    if out is not None:
+        if window is None:
+            raise DMathError("batchnorm: out is the batch a window is written into: give window=(L, offset)")
+        args.require(out, "batchnorm: out")
+        args.expect_shape(out, shape, "batchnorm: out")
+        p = runtime().nworkers
+        if out.dtype != x.dtype or not distribution(out.layout, shape, p).same_placement(
+                distribution(x.layout, shape, p)):
+            raise LayoutError(f"batchnorm: out is written in place, so it needs x's dtype {x.dtype} and rows on "
+                              f"x's workers ({x.layout}); it is {out.dtype}, {out.layout}")
+        inputs.append(out)
+    outs = [len(inputs) - 1 if out is not None else new_meta(x.layout, shape, x.dtype),
             new_meta(Replicated(group), (2, channels), rows.compute_dtype(x.dtype).name)]
     if training:
         outs += [3, 4]
     static = BATCHNORM.static(channels=channels, training=training, channels_last=_last(channels_last, image_shape),
-                              relu=_relu(activation, "batchnorm"), residual=residual is not None)
+                              relu=_relu(activation, "batchnorm"), residual=residual is not None, total=total,
+                              offset=offset, into=out is not None)
     made, _ = dispatch("nn_batchnorm", inputs, outs, static=static,
                        scalars=(momentum, eps, count / (count - 1) if count > 1 else 1.0))
+    if out is not None:
+        return out, BatchNormSaved(made[0], training)
     return made[0], BatchNormSaved(made[1], training)
 
 
-def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=False, y=None, residual=False):
+def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=False, y=None, residual=False,
+                       window=None):
     """Gradients of batchnorm: (dX, dgamma, dbeta), and dR after them when residual=True.
 
     dX in x's row layout; dgamma and dbeta (1, C), in gamma's dtype,
@@ -134,12 +160,15 @@ def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=Fals
     channels_last: dy, x and dX are channels-last image rows. y: batchnorm's
     output Y when it applied a relu (activation='relu'): dy counts where Y > 0 only.
     residual: batchnorm added a residual R; its gradient dR is dy masked by Y > 0 after a relu
-    (written by the pass that writes dX), else dy itself.
+    (written by the pass that writes dX), else dy itself. window: batchnorm's window (L, offset):
+    dy and y are the (N, H*W*L) batches whose channels offset .. offset + C are read where they lie.
     """
     x = args.rows(x, "batchnorm_backward: x")
     channels, _ = _channels_of(x, image_shape, "batchnorm_backward")
+    total, offset = _window(window, x, image_shape, channels, residual, "batchnorm_backward")
+    wide = (x.shape[0], x.shape[1] // channels * (total or channels))
     args.require(dy, "batchnorm_backward: dy")
-    args.expect_shape(dy, x.shape, "batchnorm_backward: dy")
+    args.expect_shape(dy, wide, "batchnorm_backward: dy")
     args.require(gamma, "batchnorm_backward: gamma")
     args.expect_shape(gamma, (1, channels), "batchnorm_backward: gamma")
     if not isinstance(saved, BatchNormSaved):
@@ -154,7 +183,7 @@ def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=Fals
         raise DMathError(f"batchnorm_backward: residual must be True or False, got {residual!r}")
     if y is not None:
         args.require(y, "batchnorm_backward: y")
-        args.expect_shape(y, x.shape, "batchnorm_backward: y")
+        args.expect_shape(y, wide, "batchnorm_backward: y")
         inputs.append(args.like(y, x, "batchnorm_backward: y"))
     rep = Replicated(group)
     outs = [new_meta(x.layout, x.shape, x.dtype), new_meta(rep, (1, channels), gamma.dtype),
@@ -164,9 +193,26 @@ def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=Fals
         outs.append(new_meta(x.layout, x.shape, x.dtype))
     static = BATCHNORM_BACKWARD.static(channels=channels, training=bool(saved.training),
                                        channels_last=_last(channels_last, image_shape), relu=y is not None,
-                                       residual=masked)
+                                       residual=masked, total=total, offset=offset)
     grads = tuple(dispatch("nn_batchnorm_backward", inputs, outs, static=static)[0])
     return grads + (dy,) if residual and not masked else grads
+
+
+def _window(window, x, image_shape, channels, residual, what):
+    """(L, offset) of a checked window, (0, 0) for none."""
+    if window is None:
+        return 0, 0
+    if image_shape is None:
+        raise DMathError(f"{what}: a window is a slice of an image batch's channels (give image_shape)")
+    if residual:
+        raise DMathError(f"{what}: a residual and a window do not go together")
+    try:
+        total, offset = (as_int(v, f"{what}: window") for v in window)
+    except (TypeError, ValueError) as exc:
+        raise DMathError(f"{what}: window must be (L, offset), got {window!r}") from exc
+    if offset < 0 or offset + channels > total:
+        raise ShapeError(f"{what}: window {window!r} does not hold {channels} channels from offset {offset}")
+    return total, offset
 
 
 def _relu(activation, what):
@@ -186,19 +232,22 @@ def _last(channels_last, image_shape):
 # ---- kernels -------------------------------------------------------------------------------
 
 
-def _channels(x, channels, dtype, last=False):
-    """The (n, C, S) view of a batch: of (n, S, C) storage for channels-last rows."""
+def _channels(x, channels, dtype, last=False, total=0, offset=0):
+    """The (n, C, S) view of a batch: of (n, S, C) storage for channels-last rows; total > 0: of
+    channels offset .. offset + C of a batch of `total` channels."""
+    return _out_view(x, channels, last, total, offset).astype(dtype, copy=False)
+
+
+def _out_view(out, channels, last, total=0, offset=0):
+    """The (n, C, S) view of an output array (written through: never a copy); total > 0: of its
+    channels offset .. offset + C, out holding `total` channels."""
     # explicit sizes: a worker may hold no samples, and -1 cannot be inferred from an empty array
+    wide = total or channels
     if last:
-        return x.reshape(x.shape[0], x.shape[1] // channels, channels).astype(dtype, copy=False).transpose(0, 2, 1)
-    return x.reshape(x.shape[0], channels, x.shape[1] // channels).astype(dtype, copy=False)
-
-
-def _out_view(out, channels, last):
-    """The (n, C, S) view of an output array (written through: never a copy)."""
-    if last:
-        return out.reshape(out.shape[0], out.shape[1] // channels, channels).transpose(0, 2, 1)
-    return out.reshape(out.shape[0], channels, out.shape[1] // channels)
+        view = out.reshape(out.shape[0], out.shape[1] // wide, wide).transpose(0, 2, 1)
+    else:
+        view = out.reshape(out.shape[0], wide, out.shape[1] // wide)
+    return view[:, offset:offset + channels] if total else view
 
 
 def _channel_sums(a3):
@@ -220,8 +269,10 @@ def _update_running(rm, rv, mean, var, momentum, unbias):
 
 
 def _forward_shards(call, out, stats, training):
-    """The forward kernel's outputs: Y, the statistics, and in training the running statistics."""
-    shards = [rows.shard(call, 0, [out]), rows.shard(call, 1, [stats])]
+    """The forward kernel's outputs: Y (the input it was written into, for a window), the statistics,
+    and in training the running statistics."""
+    y = call.inputs[-1] if call.entry.static.into else rows.shard(call, 0, [out])
+    shards = [y, rows.shard(call, 1, [stats])]
     if training:
         shards += [call.inputs[3], call.inputs[4]]
     return shards
@@ -264,9 +315,9 @@ def _batchnorm(call):
     stats[0] = mean
     stats[1] = 1.0 / xp.sqrt(var + eps)
     gamma, beta = rows.local(call.inputs[1]), rows.local(call.inputs[2])
-    (out,) = rows.new_output(call, 0)
+    out = _output(call)
     scale = stats[1].reshape(-1, 1) * _vec(gamma, cdt)
-    view = _out_view(out, channels, last)
+    view = _out_view(out, channels, last, call.entry.static.total, call.entry.static.offset)
     y3 = dev * scale + _vec(beta, cdt)
     if call.entry.static.residual:
         y3 += _channels(rows.local(call.inputs[5]), channels, cdt, last)
@@ -274,6 +325,11 @@ def _batchnorm(call):
     if call.entry.static.relu:
         xp.maximum(view, 0, out=view)
     return _forward_shards(call, out, stats, training)
+
+
+def _output(call):
+    """The local array Y is written into: a new one, or the window's batch (the last input)."""
+    return rows.local(call.inputs[-1]) if call.entry.static.into else rows.new_output(call, 0)[0]
 
 
 def _batchnorm_gpu(call, x, stats, rm, rv, res):
@@ -299,9 +355,10 @@ def _batchnorm_gpu(call, x, stats, rm, rv, res):
     stats[0] = mean
     stats[1] = inv
     gamma, beta = rows.local(call.inputs[1]), rows.local(call.inputs[2])
-    (out,) = rows.new_output(call, 0)
-    norm_cuda.normalize(x2, out.reshape(-1, channels), mean, inv * gamma.reshape(-1), beta.reshape(-1),
-                        call.entry.static.relu, None if res is None else res.reshape(-1, channels))
+    out = _output(call)
+    st = call.entry.static
+    norm_cuda.normalize(x2, out.reshape(-1, st.total or channels), mean, inv * gamma.reshape(-1), beta.reshape(-1),
+                        st.relu, None if res is None else res.reshape(-1, channels), st.offset)
     return _forward_shards(call, out, stats, training)
 
 
@@ -333,10 +390,11 @@ def _batchnorm_backward(call):
         xp.multiply(dy, rows.local(call.inputs[4]) > 0, out=dr)
         dy3 = _channels(dr, channels, cdt, last)
         shards = [rows.shard(call, 3, [dr])]
-    elif call.entry.static.relu:        # the fused relu's gradient: dy where the output was positive
-        dy3 = _channels(dy, channels, cdt, last) * (_channels(rows.local(call.inputs[4]), channels, cdt, last) > 0)
     else:
-        dy3 = _channels(dy, channels, cdt, last)
+        window = (call.entry.static.total, call.entry.static.offset)
+        dy3 = _channels(dy, channels, cdt, last, *window)
+        if call.entry.static.relu:      # the fused relu's gradient: dy where the output was positive
+            dy3 = dy3 * (_channels(rows.local(call.inputs[4]), channels, cdt, last, *window) > 0)
     mean, r = stats[0].reshape(-1, 1), stats[1].reshape(-1, 1)
     xhat = (x3 - mean) * r
     sums = xp.empty(2 * channels, dtype=cdt)
@@ -364,10 +422,12 @@ def _batchnorm_backward_gpu(call, dy, x, stats):
     xp = backend.current().xp
     channels, training = call.entry.static.channels, call.entry.static.training
     src = call.inputs[1]
-    x2, dy2 = x.reshape(-1, channels), dy.reshape(-1, channels)
-    y2 = rows.local(call.inputs[4]).reshape(-1, channels) if call.entry.static.relu else None
+    wide = call.entry.static.total or channels
+    x2, dy2 = x.reshape(-1, channels), dy.reshape(-1, wide)
+    y2 = rows.local(call.inputs[4]).reshape(-1, wide) if call.entry.static.relu else None
+    offset = call.entry.static.offset
     mean, r = stats[0].astype(xp.float64), stats[1].astype(xp.float64)
-    sums = norm_cuda.channel_sums(2, x2, mean, dy2, y2)
+    sums = norm_cuda.channel_sums(2, x2, mean, dy2, y2, offset)
     flat = sums.reshape(-1)
     rows.sum_over_batch(call, src.dist, flat)
     dbeta, dgamma = sums[0], sums[1] * r
@@ -381,7 +441,7 @@ def _batchnorm_backward_gpu(call, dy, x, stats):
     (dx,) = rows.new_output(call, 0)
     dr = rows.new_output(call, 3)[0] if call.entry.static.residual else None
     norm_cuda.input_gradient(dy2, x2, y2, dx.reshape(-1, channels), mean, a, b, c0,
-                             None if dr is None else dr.reshape(-1, channels))
+                             None if dr is None else dr.reshape(-1, channels), offset)
     (dg,) = rows.new_output(call, 1)
     (db,) = rows.new_output(call, 2)
     dg[...] = dgamma.reshape(dg.shape)

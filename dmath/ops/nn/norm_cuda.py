@@ -19,6 +19,9 @@ on a GPU that made BatchNorm most of a ResNet step. Here:
   relu.
 - `normalize`: y = (x - mean) * scale + shift (+ r, a residual) (relu), one pass.
 - `input_gradient`: dx = a * g + b * (x - mean) + c per channel, one pass;
+- y (forward), dy and y (backward) may be a window of wider rows: channels
+  off .. off + C of rows of ld values, a concatenation's slice written and
+  read in place (an Inception module's branches, dmath.nn.batchnorm's window);
   with a residual it also writes dr = g (dy masked by y > 0), so a
   residual block's tail costs no pass of its own in either direction.
 
@@ -35,7 +38,7 @@ from ...gpu import launcher
 SOURCE = r"""
 template <typename T, int MODE, bool RELU>
 __global__ void dm_bn_sums(const T* x, const T* dy, const T* y, const double* mean, double* partial,
-                           long long M, int C, long long rows) {
+                           long long M, int C, long long rows, long long ld, int off) {
     int c = blockIdx.y * blockDim.x + threadIdx.x;
     if (c >= C) return;
     long long r0 = (long long)blockIdx.x * rows;
@@ -55,8 +58,9 @@ __global__ void dm_bn_sums(const T* x, const T* dy, const T* y, const double* me
             double d = v - m;
             s0 += d * d;
         } else {
-            double g = (double)dm_val(dy[i]);
-            if (RELU && !(dm_val(y[i]) > 0)) g = 0.0;
+            long long j = r * ld + off + c;         // dy and y: channels off.. of rows of ld
+            double g = (double)dm_val(dy[j]);
+            if (RELU && !(dm_val(y[j]) > 0)) g = 0.0;
             s0 += g;
             s1 += g * (v - m);
         }
@@ -69,28 +73,31 @@ __global__ void dm_bn_sums(const T* x, const T* dy, const T* y, const double* me
 template <typename T, bool RELU, bool RES>
 __global__ void dm_bn_normalize(const T* x, const T* res, T* y, const typename Acc<T>::type* mean,
                                 const typename Acc<T>::type* scale, const typename Acc<T>::type* shift,
-                                long long total, int C) {
+                                long long total, int C, long long ld, int off) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
-    int c = (int)(i % C);
+    long long r = i / C;
+    int c = (int)(i - r * C);
     typename Acc<T>::type v = (dm_val(x[i]) - mean[c]) * scale[c] + shift[c];
     if (RES) v += dm_val(res[i]);
     if (RELU && v < 0) v = 0;
-    y[i] = dm_cast<T>(v);
+    y[r * ld + off + c] = dm_cast<T>(v);       // y: channels off.. of rows of ld (a concatenation's)
 }
 
 template <typename T, bool RELU, bool DR>
 __global__ void dm_bn_dx(const T* dy, const T* x, const T* y, T* dx, T* dr, const typename Acc<T>::type* mean,
                          const typename Acc<T>::type* a, const typename Acc<T>::type* b,
-                         const typename Acc<T>::type* c0, long long total, int C) {
+                         const typename Acc<T>::type* c0, long long total, int C, long long ld, int off) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i >= total) return;
-    int c = (int)(i % C);
-    T raw = dy[i];
+    long long r = i / C;
+    int c = (int)(i - r * C);
+    long long j = r * ld + off + c;             // dy and y: channels off.. of rows of ld
+    T raw = dy[j];
     typename Acc<T>::type g = dm_val(raw);
-    bool off = RELU && !(dm_val(y[i]) > 0);
-    if (off) g = 0;
-    if (DR) dr[i] = off ? dm_cast<T>(0.0) : raw;     // the residual's gradient: dy where y > 0, exactly
+    bool masked = RELU && !(dm_val(y[j]) > 0);
+    if (masked) g = 0;
+    if (DR) dr[i] = masked ? dm_cast<T>(0.0) : raw;     // the residual's gradient: dy where y > 0, exactly
     dx[i] = dm_cast<T>(a[c] * g + b[c] * (dm_val(x[i]) - mean[c]) + c0[c]);
 }
 """
@@ -140,11 +147,12 @@ def _acc(dtype):
     return np.float64 if np.dtype(dtype) == np.float64 else np.float32
 
 
-def channel_sums(mode, x2, mean=None, dy2=None, y2=None):
+def channel_sums(mode, x2, mean=None, dy2=None, y2=None, off=0):
     """Per-channel sums (double, shape (k, C)) of the (M, C) batch x2 (see the module docstring).
     mode 0: [sum x]; 1: [sum (x - mean)^2]; 2: [sum g, sum g (x - mean)], g = dy2 (masked by y2 > 0
     when y2 is given); 3: [sum (x - mean), sum (x - mean)^2] around a shift given as `mean` (one pass
-    for both statistics). mean: a double array of C values (modes 1 to 3)."""
+    for both statistics). mean: a double array of C values (modes 1 to 3). dy2 and y2 may be wider
+    (M, L) arrays whose channels off .. off + C are read."""
     xp = backend.current().xp
     M, C = x2.shape
     k = 2 if mode >= 2 else 1
@@ -160,27 +168,31 @@ def channel_sums(mode, x2, mean=None, dy2=None, y2=None):
     dummy = x2
     fn((chunks, -(-C // threads)), (threads,),
        (x2, dy2 if dy2 is not None else dummy, y2 if y2 is not None else dummy,
-        mean if mean is not None else partial, partial, np.int64(M), np.int32(C), np.int64(rows)))
+        mean if mean is not None else partial, partial, np.int64(M), np.int32(C), np.int64(rows),
+        np.int64(dy2.shape[1] if dy2 is not None else C), np.int32(off)))
     return partial.sum(axis=0)
 
 
-def normalize(x2, out2, mean, scale, shift, relu, res2=None):
+def normalize(x2, out2, mean, scale, shift, relu, res2=None, off=0):
     """out2 = (x2 - mean) * scale + shift (+ res2) per channel (relu: then max(., 0)); the
-    per-channel arrays in float (double for double data); res2: None or an (M, C) array like x2."""
+    per-channel arrays in float (double for double data); res2: None or an (M, C) array like x2;
+    out2 may be a wider (M, L) array, written in its channels off .. off + C only."""
     acc = _acc(x2.dtype)
     args = [a.astype(acc, copy=False) for a in (mean, scale, shift)]
     total = x2.size
     fn = _fn("dm_bn_normalize", x2.dtype, "true" if relu else "false", "true" if res2 is not None else "false")
     launcher.launch(fn, total, (x2, res2 if res2 is not None else x2, out2, *args, np.int64(total),
-                                np.int32(x2.shape[1])))
+                                np.int32(x2.shape[1]), np.int64(out2.shape[1]), np.int32(off)))
 
 
-def input_gradient(dy2, x2, y2, dx2, mean, a, b, c0, dr2=None):
+def input_gradient(dy2, x2, y2, dx2, mean, a, b, c0, dr2=None, off=0):
     """dx2 = a * g + b * (x2 - mean) + c0 per channel, g = dy2 masked by y2 > 0 when y2 is given;
-    dr2: None, or an (M, C) array that receives g (a residual's gradient) in the same pass."""
+    dr2: None, or an (M, C) array that receives g (a residual's gradient) in the same pass. dy2 and
+    y2 may be wider (M, L) arrays whose channels off .. off + C are read."""
     acc = _acc(x2.dtype)
     args = [v.astype(acc, copy=False) for v in (mean, a, b, c0)]
     total = x2.size
     fn = _fn("dm_bn_dx", x2.dtype, "true" if y2 is not None else "false", "true" if dr2 is not None else "false")
     launcher.launch(fn, total, (dy2, x2, y2 if y2 is not None else x2, dx2, dr2 if dr2 is not None else dx2,
-                                *args, np.int64(total), np.int32(x2.shape[1])))
+                                *args, np.int64(total), np.int32(x2.shape[1]), np.int64(dy2.shape[1]),
+                                np.int32(off)))

@@ -299,3 +299,72 @@ def _fused_low_precision_grads(dtype):
     grads = dmath.nn.batchnorm_backward(make(q(w), dmath.RowBlock(), "float64"), mats[0], mats[1], saved,
                                         image_shape=KINDS["2d"][0], channels_last=True, y=y, residual=True)
     return (None,) + tuple(g.to_numpy() for g in grads[:3]), y.to_numpy()
+
+
+# ---- a window: channels offset .. offset + C of a wider batch (a concatenation written in place) ----
+def _join(parts, last):
+    """NumPy's channel concatenation of image batches (N, S*C) or (N, C*S)."""
+    c = KINDS["2d"][1]
+    if last:
+        return np.concatenate([p.reshape(N, -1, c) for p in parts], axis=2).reshape(N, -1)
+    return np.concatenate([p.reshape(N, c, -1) for p in parts], axis=1).reshape(N, -1)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("last", [False, True])
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_windows_write_and_read_a_concatenation_in_place(name, last, training, relu):
+    """Two batch norms writing their channels of one 6-channel batch give the concatenation of their
+    outputs, bitwise; their backward passes reading the concatenation's gradient in place give what
+    they give on its slices."""
+    image, c, _ = KINDS["2d"]
+    lay = LAYOUTS[name](N)
+    rep = dmath.Replicated(group=_group(lay))
+    act = "relu" if relu else None
+    plain, windowed, ys, saved = [], [], [], []
+    dy_parts = [values((N, 18), 40 + k) for k in range(2)]
+    dy = make(_join(dy_parts, last), lay, "float64")
+    out = None
+    for k in range(2):
+        x, gamma, beta, rm, rv = _params("2d", 30 + 7 * k)
+        mk = lambda: [make(x, lay, "float64")] + [make(a, rep, "float64") for a in (gamma, beta, rm, rv)]  # noqa: E731
+        a, b = mk(), mk()
+        y, s = dmath.nn.batchnorm(*a, image_shape=image, training=training, channels_last=last, activation=act)
+        plain.append((a, y, s))
+        out, s2 = dmath.nn.batchnorm(*b, image_shape=image, training=training, channels_last=last, activation=act,
+                                     window=(2 * c, k * c), out=out)
+        windowed.append((b, s2))
+        np.testing.assert_array_equal(b[3].to_numpy(), a[3].to_numpy())       # the running statistics alike
+    assert out.shape == (N, 36)
+    np.testing.assert_array_equal(out.to_numpy(), _join([p[1].to_numpy() for p in plain], last))
+    for k in range(2):
+        (a, y, s), (b, s2) = plain[k], windowed[k]
+        want = dmath.nn.batchnorm_backward(make(dy_parts[k], lay, "float64"), a[0], a[1], s, image_shape=image,
+                                           channels_last=last, y=y if relu else None)
+        got = dmath.nn.batchnorm_backward(dy, b[0], b[1], s2, image_shape=image, channels_last=last,
+                                          y=out if relu else None, window=(2 * c, k * c))
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g.to_numpy(), w.to_numpy(), rtol=1e-13, atol=1e-14)
+
+
+def test_window_errors_raise_on_the_master():
+    (x, *_), mats, _, _ = _run("2d", "row", seed=25)
+    image = KINDS["2d"][0]
+    wide = dmath.zeros((N, 36), dtype="float64", layout=dmath.RowBlock())
+    cases = [lambda: dmath.nn.batchnorm(*mats, image_shape=image, window=(5, 3)),           # past the end
+             lambda: dmath.nn.batchnorm(*mats, image_shape=image, window=(6, -1)),
+             lambda: dmath.nn.batchnorm(*mats, image_shape=image, window="6"),
+             lambda: dmath.nn.batchnorm(*mats, image_shape=image, out=wide),                # out without a window
+             lambda: dmath.nn.batchnorm(*mats, image_shape=image, window=(6, 0), out=mats[0]),
+             lambda: dmath.nn.batchnorm(*mats, image_shape=image, window=(6, 0), residual=mats[0]),
+             lambda: dmath.nn.batchnorm(*mats, image_shape=image, window=(6, 0),
+                                        out=dmath.zeros((N, 36), dtype="float32", layout=dmath.RowBlock()))]
+    if P > 1:
+        cases.append(lambda: dmath.nn.batchnorm(*mats, image_shape=image, window=(6, 0),
+                                                out=dmath.zeros((N, 36), dtype="float64", layout=dmath.Replicated())))
+    before = wide.to_numpy()
+    for fn in cases:
+        with pytest.raises(dmath.DMathError):
+            fn()
+    np.testing.assert_array_equal(wide.to_numpy(), before)
