@@ -21,8 +21,8 @@ import math
 
 from .errors import ConfigError, ShapeError
 from .graph.function import Function
-from .layers import Activation, Add, Input as InputLayer, from_config
-from .ops import activation as make_activation
+from .layers import Activation, Add, Concatenate, Input as InputLayer, from_config
+from .ops import ConcatBatchNorm, activation as make_activation
 
 
 class SymbolicTensor:
@@ -256,13 +256,16 @@ def build_nodes(model, x, ctx, rows_for):
     A model output made by an Activation (an Output layer) or by a layer with an output activation
     of its own (Dense(n, activation='softmax')) leaves that activation to the loss (dnn.losses fuses
     it exactly); as model.fuse allows, a Conv2D or BatchNorm whose only reader is a relu Activation
-    runs it inside its kernel, and so does a BatchNorm with the Add it alone feeds (residual_tails).
+    runs it inside its kernel, and so does a BatchNorm with the Add it alone feeds (residual_tails);
+    a Concatenate of batch norms (and their relus) is written by them in place (concat_branches).
     rows_for(node, reads): the node in the image-row order a layer reads (dnn.training.programs)."""
     graph = model.graph
     tensors = graph.tensors
     fuse = getattr(model, "fuse", True)
     tails = residual_tails(graph) if fuse is True else {}
-    inside = set(tails.values())
+    joins = concat_branches(graph) if fuse is True else {}
+    inside = set(tails.values()) | {j for branches in joins.values() for pair in branches for j in pair
+                                    if j is not None}
     values = [None] * len(tensors)
     if len(graph.inputs) == 1:
         values[0] = x
@@ -279,6 +282,9 @@ def build_nodes(model, x, ctx, rows_for):
         layer = t.layer
         if i in tails:
             _residual_tail(graph, values, i, tails[i], ctx, rows_for, outputs)
+            continue
+        if i in joins:
+            _concat_in_place(graph, values, i, joins[i], ctx, rows_for)
             continue
         ins = [rows_for(values[k], layer.image_rows) for k in graph.inbound[i]]
         arg = ins if getattr(layer, "joins", False) else ins[0]
@@ -324,6 +330,47 @@ def residual_tails(graph):
                 tails[a] = k
                 break
     return tails
+
+
+def concat_branches(graph):
+    """{Concatenate tensor: [(BatchNorm tensor, relu tensor or None) per input]} of the image
+    concatenations, not model outputs, whose every input is a layer that `writes_slices` (a
+    BatchNorm), or a relu Activation of one, read by nothing else: each batch norm can write its
+    channels of the concatenation in place (an Inception module). Pure, as residual_tails."""
+    outputs, tensors, consumers = set(graph.outputs), graph.tensors, graph.consumers
+    joins = {}
+    for c, t in enumerate(tensors):
+        if not isinstance(t.layer, Concatenate) or c in outputs or len(t.shape) != 3:
+            continue
+        branches = []
+        for j in graph.inbound[c]:
+            relu = None
+            if isinstance(tensors[j].layer, Activation) and tensors[j].layer.activation == "relu":
+                relu, j = j, graph.inbound[j][0]
+            if not getattr(tensors[j].layer, "writes_slices", False) or j in outputs or relu in outputs or \
+                    consumers[j] != [relu if relu is not None else c] or (relu is not None and consumers[relu] != [c]):
+                break
+            branches.append((j, relu))
+        else:
+            joins[c] = branches
+    return joins
+
+
+def _concat_in_place(graph, values, c, branches, ctx, rows_for):
+    """The node of Concatenate tensor `c` whose branches' batch norms write it (ops.ConcatBatchNorm)."""
+    tensors = graph.tensors
+    norms, ins = [], []
+    for b, relu in branches:
+        bn = tensors[b].layer
+        fn, params = bn.function(ctx, "relu" if relu is not None else None)
+        norms.append(fn)
+        ins += [rows_for(values[graph.inbound[b][0]], bn.image_rows), *params]
+    node = ConcatBatchNorm(norms).apply(*ins)
+    values[c] = node
+    for b, relu in branches:
+        values[b] = node
+        if relu is not None:
+            values[relu] = node
 
 
 def _residual_tail(graph, values, a, k, ctx, rows_for, outputs):

@@ -20,6 +20,9 @@ class BatchNorm(Layer):
     #: an Add that this layer's output alone feeds may run inside its kernel, the other addend as the
     #: residual (dnn.functional.residual_tails: a residual block's tail)
     adds_residual = True
+    #: its output, read by a Concatenate alone, may be written straight into its channels of the
+    #: concatenation (dnn.functional.concat_branches: an Inception module's branches)
+    writes_slices = True
 
     def __init__(self, momentum=0.1, eps=1e-5, name=None):
         super().__init__(name)
@@ -50,12 +53,16 @@ class BatchNorm(Layer):
         """The layer's node; `activation` ('relu', a following Activation layer the model folds in)
         runs in the same kernel, after adding the node `residual` when given (an Add the model folds
         in: dnn.functional.residual_tails)."""
+        fn, params = self.function(ctx, activation)
+        return fn.apply(x, *params) if residual is None else fn.apply(x, *params, residual)
+
+    def function(self, ctx, activation=None):
+        """(this layer's batch norm Function for the program of ctx, its parameter nodes (gamma, beta))."""
         # a frozen BatchNorm normalises with its running statistics and leaves them as they are
         training = ctx.training and self.trainable
         fn = BatchNormFn(self.running_mean.value, self.running_var.value, training, self.momentum, self.eps,
                          activation)
-        ins = (x, ctx.param(self.gamma), ctx.param(self.beta))
-        return fn.apply(*ins) if residual is None else fn.apply(*ins, residual)
+        return fn, (ctx.param(self.gamma), ctx.param(self.beta))
 
     def absorbs(self, layer):
         """True when `layer`, coming right after this one, can run inside this layer's kernel (a relu:

@@ -154,3 +154,78 @@ def test_the_step_drops_the_residual_after_the_forward():
     assert r in rel.forward[at]                                  # dropped once the fused node has run
     assert not any(x in step for step in rel.forward)           # x: read by the backward
     assert y not in rel.forward[at]
+
+
+# ---- a concatenation written in place by its branches' batch norms -----------------------------------
+def _inception_like(fuse, channels_last=False, freeze=()):
+    """conv-bn-relu stem; a module of four branches ending in BatchNorm (three with a relu after it, one
+    without) concatenated; a second concatenation with a branch that is not a batch norm (left as it
+    is); global pool, dense."""
+    dmath.random.seed(8)
+    x = dnn.Input((3, 6, 6))
+    s = L.Activation("relu")(L.BatchNorm(name="stem.bn")(L.Conv2D(4, 3, padding=1, use_bias=False)(x)))
+
+    def branch(h, c, k, name, relu=True):
+        h = L.BatchNorm(name=name)(L.Conv2D(c, k, padding=k // 2, use_bias=False)(h))
+        return L.Activation("relu")(h) if relu else h
+    m = L.Concatenate()([branch(s, 2, 1, "m.b1"), branch(branch(s, 3, 1, "m.b2a"), 4, 3, "m.b2"),
+                         branch(s, 2, 3, "m.b3", relu=False),
+                         branch(L.Pool2D(3, stride=1, padding=1)(s), 3, 1, "m.b4")])
+    n = L.Concatenate()([branch(m, 3, 1, "n.b1"), L.Pool2D(3, stride=1, padding=1)(m)])
+    out = L.Output("softmax")(L.Dense(3)(L.GlobalAvgPool2D()(n)))
+    model = dnn.Model(x, out, dtype="float64", optimizer=dnn.optim.SGD(lr=0.1, momentum=0.9), fuse=fuse,
+                      channels_last=channels_last)
+    for name in freeze:
+        next(layer for layer in model.layers if layer.name == name).trainable = False
+    return model
+
+
+def test_concat_branches_are_the_concatenations_of_batch_norms():
+    from dnn.functional import concat_branches
+    g = _inception_like(True).graph
+    joins = concat_branches(g)
+    assert len(joins) == 1
+    (branches,) = joins.values()
+    assert [g.tensors[b].layer.name for b, _ in branches] == ["m.b1", "m.b2", "m.b3", "m.b4"]
+    assert [relu is not None for _, relu in branches] == [True, True, False, True]
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("freeze", [(), ("m.b2", "m.b3")])
+def test_concatenation_in_place_equals_the_copy(channels_last, freeze):
+    x, y = _data()
+    results = {}
+    for fuse in ("relu", True):
+        m = _inception_like(fuse, channels_last, freeze)
+        before = m.predict(x)
+        m.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        fns = _ops(m)
+        grads = _gradients(m)
+        m.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+        results[fuse] = (before, grads, m.get_weights(), m.predict(x), fns)
+    assert sum(isinstance(f, ops.ConcatBatchNorm) for f, _ in results[True][4]) == 1
+    assert sum(isinstance(f, ops.join.Concat) for f, _ in results[True][4]) == 1     # the second one
+    assert sum(isinstance(f, ops.join.Concat) for f, _ in results["relu"][4]) == 2
+    got, base = results[True], results["relu"]
+    np.testing.assert_array_equal(got[0], base[0])
+    for a, b in zip(got[1], base[1]):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13)
+    for a, b in zip(got[2], base[2]):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(got[3], base[3], rtol=1e-10, atol=1e-13)
+
+
+def test_concatenation_in_place_gradients_by_central_differences():
+    rng = np.random.default_rng(11)
+    stats = [[dmath.from_numpy(a, dtype="float64", layout=dmath.Replicated())
+              for a in (rng.normal(size=(1, c)), rng.uniform(0.5, 2.0, (1, c)))] for c in (2, 3)]
+
+    def build(x1, g1, b1, x2, g2, b2):
+        norms = [ops.BatchNorm(*stats[0], True, momentum=0.0, activation="relu"),
+                 ops.BatchNorm(*stats[1], True, momentum=0.0)]
+        return ops.ConcatBatchNorm(norms).apply(x1, g1, b1, x2, g2, b2)
+    arrays = [rng.normal(size=(5, 8)), rng.uniform(0.5, 1.5, (1, 2)), rng.normal(size=(1, 2)) * 0.3,
+              rng.normal(size=(5, 12)), rng.uniform(0.5, 1.5, (1, 3)), rng.normal(size=(1, 3)) * 0.3]
+    rep = dmath.Replicated()
+    gradcheck(build, arrays, layouts=[None, rep, rep, None, rep, rep],
+              sample_shapes=[(2, 2, 2), None, None, (3, 2, 2), None, None], seed=12)
