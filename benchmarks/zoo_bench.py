@@ -19,7 +19,8 @@ benchmarks/cnn_bench.py, whose timing both sides reuse), the wall seconds of
 each measurement (wall_s: warm-up, tuning and compilation included); a case that runs out
 of memory on one side is recorded without that side's figure. --fuse measures dnn once per
 fusion setting (Model's fuse: 'all' is fuse=True, a residual block's BatchNorm, Add and relu as
-one kernel; 'relu' folds the relus only; 'none' nothing); the first gives the case's figures,
+one kernel and an Inception module's concatenation written in place by its branches' batch
+norms; 'relu' folds the relus only; 'none' nothing); the first gives the case's figures,
 the others go to its `fuse_variants` with their ratio to the first, all in the same job. Writes
 OUTDIR/zoo_P<workers>_<nets>.json (one job per network keeps each under ten
 minutes), rewritten after every measurement so that a job cut short keeps

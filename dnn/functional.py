@@ -277,7 +277,7 @@ def build_nodes(model, x, ctx, rows_for):
     outputs = set(graph.outputs)
     heads = {}
     for i, t in enumerate(tensors):
-        if values[i] is not None or i in inside:     # (a BatchNorm that its Add's call computes)
+        if values[i] is not None or i in inside:     # (computed by the Add or Concatenate it feeds)
             continue
         layer = t.layer
         if i in tails:

@@ -76,8 +76,9 @@ class Model(Training):
             only reader of a Conv2D or a BatchNorm runs inside it, and an Add of a BatchNorm's
             output (its only reader) with another tensor, with the relu Activation that follows
             it, runs inside that BatchNorm (a residual block's tail: dmath.nn.batchnorm's
-            residual); 'relu': the relu folds only; False: every layer call is a node of its
-            own. The layers, their weights and the results are the same (up to rounding); this
+            residual), and a Concatenate whose inputs are all BatchNorms (or their relus) that
+            nothing else reads is written in place by them (an Inception module: no copy);
+            'relu': the relu folds only; False: every layer call is a node of its own. The layers, their weights and the results are the same (up to rounding); this
             is for tests and for measuring what fusing gains (not saved with the model).
     dmath is initialised here if the program has not done so.
     """

@@ -62,7 +62,7 @@ class BatchNorm(Function):
         return y
 
     def saves_input(self, k):
-        return k < 3         # x and gamma (beta: a parameter); the residual only ever added
+        return k < 2         # x and gamma; beta and the residual are not read again
 
     def backward(self, xs, y, gy, needs):
         x, gamma = xs[0], xs[1]

@@ -47,6 +47,30 @@ def _gradients(m):
     return [g.to_numpy() for g in G.gradients(prog.loss, prog.grad_at)]
 
 
+def _run(build, fuses):
+    """{fuse: (outputs before training, the gradients after one step, the weights after two more
+    epochs of SGD with momentum, the outputs then, the ops of the training step)}."""
+    x, y = _data()
+    results = {}
+    for fuse in fuses:
+        m = build(fuse)
+        before = m.predict(x)
+        m.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+        fns = _ops(m)
+        grads = _gradients(m)
+        m.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+        results[fuse] = (before, grads, m.get_weights(), m.predict(x), fns)
+    return results
+
+
+def _assert_same(got, base, rtol, atol):
+    np.testing.assert_allclose(got[0], base[0], rtol=1e-12, atol=1e-14)
+    assert len(got[1]) == len(base[1]) and len(got[2]) == len(base[2])
+    for a, b in zip(got[1] + got[2], base[1] + base[2]):
+        np.testing.assert_allclose(a, b, rtol=rtol, atol=atol)
+    np.testing.assert_allclose(got[3], base[3], rtol=rtol, atol=atol)
+
+
 def _ops(m):
     """(function, number of inputs) of each node of the last program."""
     return [(n.fn, len(n.inputs)) for n in m._last_program().order if n.fn is not None]
@@ -63,32 +87,15 @@ def test_residual_tails_are_the_sums_a_batchnorm_alone_feeds():
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("freeze", [(), ("b1.bn2", "b2.down")])
 def test_fused_model_equals_the_unfused_one(channels_last, freeze):
-    x, y = _data()
-    results = {}
-    for fuse in (False, "relu", True):
-        m = _resnet_like(fuse, channels_last, freeze)
-        before = m.predict(x)
-        m.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
-        fns = _ops(m)
-        grads = _gradients(m)
-        m.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
-        results[fuse] = (before, grads, m.get_weights(), m.predict(x), fns)
+    results = _run(lambda fuse: _resnet_like(fuse, channels_last, freeze), (False, "relu", True))
     fused = [(f.activation, n) for f, n in results[True][4] if isinstance(f, ops.BatchNorm)]
     # the three sums run inside their BatchNorms (a fourth input), two of them with the relu after them
     assert not any(isinstance(f, ops.join.Merge) for f, _ in results[True][4])
     assert sorted(fused, key=str) == sorted([("relu", 3)] * 3 + [("relu", 4)] * 2 + [(None, 3), (None, 4)], key=str)
     assert sum(isinstance(f, ops.join.Merge) for f, _ in results["relu"][4]) == 3
     assert not any(isinstance(f, ops.BatchNorm) and f.activation for f, _ in results[False][4])
-    base = results[False]
     for fuse in ("relu", True):
-        got = results[fuse]
-        np.testing.assert_allclose(got[0], base[0], rtol=1e-12, atol=1e-14)
-        assert len(got[1]) == len(base[1])
-        for a, b in zip(got[1], base[1]):
-            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
-        for a, b in zip(got[2], base[2]):
-            np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12)
-        np.testing.assert_allclose(got[3], base[3], rtol=1e-9, atol=1e-12)
+        _assert_same(results[fuse], results[False], rtol=1e-9, atol=1e-12)
 
 
 def test_the_fold_changes_no_layer_name_weight_or_count():
@@ -193,26 +200,12 @@ def test_concat_branches_are_the_concatenations_of_batch_norms():
 @pytest.mark.parametrize("channels_last", [False, True])
 @pytest.mark.parametrize("freeze", [(), ("m.b2", "m.b3")])
 def test_concatenation_in_place_equals_the_copy(channels_last, freeze):
-    x, y = _data()
-    results = {}
-    for fuse in ("relu", True):
-        m = _inception_like(fuse, channels_last, freeze)
-        before = m.predict(x)
-        m.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
-        fns = _ops(m)
-        grads = _gradients(m)
-        m.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
-        results[fuse] = (before, grads, m.get_weights(), m.predict(x), fns)
+    results = _run(lambda fuse: _inception_like(fuse, channels_last, freeze), ("relu", True))
     assert sum(isinstance(f, ops.ConcatBatchNorm) for f, _ in results[True][4]) == 1
     assert sum(isinstance(f, ops.join.Concat) for f, _ in results[True][4]) == 1     # the second one
     assert sum(isinstance(f, ops.join.Concat) for f, _ in results["relu"][4]) == 2
-    got, base = results[True], results["relu"]
-    np.testing.assert_array_equal(got[0], base[0])
-    for a, b in zip(got[1], base[1]):
-        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13)
-    for a, b in zip(got[2], base[2]):
-        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-13)
-    np.testing.assert_allclose(got[3], base[3], rtol=1e-10, atol=1e-13)
+    np.testing.assert_array_equal(results[True][0], results["relu"][0])     # the same kernels, in place
+    _assert_same(results[True], results["relu"], rtol=1e-10, atol=1e-13)
 
 
 def test_concatenation_in_place_gradients_by_central_differences():
