@@ -13,7 +13,7 @@ from dnn.graph.execute import Releases, topological_order
 from test_dnn_gradcheck import gradcheck
 
 
-def _resnet_like(fuse, channels_last=False, freeze=None):
+def _resnet_like(fuse, channels_last=False, freeze=None, dtype="float64"):
     """stem conv-bn-relu; a basic block (bn2(h) + identity, relu); a downsampling block whose tail adds
     two BatchNorms (bn3(h) + downsample bn(x), relu); a sum with no relu after it; global pool, dense."""
     dmath.random.seed(4)
@@ -29,7 +29,7 @@ def _resnet_like(fuse, channels_last=False, freeze=None):
     t = L.BatchNorm(name="b3.bn")(L.Conv2D(6, 1, use_bias=False)(s))
     s = L.Add()([s, t])                 # the BatchNorm second, no relu after the sum
     out = L.Output("softmax")(L.Dense(3)(L.GlobalAvgPool2D()(s)))
-    m = dnn.Model(x, out, dtype="float64", optimizer=dnn.optim.SGD(lr=0.1, momentum=0.9), fuse=fuse,
+    m = dnn.Model(x, out, dtype=dtype, optimizer=dnn.optim.SGD(lr=0.1, momentum=0.9), fuse=fuse,
                   channels_last=channels_last)
     for name in freeze or ():
         next(layer for layer in m.layers if layer.name == name).trainable = False
@@ -164,7 +164,7 @@ def test_the_step_drops_the_residual_after_the_forward():
 
 
 # ---- a concatenation written in place by its branches' batch norms -----------------------------------
-def _inception_like(fuse, channels_last=False, freeze=()):
+def _inception_like(fuse, channels_last=False, freeze=(), dtype="float64"):
     """conv-bn-relu stem; a module of four branches ending in BatchNorm (three with a relu after it, one
     without) concatenated; a second concatenation with a branch that is not a batch norm (left as it
     is); global pool, dense."""
@@ -180,7 +180,7 @@ def _inception_like(fuse, channels_last=False, freeze=()):
                          branch(L.Pool2D(3, stride=1, padding=1)(s), 3, 1, "m.b4")])
     n = L.Concatenate()([branch(m, 3, 1, "n.b1"), L.Pool2D(3, stride=1, padding=1)(m)])
     out = L.Output("softmax")(L.Dense(3)(L.GlobalAvgPool2D()(n)))
-    model = dnn.Model(x, out, dtype="float64", optimizer=dnn.optim.SGD(lr=0.1, momentum=0.9), fuse=fuse,
+    model = dnn.Model(x, out, dtype=dtype, optimizer=dnn.optim.SGD(lr=0.1, momentum=0.9), fuse=fuse,
                       channels_last=channels_last)
     for name in freeze:
         next(layer for layer in model.layers if layer.name == name).trainable = False
@@ -222,3 +222,17 @@ def test_concatenation_in_place_gradients_by_central_differences():
     rep = dmath.Replicated()
     gradcheck(build, arrays, layouts=[None, rep, rep, None, rep, rep],
               sample_shapes=[(2, 2, 2), None, None, (3, 2, 2), None, None], seed=12)
+
+
+@pytest.mark.parametrize("build", [_resnet_like, _inception_like])
+def test_float16_fused_models_train_as_the_float64_one(build):
+    """Mixed precision through the folds' kernels (float16 activations, computed in float32): one SGD
+    step gives the float64 model's loss and weights up to float16 rounding."""
+    x, y = _data()
+    ref = build(True)
+    want = ref.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)["loss"]
+    half = build(True, dtype="float16")
+    got = half.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)["loss"]
+    np.testing.assert_allclose(got, want, rtol=2e-3)
+    for a, b in zip(half.get_weights(), ref.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-2, atol=2e-3)
