@@ -101,6 +101,15 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
     momentum = args.real(momentum, "batchnorm: momentum")
     if not 0.0 <= momentum <= 1.0:
         raise DMathError(f"batchnorm: momentum must be in [0, 1], got {momentum}")
+    if residual is not None:
+        args.require(residual, "batchnorm: residual")
+        args.expect_shape(residual, x.shape, "batchnorm: residual")
+        if residual.dtype != x.dtype:
+            raise DMathError(f"batchnorm: residual must have x's dtype {x.dtype}, got {residual.dtype}")
+    total, offset = _window(window, image_shape, channels, residual is not None, "batchnorm")
+    shape = (x.shape[0], x.shape[1] // channels * (total or channels))
+    if out is not None:
+        _check_out(out, window, x, shape)
     group = args.group_of(x)
     count = x.shape[0] * pixels
     if training:
@@ -119,23 +128,8 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
     inputs = [x, args.replicated(gamma, group, "batchnorm: gamma"),
               args.replicated(beta, group, "batchnorm: beta")] + running
     if residual is not None:
-        args.require(residual, "batchnorm: residual")
-        args.expect_shape(residual, x.shape, "batchnorm: residual")
-        if residual.dtype != x.dtype:
-            raise DMathError(f"batchnorm: residual must have x's dtype {x.dtype}, got {residual.dtype}")
         inputs.append(args.like(residual, x, "batchnorm: residual"))
-    total, offset = _window(window, x, image_shape, channels, residual is not None, "batchnorm")
-    shape = (x.shape[0], x.shape[1] // channels * (total or channels))
     if out is not None:
-        if window is None:
-            raise DMathError("batchnorm: out is the batch a window is written into: give window=(L, offset)")
-        args.require(out, "batchnorm: out")
-        args.expect_shape(out, shape, "batchnorm: out")
-        p = runtime().nworkers
-        if out.dtype != x.dtype or not distribution(out.layout, shape, p).same_placement(
-                distribution(x.layout, shape, p)):
-            raise LayoutError(f"batchnorm: out is written in place, so it needs x's dtype {x.dtype} and rows on "
-                              f"x's workers ({x.layout}); it is {out.dtype}, {out.layout}")
         inputs.append(out)
     outs = [len(inputs) - 1 if out is not None else new_meta(x.layout, shape, x.dtype),
             new_meta(Replicated(group), (2, channels), rows.compute_dtype(x.dtype).name)]
@@ -165,7 +159,9 @@ def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=Fals
     """
     x = args.rows(x, "batchnorm_backward: x")
     channels, _ = _channels_of(x, image_shape, "batchnorm_backward")
-    total, offset = _window(window, x, image_shape, channels, residual, "batchnorm_backward")
+    if not isinstance(residual, bool):
+        raise DMathError(f"batchnorm_backward: residual must be True or False, got {residual!r}")
+    total, offset = _window(window, image_shape, channels, residual, "batchnorm_backward")
     wide = (x.shape[0], x.shape[1] // channels * (total or channels))
     args.require(dy, "batchnorm_backward: dy")
     args.expect_shape(dy, wide, "batchnorm_backward: dy")
@@ -179,8 +175,6 @@ def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=Fals
     inputs = [args.like(dy, x, "batchnorm_backward: dy"), x,
               args.replicated(gamma, group, "batchnorm_backward: gamma"),
               args.replicated(saved.stats, group, "batchnorm_backward: saved.stats")]
-    if not isinstance(residual, bool):
-        raise DMathError(f"batchnorm_backward: residual must be True or False, got {residual!r}")
     if y is not None:
         args.require(y, "batchnorm_backward: y")
         args.expect_shape(y, wide, "batchnorm_backward: y")
@@ -198,7 +192,19 @@ def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=Fals
     return grads + (dy,) if residual and not masked else grads
 
 
-def _window(window, x, image_shape, channels, residual, what):
+def _check_out(out, window, x, shape):
+    """DMathError unless `out` can take batchnorm's window of x in place."""
+    if window is None:
+        raise DMathError("batchnorm: out is the batch a window is written into: give window=(L, offset)")
+    args.require(out, "batchnorm: out")
+    args.expect_shape(out, shape, "batchnorm: out")
+    p = runtime().nworkers
+    if out.dtype != x.dtype or not distribution(out.layout, shape, p).same_placement(distribution(x.layout, shape, p)):
+        raise LayoutError(f"batchnorm: out is written in place, so it needs x's dtype {x.dtype} and rows on "
+                          f"x's workers ({x.layout}); it is {out.dtype}, {out.layout}")
+
+
+def _window(window, image_shape, channels, residual, what):
     """(L, offset) of a checked window, (0, 0) for none."""
     if window is None:
         return 0, 0
