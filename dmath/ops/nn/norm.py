@@ -339,20 +339,32 @@ def _output(call):
 
 
 def _batchnorm_gpu(call, x, stats, rm, rv, res):
-    """_batchnorm on a GPU for channels-last rows: the (M, C) kernels of norm_cuda (statistics in
-    double, one pass to normalise)."""
+    """_batchnorm on a GPU for channels-last rows: the (M, C) kernels of norm_cuda (statistics in one
+    pass, every per-channel quantity of a training step in one launch, one pass to normalise)."""
     xp = backend.current().xp
     channels, training = call.entry.static.channels, call.entry.static.training
+    relu = call.entry.static.relu
     momentum, eps, unbias = call.scalars
     src = call.inputs[0]
     x2 = x.reshape(-1, channels)
+    gamma, beta = rows.local(call.inputs[1]).reshape(-1), rows.local(call.inputs[2]).reshape(-1)
+    out = _output(call)
+    out2 = out.reshape(-1, call.entry.static.total or channels)     # (wider for a window: its channels only)
+    first = call.entry.static.offset            # a window's first channel (0: none)
+    res2 = None if res is None else res.reshape(-1, channels)
+    acc = norm_cuda.acc_dtype(x.dtype)
     if training:
         count = src.dist.shape[0] * (x.shape[1] // channels)
-        shift = rm.reshape(-1).astype(xp.float64)      # the same on every worker: one all-reduce
+        shift = rm.reshape(-1)                  # the same on every worker: one all-reduce
         sums = norm_cuda.channel_sums(3, x2, shift)
         rows.sum_over_batch(call, src.dist, sums.reshape(-1))
+        if norm_cuda.finalizes(gamma.dtype, rm.dtype, stats.dtype, acc):
+            mean, scale, offset = norm_cuda.finalize_forward(sums, shift, gamma, beta, shift, rv.reshape(-1),
+                                                             stats, acc, count, momentum, unbias, eps)
+            norm_cuda.normalize(x2, out2, mean, scale, offset, relu, res2, first)
+            return _forward_shards(call, out, stats, training)
         offset = sums[0] * (1.0 / count)
-        mean = shift + offset
+        mean = shift.astype(xp.float64) + offset
         var = xp.maximum(sums[1] * (1.0 / count) - offset * offset, 0.0)
         _update_running(rm, rv, mean, var, momentum, unbias)
     else:
@@ -360,11 +372,7 @@ def _batchnorm_gpu(call, x, stats, rm, rv, res):
     inv = 1.0 / xp.sqrt(var + eps)
     stats[0] = mean
     stats[1] = inv
-    gamma, beta = rows.local(call.inputs[1]), rows.local(call.inputs[2])
-    out = _output(call)
-    st = call.entry.static
-    norm_cuda.normalize(x2, out.reshape(-1, st.total or channels), mean, inv * gamma.reshape(-1), beta.reshape(-1),
-                        st.relu, None if res is None else res.reshape(-1, channels), st.offset)
+    norm_cuda.normalize(x2, out2, mean, inv * gamma, beta, relu, res2, first)
     return _forward_shards(call, out, stats, training)
 
 
@@ -424,33 +432,37 @@ def _batchnorm_backward(call):
 
 def _batchnorm_backward_gpu(call, dy, x, stats):
     """_batchnorm_backward on a GPU for channels-last rows (norm_cuda): the two sums per channel in one
-    pass, dx in another."""
+    pass, every per-channel quantity in one launch, dx in another pass."""
     xp = backend.current().xp
     channels, training = call.entry.static.channels, call.entry.static.training
     src = call.inputs[1]
     wide = call.entry.static.total or channels
     x2, dy2 = x.reshape(-1, channels), dy.reshape(-1, wide)
     y2 = rows.local(call.inputs[4]).reshape(-1, wide) if call.entry.static.relu else None
-    offset = call.entry.static.offset
-    mean, r = stats[0].astype(xp.float64), stats[1].astype(xp.float64)
-    sums = norm_cuda.channel_sums(2, x2, mean, dy2, y2, offset)
-    flat = sums.reshape(-1)
-    rows.sum_over_batch(call, src.dist, flat)
-    dbeta, dgamma = sums[0], sums[1] * r
-    g = rows.local(call.inputs[2]).reshape(-1).astype(xp.float64)
-    a = g * r
-    if training:
-        count = src.dist.shape[0] * (x.shape[1] // channels)
-        b, c0 = a * r * dgamma * (-1.0 / count), a * dbeta * (-1.0 / count)
-    else:
-        b = c0 = xp.zeros_like(a)
+    first = call.entry.static.offset            # a window's first channel (0: none)
+    acc = norm_cuda.acc_dtype(x.dtype)
+    sums = norm_cuda.channel_sums(2, x2, stats[0], dy2, y2, first)
+    rows.sum_over_batch(call, src.dist, sums.reshape(-1))
+    count = src.dist.shape[0] * (x.shape[1] // channels)
+    g = rows.local(call.inputs[2]).reshape(-1)
     (dx,) = rows.new_output(call, 0)
-    dr = rows.new_output(call, 3)[0] if call.entry.static.residual else None
-    norm_cuda.input_gradient(dy2, x2, y2, dx.reshape(-1, channels), mean, a, b, c0,
-                             None if dr is None else dr.reshape(-1, channels), offset)
     (dg,) = rows.new_output(call, 1)
     (db,) = rows.new_output(call, 2)
-    dg[...] = dgamma.reshape(dg.shape)
-    db[...] = dbeta.reshape(db.shape)
+    dr = rows.new_output(call, 3)[0] if call.entry.static.residual else None
+    if norm_cuda.finalizes(g.dtype, stats.dtype, stats.dtype, acc):
+        mean, a, b, c0 = norm_cuda.finalize_backward(sums, stats, g, dg.reshape(-1), db.reshape(-1), acc,
+                                                     count, training)
+    else:
+        mean, r = stats[0].astype(xp.float64), stats[1].astype(xp.float64)
+        dbeta, dgamma = sums[0], sums[1] * r
+        a = g.astype(xp.float64) * r
+        if training:
+            b, c0 = a * r * dgamma * (-1.0 / count), a * dbeta * (-1.0 / count)
+        else:
+            b = c0 = xp.zeros_like(a)
+        dg[...] = dgamma.reshape(dg.shape)
+        db[...] = dbeta.reshape(db.shape)
+    norm_cuda.input_gradient(dy2, x2, y2, dx.reshape(-1, channels), mean, a, b, c0,
+                             None if dr is None else dr.reshape(-1, channels), first)
     shards = [rows.shard(call, 0, [dx]), rows.shard(call, 1, [dg]), rows.shard(call, 2, [db])]
     return shards + ([rows.shard(call, 3, [dr])] if dr is not None else [])

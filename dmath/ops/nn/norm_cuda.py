@@ -3,27 +3,41 @@
 A batch of channels-last image rows is an (M, C) array: M = samples x
 pixels rows, one column per channel. Written with array expressions, the
 NumPy kernels of norm.py make each channel's sums along a transposed view
-(reads strided by C) and several full-size float32 temporaries per call;
-on a GPU that made BatchNorm most of a ResNet step. Here:
+(reads strided by C), several full-size temporaries and some twenty small
+kernels per call; on a GPU that made BatchNorm most of a ResNet step. Here
+a training step's BatchNorm is four launches each way (sums, their
+reduction over the blocks, a per-channel `finalize`, the elementwise pass),
+plus the all-reduce of the sums when the batch is split over workers.
 
-- `channel_sums`: each thread owns one channel of a chunk of rows, so a
-  warp reads 32 adjacent channels of a row (coalesced), accumulating in
-  double; the chunks' partial sums (a few MB) are added by one reduction.
-  The statistics take one pass: the sums of (x - k) and (x - k)^2 around
-  a shift k every worker holds alike (the running mean), summed over the
-  workers by one all-reduce; in double, var = S2/M - (S1/M)^2 loses
-  nothing that float32 data holds unless the batch mean is some 10^6
-  standard deviations from the shift (the float32 E[x^2] - E[x]^2 is why
-  the NumPy kernel takes two passes). The backward pass sums
-  [sum(g), sum(g * (x - mean))] with g = dy, masked by y > 0 after a fused
-  relu.
+Layout of the work: a block of 256 threads is TX x TY, TX threads along a
+row's channels and TY rows at a time; each thread owns V adjacent channels
+(V x the element size = 16 bytes when C and the addresses allow: one
+vector load per row, so a warp reads whole 128-byte lines) and walks down
+the rows with a grid stride, keeping its channels' constants in registers
+(no index arithmetic per element beyond one multiply-add).
+
+- `channel_sums`: per thread, sums in double over its rows; the block adds
+  its TY partial sums in shared memory and writes one row of partial sums
+  per block (grid rows sized to fill the GPU); one reduction adds those
+  (deterministic: no atomics, the same bits every run). The statistics
+  take one pass: the sums of (x - k) and (x - k)^2 around a shift k every
+  worker holds alike (the running mean), summed over the workers by one
+  all-reduce; in double, var = S2/M - (S1/M)^2 loses nothing that float32
+  data holds unless the batch mean is some 10^6 standard deviations from
+  the shift (the float32 E[x^2] - E[x]^2 is why the NumPy kernel takes two
+  passes). The backward pass sums [sum(g), sum(g * (x - mean))] with
+  g = dy, masked by y > 0 after a fused relu.
+- `finalize_forward` / `finalize_backward`: every per-channel quantity of
+  the step (mean, 1/std, the running statistics updated in place, the
+  normalisation's scale; dgamma, dbeta and dx's coefficients) in one
+  launch of C threads.
 - `normalize`: y = (x - mean) * scale + shift (+ r, a residual) (relu), one pass.
 - `input_gradient`: dx = a * g + b * (x - mean) + c per channel, one pass;
-- y (forward), dy and y (backward) may be a window of wider rows: channels
-  off .. off + C of rows of ld values, a concatenation's slice written and
-  read in place (an Inception module's branches, dmath.nn.batchnorm's window);
   with a residual it also writes dr = g (dy masked by y > 0), so a
   residual block's tail costs no pass of its own in either direction.
+- y (forward), dy and y (backward) may be a window of wider rows: channels
+  off .. off + C of rows of ld values, a concatenation's slice written and
+  read in place (an Inception module's branches, dmath.nn.batchnorm's window).
 
 Values are read into float (double for double data) and written with one
 rounding, as the other GPU kernels (dmath/gpu/launcher.py).
@@ -36,94 +50,207 @@ from ... import backend, memory
 from ...gpu import launcher
 
 SOURCE = r"""
-template <typename T, int MODE, bool RELU>
-__global__ void dm_bn_sums(const T* x, const T* dy, const T* y, const double* mean, double* partial,
-                           long long M, int C, long long rows, long long ld, int off) {
-    int c = blockIdx.y * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    long long r0 = (long long)blockIdx.x * rows;
-    long long r1 = r0 + rows < M ? r0 + rows : M;
-    double m = MODE > 0 ? mean[c] : 0.0;
-    double s0 = 0.0, s1 = 0.0;
-    for (long long r = r0; r < r1; ++r) {
-        long long i = r * C + c;
-        double v = (double)dm_val(x[i]);
-        if (MODE == 0) {
-            s0 += v;
-        } else if (MODE == 3) {
-            double d = v - m;
-            s0 += d;
-            s1 += d * d;
-        } else if (MODE == 1) {
-            double d = v - m;
-            s0 += d * d;
-        } else {
-            long long j = r * ld + off + c;         // dy and y: channels off.. of rows of ld
-            double g = (double)dm_val(dy[j]);
-            if (RELU && !(dm_val(y[j]) > 0)) g = 0.0;
-            s0 += g;
-            s1 += g * (v - m);
+template <typename T, int V> struct __align__(sizeof(T) * V) dm_vec { T v[V]; };
+
+template <typename T, int V>
+__device__ __forceinline__ dm_vec<T, V> dm_load(const T* p, long long i) {
+    return *reinterpret_cast<const dm_vec<T, V>*>(p + i);
+}
+
+// blockDim (TX, TY) = 256 threads; grid (ceil(C / V / TX), rows of blocks); MODE 3: [sum d, sum d^2],
+// d = x - mean (mean: the shift); MODE 2: [sum g, sum g (x - mean)], g = dy masked by y > 0 (RELU)
+template <typename T, int V, int MODE, bool RELU>
+__global__ void __launch_bounds__(256) dm_bn_sums(const T* __restrict__ x, const T* __restrict__ dy,
+        const T* __restrict__ y, const typename Acc<T>::type* __restrict__ mean,
+        double* __restrict__ partial, long long M, int C, long long ld, int off) {
+    __shared__ double sm[2 * V * 256];
+    const int tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x, TY = blockDim.y;
+    const int c0 = (blockIdx.x * TX + tx) * V;
+    const bool active = c0 < C;
+    double m[V], s0[V], s1[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) { m[v] = active ? (double)mean[c0 + v] : 0.0; s0[v] = 0.0; s1[v] = 0.0; }
+    if (active) {
+        const long long step = (long long)gridDim.y * TY;
+#pragma unroll 4
+        for (long long r = (long long)blockIdx.y * TY + ty; r < M; r += step) {
+            const long long i = r * C + c0;
+            dm_vec<T, V> xv = dm_load<T, V>(x, i);
+            if (MODE == 3) {
+#pragma unroll
+                for (int v = 0; v < V; ++v) {
+                    double d = (double)dm_val(xv.v[v]) - m[v];
+                    s0[v] += d;
+                    s1[v] += d * d;
+                }
+            } else {
+                const long long j = r * ld + off + c0;      // dy and y: channels off.. of rows of ld
+                dm_vec<T, V> gv = dm_load<T, V>(dy, j);
+                dm_vec<T, V> yv;
+                if (RELU) yv = dm_load<T, V>(y, j);
+#pragma unroll
+                for (int v = 0; v < V; ++v) {
+                    double g = (double)dm_val(gv.v[v]);
+                    if (RELU && !(dm_val(yv.v[v]) > 0)) g = 0.0;
+                    s0[v] += g;
+                    s1[v] += g * ((double)dm_val(xv.v[v]) - m[v]);
+                }
+            }
         }
     }
-    int k = MODE >= 2 ? 2 : 1;
-    partial[((long long)blockIdx.x * k) * C + c] = s0;
-    if (MODE >= 2) partial[((long long)blockIdx.x * k + 1) * C + c] = s1;
+    const int t = ty * TX + tx;
+#pragma unroll
+    for (int v = 0; v < V; ++v) { sm[(2 * v) * 256 + t] = s0[v]; sm[(2 * v + 1) * 256 + t] = s1[v]; }
+    __syncthreads();
+    if (ty == 0 && active) {
+        for (int k = 0; k < 2 * V; ++k) {
+            double acc = 0.0;
+            for (int j = 0; j < TY; ++j) acc += sm[k * 256 + j * TX + tx];
+            partial[((long long)blockIdx.y * 2 + (k & 1)) * C + c0 + (k >> 1)] = acc;
+        }
+    }
 }
 
-template <typename T, bool RELU, bool RES>
-__global__ void dm_bn_normalize(const T* x, const T* res, T* y, const typename Acc<T>::type* mean,
-                                const typename Acc<T>::type* scale, const typename Acc<T>::type* shift,
-                                long long total, int C, long long ld, int off) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    long long r = i / C;
-    int c = (int)(i - r * C);
-    typename Acc<T>::type v = (dm_val(x[i]) - mean[c]) * scale[c] + shift[c];
-    if (RES) v += dm_val(res[i]);
-    if (RELU && v < 0) v = 0;
-    y[r * ld + off + c] = dm_cast<T>(v);       // y: channels off.. of rows of ld (a concatenation's)
+// every per-channel quantity of a training forward from the (all-reduced) sums s = [S1; S2] around the
+// shift k: mean, inv = 1/sqrt(var + eps), the running statistics in place, and the normalisation's
+// mean, scale = inv * gamma and shift = beta in the elementwise kernel's type
+template <typename G, typename R, typename S, typename A>
+__global__ void dm_bn_finalize_fwd(const double* __restrict__ s, const R* k,
+        const G* __restrict__ gamma, const G* __restrict__ beta, R* rm, R* rv, S* stats,
+        A* mean_a, A* scale_a, A* shift_a, double inv_count, double momentum, double unbias,
+        double eps, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    double off = s[c] * inv_count;
+    double mean = (double)k[c] + off;
+    double var = s[C + c] * inv_count - off * off;
+    if (var < 0) var = 0;
+    rm[c] = (R)((1.0 - momentum) * (double)rm[c] + momentum * mean);
+    rv[c] = (R)((1.0 - momentum) * (double)rv[c] + (momentum * unbias) * var);
+    double inv = 1.0 / sqrt(var + eps);
+    stats[c] = (S)mean;
+    stats[C + c] = (S)inv;
+    mean_a[c] = (A)mean;
+    scale_a[c] = (A)(inv * (double)dm_val(gamma[c]));
+    shift_a[c] = (A)(double)dm_val(beta[c]);
 }
 
-template <typename T, bool RELU, bool DR>
-__global__ void dm_bn_dx(const T* dy, const T* x, const T* y, T* dx, T* dr, const typename Acc<T>::type* mean,
-                         const typename Acc<T>::type* a, const typename Acc<T>::type* b,
-                         const typename Acc<T>::type* c0, long long total, int C, long long ld, int off) {
-    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (i >= total) return;
-    long long r = i / C;
-    int c = (int)(i - r * C);
-    long long j = r * ld + off + c;             // dy and y: channels off.. of rows of ld
-    T raw = dy[j];
-    typename Acc<T>::type g = dm_val(raw);
-    bool masked = RELU && !(dm_val(y[j]) > 0);
-    if (masked) g = 0;
-    if (DR) dr[i] = masked ? dm_cast<T>(0.0) : raw;     // the residual's gradient: dy where y > 0, exactly
-    dx[i] = dm_cast<T>(a[c] * g + b[c] * (dm_val(x[i]) - mean[c]) + c0[c]);
+// dgamma, dbeta and dx = a g + b (x - mean) + c0 from the (all-reduced) sums s = [sum g; sum g (x - mean)]
+template <typename G, typename S, typename A>
+__global__ void dm_bn_finalize_bwd(const double* __restrict__ s, const S* __restrict__ stats,
+        const G* __restrict__ gamma, G* dgamma, G* dbeta, A* mean_a, A* a_out, A* b_out, A* c_out,
+        double inv_count, int training, int C) {
+    int c = blockIdx.x * blockDim.x + threadIdx.x;
+    if (c >= C) return;
+    double r = (double)stats[C + c];
+    double db = s[c], dg = s[C + c] * r;
+    double a = (double)dm_val(gamma[c]) * r;
+    dgamma[c] = dm_cast<G>(dg);
+    dbeta[c] = dm_cast<G>(db);
+    mean_a[c] = (A)stats[c];
+    a_out[c] = (A)a;
+    b_out[c] = (A)(training ? -a * r * dg * inv_count : 0.0);
+    c_out[c] = (A)(training ? -a * db * inv_count : 0.0);
+}
+
+template <typename T, int V, bool RELU, bool RES>
+__global__ void __launch_bounds__(256) dm_bn_normalize(const T* __restrict__ x, const T* __restrict__ res,
+        T* __restrict__ y, const typename Acc<T>::type* __restrict__ mean,
+        const typename Acc<T>::type* __restrict__ scale, const typename Acc<T>::type* __restrict__ shift,
+        long long M, int C, long long ld, int off) {
+    typedef typename Acc<T>::type A;
+    const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (c0 >= C) return;
+    A m[V], s[V], b[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) { m[v] = mean[c0 + v]; s[v] = scale[c0 + v]; b[v] = shift[c0 + v]; }
+    const long long step = (long long)gridDim.y * blockDim.y;
+    for (long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y; r < M; r += step) {
+        const long long i = r * C + c0;
+        dm_vec<T, V> xv = dm_load<T, V>(x, i), rv, out;
+        if (RES) rv = dm_load<T, V>(res, i);
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+            A val = (dm_val(xv.v[v]) - m[v]) * s[v] + b[v];
+            if (RES) val += dm_val(rv.v[v]);
+            if (RELU && val < 0) val = 0;
+            out.v[v] = dm_cast<T>(val);
+        }
+        // y: channels off.. of rows of ld (a concatenation's slice; ld = C, off = 0 for a batch of its own)
+        *reinterpret_cast<dm_vec<T, V>*>(y + r * ld + off + c0) = out;
+    }
+}
+
+template <typename T, int V, bool RELU, bool DR>
+__global__ void __launch_bounds__(256) dm_bn_dx(const T* __restrict__ dy, const T* __restrict__ x,
+        const T* __restrict__ y, T* __restrict__ dx, T* __restrict__ dr,
+        const typename Acc<T>::type* __restrict__ mean, const typename Acc<T>::type* __restrict__ a,
+        const typename Acc<T>::type* __restrict__ b, const typename Acc<T>::type* __restrict__ c0v,
+        long long M, int C, long long ld, int off) {
+    typedef typename Acc<T>::type A;
+    const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * V;
+    if (c0 >= C) return;
+    A m[V], av[V], bv[V], cv[V];
+#pragma unroll
+    for (int v = 0; v < V; ++v) { m[v] = mean[c0 + v]; av[v] = a[c0 + v]; bv[v] = b[c0 + v]; cv[v] = c0v[c0 + v]; }
+    const long long step = (long long)gridDim.y * blockDim.y;
+    for (long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y; r < M; r += step) {
+        const long long i = r * C + c0, j = r * ld + off + c0;     // dy and y: channels off.. of rows of ld
+        dm_vec<T, V> gv = dm_load<T, V>(dy, j), xv = dm_load<T, V>(x, i), yv, out, rout;
+        if (RELU) yv = dm_load<T, V>(y, j);
+#pragma unroll
+        for (int v = 0; v < V; ++v) {
+            A g = dm_val(gv.v[v]);
+            const bool masked = RELU && !(dm_val(yv.v[v]) > 0);
+            if (masked) g = 0;
+            if (DR) rout.v[v] = masked ? dm_cast<T>(0.0) : gv.v[v];   // the residual's gradient, exactly
+            out.v[v] = dm_cast<T>(av[v] * g + bv[v] * (dm_val(xv.v[v]) - m[v]) + cv[v]);
+        }
+        *reinterpret_cast<dm_vec<T, V>*>(dx + i) = out;
+        if (DR) *reinterpret_cast<dm_vec<T, V>*>(dr + i) = rout;
+    }
 }
 """
 
 _TYPES = launcher.C_TYPES
-#: the sums' threads: one per (chunk of rows, channel); about this many in all
-_SUM_THREADS = 1 << 18
+#: elements per thread when they make a 16-byte vector (C a multiple of it, 16-byte aligned arrays)
+_VEC = {"float16": 8, "float32": 4, "float64": 2}
+#: (gamma, running statistics, stats, elementwise constants) dtypes the finalize kernels are built for:
+#: the models' own (float16 data: float16 or float32 gamma, float32 statistics); others take array code
+_FINAL = {("float16", "float32", "float32", "float32"), ("float32", "float32", "float32", "float32"),
+          ("float64", "float64", "float64", "float64")}
+#: blocks of the sums kernel per multiprocessor (each thread then walks many rows: few partial sums)
+_SUM_BLOCKS_PER_SM = 2
+#: blocks of the elementwise kernels per multiprocessor (each thread walks a few rows)
+_EW_BLOCKS_PER_SM = 32
+
+
+def _ctype(dtype):
+    return _TYPES[np.dtype(dtype).name]
 
 
 def _names():
     out = []
-    for t in _TYPES.values():
-        for relu in ("false", "true"):
-            out += [f"dm_bn_sums<{t}, {mode}, {relu}>" for mode in (0, 1, 2, 3)]
-            for extra in ("false", "true"):
-                out += [f"dm_bn_normalize<{t}, {relu}, {extra}>", f"dm_bn_dx<{t}, {relu}, {extra}>"]
+    for name in _TYPES:
+        t = _TYPES[name]
+        for v in (1, _VEC[name]):
+            out += [f"dm_bn_sums<{t}, {v}, 3, false>", f"dm_bn_sums<{t}, {v}, 2, false>",
+                    f"dm_bn_sums<{t}, {v}, 2, true>"]
+            out += [f"dm_bn_{k}<{t}, {v}, {relu}, {extra}>" for k in ("normalize", "dx") for relu in ("false", "true")
+                    for extra in ("false", "true")]
+    for g, r, s, a in sorted(_FINAL):
+        out += [f"dm_bn_finalize_fwd<{_TYPES[g]}, {_TYPES[r]}, {_TYPES[s]}, {_TYPES[a]}>",
+                f"dm_bn_finalize_bwd<{_TYPES[g]}, {_TYPES[s]}, {_TYPES[a]}>"]
     return out
 
 
-def _fn(name, dtype, *params):
-    expression = f"{name}<{', '.join((_TYPES[np.dtype(dtype).name],) + tuple(params))}>"
+def _fn(expression):
     return launcher.function(SOURCE, expression, _names())
 
 
 #: None until the module is first compiled; then whether it compiled (else the array kernels run)
 _COMPILED = None
+_SMS = None
 
 
 def usable(x2):
@@ -135,7 +262,7 @@ def usable(x2):
         return False
     if _COMPILED is None:
         try:
-            _fn("dm_bn_sums", "float32", "0", "false")
+            _fn("dm_bn_sums<float, 1, 3, false>")
             _COMPILED = True
         except Exception as exc:        # noqa: BLE001 - any compiler failure: the array kernels still work
             warnings.warn(f"dmath: the BatchNorm GPU kernels did not compile ({exc}); using the array kernels")
@@ -143,56 +270,121 @@ def usable(x2):
     return _COMPILED
 
 
-def _acc(dtype):
-    return np.float64 if np.dtype(dtype) == np.float64 else np.float32
+def _sms():
+    global _SMS
+    if _SMS is None:
+        _SMS = backend.current().xp.cuda.Device().attributes["MultiProcessorCount"]
+    return _SMS
 
 
-def channel_sums(mode, x2, mean=None, dy2=None, y2=None, off=0):
-    """Per-channel sums (double, shape (k, C)) of the (M, C) batch x2 (see the module docstring).
-    mode 0: [sum x]; 1: [sum (x - mean)^2]; 2: [sum g, sum g (x - mean)], g = dy2 (masked by y2 > 0
-    when y2 is given); 3: [sum (x - mean), sum (x - mean)^2] around a shift given as `mean` (one pass
-    for both statistics). mean: a double array of C values (modes 1 to 3). dy2 and y2 may be wider
-    (M, L) arrays whose channels off .. off + C are read."""
+def acc_dtype(dtype):
+    """The dtype of the elementwise kernels' per-channel constants (float; double for double data)."""
+    return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
+
+
+def _width(C, *arrays, ld=None, off=0):
+    """V: 16 bytes of the element type per thread when C, a window's row length ld and offset, and
+    every array's address allow, else 1."""
+    v = _VEC[np.dtype(arrays[0].dtype).name]
+    if C % v == 0 and (ld or C) % v == 0 and off % v == 0 and \
+            all(a.data.ptr % 16 == 0 for a in arrays if a is not None):
+        return v
+    return 1
+
+
+def _shape(C, v, M, per_sm):
+    """(grid, block) of a kernel with V = v over an (M, C) batch."""
+    cv = C // v
+    tx = min(32, 1 << max(0, (cv - 1).bit_length()))
+    ty = 256 // tx
+    gx = -(-cv // tx)
+    gy = max(1, min(-(-M // ty), 65535, -(-per_sm * _sms() // gx)))
+    return (gx, gy), (tx, ty)
+
+
+def channel_sums(mode, x2, mean, dy2=None, y2=None, off=0):
+    """Per-channel sums (double, shape (2, C)) of the (M, C) batch x2 (see the module docstring).
+    mode 3: [sum (x - mean), sum (x - mean)^2] around a shift given as `mean` (one pass for both
+    statistics); mode 2: [sum g, sum g (x - mean)], g = dy2 (masked by y2 > 0 when y2 is given).
+    mean: C values in acc_dtype(x2.dtype). dy2 and y2 may be wider (M, L) arrays whose channels
+    off .. off + C are read."""
     xp = backend.current().xp
     M, C = x2.shape
-    k = 2 if mode >= 2 else 1
     if M == 0 or C == 0:
-        return xp.zeros((k, C), dtype=np.float64)
-    threads = min(256, 32 * -(-C // 32))
-    chunks = max(1, min(M, _SUM_THREADS // C))
-    rows = -(-M // chunks)
-    chunks = -(-M // rows)
-    partial = memory.empty((chunks, k, C), np.float64)
+        return xp.zeros((2, C), dtype=np.float64)
+    ld = dy2.shape[1] if dy2 is not None else C
+    v = _width(C, x2, dy2, y2, ld=ld, off=off)
+    grid, block = _shape(C, v, M, _SUM_BLOCKS_PER_SM)
+    partial = memory.empty((grid[1], 2, C), np.float64)
     relu = "true" if y2 is not None else "false"
-    fn = _fn("dm_bn_sums", x2.dtype, str(mode), relu)
-    dummy = x2
-    fn((chunks, -(-C // threads)), (threads,),
-       (x2, dy2 if dy2 is not None else dummy, y2 if y2 is not None else dummy,
-        mean if mean is not None else partial, partial, np.int64(M), np.int32(C), np.int64(rows),
-        np.int64(dy2.shape[1] if dy2 is not None else C), np.int32(off)))
-    return partial.sum(axis=0)
+    fn = _fn(f"dm_bn_sums<{_ctype(x2.dtype)}, {v}, {mode}, {relu}>")
+    fn(grid, block, (x2, dy2 if dy2 is not None else x2, y2 if y2 is not None else x2,
+                     mean.astype(acc_dtype(x2.dtype), copy=False), partial, np.int64(M), np.int32(C), np.int64(ld),
+                     np.int32(off)))
+    return partial.sum(axis=0) if grid[1] > 1 else partial[0]
+
+
+def finalizes(gamma, running, stats, acc):
+    """Whether the finalize kernels are built for these dtypes (else norm.py computes with arrays)."""
+    return (np.dtype(gamma).name, np.dtype(running).name, np.dtype(stats).name, np.dtype(acc).name) in _FINAL
+
+
+def finalize_forward(sums, shift, gamma, beta, rm, rv, stats, acc, count, momentum, unbias, eps):
+    """From the all-reduced sums around `shift` (rm's values): the running statistics rm, rv updated in
+    place, stats = [mean; 1/sqrt(var + eps)], and (mean, scale, shift) of `normalize` in `acc`."""
+    xp = backend.current().xp
+    C = sums.shape[1]
+    consts = xp.empty((3, C), dtype=acc)
+    fn = _fn(f"dm_bn_finalize_fwd<{_ctype(gamma.dtype)}, {_ctype(rm.dtype)}, {_ctype(stats.dtype)}, {_ctype(acc)}>")
+    launcher.launch(fn, C, (sums, shift, gamma, beta, rm, rv, stats, consts[0], consts[1], consts[2],
+                            np.float64(1.0 / count), np.float64(momentum), np.float64(unbias),
+                            np.float64(eps), np.int32(C)))
+    return consts
+
+
+def finalize_backward(sums, stats, gamma, dgamma, dbeta, acc, count, training):
+    """dgamma, dbeta (written) and (mean, a, b, c0) of `input_gradient` in `acc` from the all-reduced
+    sums [sum g; sum g (x - mean)] and stats = [mean; 1/sqrt(var + eps)]."""
+    xp = backend.current().xp
+    C = sums.shape[1]
+    consts = xp.empty((4, C), dtype=acc)
+    fn = _fn(f"dm_bn_finalize_bwd<{_ctype(gamma.dtype)}, {_ctype(stats.dtype)}, {_ctype(acc)}>")
+    launcher.launch(fn, C, (sums, stats, gamma, dgamma, dbeta, consts[0], consts[1], consts[2], consts[3],
+                            np.float64(1.0 / count), np.int32(bool(training)), np.int32(C)))
+    return consts
 
 
 def normalize(x2, out2, mean, scale, shift, relu, res2=None, off=0):
     """out2 = (x2 - mean) * scale + shift (+ res2) per channel (relu: then max(., 0)); the
-    per-channel arrays in float (double for double data); res2: None or an (M, C) array like x2;
-    out2 may be a wider (M, L) array, written in its channels off .. off + C only."""
-    acc = _acc(x2.dtype)
+    per-channel arrays in acc_dtype(x2.dtype); res2: None or an (M, C) array like x2; out2 may be
+    a wider (M, L) array, written in its channels off .. off + C only."""
+    M, C = x2.shape
+    if x2.size == 0:
+        return
+    acc = acc_dtype(x2.dtype)
     args = [a.astype(acc, copy=False) for a in (mean, scale, shift)]
-    total = x2.size
-    fn = _fn("dm_bn_normalize", x2.dtype, "true" if relu else "false", "true" if res2 is not None else "false")
-    launcher.launch(fn, total, (x2, res2 if res2 is not None else x2, out2, *args, np.int64(total),
-                                np.int32(x2.shape[1]), np.int64(out2.shape[1]), np.int32(off)))
+    ld = out2.shape[1]
+    v = _width(C, x2, out2, res2, ld=ld, off=off)
+    grid, block = _shape(C, v, M, _EW_BLOCKS_PER_SM)
+    fn = _fn(f"dm_bn_normalize<{_ctype(x2.dtype)}, {v}, {'true' if relu else 'false'}, "
+             f"{'true' if res2 is not None else 'false'}>")
+    fn(grid, block, (x2, res2 if res2 is not None else x2, out2, *args, np.int64(M), np.int32(C), np.int64(ld),
+                     np.int32(off)))
 
 
 def input_gradient(dy2, x2, y2, dx2, mean, a, b, c0, dr2=None, off=0):
     """dx2 = a * g + b * (x2 - mean) + c0 per channel, g = dy2 masked by y2 > 0 when y2 is given;
     dr2: None, or an (M, C) array that receives g (a residual's gradient) in the same pass. dy2 and
     y2 may be wider (M, L) arrays whose channels off .. off + C are read."""
-    acc = _acc(x2.dtype)
+    M, C = x2.shape
+    if x2.size == 0:
+        return
+    acc = acc_dtype(x2.dtype)
     args = [v.astype(acc, copy=False) for v in (mean, a, b, c0)]
-    total = x2.size
-    fn = _fn("dm_bn_dx", x2.dtype, "true" if y2 is not None else "false", "true" if dr2 is not None else "false")
-    launcher.launch(fn, total, (dy2, x2, y2 if y2 is not None else x2, dx2, dr2 if dr2 is not None else dx2,
-                                *args, np.int64(total), np.int32(x2.shape[1]), np.int64(dy2.shape[1]),
-                                np.int32(off)))
+    ld = dy2.shape[1]
+    v = _width(C, dy2, x2, y2, dx2, dr2, ld=ld, off=off)
+    grid, block = _shape(C, v, M, _EW_BLOCKS_PER_SM)
+    fn = _fn(f"dm_bn_dx<{_ctype(x2.dtype)}, {v}, {'true' if y2 is not None else 'false'}, "
+             f"{'true' if dr2 is not None else 'false'}>")
+    fn(grid, block, (dy2, x2, y2 if y2 is not None else x2, dx2, dr2 if dr2 is not None else dx2, *args,
+                     np.int64(M), np.int32(C), np.int64(ld), np.int32(off)))
