@@ -3,6 +3,7 @@ DDP (eager and compiled), in the same job.
 
     python benchmarks/zoo_bench.py OUTDIR [--nets googlenet resnet50 inception_v3] [--batches 256 1024]
         [--dtypes float32 float16] [--peers eager compile] [--compile-only 256 ...] [--only NET:B:DTYPE ...]
+        [--fuse all relu none]
     mpiexec -n P python benchmarks/zoo_bench.py OUTDIR ...     (strong scaling: the global batch is fixed)
 
 Each case (network, global batch, dtype) trains dnn.models' network through
@@ -16,7 +17,11 @@ network; the heads are training-only side branches). Reported per case: images/s
 peak memory per GPU (reserved and allocated, less the resident images; see
 benchmarks/cnn_bench.py, whose timing both sides reuse), the wall seconds of
 each measurement (wall_s: warm-up, tuning and compilation included); a case that runs out
-of memory on one side is recorded without that side's figure. Writes
+of memory on one side is recorded without that side's figure. --fuse measures dnn once per
+fusion setting (Model's fuse: 'all' is fuse=True, a residual block's BatchNorm, Add and relu as
+one kernel and an Inception module's concatenation written in place by its branches' batch
+norms; 'relu' folds the relus only; 'none' nothing); the first gives the case's figures,
+the others go to its `fuse_variants` with their ratio to the first, all in the same job. Writes
 OUTDIR/zoo_P<workers>_<nets>.json (one job per network keeps each under ten
 minutes), rewritten after every measurement so that a job cut short keeps
 what it finished; strong-scaling efficiency comes from the files of P = 1, 2
@@ -61,8 +66,13 @@ def per_epoch(batch):
     return max(2, min(8, 2048 // batch))
 
 
-def dnn_model(net, dtype, shape):
+#: --fuse's names -> Model's fuse argument
+FUSE = {"all": True, "relu": "relu", "none": False}
+
+
+def dnn_model(net, dtype, shape, fuse="all"):
     kwargs, _ = arguments(net, shape)
+    kwargs = dict(kwargs, fuse=FUSE[fuse])
     opt = dnn.optim.SGD(lr=LR, momentum=MOMENTUM)
     if kwargs.get("aux_logits"):
         kwargs = dict(kwargs, aux_weight=AUX_WEIGHT)
@@ -81,6 +91,20 @@ def _torch_zoo(call):
     torch_rate(call, build, shape, CLASSES, per_epoch(batch), batch, dtype, steps, port,
                compiled=compiled, channels_last=True, aux_weight=AUX_WEIGHT)
     return []
+
+
+def measure_dnn(net, dtype, shape, batch, steps, fuse):
+    """(images/s, (peak reserved, peak allocated)) of dnn's network under a --fuse setting (None
+    figures when it runs out of memory)."""
+    try:
+        ips, peak, _ = time_model(lambda: dnn_model(net, dtype, shape, fuse), shape, CLASSES, per_epoch(batch),
+                                  batch, steps)
+    except dmath.OutOfMemoryError as exc:
+        ips, peak = None, (None, None)
+        print(f"{net} b{batch} {dtype} fuse={fuse}: dnn out of memory ({exc})", flush=True)
+    gc.collect()
+    dmath.memory.clear()
+    return ips, peak
 
 
 def main():
@@ -104,6 +128,8 @@ def main():
     ap.add_argument("--port", type=int, default=29541)
     ap.add_argument("--bucket-mb", type=float, default=None,
                     help="dnn's gradient buckets (Model.bucket_mb; 0: one all-reduce per weight; default 25)")
+    ap.add_argument("--fuse", nargs="+", default=["all"], choices=list(FUSE),
+                    help="dnn's fusion settings to measure, the first the case's figure (Model's fuse)")
     args = ap.parse_args()
     cnn_bench.BUCKET_MB = args.bucket_mb
     dmath.init(device=args.device)
@@ -124,20 +150,23 @@ def main():
                     continue
                 steps = max(args.steps, per_epoch(batch))
                 t0 = time.perf_counter()
-                try:
-                    ips, peak, _ = time_model(lambda: dnn_model(net, dtype, shape), shape, CLASSES, per_epoch(batch),
-                                              batch, steps)
-                except dmath.OutOfMemoryError as exc:
-                    ips, peak = None, (None, None)
-                    print(f"{net} b{batch} {dtype}: dnn out of memory ({exc})", flush=True)
-                gc.collect()
-                dmath.memory.clear()
+                ips, peak = measure_dnn(net, dtype, shape, batch, steps, args.fuse[0])
                 wall = {"dnn": time.perf_counter() - t0}
                 row = {"net": net, "global_batch": batch, "dtype": dtype, "workers": p, "steps": steps,
-                       "image_shape": list(shape), "bucket_mb": args.bucket_mb, "dnn_images_per_s": ips, "dnn_peak_bytes": peak[0],
-                       "dnn_peak_allocated_bytes": peak[1], "peers": {}, "wall_s": wall}
+                       "image_shape": list(shape), "bucket_mb": args.bucket_mb, "fuse": args.fuse[0],
+                       "dnn_images_per_s": ips, "dnn_peak_bytes": peak[0],
+                       "dnn_peak_allocated_bytes": peak[1], "peers": {}, "fuse_variants": {}, "wall_s": wall}
                 rows.append(row)
                 save()
+                for fuse in args.fuse[1:]:
+                    t0 = time.perf_counter()
+                    other, other_peak = measure_dnn(net, dtype, shape, batch, steps, fuse)
+                    wall["dnn_fuse_" + fuse] = time.perf_counter() - t0
+                    row["fuse_variants"][fuse] = {"images_per_s": other, "peak_bytes": other_peak[0],
+                                                  "first_over_this": ips / other if ips and other else None}
+                    print(f"{net:12s} b{batch:<5d} {dtype}: dnn fuse={fuse} {other or 0:8.0f} img/s "
+                          f"({args.fuse[0]} x{row['fuse_variants'][fuse]['first_over_this'] or 0:.3f})", flush=True)
+                    save()
                 if dmath.device() == "gpu" or args.cpu_peers:
                     for peer in args.peers:
                         if peer == "compile" and not wanted(args.compile_only, net, batch, dtype):

@@ -21,8 +21,8 @@ import math
 
 from .errors import ConfigError, ShapeError
 from .graph.function import Function
-from .layers import Activation, Input as InputLayer, from_config
-from .ops import activation as make_activation
+from .layers import Activation, Add, Concatenate, Input as InputLayer, from_config
+from .ops import ConcatBatchNorm, activation as make_activation
 
 
 class SymbolicTensor:
@@ -255,10 +255,17 @@ def build_nodes(model, x, ctx, rows_for):
 
     A model output made by an Activation (an Output layer) or by a layer with an output activation
     of its own (Dense(n, activation='softmax')) leaves that activation to the loss (dnn.losses fuses
-    it exactly); a Conv2D whose only reader is a relu Activation runs it inside the convolution.
+    it exactly); as model.fuse allows, a Conv2D or BatchNorm whose only reader is a relu Activation
+    runs it inside its kernel, and so does a BatchNorm with the Add it alone feeds (residual_tails);
+    a Concatenate of batch norms (and their relus) is written by them in place (concat_branches).
     rows_for(node, reads): the node in the image-row order a layer reads (dnn.training.programs)."""
     graph = model.graph
     tensors = graph.tensors
+    fuse = getattr(model, "fuse", True)
+    tails = residual_tails(graph) if fuse is True else {}
+    joins = concat_branches(graph) if fuse is True else {}
+    inside = set(tails.values()) | {j for branches in joins.values() for pair in branches for j in pair
+                                    if j is not None}
     values = [None] * len(tensors)
     if len(graph.inputs) == 1:
         values[0] = x
@@ -270,9 +277,15 @@ def build_nodes(model, x, ctx, rows_for):
     outputs = set(graph.outputs)
     heads = {}
     for i, t in enumerate(tensors):
-        if values[i] is not None:
+        if values[i] is not None or i in inside:     # (computed by the Add or Concatenate it feeds)
             continue
         layer = t.layer
+        if i in tails:
+            _residual_tail(graph, values, i, tails[i], ctx, rows_for, outputs)
+            continue
+        if i in joins:
+            _concat_in_place(graph, values, i, joins[i], ctx, rows_for)
+            continue
         ins = [rows_for(values[k], layer.image_rows) for k in graph.inbound[i]]
         arg = ins if getattr(layer, "joins", False) else ins[0]
         readers = graph.consumers[i]
@@ -287,7 +300,7 @@ def build_nodes(model, x, ctx, rows_for):
                 z = rows_for(layer(arg, ctx), "nchw")
                 heads[i] = Head(z, None, z)
             values[i] = heads[i].out
-        elif (len(readers) == 1 and readers[0] not in outputs and getattr(layer, "absorbs", None)
+        elif (fuse and len(readers) == 1 and readers[0] not in outputs and getattr(layer, "absorbs", None)
               and layer.absorbs(tensors[readers[0]].layer)):
             # Conv2D then relu: one fused kernel (cuDNN's epilogue), one node for both calls
             values[i] = values[readers[0]] = layer.forward(arg, ctx, activation="relu")
@@ -298,3 +311,79 @@ def build_nodes(model, x, ctx, rows_for):
             z = rows_for(values[i], "nchw")
             heads[i] = Head(z, None, z)
     return values, [heads[i] for i in graph.outputs]
+
+
+def residual_tails(graph):
+    """{Add tensor: BatchNorm tensor} of the sums a BatchNorm call can compute in its kernel: an Add of
+    two tensors, not a model output, one of which is made by a layer that `adds_residual` (a
+    BatchNorm) and read by nothing else (a residual block's tail: bn3(h) + shortcut). The first such
+    addend of each Add; pure (the graph only), so a test checks it without building anything."""
+    outputs = set(graph.outputs)
+    tails = {}
+    for a, t in enumerate(graph.tensors):
+        ins = graph.inbound[a]
+        if not isinstance(t.layer, Add) or a in outputs or len(ins) != 2:
+            continue
+        for k in ins:
+            if (getattr(graph.tensors[k].layer, "adds_residual", False) and graph.consumers[k] == [a]
+                    and k not in outputs):
+                tails[a] = k
+                break
+    return tails
+
+
+def concat_branches(graph):
+    """{Concatenate tensor: [(BatchNorm tensor, relu tensor or None) per input]} of the image
+    concatenations, not model outputs, whose every input is a layer that `writes_slices` (a
+    BatchNorm), or a relu Activation of one, read by nothing else: each batch norm can write its
+    channels of the concatenation in place (an Inception module). Pure, as residual_tails."""
+    outputs, tensors, consumers = set(graph.outputs), graph.tensors, graph.consumers
+    joins = {}
+    for c, t in enumerate(tensors):
+        if not isinstance(t.layer, Concatenate) or c in outputs or len(t.shape) != 3:
+            continue
+        branches = []
+        for j in graph.inbound[c]:
+            relu = None
+            if isinstance(tensors[j].layer, Activation) and tensors[j].layer.activation == "relu":
+                relu, j = j, graph.inbound[j][0]
+            if not getattr(tensors[j].layer, "writes_slices", False) or j in outputs or relu in outputs or \
+                    consumers[j] != [relu if relu is not None else c] or (relu is not None and consumers[relu] != [c]):
+                break
+            branches.append((j, relu))
+        else:
+            joins[c] = branches
+    return joins
+
+
+def _concat_in_place(graph, values, c, branches, ctx, rows_for):
+    """The node of Concatenate tensor `c` whose branches' batch norms write it (ops.ConcatBatchNorm)."""
+    tensors = graph.tensors
+    norms, ins = [], []
+    for b, relu in branches:
+        bn = tensors[b].layer
+        fn, params = bn.function(ctx, "relu" if relu is not None else None)
+        norms.append(fn)
+        ins += [rows_for(values[graph.inbound[b][0]], bn.image_rows), *params]
+    node = ConcatBatchNorm(norms).apply(*ins)
+    values[c] = node
+    for b, relu in branches:
+        values[b] = node
+        if relu is not None:
+            values[relu] = node
+
+
+def _residual_tail(graph, values, a, k, ctx, rows_for, outputs):
+    """The node of Add tensor `a` computed by the call of BatchNorm tensor `k` with the Add's other
+    input as its residual, and with the relu Activation that follows as the Add's only reader."""
+    tensors = graph.tensors
+    bn = tensors[k].layer
+    other = next(j for j in graph.inbound[a] if j != k)
+    x = rows_for(values[graph.inbound[k][0]], bn.image_rows)
+    r = rows_for(values[other], bn.image_rows)
+    readers = graph.consumers[a]
+    relu = len(readers) == 1 and readers[0] not in outputs and bn.absorbs(tensors[readers[0]].layer)
+    node = bn.forward(x, ctx, activation="relu" if relu else None, residual=r)
+    values[k] = values[a] = node
+    if relu:
+        values[readers[0]] = node

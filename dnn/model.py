@@ -72,11 +72,19 @@ class Model(Training):
             first layer that reads NCHW, e.g. Flatten): cuDNN's fastest
             kernels read that order without converting. None (default): on
             GPUs with cuDNN; the results are the same either way.
+        fuse: which layer calls run as one kernel: True (default): a relu Activation that is the
+            only reader of a Conv2D or a BatchNorm runs inside it, and an Add of a BatchNorm's
+            output (its only reader) with another tensor, with the relu Activation that follows
+            it, runs inside that BatchNorm (a residual block's tail: dmath.nn.batchnorm's
+            residual), and a Concatenate whose inputs are all BatchNorms (or their relus) that
+            nothing else reads is written in place by them (an Inception module: no copy);
+            'relu': the relu folds only; False: every layer call is a node of its own. The layers, their weights and the results are the same (up to rounding); this
+            is for tests and for measuring what fusing gains (not saved with the model).
     dmath is initialised here if the program has not done so.
     """
 
     def __init__(self, inputs, outputs, loss="cross_entropy", optimizer=None, dtype="float32", loss_weights=None,
-                 name=None, loss_scale=None, record=True, seed=0, channels_last=None):
+                 name=None, loss_scale=None, record=True, seed=0, channels_last=None, fuse=True):
         if not dmath.is_initialized():
             dmath.init()
         self.graph = Graph(inputs, outputs)
@@ -95,6 +103,9 @@ class Model(Training):
         if channels_last is None:
             channels_last = dmath.device() == "gpu" and dmath.gpu.cudnn.available()
         self.channels_last = channels_last
+        if not (fuse is True or fuse is False or fuse == "relu"):
+            raise ConfigError(f"fuse must be True, 'relu' or False, got {fuse!r}")
+        self.fuse = fuse
         self.dtype = canonical_dtype(dtype)
         self.param_dtype = "float32" if self.dtype == "float16" else self.dtype
         self.loss = losses.get(loss)
@@ -483,11 +494,11 @@ class Sequential(Model):
 
     Args:
         layers: the layers, the first an Input (layers.Input((C, H, W)) or layers.Input(features)).
-        loss, optimizer, dtype, loss_scale, record, seed, name, channels_last: as Model's.
+        loss, optimizer, dtype, loss_scale, record, seed, name, channels_last, fuse: as Model's.
     """
 
     def __init__(self, layers, loss="cross_entropy", optimizer=None, dtype="float32", loss_scale=None,
-                 record=True, seed=0, name="sequential", channels_last=None):
+                 record=True, seed=0, name="sequential", channels_last=None, fuse=True):
         layers = list(layers)
         if not layers or not all(isinstance(x, Layer) for x in layers):
             raise ConfigError("Sequential needs a non-empty list of dnn.layers layers")
@@ -505,7 +516,7 @@ class Sequential(Model):
                                   f"dnn.Model (the functional API), not Sequential")
             t = call_layer(layer, t)
         super().__init__(first, t, loss=loss, optimizer=optimizer, dtype=dtype, name=name, loss_scale=loss_scale,
-                         record=record, seed=seed, channels_last=channels_last)
+                         record=record, seed=seed, channels_last=channels_last, fuse=fuse)
 
     def get_config(self):
         return {"class": "Sequential", "name": self.name, "dtype": self.dtype, "loss": self.loss.name,

@@ -34,7 +34,7 @@ class Releases:
 
     forward[i]: nodes whose value goes after the forward of order[i]; backward[j]: after step j of
     the backward pass (order reversed). A value is read by the forward of its consumers, by the
-    backward of the consumers on the gradient path that declare `saves_inputs`, and by its own
+    backward of the consumers on the gradient path that save it (`Function.saves_input`), and by its own
     backward when its function declares `saves_output`. Pure: built once per graph.
     """
 
@@ -47,9 +47,9 @@ class Releases:
                 continue
             runs_backward = node.id in needed
             j = n - 1 - i                           # this node's step in the backward pass
-            for x in node.inputs:
+            for k, x in enumerate(node.inputs):
                 last_fwd[x.id] = i
-                if runs_backward and node.fn.saves_inputs:
+                if runs_backward and node.fn.saves_input(k):
                     last_bwd[x.id] = max(last_bwd.get(x.id, j), j)
             if runs_backward and node.fn.saves_output:
                 last_bwd[node.id] = max(last_bwd.get(node.id, j), j)

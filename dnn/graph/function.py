@@ -46,6 +46,11 @@ class Function:
     def backward(self, xs, y, gy, needs):
         raise NotImplementedError
 
+    def saves_input(self, k):
+        """Whether backward reads the value of input k (`saves_inputs` for every input unless a
+        function narrows it: a fused residual is added, its value never read again)."""
+        return self.saves_inputs
+
     def drop_saved(self):
         """Forget what forward kept on `self` for backward (a mask, pooling indices): called once
         backward has run in a training step, so that nothing holds it until the next step."""

@@ -17,6 +17,12 @@ class BatchNorm(Layer):
     unbiased variance). Weights: gamma, beta (trained), running_mean, running_var (buffers)."""
     #: normalises channels-last image rows as they are (a GPU model converts nothing around it)
     image_rows = "channels_last"
+    #: an Add that this layer's output alone feeds may run inside its kernel, the other addend as the
+    #: residual (dnn.functional.residual_tails: a residual block's tail)
+    adds_residual = True
+    #: its output, read by a Concatenate alone, may be written straight into its channels of the
+    #: concatenation (dnn.functional.concat_branches: an Inception module's branches)
+    writes_slices = True
 
     def __init__(self, momentum=0.1, eps=1e-5, name=None):
         super().__init__(name)
@@ -43,14 +49,20 @@ class BatchNorm(Layer):
         if self.built and self.trainable:      # (a frozen one uses no batch statistics)
             check_training_batch(batch, self.input_shape, self.name)
 
-    def forward(self, x, ctx, activation=None):
+    def forward(self, x, ctx, activation=None, residual=None):
         """The layer's node; `activation` ('relu', a following Activation layer the model folds in)
-        runs in the same kernel."""
+        runs in the same kernel, after adding the node `residual` when given (an Add the model folds
+        in: dnn.functional.residual_tails)."""
+        fn, params = self.function(ctx, activation)
+        return fn.apply(x, *params) if residual is None else fn.apply(x, *params, residual)
+
+    def function(self, ctx, activation=None):
+        """(this layer's batch norm Function for the program of ctx, its parameter nodes (gamma, beta))."""
         # a frozen BatchNorm normalises with its running statistics and leaves them as they are
         training = ctx.training and self.trainable
         fn = BatchNormFn(self.running_mean.value, self.running_var.value, training, self.momentum, self.eps,
                          activation)
-        return fn.apply(x, ctx.param(self.gamma), ctx.param(self.beta))
+        return fn, (ctx.param(self.gamma), ctx.param(self.beta))
 
     def absorbs(self, layer):
         """True when `layer`, coming right after this one, can run inside this layer's kernel (a relu:

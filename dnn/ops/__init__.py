@@ -11,6 +11,7 @@
     normalization  batchnorm
     shape          reshape, flatten
     join           merge_add, concat, global_avg_pool, adaptive_avg_pool, pad (branchy networks)
+    concat_norm    ConcatBatchNorm (a concatenation whose branches' batch norms write it in place)
 """
 from .activation import (ACTIVATIONS, Identity, LogSoftmax, Relu, Sigmoid, Softmax, Tanh, activation,
                          log_softmax, relu, sigmoid, softmax, tanh)
@@ -27,4 +28,5 @@ from .loss import (BinaryCrossEntropy, CrossEntropy, MeanSquaredError, SigmoidBi
 from .join import (AdaptiveAvgPool, Concat, GlobalAvgPool, Merge, Pad, adaptive_avg_pool, concat, global_avg_pool,
                    merge_add, pad)
 from .normalization import BatchNorm, batchnorm
+from .concat_norm import ConcatBatchNorm
 from .shape import Reshape, flatten, reshape

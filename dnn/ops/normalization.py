@@ -12,7 +12,12 @@ from ..graph.function import Function
 
 
 class BatchNorm(Function):
-    """y = gamma * (x - mean) / sqrt(var + eps) + beta, per channel (image batch) or per feature."""
+    """y = gamma * (x - mean) / sqrt(var + eps) + beta, per channel (image batch) or per feature.
+
+    Applied to (x, gamma, beta, r), a residual r of x's shape is added before the fused activation:
+    y = act(gamma * x_hat + beta + r), a residual block's tail (BatchNorm, Add, relu) in one kernel
+    each way. Its backward reads y (the relu's mask), never r.
+    """
     name = "batchnorm"
     saves_output = False
     keeps_channels_last = True       # channels-last image rows are normalised as they are
@@ -29,8 +34,13 @@ class BatchNorm(Function):
         self.activation = activation
         self.saves_output = activation == "relu"        # backward reads y for the fused relu's mask
 
-    def infer(self, x, gamma, beta):
+    def infer(self, x, gamma, beta, residual=None):
         sample = x.sample_shape
+        if residual is not None and (residual.shape != x.shape or residual.dtype != x.dtype
+                                     or residual.sample_shape != sample or residual.channels_last != x.channels_last):
+            raise ShapeError(f"batchnorm: the residual must be like x ({x.shape} {x.dtype}, samples {sample}, "
+                             f"channels-last {x.channels_last}); got {residual.shape} {residual.dtype}, samples "
+                             f"{residual.sample_shape}, channels-last {residual.channels_last}")
         self.image_shape = sample if len(sample) == 3 else None
         self.channels_last = x.channels_last
         channels = sample[0] if self.image_shape else x.shape[1]
@@ -44,17 +54,21 @@ class BatchNorm(Function):
             check_training_batch(x.shape[0], sample, "batchnorm")
         return x.shape, x.dtype, sample
 
-    def forward(self, x, gamma, beta):
+    def forward(self, x, gamma, beta, residual=None):
         y, self.saved = dmath.nn.batchnorm(x, gamma, beta, self.running_mean, self.running_var,
                                            self.image_shape, self.training, self.momentum, self.eps,
-                                           channels_last=self.channels_last, activation=self.activation)
+                                           channels_last=self.channels_last, activation=self.activation,
+                                           residual=residual)
         return y
 
+    def saves_input(self, k):
+        return k < 2         # x and gamma; beta and the residual are not read again
+
     def backward(self, xs, y, gy, needs):
-        x, gamma, _ = xs
+        x, gamma = xs[0], xs[1]
         return dmath.nn.batchnorm_backward(gy, x, gamma, self.saved, self.image_shape,
                                            channels_last=self.channels_last,
-                                           y=y if self.activation == "relu" else None)
+                                           y=y if self.activation == "relu" else None, residual=len(xs) == 4)
 
     def drop_saved(self):
         self.saved = None
@@ -70,8 +84,10 @@ def check_training_batch(batch, sample_shape, what):
                          f"batch_size that leaves no last batch of one sample)")
 
 
-def batchnorm(x, gamma, beta, running_mean, running_var, training=True, momentum=0.1, eps=1e-5):
+def batchnorm(x, gamma, beta, running_mean, running_var, training=True, momentum=0.1, eps=1e-5,
+              activation=None, residual=None):
     """A node: x normalised per feature (per channel for images) by the batch statistics in training,
     else by the running ones (updated with `momentum` while training), then scaled by gamma and shifted
-    by beta."""
-    return BatchNorm(running_mean, running_var, training, momentum, eps).apply(x, gamma, beta)
+    by beta; plus the node `residual` when given, then the `activation` (None or 'relu'), in one kernel."""
+    fn = BatchNorm(running_mean, running_var, training, momentum, eps, activation)
+    return fn.apply(x, gamma, beta) if residual is None else fn.apply(x, gamma, beta, residual)

@@ -53,8 +53,9 @@ def _compile(source, names):
 
 def test_batchnorm_kernels_compile():
     names = norm_cuda._names()
-    # dtypes x vector widths x (3 sums, normalize and dx with and without relu) + 2 finalizes per dtype set
-    assert len(names) == 3 * 2 * 7 + 2 * len(norm_cuda._FINAL)
+    # dtypes x vector widths x (3 sums, normalize and dx with and without relu, with and without a residual)
+    # + 2 finalizes per dtype set
+    assert len(names) == 3 * 2 * 11 + 2 * len(norm_cuda._FINAL)
     result, log, lowered = _compile(launcher.PREAMBLE + norm_cuda.SOURCE, names)
     assert result == 0, log
     assert all(lowered), "every instantiation was compiled"

@@ -18,12 +18,12 @@ from typing import NamedTuple
 
 from ... import backend
 from ...errors import DMathError, LayoutError, ShapeError
-from ...layout import Replicated
+from ...layout import Replicated, distribution
 from ...planning.conv import image
 from ...runtime import define, runtime
 from ...runtime.registry import collectives_in_graphs
 from . import args, norm_cuda, rows
-from ..base import dispatch, new_meta
+from ..base import as_int, dispatch, new_meta
 
 
 class BatchNormArgs(NamedTuple):
@@ -32,6 +32,11 @@ class BatchNormArgs(NamedTuple):
     training: bool   # the batch's statistics (True) or the running ones (False)
     channels_last: bool = False   # image rows are channels-last (H, W, C) (nn_format.py)
     relu: bool = False            # a relu applied to Y in the same pass (backward: dY masked by Y > 0)
+    residual: bool = False        # forward: R added before the relu (input 5); backward: dR = dY masked by
+                                  # Y > 0 (output 3)
+    total: int = 0                # > 0: Y (forward), dY and Y (backward) are batches of `total` channels, of
+    offset: int = 0               # which channels offset .. offset + C are this batch norm's (a concatenation)
+    into: bool = False            # forward with a window: Y written in place into the last input
 
 
 BATCHNORM = define("nn_batchnorm", BatchNormArgs)
@@ -60,7 +65,8 @@ def _channels_of(x, image_shape, what):
 
 
 def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, training=True,
-              momentum=0.1, eps=1e-5, channels_last=False, activation=None):
+              momentum=0.1, eps=1e-5, channels_last=False, activation=None, residual=None, window=None,
+              out=None):
     """Batch normalisation: (Y, saved).
 
     image_shape (C, H, W): per-channel statistics over N, H and W
@@ -73,6 +79,14 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
     statistics. `saved` (a BatchNormSaved) goes to batchnorm_backward.
     channels_last: x (and Y) are channels-last image rows (N, H*W*C).
     activation: None, or 'relu' applied to Y in the same pass (pass Y to batchnorm_backward).
+    residual: None, or a matrix R of x's shape (and row order) added to the normalised batch before
+    the activation, in the same pass: Y = act(gamma * x_hat + beta + R), a residual block's tail
+    (pass residual=True to batchnorm_backward for R's gradient).
+    window: None, or (L, offset) for image batches: Y is channels offset .. offset + C of a batch of
+    L channels with x's pixels and rows (a slice of a channel concatenation, written where it
+    lies: no concatenation copy); out: that (N, H*W*L) batch, written in place and returned as Y,
+    or None: a new batch whose other channels are unset until other calls write them. Pass the
+    same window, and that whole batch as dy (and y), to batchnorm_backward.
     """
     x = args.rows(x, "batchnorm: x")
     channels, pixels = _channels_of(x, image_shape, "batchnorm")
@@ -87,6 +101,15 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
     momentum = args.real(momentum, "batchnorm: momentum")
     if not 0.0 <= momentum <= 1.0:
         raise DMathError(f"batchnorm: momentum must be in [0, 1], got {momentum}")
+    if residual is not None:
+        args.require(residual, "batchnorm: residual")
+        args.expect_shape(residual, x.shape, "batchnorm: residual")
+        if residual.dtype != x.dtype:
+            raise DMathError(f"batchnorm: residual must have x's dtype {x.dtype}, got {residual.dtype}")
+    total, offset = _window(window, image_shape, channels, residual is not None, "batchnorm")
+    shape = (x.shape[0], x.shape[1] // channels * (total or channels))
+    if out is not None:
+        _check_out(out, window, x, shape)
     group = args.group_of(x)
     count = x.shape[0] * pixels
     if training:
@@ -104,29 +127,44 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
                    args.replicated(running_var, group, "batchnorm: running_var")]
     inputs = [x, args.replicated(gamma, group, "batchnorm: gamma"),
               args.replicated(beta, group, "batchnorm: beta")] + running
-    outs = [new_meta(x.layout, x.shape, x.dtype),
+    if residual is not None:
+        inputs.append(args.like(residual, x, "batchnorm: residual"))
+    if out is not None:
+        inputs.append(out)
+    outs = [len(inputs) - 1 if out is not None else new_meta(x.layout, shape, x.dtype),
             new_meta(Replicated(group), (2, channels), rows.compute_dtype(x.dtype).name)]
     if training:
         outs += [3, 4]
     static = BATCHNORM.static(channels=channels, training=training, channels_last=_last(channels_last, image_shape),
-                              relu=_relu(activation, "batchnorm"))
+                              relu=_relu(activation, "batchnorm"), residual=residual is not None, total=total,
+                              offset=offset, into=out is not None)
     made, _ = dispatch("nn_batchnorm", inputs, outs, static=static,
                        scalars=(momentum, eps, count / (count - 1) if count > 1 else 1.0))
+    if out is not None:
+        return out, BatchNormSaved(made[0], training)
     return made[0], BatchNormSaved(made[1], training)
 
 
-def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=False, y=None):
-    """Gradients of batchnorm: (dX, dgamma, dbeta).
+def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=False, y=None, residual=False,
+                       window=None):
+    """Gradients of batchnorm: (dX, dgamma, dbeta), and dR after them when residual=True.
 
     dX in x's row layout; dgamma and dbeta (1, C), in gamma's dtype,
     Replicated over the batch's workers (already summed over the batch).
     channels_last: dy, x and dX are channels-last image rows. y: batchnorm's
     output Y when it applied a relu (activation='relu'): dy counts where Y > 0 only.
+    residual: batchnorm added a residual R; its gradient dR is dy masked by Y > 0 after a relu
+    (written by the pass that writes dX), else dy itself. window: batchnorm's window (L, offset):
+    dy and y are the (N, H*W*L) batches whose channels offset .. offset + C are read where they lie.
     """
     x = args.rows(x, "batchnorm_backward: x")
     channels, _ = _channels_of(x, image_shape, "batchnorm_backward")
+    if not isinstance(residual, bool):
+        raise DMathError(f"batchnorm_backward: residual must be True or False, got {residual!r}")
+    total, offset = _window(window, image_shape, channels, residual, "batchnorm_backward")
+    wide = (x.shape[0], x.shape[1] // channels * (total or channels))
     args.require(dy, "batchnorm_backward: dy")
-    args.expect_shape(dy, x.shape, "batchnorm_backward: dy")
+    args.expect_shape(dy, wide, "batchnorm_backward: dy")
     args.require(gamma, "batchnorm_backward: gamma")
     args.expect_shape(gamma, (1, channels), "batchnorm_backward: gamma")
     if not isinstance(saved, BatchNormSaved):
@@ -139,14 +177,48 @@ def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=Fals
               args.replicated(saved.stats, group, "batchnorm_backward: saved.stats")]
     if y is not None:
         args.require(y, "batchnorm_backward: y")
-        args.expect_shape(y, x.shape, "batchnorm_backward: y")
+        args.expect_shape(y, wide, "batchnorm_backward: y")
         inputs.append(args.like(y, x, "batchnorm_backward: y"))
     rep = Replicated(group)
     outs = [new_meta(x.layout, x.shape, x.dtype), new_meta(rep, (1, channels), gamma.dtype),
             new_meta(rep, (1, channels), gamma.dtype)]
+    masked = residual and y is not None         # dR differs from dy: one more output of the dX pass
+    if masked:
+        outs.append(new_meta(x.layout, x.shape, x.dtype))
     static = BATCHNORM_BACKWARD.static(channels=channels, training=bool(saved.training),
-                                       channels_last=_last(channels_last, image_shape), relu=y is not None)
-    return tuple(dispatch("nn_batchnorm_backward", inputs, outs, static=static)[0])
+                                       channels_last=_last(channels_last, image_shape), relu=y is not None,
+                                       residual=masked, total=total, offset=offset)
+    grads = tuple(dispatch("nn_batchnorm_backward", inputs, outs, static=static)[0])
+    return grads + (dy,) if residual and not masked else grads
+
+
+def _check_out(out, window, x, shape):
+    """DMathError unless `out` can take batchnorm's window of x in place."""
+    if window is None:
+        raise DMathError("batchnorm: out is the batch a window is written into: give window=(L, offset)")
+    args.require(out, "batchnorm: out")
+    args.expect_shape(out, shape, "batchnorm: out")
+    p = runtime().nworkers
+    if out.dtype != x.dtype or not distribution(out.layout, shape, p).same_placement(distribution(x.layout, shape, p)):
+        raise LayoutError(f"batchnorm: out is written in place, so it needs x's dtype {x.dtype} and rows on "
+                          f"x's workers ({x.layout}); it is {out.dtype}, {out.layout}")
+
+
+def _window(window, image_shape, channels, residual, what):
+    """(L, offset) of a checked window, (0, 0) for none."""
+    if window is None:
+        return 0, 0
+    if image_shape is None:
+        raise DMathError(f"{what}: a window is a slice of an image batch's channels (give image_shape)")
+    if residual:
+        raise DMathError(f"{what}: a residual and a window do not go together")
+    try:
+        total, offset = (as_int(v, f"{what}: window") for v in window)
+    except (TypeError, ValueError) as exc:
+        raise DMathError(f"{what}: window must be (L, offset), got {window!r}") from exc
+    if offset < 0 or offset + channels > total:
+        raise ShapeError(f"{what}: window {window!r} does not hold {channels} channels from offset {offset}")
+    return total, offset
 
 
 def _relu(activation, what):
@@ -166,19 +238,22 @@ def _last(channels_last, image_shape):
 # ---- kernels -------------------------------------------------------------------------------
 
 
-def _channels(x, channels, dtype, last=False):
-    """The (n, C, S) view of a batch: of (n, S, C) storage for channels-last rows."""
+def _channels(x, channels, dtype, last=False, total=0, offset=0):
+    """The (n, C, S) view of a batch: of (n, S, C) storage for channels-last rows; total > 0: of
+    channels offset .. offset + C of a batch of `total` channels."""
+    return _out_view(x, channels, last, total, offset).astype(dtype, copy=False)
+
+
+def _out_view(out, channels, last, total=0, offset=0):
+    """The (n, C, S) view of an output array (written through: never a copy); total > 0: of its
+    channels offset .. offset + C, out holding `total` channels."""
     # explicit sizes: a worker may hold no samples, and -1 cannot be inferred from an empty array
+    wide = total or channels
     if last:
-        return x.reshape(x.shape[0], x.shape[1] // channels, channels).astype(dtype, copy=False).transpose(0, 2, 1)
-    return x.reshape(x.shape[0], channels, x.shape[1] // channels).astype(dtype, copy=False)
-
-
-def _out_view(out, channels, last):
-    """The (n, C, S) view of an output array (written through: never a copy)."""
-    if last:
-        return out.reshape(out.shape[0], out.shape[1] // channels, channels).transpose(0, 2, 1)
-    return out.reshape(out.shape[0], channels, out.shape[1] // channels)
+        view = out.reshape(out.shape[0], out.shape[1] // wide, wide).transpose(0, 2, 1)
+    else:
+        view = out.reshape(out.shape[0], wide, out.shape[1] // wide)
+    return view[:, offset:offset + channels] if total else view
 
 
 def _channel_sums(a3):
@@ -200,8 +275,10 @@ def _update_running(rm, rv, mean, var, momentum, unbias):
 
 
 def _forward_shards(call, out, stats, training):
-    """The forward kernel's outputs: Y, the statistics, and in training the running statistics."""
-    shards = [rows.shard(call, 0, [out]), rows.shard(call, 1, [stats])]
+    """The forward kernel's outputs: Y (the input it was written into, for a window), the statistics,
+    and in training the running statistics."""
+    y = call.inputs[-1] if call.entry.static.into else rows.shard(call, 0, [out])
+    shards = [y, rows.shard(call, 1, [stats])]
     if training:
         shards += [call.inputs[3], call.inputs[4]]
     return shards
@@ -224,8 +301,9 @@ def _batchnorm(call):
     (stats,) = rows.new_output(call, 1)
     cdt = stats.dtype
     rm, rv = rows.local(call.inputs[3]), rows.local(call.inputs[4])
-    if last and norm_cuda.usable(x):
-        return _batchnorm_gpu(call, x, stats, rm, rv)
+    res = rows.local(call.inputs[5]) if call.entry.static.residual else None
+    if last and norm_cuda.usable(x) and (res is None or res.flags.c_contiguous):
+        return _batchnorm_gpu(call, x, stats, rm, rv, res)
     x3 = _channels(x, channels, cdt, last)
     if training:
         count = src.dist.shape[0] * x3.shape[2]
@@ -243,16 +321,24 @@ def _batchnorm(call):
     stats[0] = mean
     stats[1] = 1.0 / xp.sqrt(var + eps)
     gamma, beta = rows.local(call.inputs[1]), rows.local(call.inputs[2])
-    (out,) = rows.new_output(call, 0)
+    out = _output(call)
     scale = stats[1].reshape(-1, 1) * _vec(gamma, cdt)
-    view = _out_view(out, channels, last)
-    view[...] = dev * scale + _vec(beta, cdt)
+    view = _out_view(out, channels, last, call.entry.static.total, call.entry.static.offset)
+    y3 = dev * scale + _vec(beta, cdt)
+    if call.entry.static.residual:
+        y3 += _channels(rows.local(call.inputs[5]), channels, cdt, last)
+    view[...] = y3
     if call.entry.static.relu:
         xp.maximum(view, 0, out=view)
     return _forward_shards(call, out, stats, training)
 
 
-def _batchnorm_gpu(call, x, stats, rm, rv):
+def _output(call):
+    """The local array Y is written into: a new one, or the window's batch (the last input)."""
+    return rows.local(call.inputs[-1]) if call.entry.static.into else rows.new_output(call, 0)[0]
+
+
+def _batchnorm_gpu(call, x, stats, rm, rv, res):
     """_batchnorm on a GPU for channels-last rows: the (M, C) kernels of norm_cuda (statistics in one
     pass, every per-channel quantity of a training step in one launch, one pass to normalise)."""
     xp = backend.current().xp
@@ -262,8 +348,10 @@ def _batchnorm_gpu(call, x, stats, rm, rv):
     src = call.inputs[0]
     x2 = x.reshape(-1, channels)
     gamma, beta = rows.local(call.inputs[1]).reshape(-1), rows.local(call.inputs[2]).reshape(-1)
-    (out,) = rows.new_output(call, 0)
-    out2 = out.reshape(-1, channels)
+    out = _output(call)
+    out2 = out.reshape(-1, call.entry.static.total or channels)     # (wider for a window: its channels only)
+    first = call.entry.static.offset            # a window's first channel (0: none)
+    res2 = None if res is None else res.reshape(-1, channels)
     acc = norm_cuda.acc_dtype(x.dtype)
     if training:
         count = src.dist.shape[0] * (x.shape[1] // channels)
@@ -273,7 +361,7 @@ def _batchnorm_gpu(call, x, stats, rm, rv):
         if norm_cuda.finalizes(gamma.dtype, rm.dtype, stats.dtype, acc):
             mean, scale, offset = norm_cuda.finalize_forward(sums, shift, gamma, beta, shift, rv.reshape(-1),
                                                              stats, acc, count, momentum, unbias, eps)
-            norm_cuda.normalize(x2, out2, mean, scale, offset, relu)
+            norm_cuda.normalize(x2, out2, mean, scale, offset, relu, res2, first)
             return _forward_shards(call, out, stats, training)
         offset = sums[0] * (1.0 / count)
         mean = shift.astype(xp.float64) + offset
@@ -284,13 +372,14 @@ def _batchnorm_gpu(call, x, stats, rm, rv):
     inv = 1.0 / xp.sqrt(var + eps)
     stats[0] = mean
     stats[1] = inv
-    norm_cuda.normalize(x2, out2, mean, inv * gamma, beta, relu)
+    norm_cuda.normalize(x2, out2, mean, inv * gamma, beta, relu, res2, first)
     return _forward_shards(call, out, stats, training)
 
 
 @BATCHNORM_BACKWARD.kernel(capturable=lambda entry: collectives_in_graphs() or entry.in_dists[1].replicated)
 def _batchnorm_backward(call):
-    """Inputs dY, X, gamma, stats; outputs dX, dgamma, dbeta.
+    """Inputs dY, X, gamma, stats (and Y after a fused relu); outputs dX, dgamma, dbeta (and dR, dY
+    masked by Y > 0, for a residual added before the relu).
 
     With x_hat = (x - mean) * r (r = 1/sqrt(var + eps)), over the M values of a channel:
       dbeta = sum(dy), dgamma = sum(dy * x_hat),
@@ -308,9 +397,18 @@ def _batchnorm_backward(call):
     cdt = stats.dtype
     if last and norm_cuda.usable(x) and dy.flags.c_contiguous:
         return _batchnorm_backward_gpu(call, dy, x, stats)
-    x3, dy3 = _channels(x, channels, cdt, last), _channels(dy, channels, cdt, last)
-    if call.entry.static.relu:          # the fused relu's gradient: dy where the output was positive
-        dy3 = dy3 * (_channels(rows.local(call.inputs[4]), channels, cdt, last) > 0)
+    x3 = _channels(x, channels, cdt, last)
+    shards = []
+    if call.entry.static.residual:      # the residual's gradient is the masked dy: computed once, kept
+        (dr,) = rows.new_output(call, 3)
+        xp.multiply(dy, rows.local(call.inputs[4]) > 0, out=dr)
+        dy3 = _channels(dr, channels, cdt, last)
+        shards = [rows.shard(call, 3, [dr])]
+    else:
+        window = (call.entry.static.total, call.entry.static.offset)
+        dy3 = _channels(dy, channels, cdt, last, *window)
+        if call.entry.static.relu:      # the fused relu's gradient: dy where the output was positive
+            dy3 = dy3 * (_channels(rows.local(call.inputs[4]), channels, cdt, last, *window) > 0)
     mean, r = stats[0].reshape(-1, 1), stats[1].reshape(-1, 1)
     xhat = (x3 - mean) * r
     sums = xp.empty(2 * channels, dtype=cdt)
@@ -329,7 +427,7 @@ def _batchnorm_backward(call):
     (db,) = rows.new_output(call, 2)
     dg[...] = dgamma.reshape(dg.shape)
     db[...] = dbeta.reshape(db.shape)
-    return [rows.shard(call, 0, [dx]), rows.shard(call, 1, [dg]), rows.shard(call, 2, [db])]
+    return [rows.shard(call, 0, [dx]), rows.shard(call, 1, [dg]), rows.shard(call, 2, [db])] + shards
 
 
 def _batchnorm_backward_gpu(call, dy, x, stats):
@@ -338,16 +436,19 @@ def _batchnorm_backward_gpu(call, dy, x, stats):
     xp = backend.current().xp
     channels, training = call.entry.static.channels, call.entry.static.training
     src = call.inputs[1]
-    x2, dy2 = x.reshape(-1, channels), dy.reshape(-1, channels)
-    y2 = rows.local(call.inputs[4]).reshape(-1, channels) if call.entry.static.relu else None
+    wide = call.entry.static.total or channels
+    x2, dy2 = x.reshape(-1, channels), dy.reshape(-1, wide)
+    y2 = rows.local(call.inputs[4]).reshape(-1, wide) if call.entry.static.relu else None
+    first = call.entry.static.offset            # a window's first channel (0: none)
     acc = norm_cuda.acc_dtype(x.dtype)
-    sums = norm_cuda.channel_sums(2, x2, stats[0], dy2, y2)
+    sums = norm_cuda.channel_sums(2, x2, stats[0], dy2, y2, first)
     rows.sum_over_batch(call, src.dist, sums.reshape(-1))
     count = src.dist.shape[0] * (x.shape[1] // channels)
     g = rows.local(call.inputs[2]).reshape(-1)
     (dx,) = rows.new_output(call, 0)
     (dg,) = rows.new_output(call, 1)
     (db,) = rows.new_output(call, 2)
+    dr = rows.new_output(call, 3)[0] if call.entry.static.residual else None
     if norm_cuda.finalizes(g.dtype, stats.dtype, stats.dtype, acc):
         mean, a, b, c0 = norm_cuda.finalize_backward(sums, stats, g, dg.reshape(-1), db.reshape(-1), acc,
                                                      count, training)
@@ -361,5 +462,7 @@ def _batchnorm_backward_gpu(call, dy, x, stats):
             b = c0 = xp.zeros_like(a)
         dg[...] = dgamma.reshape(dg.shape)
         db[...] = dbeta.reshape(db.shape)
-    norm_cuda.input_gradient(dy2, x2, y2, dx.reshape(-1, channels), mean, a, b, c0)
-    return [rows.shard(call, 0, [dx]), rows.shard(call, 1, [dg]), rows.shard(call, 2, [db])]
+    norm_cuda.input_gradient(dy2, x2, y2, dx.reshape(-1, channels), mean, a, b, c0,
+                             None if dr is None else dr.reshape(-1, channels), first)
+    shards = [rows.shard(call, 0, [dx]), rows.shard(call, 1, [dg]), rows.shard(call, 2, [db])]
+    return shards + ([rows.shard(call, 3, [dr])] if dr is not None else [])

@@ -31,8 +31,13 @@ the rows with a grid stride, keeping its channels' constants in registers
   the step (mean, 1/std, the running statistics updated in place, the
   normalisation's scale; dgamma, dbeta and dx's coefficients) in one
   launch of C threads.
-- `normalize`: y = (x - mean) * scale + shift (relu), one pass.
-- `input_gradient`: dx = a * g + b * (x - mean) + c per channel, one pass.
+- `normalize`: y = (x - mean) * scale + shift (+ r, a residual) (relu), one pass.
+- `input_gradient`: dx = a * g + b * (x - mean) + c per channel, one pass;
+  with a residual it also writes dr = g (dy masked by y > 0), so a
+  residual block's tail costs no pass of its own in either direction.
+- y (forward), dy and y (backward) may be a window of wider rows: channels
+  off .. off + C of rows of ld values, a concatenation's slice written and
+  read in place (an Inception module's branches, dmath.nn.batchnorm's window).
 
 Values are read into float (double for double data) and written with one
 rounding, as the other GPU kernels (dmath/gpu/launcher.py).
@@ -57,7 +62,7 @@ __device__ __forceinline__ dm_vec<T, V> dm_load(const T* p, long long i) {
 template <typename T, int V, int MODE, bool RELU>
 __global__ void __launch_bounds__(256) dm_bn_sums(const T* __restrict__ x, const T* __restrict__ dy,
         const T* __restrict__ y, const typename Acc<T>::type* __restrict__ mean,
-        double* __restrict__ partial, long long M, int C) {
+        double* __restrict__ partial, long long M, int C, long long ld, int off) {
     __shared__ double sm[2 * V * 256];
     const int tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x, TY = blockDim.y;
     const int c0 = (blockIdx.x * TX + tx) * V;
@@ -79,9 +84,10 @@ __global__ void __launch_bounds__(256) dm_bn_sums(const T* __restrict__ x, const
                     s1[v] += d * d;
                 }
             } else {
-                dm_vec<T, V> gv = dm_load<T, V>(dy, i);
+                const long long j = r * ld + off + c0;      // dy and y: channels off.. of rows of ld
+                dm_vec<T, V> gv = dm_load<T, V>(dy, j);
                 dm_vec<T, V> yv;
-                if (RELU) yv = dm_load<T, V>(y, i);
+                if (RELU) yv = dm_load<T, V>(y, j);
 #pragma unroll
                 for (int v = 0; v < V; ++v) {
                     double g = (double)dm_val(gv.v[v]);
@@ -147,10 +153,11 @@ __global__ void dm_bn_finalize_bwd(const double* __restrict__ s, const S* __rest
     c_out[c] = (A)(training ? -a * db * inv_count : 0.0);
 }
 
-template <typename T, int V, bool RELU>
-__global__ void __launch_bounds__(256) dm_bn_normalize(const T* __restrict__ x, T* __restrict__ y,
-        const typename Acc<T>::type* __restrict__ mean, const typename Acc<T>::type* __restrict__ scale,
-        const typename Acc<T>::type* __restrict__ shift, long long M, int C) {
+template <typename T, int V, bool RELU, bool RES>
+__global__ void __launch_bounds__(256) dm_bn_normalize(const T* __restrict__ x, const T* __restrict__ res,
+        T* __restrict__ y, const typename Acc<T>::type* __restrict__ mean,
+        const typename Acc<T>::type* __restrict__ scale, const typename Acc<T>::type* __restrict__ shift,
+        long long M, int C, long long ld, int off) {
     typedef typename Acc<T>::type A;
     const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * V;
     if (c0 >= C) return;
@@ -160,22 +167,26 @@ __global__ void __launch_bounds__(256) dm_bn_normalize(const T* __restrict__ x, 
     const long long step = (long long)gridDim.y * blockDim.y;
     for (long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y; r < M; r += step) {
         const long long i = r * C + c0;
-        dm_vec<T, V> xv = dm_load<T, V>(x, i), out;
+        dm_vec<T, V> xv = dm_load<T, V>(x, i), rv, out;
+        if (RES) rv = dm_load<T, V>(res, i);
 #pragma unroll
         for (int v = 0; v < V; ++v) {
             A val = (dm_val(xv.v[v]) - m[v]) * s[v] + b[v];
+            if (RES) val += dm_val(rv.v[v]);
             if (RELU && val < 0) val = 0;
             out.v[v] = dm_cast<T>(val);
         }
-        *reinterpret_cast<dm_vec<T, V>*>(y + i) = out;
+        // y: channels off.. of rows of ld (a concatenation's slice; ld = C, off = 0 for a batch of its own)
+        *reinterpret_cast<dm_vec<T, V>*>(y + r * ld + off + c0) = out;
     }
 }
 
-template <typename T, int V, bool RELU>
+template <typename T, int V, bool RELU, bool DR>
 __global__ void __launch_bounds__(256) dm_bn_dx(const T* __restrict__ dy, const T* __restrict__ x,
-        const T* __restrict__ y, T* __restrict__ dx, const typename Acc<T>::type* __restrict__ mean,
-        const typename Acc<T>::type* __restrict__ a, const typename Acc<T>::type* __restrict__ b,
-        const typename Acc<T>::type* __restrict__ c0v, long long M, int C) {
+        const T* __restrict__ y, T* __restrict__ dx, T* __restrict__ dr,
+        const typename Acc<T>::type* __restrict__ mean, const typename Acc<T>::type* __restrict__ a,
+        const typename Acc<T>::type* __restrict__ b, const typename Acc<T>::type* __restrict__ c0v,
+        long long M, int C, long long ld, int off) {
     typedef typename Acc<T>::type A;
     const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * V;
     if (c0 >= C) return;
@@ -184,16 +195,19 @@ __global__ void __launch_bounds__(256) dm_bn_dx(const T* __restrict__ dy, const 
     for (int v = 0; v < V; ++v) { m[v] = mean[c0 + v]; av[v] = a[c0 + v]; bv[v] = b[c0 + v]; cv[v] = c0v[c0 + v]; }
     const long long step = (long long)gridDim.y * blockDim.y;
     for (long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y; r < M; r += step) {
-        const long long i = r * C + c0;
-        dm_vec<T, V> gv = dm_load<T, V>(dy, i), xv = dm_load<T, V>(x, i), yv, out;
-        if (RELU) yv = dm_load<T, V>(y, i);
+        const long long i = r * C + c0, j = r * ld + off + c0;     // dy and y: channels off.. of rows of ld
+        dm_vec<T, V> gv = dm_load<T, V>(dy, j), xv = dm_load<T, V>(x, i), yv, out, rout;
+        if (RELU) yv = dm_load<T, V>(y, j);
 #pragma unroll
         for (int v = 0; v < V; ++v) {
             A g = dm_val(gv.v[v]);
-            if (RELU && !(dm_val(yv.v[v]) > 0)) g = 0;
+            const bool masked = RELU && !(dm_val(yv.v[v]) > 0);
+            if (masked) g = 0;
+            if (DR) rout.v[v] = masked ? dm_cast<T>(0.0) : gv.v[v];   // the residual's gradient, exactly
             out.v[v] = dm_cast<T>(av[v] * g + bv[v] * (dm_val(xv.v[v]) - m[v]) + cv[v]);
         }
         *reinterpret_cast<dm_vec<T, V>*>(dx + i) = out;
+        if (DR) *reinterpret_cast<dm_vec<T, V>*>(dr + i) = rout;
     }
 }
 """
@@ -222,7 +236,8 @@ def _names():
         for v in (1, _VEC[name]):
             out += [f"dm_bn_sums<{t}, {v}, 3, false>", f"dm_bn_sums<{t}, {v}, 2, false>",
                     f"dm_bn_sums<{t}, {v}, 2, true>"]
-            out += [f"dm_bn_{k}<{t}, {v}, {relu}>" for k in ("normalize", "dx") for relu in ("false", "true")]
+            out += [f"dm_bn_{k}<{t}, {v}, {relu}, {extra}>" for k in ("normalize", "dx") for relu in ("false", "true")
+                    for extra in ("false", "true")]
     for g, r, s, a in sorted(_FINAL):
         out += [f"dm_bn_finalize_fwd<{_TYPES[g]}, {_TYPES[r]}, {_TYPES[s]}, {_TYPES[a]}>",
                 f"dm_bn_finalize_bwd<{_TYPES[g]}, {_TYPES[s]}, {_TYPES[a]}>"]
@@ -267,10 +282,12 @@ def acc_dtype(dtype):
     return np.dtype(np.float64) if np.dtype(dtype) == np.float64 else np.dtype(np.float32)
 
 
-def _width(C, *arrays):
-    """V: 16 bytes of the element type per thread when C and every array's address allow, else 1."""
+def _width(C, *arrays, ld=None, off=0):
+    """V: 16 bytes of the element type per thread when C, a window's row length ld and offset, and
+    every array's address allow, else 1."""
     v = _VEC[np.dtype(arrays[0].dtype).name]
-    if C % v == 0 and all(a.data.ptr % 16 == 0 for a in arrays if a is not None):
+    if C % v == 0 and (ld or C) % v == 0 and off % v == 0 and \
+            all(a.data.ptr % 16 == 0 for a in arrays if a is not None):
         return v
     return 1
 
@@ -285,22 +302,25 @@ def _shape(C, v, M, per_sm):
     return (gx, gy), (tx, ty)
 
 
-def channel_sums(mode, x2, mean, dy2=None, y2=None):
+def channel_sums(mode, x2, mean, dy2=None, y2=None, off=0):
     """Per-channel sums (double, shape (2, C)) of the (M, C) batch x2 (see the module docstring).
     mode 3: [sum (x - mean), sum (x - mean)^2] around a shift given as `mean` (one pass for both
     statistics); mode 2: [sum g, sum g (x - mean)], g = dy2 (masked by y2 > 0 when y2 is given).
-    mean: C values in acc_dtype(x2.dtype)."""
+    mean: C values in acc_dtype(x2.dtype). dy2 and y2 may be wider (M, L) arrays whose channels
+    off .. off + C are read."""
     xp = backend.current().xp
     M, C = x2.shape
     if M == 0 or C == 0:
         return xp.zeros((2, C), dtype=np.float64)
-    v = _width(C, x2, dy2, y2)
+    ld = dy2.shape[1] if dy2 is not None else C
+    v = _width(C, x2, dy2, y2, ld=ld, off=off)
     grid, block = _shape(C, v, M, _SUM_BLOCKS_PER_SM)
     partial = memory.empty((grid[1], 2, C), np.float64)
     relu = "true" if y2 is not None else "false"
     fn = _fn(f"dm_bn_sums<{_ctype(x2.dtype)}, {v}, {mode}, {relu}>")
     fn(grid, block, (x2, dy2 if dy2 is not None else x2, y2 if y2 is not None else x2,
-                     mean.astype(acc_dtype(x2.dtype), copy=False), partial, np.int64(M), np.int32(C)))
+                     mean.astype(acc_dtype(x2.dtype), copy=False), partial, np.int64(M), np.int32(C), np.int64(ld),
+                     np.int32(off)))
     return partial.sum(axis=0) if grid[1] > 1 else partial[0]
 
 
@@ -334,28 +354,37 @@ def finalize_backward(sums, stats, gamma, dgamma, dbeta, acc, count, training):
     return consts
 
 
-def normalize(x2, out2, mean, scale, shift, relu):
-    """out2 = (x2 - mean) * scale + shift per channel (relu: then max(., 0)); the per-channel arrays
-    in acc_dtype(x2.dtype)."""
+def normalize(x2, out2, mean, scale, shift, relu, res2=None, off=0):
+    """out2 = (x2 - mean) * scale + shift (+ res2) per channel (relu: then max(., 0)); the
+    per-channel arrays in acc_dtype(x2.dtype); res2: None or an (M, C) array like x2; out2 may be
+    a wider (M, L) array, written in its channels off .. off + C only."""
     M, C = x2.shape
     if x2.size == 0:
         return
     acc = acc_dtype(x2.dtype)
     args = [a.astype(acc, copy=False) for a in (mean, scale, shift)]
-    v = _width(C, x2, out2)
+    ld = out2.shape[1]
+    v = _width(C, x2, out2, res2, ld=ld, off=off)
     grid, block = _shape(C, v, M, _EW_BLOCKS_PER_SM)
-    fn = _fn(f"dm_bn_normalize<{_ctype(x2.dtype)}, {v}, {'true' if relu else 'false'}>")
-    fn(grid, block, (x2, out2, *args, np.int64(M), np.int32(C)))
+    fn = _fn(f"dm_bn_normalize<{_ctype(x2.dtype)}, {v}, {'true' if relu else 'false'}, "
+             f"{'true' if res2 is not None else 'false'}>")
+    fn(grid, block, (x2, res2 if res2 is not None else x2, out2, *args, np.int64(M), np.int32(C), np.int64(ld),
+                     np.int32(off)))
 
 
-def input_gradient(dy2, x2, y2, dx2, mean, a, b, c0):
-    """dx2 = a * g + b * (x2 - mean) + c0 per channel, g = dy2 masked by y2 > 0 when y2 is given."""
+def input_gradient(dy2, x2, y2, dx2, mean, a, b, c0, dr2=None, off=0):
+    """dx2 = a * g + b * (x2 - mean) + c0 per channel, g = dy2 masked by y2 > 0 when y2 is given;
+    dr2: None, or an (M, C) array that receives g (a residual's gradient) in the same pass. dy2 and
+    y2 may be wider (M, L) arrays whose channels off .. off + C are read."""
     M, C = x2.shape
     if x2.size == 0:
         return
     acc = acc_dtype(x2.dtype)
     args = [v.astype(acc, copy=False) for v in (mean, a, b, c0)]
-    v = _width(C, dy2, x2, y2, dx2)
+    ld = dy2.shape[1]
+    v = _width(C, dy2, x2, y2, dx2, dr2, ld=ld, off=off)
     grid, block = _shape(C, v, M, _EW_BLOCKS_PER_SM)
-    fn = _fn(f"dm_bn_dx<{_ctype(x2.dtype)}, {v}, {'true' if y2 is not None else 'false'}>")
-    fn(grid, block, (dy2, x2, y2 if y2 is not None else x2, dx2, *args, np.int64(M), np.int32(C)))
+    fn = _fn(f"dm_bn_dx<{_ctype(x2.dtype)}, {v}, {'true' if y2 is not None else 'false'}, "
+             f"{'true' if dr2 is not None else 'false'}>")
+    fn(grid, block, (dy2, x2, y2 if y2 is not None else x2, dx2, dr2 if dr2 is not None else dx2, *args,
+                     np.int64(M), np.int32(C), np.int64(ld), np.int32(off)))

@@ -196,3 +196,175 @@ def test_errors_raise_on_the_master():
     np.testing.assert_array_equal(m.to_numpy(), before)
     y, _ = dmath.nn.batchnorm(xm, g, b, m, v, training=False)
     assert y.shape == x.shape
+
+
+# ---- a residual added before the relu, in the same kernel ----------------------------------------
+def _fused_reference(x, gamma, beta, r, rm, rv, training, relu, last):
+    """act(gamma * x_hat + beta + r) in NumPy, channels-last rows (H, W, C) or NCHW ones."""
+    _, c, _ = KINDS["2d"]
+    to3 = (lambda a: a.reshape(N, -1, c).transpose(0, 2, 1)) if last else (lambda a: a.reshape(N, c, -1))
+    x3 = to3(x)
+    mean, var = (x3.mean(axis=(0, 2)), x3.var(axis=(0, 2))) if training else (rm.reshape(-1), rv.reshape(-1))
+    y3 = (x3 - mean[:, None]) / np.sqrt(var[:, None] + EPS) * gamma.reshape(-1, 1) + beta.reshape(-1, 1) + to3(r)
+    y3 = np.maximum(y3, 0.0) if relu else y3
+    return (y3.transpose(0, 2, 1) if last else y3).reshape(N, -1)
+
+
+@functools.lru_cache(maxsize=None)
+def _fused_case(training, relu, last):
+    x, gamma, beta, rm, rv = _params("2d", 21)
+    r = values(x.shape, 22)
+    w = values(x.shape, 23)             # the loss sum(Y * w)
+    arrays = [x, gamma, beta, r]
+
+    def loss(k, z):
+        a = list(arrays)
+        a[k] = z
+        return float((_fused_reference(*a, rm, rv, training, relu, last) * w).sum())
+    want = [ref.numeric_grad(functools.partial(loss, k), arrays[k]) for k in range(4)]
+    return (x, gamma, beta, r, rm, rv, w), _fused_reference(x, gamma, beta, r, rm, rv, training, relu, last), want
+
+
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("last", [False, True])
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_residual_fused_forward_and_gradients(name, last, training, relu):
+    """Y = act(gamma * x_hat + beta + R) in one pass (a residual block's tail); the gradients of x,
+    gamma, beta and R against central differences, in every batch layout, NCHW and channels-last
+    rows, batch and running statistics."""
+    (x, gamma, beta, r, rm, rv, w), want_y, want = _fused_case(training, relu, last)
+    lay = LAYOUTS[name](N)
+    rep = dmath.Replicated(group=_group(lay))
+    mats = [make(x, lay, "float64")] + [make(a, rep, "float64") for a in (gamma, beta, rm, rv)]
+    image = KINDS["2d"][0]
+    y, saved = dmath.nn.batchnorm(*mats, image_shape=image, training=training, momentum=MOMENTUM, eps=EPS,
+                                  channels_last=last, activation="relu" if relu else None,
+                                  residual=make(r, lay, "float64"))
+    np.testing.assert_allclose(y.to_numpy(), want_y, rtol=1e-12, atol=1e-12)
+    if relu:
+        assert (want_y == 0).any() and (want_y > 0).any()
+    grads = dmath.nn.batchnorm_backward(make(w, lay, "float64"), mats[0], mats[1], saved, image_shape=image,
+                                        channels_last=last, y=y if relu else None, residual=True)
+    assert len(grads) == 4
+    for k, (g, ww) in enumerate(zip(grads, want)):
+        np.testing.assert_allclose(g.to_numpy(), ww, rtol=1e-5, atol=1e-7, err_msg=f"gradient {k}")
+
+
+def test_residual_is_checked_on_the_master():
+    (x, *_), mats, _, _ = _run("2d", "row", seed=24)
+    image = KINDS["2d"][0]
+    for bad in (dmath.ones((N, 4), dtype="float64"), make(x, dmath.RowBlock(), "float32")):
+        with pytest.raises(dmath.DMathError):
+            dmath.nn.batchnorm(*mats, image_shape=image, residual=bad)
+    y, saved = dmath.nn.batchnorm(*mats, image_shape=image, residual=mats[0])
+    with pytest.raises(dmath.DMathError):
+        dmath.nn.batchnorm_backward(mats[0], mats[0], mats[1], saved, image_shape=image, residual="yes")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_residual_fused_low_precision(dtype):
+    """The fused residual and relu in float32 and float16 (computed in float32; on GPUs the CUDA
+    kernels of channels-last rows) against the float64 reference of the rounded inputs."""
+    (x, gamma, beta, r, rm, rv, w), _, _ = _fused_case(True, True, True)
+    q = lambda a: a.astype(dtype).astype(np.float64)   # noqa: E731
+    lay = dmath.RowBlock()
+    mats = [make(x, lay, dtype)] + [make(a, dmath.Replicated(), dtype) for a in (gamma, beta, rm, rv)]
+    image = KINDS["2d"][0]
+    y, saved = dmath.nn.batchnorm(*mats, image_shape=image, channels_last=True, activation="relu",
+                                  residual=make(r, lay, dtype))
+    want = _fused_reference(q(x), q(gamma), q(beta), q(r), rm, rv, True, True, True)
+    tol = dict(rtol=5e-3, atol=5e-3) if dtype == "float16" else dict(rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(y.to_numpy().astype(np.float64), want, **tol)
+    dx, dg, db, dr = dmath.nn.batchnorm_backward(make(w, lay, dtype), mats[0], mats[1], saved, image_shape=image,
+                                                 channels_last=True, y=y, residual=True)
+    # the residual's gradient is dy where y > 0, exactly
+    np.testing.assert_array_equal(dr.to_numpy(), np.where(y.to_numpy() > 0, q(w), 0.0).astype(dtype))
+    (_, want_dx, want_dg, want_db), _ = _fused_low_precision_grads(dtype)
+    np.testing.assert_allclose(dx.to_numpy().astype(np.float64), want_dx, rtol=0.05 if dtype == "float16" else 1e-4,
+                               atol=0.05 if dtype == "float16" else 1e-4)
+    np.testing.assert_allclose(dg.to_numpy(), want_dg, rtol=0.02 if dtype == "float16" else 1e-4, atol=1e-3)
+    np.testing.assert_allclose(db.to_numpy(), want_db, rtol=0.02 if dtype == "float16" else 1e-4, atol=1e-3)
+
+
+def _fused_low_precision_grads(dtype):
+    """The float64 gradients (x, gamma, beta) of the fused case's loss at the inputs rounded to dtype."""
+    (x, gamma, beta, r, rm, rv, w), _, _ = _fused_case(True, True, True)
+    q = lambda a: a.astype(dtype).astype(np.float64)   # noqa: E731
+    rep = dmath.Replicated()
+    mats = [make(q(a), lay, "float64") for a, lay in ((x, dmath.RowBlock()), (gamma, rep), (beta, rep), (rm, rep),
+                                                       (rv, rep))]
+    y, saved = dmath.nn.batchnorm(*mats, image_shape=KINDS["2d"][0], channels_last=True, activation="relu",
+                                  residual=make(q(r), dmath.RowBlock(), "float64"))
+    grads = dmath.nn.batchnorm_backward(make(q(w), dmath.RowBlock(), "float64"), mats[0], mats[1], saved,
+                                        image_shape=KINDS["2d"][0], channels_last=True, y=y, residual=True)
+    return (None,) + tuple(g.to_numpy() for g in grads[:3]), y.to_numpy()
+
+
+# ---- a window: channels offset .. offset + C of a wider batch (a concatenation written in place) ----
+def _join(parts, last):
+    """NumPy's channel concatenation of image batches (N, S*C) or (N, C*S)."""
+    c = KINDS["2d"][1]
+    if last:
+        return np.concatenate([p.reshape(N, -1, c) for p in parts], axis=2).reshape(N, -1)
+    return np.concatenate([p.reshape(N, c, -1) for p in parts], axis=1).reshape(N, -1)
+
+
+@pytest.mark.parametrize("relu", [False, True])
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("last", [False, True])
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_windows_write_and_read_a_concatenation_in_place(name, last, training, relu):
+    """Two batch norms writing their channels of one 6-channel batch give the concatenation of their
+    outputs, bitwise; their backward passes reading the concatenation's gradient in place give what
+    they give on its slices."""
+    image, c, _ = KINDS["2d"]
+    lay = LAYOUTS[name](N)
+    rep = dmath.Replicated(group=_group(lay))
+    act = "relu" if relu else None
+    plain, windowed, ys, saved = [], [], [], []
+    dy_parts = [values((N, 18), 40 + k) for k in range(2)]
+    dy = make(_join(dy_parts, last), lay, "float64")
+    out = None
+    for k in range(2):
+        x, gamma, beta, rm, rv = _params("2d", 30 + 7 * k)
+        mk = lambda: [make(x, lay, "float64")] + [make(a, rep, "float64") for a in (gamma, beta, rm, rv)]  # noqa: E731
+        a, b = mk(), mk()
+        y, s = dmath.nn.batchnorm(*a, image_shape=image, training=training, channels_last=last, activation=act)
+        plain.append((a, y, s))
+        out, s2 = dmath.nn.batchnorm(*b, image_shape=image, training=training, channels_last=last, activation=act,
+                                     window=(2 * c, k * c), out=out)
+        windowed.append((b, s2))
+        np.testing.assert_array_equal(b[3].to_numpy(), a[3].to_numpy())       # the running statistics alike
+    assert out.shape == (N, 36)
+    np.testing.assert_array_equal(out.to_numpy(), _join([p[1].to_numpy() for p in plain], last))
+    for k in range(2):
+        (a, y, s), (b, s2) = plain[k], windowed[k]
+        want = dmath.nn.batchnorm_backward(make(dy_parts[k], lay, "float64"), a[0], a[1], s, image_shape=image,
+                                           channels_last=last, y=y if relu else None)
+        got = dmath.nn.batchnorm_backward(dy, b[0], b[1], s2, image_shape=image, channels_last=last,
+                                          y=out if relu else None, window=(2 * c, k * c))
+        for g, w in zip(got, want):
+            np.testing.assert_allclose(g.to_numpy(), w.to_numpy(), rtol=1e-13, atol=1e-14)
+
+
+def test_window_errors_raise_on_the_master():
+    (x, *_), mats, _, _ = _run("2d", "row", seed=25)
+    image = KINDS["2d"][0]
+    wide = dmath.zeros((N, 36), dtype="float64", layout=dmath.RowBlock())
+    cases = [lambda: dmath.nn.batchnorm(*mats, image_shape=image, window=(5, 3)),           # past the end
+             lambda: dmath.nn.batchnorm(*mats, image_shape=image, window=(6, -1)),
+             lambda: dmath.nn.batchnorm(*mats, image_shape=image, window="6"),
+             lambda: dmath.nn.batchnorm(*mats, image_shape=image, out=wide),                # out without a window
+             lambda: dmath.nn.batchnorm(*mats, image_shape=image, window=(6, 0), out=mats[0]),
+             lambda: dmath.nn.batchnorm(*mats, image_shape=image, window=(6, 0), residual=mats[0]),
+             lambda: dmath.nn.batchnorm(*mats, image_shape=image, window=(6, 0),
+                                        out=dmath.zeros((N, 36), dtype="float32", layout=dmath.RowBlock()))]
+    if P > 1:
+        cases.append(lambda: dmath.nn.batchnorm(*mats, image_shape=image, window=(6, 0),
+                                                out=dmath.zeros((N, 36), dtype="float64", layout=dmath.Replicated())))
+    before = wide.to_numpy()
+    for fn in cases:
+        with pytest.raises(dmath.DMathError):
+            fn()
+    np.testing.assert_array_equal(wide.to_numpy(), before)
