@@ -141,6 +141,11 @@ class CapturedProgram:
             mem = pool.malloc(size)
             peak[0] = max(peak[0], pool.used_bytes())
             return mem
+        if reserve:
+            # the step-by-step runs' temporaries are cached in the shared pool, which the graph's own
+            # pool cannot take: give them back to the device first, so the arena fits where they were
+            # (else a model as large as the GPU allows ran out of memory at its capture)
+            owner.release_cached()
         with xp.cuda.using_allocator(malloc), self.stream:
             if reserve:
                 # the arena: one block, allocated on the capture stream (CuPy reuses a block on the
