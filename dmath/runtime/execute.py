@@ -93,6 +93,9 @@ class Execution:
         d.update(commands=self.commands, pool=memory.local_stats(),
                  signatures=len(self.entries), handles=len(self.table), plans=len(self.programs),
                  plan_graphs=sum(1 for r in self.programs.values() if r.graph is not None),
+                 # the most streams a plan's capture would use (DMATH_GRAPH_STREAMS; 1: one)
+                 plan_streams=max((r.streams.streams for r in self.programs.values() if r.streams is not None),
+                                  default=1),
                  # operation -> plans it keeps step by step (not capturable into a CUDA graph)
                  plan_blockers={op: sum(op in r.blockers for r in self.programs.values())
                                 for op in {op for r in self.programs.values() for op in r.blockers}})

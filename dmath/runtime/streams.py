@@ -1,0 +1,285 @@
+"""Independent steps of a captured program on their own CUDA streams: the plan, and the capture that follows it.
+
+A recorded program replays as one CUDA graph per worker (graphs.py). Captured
+from one stream, the graph is a chain: an Inception module's four branches of
+small kernels run one after another although none reads what another writes.
+Captured from several streams forked from the capture stream, the graph has
+parallel branches and the GPU runs them side by side. `DMATH_GRAPH_STREAMS=N`
+(default 1: one stream, the graph as before) allows up to N streams.
+
+The plan (`plan`, pure: handles in, streams and waits out; tested without a
+GPU) follows the data:
+- a step depends on the last writer of every handle it reads or writes
+  (read-after-write, write-after-write) and on the readers since that write of
+  every handle it writes (write-after-read: an in-place update must not
+  overwrite what a step on another stream has yet to read);
+- a step continues the stream of a dependency that is that stream's last step
+  (a chain stays on one stream); else it takes a stream whose work it already
+  follows, lowest number first; else the stream whose last step is the oldest;
+- it waits (a CUDA event) for each dependency on another stream that it does
+  not already follow through an earlier wait or its own stream (vector clocks
+  of the steps decide that), newest first;
+- a step that may communicate (not `registry.is_local`: NCCL collectives,
+  remaps) runs on the capture stream after every other stream's last step, so
+  every rank issues its collectives on one stream, in program order, as without
+  streams;
+- at the end every stream joins the capture stream.
+The same program gives the same plan on every rank; the streams change only
+the order of kernels on one GPU, never a result.
+
+Memory. A buffer freed inside the capture goes back to the CuPy pool's free
+list of the stream it was allocated on (CuPy keeps free blocks per stream), and
+the next allocation on that stream may take it: ordered after everything that
+stream did, but not after what other streams do. So when a step's frees (or the
+program's tail) drop a shard, `Capture.free` makes the stream that allocated
+each of its blocks wait for the last step of every other stream that read or
+wrote that block (blocks are known by their allocation address; which stream
+allocated one is noted by the capture's allocator, graphs.py). Views are
+covered because accesses are counted per block, whatever handle made them: a
+block shared by two handles is released when the second is freed, and by then
+the allocating stream has waited for every access through either. Temporaries a
+kernel allocates and frees inside one step are used on one stream only, which
+is stream-ordered as before. The libraries' shared scratch buffers are one per
+stream ("lane") during such a capture: cuBLAS's capture workspaces
+(dmath.gpu.blas) and cuDNN's workspace (dmath.gpu.cudnn), so that two
+concurrent library calls never share one.
+
+Step-by-step runs (the first replay, every replay off the GPU or out of a
+graph) are unchanged.
+"""
+from typing import NamedTuple
+
+from .. import settings
+from .registry import is_local
+
+
+def streams_allowed():
+    """The most streams a captured program may use (DMATH_GRAPH_STREAMS; 1: the capture stream only)."""
+    return settings.current.graph_streams
+
+
+class StepUse(NamedTuple):
+    """What a planned step touches: the handles it reads and writes (in-place ones in both), the
+    handles freed before it, and whether it may communicate (then it is serialised on stream 0)."""
+    reads: tuple
+    writes: tuple
+    frees: tuple = ()
+    communicates: bool = False
+
+
+class StreamPlan(NamedTuple):
+    """Per step, its stream (0: the capture stream) and the steps on other streams it waits for."""
+    streams: int            # how many streams the plan uses (1: none besides the capture stream)
+    stream: tuple           # per step: its stream
+    waits: tuple            # per step: indices of earlier steps on other streams whose end it waits for
+
+    def describe(self):
+        """A short account: steps per stream and the number of waits."""
+        counts = [self.stream.count(s) for s in range(self.streams)]
+        return f"{len(self.stream)} steps on {self.streams} stream(s) {counts}, {sum(map(len, self.waits))} waits"
+
+
+def plan(uses, max_streams):
+    """The StreamPlan of steps `uses` (a sequence of StepUse) on at most `max_streams` streams (pure).
+
+    Deterministic: the same uses give the same plan. See the module docstring for the rules.
+    """
+    if not isinstance(max_streams, int) or max_streams < 1:
+        raise ValueError(f"max_streams must be a whole number >= 1, got {max_streams!r}")
+    n = max_streams
+    writer, readers = {}, {}        # handle -> its last writer; handle -> steps that read it since
+    clocks = []                     # per step: per stream, the newest step there that happens before it
+    stream_of = []
+    tail = [-1] * n                 # per stream: its last step (-1: none yet)
+    tail_clock = [[-1] * n for _ in range(n)]
+    waits_all = []
+    for i, use in enumerate(uses):
+        for h in use.frees:
+            writer.pop(h, None)
+            readers.pop(h, None)
+        deps = set()
+        for h in use.reads:
+            if h in writer:
+                deps.add(writer[h])
+        for h in use.writes:
+            if h in writer:
+                deps.add(writer[h])
+            deps.update(readers.get(h, ()))
+        deps.discard(i)
+        known = [-1] * n            # what the step follows through its dependencies alone
+        for j in deps:
+            known = [max(a, b) for a, b in zip(known, clocks[j])]
+        if use.communicates:
+            s = 0
+            deps.update(t for t in tail if t >= 0)
+        else:
+            s = _choose(deps, tail, known, n)
+        clock = list(tail_clock[s])
+        waits = []
+        for j in sorted(deps, reverse=True):
+            t = stream_of[j]
+            if t == s or clock[t] >= j:
+                continue            # already ordered: own stream, or through an earlier wait
+            waits.append(j)
+            clock = [max(a, b) for a, b in zip(clock, clocks[j])]
+        clock[s] = i
+        clocks.append(clock)
+        stream_of.append(s)
+        tail[s] = i
+        tail_clock[s] = clock
+        waits_all.append(tuple(waits))
+        for h in use.reads:
+            readers.setdefault(h, set()).add(i)
+        for h in use.writes:
+            writer[h] = i
+            readers[h] = set()
+    used = max(stream_of, default=0) + 1
+    return StreamPlan(used, tuple(stream_of), tuple(waits_all))
+
+
+def _choose(deps, tail, known, n):
+    # continue a chain: a dependency that is its stream's last step
+    for s in range(n):
+        if tail[s] >= 0 and tail[s] in deps:
+            return s
+    # a stream whose work the step follows already (or an unused one): no new ordering
+    for s in range(n):
+        if tail[s] <= known[s]:
+            return s
+    # every stream is busy with unrelated work: the one that has been so the longest
+    return min(range(n), key=lambda s: (tail[s], s))
+
+
+def uses_of(rt, program):
+    """The StepUse of each step of a recorded program, from the runtime's entries (the same on every rank)."""
+    uses = []
+    for step in program.steps:
+        entry = rt.entries[step.sig_id]
+        k = len(entry.inputs)
+        uses.append(StepUse(tuple(step.handles[:k]), tuple(step.handles[k:]), tuple(step.frees),
+                            not is_local(entry)))
+    return uses
+
+
+def plan_program(rt, program):
+    """The StreamPlan of a recorded program under DMATH_GRAPH_STREAMS, or None when it allows one stream."""
+    n = streams_allowed()
+    if n <= 1 or not program.steps:
+        return None
+    return plan(uses_of(rt, program), n)
+
+
+def blocks(shard):
+    """The allocation addresses of the device blocks a shard's pieces live in (views share their
+    base's); nothing for host arrays or empty pieces."""
+    out = []
+    for a in shard.pieces:
+        data = getattr(a, "data", None)
+        mem = getattr(data, "mem", None)
+        ptr = getattr(mem, "ptr", 0)
+        if ptr:
+            out.append(ptr)
+    return out
+
+
+class MemoryOrder:
+    """Which stream must wait for which step before a freed block may be reused (pure bookkeeping).
+
+    `allocated(block, lane)` notes the stream whose pool free list a block goes back to;
+    `accessed(block, lane, step)` notes a step's use; `release(block)` gives the (lane, step)
+    waits that order every access on other streams before the allocating stream's later work,
+    leaving out those an earlier wait of that lane covers. Blocks not allocated in the capture
+    belong to lane 0 (the capture stream: nothing in the capture allocates from their pool).
+    """
+
+    def __init__(self):
+        self.owner = {}         # block -> lane that allocated it
+        self.last = {}          # block -> {lane: last step there that used it}
+        self.waited = {}        # (lane, other lane) -> newest step of the other lane already waited for
+
+    def allocated(self, block, lane):
+        self.owner[block] = lane
+        self.last.pop(block, None)          # a new allocation at that address: earlier uses are ordered
+
+    def accessed(self, block, lane, step):
+        self.last.setdefault(block, {})[lane] = step
+
+    def release(self, block):
+        lane = self.owner.get(block, 0)
+        waits = []
+        for other, step in sorted(self.last.get(block, {}).items()):
+            if other == lane or self.waited.get((lane, other), -1) >= step:
+                continue
+            self.waited[(lane, other)] = step
+            waits.append((lane, step))
+        return waits
+
+
+class Capture:
+    """Runs a program's steps on the streams of its StreamPlan while the capture stream is captured.
+
+    Made inside the capture (graphs.CapturedProgram): forks the side streams from the capture
+    stream, runs each step with its stream current (CuPy's kernels and allocations, cuBLAS and cuDNN
+    follow the current stream), waits for the plan's events, orders frees (`MemoryOrder`), and joins
+    every stream back into the capture stream at the end.
+    """
+
+    def __init__(self, rt, program, splan, main, owner):
+        self.rt, self.program, self.plan = rt, program, splan
+        xp = rt.backend.xp
+        self.lanes = [main] + [xp.cuda.Stream(non_blocking=True) for _ in range(splan.streams - 1)]
+        self.owner = owner          # the memory pool: its capture_lane tells the allocator the stream
+        self.order = MemoryOrder()
+        self.events = [None] * len(program.steps)
+
+    def allocated(self, ptr):
+        """The capture's allocator saw a new block at `ptr` on the current lane."""
+        self.order.allocated(ptr, self.owner.capture_lane)
+
+    def run(self):
+        """Issue the program on the plan's streams; every side stream is joined back at the end."""
+        rt, lanes, owner = self.rt, self.lanes, self.owner
+        fork = lanes[0].record()
+        for lane in lanes[1:]:
+            lane.wait_event(fork)
+        events, table = self.events, rt.table
+        try:
+            for i, step in enumerate(self.program.steps):
+                self.free(step.frees)
+                s = self.plan.stream[i]
+                lane = lanes[s]
+                for j in self.plan.waits[i]:
+                    lane.wait_event(events[j])
+                entry = rt.entries[step.sig_id]
+                k = len(entry.inputs)
+                owner.capture_lane = s
+                with lane:
+                    rt._execute(entry, step.handles[:k], step.handles[k:], step.scalars)
+                    events[i] = lane.record()
+                owner.capture_lane = 0
+                for h in step.handles:
+                    shard = table.get(h)
+                    if shard is not None:
+                        for b in blocks(shard):
+                            self.order.accessed(b, s, i)
+            self.free(self.program.tail)
+        finally:
+            owner.capture_lane = 0
+            main = lanes[0]
+            for lane in lanes[1:]:
+                main.wait_event(lane.record())
+
+    def free(self, handles):
+        """Drop `handles` as the runtime does, first making each freed block's allocating stream wait
+        for its uses on other streams (the module docstring says why)."""
+        if not handles:
+            return
+        table, order, lanes, events = self.rt.table, self.order, self.lanes, self.events
+        for h in handles:
+            shard = table.get(h) if h >= 0 else None
+            if shard is None:
+                continue
+            for b in blocks(shard):
+                for lane, step in order.release(b):
+                    lanes[lane].wait_event(events[step])
+        self.rt._free(handles)      # (with the capture stream current: a pending shard settles there)

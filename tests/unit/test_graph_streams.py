@@ -1,0 +1,182 @@
+"""The stream plan of a captured program (dmath/runtime/streams.py), checked against a brute-force oracle.
+
+The oracle orders two steps when a path of stream order (consecutive steps on
+one stream) and event waits leads from one to the other; every pair of steps
+that touch a common handle, one of them writing it (and no free in between),
+must be so ordered, and every communicating step must follow every earlier step.
+"""
+import random
+
+import pytest
+
+from dmath.runtime.streams import MemoryOrder, StepUse, plan
+
+
+def conflicts(uses):
+    """(j, i) for every earlier step j that step i must follow (read/write, write/read, write/write)."""
+    out = set()
+    for i, u in enumerate(uses):
+        for j in range(i):
+            v = uses[j]
+            freed = set()
+            for k in range(j + 1, i + 1):
+                freed.update(uses[k].frees)
+            shared = (set(v.writes) & (set(u.reads) | set(u.writes))) | (set(v.reads) & set(u.writes))
+            if shared - freed:
+                out.add((j, i))
+    return out
+
+
+def happens_before(p):
+    """The transitive closure of stream order and waits: hb[i] = the steps that happen before step i."""
+    hb = []
+    last = {}
+    for i, s in enumerate(p.stream):
+        before = set()
+        preds = list(p.waits[i]) + ([last[s]] if s in last else [])
+        for j in preds:
+            before.add(j)
+            before |= hb[j]
+        hb.append(before)
+        last[s] = i
+    return hb
+
+
+def check(uses, p, max_streams):
+    assert len(p.stream) == len(uses) == len(p.waits)
+    assert 1 <= p.streams <= max_streams and all(0 <= s < p.streams for s in p.stream)
+    hb = happens_before(p)
+    for j, i in conflicts(uses):
+        assert j in hb[i], f"step {i} does not follow step {j}"
+    for i, u in enumerate(uses):
+        for j in p.waits[i]:
+            assert j < i and p.stream[j] != p.stream[i]
+        if u.communicates:
+            assert p.stream[i] == 0 and hb[i] == set(range(i)), f"collective {i} not after every earlier step"
+    return hb
+
+
+def inception(branches=4, lengths=(1, 2, 3, 2), modules=2):
+    """Modules of `branches` chains from one input, joined by a concatenation (an Inception module)."""
+    uses, h = [StepUse((), (1,))], 10
+    x = 1
+    for _ in range(modules):
+        ends = []
+        for b in range(branches):
+            prev = x
+            for _ in range(lengths[b % len(lengths)]):
+                uses.append(StepUse((prev,), (h,)))
+                prev, h = h, h + 1
+            ends.append(prev)
+        uses.append(StepUse(tuple(ends), (h,)))
+        x, h = h, h + 1
+    return uses
+
+
+def test_independent_chains_get_their_own_streams():
+    uses = inception(modules=1)
+    p = plan(uses, 4)
+    check(uses, p, 4)
+    assert p.streams == 4
+    # each branch on one stream, four branches on four streams, the concatenation on stream 0
+    assert p.stream == (0, 0, 1, 1, 2, 2, 2, 3, 3, 0)
+    # the three other branches wait for the input once each; the concatenation for three branches
+    assert p.waits[2] == (0,) and p.waits[4] == (0,) and p.waits[7] == (0,)
+    assert sorted(p.waits[-1]) == [3, 6, 8]
+    # the branches are unordered among themselves: they may run side by side
+    hb = happens_before(p)
+    assert 1 not in hb[3] and 3 not in hb[6] and 6 not in hb[8]
+
+
+def test_fewer_streams_than_branches_and_one_stream():
+    uses = inception(modules=3)
+    for n in (1, 2, 3, 8):
+        p = plan(uses, n)
+        check(uses, p, n)
+        assert p.streams == min(n, 4)
+    assert plan(uses, 1).waits == ((),) * len(uses)
+
+
+def test_chains_of_modules_reuse_streams_without_extra_waits():
+    uses = inception(modules=3)
+    p = plan(uses, 4)
+    check(uses, p, 4)
+    # a later module's branches start on streams whose earlier work the concatenation already
+    # waited for: only the wait on the module input per side branch, three on each concatenation
+    assert sum(map(len, p.waits)) == 3 * (3 + 3)
+
+
+def test_write_after_read_is_ordered():
+    # a reads w on one branch while b reads it on another; then w is updated in place
+    uses = [StepUse((), (1,)),
+            StepUse((1, 50), (2,)), StepUse((2,), (3,)),      # branch 1 reads w (50)
+            StepUse((1,), (4,)), StepUse((4, 50), (5,)),      # branch 2 reads w later
+            StepUse((50, 3), (50,)),                          # w updated in place from branch 1's result
+            StepUse((5,), (6,))]
+    p = plan(uses, 4)
+    hb = check(uses, p, 4)
+    assert 4 in hb[5] and 1 in hb[5]
+
+
+def test_collectives_stay_on_the_capture_stream_after_everything():
+    uses = inception(modules=1)
+    uses.insert(5, StepUse((11,), (500,), communicates=True))    # an all-reduce in the middle of a branch
+    uses.append(StepUse((), (501,), communicates=True))
+    uses.append(StepUse((), (502,)))
+    p = plan(uses, 4)
+    check(uses, p, 4)
+    comm = [i for i, u in enumerate(uses) if u.communicates]
+    assert [p.stream[i] for i in comm] == [0, 0]
+
+
+def test_frees_end_a_handles_dependencies():
+    # handle 7 is freed and made again by an unrelated step: no order with its old readers needed
+    uses = [StepUse((), (7,)), StepUse((7,), (8,)), StepUse((), (7,), frees=(7,)), StepUse((7,), (9,))]
+    p = plan(uses, 2)
+    hb = check(uses, p, 2)
+    assert p.stream[2] != p.stream[1] and 1 not in hb[2]
+
+
+def test_random_programs_are_ordered_and_deterministic():
+    rng = random.Random(5)
+    for trial in range(150):
+        handles = list(range(12))
+        uses = []
+        for _ in range(rng.randrange(1, 40)):
+            reads = tuple(rng.sample(handles, rng.randrange(0, 3)))
+            writes = tuple(rng.sample(handles, rng.randrange(0, 3)))
+            frees = tuple(rng.sample(handles, 1)) if rng.random() < 0.1 else ()
+            uses.append(StepUse(reads, writes, frees, rng.random() < 0.05))
+        n = rng.randrange(1, 6)
+        p = plan(uses, n)
+        check(uses, p, n)
+        assert plan(list(uses), n) == p
+
+
+def test_plan_argument_errors():
+    with pytest.raises(ValueError, match="max_streams"):
+        plan([], 0)
+    assert plan([], 3).streams == 1
+
+
+def test_memory_order_waits_for_other_streams_before_reuse():
+    order = MemoryOrder()
+    order.allocated(100, 1)             # block 100 made on stream 1 by step 3
+    order.accessed(100, 1, 3)
+    order.accessed(100, 0, 5)           # read on stream 0 (step 5) and stream 2 (steps 6, 8)
+    order.accessed(100, 2, 6)
+    order.accessed(100, 2, 8)
+    # freed: stream 1, whose free list it joins, waits for the last use on each other stream
+    assert order.release(100) == [(1, 5), (1, 8)]
+    # a view of it freed later, no new use: nothing more to wait for
+    assert order.release(100) == []
+    # reused on stream 1 and read on stream 2 at step 9: a wait at the next free
+    order.allocated(100, 1)
+    order.accessed(100, 2, 9)
+    assert order.release(100) == [(1, 9)]
+    # a block used on its own stream only needs nothing; one from outside the capture is stream 0's
+    order.allocated(200, 2)
+    order.accessed(200, 2, 10)
+    assert order.release(200) == []
+    order.accessed(300, 3, 11)
+    assert order.release(300) == [(0, 11)]
