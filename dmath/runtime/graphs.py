@@ -39,7 +39,7 @@ frees are safe).
 from .. import memory, settings
 from ..comm import counters
 from .registry import capturable, prepare_capture
-from .streams import Capture, plan_program
+from .streams import Capture, plan_program, streams_allowed
 
 
 def enabled():
@@ -73,9 +73,10 @@ class Replayer:
                                 if not capturable(rt.entries[s.sig_id])})
         self.capturable = enabled() and rt.backend.is_gpu and bool(program.steps) and not self.blockers
         self.reserve = 0        # the bytes a step-by-step run added at its peak: the capture's arena
-        # the streams of a capture (DMATH_GRAPH_STREAMS; None: one). Planned on every backend, so that
-        # a CPU run checks the plans too; only a GPU capture follows one
-        self.streams = plan_program(rt, program) if program.steps and not self.blockers else None
+        # the streams of a capture (DMATH_GRAPH_STREAMS; None: one), planned at the first replay from
+        # what its steps communicated. Planned on every backend, so that a CPU run checks the plans
+        # too; only a GPU capture follows one
+        self.streams = None
 
     def replay(self):
         rt = self.rt
@@ -88,11 +89,15 @@ class Replayer:
             return [None] * len(self.program.steps)
         if self.graph is not None:
             return self.graph.launch(rt)
+        talked = [] if self.runs == 1 and streams_allowed() > 1 else None
         if self.capturable and not self.reserve:
             # measured once: a plan kept step by step (inputs in host memory) pays for it no more
-            results, self.reserve = memory.pool.current().measure_peak(lambda: rt._run_program(self.program))
-            return results
-        return rt._run_program(self.program)
+            results, self.reserve = memory.pool.current().measure_peak(lambda: rt._run_program(self.program, talked))
+        else:
+            results = rt._run_program(self.program, talked)
+        if talked is not None:
+            self.streams = plan_program(rt, self.program, talked)
+        return results
 
     def release_graph(self):
         """Drop the captured graph and give its pool's free blocks back; returns the bytes released.

@@ -19,13 +19,19 @@ GPU) follows the data:
 - it waits (a CUDA event) for each dependency on another stream that it does
   not already follow through an earlier wait or its own stream (vector clocks
   of the steps decide that), newest first;
-- a step that may communicate (not `registry.is_local`: NCCL collectives,
-  remaps) runs on the capture stream after every other stream's last step, so
-  every rank issues its collectives on one stream, in program order, as without
-  streams;
+- a step that communicates runs on the capture stream after every other
+  stream's last step, so this rank issues its collectives (NCCL on the
+  compute stream) on one stream, in program order, as without streams. Which
+  steps communicate is measured on the plan's first replay, which runs step
+  by step before any capture (`traffic_mark` around each step): a command's
+  communication depends on its signature, except where a replica-cache hit
+  skips a remap that a capture makes (CACHED_TALK: planned as talking). The
+  measure is per rank, and that suffices: what NCCL needs is that each rank
+  issues its own collectives on one stream in one order. A step that talks on
+  a side stream anyway stops the capture with an error instead of risking a
+  hang;
 - at the end every stream joins the capture stream.
-The same program gives the same plan on every rank; the streams change only
-the order of kernels on one GPU, never a result.
+The streams change only the order of kernels on one GPU, never a result.
 
 Memory. A buffer freed inside the capture goes back to the CuPy pool's free
 list of the stream it was allocated on (CuPy keeps free blocks per stream), and
@@ -50,6 +56,8 @@ graph) are unchanged.
 from typing import NamedTuple
 
 from .. import settings
+from ..comm import counters
+from ..comm.world import NCCL_USES
 from .registry import is_local
 
 
@@ -150,23 +158,46 @@ def _choose(deps, tail, known, n):
     return min(range(n), key=lambda s: (tail[s], s))
 
 
-def uses_of(rt, program):
-    """The StepUse of each step of a recorded program, from the runtime's entries (the same on every rank)."""
+#: operations whose commands may skip their communication in a step-by-step run (a replica-cache hit
+#: for a remapped GEMM operand) but not in a capture, which bypasses the cache: unless local, they
+#: are planned as communicating whatever the measured run saw
+CACHED_TALK = frozenset({"gemm"})
+
+
+def traffic_mark():
+    """A value that changes whenever this process communicates (messages counted, or an NCCL
+    communicator taken): compared around a step, it tells whether the step talked on this rank."""
+    c = counters.counters
+    return c["data_msgs_sent"], c["data_msgs_recv"], NCCL_USES[0]
+
+
+def uses_of(rt, program, talked=None):
+    """The StepUse of each step of a recorded program.
+
+    talked: per step, whether a step-by-step run of it communicated on this rank (`traffic_mark`);
+    None: every step that is not `registry.is_local` counts as communicating. A step that is
+    local never communicates; one of CACHED_TALK that is not local always may.
+    """
     uses = []
-    for step in program.steps:
+    for i, step in enumerate(program.steps):
         entry = rt.entries[step.sig_id]
         k = len(entry.inputs)
-        uses.append(StepUse(tuple(step.handles[:k]), tuple(step.handles[k:]), tuple(step.frees),
-                            not is_local(entry)))
+        local = is_local(entry)
+        if talked is None:
+            talks = not local
+        else:
+            talks = talked[i] or (not local and entry.op in CACHED_TALK)
+        uses.append(StepUse(tuple(step.handles[:k]), tuple(step.handles[k:]), tuple(step.frees), talks))
     return uses
 
 
-def plan_program(rt, program):
-    """The StreamPlan of a recorded program under DMATH_GRAPH_STREAMS, or None when it allows one stream."""
+def plan_program(rt, program, talked=None):
+    """The StreamPlan of a recorded program under DMATH_GRAPH_STREAMS (`uses_of` says what
+    `talked` is), or None when the setting allows one stream."""
     n = streams_allowed()
     if n <= 1 or not program.steps:
         return None
-    return plan(uses_of(rt, program), n)
+    return plan(uses_of(rt, program, talked), n)
 
 
 def blocks(shard):
@@ -231,6 +262,13 @@ class Capture:
         self.owner = owner          # the memory pool: its capture_lane tells the allocator the stream
         self.order = MemoryOrder()
         self.events = [None] * len(program.steps)
+        self._event = xp.cuda.Event
+
+    def _mark(self, lane):
+        # (no timing: an event the graph's edges are made of, nothing reads its time)
+        event = self._event(disable_timing=True)
+        lane.record(event)
+        return event
 
     def allocated(self, ptr):
         """The capture's allocator saw a new block at `ptr` on the current lane."""
@@ -239,7 +277,7 @@ class Capture:
     def run(self):
         """Issue the program on the plan's streams; every side stream is joined back at the end."""
         rt, lanes, owner = self.rt, self.lanes, self.owner
-        fork = lanes[0].record()
+        fork = self._mark(lanes[0])
         for lane in lanes[1:]:
             lane.wait_event(fork)
         events, table = self.events, rt.table
@@ -253,10 +291,16 @@ class Capture:
                 entry = rt.entries[step.sig_id]
                 k = len(entry.inputs)
                 owner.capture_lane = s
+                mark = traffic_mark()
                 with lane:
                     rt._execute(entry, step.handles[:k], step.handles[k:], step.scalars)
-                    events[i] = lane.record()
+                    events[i] = self._mark(lane)
                 owner.capture_lane = 0
+                if s and traffic_mark() != mark:
+                    # a collective on a side stream could meet the other ranks' in another order: the
+                    # capture is refused rather than risk a hang (the plan said this step does not talk)
+                    raise RuntimeError(f"step {i} ({entry.op!r}) communicated on side stream {s} of a "
+                                       "capture; DMATH_GRAPH_STREAMS=1 avoids it")
                 for h in step.handles:
                     shard = table.get(h)
                     if shard is not None:
@@ -267,7 +311,7 @@ class Capture:
             owner.capture_lane = 0
             main = lanes[0]
             for lane in lanes[1:]:
-                main.wait_event(lane.record())
+                main.wait_event(self._mark(lane))
 
     def free(self, handles):
         """Drop `handles` as the runtime does, first making each freed block's allocating stream wait

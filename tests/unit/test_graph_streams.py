@@ -9,6 +9,7 @@ import random
 
 import pytest
 
+from dmath import settings
 from dmath.runtime.streams import MemoryOrder, StepUse, plan
 
 
@@ -106,6 +107,21 @@ def test_chains_of_modules_reuse_streams_without_extra_waits():
     assert sum(map(len, p.waits)) == 3 * (3 + 3)
 
 
+def test_a_chain_stays_on_one_stream():
+    uses = [StepUse((), (1,))] + [StepUse((k,), (k + 1,)) for k in range(1, 30)]
+    p = plan(uses, 4)
+    check(uses, p, 4)
+    assert p.streams == 1 and p.waits == ((),) * len(uses)
+
+
+def test_the_setting():
+    assert settings.read({}).graph_streams == 1
+    assert settings.read({"DMATH_GRAPH_STREAMS": "4"}).graph_streams == 4
+    for bad in ("0", "9", "two", "-1"):
+        with pytest.raises(settings.SettingError, match="DMATH_GRAPH_STREAMS"):
+            settings.read({"DMATH_GRAPH_STREAMS": bad})
+
+
 def test_write_after_read_is_ordered():
     # a reads w on one branch while b reads it on another; then w is updated in place
     uses = [StepUse((), (1,)),
@@ -180,3 +196,120 @@ def test_memory_order_waits_for_other_streams_before_reuse():
     assert order.release(200) == []
     order.accessed(300, 3, 11)
     assert order.release(300) == [(0, 11)]
+
+
+# ---- the capture on streams, with CUDA's streams and events replaced by a recording fake ----------
+class _Log:
+    def __init__(self):
+        self.items, self.current = [], []
+
+
+class _Event:
+    def __init__(self, disable_timing=False):
+        self.at = None          # (stream, position in its stream) once recorded
+
+
+class _Stream:
+    log = None
+    count = 0
+
+    def __init__(self, non_blocking=False):
+        self.id, _Stream.count = _Stream.count, _Stream.count + 1
+        self.done = 0           # work items issued on it
+
+    def record(self, event):
+        event.at = (self.id, self.done)
+
+    def wait_event(self, event):
+        self.log.items.append(("wait", self.id, event.at))
+
+    def __enter__(self):
+        self.log.current.append(self)
+
+    def __exit__(self, *exc):
+        self.log.current.pop()
+
+
+class _Mem:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+class _Piece:
+    def __init__(self, ptr):
+        self.data = type("Data", (), {"mem": _Mem(ptr)})()
+
+
+class _Shard:
+    def __init__(self, ptr):
+        self.pieces = [_Piece(ptr)]
+
+
+class _Entry:
+    def __init__(self, n_in):
+        self.inputs = [None] * n_in
+        self.op = "fake"
+
+
+class _Runtime:
+    """Runs steps by logging (step, current stream); outputs get new blocks 'allocated' there."""
+
+    def __init__(self, program, log):
+        import types
+        self.log, self.table, self.entries, self.capture = log, {}, {}, None
+        self.backend = types.SimpleNamespace(xp=types.SimpleNamespace(
+            cuda=types.SimpleNamespace(Stream=_Stream, Event=_Event)))
+        self.next_ptr = 1000
+        for step in program.steps:
+            self.entries.setdefault(step.sig_id, _Entry(step.sig_id))
+
+    def _execute(self, entry, ins, outs, scalars):
+        stream = self.log.current[-1]
+        stream.done += 1
+        self.log.items.append(("run", stream.id, tuple(ins), tuple(outs)))
+        for h in outs:
+            if h not in ins:
+                self.next_ptr += 1
+                self.capture.allocated(self.next_ptr)
+                self.table[h] = _Shard(self.next_ptr)
+
+    def _free(self, handles):
+        for h in handles:
+            self.table.pop(h, None)
+            self.log.items.append(("free", h))
+
+
+def test_the_capture_follows_the_plan_orders_frees_and_joins_every_stream():
+    import types
+
+    from dmath.runtime.protocol import Program, Step
+    from dmath.runtime.streams import Capture, plan
+    log = _Log()
+    _Stream.log = log
+    # input 1 -> three branches (2; 3 -> 4; 5) -> concatenation 6, which frees the branch outputs
+    # (sig_id = number of inputs, for the fake entries)
+    steps = (Step(0, (1,), (), ()), Step(1, (1, 2), (), ()), Step(1, (1, 3), (), ()), Step(1, (3, 4), (), ()),
+             Step(1, (1, 5), (), ()), Step(3, (2, 4, 5, 6), (), ()), Step(1, (6, 7), (), (2, 3, 4, 5)))
+    program = Program(steps, (6,))
+    uses = [StepUse(s.handles[:s.sig_id], s.handles[s.sig_id:], s.frees) for s in steps]
+    splan = plan(uses, 4)
+    assert splan.stream == (0, 0, 1, 1, 2, 0, 0)
+    rt = _Runtime(program, log)
+    main = _Stream()
+    owner = types.SimpleNamespace(capture_lane=0)
+    with main:
+        cap = rt.capture = Capture(rt, program, splan, main, owner)
+        cap.run()
+    lanes = [lane.id for lane in cap.lanes]
+    runs = [item for item in log.items if item[0] == "run"]
+    assert [lanes.index(r[1]) for r in runs] == list(splan.stream)
+    # the side streams start after the capture stream's fork point, and join it at the end
+    waits = [item for item in log.items if item[0] == "wait"]
+    assert waits[0][1] == lanes[1] and waits[1][1] == lanes[2] and waits[0][2] == (lanes[0], 0)
+    assert {w[2][0] for w in waits[-2:]} == {lanes[1], lanes[2]} and all(w[1] == lanes[0] for w in waits[-2:])
+    # the branch outputs 4 (stream 1) and 5 (stream 2) were read by the concatenation on stream 0:
+    # freeing them makes streams 1 and 2 wait for the concatenation before they allocate again
+    at_free = log.items.index(("free", 2))
+    before = [w for w in log.items[:at_free] if w[0] == "wait" and w[1] in (lanes[1], lanes[2])]
+    assert (("wait", lanes[1], (lanes[0], 3)) in before) and (("wait", lanes[2], (lanes[0], 3)) in before)
+    assert owner.capture_lane == 0
