@@ -313,3 +313,23 @@ def test_the_capture_follows_the_plan_orders_frees_and_joins_every_stream():
     before = [w for w in log.items[:at_free] if w[0] == "wait" and w[1] in (lanes[1], lanes[2])]
     assert (("wait", lanes[1], (lanes[0], 3)) in before) and (("wait", lanes[2], (lanes[0], 3)) in before)
     assert owner.capture_lane == 0
+
+
+def test_cudnn_keeps_one_workspace_per_stream(monkeypatch):
+    """Convolutions on different streams of a capture may run at once: each stream has its workspace."""
+    import types
+
+    import numpy as np
+
+    from dmath.gpu import cudnn
+    monkeypatch.setattr(cudnn, "_state", {})
+    monkeypatch.setattr(cudnn, "memory", types.SimpleNamespace(empty=np.empty))
+    main = cudnn.shared_workspace(100)
+    side = cudnn.shared_workspace(50, lane=2)
+    assert side is not main and side.size == 50
+    assert cudnn.shared_workspace(80) is main and cudnn.shared_workspace(40, lane=2) is side
+    grown = cudnn.shared_workspace(200, lane=2)
+    assert grown.size == 200 and cudnn.shared_workspace(10) is main
+    assert cudnn.workspace_bytes() == 300
+    cudnn.release_workspace()
+    assert cudnn.workspace_bytes() == 0
