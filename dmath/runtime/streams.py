@@ -204,6 +204,8 @@ def blocks(shard):
     """The allocation addresses of the device blocks a shard's pieces live in (views share their
     base's); nothing for host arrays or empty pieces."""
     out = []
+    if getattr(shard, "home", None) is not None:
+        return out                  # held in host memory (never in a capture): no device block of its own
     for a in shard.pieces:
         data = getattr(a, "data", None)
         mem = getattr(data, "mem", None)
@@ -290,6 +292,9 @@ class Capture:
                     lane.wait_event(events[j])
                 entry = rt.entries[step.sig_id]
                 k = len(entry.inputs)
+                # the shards the step finds: what it reads, and what its outputs held before (an output
+                # given a new shard drops the old one, held here until its blocks are ordered below)
+                found = {h: table.get(h) for h in step.handles}
                 owner.capture_lane = s
                 mark = traffic_mark()
                 with lane:
@@ -301,11 +306,15 @@ class Capture:
                     # capture is refused rather than risk a hang (the plan said this step does not talk)
                     raise RuntimeError(f"step {i} ({entry.op!r}) communicated on side stream {s} of a "
                                        "capture; DMATH_GRAPH_STREAMS=1 avoids it")
-                for h in step.handles:
+                for h in step.handles[:k]:
+                    self._accessed(found[h], s, i)
+                for h in step.handles[k:]:
                     shard = table.get(h)
-                    if shard is not None:
-                        for b in blocks(shard):
-                            self.order.accessed(b, s, i)
+                    self._accessed(shard, s, i)
+                    before = found[h]
+                    if before is not None and before is not shard:
+                        self._order_release(before)     # replaced: released when `found` goes
+                del found
             self.free(self.program.tail)
         finally:
             owner.capture_lane = 0
@@ -313,17 +322,27 @@ class Capture:
             for lane in lanes[1:]:
                 main.wait_event(self._mark(lane))
 
+    def _accessed(self, shard, lane, step):
+        if shard is not None:
+            for b in blocks(shard):
+                self.order.accessed(b, lane, step)
+
+    def _order_release(self, shard):
+        """Make the stream that allocated each block of `shard` wait for the block's last use on every
+        other stream, before the block may go back to that stream's free list."""
+        lanes, events = self.lanes, self.events
+        for b in blocks(shard):
+            for lane, step in self.order.release(b):
+                lanes[lane].wait_event(events[step])
+
     def free(self, handles):
-        """Drop `handles` as the runtime does, first making each freed block's allocating stream wait
-        for its uses on other streams (the module docstring says why)."""
+        """Drop `handles` as the runtime does, first ordering their blocks' reuse (`_order_release`;
+        the module docstring says why)."""
         if not handles:
             return
-        table, order, lanes, events = self.rt.table, self.order, self.lanes, self.events
+        table = self.rt.table
         for h in handles:
             shard = table.get(h) if h >= 0 else None
-            if shard is None:
-                continue
-            for b in blocks(shard):
-                for lane, step in order.release(b):
-                    lanes[lane].wait_event(events[step])
+            if shard is not None:
+                self._order_release(shard)
         self.rt._free(handles)      # (with the capture stream current: a pending shard settles there)

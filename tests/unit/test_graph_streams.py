@@ -333,3 +333,30 @@ def test_cudnn_keeps_one_workspace_per_stream(monkeypatch):
     assert cudnn.workspace_bytes() == 300
     cudnn.release_workspace()
     assert cudnn.workspace_bytes() == 0
+
+
+def test_an_output_given_a_new_shard_orders_the_old_blocks_reuse():
+    import types
+
+    from dmath.runtime.protocol import Program, Step
+    from dmath.runtime.streams import Capture, plan
+    log = _Log()
+    _Stream.log = log
+    # 2 <- 1 on stream 0; 3 <- 1 on stream 1 (allocated there), read by step 3 on stream 0 (4 <- 2, 3);
+    # then step 4 writes handle 3 anew from 4 (a new shard: the old block goes back to stream 1)
+    steps = (Step(0, (1,), (), ()), Step(1, (1, 2), (), ()), Step(1, (1, 3), (), ()), Step(2, (2, 3, 4), (), ()),
+             Step(1, (4, 3), (), ()), Step(1, (1, 5), (), ()))
+    program = Program(steps, ())
+    splan = plan([StepUse(s.handles[:s.sig_id], s.handles[s.sig_id:]) for s in steps], 2)
+    assert splan.stream[2] == 1 and splan.stream[3] == 0 and splan.stream[4] == 0
+    rt = _Runtime(program, log)
+    main = _Stream()
+    with main:
+        cap = rt.capture = Capture(rt, program, splan, main, types.SimpleNamespace(capture_lane=0))
+        cap.run()
+    lanes = [lane.id for lane in cap.lanes]
+    run4 = log.items.index(("run", lanes[0], (4,), (3,)))
+    # after step 4 and before stream 1 runs anything more, stream 1 waits for step 3 (main's third)
+    later = log.items[run4 + 1:]
+    first_side_run = next(k for k, item in enumerate(later) if item[0] == "run" and item[1] == lanes[1])
+    assert ("wait", lanes[1], (lanes[0], 3)) in later[:first_side_run]
