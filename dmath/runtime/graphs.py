@@ -150,8 +150,10 @@ class CapturedProgram:
         owner = memory.pool.current()
         owner.capture_refs = []                 # buffers the kernels share between steps (a workspace)
         pool, peak = self.pool, [0]
-        lanes = Capture(rt, program, streams, self.stream, owner) if streams is not None and streams.streams > 1 \
-            else None
+        # (a plan made for more streams than the setting allows now is captured on one: the libraries'
+        # per-stream workspaces are made for the setting)
+        lanes = Capture(rt, program, streams, self.stream, owner) \
+            if streams is not None and 1 < streams.streams <= streams_allowed() else None
 
         def malloc(size):
             mem = pool.malloc(size)

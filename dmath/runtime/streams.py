@@ -36,19 +36,23 @@ The streams change only the order of kernels on one GPU, never a result.
 Memory. A buffer freed inside the capture goes back to the CuPy pool's free
 list of the stream it was allocated on (CuPy keeps free blocks per stream), and
 the next allocation on that stream may take it: ordered after everything that
-stream did, but not after what other streams do. So when a step's frees (or the
-program's tail) drop a shard, `Capture.free` makes the stream that allocated
-each of its blocks wait for the last step of every other stream that read or
-wrote that block (blocks are known by their allocation address; which stream
-allocated one is noted by the capture's allocator, graphs.py). Views are
-covered because accesses are counted per block, whatever handle made them: a
-block shared by two handles is released when the second is freed, and by then
-the allocating stream has waited for every access through either. Temporaries a
-kernel allocates and frees inside one step are used on one stream only, which
-is stream-ordered as before. The libraries' shared scratch buffers are one per
-stream ("lane") during such a capture: cuBLAS's capture workspaces
-(dmath.gpu.blas) and cuDNN's workspace (dmath.gpu.cudnn), so that two
-concurrent library calls never share one.
+stream did, but not after what other streams do. So before the capture drops a
+shard (a step's frees, the program's tail, or an output given a new shard),
+`Capture` makes the stream that allocated each of its blocks wait for the last
+step of every other stream that read or wrote that block; the allocation, and
+so any reuse, is issued later on that stream. Blocks are known by their
+allocation address; which stream allocated one is noted by the capture's
+allocator (graphs.py). Views are covered because uses are counted per block,
+whatever handle made them: a block shared by two handles goes back when the
+second is dropped, and by then the allocating stream has waited for every use
+through either. Temporaries a kernel allocates and frees inside one step are
+used on its stream only, which is stream-ordered as before; caches a kernel
+fills from its signature are filled by the recording run, before any capture.
+The libraries' shared scratch buffers are one per stream ("lane") during such a
+capture: cuBLAS's capture workspaces (dmath.gpu.blas) and cuDNN's workspace
+(dmath.gpu.cudnn), so that two concurrent library calls never share one. The
+side streams take blocks of their own (the capture's arena serves the capture
+stream), so a graph on several streams may hold more memory than on one.
 
 Step-by-step runs (the first replay, every replay off the GPU or out of a
 graph) are unchanged.
@@ -251,10 +255,11 @@ class MemoryOrder:
 class Capture:
     """Runs a program's steps on the streams of its StreamPlan while the capture stream is captured.
 
-    Made inside the capture (graphs.CapturedProgram): forks the side streams from the capture
-    stream, runs each step with its stream current (CuPy's kernels and allocations, cuBLAS and cuDNN
-    follow the current stream), waits for the plan's events, orders frees (`MemoryOrder`), and joins
-    every stream back into the capture stream at the end.
+    Made by graphs.CapturedProgram before the capture begins; `run()`, inside it, forks the side
+    streams from the capture stream, runs each step with its stream current (CuPy's kernels and
+    allocations, cuBLAS and cuDNN follow the current stream), waits for the plan's events, orders
+    the reuse of dropped blocks (`MemoryOrder`), and joins every stream back into the capture
+    stream at the end.
     """
 
     def __init__(self, rt, program, splan, main, owner):
@@ -297,9 +302,12 @@ class Capture:
                 found = {h: table.get(h) for h in step.handles}
                 owner.capture_lane = s
                 mark = traffic_mark()
-                with lane:
+                if s:
+                    with lane:
+                        rt._execute(entry, step.handles[:k], step.handles[k:], step.scalars)
+                else:                   # the capture stream is current already (not entered twice)
                     rt._execute(entry, step.handles[:k], step.handles[k:], step.scalars)
-                    events[i] = self._mark(lane)
+                events[i] = self._mark(lane)
                 owner.capture_lane = 0
                 if s and traffic_mark() != mark:
                     # a collective on a side stream could meet the other ranks' in another order: the
