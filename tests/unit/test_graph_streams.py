@@ -360,3 +360,22 @@ def test_an_output_given_a_new_shard_orders_the_old_blocks_reuse():
     later = log.items[run4 + 1:]
     first_side_run = next(k for k, item in enumerate(later) if item[0] == "run" and item[1] == lanes[1])
     assert ("wait", lanes[1], (lanes[0], 3)) in later[:first_side_run]
+
+
+def test_what_communicates_is_measured_except_where_a_capture_may_talk_more():
+    import types
+
+    from dmath.runtime.protocol import Program, Step
+    from dmath.runtime.streams import uses_of
+
+    def entry(op, local):
+        return types.SimpleNamespace(op=op, inputs=[None], local_rule=local)
+    rt = types.SimpleNamespace(entries={0: entry("ewise", True), 1: entry("nn_batchnorm", False),
+                                        2: entry("gemm", False), 3: entry("gemm", True)})
+    program = Program(tuple(Step(k, (10 + k, 20 + k), (), ()) for k in range(4)), ())
+    # unmeasured: whatever is not local may communicate
+    assert [u.communicates for u in uses_of(rt, program)] == [False, True, True, False]
+    # measured on this rank: what talked; a GEMM that is not local may talk in a capture (no replica cache)
+    assert [u.communicates for u in uses_of(rt, program, [False, False, False, False])] == [False, False, True, False]
+    assert [u.communicates for u in uses_of(rt, program, [False, True, False, False])] == [False, True, True, False]
+    assert uses_of(rt, program)[1] == StepUse((11,), (21,), (), True)
