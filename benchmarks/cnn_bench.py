@@ -126,6 +126,8 @@ def kernel_profile(run, rows=25):
 
 #: gradient bucket size of every dnn model timed (Model.bucket_mb; None: the default), from --bucket-mb
 BUCKET_MB = None
+#: [the workers' dmath.stats() after the last time_model's timed steps] (streams_bench.py reads them)
+LAST_STATS = [None]
 
 
 def time_dnn(net, batch, dtype, steps, parallel, profile_kernels=False, channels_last=None):
@@ -171,7 +173,7 @@ def time_model(make, shape, classes, per_epoch, batch, steps, profile_kernels=Fa
     model.fit(data, batch_size=batch, epochs=epochs, shuffle=True, verbose=0)
     dmath.synchronize()
     secs = time.perf_counter() - t0
-    stats = dmath.stats()
+    stats = LAST_STATS[0] = dmath.stats()
     # dmath.memory.peak() over the timed steps, as torch's max_memory_reserved / max_memory_allocated:
     # reserved counts the pool's high-water mark and the captured graph's own pool (activations,
     # gradients, workspaces), allocated the most bytes in buffers at once

@@ -47,6 +47,13 @@ def _count(text):
     return value
 
 
+def _streams(text):
+    value = int(text)
+    if not 1 <= value <= 8:
+        raise ValueError(text)
+    return value
+
+
 def _bytes(text):
     return int(_number()(text))
 
@@ -112,6 +119,9 @@ VARIABLES = (
              "0 or 1", _flag, True, "cuda_graphs"),
     Variable("DMATH_GRAPH_COLLECTIVES", "1", "0: never capture NCCL collectives into a CUDA graph",
              "0 or 1", _flag, True, "graph_collectives"),
+    Variable("DMATH_GRAPH_STREAMS", "1", "the most CUDA streams a captured plan runs its independent steps "
+             "on (branches of a network side by side); 1: one stream", "a whole number from 1 to 8", _streams,
+             1, "graph_streams"),
     Variable("DMATH_CUDNN", "1", "0: convolutions by im2col and cuBLAS even when cuDNN is there",
              "0 or 1", _flag, True, "cudnn"),
     Variable("DMATH_CUBLASLT", "1", "0: a prepared local product calls cuBLAS's GemmEx/Dgemm instead of "

@@ -72,6 +72,11 @@ def waitall(reqs, nbytes=0):
     poll(done, nbytes)
 
 
+#: [times this process took a group's NCCL communicator]: a step whose run moves it communicated
+#: (dmath/runtime/streams.py keeps such steps on the capture stream)
+NCCL_USES = [0]
+
+
 class Group:
     """A communicator over a sorted tuple of world ranks (MPI, plus NCCL on demand)."""
 
@@ -90,6 +95,7 @@ class Group:
     @property
     def nccl(self):
         """This group's NCCL communicator for the compute stream, created on first use."""
+        NCCL_USES[0] += 1
         if self._nccl is None:
             self._nccl = self._new_nccl()
         return self._nccl
@@ -103,6 +109,7 @@ class Group:
         kernels in different orders on different GPUs and deadlock. Each
         communicator therefore belongs to exactly one stream.
         """
+        NCCL_USES[0] += 1
         if self._nccl_side is None:
             self._nccl_side = self._new_nccl()
         return self._nccl_side

@@ -298,20 +298,25 @@ def _check(status, what):
 
 
 def prepare_capture():
-    """Make the workspace that this device's cuBLAS handle uses in captured products; call before a
+    """Make the workspaces that this device's cuBLAS handle uses in captured products; call before a
     capture begins.
 
     No allocation may happen while a stream is captured, and cuBLAS would
     otherwise allocate its workspace on first use. `_captured_calls` hands
-    it to the handle after each SetStream (which resets it); every captured
-    product runs on the compute stream, so no two use it at once.
+    one to the handle after each SetStream (which resets it): the workspace
+    of the capture's current stream ("lane", dmath.memory.capture_lane), one
+    per stream that DMATH_GRAPH_STREAMS allows, since products on different
+    streams of a capture may run at once; on one stream no two do.
     Idempotent; GPU only.
     """
     import cupy
     handle = cupy.cuda.device.get_cublas_handle()
-    if handle not in _CAPTURE:
+    spaces = _CAPTURE.get(handle)
+    if spaces is None:
         _libcublas()
-        _CAPTURE[handle] = cupy.cuda.runtime.malloc(_WORKSPACE_BYTES)     # outside every pool: kept for good
+        spaces = _CAPTURE[handle] = []
+    while len(spaces) < max(1, settings.current.graph_streams):
+        spaces.append(cupy.cuda.runtime.malloc(_WORKSPACE_BYTES))     # outside every pool: kept for good
 
 
 def _captured_calls(handle):
@@ -328,7 +333,7 @@ def _captured_calls(handle):
         def set_stream_and_workspace(h, stream):
             set_stream(h, stream)
             # SetStream resets the handle to cuBLAS's default workspace pool, which may allocate
-            set_workspace(h, _CAPTURE[h], _WORKSPACE_BYTES)
+            set_workspace(h, _CAPTURE[h][memory.capture_lane()], _WORKSPACE_BYTES)
 
         calls = _CALLS["captured"] = _Calls(
             set_stream_and_workspace, _checked(lib.cublasSetPointerMode_v2, "SetPointerMode"),

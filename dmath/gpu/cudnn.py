@@ -15,7 +15,8 @@ limit or the device's free memory) are never built. `explain()` lists the
 choices and how each was made.
 
 Execution runs on the current stream with raw device pointers and one
-workspace per worker, shared by every plan: it grows to the largest chosen
+workspace per worker (per stream while a plan is captured on several streams,
+runtime/streams.py), shared by every plan: it grows to the largest chosen
 plan's need and stays. Plans of several hundred MB each, allocated and freed
 per call, fragment a pool (above all a captured graph's own pool, which
 keeps whatever it grew to); one buffer, reused in stream order, does not. A
@@ -309,7 +310,7 @@ class ConvPlan:
     def run(self, ptrs):
         """Run the chosen plan on device pointers (inputs, then the output), on the current stream."""
         c = self.choice
-        ws = shared_workspace(c["workspace"])
+        ws = shared_workspace(c["workspace"], memory.capture_lane())
         memory.keep_for_capture(ws)
         self._execute(c["index"], ptrs, ws.data.ptr)
 
@@ -323,26 +324,33 @@ def fingerprint():
     return machine
 
 
-def shared_workspace(nbytes):
+def shared_workspace(nbytes, lane=0):
     """The worker's cuDNN workspace, grown to at least `nbytes` (a new buffer replaces a smaller one:
-    the old one lives on only in the graphs captured with it)."""
-    ws = _state.get("workspace")
+    the old one lives on only in the graphs captured with it).
+
+    lane: the stream of a capture on several streams (dmath.memory.capture_lane) whose workspace
+    this is: convolutions on different streams may run at once, so each stream has its own
+    (made during such a capture, kept for the next ones); 0: the one of every other call.
+    """
+    key = "workspace" if lane == 0 else ("lane", lane)
+    ws = _state.get(key)
     if ws is None or ws.size < nbytes:
-        _state["workspace"] = None                  # the old buffer may go back to the pool first
-        ws = _state["workspace"] = memory.empty((max(nbytes, 1),), np.uint8)
+        _state[key] = None                          # the old buffer may go back to the pool first
+        ws = _state[key] = memory.empty((max(nbytes, 1),), np.uint8)
     return ws
 
 
 def workspace_bytes():
-    """The size of the worker's shared workspace now (0: none)."""
-    ws = _state.get("workspace")
-    return 0 if ws is None else int(ws.size)
+    """The bytes of the worker's workspaces now, every stream's (0: none)."""
+    return sum(int(ws.size) for k, ws in _state.items()
+               if (k == "workspace" or (isinstance(k, tuple) and k[0] == "lane")) and ws is not None)
 
 
 def release_workspace():
-    """Drop the worker's shared workspace (dmath.memory.clear): the next convolution makes one of the
-    size its plan needs. A graph captured with the old one keeps it alive (memory.keep_for_capture)."""
-    _state["workspace"] = None
+    """Drop the worker's workspaces (dmath.memory.clear): the next convolution makes one of the
+    size its plan needs. A graph captured with an old one keeps it alive (memory.keep_for_capture)."""
+    for k in [k for k in _state if k == "workspace" or (isinstance(k, tuple) and k[0] == "lane")]:
+        _state[k] = None
 
 
 def _budget():

@@ -62,6 +62,13 @@ def capturing():
     return getattr(pool.current(), "capture_refs", None) is not None
 
 
+def capture_lane():
+    """During a CUDA-graph capture on several streams, the number of the stream the current step runs
+    on (0: the capture stream, and outside such a capture): a library keeps one scratch buffer per
+    stream there, since steps on different streams may run at once (runtime/streams.py)."""
+    return getattr(pool.current(), "capture_lane", 0)
+
+
 def block_bytes(nbytes):
     """Bytes the pool sets aside for a request of `nbytes` (the master's account uses it)."""
     return pool.current().block_bytes(nbytes)

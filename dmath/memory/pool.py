@@ -229,6 +229,7 @@ class CudaPool:
         self.unified = 0             # bytes of live CUDA managed ('cuda_managed') allocations
         self.graph_pools = {}        # id(owner) -> the private MemoryPool of a live captured CUDA graph
         self.capture_refs = None     # during a capture: what the graph being captured must keep alive
+        self.capture_lane = 0        # during a capture on several streams: the current step's (runtime/streams.py)
         self.graph_peaks = {}        # id(owner) -> the most bytes its graph's buffers held at once
         self.used_peak = None        # while measure_peak() runs: the most device bytes in use so far
         self.footprint = 0           # the device pool's total bytes when last seen (see _malloc)

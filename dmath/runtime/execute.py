@@ -6,6 +6,7 @@ from ..comm import counters
 from ..memory import replicas
 from .entry import Call
 from .graphs import Replayer
+from .streams import traffic_mark
 
 #: DMATH_PROFILE=1: every kernel is timed on its worker (the device synchronised before and after, so
 #: kernels run one at a time and CUDA graphs are off); dmath.stats() reports it under 'profile'.
@@ -77,14 +78,22 @@ class Execution:
         self.programs[plan_id] = Replayer(self, program)
         self._free(program.tail)            # the recording's temporaries still held at its end
 
-    def _run_program(self, program):
-        """Execute a recorded program as its commands ran: same entries, frees, fresh versions."""
+    def _run_program(self, program, talked=None):
+        """Execute a recorded program as its commands ran: same entries, frees, fresh versions.
+
+        talked: None, or a list to which each step's answer to "did it communicate on this rank"
+        is appended (streams.traffic_mark: the stream plan keeps those on the capture stream).
+        """
         results = []
         for step in program.steps:
             self._free(step.frees)
             entry = self.entries[step.sig_id]
             n_in = len(entry.inputs)
+            if talked is not None:
+                mark = traffic_mark()
             results.append(self._execute(entry, step.handles[:n_in], step.handles[n_in:], step.scalars))
+            if talked is not None:
+                talked.append(traffic_mark() != mark)
         self._free(program.tail)
         return results
 
@@ -93,6 +102,9 @@ class Execution:
         d.update(commands=self.commands, pool=memory.local_stats(),
                  signatures=len(self.entries), handles=len(self.table), plans=len(self.programs),
                  plan_graphs=sum(1 for r in self.programs.values() if r.graph is not None),
+                 # the most streams a plan's capture would use (DMATH_GRAPH_STREAMS; 1: one)
+                 plan_streams=max((r.streams.streams for r in self.programs.values() if r.streams is not None),
+                                  default=1),
                  # operation -> plans it keeps step by step (not capturable into a CUDA graph)
                  plan_blockers={op: sum(op in r.blockers for r in self.programs.values())
                                 for op in {op for r in self.programs.values() for op in r.blockers}})

@@ -31,11 +31,15 @@ alike. Kernels that communicate do so through NCCL on the compute stream
 (all-reduces, the exchanges of a remap, the operand remaps of a GEMM), which
 a graph captures with them (`DMATH_GRAPH_COLLECTIVES=0`: never); work left on
 the side stream is waited for before a capture and joined at its end.
-`DMATH_CUDA_GRAPHS=0` turns graphs off.
+`DMATH_CUDA_GRAPHS=0` turns graphs off. With `DMATH_GRAPH_STREAMS` above 1 the
+capture issues independent steps on several streams forked from the capture
+stream, so the graph has parallel branches (streams.py: the plan, and why its
+frees are safe).
 """
 from .. import memory, settings
 from ..comm import counters
 from .registry import capturable, prepare_capture
+from .streams import Capture, plan_program, streams_allowed
 
 
 def enabled():
@@ -69,6 +73,10 @@ class Replayer:
                                 if not capturable(rt.entries[s.sig_id])})
         self.capturable = enabled() and rt.backend.is_gpu and bool(program.steps) and not self.blockers
         self.reserve = 0        # the bytes a step-by-step run added at its peak: the capture's arena
+        # the streams of a capture (DMATH_GRAPH_STREAMS; None: one), planned at the first replay from
+        # what its steps communicated. Planned on every backend, so that a CPU run checks the plans
+        # too; only a GPU capture follows one
+        self.streams = None
 
     def replay(self):
         rt = self.rt
@@ -77,15 +85,19 @@ class Replayer:
             self.graph = None                   # an input shard was replaced: capture again
         if self.graph is None and self.capturable and self.runs >= 2 and self._inputs_on_device():
             # the capture's bookkeeping and its first launch are this replay
-            self.graph = CapturedProgram(rt, self.program, self.reserve)
+            self.graph = CapturedProgram(rt, self.program, self.reserve, self.streams)
             return [None] * len(self.program.steps)
         if self.graph is not None:
             return self.graph.launch(rt)
+        talked = [] if self.runs == 1 and streams_allowed() > 1 else None
         if self.capturable and not self.reserve:
             # measured once: a plan kept step by step (inputs in host memory) pays for it no more
-            results, self.reserve = memory.pool.current().measure_peak(lambda: rt._run_program(self.program))
-            return results
-        return rt._run_program(self.program)
+            results, self.reserve = memory.pool.current().measure_peak(lambda: rt._run_program(self.program, talked))
+        else:
+            results = rt._run_program(self.program, talked)
+        if talked is not None:
+            self.streams = plan_program(rt, self.program, talked)
+        return results
 
     def release_graph(self):
         """Drop the captured graph and give its pool's free blocks back; returns the bytes released.
@@ -112,10 +124,12 @@ class CapturedProgram:
     the graph's pool starts as one free block of that size, which the capture's allocations split
     and its frees merge again, an arena; without it, each size the step asks for first becomes a
     block of its own and later sizes split those (AlexNet's step at 2 GPUs: a 936 MB pool without
-    the arena, 750 MB with it).
+    the arena, 750 MB with it). The arena serves the capture stream; side streams (below) take
+    blocks of their own.
+    streams: the program's StreamPlan (streams.py), or None: every step on the capture stream.
     """
 
-    def __init__(self, rt, program, reserve=0):
+    def __init__(self, rt, program, reserve=0, streams=None):
         xp = rt.backend.xp
         table = rt.table
         self.inputs = {h: table[h] for h in external_inputs(rt, program)}
@@ -136,10 +150,16 @@ class CapturedProgram:
         owner = memory.pool.current()
         owner.capture_refs = []                 # buffers the kernels share between steps (a workspace)
         pool, peak = self.pool, [0]
+        # (a plan made for more streams than the setting allows now is captured on one: the libraries'
+        # per-stream workspaces are made for the setting)
+        lanes = Capture(rt, program, streams, self.stream, owner) \
+            if streams is not None and 1 < streams.streams <= streams_allowed() else None
 
         def malloc(size):
             mem = pool.malloc(size)
             peak[0] = max(peak[0], pool.used_bytes())
+            if lanes is not None:
+                lanes.allocated(mem.ptr)        # the stream whose free list the block goes back to
             return mem
         if reserve:
             # the step-by-step runs' temporaries are cached in the shared pool, which the graph's own
@@ -153,7 +173,10 @@ class CapturedProgram:
                 pool.malloc(reserve)
             self.stream.begin_capture()
             try:
-                rt._run_program(program)
+                if lanes is not None:
+                    lanes.run()
+                else:
+                    rt._run_program(program)
                 for s in table.values():        # side-stream work the program left running joins the graph
                     if s.pending is not None:
                         s.settle()
@@ -166,6 +189,8 @@ class CapturedProgram:
             finally:
                 self.keep, owner.capture_refs = owner.capture_refs, None
             self.graph = self.stream.end_capture()
+        # the side streams (their ids key free lists of the graph's pool) live as long as the graph
+        self.lanes = lanes.lanes if lanes is not None else None
         self.traffic = {k: counters.counters[k] - before[k] for k in before}
         owner.hold_graph_pool(self, self.pool, peak[0])
         # the step-by-step runs before the capture left their temporaries cached in the shared pool;

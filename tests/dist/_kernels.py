@@ -29,3 +29,12 @@ def _partial_addends(call):
     from dmath.runtime import Shard
     dist, dtype = call.entry.out_dists[0], call.entry.outputs[0].dtype
     return [Shard([p.copy() for p in call.inputs[0].pieces], dist, dtype)]
+
+
+@kernel("test_graph_streams")
+def _graph_streams(call):
+    """Every rank plans the captures of the plans defined from now on with up to scalars[0] streams
+    (DMATH_GRAPH_STREAMS, which a test cannot set on the workers after init)."""
+    from dmath import settings
+    settings.current.graph_streams = int(call.scalars[0])
+    return []

@@ -135,7 +135,8 @@ def fake_cudnn(monkeypatch, clock, plans):
     monkeypatch.setattr(cudnn, "_budget", lambda: 1000)
     buffer = types.SimpleNamespace(data=types.SimpleNamespace(ptr=99), size=1 << 30)
     monkeypatch.setattr(cudnn, "memory", types.SimpleNamespace(empty=lambda shape, dtype: buffer,
-                                                               keep_for_capture=lambda ws: None))
+                                                               keep_for_capture=lambda ws: None,
+                                                               capture_lane=lambda: 0))
     return lib
 
 

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# The GPU checks of DMATH_GRAPH_STREAMS (dmath/runtime/streams.py), for the lead's GPU machine:
+#   bash benchmarks/streams_gpu.sh [OUTDIR]     (about 4 minutes with warm tuning caches; 2+ GPUs)
+# 1. the tests (training with and without streams give the same losses and weights; chains of
+#    dmath operations on streams replay with NumPy's values) at 1 and 2 GPUs, and the recorded-plan
+#    and gradient-bucket tests (background all-reduces in a captured step) with DMATH_GRAPH_STREAMS=4;
+# 2. GoogLeNet and Inception v3 at batch 256, float32 and float16, one stream against four, in one
+#    job on 1 GPU (benchmarks/streams_bench.py: OUTDIR/streams_P1.json), and GoogLeNet on 2 GPUs.
+set -u -o pipefail
+out=${1:-benchmarks/out/streams}
+mkdir -p "$out"
+py=${PYTHON:-python3}
+if [ -d .whl ] && ! "$py" -c 'import cudnn' 2>/dev/null; then
+  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
+fi
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 DMATH_DEVICE=${DMATH_DEVICE:-gpu}
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
+mpiexec=${MPIEXEC:-mpiexec}
+flags=()
+if "$mpiexec" --version 2>&1 | grep -qiE 'open mpi|openrte'; then flags=(--oversubscribe); fi
+run() { timeout "${TIMEOUT:-300}" "$mpiexec" ${flags[@]+"${flags[@]}"} -n "$1" "$py" "${@:2}"; }
+status=0
+for p in 1 2; do
+  echo "== streams tests on $p GPU(s) =="
+  run "$p" -m pytest -q -p no:cacheprovider tests/dist/dnn/test_dnn_graph_streams.py \
+    tests/dist/dmath/test_graph_streams_dist.py tests/dist/dmath/test_plans_dist.py 2>&1 | tee "$out/tests_$p.log" \
+    | tail -5 || status=1
+done
+echo "== the recorded-plan and gradient-bucket tests with every plan on 4 streams, 2 GPUs =="
+DMATH_GRAPH_STREAMS=4 run 2 -m pytest -q -p no:cacheprovider tests/dist/dmath/test_plans_dist.py \
+  tests/dist/dnn/test_dnn_buckets.py 2>&1 | tee "$out/tests_streams4_2.log" | tail -5 || status=1
+echo "== streams_bench on 1 GPU =="
+run 1 benchmarks/streams_bench.py "$out" --nets googlenet inception_v3 --batches 256 --dtypes float32 float16 \
+  --streams 1 4 2>&1 | tee "$out/bench_1.log" | grep -E "stream\(s\)|Error|error" || status=1
+echo "== streams_bench on 2 GPUs (GoogLeNet) =="
+run 2 benchmarks/streams_bench.py "$out" --nets googlenet --batches 256 --dtypes float32 --streams 1 4 2>&1 \
+  | tee "$out/bench_2.log" | grep -E "stream\(s\)|Error|error" || status=1
+exit $status

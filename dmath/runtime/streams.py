@@ -1,0 +1,356 @@
+"""Independent steps of a captured program on their own CUDA streams: the plan, and the capture that follows it.
+
+A recorded program replays as one CUDA graph per worker (graphs.py). Captured
+from one stream, the graph is a chain: an Inception module's four branches of
+small kernels run one after another although none reads what another writes.
+Captured from several streams forked from the capture stream, the graph has
+parallel branches and the GPU runs them side by side. `DMATH_GRAPH_STREAMS=N`
+(default 1: one stream, the graph as before) allows up to N streams.
+
+The plan (`plan`, pure: handles in, streams and waits out; tested without a
+GPU) follows the data:
+- a step depends on the last writer of every handle it reads or writes
+  (read-after-write, write-after-write) and on the readers since that write of
+  every handle it writes (write-after-read: an in-place update must not
+  overwrite what a step on another stream has yet to read);
+- a step continues the stream of a dependency that is that stream's last step
+  (a chain stays on one stream); else it takes a stream whose work it already
+  follows, lowest number first; else the stream whose last step is the oldest;
+- it waits (a CUDA event) for each dependency on another stream that it does
+  not already follow through an earlier wait or its own stream (vector clocks
+  of the steps decide that), newest first;
+- a step that communicates runs on the capture stream after every other
+  stream's last step, so this rank issues its collectives (NCCL on the
+  compute stream) on one stream, in program order, as without streams. Which
+  steps communicate is measured on the plan's first replay, which runs step
+  by step before any capture (`traffic_mark` around each step): a command's
+  communication depends on its signature, except where a replica-cache hit
+  skips a remap that a capture makes (CACHED_TALK: planned as talking). The
+  measure is per rank, and that suffices: what NCCL needs is that each rank
+  issues its own collectives on one stream in one order. A step that talks on
+  a side stream anyway stops the capture with an error instead of risking a
+  hang;
+- at the end every stream joins the capture stream.
+The streams change only the order of kernels on one GPU, never a result.
+
+Memory. A buffer freed inside the capture goes back to the CuPy pool's free
+list of the stream it was allocated on (CuPy keeps free blocks per stream), and
+the next allocation on that stream may take it: ordered after everything that
+stream did, but not after what other streams do. So before the capture drops a
+shard (a step's frees, the program's tail, or an output given a new shard),
+`Capture` makes the stream that allocated each of its blocks wait for the last
+step of every other stream that read or wrote that block; the allocation, and
+so any reuse, is issued later on that stream. Blocks are known by their
+allocation address; which stream allocated one is noted by the capture's
+allocator (graphs.py). Views are covered because uses are counted per block,
+whatever handle made them: a block shared by two handles goes back when the
+second is dropped, and by then the allocating stream has waited for every use
+through either. Temporaries a kernel allocates and frees inside one step are
+used on its stream only, which is stream-ordered as before; caches a kernel
+fills from its signature are filled by the recording run, before any capture.
+The libraries' shared scratch buffers are one per stream ("lane") during such a
+capture: cuBLAS's capture workspaces (dmath.gpu.blas) and cuDNN's workspace
+(dmath.gpu.cudnn), so that two concurrent library calls never share one. The
+side streams take blocks of their own (the capture's arena serves the capture
+stream), so a graph on several streams may hold more memory than on one.
+
+Step-by-step runs (the first replay, every replay off the GPU or out of a
+graph) are unchanged.
+"""
+from typing import NamedTuple
+
+from .. import settings
+from ..comm import counters
+from ..comm.world import NCCL_USES
+from .registry import is_local
+
+
+def streams_allowed():
+    """The most streams a captured program may use (DMATH_GRAPH_STREAMS; 1: the capture stream only)."""
+    return settings.current.graph_streams
+
+
+class StepUse(NamedTuple):
+    """What a planned step touches: the handles it reads and writes (in-place ones in both), the
+    handles freed before it, and whether it may communicate (then it is serialised on stream 0)."""
+    reads: tuple
+    writes: tuple
+    frees: tuple = ()
+    communicates: bool = False
+
+
+class StreamPlan(NamedTuple):
+    """Per step, its stream (0: the capture stream) and the steps on other streams it waits for."""
+    streams: int            # how many streams the plan uses (1: none besides the capture stream)
+    stream: tuple           # per step: its stream
+    waits: tuple            # per step: indices of earlier steps on other streams whose end it waits for
+
+    def describe(self):
+        """A short account: steps per stream and the number of waits."""
+        counts = [self.stream.count(s) for s in range(self.streams)]
+        return f"{len(self.stream)} steps on {self.streams} stream(s) {counts}, {sum(map(len, self.waits))} waits"
+
+
+def plan(uses, max_streams):
+    """The StreamPlan of steps `uses` (a sequence of StepUse) on at most `max_streams` streams (pure).
+
+    Deterministic: the same uses give the same plan. See the module docstring for the rules.
+    """
+    if not isinstance(max_streams, int) or max_streams < 1:
+        raise ValueError(f"max_streams must be a whole number >= 1, got {max_streams!r}")
+    n = max_streams
+    writer, readers = {}, {}        # handle -> its last writer; handle -> steps that read it since
+    clocks = []                     # per step: per stream, the newest step there that happens before it
+    stream_of = []
+    tail = [-1] * n                 # per stream: its last step (-1: none yet)
+    tail_clock = [[-1] * n for _ in range(n)]
+    waits_all = []
+    for i, use in enumerate(uses):
+        for h in use.frees:
+            writer.pop(h, None)
+            readers.pop(h, None)
+        deps = set()
+        for h in use.reads:
+            if h in writer:
+                deps.add(writer[h])
+        for h in use.writes:
+            if h in writer:
+                deps.add(writer[h])
+            deps.update(readers.get(h, ()))
+        deps.discard(i)
+        known = [-1] * n            # what the step follows through its dependencies alone
+        for j in deps:
+            known = [max(a, b) for a, b in zip(known, clocks[j])]
+        if use.communicates:
+            s = 0
+            deps.update(t for t in tail if t >= 0)
+        else:
+            s = _choose(deps, tail, known, n)
+        clock = list(tail_clock[s])
+        waits = []
+        for j in sorted(deps, reverse=True):
+            t = stream_of[j]
+            if t == s or clock[t] >= j:
+                continue            # already ordered: own stream, or through an earlier wait
+            waits.append(j)
+            clock = [max(a, b) for a, b in zip(clock, clocks[j])]
+        clock[s] = i
+        clocks.append(clock)
+        stream_of.append(s)
+        tail[s] = i
+        tail_clock[s] = clock
+        waits_all.append(tuple(waits))
+        for h in use.reads:
+            readers.setdefault(h, set()).add(i)
+        for h in use.writes:
+            writer[h] = i
+            readers[h] = set()
+    used = max(stream_of, default=0) + 1
+    return StreamPlan(used, tuple(stream_of), tuple(waits_all))
+
+
+def _choose(deps, tail, known, n):
+    # continue a chain: a dependency that is its stream's last step
+    for s in range(n):
+        if tail[s] >= 0 and tail[s] in deps:
+            return s
+    # a stream whose work the step follows already (or an unused one): no new ordering
+    for s in range(n):
+        if tail[s] <= known[s]:
+            return s
+    # every stream is busy with unrelated work: the one that has been so the longest
+    return min(range(n), key=lambda s: (tail[s], s))
+
+
+#: operations whose commands may skip their communication in a step-by-step run (a replica-cache hit
+#: for a remapped GEMM operand) but not in a capture, which bypasses the cache: unless local, they
+#: are planned as communicating whatever the measured run saw
+CACHED_TALK = frozenset({"gemm"})
+
+
+def traffic_mark():
+    """A value that changes whenever this process communicates (messages counted, or an NCCL
+    communicator taken): compared around a step, it tells whether the step talked on this rank."""
+    c = counters.counters
+    return c["data_msgs_sent"], c["data_msgs_recv"], NCCL_USES[0]
+
+
+def uses_of(rt, program, talked=None):
+    """The StepUse of each step of a recorded program.
+
+    talked: per step, whether a step-by-step run of it communicated on this rank (`traffic_mark`);
+    None: every step that is not `registry.is_local` counts as communicating. A step that is
+    local never communicates; one of CACHED_TALK that is not local always may.
+    """
+    uses = []
+    for i, step in enumerate(program.steps):
+        entry = rt.entries[step.sig_id]
+        k = len(entry.inputs)
+        local = is_local(entry)
+        if talked is None:
+            talks = not local
+        else:
+            talks = talked[i] or (not local and entry.op in CACHED_TALK)
+        uses.append(StepUse(tuple(step.handles[:k]), tuple(step.handles[k:]), tuple(step.frees), talks))
+    return uses
+
+
+def plan_program(rt, program, talked=None):
+    """The StreamPlan of a recorded program under DMATH_GRAPH_STREAMS (`uses_of` says what
+    `talked` is), or None when the setting allows one stream."""
+    n = streams_allowed()
+    if n <= 1 or not program.steps:
+        return None
+    return plan(uses_of(rt, program, talked), n)
+
+
+def blocks(shard):
+    """The allocation addresses of the device blocks a shard's pieces live in (views share their
+    base's); nothing for host arrays or empty pieces."""
+    out = []
+    if getattr(shard, "home", None) is not None:
+        return out                  # held in host memory (never in a capture): no device block of its own
+    for a in shard.pieces:
+        data = getattr(a, "data", None)
+        mem = getattr(data, "mem", None)
+        ptr = getattr(mem, "ptr", 0)
+        if ptr:
+            out.append(ptr)
+    return out
+
+
+class MemoryOrder:
+    """Which stream must wait for which step before a freed block may be reused (pure bookkeeping).
+
+    `allocated(block, lane)` notes the stream whose pool free list a block goes back to;
+    `accessed(block, lane, step)` notes a step's use; `release(block)` gives the (lane, step)
+    waits that order every access on other streams before the allocating stream's later work,
+    leaving out those an earlier wait of that lane covers. Blocks not allocated in the capture
+    belong to lane 0 (the capture stream: nothing in the capture allocates from their pool).
+    """
+
+    def __init__(self):
+        self.owner = {}         # block -> lane that allocated it
+        self.last = {}          # block -> {lane: last step there that used it}
+        self.waited = {}        # (lane, other lane) -> newest step of the other lane already waited for
+
+    def allocated(self, block, lane):
+        self.owner[block] = lane
+        self.last.pop(block, None)          # a new allocation at that address: earlier uses are ordered
+
+    def accessed(self, block, lane, step):
+        self.last.setdefault(block, {})[lane] = step
+
+    def release(self, block):
+        lane = self.owner.get(block, 0)
+        waits = []
+        for other, step in sorted(self.last.get(block, {}).items()):
+            if other == lane or self.waited.get((lane, other), -1) >= step:
+                continue
+            self.waited[(lane, other)] = step
+            waits.append((lane, step))
+        return waits
+
+
+class Capture:
+    """Runs a program's steps on the streams of its StreamPlan while the capture stream is captured.
+
+    Made by graphs.CapturedProgram before the capture begins; `run()`, inside it, forks the side
+    streams from the capture stream, runs each step with its stream current (CuPy's kernels and
+    allocations, cuBLAS and cuDNN follow the current stream), waits for the plan's events, orders
+    the reuse of dropped blocks (`MemoryOrder`), and joins every stream back into the capture
+    stream at the end.
+    """
+
+    def __init__(self, rt, program, splan, main, owner):
+        self.rt, self.program, self.plan = rt, program, splan
+        xp = rt.backend.xp
+        self.lanes = [main] + [xp.cuda.Stream(non_blocking=True) for _ in range(splan.streams - 1)]
+        self.owner = owner          # the memory pool: its capture_lane tells the allocator the stream
+        self.order = MemoryOrder()
+        self.events = [None] * len(program.steps)
+        self._event = xp.cuda.Event
+
+    def _mark(self, lane):
+        # (no timing: an event the graph's edges are made of, nothing reads its time)
+        event = self._event(disable_timing=True)
+        lane.record(event)
+        return event
+
+    def allocated(self, ptr):
+        """The capture's allocator saw a new block at `ptr` on the current lane."""
+        self.order.allocated(ptr, self.owner.capture_lane)
+
+    def run(self):
+        """Issue the program on the plan's streams; every side stream is joined back at the end."""
+        rt, lanes, owner = self.rt, self.lanes, self.owner
+        fork = self._mark(lanes[0])
+        for lane in lanes[1:]:
+            lane.wait_event(fork)
+        events, table = self.events, rt.table
+        try:
+            for i, step in enumerate(self.program.steps):
+                self.free(step.frees)
+                s = self.plan.stream[i]
+                lane = lanes[s]
+                for j in self.plan.waits[i]:
+                    lane.wait_event(events[j])
+                entry = rt.entries[step.sig_id]
+                k = len(entry.inputs)
+                # the shards the step finds: what it reads, and what its outputs held before (an output
+                # given a new shard drops the old one, held here until its blocks are ordered below)
+                found = {h: table.get(h) for h in step.handles}
+                owner.capture_lane = s
+                mark = traffic_mark()
+                if s:
+                    with lane:
+                        rt._execute(entry, step.handles[:k], step.handles[k:], step.scalars)
+                else:                   # the capture stream is current already (not entered twice)
+                    rt._execute(entry, step.handles[:k], step.handles[k:], step.scalars)
+                events[i] = self._mark(lane)
+                owner.capture_lane = 0
+                if s and traffic_mark() != mark:
+                    # a collective on a side stream could meet the other ranks' in another order: the
+                    # capture is refused rather than risk a hang (the plan said this step does not talk)
+                    raise RuntimeError(f"step {i} ({entry.op!r}) communicated on side stream {s} of a "
+                                       "capture; DMATH_GRAPH_STREAMS=1 avoids it")
+                for h in step.handles[:k]:
+                    self._accessed(found[h], s, i)
+                for h in step.handles[k:]:
+                    shard = table.get(h)
+                    self._accessed(shard, s, i)
+                    before = found[h]
+                    if before is not None and before is not shard:
+                        self._order_release(before)     # replaced: released when `found` goes
+                del found
+            self.free(self.program.tail)
+        finally:
+            owner.capture_lane = 0
+            main = lanes[0]
+            for lane in lanes[1:]:
+                main.wait_event(self._mark(lane))
+
+    def _accessed(self, shard, lane, step):
+        if shard is not None:
+            for b in blocks(shard):
+                self.order.accessed(b, lane, step)
+
+    def _order_release(self, shard):
+        """Make the stream that allocated each block of `shard` wait for the block's last use on every
+        other stream, before the block may go back to that stream's free list."""
+        lanes, events = self.lanes, self.events
+        for b in blocks(shard):
+            for lane, step in self.order.release(b):
+                lanes[lane].wait_event(events[step])
+
+    def free(self, handles):
+        """Drop `handles` as the runtime does, first ordering their blocks' reuse (`_order_release`;
+        the module docstring says why)."""
+        if not handles:
+            return
+        table = self.rt.table
+        for h in handles:
+            shard = table.get(h) if h >= 0 else None
+            if shard is not None:
+                self._order_release(shard)
+        self.rt._free(handles)      # (with the capture stream current: a pending shard settles there)

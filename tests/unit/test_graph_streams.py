@@ -1,0 +1,381 @@
+"""The stream plan of a captured program (dmath/runtime/streams.py), checked against a brute-force oracle.
+
+The oracle orders two steps when a path of stream order (consecutive steps on
+one stream) and event waits leads from one to the other; every pair of steps
+that touch a common handle, one of them writing it (and no free in between),
+must be so ordered, and every communicating step must follow every earlier step.
+"""
+import random
+
+import pytest
+
+from dmath import settings
+from dmath.runtime.streams import MemoryOrder, StepUse, plan
+
+
+def conflicts(uses):
+    """(j, i) for every earlier step j that step i must follow (read/write, write/read, write/write)."""
+    out = set()
+    for i, u in enumerate(uses):
+        for j in range(i):
+            v = uses[j]
+            freed = set()
+            for k in range(j + 1, i + 1):
+                freed.update(uses[k].frees)
+            shared = (set(v.writes) & (set(u.reads) | set(u.writes))) | (set(v.reads) & set(u.writes))
+            if shared - freed:
+                out.add((j, i))
+    return out
+
+
+def happens_before(p):
+    """The transitive closure of stream order and waits: hb[i] = the steps that happen before step i."""
+    hb = []
+    last = {}
+    for i, s in enumerate(p.stream):
+        before = set()
+        preds = list(p.waits[i]) + ([last[s]] if s in last else [])
+        for j in preds:
+            before.add(j)
+            before |= hb[j]
+        hb.append(before)
+        last[s] = i
+    return hb
+
+
+def check(uses, p, max_streams):
+    assert len(p.stream) == len(uses) == len(p.waits)
+    assert 1 <= p.streams <= max_streams and all(0 <= s < p.streams for s in p.stream)
+    hb = happens_before(p)
+    for j, i in conflicts(uses):
+        assert j in hb[i], f"step {i} does not follow step {j}"
+    for i, u in enumerate(uses):
+        for j in p.waits[i]:
+            assert j < i and p.stream[j] != p.stream[i]
+        if u.communicates:
+            assert p.stream[i] == 0 and hb[i] == set(range(i)), f"collective {i} not after every earlier step"
+    return hb
+
+
+def inception(branches=4, lengths=(1, 2, 3, 2), modules=2):
+    """Modules of `branches` chains from one input, joined by a concatenation (an Inception module)."""
+    uses, h = [StepUse((), (1,))], 10
+    x = 1
+    for _ in range(modules):
+        ends = []
+        for b in range(branches):
+            prev = x
+            for _ in range(lengths[b % len(lengths)]):
+                uses.append(StepUse((prev,), (h,)))
+                prev, h = h, h + 1
+            ends.append(prev)
+        uses.append(StepUse(tuple(ends), (h,)))
+        x, h = h, h + 1
+    return uses
+
+
+def test_independent_chains_get_their_own_streams():
+    uses = inception(modules=1)
+    p = plan(uses, 4)
+    check(uses, p, 4)
+    assert p.streams == 4
+    # each branch on one stream, four branches on four streams, the concatenation on stream 0
+    assert p.stream == (0, 0, 1, 1, 2, 2, 2, 3, 3, 0)
+    # the three other branches wait for the input once each; the concatenation for three branches
+    assert p.waits[2] == (0,) and p.waits[4] == (0,) and p.waits[7] == (0,)
+    assert sorted(p.waits[-1]) == [3, 6, 8]
+    # the branches are unordered among themselves: they may run side by side
+    hb = happens_before(p)
+    assert 1 not in hb[3] and 3 not in hb[6] and 6 not in hb[8]
+
+
+def test_fewer_streams_than_branches_and_one_stream():
+    uses = inception(modules=3)
+    for n in (1, 2, 3, 8):
+        p = plan(uses, n)
+        check(uses, p, n)
+        assert p.streams == min(n, 4)
+    assert plan(uses, 1).waits == ((),) * len(uses)
+
+
+def test_chains_of_modules_reuse_streams_without_extra_waits():
+    uses = inception(modules=3)
+    p = plan(uses, 4)
+    check(uses, p, 4)
+    # a later module's branches start on streams whose earlier work the concatenation already
+    # waited for: only the wait on the module input per side branch, three on each concatenation
+    assert sum(map(len, p.waits)) == 3 * (3 + 3)
+
+
+def test_a_chain_stays_on_one_stream():
+    uses = [StepUse((), (1,))] + [StepUse((k,), (k + 1,)) for k in range(1, 30)]
+    p = plan(uses, 4)
+    check(uses, p, 4)
+    assert p.streams == 1 and p.waits == ((),) * len(uses)
+
+
+def test_the_setting():
+    assert settings.read({}).graph_streams == 1
+    assert settings.read({"DMATH_GRAPH_STREAMS": "4"}).graph_streams == 4
+    for bad in ("0", "9", "two", "-1"):
+        with pytest.raises(settings.SettingError, match="DMATH_GRAPH_STREAMS"):
+            settings.read({"DMATH_GRAPH_STREAMS": bad})
+
+
+def test_write_after_read_is_ordered():
+    # a reads w on one branch while b reads it on another; then w is updated in place
+    uses = [StepUse((), (1,)),
+            StepUse((1, 50), (2,)), StepUse((2,), (3,)),      # branch 1 reads w (50)
+            StepUse((1,), (4,)), StepUse((4, 50), (5,)),      # branch 2 reads w later
+            StepUse((50, 3), (50,)),                          # w updated in place from branch 1's result
+            StepUse((5,), (6,))]
+    p = plan(uses, 4)
+    hb = check(uses, p, 4)
+    assert 4 in hb[5] and 1 in hb[5]
+
+
+def test_collectives_stay_on_the_capture_stream_after_everything():
+    uses = inception(modules=1)
+    uses.insert(5, StepUse((11,), (500,), communicates=True))    # an all-reduce in the middle of a branch
+    uses.append(StepUse((), (501,), communicates=True))
+    uses.append(StepUse((), (502,)))
+    p = plan(uses, 4)
+    check(uses, p, 4)
+    comm = [i for i, u in enumerate(uses) if u.communicates]
+    assert [p.stream[i] for i in comm] == [0, 0]
+
+
+def test_frees_end_a_handles_dependencies():
+    # handle 7 is freed and made again by an unrelated step: no order with its old readers needed
+    uses = [StepUse((), (7,)), StepUse((7,), (8,)), StepUse((), (7,), frees=(7,)), StepUse((7,), (9,))]
+    p = plan(uses, 2)
+    hb = check(uses, p, 2)
+    assert p.stream[2] != p.stream[1] and 1 not in hb[2]
+
+
+def test_random_programs_are_ordered_and_deterministic():
+    rng = random.Random(5)
+    for trial in range(150):
+        handles = list(range(12))
+        uses = []
+        for _ in range(rng.randrange(1, 40)):
+            reads = tuple(rng.sample(handles, rng.randrange(0, 3)))
+            writes = tuple(rng.sample(handles, rng.randrange(0, 3)))
+            frees = tuple(rng.sample(handles, 1)) if rng.random() < 0.1 else ()
+            uses.append(StepUse(reads, writes, frees, rng.random() < 0.05))
+        n = rng.randrange(1, 6)
+        p = plan(uses, n)
+        check(uses, p, n)
+        assert plan(list(uses), n) == p
+
+
+def test_plan_argument_errors():
+    with pytest.raises(ValueError, match="max_streams"):
+        plan([], 0)
+    assert plan([], 3).streams == 1
+
+
+def test_memory_order_waits_for_other_streams_before_reuse():
+    order = MemoryOrder()
+    order.allocated(100, 1)             # block 100 made on stream 1 by step 3
+    order.accessed(100, 1, 3)
+    order.accessed(100, 0, 5)           # read on stream 0 (step 5) and stream 2 (steps 6, 8)
+    order.accessed(100, 2, 6)
+    order.accessed(100, 2, 8)
+    # freed: stream 1, whose free list it joins, waits for the last use on each other stream
+    assert order.release(100) == [(1, 5), (1, 8)]
+    # a view of it freed later, no new use: nothing more to wait for
+    assert order.release(100) == []
+    # reused on stream 1 and read on stream 2 at step 9: a wait at the next free
+    order.allocated(100, 1)
+    order.accessed(100, 2, 9)
+    assert order.release(100) == [(1, 9)]
+    # a block used on its own stream only needs nothing; one from outside the capture is stream 0's
+    order.allocated(200, 2)
+    order.accessed(200, 2, 10)
+    assert order.release(200) == []
+    order.accessed(300, 3, 11)
+    assert order.release(300) == [(0, 11)]
+
+
+# ---- the capture on streams, with CUDA's streams and events replaced by a recording fake ----------
+class _Log:
+    def __init__(self):
+        self.items, self.current = [], []
+
+
+class _Event:
+    def __init__(self, disable_timing=False):
+        self.at = None          # (stream, position in its stream) once recorded
+
+
+class _Stream:
+    log = None
+    count = 0
+
+    def __init__(self, non_blocking=False):
+        self.id, _Stream.count = _Stream.count, _Stream.count + 1
+        self.done = 0           # work items issued on it
+
+    def record(self, event):
+        event.at = (self.id, self.done)
+
+    def wait_event(self, event):
+        self.log.items.append(("wait", self.id, event.at))
+
+    def __enter__(self):
+        self.log.current.append(self)
+
+    def __exit__(self, *exc):
+        self.log.current.pop()
+
+
+class _Mem:
+    def __init__(self, ptr):
+        self.ptr = ptr
+
+
+class _Piece:
+    def __init__(self, ptr):
+        self.data = type("Data", (), {"mem": _Mem(ptr)})()
+
+
+class _Shard:
+    def __init__(self, ptr):
+        self.pieces = [_Piece(ptr)]
+
+
+class _Entry:
+    def __init__(self, n_in):
+        self.inputs = [None] * n_in
+        self.op = "fake"
+
+
+class _Runtime:
+    """Runs steps by logging (step, current stream); outputs get new blocks 'allocated' there."""
+
+    def __init__(self, program, log):
+        import types
+        self.log, self.table, self.entries, self.capture = log, {}, {}, None
+        self.backend = types.SimpleNamespace(xp=types.SimpleNamespace(
+            cuda=types.SimpleNamespace(Stream=_Stream, Event=_Event)))
+        self.next_ptr = 1000
+        for step in program.steps:
+            self.entries.setdefault(step.sig_id, _Entry(step.sig_id))
+
+    def _execute(self, entry, ins, outs, scalars):
+        stream = self.log.current[-1]
+        stream.done += 1
+        self.log.items.append(("run", stream.id, tuple(ins), tuple(outs)))
+        for h in outs:
+            if h not in ins:
+                self.next_ptr += 1
+                self.capture.allocated(self.next_ptr)
+                self.table[h] = _Shard(self.next_ptr)
+
+    def _free(self, handles):
+        for h in handles:
+            self.table.pop(h, None)
+            self.log.items.append(("free", h))
+
+
+def test_the_capture_follows_the_plan_orders_frees_and_joins_every_stream():
+    import types
+
+    from dmath.runtime.protocol import Program, Step
+    from dmath.runtime.streams import Capture, plan
+    log = _Log()
+    _Stream.log = log
+    # input 1 -> three branches (2; 3 -> 4; 5) -> concatenation 6, which frees the branch outputs
+    # (sig_id = number of inputs, for the fake entries)
+    steps = (Step(0, (1,), (), ()), Step(1, (1, 2), (), ()), Step(1, (1, 3), (), ()), Step(1, (3, 4), (), ()),
+             Step(1, (1, 5), (), ()), Step(3, (2, 4, 5, 6), (), ()), Step(1, (6, 7), (), (2, 3, 4, 5)))
+    program = Program(steps, (6,))
+    uses = [StepUse(s.handles[:s.sig_id], s.handles[s.sig_id:], s.frees) for s in steps]
+    splan = plan(uses, 4)
+    assert splan.stream == (0, 0, 1, 1, 2, 0, 0)
+    rt = _Runtime(program, log)
+    main = _Stream()
+    owner = types.SimpleNamespace(capture_lane=0)
+    with main:
+        cap = rt.capture = Capture(rt, program, splan, main, owner)
+        cap.run()
+    lanes = [lane.id for lane in cap.lanes]
+    runs = [item for item in log.items if item[0] == "run"]
+    assert [lanes.index(r[1]) for r in runs] == list(splan.stream)
+    # the side streams start after the capture stream's fork point, and join it at the end
+    waits = [item for item in log.items if item[0] == "wait"]
+    assert waits[0][1] == lanes[1] and waits[1][1] == lanes[2] and waits[0][2] == (lanes[0], 0)
+    assert {w[2][0] for w in waits[-2:]} == {lanes[1], lanes[2]} and all(w[1] == lanes[0] for w in waits[-2:])
+    # the branch outputs 4 (stream 1) and 5 (stream 2) were read by the concatenation on stream 0:
+    # freeing them makes streams 1 and 2 wait for the concatenation before they allocate again
+    at_free = log.items.index(("free", 2))
+    before = [w for w in log.items[:at_free] if w[0] == "wait" and w[1] in (lanes[1], lanes[2])]
+    assert (("wait", lanes[1], (lanes[0], 3)) in before) and (("wait", lanes[2], (lanes[0], 3)) in before)
+    assert owner.capture_lane == 0
+
+
+def test_cudnn_keeps_one_workspace_per_stream(monkeypatch):
+    """Convolutions on different streams of a capture may run at once: each stream has its workspace."""
+    import types
+
+    import numpy as np
+
+    from dmath.gpu import cudnn
+    monkeypatch.setattr(cudnn, "_state", {})
+    monkeypatch.setattr(cudnn, "memory", types.SimpleNamespace(empty=np.empty))
+    main = cudnn.shared_workspace(100)
+    side = cudnn.shared_workspace(50, lane=2)
+    assert side is not main and side.size == 50
+    assert cudnn.shared_workspace(80) is main and cudnn.shared_workspace(40, lane=2) is side
+    grown = cudnn.shared_workspace(200, lane=2)
+    assert grown.size == 200 and cudnn.shared_workspace(10) is main
+    assert cudnn.workspace_bytes() == 300
+    cudnn.release_workspace()
+    assert cudnn.workspace_bytes() == 0
+
+
+def test_an_output_given_a_new_shard_orders_the_old_blocks_reuse():
+    import types
+
+    from dmath.runtime.protocol import Program, Step
+    from dmath.runtime.streams import Capture, plan
+    log = _Log()
+    _Stream.log = log
+    # 2 <- 1 on stream 0; 3 <- 1 on stream 1 (allocated there), read by step 3 on stream 0 (4 <- 2, 3);
+    # then step 4 writes handle 3 anew from 4 (a new shard: the old block goes back to stream 1)
+    steps = (Step(0, (1,), (), ()), Step(1, (1, 2), (), ()), Step(1, (1, 3), (), ()), Step(2, (2, 3, 4), (), ()),
+             Step(1, (4, 3), (), ()), Step(1, (1, 5), (), ()))
+    program = Program(steps, ())
+    splan = plan([StepUse(s.handles[:s.sig_id], s.handles[s.sig_id:]) for s in steps], 2)
+    assert splan.stream[2] == 1 and splan.stream[3] == 0 and splan.stream[4] == 0
+    rt = _Runtime(program, log)
+    main = _Stream()
+    with main:
+        cap = rt.capture = Capture(rt, program, splan, main, types.SimpleNamespace(capture_lane=0))
+        cap.run()
+    lanes = [lane.id for lane in cap.lanes]
+    run4 = log.items.index(("run", lanes[0], (4,), (3,)))
+    # after step 4 and before stream 1 runs anything more, stream 1 waits for step 3 (main's third)
+    later = log.items[run4 + 1:]
+    first_side_run = next(k for k, item in enumerate(later) if item[0] == "run" and item[1] == lanes[1])
+    assert ("wait", lanes[1], (lanes[0], 3)) in later[:first_side_run]
+
+
+def test_what_communicates_is_measured_except_where_a_capture_may_talk_more():
+    import types
+
+    from dmath.runtime.protocol import Program, Step
+    from dmath.runtime.streams import uses_of
+
+    def entry(op, local):
+        return types.SimpleNamespace(op=op, inputs=[None], local_rule=local)
+    rt = types.SimpleNamespace(entries={0: entry("ewise", True), 1: entry("nn_batchnorm", False),
+                                        2: entry("gemm", False), 3: entry("gemm", True)})
+    program = Program(tuple(Step(k, (10 + k, 20 + k), (), ()) for k in range(4)), ())
+    # unmeasured: whatever is not local may communicate
+    assert [u.communicates for u in uses_of(rt, program)] == [False, True, True, False]
+    # measured on this rank: what talked; a GEMM that is not local may talk in a capture (no replica cache)
+    assert [u.communicates for u in uses_of(rt, program, [False, False, False, False])] == [False, False, True, False]
+    assert [u.communicates for u in uses_of(rt, program, [False, True, False, False])] == [False, True, True, False]
+    assert uses_of(rt, program)[1] == StepUse((11,), (21,), (), True)
