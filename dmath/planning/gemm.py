@@ -262,10 +262,18 @@ def _summa(a, b, want, grid, group):
     else:
         sa = sb = sc = Block2D(grid, group)
     if isinstance(want, (Block2D, BlockCyclic)) and want.grid == grid and want.group == group:
+        # C-stationary: worker (i, j) makes C[R_i, C_j] from op(A)'s rows R_i and op(B)'s columns C_j,
+        # so op(A) takes the wanted result's row split and op(B) its column split (the inner
+        # dimension's split is free: the kernel multiplies the intersections of A's and B's). Keeping
+        # an operand's own block there labelled the product with rows or columns it does not hold
+        # (wrong results for a result block unlike the operands')
         sc = want
-        if isinstance(want, BlockCyclic) and not (a_bc or b_bc):
+        if isinstance(want, BlockCyclic):
             mb, nb = want.block
-            sa, sb = BlockCyclic((mb, mb), grid, group), BlockCyclic((nb, nb), grid, group)
+            kb = sa.block[1] if isinstance(sa, BlockCyclic) else mb
+            sa, sb = BlockCyclic((mb, kb), grid, group), BlockCyclic((kb, nb), grid, group)
+        else:
+            sa = sb = Block2D(grid, group)
     return Strategy("summa", sa, sb, sc, grid)
 
 

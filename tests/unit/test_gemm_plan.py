@@ -136,3 +136,45 @@ def test_describe_mentions_strategy_remaps_and_bytes():
     p = choose(RowBlock(), RowBlock(), Block2D(), 300, 200, 100, 4)
     text = gp.describe(p, ((300, 200), (200, 100)), "float32")
     assert p.strategy.name in text and "bytes" in text
+
+
+def _summa_layouts(P):
+    from dmath.layout import Block2D, BlockCyclic, ColBlock, RowBlock
+    group = tuple(range(P))
+    grids = {(1, P), (P, 1)} | ({(2, P // 2)} if P % 2 == 0 and P > 2 else set())
+    out = [RowBlock(group), ColBlock(group)]
+    for g in sorted(grids):
+        out += [Block2D(g, group)] + [BlockCyclic(b, g, group) for b in ((64, 64), (128, 128), (32, 96))]
+    return out
+
+
+@pytest.mark.parametrize("P", [2, 4])
+def test_every_summa_candidate_makes_the_rows_and_columns_it_labels(P):
+    # C-stationary SUMMA: worker (i, j) makes C[R_i, C_j] from op(A)'s rows R_i and op(B)'s columns
+    # C_j, so those must be the result layout's; a wanted BlockCyclic result with another block than
+    # an operand's once kept the operand's block (wrong products at n >= 1024 on 2 workers)
+    from dmath.layout import distribution
+    from dmath.planning.gemm import candidates, grid_sets
+    m, k, n = 300, 200, 260
+    lays = _summa_layouts(P)
+    checked = 0
+    for a in lays:
+        for b in lays:
+            for want in [None] + lays:
+                for s in candidates(a, b, want, P, ((m, k), (k, n))):
+                    if s.name != "summa":
+                        continue
+                    group = s.a.members(P)
+                    ra, _ = grid_sets(distribution(s.a, (m, k), P), s.grid, group)
+                    _, cb = grid_sets(distribution(s.b, (k, n), P), s.grid, group)
+                    rc, cc = grid_sets(distribution(s.c, (m, n), P), s.grid, group)
+                    assert [_ix(r) for r in ra] == [_ix(r) for r in rc], (a, b, want, s)
+                    assert [_ix(c) for c in cb] == [_ix(c) for c in cc], (a, b, want, s)
+                    checked += 1
+    assert checked > 100
+
+
+
+def _ix(s):
+    from dmath.layout import indexset
+    return tuple(int(v) for v in indexset.to_array(s))

@@ -433,3 +433,20 @@ def test_gemm_alpha_zero_then_alpha_one_multiplies_again():
     np.testing.assert_array_equal(dmath.gemm(A, B, alpha=0.0).to_numpy(), np.zeros((4, 5)))
     np.testing.assert_allclose(dmath.gemm(A, B, alpha=1.0).to_numpy(), a @ b, rtol=1e-12)
     np.testing.assert_array_equal(dmath.gemm(A, B, alpha=0.0).to_numpy(), np.zeros((4, 5)))
+
+
+@pytest.mark.parametrize("want_block", [(64, 64), (128, 128), (32, 96)])
+@pytest.mark.parametrize("grid", ["row", "col"])
+def test_products_large_enough_for_summa_into_another_block(want_block, grid):
+    # the shapes above are too small for the cost model to pick SUMMA; at these it does, and a wanted
+    # BlockCyclic result whose block differs from the operands' once came out wrong (2 workers)
+    from dmath.layout import BlockCyclic
+    g = (1, P) if grid == "row" else (P, 1)
+    rng = np.random.default_rng(11)
+    a, b = rng.standard_normal((1024, 511)), rng.standard_normal((1024, 511))
+    A = dmath.from_numpy(a, layout=BlockCyclic((128, 128), grid=g))
+    B = dmath.from_numpy(b, layout=BlockCyclic((128, 128), grid=g))
+    want = BlockCyclic(want_block, grid=g)
+    _check(dmath.gemm(A, B, trans_a=True, layout=want).to_numpy(), a.T @ b, "float64", 1024)
+    _check(dmath.gemm(A, B, trans_b=True, layout=want).to_numpy(), a @ b.T, "float64", 511)
+    _check(dmath.gemm(A.T, A, layout=want).to_numpy(), a.T @ a, "float64", 1024)
