@@ -1,0 +1,353 @@
+"""Distributed dense eigh and SVD: QDWH polar decomposition and spectral divide and conquer.
+
+Nakatsukasa & Higham, "Stable and efficient spectral divide and conquer
+algorithms for the symmetric eigenvalue decomposition and the SVD", SIAM J.
+Sci. Comput. 35 (2013); what JAX runs for eigh on TPUs. A master-side
+program of distributed operations (gemm, the Householder/TSQR `qr`,
+`cholesky`, `cho_solve`, elementwise ops, norms, `trace`): every worker
+takes part in every step, for any input layout and worker count, and
+nothing of size n^2 passes through the master (it reads norms, traces, the
+diagonal and the eigenvalues: O(n) numbers per node).
+
+- `polar(A)`: the orthogonal polar factor U of A = U H by QDWH: X_0 = A /
+  alpha (alpha = sqrt(||A||_1 ||A||_inf) >= ||A||_2), lower bound l_0 =
+  eps on X_0's smallest singular value (no condition estimate: the split
+  points put A - sigma I close to singular anyway, and from eps the
+  iteration converges in 6 steps in float64, 5 in float32), then the
+  dynamically weighted Halley steps of dc_plan.weights: while c > 100
+  through the QR of the stacked [sqrt(c) X; I] (X_new = b/c X + (a - b/c) /
+  sqrt(c) Q1 Q2^T), after that through the Cholesky factor of Z = I + c X^T X
+  (X_new = b/c X + (a - b/c) X Z^-1).
+- `eigh_dc(A)`: split at sigma (dc_plan.split_candidates: the median of the
+  diagonal first); U = polar(A - sigma I) is V sign(Lambda - sigma) V^T, so P =
+  (U + I) / 2 projects onto the eigenvectors above sigma and trace(U) counts
+  them (k). A basis: the QR of [(I - P) W_lo, P W_hi] for a Gaussian W (two
+  passes, the second from the first's Q: a subspace iteration), whose first
+  n - k columns V_lo span the eigenvectors below sigma and the rest V_hi
+  those above, orthogonal to each other to the working precision
+  (Householder). A_lo = V_lo^T A V_lo and A_hi = V_hi^T A V_hi are split in
+  turn. A split is refused (the next candidate tried) when the trace is not
+  near an integer (an eigenvalue at sigma), when one side is empty, or when
+  the coupling ||V_hi^T A V_lo||_F exceeds the backward-error bound; a node
+  that is a multiple of the identity is a leaf with the identity as its
+  vectors; a node no candidate splits is solved whole by a leaf solver.
+- The leaves (order <= the leaf size) are solved in ONE command by the local
+  dense eigensolver (LAPACK / cuSOLVER), each on one worker, different
+  leaves on different workers at the same time (dc_plan.assign_leaves), and
+  the eigenvectors are assembled back up the tree by GEMMs: V_node =
+  [V_lo E_lo, V_hi E_hi].
+- `svd_square(A)`: A = U_p H by QDWH, H = (U_p^T A + A^T U_p) / 2 symmetric
+  positive semidefinite, H = V diag(w) V^T by eigh_dc, so A = (U_p V) diag(w)
+  V^T: the singular values are w (descending, non-negative). Never A^T A.
+"""
+import math
+from typing import NamedTuple
+
+import numpy as np
+
+from .. import backend, memory
+from ..errors import LinAlgError
+from ..layout import RowBlock
+from ..matrix import eye
+from ..ops import creation, elementwise, movement
+from ..ops.assembly import hstack, vstack
+from ..ops.base import dispatch, new_meta
+from ..ops.gemm import gemm
+from ..ops.data import from_numpy
+from ..ops.structure import diag, take_rows, trace, tril
+from ..runtime import Shard, define
+from . import checks, dc_plan, dense
+from .decompose import cho_solve, cholesky, qr
+from .panels import work_layout
+
+#: the order at or below which a node is a leaf, solved whole by the local eigensolver on one
+#: worker, per backend. The leaves are where the workers run side by side (one leaf each), and
+#: a leaf solve costs about 9 m^3 flops against roughly 40 m^3 for a QDWH split of the same node
+#: (six iterations of QR or Cholesky plus products): a split pays only when it spreads the work
+#: over the workers better than the local solver runs it alone. Measured with
+#: benchmarks/linalg_bench.py --leaf (CPU, 2 workers, n = 1024: 256 beat 128 and 512);
+#: on GPUs cuSOLVER's syevd runs n = 2048 in about a tenth of a second, so larger leaves.
+LEAF_SIZE = {"cpu": 256, "gpu": 2048}
+
+#: the seed of the Gaussian sketches of the projectors' ranges (their own streams: the user's
+#: dmath.random state is left as it was, and the result does not depend on it)
+SKETCH_SEED = 0x5ca1ab1e
+
+#: a split is accepted when ||V_hi^T A V_lo||_F <= COUPLING n eps ||A||_F (the backward error the
+#: split commits; QDWH-eigh's is a small multiple of eps ||A||, Nakatsukasa & Higham section 5)
+COUPLING = 4.0
+
+#: more QDWH steps than this mean the iteration is not converging (6 from l = eps in float64)
+MAX_STEPS = 12
+
+
+class LeafArgs(NamedTuple):
+    """Static arguments of `linalg_eigh_leaves`."""
+    vectors: bool       # eigenvectors too (output 2i + 1 of leaf i)
+
+
+LEAVES = define("linalg_eigh_leaves", LeafArgs)
+
+
+# ---- QDWH polar decomposition -----------------------------------------------------------------
+def _eps(dtype):
+    return float(np.finfo(dtype).eps)
+
+
+def _layout(n):
+    """The layout the iterations run in: the factorizations' (qr and cholesky read it as it is)."""
+    return work_layout(checks.block(None, max(1, n)), checks.workers())
+
+
+def polar(A, symmetric=False):
+    """The orthogonal polar factor U of the square A (A = U H, H symmetric positive semidefinite),
+    by QDWH (see the module's docstring), in the factorizations' layout. symmetric: A is, and so
+    is U (symmetrized at the end)."""
+    n = A.shape[0]
+    dtype = A.dtype
+    lay = _layout(n)
+    X = A if A.layout == lay.resolved(checks.workers()) else movement.remap(A, lay, dtype)
+    absx = elementwise.abs(X)
+    one = float(absx.sum(axis=0).max())
+    alpha = one if symmetric else math.sqrt(one * float(absx.sum(axis=1).max()))
+    I = eye(n, dtype=dtype, layout=lay)
+    if not alpha > 0:
+        return I                        # A = 0: every orthogonal matrix is a polar factor
+    X = X * (1.0 / alpha)
+    eps = _eps(dtype)
+    l = eps
+    for _ in range(MAX_STEPS):
+        a, b, c, l_next = dc_plan.weights(l)
+        if c > dc_plan.QR_ABOVE:
+            Q, _ = qr(vstack([X * math.sqrt(c), I], layout=lay))
+            M = gemm(Q[:n, :], Q[n:, :], trans_b=True, layout=lay)
+            X_new = X * (b / c) + M * ((a - b / c) / math.sqrt(c))
+        else:
+            Z = gemm(X, X, trans_a=True, layout=lay) * c + I
+            Y = cho_solve((cholesky(Z), True), X.T)          # Z^-1 X^T (Z is symmetric)
+            X_new = X * (b / c) + Y.T * (a - b / c)
+        diff = float((X_new - X).norm())
+        X, l = X_new, l_next
+        # cubic convergence: once a step moves X by less than eps^(1/3), X is within eps of U
+        if 1.0 - l <= 10 * eps and diff <= (5 * eps) ** (1.0 / 3.0):
+            break
+    if symmetric:
+        X = (X + X.T) * 0.5
+    return X
+
+
+# ---- spectral divide and conquer ---------------------------------------------------------------
+class _Leaf:
+    """A node solved whole: by the local eigensolver (`matrix`), or a multiple of the identity
+    (`scalar`: its value; the identity is its vectors)."""
+
+    def __init__(self, n, matrix=None, scalar=None):
+        self.n, self.matrix, self.scalar = n, matrix, scalar
+        self.w = self.V = None
+
+
+class _Split:
+    """A node split into its eigenvalues below (lo) and above (hi) the split point, with the bases
+    V_lo, V_hi of the two invariant subspaces (None when no vectors are wanted)."""
+
+    def __init__(self, lo, hi, V_lo, V_hi):
+        self.lo, self.hi, self.V_lo, self.V_hi = lo, hi, V_lo, V_hi
+
+
+class _Sketch:
+    """The private random streams of one eigh_dc call (see SKETCH_SEED)."""
+
+    def __init__(self):
+        self.state = {"seed": SKETCH_SEED, "stream": 0}
+
+    def gaussian(self, shape, dtype, lay):
+        return creation.random("normal", shape, dtype, lay, None, self.state)
+
+
+def _sym(M):
+    return (M + M.T) * 0.5
+
+
+def _try_split(A, sigma, sketch, norm_a, vectors):
+    """(A_lo, A_hi, V_lo, V_hi) of the split of the symmetric A at sigma, or None when refused."""
+    n = A.shape[0]
+    dtype = A.dtype
+    lay = _layout(n)
+    U = polar(A - eye(n, dtype=dtype, layout=lay) * sigma, symmetric=True)
+    k = dc_plan.projector_rank(trace(U), n)
+    if k is None or k in (0, n):
+        return None
+    # Y = 2 [(I - P) W_lo, P W_hi] = W + U (W D), D = diag(-1 (n - k times), +1 (k times))
+    signs = np.concatenate([-np.ones(n - k), np.ones(k)]).reshape(1, n).astype(dtype)
+    D = from_numpy(signs, layout=RowBlock((0,)))
+    Q = sketch.gaussian((n, n), dtype, lay)
+    for _ in range(2):
+        Q, _ = qr(Q + gemm(U, Q * D, layout=lay))
+    del U
+    V_lo, V_hi = Q[:, :n - k], Q[:, n - k:]
+    AV_lo = gemm(A, V_lo, layout=lay)
+    coupling = float(gemm(V_hi, AV_lo, trans_a=True, layout=lay).norm())
+    if not coupling <= COUPLING * n * _eps(dtype) * norm_a:
+        return None
+    A_lo = _sym(gemm(V_lo, AV_lo, trans_a=True, layout=_layout(n - k)))
+    A_hi = _sym(gemm(V_hi, gemm(A, V_hi, layout=lay), trans_a=True, layout=_layout(k)))
+    return A_lo, A_hi, (V_lo if vectors else None), (V_hi if vectors else None)
+
+
+def _divide(A, leaf, sketch, vectors, leaves):
+    """The tree of the symmetric A (a _Leaf or a _Split); the leaves it meets are appended to
+    `leaves` in order."""
+    n = A.shape[0]
+    if n <= leaf:
+        node = _Leaf(n, matrix=A)
+        leaves.append(node)
+        return node
+    d = diag(A).to_numpy().astype(np.float64).reshape(-1)
+    mean = float(d.mean())
+    norm_a = float(A.norm())
+    spread = float((A - eye(n, dtype=A.dtype, layout=A.layout) * mean).norm())
+    if spread <= n * _eps(A.dtype) * norm_a:
+        # a multiple of the identity (to the working precision): no split point separates anything
+        node = _Leaf(n, scalar=mean)
+        leaves.append(node)
+        return node
+    for sigma in dc_plan.split_candidates(d, spread / math.sqrt(n)):
+        parts = _try_split(A, sigma, sketch, norm_a, vectors)
+        if parts is not None:
+            break
+    else:
+        node = _Leaf(n, matrix=A)           # no split point works: solved whole on one worker
+        leaves.append(node)
+        return node
+    A_lo, A_hi, V_lo, V_hi = parts
+    del A
+    lo = _divide(A_lo, leaf, sketch, vectors, leaves)
+    hi = _divide(A_hi, leaf, sketch, vectors, leaves)
+    return _Split(lo, hi, V_lo, V_hi)
+
+
+def _solve_leaves(leaves, vectors, fn):
+    """Solve every leaf: the matrices in one command, each on its worker (dc_plan.assign_leaves)."""
+    solved = [x for x in leaves if x.matrix is not None]
+    P = checks.workers()
+    owners = dc_plan.assign_leaves([x.n for x in solved], P)
+    inputs, outputs = [], []
+    for x, w in zip(solved, owners):
+        lay = RowBlock((w,))
+        dtype = x.matrix.dtype
+        inputs.append(movement.remap(x.matrix, lay, dtype))
+        x.matrix = None
+        outputs.append(new_meta(lay, (x.n, 1), dtype))
+        if vectors:
+            outputs.append(new_meta(lay, (x.n, x.n), dtype))
+    made = dispatch("linalg_eigh_leaves", inputs, outputs, static=LEAVES.static(vectors=vectors))[0] if inputs else []
+    per = 2 if vectors else 1
+    for i, x in enumerate(solved):
+        x.w = made[per * i].to_numpy().astype(np.float64).reshape(-1)
+        if not np.all(np.isfinite(x.w)):
+            raise LinAlgError(f"{fn}: the eigensolver did not converge on a subproblem of order {x.n}; "
+                              f"does the matrix hold NaN or inf?")
+        if vectors:
+            x.V = made[per * i + 1]
+    for x in leaves:
+        if x.scalar is not None:
+            x.w = np.full(x.n, x.scalar)
+
+
+def _values(node):
+    if isinstance(node, _Leaf):
+        return node.w
+    return np.concatenate([_values(node.lo), _values(node.hi)])
+
+
+def _vectors(node, dtype):
+    """The eigenvectors of the node's matrix (in its own coordinates), ordered as _values."""
+    if isinstance(node, _Leaf):
+        return node.V if node.scalar is None else eye(node.n, dtype=dtype, layout=_layout(node.n))
+    n = node.V_lo.shape[0]
+    lay = _layout(n)
+    lo = gemm(node.V_lo, _vectors(node.lo, dtype), layout=lay)
+    hi = gemm(node.V_hi, _vectors(node.hi, dtype), layout=lay)
+    node.V_lo = node.V_hi = None
+    return hstack([lo, hi], layout=lay)
+
+
+def eigh_dc(A, vectors=True, leaf=None, fn="eigh"):
+    """(w ascending as a NumPy float64 array, V or None) of the symmetric A (its lower triangle is
+    read, as LAPACK's), by the spectral divide and conquer."""
+    n = A.shape[0]
+    dtype = A.dtype
+    if leaf is None:
+        leaf = LEAF_SIZE["gpu" if backend.current().is_gpu else "cpu"]
+    lay = _layout(n)
+    X = A if A.layout == lay.resolved(checks.workers()) else movement.remap(A, lay, dtype)
+    leaves = []
+    tree = _divide(tril(X) + tril(X, -1).T, leaf, _Sketch(), vectors, leaves)
+    del X
+    _solve_leaves(leaves, vectors, fn)
+    w = _values(tree)
+    V = _vectors(tree, dtype) if vectors else None
+    order = np.argsort(w, kind="stable")
+    if np.any(order != np.arange(n)):
+        # an eigenvalue within rounding of a split point may have landed on the other side
+        w = w[order]
+        if vectors:
+            V = take_rows(V.T, order, layout=RowBlock()).T
+    return w, V
+
+
+def svd_square(A, vectors=True, leaf=None, fn="svd"):
+    """(U, s descending as a NumPy float64 array, V) of the square A with A = U diag(s) V^T (U, V
+    None without vectors), through its polar decomposition and eigh_dc (the module's docstring)."""
+    n = A.shape[0]
+    lay = _layout(n)
+    X = A if A.layout == lay.resolved(checks.workers()) else movement.remap(A, lay, A.dtype)
+    Up = polar(X)
+    H = _sym(gemm(Up, X, trans_a=True, layout=lay))
+    w, V = eigh_dc(H, vectors, leaf, fn)
+    s = np.maximum(w[::-1], 0.0)        # H is positive semidefinite: a negative w is rounding
+    if not vectors:
+        return None, s, None
+    V = take_rows(V.T, np.arange(n - 1, -1, -1), layout=lay).T     # descending order
+    return gemm(Up, V, layout=lay), s, V
+
+
+def completed(U):
+    """[U, U_perp]: the m x k U with orthonormal columns completed to an orthogonal m x m matrix
+    (svd's full_matrices) by the Householder QR of [U, W] for a Gaussian W: its first k columns
+    are U's up to signs, the others orthogonal to them to the working precision."""
+    m, k = U.shape
+    lay = _layout(m)
+    W = _Sketch().gaussian((m, m - k), U.dtype, lay)
+    Q, _ = qr(hstack([U, W], layout=lay))
+    return hstack([U, Q[:, k:]], layout=lay)
+
+
+# ---- the leaves' kernel -----------------------------------------------------------------------
+@LEAVES.kernel()
+def _leaves(call):
+    """Every leaf (input i, whole on one worker) solved by its worker: output 2i (or i without
+    vectors) its eigenvalues as an (m, 1) column, output 2i + 1 its eigenvectors, on the same
+    worker. A leaf the solver refuses (NaN or inf) gets NaN values: the master raises."""
+    vectors = call.entry.static.vectors
+    per = 2 if vectors else 1
+    out = []
+    for i, x in enumerate(call.inputs):
+        dists = call.entry.out_dists[per * i:per * i + per]
+        dtypes = [o.dtype for o in call.entry.outputs[per * i:per * i + per]]
+        if not x.pieces:
+            out.extend(Shard([memory.empty(s, t) for s in d.shard_shapes(call.rank)], d, t)
+                       for d, t in zip(dists, dtypes))
+            continue
+        try:
+            w, V = dense.eigh(x.pieces[0], vectors)
+        except np.linalg.LinAlgError:
+            m = x.pieces[0].shape[0]
+            w, V = memory.empty((m,), x.dtype), memory.empty((m, m), x.dtype)
+            w.fill(np.nan)
+            V.fill(np.nan)
+        out.append(Shard([w.astype(x.dtype, copy=False).reshape(-1, 1)], dists[0], dtypes[0]))
+        if vectors:
+            out.append(Shard([backend.current().xp.ascontiguousarray(V.astype(x.dtype, copy=False))],
+                             dists[1], dtypes[1]))
+    return out
