@@ -68,8 +68,10 @@ def projector_rank(trace_u, n, slack=0.1):
     is not within `slack` of an integer of n's parity (an eigenvalue at sigma, or QDWH not
     converged on one close to it): that split point is refused."""
     k = (float(trace_u) + n) / 2.0
+    if not math.isfinite(k):
+        return None
     r = int(round(k))
-    if not math.isfinite(k) or abs(k - r) > slack or r < 0 or r > n:
+    if abs(k - r) > slack or r < 0 or r > n:
         return None
     return r
 

@@ -13,7 +13,7 @@ diagonal and the eigenvalues: O(n) numbers per node).
   alpha (alpha = sqrt(||A||_1 ||A||_inf) >= ||A||_2), lower bound l_0 =
   eps on X_0's smallest singular value (no condition estimate: the split
   points put A - sigma I close to singular anyway, and from eps the
-  iteration converges in 6 steps in float64, 5 in float32), then the
+  iteration converges in 6 steps in float64, 4 in float32), then the
   dynamically weighted Halley steps of dc_plan.weights: while c > 100
   through the QR of the stacked [sqrt(c) X; I] (X_new = b/c X + (a - b/c) /
   sqrt(c) Q1 Q2^T), after that through the Cholesky factor of Z = I + c X^T X
@@ -39,6 +39,8 @@ diagonal and the eigenvalues: O(n) numbers per node).
 - `svd_square(A)`: A = U_p H by QDWH, H = (U_p^T A + A^T U_p) / 2 symmetric
   positive semidefinite, H = V diag(w) V^T by eigh_dc, so A = (U_p V) diag(w)
   V^T: the singular values are w (descending, non-negative). Never A^T A.
+  For a rank-deficient A, U_p V's columns of the zero singular values are
+  completed to orthonormal ones by a QR (`_orthonormal`).
 """
 import math
 from typing import NamedTuple
@@ -99,10 +101,10 @@ def _layout(n):
     return work_layout(checks.block(None, max(1, n)), checks.workers())
 
 
-def polar(A, symmetric=False):
+def polar(A, symmetric=False, steps=None):
     """The orthogonal polar factor U of the square A (A = U H, H symmetric positive semidefinite),
     by QDWH (see the module's docstring), in the factorizations' layout. symmetric: A is, and so
-    is U (symmetrized at the end)."""
+    is U (symmetrized at the end). steps: a list the number of iterations is appended to."""
     n = A.shape[0]
     dtype = A.dtype
     lay = _layout(n)
@@ -116,7 +118,8 @@ def polar(A, symmetric=False):
     X = X * (1.0 / alpha)
     eps = _eps(dtype)
     l = eps
-    for _ in range(MAX_STEPS):
+    done = 0
+    for done in range(1, MAX_STEPS + 1):
         a, b, c, l_next = dc_plan.weights(l)
         if c > dc_plan.QR_ABOVE:
             Q, _ = qr(vstack([X * math.sqrt(c), I], layout=lay))
@@ -131,6 +134,8 @@ def polar(A, symmetric=False):
         # cubic convergence: once a step moves X by less than eps^(1/3), X is within eps of U
         if 1.0 - l <= 10 * eps and diff <= (5 * eps) ** (1.0 / 3.0):
             break
+    if steps is not None:
+        steps.append(done)
     if symmetric:
         X = (X + X.T) * 0.5
     return X
@@ -154,11 +159,17 @@ class _Split:
         self.lo, self.hi, self.V_lo, self.V_hi = lo, hi, V_lo, V_hi
 
 
+#: what the last eigh_dc call did (tests and benchmarks read it): splits made, split points
+#: refused, the order of every leaf and the worker that solved it, the QDWH steps of every polar
+last_run = {}
+
+
 class _Sketch:
-    """The private random streams of one eigh_dc call (see SKETCH_SEED)."""
+    """The private random streams of one eigh_dc call (see SKETCH_SEED), and its record (last_run)."""
 
     def __init__(self):
         self.state = {"seed": SKETCH_SEED, "stream": 0}
+        self.record = {"splits": 0, "refused": 0, "leaves": [], "owners": [], "steps": []}
 
     def gaussian(self, shape, dtype, lay):
         return creation.random("normal", shape, dtype, lay, None, self.state)
@@ -173,9 +184,10 @@ def _try_split(A, sigma, sketch, norm_a, vectors):
     n = A.shape[0]
     dtype = A.dtype
     lay = _layout(n)
-    U = polar(A - eye(n, dtype=dtype, layout=lay) * sigma, symmetric=True)
+    U = polar(A - eye(n, dtype=dtype, layout=lay) * sigma, symmetric=True, steps=sketch.record["steps"])
     k = dc_plan.projector_rank(trace(U), n)
     if k is None or k in (0, n):
+        sketch.record["refused"] += 1
         return None
     # Y = 2 [(I - P) W_lo, P W_hi] = W + U (W D), D = diag(-1 (n - k times), +1 (k times))
     signs = np.concatenate([-np.ones(n - k), np.ones(k)]).reshape(1, n).astype(dtype)
@@ -188,7 +200,9 @@ def _try_split(A, sigma, sketch, norm_a, vectors):
     AV_lo = gemm(A, V_lo, layout=lay)
     coupling = float(gemm(V_hi, AV_lo, trans_a=True, layout=lay).norm())
     if not coupling <= COUPLING * n * _eps(dtype) * norm_a:
+        sketch.record["refused"] += 1
         return None
+    sketch.record["splits"] += 1
     A_lo = _sym(gemm(V_lo, AV_lo, trans_a=True, layout=_layout(n - k)))
     A_hi = _sym(gemm(V_hi, gemm(A, V_hi, layout=lay), trans_a=True, layout=_layout(k)))
     return A_lo, A_hi, (V_lo if vectors else None), (V_hi if vectors else None)
@@ -226,11 +240,13 @@ def _divide(A, leaf, sketch, vectors, leaves):
     return _Split(lo, hi, V_lo, V_hi)
 
 
-def _solve_leaves(leaves, vectors, fn):
+def _solve_leaves(leaves, vectors, fn, record):
     """Solve every leaf: the matrices in one command, each on its worker (dc_plan.assign_leaves)."""
     solved = [x for x in leaves if x.matrix is not None]
     P = checks.workers()
     owners = dc_plan.assign_leaves([x.n for x in solved], P)
+    record["leaves"] = [x.n for x in solved]
+    record["owners"] = owners
     inputs, outputs = [], []
     for x, w in zip(solved, owners):
         lay = RowBlock((w,))
@@ -282,9 +298,12 @@ def eigh_dc(A, vectors=True, leaf=None, fn="eigh"):
     lay = _layout(n)
     X = A if A.layout == lay.resolved(checks.workers()) else movement.remap(A, lay, dtype)
     leaves = []
-    tree = _divide(tril(X) + tril(X, -1).T, leaf, _Sketch(), vectors, leaves)
+    sketch = _Sketch()
+    tree = _divide(tril(X) + tril(X, -1).T, leaf, sketch, vectors, leaves)
     del X
-    _solve_leaves(leaves, vectors, fn)
+    _solve_leaves(leaves, vectors, fn, sketch.record)
+    last_run.clear()
+    last_run.update(sketch.record)
     w = _values(tree)
     V = _vectors(tree, dtype) if vectors else None
     order = np.argsort(w, kind="stable")
@@ -309,7 +328,23 @@ def svd_square(A, vectors=True, leaf=None, fn="svd"):
     if not vectors:
         return None, s, None
     V = take_rows(V.T, np.arange(n - 1, -1, -1), layout=lay).T     # descending order
-    return gemm(Up, V, layout=lay), s, V
+    return _orthonormal(gemm(Up, V, layout=lay)), s, V
+
+
+def _orthonormal(U):
+    """U with orthonormal columns. For a rank-deficient A, QDWH's U_p is a partial isometry: the
+    singular values below its lower bound l are not mapped to 1, so the columns of U_p V for the
+    zero singular values are short. Those (and only those, when U's column norms say so) are
+    replaced by the Householder QR's orthonormal completion; the others keep their direction
+    (the signs of R's diagonal undone). Any orthonormal directions serve for a zero singular
+    value."""
+    n = U.shape[1]
+    norms = (U * U).sum(axis=0).to_numpy().reshape(-1)
+    if np.all(np.abs(norms - 1.0) <= math.sqrt(_eps(U.dtype))):
+        return U
+    Q, R = qr(U)
+    signs = np.where(diag(R).to_numpy().reshape(-1) < 0, -1.0, 1.0).reshape(1, n).astype(U.dtype)
+    return Q * from_numpy(signs, layout=RowBlock((0,)))
 
 
 def completed(U):
