@@ -1,7 +1,7 @@
 """dmath.linalg against one-GPU cuSOLVER (CuPy) or Heat (heat.linalg), in the same job.
 
     python benchmarks/linalg_bench.py OUTDIR [--device gpu|cpu] [--workers 1 2 4] [--n 32768]
-        [--small-n 16384 [8192 ...]] [--ops cholesky lu qr eigh svd] [--dtype float64] [--blocks 512]
+        [--small-n 16384 [8192 ...]] [--svd-n 8192 ...] [--ops cholesky lu qr eigh svd] [--dtype float64] [--blocks 512]
         [--methods auto gather qdwh] [--leaf 0 1024 ...]
         [--reps 3] [--peer auto|cupy|heat|none] [--peer-n N] [--heat-python PY] [--mpiexec MPIEXEC]
     python benchmarks/linalg_bench.py --plot RESULT.json       # the figure of a result file again
@@ -50,7 +50,10 @@ SMALL = ("eigh", "svd")
 
 
 def _sizes(op, args):
-    """The orders op runs at: every --small-n for eigh and svd, else --n."""
+    """The orders op runs at: every --svd-n for svd (default --small-n), every --small-n for eigh,
+    else --n."""
+    if op == "svd" and args.svd_n:
+        return list(args.svd_n)
     return list(args.small_n) if op in SMALL else [args.n]
 
 
@@ -323,7 +326,8 @@ def _write(path, payload):
 # ---- driver ----------------------------------------------------------------------------------------
 def _child_cmd(kind, args, json_path, python=sys.executable):
     cmd = [python, os.path.abspath(__file__), "--child", kind, "--json", json_path, "--device", args.device,
-           "--n", str(args.n), "--small-n", *map(str, args.small_n), "--dtype", args.dtype,
+           "--n", str(args.n), "--small-n", *map(str, args.small_n), "--svd-n", *map(str, args.svd_n or [0]),
+           "--dtype", args.dtype,
            "--reps", str(args.reps), "--input-layout", args.input_layout, "--peer-n", str(args.peer_n),
            "--ops", *args.ops, "--blocks", *map(str, args.blocks), "--methods", *args.methods,
            "--leaf", *map(str, args.leaf)]
@@ -479,6 +483,7 @@ def main(argv=None):
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--n", type=int, default=32768)
     ap.add_argument("--small-n", type=int, nargs="+", default=[16384], help="the orders of eigh and svd")
+    ap.add_argument("--svd-n", type=int, nargs="+", default=None, help="svd's orders (default: --small-n)")
     ap.add_argument("--ops", nargs="+", default=["cholesky", "lu", "qr", "eigh", "svd"],
                     choices=sorted(FLOPS))
     ap.add_argument("--dtype", default="float64", choices=["float32", "float64"])
@@ -496,6 +501,7 @@ def main(argv=None):
     ap.add_argument("--mpiexec", default="mpiexec")
     ap.add_argument("--plot", metavar="RESULT_JSON", help="only draw the figure of a result file")
     args = ap.parse_args(argv)
+    args.svd_n = [n for n in (args.svd_n or []) if n > 0] or None
     if args.plot:
         plot(args.plot)
         return
