@@ -59,16 +59,19 @@ from ..ops.data import from_numpy
 from ..ops.structure import diag, take_rows, trace, tril
 from ..runtime import Shard, define
 from . import checks, dc_plan, dense
-from .decompose import cho_solve, cholesky, qr
+from .decompose import _tsqr_fits, cho_solve, cholesky, qr
 from .panels import work_layout
 
 #: the order at or below which a node is a leaf, solved whole by the local eigensolver on one
 #: worker, per backend. The leaves are where the workers run side by side (one leaf each), and
 #: a leaf solve costs about 9 m^3 flops against roughly 40 m^3 for a QDWH split of the same node
 #: (six iterations of QR or Cholesky plus products): a split pays only when it spreads the work
-#: over the workers better than the local solver runs it alone. Measured with
-#: benchmarks/linalg_bench.py --leaf (CPU, 2 workers, n = 1024: 256 beat 128 and 512);
-#: on GPUs cuSOLVER's syevd runs n = 2048 in about a tenth of a second, so larger leaves.
+#: over the workers better than the local solver runs it alone. CPU: measured with
+#: benchmarks/linalg_bench.py --leaf at 2 workers: n = 512, 256 beat 64 and 128 (0.61 s against
+#: 0.79 and 1.09); n = 1024, eigh 3.4 s at 512 against 4.4 at 256, svd 7.3 s at 256 against 9.4
+#: at 512. GPUs: cuSOLVER's syevd runs n = 2048 in about a tenth of a second, where a split of
+#: that order on several GPUs is many small commands; benchmarks/qdwh_gpu.sh's leaf sweep
+#: measures it.
 LEAF_SIZE = {"cpu": 256, "gpu": 2048}
 
 #: the seed of the Gaussian sketches of the projectors' ranges (their own streams: the user's
@@ -103,8 +106,17 @@ def _eps(dtype):
 
 
 def _layout(n):
-    """The layout the iterations run in: the factorizations' (qr and cholesky read it as it is)."""
+    """The layout the iterations run in: the factorizations' (cholesky reads it as it is)."""
     return work_layout(checks.block(None, max(1, n)), checks.workers())
+
+
+def _qr_layout(m, n):
+    """The layout `qr` factors an m x n matrix in (TSQR's RowBlock or the Householder work layout
+    of qr's block width): a matrix made there for it is copied in place, not moved."""
+    P = checks.workers()
+    if _tsqr_fits(m, n, P):
+        return RowBlock(tuple(range(P)))
+    return work_layout(checks.block(None, max(1, min(m, n)), op="qr"), P)
 
 
 def polar(A, symmetric=False, steps=None):
@@ -128,7 +140,7 @@ def polar(A, symmetric=False, steps=None):
     for done in range(1, MAX_STEPS + 1):
         a, b, c, l_next = dc_plan.weights(l)
         if c > dc_plan.QR_ABOVE:
-            Q, _ = qr(vstack([X * math.sqrt(c), I], layout=lay))
+            Q, _ = qr(vstack([X * math.sqrt(c), I], layout=_qr_layout(2 * n, n)))
             M = gemm(Q[:n, :], Q[n:, :], trans_b=True, layout=lay)
             X_new = X * (b / c) + M * ((a - b / c) / math.sqrt(c))
         else:
@@ -198,11 +210,11 @@ def _try_split(A, sigma, sketch, norm_a, vectors):
     # Y = 2 [(I - P) W_lo, P W_hi] = W + U (W D), D = diag(-1 (n - k times), +1 (k times))
     signs = np.concatenate([-np.ones(n - k), np.ones(k)]).reshape(1, n).astype(dtype)
     D = from_numpy(signs, layout=RowBlock((0,)))
-    Q = sketch.gaussian((n, n), dtype, lay)
+    Q = sketch.gaussian((n, n), dtype, _qr_layout(n, n))
     bound = COUPLING * n * _eps(dtype) * norm_a
     for done in range(1, SUBSPACE_PASSES + 1):
         sketch.record["passes"] += 1
-        Q, _ = qr(Q + gemm(U, Q * D, layout=lay))
+        Q, _ = qr(Q + gemm(U, Q * D, layout=Q.layout))
         if done == 1:
             continue
         V_lo, V_hi = Q[:, :n - k], Q[:, n - k:]

@@ -74,6 +74,17 @@ def test_eigh(kind, name, dtype):
                                atol=_tol(dtype, n) * max(np.abs(w).max(), 1.0))
 
 
+@pytest.mark.parametrize("name", ["partial", "row_g_last", "tiles", "rep"])
+def test_eigh_and_svd_of_other_layouts(name):
+    n = 19
+    S = _spectra(n)["random"]
+    A = make(S, layout(name, (n, n), P), "float64")
+    _check_eigh(S, A, "float64", {"leaf_size": 4})
+    U, s, Vh = la.svd(A, method="qdwh", leaf_size=4)
+    np.testing.assert_allclose(s, np.linalg.svd(S, compute_uv=False), atol=1e-12)
+    assert np.linalg.norm((U.to_numpy() * s) @ Vh.to_numpy() - S) < 1e-12 * np.linalg.norm(S)
+
+
 def test_eigh_reads_the_lower_triangle_and_places_the_result():
     n = 23
     S = _spectra(n)["random"]
