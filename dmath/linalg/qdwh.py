@@ -105,18 +105,37 @@ def _eps(dtype):
     return float(np.finfo(dtype).eps)
 
 
+def _block(n, op=None):
+    """The factorizations' column-block width for a node of order n: the backend's default
+    (DEFAULT_BLOCK, measured at large n), made smaller (a power of 2, at least 64) until every
+    worker holds at least 4 column blocks: the nodes shrink down the tree, and a factorization
+    with one panel per worker runs its panels one after the other (one worker: the default)."""
+    nb = checks.block(None, max(1, n), op)
+    P = checks.workers()
+    per = n // (4 * P)
+    if P > 1 and per < nb:
+        nb = min(nb, max(64, 1 << max(per, 1).bit_length() - 1))
+    return max(1, min(nb, n))
+
+
 def _layout(n):
     """The layout the iterations run in: the factorizations' (cholesky reads it as it is)."""
-    return work_layout(checks.block(None, max(1, n)), checks.workers())
+    return work_layout(_block(n), checks.workers())
+
+
+def _qr(M):
+    """qr(M) with the node's block width (TSQR where it fits: qr takes no block then)."""
+    m, n = M.shape
+    return qr(M) if _tsqr_fits(m, n, checks.workers()) else qr(M, block=_block(min(m, n), "qr"))
 
 
 def _qr_layout(m, n):
-    """The layout `qr` factors an m x n matrix in (TSQR's RowBlock or the Householder work layout
-    of qr's block width): a matrix made there for it is copied in place, not moved."""
+    """The layout `_qr` factors an m x n matrix in (TSQR's RowBlock or the Householder work layout):
+    a matrix made there for it is copied in place, not moved."""
     P = checks.workers()
     if _tsqr_fits(m, n, P):
         return RowBlock(tuple(range(P)))
-    return work_layout(checks.block(None, max(1, min(m, n)), op="qr"), P)
+    return work_layout(_block(min(m, n), "qr"), P)
 
 
 def polar(A, symmetric=False, steps=None):
@@ -140,12 +159,13 @@ def polar(A, symmetric=False, steps=None):
     for done in range(1, MAX_STEPS + 1):
         a, b, c, l_next = dc_plan.weights(l)
         if c > dc_plan.QR_ABOVE:
-            Q, _ = qr(vstack([X * math.sqrt(c), I], layout=_qr_layout(2 * n, n)))
+            Q, _ = _qr(vstack([X * math.sqrt(c), I], layout=_qr_layout(2 * n, n)))
             M = gemm(Q[:n, :], Q[n:, :], trans_b=True, layout=lay)
             X_new = X * (b / c) + M * ((a - b / c) / math.sqrt(c))
         else:
             Z = gemm(X, X, trans_a=True, layout=lay) * c + I
-            Y = cho_solve((cholesky(Z), True), X.T)          # Z^-1 X^T (Z is symmetric)
+            nb = _block(n)
+            Y = cho_solve((cholesky(Z, block=nb), True), X.T, block=nb)   # Z^-1 X^T (Z is symmetric)
             X_new = X * (b / c) + Y.T * (a - b / c)
         diff = float((X_new - X).norm())
         X, l = X_new, l_next
@@ -214,7 +234,7 @@ def _try_split(A, sigma, sketch, norm_a, vectors):
     bound = COUPLING * n * _eps(dtype) * norm_a
     for done in range(1, SUBSPACE_PASSES + 1):
         sketch.record["passes"] += 1
-        Q, _ = qr(Q + gemm(U, Q * D, layout=Q.layout))
+        Q, _ = _qr(Q + gemm(U, Q * D, layout=Q.layout))
         if done == 1:
             continue
         V_lo, V_hi = Q[:, :n - k], Q[:, n - k:]
@@ -366,7 +386,7 @@ def _orthonormal(U):
     norms = (U * U).sum(axis=0).to_numpy().reshape(-1)
     if np.all(np.abs(norms - 1.0) <= math.sqrt(_eps(U.dtype))):
         return U
-    Q, R = qr(U)
+    Q, R = _qr(U)
     signs = np.where(diag(R).to_numpy().reshape(-1) < 0, -1.0, 1.0).reshape(1, n).astype(U.dtype)
     return Q * from_numpy(signs, layout=RowBlock((0,)))
 
@@ -378,7 +398,7 @@ def completed(U):
     m, k = U.shape
     lay = _layout(m)
     W = _Sketch().gaussian((m, m - k), U.dtype, lay)
-    Q, _ = qr(hstack([U, W], layout=lay))
+    Q, _ = _qr(hstack([U, W], layout=_qr_layout(m, m)))
     return hstack([U, Q[:, k:]], layout=lay)
 
 
