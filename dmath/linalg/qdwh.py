@@ -66,13 +66,15 @@ from .panels import work_layout
 #: worker, per backend. The leaves are where the workers run side by side (one leaf each), and
 #: a leaf solve costs about 9 m^3 flops against roughly 40 m^3 for a QDWH split of the same node
 #: (six iterations of QR or Cholesky plus products): a split pays only when it spreads the work
-#: over the workers better than the local solver runs it alone. CPU: measured with
-#: benchmarks/linalg_bench.py --leaf at 2 workers: n = 512, 256 beat 64 and 128 (0.61 s against
-#: 0.79 and 1.09); n = 1024, eigh 3.4 s at 512 against 4.4 at 256, svd 7.3 s at 256 against 9.4
-#: at 512. GPUs: cuSOLVER's syevd runs n = 2048 in about a tenth of a second, where a split of
-#: that order on several GPUs is many small commands; benchmarks/qdwh_gpu.sh's leaf sweep
-#: measures it.
-LEAF_SIZE = {"cpu": 256, "gpu": 2048}
+#: over the workers better than the local solver runs it alone. A quarter above a power of two:
+#: the median of the diagonal halves a node only roughly, and a node just above the leaf size
+#: would cost a whole split on every worker for two small leaves. CPU (a shared 2-core machine,
+#: so rough): eigh of n = 1024 on one worker took 3.75 s at leaf 512 (leaves 511, 269, 244),
+#: 7.3 s at 320, 8.2 s at 256; with benchmarks/linalg_bench.py --leaf at 2 workers, 3.4 s at 512
+#: against 4.4 s at 256 (n = 512: 256 beat 128 and 64). GPUs: cuSOLVER's syevd runs n = 2048 in about a tenth of a
+#: second, where a split of that order on several GPUs is many small commands;
+#: `SWEEP=1 benchmarks/qdwh_gpu.sh` measures 1280, 2560 and 5120.
+LEAF_SIZE = {"cpu": 640, "gpu": 2560}
 
 #: the seed of the Gaussian sketches of the projectors' ranges (their own streams: the user's
 #: dmath.random state is left as it was, and the result does not depend on it)
