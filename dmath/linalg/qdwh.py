@@ -254,9 +254,11 @@ def _try_split(A, sigma, sketch, norm_a, vectors):
     return A_lo, A_hi, (V_lo if vectors else None), (V_hi if vectors else None)
 
 
-def _divide(A, leaf, sketch, vectors, leaves):
+def _divide(A, leaf, sketch, vectors, leaves, norm_root=None):
     """The tree of the symmetric A (a _Leaf or a _Split); the leaves it meets are appended to
-    `leaves` in order."""
+    `leaves` in order. norm_root: ||A||_F of the whole problem, which the backward errors of the
+    splits and the test for a multiple of the identity are relative to (a subproblem's rounding
+    errors are of that size, not of its own norm's)."""
     n = A.shape[0]
     if n <= leaf:
         node = _Leaf(n, matrix=A)
@@ -264,7 +266,7 @@ def _divide(A, leaf, sketch, vectors, leaves):
         return node
     d = diag(A).to_numpy().astype(np.float64).reshape(-1)
     mean = float(d.mean())
-    norm_a = float(A.norm())
+    norm_a = float(A.norm()) if norm_root is None else norm_root
     spread = float((A - eye(n, dtype=A.dtype, layout=A.layout) * mean).norm())
     if spread <= n * _eps(A.dtype) * norm_a:
         # a multiple of the identity (to the working precision): no split point separates anything
@@ -281,8 +283,8 @@ def _divide(A, leaf, sketch, vectors, leaves):
         return node
     A_lo, A_hi, V_lo, V_hi = parts
     del A
-    lo = _divide(A_lo, leaf, sketch, vectors, leaves)
-    hi = _divide(A_hi, leaf, sketch, vectors, leaves)
+    lo = _divide(A_lo, leaf, sketch, vectors, leaves, norm_a)
+    hi = _divide(A_hi, leaf, sketch, vectors, leaves, norm_a)
     return _Split(lo, hi, V_lo, V_hi)
 
 
