@@ -121,7 +121,7 @@ def child_dmath(args):
                 rows[-1]["method"] = method
                 if qdwh.last_run:        # the divide and conquer ran ('auto' may have gathered)
                     rows[-1]["method_ran"] = "qdwh"
-                    rows[-1]["leaf_size"] = leaf or qdwh.LEAF_SIZE["gpu" if args.device == "gpu" else "cpu"]
+                    rows[-1]["leaf_size"] = qdwh.last_run["leaf"]
                     rows[-1]["dc"] = {"splits": qdwh.last_run["splits"], "refused": qdwh.last_run["refused"],
                                       "leaves": qdwh.last_run["leaves"], "owners": qdwh.last_run["owners"],
                                       "qdwh_steps": qdwh.last_run["steps"]}
@@ -491,7 +491,7 @@ def main(argv=None):
     ap.add_argument("--methods", nargs="+", default=["auto"], choices=["auto", "gather", "qdwh"],
                     help="eigh and svd: dmath.linalg's method= values to time")
     ap.add_argument("--leaf", type=int, nargs="+", default=[0],
-                    help="method qdwh: the leaf sizes to time (0: dmath.linalg.qdwh.LEAF_SIZE)")
+                    help="method qdwh: the leaf sizes to time (0: the default, dmath.linalg.dc_plan.default_leaf)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--peer-n", type=int, default=0,
                     help="the one-GPU peer's n for Cholesky, LU and QR (default: --n); for an n one GPU cannot hold")

@@ -3,8 +3,8 @@
 # GPU, then eigh (n = 8192, 16384) and svd (n = 4096, 8192) in float64 on every GPU against
 # one-GPU cuSOLVER (CuPy) in the same job. About 3 to 4 minutes on 4 GPUs.
 #   bash benchmarks/qdwh_gpu.sh [OUTDIR]     logs and linalg_gpu_<date>.json (+ .png) under OUTDIR
-# SWEEP=1 adds eigh n = 16384 at leaf sizes 1280, 2560 and 5120 (dmath.linalg.qdwh.LEAF_SIZE's
-# choice on GPUs; about 2 minutes more).
+# SWEEP=1 adds eigh n = 16384 at leaf sizes 2560, 5120 and 10240 (the default leaf's choice on
+# GPUs, dmath.linalg.dc_plan.default_leaf; about 2 minutes more).
 set -u
 out=${1:-benchmarks/out/qdwh}
 mkdir -p "$out"
@@ -25,6 +25,6 @@ timeout 420 "$py" benchmarks/linalg_bench.py "$out" --device gpu --workers "$ngp
   2>&1 | tee "$out/bench.log" | grep -v '^{'
 if [ "${SWEEP:-0}" = 1 ]; then
   timeout 400 "$py" benchmarks/linalg_bench.py "$out" --device gpu --workers "$ngpu" --ops eigh \
-    --small-n 16384 --methods qdwh --leaf 1280 2560 5120 --reps 1 --peer none --mpiexec "$mpiexec ${mpiflags[*]}" \
+    --small-n 16384 --methods qdwh --leaf 2560 5120 10240 --reps 1 --peer none --mpiexec "$mpiexec ${mpiflags[*]}" \
     2>&1 | tee "$out/sweep.log" | grep -v '^{'
 fi

@@ -76,6 +76,18 @@ def projector_rank(trace_u, n, slack=0.1):
     return r
 
 
+def default_leaf(n, workers, least):
+    """The leaf size when none is given: a quarter above n / workers, so that the tree has about
+    one leaf per worker (all solved at the same time, one per worker), but at least `least`.
+
+    The splits are there to spread the local solver's work over the workers, and each costs
+    several times the flops of solving its node locally: more levels than that make the tree
+    dearer, not faster. (One worker: the whole matrix is one leaf, the local solver alone.) The
+    quarter: the median of the diagonal halves a node only roughly, and a node just above the
+    leaf size would cost a whole split for two small leaves."""
+    return max(int(least), -(-5 * int(n) // (4 * max(1, int(workers)))))
+
+
 def assign_leaves(sizes, workers):
     """The worker of each leaf (a list parallel to `sizes`): the largest leaves first, each to the
     worker with the least work so far (the eigensolver's n^3), ties to the lower rank

@@ -31,7 +31,8 @@ diagonal and the eigenvalues: O(n) numbers per node).
   the coupling ||V_hi^T A V_lo||_F exceeds the backward-error bound; a node
   that is a multiple of the identity is a leaf with the identity as its
   vectors; a node no candidate splits is solved whole by a leaf solver.
-- The leaves (order <= the leaf size) are solved in ONE command by the local
+- The leaves (order <= the leaf size: by default about n / P, dc_plan.default_leaf)
+  are solved in ONE command by the local
   dense eigensolver (LAPACK / cuSOLVER), each on one worker, different
   leaves on different workers at the same time (dc_plan.assign_leaves), and
   the eigenvectors are assembled back up the tree by GEMMs: V_node =
@@ -62,18 +63,16 @@ from . import checks, dc_plan, dense
 from .decompose import _tsqr_fits, cho_solve, cholesky, qr
 from .panels import work_layout
 
-#: the order at or below which a node is a leaf, solved whole by the local eigensolver on one
-#: worker, per backend. The leaves are where the workers run side by side (one leaf each), and
-#: a leaf solve costs about 9 m^3 flops against roughly 40 m^3 for a QDWH split of the same node
-#: (six iterations of QR or Cholesky plus products): a split pays only when it spreads the work
-#: over the workers better than the local solver runs it alone. A quarter above a power of two:
-#: the median of the diagonal halves a node only roughly, and a node just above the leaf size
-#: would cost a whole split on every worker for two small leaves. CPU (a shared 2-core machine,
-#: so rough): eigh of n = 1024 on one worker took 3.75 s at leaf 512 (leaves 511, 269, 244),
-#: 7.3 s at 320, 8.2 s at 256; with benchmarks/linalg_bench.py --leaf at 2 workers, 3.4 s at 512
-#: against 4.4 s at 256 (n = 512: 256 beat 128 and 64). GPUs: cuSOLVER's syevd runs n = 2048 in about a tenth of a
-#: second, where a split of that order on several GPUs is many small commands;
-#: `SWEEP=1 benchmarks/qdwh_gpu.sh` measures 1280, 2560 and 5120.
+#: the least leaf size when none is given, per backend (dc_plan.default_leaf: otherwise about one
+#: leaf per worker, n / P and a quarter). A leaf solve costs about 9 m^3 flops against roughly
+#: 40 m^3 for a QDWH split of the same node (six iterations of QR or Cholesky plus products), and
+#: a small node split on every worker is many small commands. CPU (a shared 2-core machine, so
+#: rough): eigh of n = 1024 on one worker took 3.75 s at leaf 512 (leaves 511, 269, 244), 7.3 s at
+#: 320, 8.2 s at 256; with benchmarks/linalg_bench.py --leaf at 2 workers, 3.4 s at 512 against
+#: 4.4 s at 256 (n = 512: 256 beat 128 and 64). GPUs: cuSOLVER's syevd ran n = 8192 in 0.55 s on the
+#: project's GPU machine (benchmarks/results/linalg_gpu_2026-11-26_072034.json) against 3.2 s
+#: for n = 16384 (issue 33's anchor): it is fast up to a few thousand; `SWEEP=1 benchmarks/qdwh_gpu.sh` measures leaves of 2560, 5120 and 10240 at
+#: n = 16384.
 LEAF_SIZE = {"cpu": 640, "gpu": 2560}
 
 #: the seed of the Gaussian sketches of the projectors' ranges (their own streams: the user's
@@ -199,8 +198,8 @@ class _Split:
         self.lo, self.hi, self.V_lo, self.V_hi = lo, hi, V_lo, V_hi
 
 
-#: what the last eigh_dc call did (tests and benchmarks read it): splits made, split points
-#: refused, subspace iterations run, the order of every leaf and the worker that solved it, the QDWH steps of every polar
+#: what the last eigh_dc call did (tests and benchmarks read it): the leaf size, splits made,
+#: split points refused, subspace iterations run, the order of every leaf and the worker that solved it, the QDWH steps of every polar
 last_run = {}
 
 
@@ -342,7 +341,7 @@ def eigh_dc(A, vectors=True, leaf=None, fn="eigh"):
     n = A.shape[0]
     dtype = A.dtype
     if leaf is None:
-        leaf = LEAF_SIZE["gpu" if backend.current().is_gpu else "cpu"]
+        leaf = dc_plan.default_leaf(n, checks.workers(), LEAF_SIZE["gpu" if backend.current().is_gpu else "cpu"])
     lay = _layout(n)
     X = A if A.layout == lay.resolved(checks.workers()) else movement.remap(A, lay, dtype)
     leaves = []
@@ -351,7 +350,7 @@ def eigh_dc(A, vectors=True, leaf=None, fn="eigh"):
     del X
     _solve_leaves(leaves, vectors, fn, sketch.record)
     last_run.clear()
-    last_run.update(sketch.record)
+    last_run.update(sketch.record, leaf=leaf)
     w = _values(tree)
     V = _vectors(tree, dtype) if vectors else None
     order = np.argsort(w, kind="stable")

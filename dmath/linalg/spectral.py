@@ -103,8 +103,8 @@ def eigh(A, *, layout=None, method="auto", leaf_size=None):
     RowBlock unless `layout` is given) of the symmetric A; its lower triangle is read.
 
     method='qdwh': QDWH spectral divide and conquer on every worker, the
-    leaves (order <= leaf_size, default qdwh.LEAF_SIZE) solved by the local
-    eigensolver, one worker each; 'gather': the local eigensolver on worker
+    leaves (order <= leaf_size; default about n / P, at least
+    qdwh.LEAF_SIZE) solved by the local eigensolver, one worker each; 'gather': the local eigensolver on worker
     0 on A gathered there; 'auto': qdwh for large n on several workers
     (AUTO_QDWH_N), else gather. See the module's docstring."""
     checks.square(A, "eigh")

@@ -79,3 +79,10 @@ def test_assign_leaves_uses_every_worker(P):
     owners = dc_plan.assign_leaves(sizes, P)
     assert len(owners) == len(sizes) and set(owners) == set(range(min(P, len(sizes))))
     assert dc_plan.assign_leaves([], P) == []
+
+
+@pytest.mark.parametrize("n,P,least,want", [(16384, 4, 2560, 5120), (16384, 2, 2560, 10240), (16384, 1, 2560, 20480),
+                                            (1000, 8, 640, 640), (37, 3, 1, 16)])
+def test_default_leaf(n, P, least, want):
+    # about one leaf per worker (n / P and a quarter), never below the backend's least
+    assert dc_plan.default_leaf(n, P, least) == want
