@@ -71,7 +71,8 @@ from .panels import work_layout
 #: 320, 8.2 s at 256; with benchmarks/linalg_bench.py --leaf at 2 workers, 3.4 s at 512 against
 #: 4.4 s at 256 (n = 512: 256 beat 128 and 64). GPUs: cuSOLVER's syevd ran n = 8192 in 0.55 s on the
 #: project's GPU machine (benchmarks/results/linalg_gpu_2026-11-26_072034.json) against 3.2 s
-#: for n = 16384 (issue 33's anchor): it is fast up to a few thousand; `SWEEP=1 benchmarks/qdwh_gpu.sh` measures leaves of 2560, 5120 and 10240 at
+#: for n = 16384 (issue 33's anchor): it is fast up to a few thousand;
+#: `SWEEP=1 benchmarks/qdwh_gpu.sh` measures leaves of 2560, 5120 and 10240 at
 #: n = 16384.
 LEAF_SIZE = {"cpu": 640, "gpu": 2560}
 
@@ -199,7 +200,8 @@ class _Split:
 
 
 #: what the last eigh_dc call did (tests and benchmarks read it): the leaf size, splits made,
-#: split points refused, subspace iterations run, the order of every leaf and the worker that solved it, the QDWH steps of every polar
+#: split points refused, subspace iterations run, the order of every leaf and the worker that
+#: solved it, the QDWH steps of every polar decomposition
 last_run = {}
 
 

@@ -45,26 +45,30 @@ from .tsqr import EIGH, SVD
 #: a factor of this many is "tall": svd goes through QR first (gathering n^2 numbers, not m n)
 _TALL = 2
 
-#: method='auto' takes 'qdwh' from this order up when there are several workers, per backend
-#: (None: never). QDWH's divide and conquer does about four times the flops of the local
-#: tridiagonal eigensolver (six QR or Cholesky iterations and the products of every split), so it
-#: pays only where the workers' added speed outweighs that and the local solver's single device
-#: is the bottleneck: on GPUs from n = 8192 (one H100 runs cuSOLVER's syevd there in about a
-#: second, and the gathered matrix and workspace fill a large part of its memory); on the CPU
-#: (2 workers, benchmarks/linalg_bench.py) LAPACK alone on one worker was faster: n = 1024, eigh
-#: 0.25 s gathered against 3.4 s by qdwh, svd 0.51 s against 7.3 s; so 'auto' gathers there.
-AUTO_QDWH_N = {"cpu": None, "gpu": 8192}
+#: method='auto' takes 'qdwh' from this order up when there are several workers, per backend and
+#: problem (None: never). QDWH's divide and conquer does several times the flops of the local
+#: solver (six QR or Cholesky iterations and the products of every split: about 47 n^3 for the
+#: first split, against about 9 n^3 for a tridiagonal eigensolver), nearly all in GEMM, QR and
+#: Cholesky, so it pays where the workers' added speed outweighs that and the local solver is
+#: slow. On GPUs cuSOLVER's syevd runs n = 16384 at about 1.8 TFLOP/s of its nominal 4/3 n^3
+#: (3.2 s on an H200, issue 33's anchor) and its gesvd n = 8192 in 9.7 s, against DGEMM's ~50
+#: TFLOP/s per GPU: by that count the SVD gains from n = 4096 on, eigh only from n = 16384 on 4
+#: GPUs (the flop model; benchmarks/qdwh_gpu.sh measures it). On the CPU (2 workers,
+#: benchmarks/linalg_bench.py) LAPACK alone on one worker was faster: n = 1024, eigh 0.25 s
+#: gathered against 3.4 s by qdwh, svd 0.51 s against 7.3 s; so 'auto' gathers there.
+AUTO_QDWH_N = {"cpu": {"eigh": None, "svd": None}, "gpu": {"eigh": 16384, "svd": 4096}}
 
 METHODS = ("auto", "gather", "qdwh")
 
 
 def _method(method, fn, n):
-    """'gather' or 'qdwh': `method` checked, 'auto' resolved for order n (AUTO_QDWH_N)."""
+    """'gather' or 'qdwh': `method` checked, 'auto' resolved for order n (AUTO_QDWH_N; svdvals as
+    svd, eigvalsh as eigh)."""
     if not isinstance(method, str) or method not in METHODS:
         raise DMathError(f"{fn}: method must be 'auto', 'gather' or 'qdwh', got {method!r}")
     if method != "auto":
         return method
-    least = AUTO_QDWH_N["gpu" if backend.current().is_gpu else "cpu"]
+    least = AUTO_QDWH_N["gpu" if backend.current().is_gpu else "cpu"]["svd" if fn.startswith("svd") else "eigh"]
     return "qdwh" if least is not None and checks.workers() > 1 and n >= least else "gather"
 
 

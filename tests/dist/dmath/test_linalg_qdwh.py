@@ -165,6 +165,19 @@ def test_auto_gathers_small_matrices():
     np.testing.assert_allclose(w, np.linalg.eigvalsh(S), atol=1e-13)
 
 
+def test_auto_takes_qdwh_past_the_threshold_on_several_workers(monkeypatch):
+    monkeypatch.setitem(spectral.AUTO_QDWH_N, "cpu", {"eigh": 20, "svd": 12})
+    want = "qdwh" if P > 1 else "gather"
+    assert spectral._method("auto", "eigh", 20) == want and spectral._method("auto", "eigvalsh", 19) == "gather"
+    assert spectral._method("auto", "svdvals", 12) == want and spectral._method("auto", "svd", 11) == "gather"
+    n = 24
+    S = _spectra(n)["random"]
+    qdwh.last_run.clear()
+    w, _ = la.eigh(make(S, layout("bc23", (n, n), P), "float64"))
+    assert bool(qdwh.last_run) == (P > 1)
+    np.testing.assert_allclose(w, np.linalg.eigvalsh(S), atol=1e-12)
+
+
 @pytest.mark.parametrize("fn", [la.eigh, la.eigvalsh, la.svdvals])
 def test_bad_method_and_leaf_size_are_refused(fn):
     A = make(np.eye(4), layout("row", (4, 4), P), "float64")
