@@ -50,7 +50,7 @@ import numpy as np
 
 from .. import backend, memory
 from ..errors import LinAlgError
-from ..layout import RowBlock
+from ..layout import ColBlock, RowBlock
 from ..matrix import eye
 from ..ops import creation, elementwise, movement
 from ..ops.assembly import hstack, vstack
@@ -60,7 +60,7 @@ from ..ops.data import from_numpy
 from ..ops.structure import diag, take_rows, trace, tril
 from ..runtime import Shard, define
 from . import checks, dc_plan, dense
-from .decompose import _tsqr_fits, cho_solve, cholesky, qr
+from .decompose import _lu_work, _trsm, _tsqr_fits, cho_solve, cholesky, qr
 from .panels import work_layout
 
 #: the least leaf size when none is given, per backend (dc_plan.default_leaf: otherwise about one
@@ -89,6 +89,16 @@ COUPLING = 4.0
 #: coupling of 3000 eps ||A|| at n = 512); the second, from the first's basis, is at the
 #: backward-error bound (4 eps ||A|| there); a third where the coupling says it is not
 SUBSPACE_PASSES = 3
+
+#: QDWH starts from estimates of ||A||_2 and of A's smallest singular value (`_estimates`: a few
+#: power steps, an LU and a few inverse-iteration steps, about 2/3 n^3 flops), not from the safe
+#: sqrt(||A||_1 ||A||_inf) and l = eps: for a random A the safe alpha is ~0.4 sqrt(n) times too
+#: large, and l ~ 1e-5 instead of eps saves one of the two QR steps (about 9 n^3 flops) and often
+#: one Cholesky step (dc_plan.schedule)
+ESTIMATE = True
+POWER_STEPS = 6
+INVERSE_STEPS = 2
+L_SAFETY = 2.0
 
 #: more QDWH steps than this mean the iteration is not converging (6 from l = eps in float64)
 MAX_STEPS = 12
@@ -140,10 +150,71 @@ def _qr_layout(m, n):
     return work_layout(_block(min(m, n), "qr"), P)
 
 
-def polar(A, symmetric=False, steps=None):
+# The products below let gemm choose their layouts (the next operation remaps what it needs): a
+# product forced into a BlockCyclic layout whose block differs from its operands' can take a
+# SUMMA plan whose result columns do not match B's (wrong values at n >= 1024 on 2 workers:
+# gemm(A, B, trans_a=True, layout=BlockCyclic((64, 64), grid=(1, 2))) with A, B 1024 x 511 in
+# BlockCyclic((128, 128), grid=(1, 2)); reported with this branch).
+
+
+def _unit_columns(Z):
+    """(Z with its columns scaled to norm 1, the columns' norms as a NumPy array)."""
+    norms = np.sqrt(np.maximum((Z * Z).sum(axis=0).to_numpy().reshape(-1).astype(np.float64), 0.0))
+    scale = np.where(norms > 0, 1.0 / np.where(norms > 0, norms, 1.0), 0.0)
+    return Z * from_numpy(scale.reshape(1, -1).astype(Z.dtype), layout=RowBlock((0,))), norms
+
+
+def _estimates(X, symmetric, upper, sketch):
+    """(alpha, l): an estimate of ||X||_2 a little above it, and a lower bound estimate of
+    X's smallest singular value divided by alpha (the start of QDWH), from k = max(2, P) Gaussian
+    columns (one per worker in the solves).
+
+    alpha: POWER_STEPS steps of the power method on X (X^T X when not symmetric), 10% above its
+    estimate, at most `upper` (sqrt(||X||_1 ||X||_inf), which can be sqrt(n) times too large: a
+    tight alpha is what lets l be large). l: the LU of X with partial pivoting and INVERSE_STEPS
+    steps of inverse iteration on (X^T X)^-1 (four blocked triangular solves each), whose
+    estimate of sigma_min is at or above it: halved (L_SAFETY), and eps when X is singular. An l
+    above the true bound only delays convergence (a few steps more), an alpha below ||X||_2 by
+    10% converges as well (Halley's map takes 1.1 to 1.0005)."""
+    n = X.shape[0]
+    P = checks.workers()
+    k = max(2, P)
+    eps = _eps(X.dtype)
+    cols = ColBlock(tuple(range(P)))
+    V, _ = _unit_columns(sketch.gaussian((n, k), X.dtype, cols))
+    for _ in range(POWER_STEPS):
+        Z = gemm(X, V)
+        if not symmetric:
+            Z = gemm(X, Z, trans_a=True)
+        V, norms = _unit_columns(Z)
+    top = float(norms.max()) if symmetric else math.sqrt(float(norms.max()))
+    alpha = min(upper, 1.1 * top) if top > 0 else upper
+    nb = _block(n)
+    W, perm, pivots = _lu_work(X, nb)
+    pivots = np.asarray(pivots, dtype=np.float64)
+    if not np.all(np.isfinite(pivots)) or np.any(pivots == 0):
+        return alpha, eps
+    back = np.argsort(perm)
+    V, _ = _unit_columns(sketch.gaussian((n, k), X.dtype, cols))
+    for _ in range(INVERSE_STEPS):
+        Y = take_rows(V, perm, layout=cols)                         # P V: X[perm] = L U
+        _trsm(W, Y, True, False, True, nb, "eigh", check=False)     # L^-1
+        _trsm(W, Y, False, False, False, nb, "eigh", check=False)   # U^-1: X^-1 V
+        _trsm(W, Y, False, True, False, nb, "eigh", check=False)    # U^-T
+        _trsm(W, Y, True, True, True, nb, "eigh", check=False)      # L^-T, then P^T: X^-T X^-1 V
+        V, norms = _unit_columns(take_rows(Y, back, layout=cols))
+    growth = float(norms.max())
+    if not (math.isfinite(growth) and growth > 0):
+        return alpha, eps
+    l = 1.0 / math.sqrt(growth) / alpha / L_SAFETY
+    return alpha, min(max(l, eps), 1.0)
+
+
+def polar(A, symmetric=False, steps=None, sketch=None):
     """The orthogonal polar factor U of the square A (A = U H, H symmetric positive semidefinite),
     by QDWH (see the module's docstring), in the factorizations' layout. symmetric: A is, and so
-    is U (symmetrized at the end). steps: a list the number of iterations is appended to."""
+    is U (symmetrized at the end). steps: a list the number of iterations is appended to.
+    sketch: the random streams of the norm and condition estimates (_estimates; ESTIMATE)."""
     n = A.shape[0]
     dtype = A.dtype
     lay = _layout(n)
@@ -154,18 +225,20 @@ def polar(A, symmetric=False, steps=None):
     I = eye(n, dtype=dtype, layout=lay)
     if not alpha > 0:
         return I                        # A = 0: every orthogonal matrix is a polar factor
-    X = X * (1.0 / alpha)
     eps = _eps(dtype)
     l = eps
+    if ESTIMATE:
+        alpha, l = _estimates(X, symmetric, alpha, sketch or _Sketch())
+    X = X * (1.0 / alpha)
     done = 0
     for done in range(1, MAX_STEPS + 1):
         a, b, c, l_next = dc_plan.weights(l)
         if c > dc_plan.QR_ABOVE:
             Q, _ = _qr(vstack([X * math.sqrt(c), I], layout=_qr_layout(2 * n, n)))
-            M = gemm(Q[:n, :], Q[n:, :], trans_b=True, layout=lay)
+            M = gemm(Q[:n, :], Q[n:, :], trans_b=True)
             X_new = X * (b / c) + M * ((a - b / c) / math.sqrt(c))
         else:
-            Z = gemm(X, X, trans_a=True, layout=lay) * c + I
+            Z = gemm(X, X, trans_a=True) * c + I
             nb = _block(n)
             Y = cho_solve((cholesky(Z, block=nb), True), X.T, block=nb)   # Z^-1 X^T (Z is symmetric)
             X_new = X * (b / c) + Y.T * (a - b / c)
@@ -225,7 +298,8 @@ def _try_split(A, sigma, sketch, norm_a, vectors):
     n = A.shape[0]
     dtype = A.dtype
     lay = _layout(n)
-    U = polar(A - eye(n, dtype=dtype, layout=lay) * sigma, symmetric=True, steps=sketch.record["steps"])
+    U = polar(A - eye(n, dtype=dtype, layout=lay) * sigma, symmetric=True, steps=sketch.record["steps"],
+              sketch=sketch)
     k = dc_plan.projector_rank(trace(U), n)
     if k is None or k in (0, n):
         sketch.record["refused"] += 1
@@ -237,12 +311,12 @@ def _try_split(A, sigma, sketch, norm_a, vectors):
     bound = COUPLING * n * _eps(dtype) * norm_a
     for done in range(1, SUBSPACE_PASSES + 1):
         sketch.record["passes"] += 1
-        Q, _ = _qr(Q + gemm(U, Q * D, layout=Q.layout))
+        Q, _ = _qr(Q + gemm(U, Q * D))
         if done == 1:
             continue
         V_lo, V_hi = Q[:, :n - k], Q[:, n - k:]
-        AV_lo = gemm(A, V_lo, layout=lay)
-        coupling = float(gemm(V_hi, AV_lo, trans_a=True, layout=lay).norm())
+        AV_lo = gemm(A, V_lo)
+        coupling = float(gemm(V_hi, AV_lo, trans_a=True).norm())
         if coupling <= bound:
             break
     else:
@@ -250,8 +324,8 @@ def _try_split(A, sigma, sketch, norm_a, vectors):
         return None
     del U
     sketch.record["splits"] += 1
-    A_lo = _sym(gemm(V_lo, AV_lo, trans_a=True, layout=_layout(n - k)))
-    A_hi = _sym(gemm(V_hi, gemm(A, V_hi, layout=lay), trans_a=True, layout=_layout(k)))
+    A_lo = _sym(gemm(V_lo, AV_lo, trans_a=True))
+    A_hi = _sym(gemm(V_hi, gemm(A, V_hi), trans_a=True))
     return A_lo, A_hi, (V_lo if vectors else None), (V_hi if vectors else None)
 
 
@@ -265,6 +339,9 @@ def _divide(A, leaf, sketch, vectors, leaves, norm_root=None):
         node = _Leaf(n, matrix=A)
         leaves.append(node)
         return node
+    lay = _layout(n)
+    if A.layout != lay.resolved(checks.workers()):
+        A = movement.remap(A, lay, A.dtype)        # (a product's layout, Partial perhaps: gemm chose it)
     d = diag(A).to_numpy().astype(np.float64).reshape(-1)
     mean = float(d.mean())
     norm_a = float(A.norm()) if norm_root is None else norm_root
@@ -331,8 +408,8 @@ def _vectors(node, dtype):
         return node.V if node.scalar is None else eye(node.n, dtype=dtype, layout=_layout(node.n))
     n = node.V_lo.shape[0]
     lay = _layout(n)
-    lo = gemm(node.V_lo, _vectors(node.lo, dtype), layout=lay)
-    hi = gemm(node.V_hi, _vectors(node.hi, dtype), layout=lay)
+    lo = gemm(node.V_lo, _vectors(node.lo, dtype))
+    hi = gemm(node.V_hi, _vectors(node.hi, dtype))
     node.V_lo = node.V_hi = None
     return hstack([lo, hi], layout=lay)
 
@@ -371,13 +448,13 @@ def svd_square(A, vectors=True, leaf=None, fn="svd"):
     lay = _layout(n)
     X = A if A.layout == lay.resolved(checks.workers()) else movement.remap(A, lay, A.dtype)
     Up = polar(X)
-    H = _sym(gemm(Up, X, trans_a=True, layout=lay))
+    H = _sym(gemm(Up, X, trans_a=True))
     w, V = eigh_dc(H, vectors, leaf, fn)
     s = np.maximum(w[::-1], 0.0)        # H is positive semidefinite: a negative w is rounding
     if not vectors:
         return None, s, None
     V = take_rows(V.T, np.arange(n - 1, -1, -1), layout=lay).T     # descending order
-    return _orthonormal(gemm(Up, V, layout=lay)), s, V
+    return _orthonormal(gemm(Up, V)), s, V
 
 
 def _orthonormal(U):

@@ -227,7 +227,7 @@ def _svd_qdwh(A, vectors, full, leaf, fn):
             return None, qdwh.svd_square(qr(X, mode="r"), False, leaf, fn)[1], None
         Q, R = qr(X)
         Ur, s, V = qdwh.svd_square(R, True, leaf, fn)
-        U = gemm(Q, Ur, layout=RowBlock())
+        U = gemm(Q, Ur)
     else:
         U, s, V = qdwh.svd_square(X, vectors, leaf, fn)
         if not vectors:

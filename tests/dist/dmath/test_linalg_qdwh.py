@@ -85,6 +85,20 @@ def test_eigh_and_svd_of_other_layouts(name):
     assert np.linalg.norm((U.to_numpy() * s) @ Vh.to_numpy() - S) < 1e-12 * np.linalg.norm(S)
 
 
+def test_a_larger_matrix_with_the_default_leaf():
+    # n = 1024 at 2 workers: the products of a split are large enough for gemm's SUMMA plans (a
+    # product forced into another block width than its operands' came out wrong there)
+    n = 1024
+    S = _spectra(n)["random"]
+    A = make(S, layout("row", (n, n), P), "float64")
+    w, V = la.eigh(A, method="qdwh")
+    assert qdwh.last_run["leaf"] >= 640
+    np.testing.assert_allclose(w, np.linalg.eigvalsh(S), rtol=0, atol=1e-12 * np.abs(w).max())
+    v = V.to_numpy()
+    assert np.abs(v.T @ v - np.eye(n)).max() < 1e-13
+    assert np.linalg.norm(S @ v - v * w) < 1e-14 * n * np.linalg.norm(S)
+
+
 def test_eigh_reads_the_lower_triangle_and_places_the_result():
     n = 23
     S = _spectra(n)["random"]
