@@ -10,10 +10,11 @@ nothing of size n^2 passes through the master (it reads norms, traces, the
 diagonal and the eigenvalues: O(n) numbers per node).
 
 - `polar(A)`: the orthogonal polar factor U of A = U H by QDWH: X_0 = A /
-  alpha (alpha = sqrt(||A||_1 ||A||_inf) >= ||A||_2), lower bound l_0 =
-  eps on X_0's smallest singular value (no condition estimate: the split
-  points put A - sigma I close to singular anyway, and from eps the
-  iteration converges in 6 steps in float64, 4 in float32), then the
+  alpha, alpha a little above a power-method estimate of ||A||_2 (at most
+  sqrt(||A||_1 ||A||_inf)), l_0 a lower bound estimate of X_0's smallest
+  singular value (an LU and inverse iteration; eps for a singular A, from
+  which the iteration converges in 6 steps in float64, 4 in float32; 1e-5
+  saves a QR step: `_estimates`), then the
   dynamically weighted Halley steps of dc_plan.weights: while c > 100
   through the QR of the stacked [sqrt(c) X; I] (X_new = b/c X + (a - b/c) /
   sqrt(c) Q1 Q2^T), after that through the Cholesky factor of Z = I + c X^T X
