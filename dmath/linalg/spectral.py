@@ -54,8 +54,9 @@ _TALL = 2
 #: (3.2 s on an H200, issue 33's anchor) and its gesvd n = 8192 in 9.7 s, against DGEMM's ~50
 #: TFLOP/s per GPU: by that count the SVD gains from n = 4096 on, eigh only from n = 16384 on 4
 #: GPUs (the flop model; benchmarks/qdwh_gpu.sh measures it). On the CPU (2 workers,
-#: benchmarks/linalg_bench.py) LAPACK alone on one worker was faster: n = 1024, eigh 0.25 s
-#: gathered against 3.4 s by qdwh, svd 0.51 s against 7.3 s; so 'auto' gathers there.
+#: benchmarks/results/linalg_cpu_qdwh_2026-11-26.json) LAPACK alone on one worker was faster:
+#: n = 1024, eigh 0.23 s gathered against 2.9 s by qdwh, svd 0.60 s against 2.7 s (Heat 4.4 s and
+#: 7.4 s); so 'auto' gathers there.
 AUTO_QDWH_N = {"cpu": {"eigh": None, "svd": None}, "gpu": {"eigh": 16384, "svd": 4096}}
 
 METHODS = ("auto", "gather", "qdwh")

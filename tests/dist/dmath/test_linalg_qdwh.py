@@ -170,7 +170,7 @@ def test_the_methods_agree():
 
 
 def test_auto_gathers_small_matrices():
-    # below AUTO_QDWH_N (and on one worker, and on the CPU) 'auto' is the gathered solver
+    # below AUTO_QDWH_N (and on one worker) 'auto' is the gathered solver
     assert spectral._method("auto", "eigh", 10) == "gather"
     assert spectral._method("qdwh", "eigh", 10) == "qdwh"
     n = 16
@@ -180,7 +180,8 @@ def test_auto_gathers_small_matrices():
 
 
 def test_auto_takes_qdwh_past_the_threshold_on_several_workers(monkeypatch):
-    monkeypatch.setitem(spectral.AUTO_QDWH_N, "cpu", {"eigh": 20, "svd": 12})
+    for where in ("cpu", "gpu"):
+        monkeypatch.setitem(spectral.AUTO_QDWH_N, where, {"eigh": 20, "svd": 12})
     want = "qdwh" if P > 1 else "gather"
     assert spectral._method("auto", "eigh", 20) == want and spectral._method("auto", "eigvalsh", 19) == "gather"
     assert spectral._method("auto", "svdvals", 12) == want and spectral._method("auto", "svd", 11) == "gather"
