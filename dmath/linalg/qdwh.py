@@ -22,8 +22,9 @@ diagonal and the eigenvalues: O(n) numbers per node).
 - `eigh_dc(A)`: split at sigma (dc_plan.split_candidates: the median of the
   diagonal first); U = polar(A - sigma I) is V sign(Lambda - sigma) V^T, so P =
   (U + I) / 2 projects onto the eigenvectors above sigma and trace(U) counts
-  them (k). A basis: the QR of [(I - P) W_lo, P W_hi] for a Gaussian W, then
-  once more from the first's Q (a subspace iteration: SUBSPACE_PASSES), whose first
+  them (k). A basis: the QR of [(I - P) W_lo, P W_hi] for a Gaussian W (again
+  from its own Q while the coupling below is too large: a subspace
+  iteration, SUBSPACE_PASSES), whose first
   n - k columns V_lo span the eigenvectors below sigma and the rest V_hi
   those above, orthogonal to each other to the working precision
   (Householder). A_lo = V_lo^T A V_lo and A_hi = V_hi^T A V_hi are split in
@@ -81,14 +82,16 @@ LEAF_SIZE = {"cpu": 640, "gpu": 2560}
 #: dmath.random state is left as it was, and the result does not depend on it)
 SKETCH_SEED = 0x5ca1ab1e
 
-#: a split is accepted when ||V_hi^T A V_lo||_F <= COUPLING n eps ||A||_F (the backward error the
-#: split commits; QDWH-eigh's is a small multiple of eps ||A||, Nakatsukasa & Higham section 5)
+#: a split is accepted when ||V_hi^T A V_lo||_F <= COUPLING sqrt(n) eps ||A||_F (the backward
+#: error the split commits; QDWH-eigh's is a small multiple of eps ||A||, Nakatsukasa & Higham
+#: section 5, and LAPACK's is about sqrt(n) eps ||A|| in practice)
 COUPLING = 4.0
 
-#: subspace iterations for a basis of the projector's range, at most; at least two. The first,
-#: from a Gaussian sketch, loses digits to the condition of the sketch's k x k block (measured: a
-#: coupling of 3000 eps ||A|| at n = 512); the second, from the first's basis, is at the
-#: backward-error bound (4 eps ||A|| there); a third where the coupling says it is not
+#: subspace iterations for a basis of the projector's range, at most. The first, from a Gaussian
+#: sketch, loses digits to the condition of the sketch's k x k block: measured, a coupling of 47,
+#: 227 and 74 eps ||A||_F at n = 256, 512 and 1024 (QDWH from its estimates), against the bound's
+#: 64, 90 and 128; the second, from the first's basis, brings it to about 4 eps ||A||_F (3.0, 3.4,
+#: 3.8 there); a third where even that is not enough
 SUBSPACE_PASSES = 3
 
 #: QDWH starts from estimates of ||A||_2 and of A's smallest singular value (`_estimates`: a few
@@ -309,12 +312,10 @@ def _try_split(A, sigma, sketch, norm_a, vectors):
     signs = np.concatenate([-np.ones(n - k), np.ones(k)]).reshape(1, n).astype(dtype)
     D = from_numpy(signs, layout=RowBlock((0,)))
     Q = sketch.gaussian((n, n), dtype, _qr_layout(n, n))
-    bound = COUPLING * n * _eps(dtype) * norm_a
-    for done in range(1, SUBSPACE_PASSES + 1):
+    bound = COUPLING * math.sqrt(n) * _eps(dtype) * norm_a
+    for _ in range(SUBSPACE_PASSES):
         sketch.record["passes"] += 1
         Q, _ = _qr(Q + gemm(U, Q * D))
-        if done == 1:
-            continue
         V_lo, V_hi = Q[:, :n - k], Q[:, n - k:]
         AV_lo = gemm(A, V_lo)
         coupling = float(gemm(V_hi, AV_lo, trans_a=True).norm())
