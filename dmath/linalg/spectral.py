@@ -109,9 +109,10 @@ def eigh(A, *, layout=None, method="auto", leaf_size=None):
 
     method='qdwh': QDWH spectral divide and conquer on every worker, the
     leaves (order <= leaf_size; default about n / P, at least
-    qdwh.LEAF_SIZE) solved by the local eigensolver, one worker each; 'gather': the local eigensolver on worker
-    0 on A gathered there; 'auto': qdwh for large n on several workers
-    (AUTO_QDWH_N), else gather. See the module's docstring."""
+    qdwh.LEAF_SIZE) solved by the local eigensolver, one worker each;
+    'gather': the local eigensolver on worker 0 on A gathered there;
+    'auto': qdwh for large n on several workers (AUTO_QDWH_N), else
+    gather. See the module's docstring."""
     checks.square(A, "eigh")
     checks.layout(layout, "eigh")
     dtype = checks.dtype_of(A)
