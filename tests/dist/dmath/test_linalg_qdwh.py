@@ -158,6 +158,32 @@ def test_svd_full_matrices(shape):
     np.testing.assert_allclose((u[:, :k] * s) @ vh[:k], G, atol=1e-13)
 
 
+@pytest.mark.parametrize("kind", ["well", "ill", "singular"])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_polar_factor_against_scipy(kind, dtype):
+    scipy_linalg = pytest.importorskip("scipy.linalg")
+    n = 23
+    rng = np.random.default_rng(9)
+    u, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    v, _ = np.linalg.qr(rng.standard_normal((n, n)))
+    s = {"well": np.linspace(1, 3, n), "ill": np.logspace(-6, 0, n), "singular": np.r_[np.linspace(1, 2, n - 1), 0]}[kind]
+    G = (u * s) @ v.T
+    g = G.astype(dtype).astype(np.float64)
+    steps = []
+    U = qdwh.polar(make(G, layout("bc23", (n, n), P), dtype), steps=steps).to_numpy().astype(np.float64)
+    # from eps 6 steps in float64; from the estimates of ||A||_2 and sigma_min fewer where A is
+    # not (nearly) singular
+    assert steps[0] <= {"well": 4, "ill": 5, "singular": qdwh.MAX_STEPS}[kind]
+    tol = 100 * float(np.finfo(dtype).eps)
+    H = U.T @ g
+    assert np.linalg.norm(U @ H - g) <= tol * np.linalg.norm(g)        # A = U H
+    assert np.abs(H - H.T).max() <= tol * np.abs(g).max()               # H symmetric
+    assert np.linalg.eigvalsh((H + H.T) / 2).min() >= -tol * np.abs(g).max()    # ... positive semidefinite
+    if kind != "singular":                                              # unique: against SciPy's
+        np.testing.assert_allclose(U, scipy_linalg.polar(g)[0], atol=tol * (1e6 if kind == "ill" else 1))
+        assert np.abs(U.T @ U - np.eye(n)).max() <= tol
+
+
 def test_the_methods_agree():
     n = 30
     S = _spectra(n)["random"]
