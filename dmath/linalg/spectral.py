@@ -55,8 +55,8 @@ _TALL = 2
 #: TFLOP/s per GPU: by that count the SVD gains from n = 4096 on, eigh only from n = 16384 on 4
 #: GPUs (the flop model; benchmarks/qdwh_gpu.sh measures it). On the CPU (2 workers,
 #: benchmarks/results/linalg_cpu_qdwh_2026-11-26.json) LAPACK alone on one worker was faster:
-#: n = 1024, eigh 0.23 s gathered against 2.9 s by qdwh, svd 0.60 s against 2.7 s (Heat 4.4 s and
-#: 7.4 s); so 'auto' gathers there.
+#: n = 1024, eigh 0.22 s gathered against 1.24 s by qdwh, svd 0.49 s against 2.50 s (Heat 4.1 s
+#: and 7.8 s, SciPy in one process 0.21 s and 0.53 s); so 'auto' gathers there.
 AUTO_QDWH_N = {"cpu": {"eigh": None, "svd": None}, "gpu": {"eigh": 16384, "svd": 4096}}
 
 METHODS = ("auto", "gather", "qdwh")
