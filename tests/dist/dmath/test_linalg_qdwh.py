@@ -166,7 +166,8 @@ def test_polar_factor_against_scipy(kind, dtype):
     rng = np.random.default_rng(9)
     u, _ = np.linalg.qr(rng.standard_normal((n, n)))
     v, _ = np.linalg.qr(rng.standard_normal((n, n)))
-    s = {"well": np.linspace(1, 3, n), "ill": np.logspace(-6, 0, n), "singular": np.r_[np.linspace(1, 2, n - 1), 0]}[kind]
+    s = {"well": np.linspace(1, 3, n), "ill": np.logspace(-6, 0, n),
+         "singular": np.r_[np.linspace(1, 2, n - 1), 0]}[kind]
     G = (u * s) @ v.T
     g = G.astype(dtype).astype(np.float64)
     steps = []
