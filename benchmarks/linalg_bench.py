@@ -1,7 +1,8 @@
 """dmath.linalg against one-GPU cuSOLVER (CuPy) or Heat (heat.linalg), in the same job.
 
     python benchmarks/linalg_bench.py OUTDIR [--device gpu|cpu] [--workers 1 2 4] [--n 32768]
-        [--small-n 16384] [--ops cholesky lu qr eigh svd] [--dtype float64] [--blocks 512]
+        [--small-n 16384 [8192 ...]] [--svd-n 8192 ...] [--ops cholesky lu qr eigh svd] [--dtype float64] [--blocks 512]
+        [--methods auto gather qdwh] [--leaf 0 1024 ...]
         [--reps 3] [--peer auto|cupy|heat|none] [--peer-n N] [--heat-python PY] [--mpiexec MPIEXEC]
     python benchmarks/linalg_bench.py --plot RESULT.json       # the figure of a result file again
 
@@ -16,6 +17,10 @@ The driver (this script without --child) runs, one after the other:
   linalg_bench.py --child heat` for each P (heat.linalg's qr, inv, det, eigh, svd on split=0
   matrices; Heat has no Cholesky and no LU), and SciPy's LAPACK in one process (`--child scipy`,
   `vs_scipy`) as the single-node reference;
+eigh and svd run at every --small-n, with every --methods (dmath.linalg's method=: 'qdwh' the
+distributed divide and conquer, 'gather' the local solver on worker 0 of the gathered matrix) and,
+for qdwh, every --leaf (its leaf_size; 0: the default), each row recording what the divide and
+conquer did (splits, leaves, QDWH steps: dmath.linalg.qdwh.last_run);
 and writes OUTDIR/linalg_<device>_<date>.json with every time, the nominal TFLOP/s (n^3/3
 Cholesky, 2n^3/3 LU, 4n^3/3 QR whose Q is formed on both sides) and the ratios against the peer:
 `vs_peer` = peer seconds / dmath seconds; on GPUs also `efficiency` = dmath rate / (P x one-GPU
@@ -44,8 +49,23 @@ FLOPS = {"cholesky": lambda n: n ** 3 / 3, "lu": lambda n: 2 * n ** 3 / 3, "qr":
 SMALL = ("eigh", "svd")
 
 
-def _size(op, args):
-    return args.small_n if op in SMALL else args.n
+def _sizes(op, args):
+    """The orders op runs at: every --svd-n for svd (default --small-n), every --small-n for eigh,
+    else --n."""
+    if op == "svd" and args.svd_n:
+        return list(args.svd_n)
+    return list(args.small_n) if op in SMALL else [args.n]
+
+
+def _variants(op, args):
+    """(method, leaf_size) pairs op runs with: eigh and svd with every --methods (qdwh with every
+    --leaf, 0 meaning the default); the other operations once, (None, None)."""
+    if op not in SMALL:
+        return [(None, None)]
+    out = []
+    for m in args.methods:
+        out.extend([(m, leaf or None) for leaf in args.leaf] if m == "qdwh" else [(m, None)])
+    return out
 
 
 # ---- dmath child -------------------------------------------------------------------------------
@@ -57,8 +77,9 @@ def child_dmath(args):
     dmath.init(device=args.device)
     P = dmath.num_workers()
     rows = []
-    for op in args.ops:
-        n = _size(op, args)
+    from dmath.linalg import qdwh
+    for op, n, (method, leaf) in [(op, n, v) for op in args.ops for n in _sizes(op, args)
+                                  for v in _variants(op, args)]:
         for nb in (args.blocks if op in ("cholesky", "lu", "qr", "inv", "det") else [None]):
             lay = dmath.RowBlock() if (args.input_layout == "row" or nb is None) else work_layout(nb, P)
             dmath.random.seed(1)
@@ -80,7 +101,8 @@ def child_dmath(args):
             else:
                 A = dmath.random.randn((n, n), dtype=args.dtype, layout=lay)
             run = {"cholesky": lambda: la.cholesky(A, block=nb), "lu": lambda: la.lu(A, block=nb),
-                   "qr": lambda: la.qr(A, block=nb), "eigh": lambda: la.eigh(A), "svd": lambda: la.svd(A),
+                   "qr": lambda: la.qr(A, block=nb), "eigh": lambda: la.eigh(A, method=method, leaf_size=leaf),
+                   "svd": lambda: la.svd(A, method=method, leaf_size=leaf),
                    "inv": lambda: la.inv(A, block=nb), "det": lambda: la.det(A, block=nb),
                    "cg": lambda: la.cg(A, rhs, tol=0.0, atol=1e-10)[0],
                    "svds": lambda: la.svds(A, k=10, oversample=10, n_iter=1)}[op]
@@ -90,10 +112,21 @@ def child_dmath(args):
                 dmath.synchronize()
                 return out
 
+            qdwh.last_run.clear()
             seconds = median_time(timed, args.reps, warmup=1)
             err = _check_dmath(dmath, op, A, run(), n)
             rows.append({"op": op, "n": n, "block": nb, "workers": P, "seconds": seconds,
                          "tflops": _rate(op, n, seconds), "probe_residual": err, "input_layout": repr(lay)})
+            if method is not None:
+                rows[-1]["method"] = method
+                if qdwh.last_run:        # the divide and conquer ran ('auto' may have gathered)
+                    rows[-1]["method_ran"] = "qdwh"
+                    rows[-1]["leaf_size"] = qdwh.last_run["leaf"]
+                    rows[-1]["dc"] = {"splits": qdwh.last_run["splits"], "refused": qdwh.last_run["refused"],
+                                      "leaves": qdwh.last_run["leaves"], "owners": qdwh.last_run["owners"],
+                                      "qdwh_steps": qdwh.last_run["steps"]}
+                else:
+                    rows[-1]["method_ran"] = "gather"
             print(json.dumps(rows[-1]), flush=True)
             del A
     _write(args.json, {"environment": environment(dmath), "rows": rows})
@@ -145,8 +178,7 @@ def child_cupy(args):
     import cupy
     import cupyx.scipy.linalg as cla
     rows = []
-    for op in args.ops:
-        n = _size(op, args)
+    for op, n in [(op, n) for op in args.ops for n in _sizes(op, args)]:
         if FLOPS[op] is None:
             continue
         if args.peer_n and op not in SMALL:
@@ -193,8 +225,7 @@ def child_scipy(args):
     import scipy
     import scipy.linalg as sla
     rows = []
-    for op in args.ops:
-        n = _size(op, args)
+    for op, n in [(op, n) for op in args.ops for n in _sizes(op, args)]:
         if FLOPS[op] is None:
             continue            # cg and svds: compared with Heat only
         rng = np.random.default_rng(1)
@@ -250,8 +281,7 @@ def child_heat(args):
     ht = _heat()
     comm = ht.MPI_WORLD
     rows = []
-    for op in args.ops:
-        n = _size(op, args)
+    for op, n in [(op, n) for op in args.ops for n in _sizes(op, args)]:
         if op in ("cholesky", "lu"):
             continue            # heat.linalg has neither
         ht.random.seed(1)
@@ -296,9 +326,11 @@ def _write(path, payload):
 # ---- driver ----------------------------------------------------------------------------------------
 def _child_cmd(kind, args, json_path, python=sys.executable):
     cmd = [python, os.path.abspath(__file__), "--child", kind, "--json", json_path, "--device", args.device,
-           "--n", str(args.n), "--small-n", str(args.small_n), "--dtype", args.dtype, "--reps", str(args.reps),
-           "--input-layout", args.input_layout, "--peer-n", str(args.peer_n), "--ops", *args.ops,
-           "--blocks", *map(str, args.blocks)]
+           "--n", str(args.n), "--small-n", *map(str, args.small_n), "--svd-n", *map(str, args.svd_n or [0]),
+           "--dtype", args.dtype,
+           "--reps", str(args.reps), "--input-layout", args.input_layout, "--peer-n", str(args.peer_n),
+           "--ops", *args.ops, "--blocks", *map(str, args.blocks), "--methods", *args.methods,
+           "--leaf", *map(str, args.leaf)]
     return cmd
 
 
@@ -367,9 +399,12 @@ def _summary(result, peer):
     for P, run in result["dmath"].items():
         ref = result["peer"].get("1" if peer == "cupy" else P, {})
         peer_rows = {r["op"]: r for r in ref.get("rows", []) if "seconds" in r}
+        peer_rows.update({(r["op"], r["n"]): r for r in ref.get("rows", []) if "seconds" in r})
         for r in run["rows"]:
-            p = peer_rows.get(r["op"])
-            line = (f"{r['op']:9s} n={r['n']:6d} P={P} block={r['block']}: {r['seconds']:.3f} s "
+            p = peer_rows.get((r["op"], r["n"]), peer_rows.get(r["op"]))
+            how = f"block={r['block']}" if "method" not in r else \
+                f"method={r['method']}->{r['method_ran']}" + (f" leaf={r['leaf_size']}" if "leaf_size" in r else "")
+            line = (f"{r['op']:9s} n={r['n']:6d} P={P} {how}: {r['seconds']:.3f} s "
                     f"{_tf(r['tflops'])} (probe residual {r['probe_residual']:.1e})")
             if p is not None:
                 line += f"; {peer} n={p['n']} {p['seconds']:.3f} s {_tf(p['tflops'])}"
@@ -381,8 +416,8 @@ def _summary(result, peer):
                     r["efficiency"] = r["tflops"] / (int(P) * p["tflops"])
                     line += f", efficiency {r['efficiency']:.2f} of P x one GPU"
             lines.append(line)
-            ref_rows = {x["op"]: x for x in result.get("scipy", {}).get("rows", [])}
-            q = ref_rows.get(r["op"])
+            ref_rows = {(x["op"], x["n"]): x for x in result.get("scipy", {}).get("rows", [])}
+            q = ref_rows.get((r["op"], r["n"]))
             if q is not None and q["n"] == r["n"]:
                 r["vs_scipy"] = q["seconds"] / r["seconds"]
                 lines[-1] += f"; scipy (1 process) {q['seconds']:.3f} s: x{r['vs_scipy']:.2f}"
@@ -399,7 +434,7 @@ def plot(path, out=None):
     best = {}
     for P, run in result["dmath"].items():
         for r in run["rows"]:
-            key = (r["op"], int(P))
+            key = ((r["op"], r["n"]), int(P))      # eigh and svd may run at several orders
             if r["tflops"] is None:
                 continue
             if key not in best or r["tflops"] > best[key]["tflops"]:
@@ -412,18 +447,23 @@ def plot(path, out=None):
     for ax, op in zip(axes[0], ops):
         ps = sorted(P for o, P in best if o == op)
         ax.plot(ps, [best[(op, P)]["tflops"] for P in ps], "o-", label="dmath")
+        name, n = op
+
+        def same(r):
+            # the peer's rate at its own n (--peer-n) for the factorizations; eigh and svd at theirs
+            return r["op"] == name and (r["n"] == n or name not in SMALL)
         for P_key, ref in result["peer"].items():
             for r in ref.get("rows", []):
-                if r["op"] == op and r.get("tflops") is not None:
+                if same(r) and r.get("tflops") is not None:
                     if P_key == "1" and result["args"].get("device") == "gpu":
                         ax.plot(ps, [r["tflops"] * P for P in ps], "k--", label="P x one-GPU cuSOLVER")
                     else:
                         ax.plot([int(P_key)], [r["tflops"]], "s", label=f"{ref['peer'].split()[0]} P={P_key}")
         for r in result.get("scipy", {}).get("rows", []):
-            if r["op"] == op:
+            if same(r):
                 ax.plot([1], [r["tflops"]], "^", label="SciPy, 1 process")
         ax.set_ylim(bottom=0)
-        ax.set_title(f"{op} n={best[(op, ps[0])]['n']}")
+        ax.set_title(f"{name} n={n}")
         ax.set_xlabel("workers")
         ax.set_ylabel("TFLOP/s")
         ax.set_xticks(sorted(set(ps) | {1}))
@@ -442,11 +482,16 @@ def main(argv=None):
     ap.add_argument("--device", default="gpu", choices=["gpu", "cpu"])
     ap.add_argument("--workers", type=int, nargs="+", default=[1, 2, 4])
     ap.add_argument("--n", type=int, default=32768)
-    ap.add_argument("--small-n", type=int, default=16384)
+    ap.add_argument("--small-n", type=int, nargs="+", default=[16384], help="the orders of eigh and svd")
+    ap.add_argument("--svd-n", type=int, nargs="+", default=None, help="svd's orders (default: --small-n)")
     ap.add_argument("--ops", nargs="+", default=["cholesky", "lu", "qr", "eigh", "svd"],
                     choices=sorted(FLOPS))
     ap.add_argument("--dtype", default="float64", choices=["float32", "float64"])
     ap.add_argument("--blocks", type=int, nargs="+", default=[512])
+    ap.add_argument("--methods", nargs="+", default=["auto"], choices=["auto", "gather", "qdwh"],
+                    help="eigh and svd: dmath.linalg's method= values to time")
+    ap.add_argument("--leaf", type=int, nargs="+", default=[0],
+                    help="method qdwh: the leaf sizes to time (0: the default, dmath.linalg.dc_plan.default_leaf)")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--peer-n", type=int, default=0,
                     help="the one-GPU peer's n for Cholesky, LU and QR (default: --n); for an n one GPU cannot hold")
@@ -456,6 +501,7 @@ def main(argv=None):
     ap.add_argument("--mpiexec", default="mpiexec")
     ap.add_argument("--plot", metavar="RESULT_JSON", help="only draw the figure of a result file")
     args = ap.parse_args(argv)
+    args.svd_n = [n for n in (args.svd_n or []) if n > 0] or None
     if args.plot:
         plot(args.plot)
         return

@@ -1,17 +1,20 @@
 """Eigenvalues and singular values: eigh, eigvalsh, svd, svdvals (dense), eigsh (Lanczos), svds
 (randomized), and the matrix norms built on them.
 
-Dense eigh/svd. The reduction of a dense symmetric matrix to tridiagonal
-form (and of a general one to bidiagonal form) is not distributed here:
-`eigh` gathers A on worker 0 with a remap (a worker-side gather: the
-workers exchange the pieces, nothing passes through the master's program)
-and runs LAPACK's / cuSOLVER's eigensolver there, then scatters the
-eigenvectors back the same way; only the eigenvalues (n numbers) reach the
-master. `svd` first makes a tall (or wide) A square with the distributed
-QR (TSQR or Householder: min(m, n)^2 numbers are gathered instead of m n),
-takes the SVD of R on worker 0 and multiplies Q by R's left singular
-vectors on the workers. Nothing is computed from A^T A, whose condition
-number is squared.
+Dense eigh/svd, two methods (`method=`; 'auto' chooses, see AUTO_QDWH_N):
+- 'qdwh' (dmath/linalg/qdwh.py): distributed. QDWH polar decompositions and
+  spectral divide and conquer down to leaves that the local eigensolver
+  solves, each on one worker, different leaves on different workers at once;
+  the svd through the polar decomposition A = U_p H and eigh of H.
+- 'gather': `eigh` gathers A on worker 0 with a remap (a worker-side
+  gather: the workers exchange the pieces, nothing passes through the
+  master's program) and runs LAPACK's / cuSOLVER's eigensolver there, then
+  scatters the eigenvectors back the same way; only the eigenvalues (n
+  numbers) reach the master. `svd` first makes a tall (or wide) A square
+  with the distributed QR (TSQR or Householder: min(m, n)^2 numbers are
+  gathered instead of m n), takes the SVD of R on worker 0 and multiplies Q
+  by R's left singular vectors on the workers.
+Neither computes anything from A^T A, whose condition number is squared.
 
 `eigsh` is Lanczos with full reorthogonalization in one worker command
 (`linalg_lanczos`): A in RowBlock, each step one all-gather of the vector
@@ -34,13 +37,48 @@ from ..ops import elementwise, movement
 from ..ops.base import as_int, dispatch, new_meta
 from ..ops.gemm import gemm
 from ..runtime import Shard, define
-from . import checks
+from . import checks, qdwh
 from .decompose import qr
 from .panels import group_of
 from .tsqr import EIGH, SVD
 
 #: a factor of this many is "tall": svd goes through QR first (gathering n^2 numbers, not m n)
 _TALL = 2
+
+#: method='auto' takes 'qdwh' from this order up when there are several workers, per backend and
+#: problem (None: never). QDWH's divide and conquer does several times the flops of the local
+#: solver (six QR or Cholesky iterations and the products of every split: about 47 n^3 for the
+#: first split, against about 9 n^3 for a tridiagonal eigensolver), nearly all in GEMM, QR and
+#: Cholesky, so it pays where the workers' added speed outweighs that and the local solver is
+#: slow. On GPUs cuSOLVER's syevd runs n = 16384 at about 1.8 TFLOP/s of its nominal 4/3 n^3
+#: (3.2 s on an H200, issue 33's anchor) and its gesvd n = 8192 in 9.7 s, against DGEMM's ~50
+#: TFLOP/s per GPU: by that count the SVD gains from n = 4096 on, eigh only from n = 16384 on 4
+#: GPUs (the flop model; benchmarks/qdwh_gpu.sh measures it). On the CPU (2 workers,
+#: benchmarks/results/linalg_cpu_qdwh_2026-11-26.json) LAPACK alone on one worker was faster:
+#: n = 1024, eigh 0.22 s gathered against 1.24 s by qdwh, svd 0.49 s against 2.50 s (Heat 4.1 s
+#: and 7.8 s, SciPy in one process 0.21 s and 0.53 s); so 'auto' gathers there.
+AUTO_QDWH_N = {"cpu": {"eigh": None, "svd": None}, "gpu": {"eigh": 16384, "svd": 4096}}
+
+METHODS = ("auto", "gather", "qdwh")
+
+
+def _method(method, fn, n):
+    """'gather' or 'qdwh': `method` checked, 'auto' resolved for order n (AUTO_QDWH_N; svdvals as
+    svd, eigvalsh as eigh)."""
+    if not isinstance(method, str) or method not in METHODS:
+        raise DMathError(f"{fn}: method must be 'auto', 'gather' or 'qdwh', got {method!r}")
+    if method != "auto":
+        return method
+    least = AUTO_QDWH_N["gpu" if backend.current().is_gpu else "cpu"]["svd" if fn.startswith("svd") else "eigh"]
+    return "qdwh" if least is not None and checks.workers() > 1 and n >= least else "gather"
+
+
+def _leaf_size(leaf_size, fn):
+    if leaf_size is None:
+        return None
+    if isinstance(leaf_size, (bool, np.bool_)) or not isinstance(leaf_size, (int, np.integer)) or leaf_size < 1:
+        raise DMathError(f"{fn}: leaf_size must be a positive integer or None, got {leaf_size!r}")
+    return int(leaf_size)
 
 
 class LanczosArgs(NamedTuple):
@@ -65,15 +103,23 @@ def _gathered(A, dtype):
 
 
 @checks.entry
-def eigh(A, *, layout=None):
+def eigh(A, *, layout=None, method="auto", leaf_size=None):
     """Eigenvalues (ascending, a NumPy array on the master) and orthonormal eigenvectors (a Matrix,
     RowBlock unless `layout` is given) of the symmetric A; its lower triangle is read.
 
-    The eigensolver runs on worker 0 on A gathered there by the workers
-    (see the module's docstring)."""
+    method='qdwh': QDWH spectral divide and conquer on every worker, the
+    leaves (order <= leaf_size; default about n / P, at least
+    qdwh.LEAF_SIZE) solved by the local eigensolver, one worker each;
+    'gather': the local eigensolver on worker 0 on A gathered there;
+    'auto': qdwh for large n on several workers (AUTO_QDWH_N), else
+    gather. See the module's docstring."""
     checks.square(A, "eigh")
     checks.layout(layout, "eigh")
     dtype = checks.dtype_of(A)
+    leaf = _leaf_size(leaf_size, "eigh")
+    if A.shape[0] and _method(method, "eigh", A.shape[0]) == "qdwh":
+        w, V = qdwh.eigh_dc(A.astype(dtype) if A.dtype != dtype else A, True, leaf, "eigh")
+        return w, checks.placed(V, layout if layout is not None else RowBlock())
     G = _gathered(A, dtype)
     made, (w, failed) = dispatch("linalg_eigh", [G], [new_meta(_root(), A.shape, dtype)],
                                  static=EIGH.static(vectors=True, full=False))
@@ -88,9 +134,13 @@ def _refused(fn, message):
 
 
 @checks.entry
-def eigvalsh(A):
-    """The eigenvalues of the symmetric A, ascending (a NumPy array on the master)."""
+def eigvalsh(A, *, method="auto", leaf_size=None):
+    """The eigenvalues of the symmetric A, ascending (a NumPy array on the master); `method` and
+    `leaf_size` as eigh's."""
     checks.square(A, "eigvalsh")
+    leaf = _leaf_size(leaf_size, "eigvalsh")
+    if A.shape[0] and _method(method, "eigvalsh", A.shape[0]) == "qdwh":
+        return qdwh.eigh_dc(A, False, leaf, "eigvalsh")[0]
     G = _gathered(A, checks.dtype_of(A))
     w, failed = dispatch("linalg_eigh", [G], [], static=EIGH.static(vectors=False, full=False))[1]
     _refused("eigvalsh", failed)
@@ -116,18 +166,27 @@ def _svd_gathered(X, vectors, full):
 
 
 @checks.entry
-def svd(A, full_matrices=False, *, layout=None):
+def svd(A, full_matrices=False, *, layout=None, method="auto", leaf_size=None):
     """(U, s, Vh) with A = U diag(s) Vh, s descending (a NumPy array on the master).
 
-    U and Vh are Matrices (RowBlock unless `layout` is given). A tall A
-    (m >= 2n) is reduced by the distributed QR first, U = Q U_R; a wide one
-    likewise through A^T; otherwise, and for full_matrices=True, the SVD
-    runs on worker 0 on A gathered there (see the module's docstring)."""
+    U and Vh are Matrices (RowBlock unless `layout` is given).
+    method='qdwh': a non-square A is made square by the distributed QR
+    (of A^T when wide), then the polar decomposition by QDWH and the eigh
+    of its symmetric factor by the divide and conquer (leaf_size as eigh's);
+    full_matrices=True completes U (or Vh) by the QR of [U, W] for a
+    Gaussian W. method='gather': a tall A (m >= 2n) is reduced by the
+    distributed QR first, U = Q U_R, a wide one likewise through A^T;
+    otherwise, and for full_matrices=True, the SVD runs on worker 0 on A
+    gathered there. 'auto' as eigh's (see the module's docstring)."""
     checks.matrix(A, "svd")
     checks.layout(layout, "svd")
     full = checks.flag(full_matrices, "svd", "full_matrices")
+    leaf = _leaf_size(leaf_size, "svd")
     m, n = A.shape
     out = layout if layout is not None else RowBlock()
+    if min(m, n) > 0 and _method(method, "svd", min(m, n)) == "qdwh":
+        U, s, Vh = _svd_qdwh(A, True, full, leaf, "svd")
+        return checks.placed(U, out), s, checks.placed(Vh, out)
     if not full and min(m, n) > 0 and m >= _TALL * n:
         Q, R = qr(A)
         Ur, s, Vh = _svd_gathered(R, True, False)
@@ -141,16 +200,43 @@ def svd(A, full_matrices=False, *, layout=None):
 
 
 @checks.entry
-def svdvals(A):
+def svdvals(A, *, method="auto", leaf_size=None):
     """The singular values of A, descending (a NumPy array on the master); a tall or wide A is
-    reduced by the distributed QR first (svd)."""
+    reduced by the distributed QR first; `method` and `leaf_size` as svd's."""
     checks.matrix(A, "svdvals")
+    leaf = _leaf_size(leaf_size, "svdvals")
     m, n = A.shape
+    if min(m, n) > 0 and _method(method, "svdvals", min(m, n)) == "qdwh":
+        return _svd_qdwh(A, False, False, leaf, "svdvals")[1]
     if min(m, n) > 0 and m >= _TALL * n:
         return _svd_gathered(qr(A, mode="r"), False, False)[1]
     if min(m, n) > 0 and n >= _TALL * m:
         return _svd_gathered(qr(A.T, mode="r"), False, False)[1]
     return _svd_gathered(A, False, False)[1]
+
+
+def _svd_qdwh(A, vectors, full, leaf, fn):
+    """(U, s, Vh) of A by QR (when not square), QDWH and the divide and conquer (U, Vh None
+    without vectors)."""
+    m, n = A.shape
+    dtype = checks.dtype_of(A)
+    X = A if A.dtype == dtype else A.astype(dtype)
+    wide = m < n
+    if wide:
+        X = X.T                                 # A^T = U' s Vh' gives A = Vh'^T s U'^T
+    if m != n:
+        if not vectors:
+            return None, qdwh.svd_square(qr(X, mode="r"), False, leaf, fn)[1], None
+        Q, R = qr(X)
+        Ur, s, V = qdwh.svd_square(R, True, leaf, fn)
+        U = gemm(Q, Ur)
+    else:
+        U, s, V = qdwh.svd_square(X, vectors, leaf, fn)
+        if not vectors:
+            return None, s, None
+    if full and m != n:
+        U = qdwh.completed(U)
+    return (V, s, U.T) if wide else (U, s, V.T)
 
 
 # ---- Lanczos ----------------------------------------------------------------------------------
