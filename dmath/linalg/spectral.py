@@ -56,8 +56,12 @@ _TALL = 2
 #: GPUs (the flop model; benchmarks/qdwh_gpu.sh measures it). On the CPU (2 workers,
 #: benchmarks/results/linalg_cpu_qdwh_2026-11-26.json) LAPACK alone on one worker was faster:
 #: n = 1024, eigh 0.22 s gathered against 1.24 s by qdwh, svd 0.49 s against 2.50 s (Heat 4.1 s
-#: and 7.8 s, SciPy in one process 0.21 s and 0.53 s); so 'auto' gathers there.
-AUTO_QDWH_N = {"cpu": {"eigh": None, "svd": None}, "gpu": {"eigh": 16384, "svd": 4096}}
+#: and 7.8 s, SciPy in one process 0.21 s and 0.53 s); so 'auto' gathers there. Measured on 4
+#: H100s (float64, benchmarks/results/linalg_h100_p4_qdwh_2026-11-26.json, one-GPU cuSOLVER in the
+#: same job): svd n = 8192 2.65 s against 10.7 s, n = 16384 5.75 s against 63.7 s (4.0x, 11.1x);
+#: eigh n = 16384 4.53 s against 3.80 s (0.84x: the gathered syevd wins there), so eigh takes
+#: qdwh only from n = 32768 (where the flop model puts the crossover; not yet measured).
+AUTO_QDWH_N = {"cpu": {"eigh": None, "svd": None}, "gpu": {"eigh": 32768, "svd": 4096}}
 
 METHODS = ("auto", "gather", "qdwh")
 

@@ -31,7 +31,9 @@ GPU) follows the data:
   a side stream anyway stops the capture with an error instead of risking a
   hang;
 - at the end every stream joins the capture stream.
-The streams change only the order of kernels on one GPU, never a result.
+The streams are meant to change only the order of kernels on one GPU, never a
+result; the GPU test still finds a difference (see `streams_allowed`), so
+the setting warns above 1 and defaults to 1.
 
 Memory. A buffer freed inside the capture goes back to the CuPy pool's free
 list of the stream it was allocated on (CuPy keeps free blocks per stream), and
@@ -57,6 +59,7 @@ stream), so a graph on several streams may hold more memory than on one.
 Step-by-step runs (the first replay, every replay off the GPU or out of a
 graph) are unchanged.
 """
+import warnings
 from typing import NamedTuple
 
 from .. import settings
@@ -65,9 +68,24 @@ from ..comm.world import NCCL_USES
 from .registry import is_local
 
 
+#: whether this process has warned that several streams are not yet trusted
+_WARNED = []
+
+
 def streams_allowed():
-    """The most streams a captured program may use (DMATH_GRAPH_STREAMS; 1: the capture stream only)."""
-    return settings.current.graph_streams
+    """The most streams a captured program may use (DMATH_GRAPH_STREAMS; 1: the capture stream only).
+
+    Above 1 it warns once per process: on H100s (2026-11-26) a GoogLeNet-like model trained with
+    4 streams gave other losses than with one (tests/dist/dnn/test_dnn_graph_streams.py), so some
+    ordering the plan or the capture leaves out is still to be found; the plan and the capture are
+    kept (their CPU tests pass) for that search, and the default stays 1."""
+    n = settings.current.graph_streams
+    if n > 1 and not _WARNED:
+        _WARNED.append(True)
+        warnings.warn("dmath: DMATH_GRAPH_STREAMS > 1 is experimental: on GPUs a captured step on several "
+                      "streams has given other results than on one (a missing ordering not yet found); "
+                      "do not use it for results", RuntimeWarning, stacklevel=2)
+    return n
 
 
 class StepUse(NamedTuple):
