@@ -32,8 +32,9 @@ GPU) follows the data:
   hang;
 - at the end every stream joins the capture stream.
 The streams are meant to change only the order of kernels on one GPU, never a
-result; the GPU test still finds a difference (see `streams_allowed`), so
-the setting warns above 1 and defaults to 1.
+result; the GPU test still finds a difference (see `warn_experimental`), so
+a capture on several streams warns (`warn_experimental`) and the setting
+defaults to 1.
 
 Memory. A buffer freed inside the capture goes back to the CuPy pool's free
 list of the stream it was allocated on (CuPy keeps free blocks per stream), and
@@ -73,19 +74,22 @@ _WARNED = []
 
 
 def streams_allowed():
-    """The most streams a captured program may use (DMATH_GRAPH_STREAMS; 1: the capture stream only).
+    """The most streams a captured program may use (DMATH_GRAPH_STREAMS; 1: the capture stream only)."""
+    return settings.current.graph_streams
 
-    Above 1 it warns once per process: on H100s (2026-11-26) a GoogLeNet-like model trained with
-    4 streams gave other losses than with one (tests/dist/dnn/test_dnn_graph_streams.py), so some
-    ordering the plan or the capture leaves out is still to be found; the plan and the capture are
-    kept (their CPU tests pass) for that search, and the default stays 1."""
-    n = settings.current.graph_streams
-    if n > 1 and not _WARNED:
+
+def warn_experimental():
+    """Warn once per process that a capture runs on several streams.
+
+    On H100s (2026-11-26) a GoogLeNet-like model trained with 4 streams gave other losses than with
+    one (tests/dist/dnn/test_dnn_graph_streams.py), so some ordering the plan or the capture leaves
+    out is still to be found; the plan and the capture are kept (their CPU tests pass) for that
+    search, and the default stays 1."""
+    if not _WARNED:
         _WARNED.append(True)
         warnings.warn("dmath: DMATH_GRAPH_STREAMS > 1 is experimental: on GPUs a captured step on several "
                       "streams has given other results than on one (a missing ordering not yet found); "
-                      "do not use it for results", RuntimeWarning, stacklevel=2)
-    return n
+                      "do not use it for results", RuntimeWarning, stacklevel=3)
 
 
 class StepUse(NamedTuple):
