@@ -8,14 +8,7 @@
 #   float16, Model(fuse=True) against fuse='relu' (the folds before this branch) and PyTorch eager,
 #   each in one zoo_bench job (fuse_variants.relu.first_over_this is the gain).
 set -u
-out=${1:-benchmarks/out/fuse}
-mkdir -p "$out"
-py=${PYTHON:-python3}
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
-mpiexec=${MPIEXEC:-mpiexec}
-mpiflags=()
-if "$mpiexec" --version 2>&1 | grep -qiE 'open mpi|openrte'; then mpiflags=(--oversubscribe); fi
+source tools/gpu_env.sh "${1:-benchmarks/out/fuse}"
 tests=(tests/dist/dmath/test_nn_norm.py tests/dist/dnn/test_dnn_fuse.py)
 bench() {   # GPU net port
   CUDA_VISIBLE_DEVICES=$1 "$mpiexec" "${mpiflags[@]}" -n 1 "$py" benchmarks/zoo_bench.py "$out" --device gpu \

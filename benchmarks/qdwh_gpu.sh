@@ -6,15 +6,8 @@
 # SWEEP=1 adds eigh n = 16384 at leaf sizes 2560, 5120 and 10240 (the default leaf's choice on
 # GPUs, dmath.linalg.dc_plan.default_leaf; about 2 minutes more).
 set -u
-out=${1:-benchmarks/out/qdwh}
-mkdir -p "$out"
-py=${PYTHON:-python3}
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
-ngpu=$("$py" -c 'import cupy; print(cupy.cuda.runtime.getDeviceCount())')
-mpiexec=${MPIEXEC:-mpiexec}
-mpiflags=()
-if "$mpiexec" --version 2>&1 | grep -qiE 'open mpi|openrte'; then mpiflags=(--oversubscribe --bind-to none); fi
+source tools/gpu_env.sh "${1:-benchmarks/out/qdwh}"
+if [ "$openmpi" = 1 ]; then mpiflags+=(--bind-to none); fi     # the ranks' threads on every core
 DMATH_DEVICE=gpu timeout 300 "$py" -m pytest -q -p no:cacheprovider tests/dist/dmath/test_linalg_qdwh.py \
   > "$out/tests_p1.log" 2>&1; echo "tests at 1 GPU: rc=$? ($(tail -1 "$out/tests_p1.log"))"
 DMATH_DEVICE=gpu timeout 300 "$mpiexec" "${mpiflags[@]}" -n "$ngpu" "$py" -m pytest -q -p no:cacheprovider \

@@ -7,19 +7,8 @@
 # 2. GoogLeNet and Inception v3 at batch 256, float32 and float16, one stream against four, in one
 #    job on 1 GPU (benchmarks/streams_bench.py: OUTDIR/streams_P1.json), and GoogLeNet on 2 GPUs.
 set -u -o pipefail
-out=${1:-benchmarks/out/streams}
-mkdir -p "$out"
-py=${PYTHON:-python3}
-if [ -d .whl ] && ! "$py" -c 'import cudnn' 2>/dev/null; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 DMATH_DEVICE=${DMATH_DEVICE:-gpu}
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
-mpiexec=${MPIEXEC:-mpiexec}
-flags=()
-if "$mpiexec" --version 2>&1 | grep -qiE 'open mpi|openrte'; then flags=(--oversubscribe); fi
-run() { timeout "${TIMEOUT:-300}" "$mpiexec" ${flags[@]+"${flags[@]}"} -n "$1" "$py" "${@:2}"; }
+source tools/gpu_env.sh "${1:-benchmarks/out/streams}"
+export DMATH_DEVICE=${DMATH_DEVICE:-gpu}
 status=0
 for p in 1 2; do
   echo "== streams tests on $p GPU(s) =="

@@ -24,26 +24,8 @@
 # The MNIST 5k wheel must already be in DNN_DATA_DIR (default: .data when it exists; the machine has
 # no network). Wheels in .whl (the cuDNN frontend) are installed into /tmp/site when not importable.
 set -u
-out=${1:-benchmarks/out/gpu}
-mkdir -p "$out"
-py=${PYTHON:-python3}
-if [ -d .whl ] && ! "$py" -c 'import cudnn' 2>/dev/null; then
-  "$py" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
-fi
+source tools/gpu_env.sh "${1:-benchmarks/out/gpu}"
 if [ -z "${DNN_DATA_DIR:-}" ] && [ -d .data ]; then export DNN_DATA_DIR=$PWD/.data; fi
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1
-export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 NCCL_NVLS_ENABLE=0
-ngpu=$("$py" -c 'import cupy; print(cupy.cuda.runtime.getDeviceCount())')
-mpiexec=${MPIEXEC:-mpiexec}
-mpiflags=()
-if "$mpiexec" --version 2>&1 | grep -qiE 'open mpi|openrte'; then mpiflags=(--oversubscribe); fi
-# MPIFLAGS: more launcher flags, e.g. "--cpu-set 8-15 --bind-to core" to keep the ranks off core 0,
-# which takes most device interrupts on the lent machines (a rank bound there runs its Python up to
-# half as fast, now and then: benchmarks/results/chain_h200_placement_2026-11-23.txt)
-read -r -a extra <<< "${MPIFLAGS:-}"
-mpiflags+=(${extra[@]+"${extra[@]}"})
-run() { timeout "${TIMEOUT:-300}" "$mpiexec" ${mpiflags[@]+"${mpiflags[@]}"} -n "$1" "$py" "${@:2}"; }
 stages=${STAGES:-info tests bench main gemm chain remap mlp cnn startup transfer pipeline}
 has() { case " $stages " in *" $1 "*) return 0 ;; esac; return 1; }
 status=0
