@@ -292,6 +292,12 @@ class Capture:
         self.order = MemoryOrder()
         self.events = [None] * len(program.steps)
         self._event = xp.cuda.Event
+        # side-stream work a step left running (a background all-reduce: Shard.pending) per shard it
+        # writes: id(shard) -> (shard, its events). Every stream that uses the shard waits for them:
+        # the runtime's settle waits on the current stream only, once for all the shards that share a
+        # Pending (it consumes the event), which orders one stream of several, not every reader's
+        self.side = {}
+        self.side_waited = {}       # (lane, id(event)) -> event: waits issued (the event kept alive)
 
     def _mark(self, lane):
         # (no timing: an event the graph's edges are made of, nothing reads its time)
@@ -322,6 +328,10 @@ class Capture:
                 # the shards the step finds: what it reads, and what its outputs held before (an output
                 # given a new shard drops the old one, held here until its blocks are ordered below)
                 found = {h: table.get(h) for h in step.handles}
+                for h in step.handles[:k]:
+                    side = self.side.get(id(found[h]))
+                    if side is not None:
+                        self._wait_side(s, side[1])
                 owner.capture_lane = s
                 mark = traffic_mark()
                 if s:
@@ -341,6 +351,7 @@ class Capture:
                 for h in step.handles[k:]:
                     shard = table.get(h)
                     self._accessed(shard, s, i)
+                    self._note_side(shard)
                     before = found[h]
                     if before is not None and before is not shard:
                         self._order_release(before)     # replaced: released when `found` goes
@@ -348,6 +359,7 @@ class Capture:
             self.free(self.program.tail)
         finally:
             owner.capture_lane = 0
+            self.side.clear()
             main = lanes[0]
             for lane in lanes[1:]:
                 main.wait_event(self._mark(lane))
@@ -357,11 +369,28 @@ class Capture:
             for b in blocks(shard):
                 self.order.accessed(b, lane, step)
 
+    def _note_side(self, shard):
+        """Remember the side-stream work still writing `shard` (its pending events), if any."""
+        events = [p.event for p in getattr(shard, "pending", None) or () if getattr(p, "event", None) is not None]
+        if events:
+            self.side[id(shard)] = (shard, events)
+
+    def _wait_side(self, lane, events):
+        """Make stream `lane` wait for side-stream `events`, each once."""
+        for e in events:
+            key = (lane, id(e))
+            if key not in self.side_waited:
+                self.side_waited[key] = e
+                self.lanes[lane].wait_event(e)
+
     def _order_release(self, shard):
         """Make the stream that allocated each block of `shard` wait for the block's last use on every
-        other stream, before the block may go back to that stream's free list."""
+        other stream (the side stream's too), before the block may go back to that stream's free list."""
         lanes, events = self.lanes, self.events
+        side = self.side.pop(id(shard), None)
         for b in blocks(shard):
+            if side is not None:
+                self._wait_side(self.order.owner.get(b, 0), side[1])
             for lane, step in self.order.release(b):
                 lanes[lane].wait_event(events[step])
 

@@ -379,3 +379,73 @@ def test_what_communicates_is_measured_except_where_a_capture_may_talk_more():
     assert [u.communicates for u in uses_of(rt, program, [False, False, False, False])] == [False, False, True, False]
     assert [u.communicates for u in uses_of(rt, program, [False, True, False, False])] == [False, True, True, False]
     assert uses_of(rt, program)[1] == StepUse((11,), (21,), (), True)
+
+
+class _Pending:
+    """collectives.Pending on the GPU: wait() makes the current stream wait for the side stream's
+    event, once (the event is consumed, as the real one does)."""
+
+    def __init__(self, event):
+        self.event = event
+
+    def wait(self):
+        if self.event is not None:
+            event, self.event = self.event, None
+            _Stream.log.current[-1].wait_event(event)
+
+
+class _SidedRuntime(_Runtime):
+    """A fake runtime whose steps in `background` leave their outputs written by side-stream work (a
+    bucketed all-reduce: one Pending shared by every output), settled as Execution._execute does."""
+
+    def __init__(self, program, log, background):
+        super().__init__(program, log)
+        self.background, self.side = background, _Stream()
+
+    def _execute(self, entry, ins, outs, scalars):
+        for h in ins:
+            shard = self.table[h]
+            pending, shard.pending = getattr(shard, "pending", None), None
+            for p in pending or ():
+                p.wait()
+        super()._execute(entry, ins, outs, scalars)
+        if tuple(outs) in self.background:
+            self.side.done += 1
+            event = _Event()
+            self.side.record(event)
+            shared = _Pending(event)
+            for h in outs:
+                self.table[h].pending = [shared]
+
+
+def test_every_stream_that_reads_a_background_sum_waits_for_the_side_stream():
+    import types
+
+    from dmath.runtime.protocol import Program, Step
+    from dmath.runtime.streams import Capture, plan
+    log = _Log()
+    _Stream.log = log
+    # 1 -> an all-reduce on the capture stream that leaves 2 and 3 to the side stream (one Pending), then
+    # 2 and 3 read on two streams (4 <- 2, 5 <- 3, the optimizer's updates of two weights), joined in 6
+    steps = (Step(0, (1,), (), ()), Step(1, (1, 2, 3), (), ()), Step(1, (2, 4), (), ()), Step(1, (3, 5), (), ()),
+             Step(2, (4, 5, 6), (), ()), Step(1, (6, 7), (), (2, 3)))
+    program = Program(steps, (4, 5, 6, 7))
+    uses = [StepUse(s.handles[:s.sig_id], s.handles[s.sig_id:], s.frees, communicates=k == 1)
+            for k, s in enumerate(steps)]
+    splan = plan(uses, 4)
+    assert splan.stream[1] == 0 and splan.stream[2] != splan.stream[3]
+    rt = _SidedRuntime(program, log, {(2, 3)})
+    main = _Stream()
+    with main:
+        cap = rt.capture = Capture(rt, program, splan, main, types.SimpleNamespace(capture_lane=0))
+        cap.run()
+    lanes = [lane.id for lane in cap.lanes]
+    side_event = (rt.side.id, 1)
+    for k in (2, 3):
+        # the stream of each reader waits for the side stream before it runs the reader
+        lane = lanes[splan.stream[k]]
+        run = log.items.index(("run", lane, steps[k].handles[:1], steps[k].handles[1:]))
+        assert ("wait", lane, side_event) in log.items[:run], f"step {k} on stream {lane} reads before the sum"
+    # the sums' blocks go back to the capture stream's free list after it waited for the side stream too
+    at_free = log.items.index(("free", 2))
+    assert ("wait", lanes[0], side_event) in log.items[:at_free]
