@@ -231,6 +231,7 @@ class CudaPool:
         self.capture_refs = None     # during a capture: what the graph being captured must keep alive
         self.capture_lane = 0        # during a capture on several streams: the current step's (runtime/streams.py)
         self.graph_peaks = {}        # id(owner) -> the most bytes its graph's buffers held at once
+        self.retired_pools = []      # pools of graphs gone whose blocks arrays still use (`_drop_graph_pool`)
         self.used_peak = None        # while measure_peak() runs: the most device bytes in use so far
         self.footprint = 0           # the device pool's total bytes when last seen (see _malloc)
         self._unified_freed = []
@@ -357,6 +358,7 @@ class CudaPool:
     # ---- control ------------------------------------------------------------
     def release_cached(self):
         """Give the free blocks of both pools back to the driver; returns the device bytes released."""
+        self._prune_retired()
         before = self.device.total_bytes()
         self.device.free_all_blocks()
         self.pinned.free_all_blocks()
@@ -381,15 +383,32 @@ class CudaPool:
     def hold_graph_pool(self, owner, mem_pool, peak):
         """Count `mem_pool` (a captured graph's own pool: its buffers, held while the graph lives) in
         stats()['graphs'], and `peak` (the most bytes its buffers held at once) in 'graphs_peak',
-        until `owner` is collected."""
+        until `owner` is collected; the pool itself lives on while any of its blocks is in use."""
+        self._prune_retired()
         key = id(owner)
         self.graph_pools[key] = mem_pool
         self.graph_peaks[key] = peak
         weakref.finalize(owner, self._drop_graph_pool, key)
 
     def _drop_graph_pool(self, key):
-        self.graph_pools.pop(key, None)
+        # (called when the graph's owner is collected) CuPy's pooled memory holds its pool by a weak
+        # reference: a pool dropped while arrays still use its blocks (a graph's outputs left in the
+        # handle table, a workspace kept for later captures) gives their memory back to the device
+        # under them, for the next allocation to take. The pool is kept until its blocks are all free
+        pool = self.graph_pools.pop(key, None)
         self.graph_peaks.pop(key, None)
+        if pool is not None:
+            self.retired_pools.append(pool)
+
+    def _prune_retired(self):
+        """Give the free blocks of gone graphs' pools back to the device; drop the pools none of whose
+        blocks is in use any more."""
+        kept = []
+        for pool in self.retired_pools:
+            pool.free_all_blocks()
+            if pool.used_bytes():
+                kept.append(pool)
+        self.retired_pools = kept
 
     def stats(self):
         self._file_unified()

@@ -449,3 +449,47 @@ def test_every_stream_that_reads_a_background_sum_waits_for_the_side_stream():
     # the sums' blocks go back to the capture stream's free list after it waited for the side stream too
     at_free = log.items.index(("free", 2))
     assert ("wait", lanes[0], side_event) in log.items[:at_free]
+
+
+def test_a_gone_graphs_pool_lives_while_its_blocks_are_in_use():
+    """A captured graph's pool outlives the graph while arrays still use its blocks (its outputs in the
+    handle table, a workspace kept for later captures): CuPy's pooled memory refers to its pool weakly,
+    and a pool that goes frees every block, in use or not. Once none is in use the pool goes."""
+    import gc
+    import types
+    import weakref
+
+    from dmath.memory.pool import CudaPool
+
+    class Pool:
+        def __init__(self):
+            self.used, self.freed = 0, 0
+
+        def used_bytes(self):
+            return self.used
+
+        def total_bytes(self):
+            return self.used
+
+        def free_all_blocks(self):
+            self.freed += 1
+
+    cuda = types.SimpleNamespace(MemoryPool=Pool, PinnedMemoryPool=Pool, set_allocator=lambda f: None,
+                                 set_pinned_memory_allocator=lambda f: None)
+    pool = CudaPool(types.SimpleNamespace(cuda=cuda, ndarray=None))
+    graph_pool = Pool()
+    graph_pool.used = 4096                  # an output of the graph, still in the handle table
+    gone = weakref.ref(graph_pool)
+
+    class Owner:                            # the CapturedProgram
+        pass
+    owner = Owner()
+    pool.hold_graph_pool(owner, graph_pool, 4096)
+    del owner, graph_pool                   # the graph goes: nothing here holds its pool
+    gc.collect()
+    assert pool.graph_pools == {}           # no longer counted as a live graph's ...
+    pool.release_cached()
+    assert gone() is not None and gone().freed == 1     # ... but alive, its free blocks released
+    gone().used = 0                         # the output was freed
+    pool.release_cached()
+    assert gone() is None
