@@ -340,16 +340,20 @@ def shared_workspace(nbytes, lane=0):
     return ws
 
 
+def _workspace_keys():
+    """The keys of _state that hold a workspace: the one of every call's, and each capture stream's."""
+    return [k for k in _state if k == "workspace" or (isinstance(k, tuple) and k[0] == "lane")]
+
+
 def workspace_bytes():
     """The bytes of the worker's workspaces now, every stream's (0: none)."""
-    return sum(int(ws.size) for k, ws in _state.items()
-               if (k == "workspace" or (isinstance(k, tuple) and k[0] == "lane")) and ws is not None)
+    return sum(int(_state[k].size) for k in _workspace_keys() if _state[k] is not None)
 
 
 def release_workspace():
     """Drop the worker's workspaces (dmath.memory.clear): the next convolution makes one of the
     size its plan needs. A graph captured with an old one keeps it alive (memory.keep_for_capture)."""
-    for k in [k for k in _state if k == "workspace" or (isinstance(k, tuple) and k[0] == "lane")]:
+    for k in _workspace_keys():
         _state[k] = None
 
 
