@@ -125,16 +125,21 @@ def parse(mod, data):
 class BatchDecoder:
     """nvImageCodec's decoder on one device, with its stream (see the module docstring)."""
 
-    def __init__(self, mod, device_id, threads):
+    def __init__(self, mod, device_id, threads, kinds=("HW_GPU_ONLY", "GPU_ONLY", "HYBRID_CPU_GPU"),
+                 options=OPTIONS, high_priority=False):
+        """kinds: nvImageCodec's BackendKind names, in order of preference; options: its codec options;
+        high_priority: decode on a stream of the device's highest priority (its kernels go before
+        those of a step already queued)."""
         import cupy
-        kinds = (mod.BackendKind.HW_GPU_ONLY, mod.BackendKind.GPU_ONLY, mod.BackendKind.HYBRID_CPU_GPU)
         self.mod, self.version = mod, getattr(mod, "__version__", "?")
         self.decoder = mod.Decoder(device_id=device_id, max_num_cpu_threads=max(1, int(threads)),
-                                   backends=[mod.Backend(k) for k in kinds], options=OPTIONS)
+                                   backends=[mod.Backend(getattr(mod.BackendKind, k)) for k in kinds],
+                                   options=options)
         self.params = mod.DecodeParams(apply_exif_orientation=False, color_spec=mod.ColorSpec.SRGB,
                                        allow_any_depth=False)
         with cupy.cuda.Device(device_id):
-            self.stream = cupy.cuda.Stream(non_blocking=True)
+            # (CUDA clamps a priority to the device's range: -100 is its highest, 0 its lowest and default)
+            self.stream = cupy.cuda.Stream(non_blocking=True, priority=-100 if high_priority else 0)
         # one batch at a time: a worker's pipelines (training, evaluation) may read ahead together
         self.lock = threading.Lock()
 

@@ -19,7 +19,6 @@ slot's mark), as the pinned buffers do.
 """
 import numpy as np
 
-from .. import memory
 from ..gpu import launcher as cuda
 from ..gpu import nvimgcodec
 from . import resize
@@ -107,14 +106,13 @@ def host_stage(pipe, staged, indices, streams, seed):
 
 
 def gather(packed, table, begin, end):
-    """packed[begin:end] = the crops of the gather `table` (a host array), one kernel on the current
-    stream (the decoded images must be complete: BatchDecoder.decode waited for them)."""
+    """packed[begin:end] = the crops of the gather `table` (an int64 device array: the caller copies it
+    from pinned memory, Pipeline._tables_to_device), one kernel on the current stream (the decoded images
+    must be complete: BatchDecoder.decode waited for them)."""
     if not len(table) or end <= begin:
         return
-    tab = memory.empty(table.shape, np.int64)
-    tab.set(table)                   # (small, from pageable memory: a synchronous copy)
     fn = cuda.function(_SOURCE, "dm_gather_crops", ["dm_gather_crops"])
-    cuda.launch(fn, end - begin, (tab, np.int32(len(table)), packed, np.int64(begin), np.int64(end)))
+    cuda.launch(fn, end - begin, (table, np.int32(len(table)), packed, np.int64(begin), np.int64(end)))
 
 
 def gather_reference(images, table, packed):

@@ -313,8 +313,9 @@ class Pipeline:
             c, h, w = self.t.image
             if place in _PACKED:
                 # packed regions of varying size: allocated (and grown) by the host stage; a third
-                # entry keeps the GPU-decoded images of the batch until the device has passed it
-                bufs = self.buffers[place] = [[None, None, None] for _ in range(2)]
+                # entry keeps the GPU-decoded images of the batch until the device has passed it, a
+                # fourth is the pinned copy of the batch's tables (geometry, gather), kept across batches
+                bufs = self.buffers[place] = [[None, None, None, None] for _ in range(2)]
             else:
                 shape, dt = ((self.m, h, w, c), np.uint8) if place == "device" else ((self.m, c * h * w), self.dtype)
                 bufs = self.buffers[place] = [[memory.host_empty(shape, dt), None] for _ in range(2)]
@@ -322,7 +323,9 @@ class Pipeline:
         self.turn += 1
         # never refill a buffer the device may still be copying from (its copy's mark)
         backend.current().passed(slot[1])
-        slot[1:] = [None] * (len(slot) - 1)
+        slot[1] = None
+        if len(slot) > 2:
+            slot[2] = None             # the GPU-decoded images it kept (its pinned tables stay for reuse)
         return slot
 
     def _drop_buffers(self, keep):
@@ -517,13 +520,32 @@ class Pipeline:
             dev = memory.empty((-(-max(total, 1) // PACK_STEP) * PACK_STEP,), np.uint8)
             if host_total:
                 be.copy_to_device(dev[:host_total], packed[:host_total])
-            if staged.gather is not None:
+            geom, table = self._tables_to_device(staged)
+            if table is not None:
                 # the GPU-decoded crops after the host's regions
-                gpu_decode.gather(dev, staged.gather, host_total, total)
-            geom_dev = memory.empty(geom.shape, np.int64)
-            geom_dev.set(geom)                 # (small, from pageable memory: a synchronous copy)
-            packed, geom = dev, geom_dev
+                gpu_decode.gather(dev, table, host_total, total)
+            packed = dev
         resize.resize_batch(be.xp, packed, geom, target.reshape(self.m, c, h, w), mean, inv)
+
+    def _tables_to_device(self, staged):
+        """The batch's geometry and gather tables as device arrays, copied in one asynchronous copy from
+        the staging slot's pinned buffer (a copy from pageable memory would wait for the whole stream:
+        the step before it, every batch). The slot is refilled only after the device passed its mark."""
+        geom, table = staged.geom, staged.gather
+        parts = [geom] + ([table] if table is not None and len(table) else [])
+        n = sum(p.size for p in parts)
+        slot = staged.copied
+        if slot[3] is None or slot[3].size < n:
+            slot[3] = memory.host_empty((max(n, 64) * 2,), np.int64)
+        flat = memory.empty((n,), np.int64)
+        o = 0
+        for p in parts:
+            slot[3][o:o + p.size] = p.reshape(-1)
+            o += p.size
+        backend.current().copy_to_device(flat, slot[3][:n])
+        geom_dev = flat[:geom.size].reshape(geom.shape)
+        table_dev = flat[geom.size:].reshape(table.shape) if len(parts) > 1 else None
+        return geom_dev, table_dev
 
     def _device_stage(self, target, staged):
         be = backend.current()

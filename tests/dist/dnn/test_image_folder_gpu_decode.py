@@ -242,7 +242,7 @@ def test_cuda_gather_kernel_equals_numpy():
     boxes = [(2, 3, 15, 30), (0, 0, 300, 224), (7, 7, 8, 8), (5, 9, 36, 50)]
     table, end = gpu_decode.gather_table(views, boxes, 40)
     packed = cupy.zeros(end + 9, dtype=cupy.uint8)
-    gpu_decode.gather(packed, table, 40, end)
+    gpu_decode.gather(packed, cupy.asarray(table), 40, end)
     ref = gpu_decode.gather_reference(host, table, np.zeros(end + 9, dtype=np.uint8))
     np.testing.assert_array_equal(cupy.asnumpy(packed), ref)
     assert ref[40:end].any()
