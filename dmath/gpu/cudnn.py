@@ -340,6 +340,23 @@ def shared_workspace(nbytes, lane=0):
     return ws
 
 
+def prepare_lanes():
+    """Before a capture: every side stream's workspace that DMATH_GRAPH_STREAMS allows, as large as the
+    shared one (the largest a convolution of the recording runs asked for), made now.
+
+    Made inside a capture instead, a side stream's workspace took a block of the capture's memory
+    that the graph also handed to buffers of other streams: the first capture on several streams
+    trained GoogLeNet to other losses while a second one, finding the workspaces made, did not
+    (benchmarks/streams_noise.py on an H100). Convolutions the recording runs did not run, or that
+    ask for more, still grow a lane's buffer during the capture as before. GPU only; idempotent.
+    """
+    main = _state.get("workspace")
+    if main is None:
+        return
+    for lane in range(1, max(1, settings.current.graph_streams)):
+        shared_workspace(int(main.size), lane)
+
+
 def _workspace_keys():
     """The keys of _state that hold a workspace: the one of every call's, and each capture stream's."""
     return [k for k in _state if k == "workspace" or (isinstance(k, tuple) and k[0] == "lane")]

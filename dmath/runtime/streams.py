@@ -82,9 +82,11 @@ def warn_experimental():
     """Warn once per process that a capture runs on several streams.
 
     On H100s (2026-11-26) a GoogLeNet-like model trained with 4 streams gave other losses than with
-    one (tests/dist/dnn/test_dnn_graph_streams.py), so some ordering the plan or the capture leaves
-    out is still to be found; the plan and the capture are kept (their CPU tests pass) for that
-    search, and the default stays 1."""
+    one (tests/dist/dnn/test_dnn_graph_streams.py). One cause is found and fixed: a side stream's
+    cuDNN workspace made inside the first capture (now made before it, cudnn.prepare_lanes): the
+    first 4-stream capture then gives one stream's losses to 7e-8 over 3 steps (was 0.7 apart).
+    Still open: that test's first epoch differs by 0.9% after 4 steps, and the gradient-bucket test
+    (tests/dist/dnn/test_dnn_buckets.py) differs at 2 GPUs on 4 streams; the default stays 1."""
     if not _WARNED:
         _WARNED.append(True)
         warnings.warn("dmath: DMATH_GRAPH_STREAMS > 1 is experimental: on GPUs a captured step on several "

@@ -335,6 +335,36 @@ def test_cudnn_keeps_one_workspace_per_stream(monkeypatch):
     assert cudnn.workspace_bytes() == 0
 
 
+def test_cudnn_side_workspaces_are_made_before_the_capture(monkeypatch):
+    """A side stream's workspace allocated inside the first capture shared memory with the graph's other
+    buffers (GoogLeNet's losses differed on that capture only): the capture hook makes one per allowed
+    stream beforehand, as large as the shared workspace; a capture then finds them and allocates none."""
+    import types
+
+    import numpy as np
+
+    from dmath.gpu import cudnn
+    from dmath.runtime import registry
+    monkeypatch.setattr(cudnn, "_state", {})
+    made = []
+    monkeypatch.setattr(cudnn, "memory", types.SimpleNamespace(empty=lambda *a: made.append(a) or np.empty(*a)))
+    assert cudnn.prepare_lanes in registry.CAPTURE_HOOKS          # registered by dmath.ops.nn.conv
+    monkeypatch.setattr(cudnn.settings, "current", types.SimpleNamespace(graph_streams=3))
+    cudnn.prepare_lanes()
+    assert made == []                      # no convolution recorded yet: nothing to size them by
+    cudnn.shared_workspace(100)
+    cudnn.prepare_lanes()
+    lanes = [cudnn._state[("lane", k)] for k in (1, 2)]
+    assert [w.size for w in lanes] == [100, 100] and ("lane", 3) not in cudnn._state
+    made.clear()
+    cudnn.prepare_lanes()                  # idempotent
+    assert made == [] and [cudnn.shared_workspace(60, lane=k) for k in (1, 2)] == lanes
+    monkeypatch.setattr(cudnn.settings, "current", types.SimpleNamespace(graph_streams=1))
+    monkeypatch.setattr(cudnn, "_state", {"workspace": np.empty(10)})
+    cudnn.prepare_lanes()
+    assert list(cudnn._state) == ["workspace"]
+
+
 def test_an_output_given_a_new_shard_orders_the_old_blocks_reuse():
     import types
 

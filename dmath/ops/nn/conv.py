@@ -24,9 +24,13 @@ from ...gpu import cudnn
 from ...planning import conv as window
 from ...planning.conv import Geometry
 from ...runtime import define, generic
+from ...runtime.registry import capture_hook
 from . import args, rows
 from ..base import dispatch, new_meta
 from .windows import channels_first, channels_last_into, col2im, im2col
+
+# the side streams' cuDNN workspaces are made before a capture on several streams, never inside it
+capture_hook(cudnn.prepare_lanes)
 
 
 class Conv2dArgs(NamedTuple):
