@@ -4,19 +4,27 @@
         [--epochs 3] [--threads 8]
 
 One GPU, one process (dmath at one worker). On 2026-11-26 (H100) ImageFolder fed ResNet-50 float16
-at 907 img/s against 5,137 from resident images, although its tuner saw almost no stall (the step
-itself took 266 ms a batch, 50 ms resident) and nvImageCodec alone decoded 5,199 img/s. Suspects:
-(1) the decoded images' device memory freed every batch (cudaFree waits for the whole device, the
-training graph included, and holds launches from other threads meanwhile); (2) the host threads'
-Python work (reading files, parsing headers) holding the GIL the step's thread needs. This probe
-times, in one job, on random resident images:
+at 907 img/s against 5,137 from resident images, although its tuner saw almost no stall: the step
+itself took ~190-270 ms a batch (50 ms resident) while nvImageCodec alone decodes 13,000-18,000
+img/s. This probe times, in one job, on random resident images:
 - `train`: the training step alone (img/s of fit);
 - `decode_drop` / `decode_keep`: nvImageCodec alone, the decoded images dropped after each batch
   (as the pipeline does) or kept until the end (no frees in the loop);
 - `train+decode_drop`, `train+decode_keep`: both at once, the decoder on a thread of its own;
-- `train+parse`: the step with host threads only reading and parsing the files (no GPU decode).
-A large gap between train+decode_drop and train+decode_keep blames (1); train+parse near train+decode
-blames (2). Writes OUTDIR/decode_contention.json.
+- `train+parse`: the step with host threads only reading and parsing the files (no GPU decode);
+- `--variants`: other decoder settings (stream priority, backends, upsampling) beside the step;
+- `--compute-stream`, `--switch-interval`, `--sync-each-step`: the training side changed.
+
+What it found (H100, ResNet-50 float16 b256, 2026-11-26; JSON in benchmarks/results/probes/): the step
+keeps its speed (5,090-5,190 img/s) and the decoder falls from 13,000-18,000 img/s alone to
+805-815 img/s beside it -- the same figure whatever changed: images kept or dropped (no cudaFree),
+decoded into reused images (no cudaMalloc), the decoder's stream at the highest priority, the
+hardware engine alone, the hybrid (CPU Huffman) backend (1,197), libjpeg's or nvJPEG's upsampling,
+dmath computing on a non-blocking stream instead of the legacy one, the GIL's switch interval at
+0.1 ms, MPI polling without spinning; host threads only parsing cost the step nothing. A fixed
+share of the step's time (one decoded batch per ~6 steps) points at a lock the decoder's CUDA calls
+wait for while the training thread holds it -- e.g. a graph launch blocked in the driver on a full
+launch queue. Next: `--sync-each-step` (no step queued behind the running one).
 """
 import argparse
 import json
@@ -77,7 +85,21 @@ def main():
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=8)
+    ap.add_argument("--variants", nargs="+", default=["default"],
+                    choices=["default", "priority", "plain_upsampling", "hw_only", "cuda_only", "hybrid_only"],
+                    help="decoder settings to time against the step (the first also runs the keep/parse cases)")
+    ap.add_argument("--compute-stream", default="default", choices=["default", "nonblocking"],
+                    help="the stream dmath computes on: CuPy's default (the legacy null stream, which every "
+                         "synchronous copy of another library waits for) or a non-blocking one")
+    ap.add_argument("--sync-each-step", action="store_true",
+                    help="the host waits for every step to finish before it launches the next (metrics read "
+                         "each batch): no step queued behind the running one")
+    ap.add_argument("--quick", action="store_true", help="only the step alone and beside the first variant")
+    ap.add_argument("--switch-interval", type=float, default=None,
+                    help="sys.setswitchinterval (seconds): how soon a thread holding the GIL hands it over")
     a = ap.parse_args()
+    if a.switch_interval:
+        sys.setswitchinterval(a.switch_interval)
     os.makedirs(a.outdir, exist_ok=True)
     import image_folder_bench
     image_folder_bench.make_folder(a.root, a.images)
@@ -87,20 +109,27 @@ def main():
     import dmath
     import dnn
     from dmath.gpu import nvimgcodec
+    if a.compute_stream == "nonblocking":
+        import cupy
+        cupy.cuda.Stream(non_blocking=True).use()
     dmath.init(device="gpu")
     mod = nvimgcodec.module()
     if mod is None:
         raise SystemExit(f"nvImageCodec is not available: {nvimgcodec.status()[1]}")
-    dec = nvimgcodec.BatchDecoder(mod, 0, a.threads)
+    variants = {"default": {}, "priority": {"high_priority": True}, "plain_upsampling": {"options": ""},
+                "hw_only": {"kinds": ("HW_GPU_ONLY",), "options": ""},
+                "cuda_only": {"kinds": ("GPU_ONLY",)}, "hybrid_only": {"kinds": ("HYBRID_CPU_GPU",)}}
+    dec = nvimgcodec.BatchDecoder(mod, 0, a.threads, **variants[a.variants[0]])
     streams = [nvimgcodec.parse(mod, b)[0] for b in blobs]
     nb = len(streams) // a.batch
-    kept = []
+    kept, missed = [], {}
 
     def decode(i, keep):
         k = i % nb
         images, failure = dec.decode(streams[k * a.batch:(k + 1) * a.batch])
-        if failure:
-            raise RuntimeError(failure)
+        if failure:        # (counted: a variant whose backend refuses these files shows it in the JSON)
+            missed[failure] = missed.get(failure, 0) + 1
+        missed["images not decoded"] = missed.get("images not decoded", 0) + sum(x is None for x in images)
         if keep:
             kept.append(images)
 
@@ -118,16 +147,38 @@ def main():
     model = dnn.models.resnet50(num_classes=10, dtype="float16", optimizer=dnn.optim.SGD(lr=0.01, momentum=0.9))
     model.fit(data, batch_size=a.batch, epochs=2, verbose=0)           # records, tunes, captures
 
+    class EachStep(dnn.callbacks.Callback):
+        def on_batch_end(self, batch, logs=None):
+            self.model.train_metrics.read()          # a gather: waits for the step
+
     def train():
-        hist = model.fit(data, batch_size=a.batch, epochs=a.epochs, verbose=0).history
+        cbs = [EachStep()] if a.sync_each_step else []
+        hist = model.fit(data, batch_size=a.batch, epochs=a.epochs, verbose=0, callbacks=cbs).history
         return float(np.median(hist["samples_per_s"]))
 
     import cupy
     name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
     res = {"gpu": name.decode() if isinstance(name, bytes) else str(name), "images": len(files),
            "batch": a.batch, "threads": a.threads}
+    res["api"] = {k: (getattr(getattr(mod.Decoder, k), "__doc__", None) or "")[:1500]
+                  for k in ("__init__", "decode")}
     res["train"] = train()
-    for keep in (False, True):
+    first = dec
+    for v in a.variants[1:]:
+        try:                  # one at a time: a decoder holds the GPU's JPEG engines while it lives
+            dec = nvimgcodec.BatchDecoder(mod, 0, a.threads, **variants[v])
+        except Exception as exc:  # noqa: BLE001 - a variant this GPU cannot make is reported, not fatal
+            res[f"{v}:error"] = f"{type(exc).__name__}: {exc}"
+            continue
+        with Background(lambda i: decode(i, False), a.batch) as bg:
+            time.sleep(3.0)
+        res[f"{v}:decode_drop"] = bg.rate()
+        with Background(lambda i: decode(i, False), a.batch) as bg:
+            res[f"{v}:train+decode_drop"] = train()
+        res[f"{v}:train+decode_drop:decode"] = bg.rate()
+        del dec
+    dec = first
+    for keep in (False,) if a.quick else (False, True):
         name = "decode_keep" if keep else "decode_drop"
         with Background(lambda i: decode(i, keep), a.batch) as bg:
             time.sleep(5.0)
@@ -137,9 +188,14 @@ def main():
             res["train+" + name] = train()
         res["train+" + name + ":decode"] = bg.rate()
         kept.clear()
-    with Background(parse, a.batch) as bg:
-        res["train+parse"] = train()
-    res["train+parse:parse"] = bg.rate()
+    if not a.quick:
+        with Background(parse, a.batch) as bg:
+            res["train+parse"] = train()
+        res["train+parse:parse"] = bg.rate()
+    res["compute_stream"] = a.compute_stream
+    res["switch_interval"] = sys.getswitchinterval()
+    res["sync_each_step"] = a.sync_each_step
+    res["missed"] = missed
     for k, v in res.items():
         print(f"{k:28s} {v:.0f}" if isinstance(v, float) else f"{k:28s} {v}")
     with open(os.path.join(a.outdir, "decode_contention.json"), "w") as fh:
