@@ -2,7 +2,7 @@
 DDP (eager and compiled), in the same job.
 
     python benchmarks/zoo_bench.py OUTDIR [--nets googlenet resnet50 inception_v3] [--batches 256 1024]
-        [--dtypes float32 float16] [--peers eager compile] [--compile-only 256 ...] [--only NET:B:DTYPE ...]
+        [--dtypes float32 float16] [--peers eager compile syncbn] [--compile-only 256 ...] [--only NET:B:DTYPE ...]
         [--fuse all relu none]
     mpiexec -n P python benchmarks/zoo_bench.py OUTDIR ...     (strong scaling: the global batch is fixed)
 
@@ -10,7 +10,9 @@ Each case (network, global batch, dtype) trains dnn.models' network through
 `Model.fit` (recorded steps replayed as one CUDA graph per worker, channels-
 last rows on cuDNN) and torchvision's same network (channels_last,
 cudnn.benchmark; DDP over the same GPUs when P > 1; float16 through autocast
-and a GradScaler) on random images resident on the GPUs, SGD with momentum;
+and a GradScaler; the peer `syncbn`, P > 1 only, is DDP with SyncBatchNorm: batch
+statistics over the whole global batch, what dnn's BatchNorm computes at any worker count, where
+DDP's default BatchNorm keeps each GPU's own) on random images resident on the GPUs, SGD with momentum;
 Inception v3 at 299x299 with its auxiliary head on both sides (aux loss
 weight 0.3), GoogLeNet without its auxiliary heads (the paper's Table 1
 network; the heads are training-only side branches). Reported per case: images/s of dnn and of every peer, the ratios, and
@@ -81,13 +83,16 @@ def dnn_model(net, dtype, shape, fuse="all"):
 
 @kernel("bench_torch_zoo")
 def _torch_zoo(call):
-    """torchvision's network on every worker; static = (net, shape, batch, dtype, steps, port, compiled)."""
-    net, shape, batch, dtype, steps, port, compiled = call.entry.static
+    """torchvision's network on every worker; static = (net, shape, batch, dtype, steps, port, compiled,
+    sync_bn): sync_bn converts its BatchNorm layers to SyncBatchNorm (statistics over the whole batch,
+    as dnn's BatchNorm computes them at every worker count; DDP's default keeps each GPU's own)."""
+    net, shape, batch, dtype, steps, port, compiled, sync_bn = call.entry.static
     _, tv_kwargs = arguments(net, shape)
 
     def build(torch):
         import torchvision
-        return getattr(torchvision.models, net)(weights=None, num_classes=CLASSES, **tv_kwargs)
+        model = getattr(torchvision.models, net)(weights=None, num_classes=CLASSES, **tv_kwargs)
+        return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) if sync_bn else model
     torch_rate(call, build, shape, CLASSES, per_epoch(batch), batch, dtype, steps, port,
                compiled=compiled, channels_last=True, aux_weight=AUX_WEIGHT)
     return []
@@ -113,7 +118,7 @@ def main():
     ap.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
     ap.add_argument("--batches", type=int, nargs="+", default=[256, 1024])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float16"], choices=["float32", "float16"])
-    ap.add_argument("--peers", nargs="*", default=["eager", "compile"], choices=["eager", "compile"],
+    ap.add_argument("--peers", nargs="*", default=["eager", "compile"], choices=["eager", "compile", "syncbn"],
                     help="PyTorch peers (DDP over the same GPUs when P > 1)")
     ap.add_argument("--compile-only", nargs="+", default=None, metavar="CASE",
                     help="run the compile peer only in these cases: batch, batch:dtype or net:batch:dtype")
@@ -171,10 +176,12 @@ def main():
                     for peer in args.peers:
                         if peer == "compile" and not wanted(args.compile_only, net, batch, dtype):
                             continue
+                        if peer == "syncbn" and p == 1:
+                            continue            # (one GPU: the same as eager)
                         name = ("ddp_" if p > 1 else "") + peer
                         t0 = time.perf_counter()
                         res = dispatch("bench_torch_zoo", static=(net, shape, batch, dtype, steps, args.port,
-                                                                   peer == "compile"))[1]
+                                                                   peer == "compile", peer == "syncbn"))[1]
                         row["peers"][name] = peer_entry(res, ips)
                         wall[peer] = time.perf_counter() - t0
                         save()

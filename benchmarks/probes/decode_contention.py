@@ -24,7 +24,8 @@ dmath computing on a non-blocking stream instead of the legacy one, the GIL's sw
 0.1 ms, MPI polling without spinning; host threads only parsing cost the step nothing. A fixed
 share of the step's time (one decoded batch per ~6 steps) points at a lock the decoder's CUDA calls
 wait for while the training thread holds it -- e.g. a graph launch blocked in the driver on a full
-launch queue. Next: `--sync-each-step` (no step queued behind the running one).
+launch queue, or a thread spinning in cudaEventSynchronize. Next: `--sync-each-step` (no step queued
+behind the running one; the wait polls an event from Python) and `--device-flags blocking`.
 """
 import argparse
 import json
@@ -94,6 +95,10 @@ def main():
     ap.add_argument("--sync-each-step", action="store_true",
                     help="the host waits for every step to finish before it launches the next (metrics read "
                          "each batch): no step queued behind the running one")
+    ap.add_argument("--device-flags", default="default", choices=["default", "blocking", "yield", "spin"],
+                    help="how the host waits inside CUDA (cudaSetDeviceFlags before the context): a thread "
+                         "spinning in the driver (a full launch queue, cudaEventSynchronize) may hold up the "
+                         "decoder thread's CUDA calls")
     ap.add_argument("--quick", action="store_true", help="only the step alone and beside the first variant")
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="sys.setswitchinterval (seconds): how soon a thread holding the GIL hands it over")
@@ -109,6 +114,10 @@ def main():
     import dmath
     import dnn
     from dmath.gpu import nvimgcodec
+    if a.device_flags != "default":
+        import cupy
+        # cudaDeviceScheduleSpin 1, Yield 2, BlockingSync 4
+        cupy.cuda.runtime.setDeviceFlags({"spin": 1, "yield": 2, "blocking": 4}[a.device_flags])
     if a.compute_stream == "nonblocking":
         import cupy
         cupy.cuda.Stream(non_blocking=True).use()
@@ -195,6 +204,7 @@ def main():
     res["compute_stream"] = a.compute_stream
     res["switch_interval"] = sys.getswitchinterval()
     res["sync_each_step"] = a.sync_each_step
+    res["device_flags"] = a.device_flags
     res["missed"] = missed
     for k, v in res.items():
         print(f"{k:28s} {v:.0f}" if isinstance(v, float) else f"{k:28s} {v}")
