@@ -123,6 +123,10 @@ VARIABLES = (
              "on (branches of a network side by side); 1: one stream. Above 1 experimental: it warns (a GPU test "
              "found other results)", "a whole number from 1 to 8", _streams,
              1, "graph_streams"),
+    Variable("DMATH_GPU_DECODE_ORDER", "overlap", "image folders decoded on the GPU (nvImageCodec): 'overlap' "
+             "(a batch decoded on the read-ahead thread beside the running step) or 'serial' (decoded on the "
+             "device between the previous step and the batch's own kernels, the host waiting for neither)",
+             "'overlap' or 'serial'", _choice("overlap", "serial"), "overlap", "gpu_decode_order"),
     Variable("DMATH_CUDNN", "1", "0: convolutions by im2col and cuBLAS even when cuDNN is there",
              "0 or 1", _flag, True, "cudnn"),
     Variable("DMATH_CUBLASLT", "1", "0: a prepared local product calls cuBLAS's GemmEx/Dgemm instead of "

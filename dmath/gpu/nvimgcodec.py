@@ -147,14 +147,18 @@ class BatchDecoder:
         """parse(module, data) with this decoder's module."""
         return parse(self.mod, data)
 
-    def decode(self, code_streams):
+    def decode(self, code_streams, after=None):
         """(images, failure): the decoded images (uint8 RGB in device memory) of `code_streams`, None
-        where the GPU could not decode one, complete when this returns (the caller's thread waits for the
-        decoder's stream); failure: why the whole batch came back without images, else None."""
+        where the GPU could not decode one; failure: why the whole batch came back without images, else
+        None. after=None: complete when this returns (the caller's thread waits for the decoder's
+        stream); after=a CUDA stream: the decoding starts after the work that stream has queued, and the
+        stream waits for it, the host for neither."""
         if not code_streams:
             return [], None
         failure = None
         with self.lock:
+            if after is not None:
+                self.stream.wait_event(after.record())
             try:
                 out = list(self.decoder.decode(list(code_streams), params=self.params,
                                                cuda_stream=self.stream.ptr))
@@ -162,7 +166,10 @@ class BatchDecoder:
                     failure = f"nvImageCodec returned {len(out)} images for {len(code_streams)} files"
             except Exception as exc:  # noqa: BLE001 - a failed batch is decoded on the host instead
                 failure = f"nvImageCodec failed a batch ({type(exc).__name__}: {exc})"
-            self.stream.synchronize()
+            if after is None:
+                self.stream.synchronize()
+            else:
+                after.wait_event(self.stream.record())
         return ([None] * len(code_streams), failure) if failure else (out, None)
 
     @staticmethod

@@ -5,20 +5,23 @@ host stage (the read-ahead thread, as every place's host stage: it overlaps the 
     each sample on the decoding threads: the file's bytes (`source.encoded(index)`: None for a file
     the GPU should not take), its header (size, codec, components; nvImageCodec's parser) and the
     sample's crop and resampling geometry (`source.geometry(width, height, stream, random, seed)`:
-    the draws of the host's `region()`); then the batch's JPEG files decoded in one call on the GPU,
-    waited for on this thread. A sample the GPU does not take (a PNG, a CMYK or truncated JPEG, a file
-    the parser or the decoder refuses) is decoded and cropped on the decoding threads instead
-    (`source.region()`: the host's pixels, its skipping or raising on a file that does not decode),
-    and packed into the pinned staging buffer.
+    the draws of the host's `region()`); then (DMATH_GPU_DECODE_ORDER=overlap, the default) the
+    batch's JPEG files decoded in one call on the GPU, waited for on this thread. A sample the GPU does
+    not take (a PNG, a CMYK or truncated JPEG, a file the parser or the decoder refuses) is decoded and
+    cropped on the decoding threads instead (`source.region()`: the host's pixels, its skipping or
+    raising on a file that does not decode), and packed into the pinned staging buffer.
 device stage (the step's stream, host_batches.Pipeline._device_resize)
-    the packed host samples copied to the device, one kernel (`gather`) copying each GPU sample's
-    crop out of its decoded image into the same packed buffer, then resize.resize_batch.
+    (DMATH_GPU_DECODE_ORDER=serial: first the decoding, issued now, ordered after the previous step
+    and before this batch's kernels on the device, the host waiting for neither: `finish`), the
+    packed host samples copied to the device, one kernel (`gather`) copying each GPU sample's crop out
+    of its decoded image into the same packed buffer, then resize.resize_batch.
 
 The decoded images stay alive until the step's stream has passed the batch (kept with the staging
 slot's mark), as the pinned buffers do.
 """
 import numpy as np
 
+from .. import settings
 from ..gpu import launcher as cuda
 from ..gpu import nvimgcodec
 from . import resize
@@ -61,23 +64,50 @@ def _gpu_job(source, dec, index, stream, random, seed):
 def host_stage(pipe, staged, indices, streams, seed):
     """Fill `staged` (a host_batches._Staged of place 'device_decode') with the batch's samples: the
     host-decoded ones packed in its pinned buffer, the GPU-decoded images and the gather table of their
-    crops, and the geometry table of all (resize.GEOM)."""
+    crops, and the geometry table of all (resize.GEOM).
+
+    The host threads read and parse the files (and decode those the GPU does not take). The GPU decodes
+    the batch here, beside the step the read-ahead overlaps (DMATH_GPU_DECODE_ORDER=overlap), or later,
+    in the step's stream order (=serial): `staged.pending` then holds what `finish` needs, and the
+    device stage calls it."""
     src, t, m = pipe.source, pipe.t, len(indices)
     dec, why = nvimgcodec.batch_decoder(pipe.cores)
     if dec is None:
         pipe.note(f"GPU decoding unavailable on this worker ({why}): its samples were decoded on the host")
     jobs, regions = [None] * m, [None] * m
 
-    def host(i):
-        regions[i] = src.region(int(indices[i]), int(streams[i]), t.random, seed)
-
     def read(i):
         jobs[i] = _gpu_job(src, dec, int(indices[i]), int(streams[i]), t.random, seed) if dec is not None else None
         if jobs[i] is None:
-            host(i)
+            regions[i] = src.region(int(indices[i]), int(streams[i]), t.random, seed)
     pipe._each(read, m)
+    staged.pending = (dec, jobs, regions, indices, streams, seed)
+    if settings.current.gpu_decode_order == "overlap" or not any(j is not None for j in jobs):
+        finish(pipe, staged)
+
+
+def finish(pipe, staged, after=None):
+    """Decode the GPU's share of a batch read by `host_stage` and assemble it into `staged`.
+
+    after: None (the decoding thread waits for the decoder), or the step's stream: the decoder starts
+    after what that stream has queued (the previous step) and the stream waits for the decoder before
+    the batch's device stage; the host waits for neither. On one GPU the decoder's kernels then have
+    the device to themselves instead of queueing behind the step's (beside a training step nvImageCodec
+    decoded ~810 images/s, 13,000-18,000 alone: benchmarks/probes/decode_contention.py)."""
+    dec, jobs, regions, indices, streams, seed = staged.pending
+    staged.pending = None
+    src, t, m = pipe.source, pipe.t, len(indices)
+
+    def host(i):
+        regions[i] = src.region(int(indices[i]), int(streams[i]), t.random, seed)
     on_gpu = [i for i in range(m) if jobs[i] is not None]
-    images, failure = dec.decode([jobs[i][0] for i in on_gpu]) if on_gpu else ([], None)
+    codes = [jobs[i][0] for i in on_gpu]
+    if not on_gpu:
+        images, failure = [], None
+    elif after is None:
+        images, failure = dec.decode(codes)
+    else:
+        images, failure = dec.decode(codes, after=after)
     if failure:
         pipe.note(f"{failure}: its samples were decoded on the host")
     views = {}

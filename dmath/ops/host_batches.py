@@ -277,11 +277,12 @@ class _Staged:
     """One staging buffer of a batch's host stage and what made it. Places that pack regions: `total`
     bytes, `host_total` of them staged, the rest gathered on the device (`gather`: GPU-decoded `images`)."""
     __slots__ = ("key", "place", "array", "streams", "host_s", "error", "copied", "geom", "total", "host_total",
-                 "gather", "images")
+                 "gather", "images", "pending")
 
     def __init__(self, key, place, array):
         self.key, self.place, self.array = key, place, array
         self.streams = self.error = self.copied = self.geom = self.gather = self.images = None
+        self.pending = None        # place 'device_decode', serial order: the decoding still to issue
         self.total = self.host_total = 0
         self.host_s = 0.0
 
@@ -513,6 +514,10 @@ class Pipeline:
         be = backend.current()
         c, h, w = self.t.image
         mean, inv = self._affine(target.dtype)
+        if staged.pending is not None:
+            # (DMATH_GPU_DECODE_ORDER=serial) the GPU decodes the batch now, between the previous step
+            # and this batch's kernels in the step's stream order
+            gpu_decode.finish(self, staged, after=be.xp.cuda.get_current_stream() if be.is_gpu else None)
         packed, geom = staged.array, staged.geom
         if be.is_gpu:
             total, host_total = staged.total, staged.host_total

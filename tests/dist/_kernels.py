@@ -38,3 +38,12 @@ def _graph_streams(call):
     from dmath import settings
     settings.current.graph_streams = int(call.scalars[0])
     return []
+
+
+@kernel("test_gpu_decode_order")
+def _gpu_decode_order(call):
+    """Every rank decodes image folders on the GPU in the order scalars[0] names (0: 'overlap', 1:
+    'serial'; DMATH_GPU_DECODE_ORDER, which a test cannot set on the workers after init)."""
+    from dmath import settings
+    settings.current.gpu_decode_order = ("overlap", "serial")[int(call.scalars[0])]
+    return []

@@ -98,6 +98,7 @@ class PillowDecoder:
 
     def __init__(self, refuse=()):
         self.refuse = set(refuse)
+        self.calls = []            # the `after` of every decode call
 
     def parse(self, data):
         mod = nvimgcodec.module()
@@ -112,7 +113,8 @@ class PillowDecoder:
             return None
         return data, img.size[0], img.size[1]
 
-    def decode(self, streams):
+    def decode(self, streams, after=None):
+        self.calls.append(after)
         out = []
         for data in streams:
             try:
@@ -126,12 +128,15 @@ class PillowDecoder:
         return None if img is None else (id(img), img.shape[1] * 3, img.shape[0], img.shape[1])
 
 
-@pytest.mark.parametrize("train", [True, False])
-def test_host_stage_with_a_stand_in_decoder_gives_the_device_resizes_batch(bad_root, monkeypatch, train):
+@pytest.mark.parametrize("train,decode_order", [(True, "overlap"), (False, "overlap"), (True, "serial")])
+def test_host_stage_with_a_stand_in_decoder_gives_the_device_resizes_batch(bad_root, monkeypatch, train,
+                                                                           decode_order):
     """The place's host stage on this process (rank 0's own pipeline), with Pillow standing in for the
     GPU: the packed host regions, the gathered crops and the geometry table resize to the batch of the
     place 'device_resize' exactly, with corrupt files skipped the same way and a file the decoder
-    refuses decoded on the host."""
+    refuses decoded on the host. DMATH_GPU_DECODE_ORDER=serial: the host stage only reads; `finish`
+    (the device stage's first act) decodes, ordered after the step's stream, to the same batch."""
+    monkeypatch.setattr(dmath.settings.current, "gpu_decode_order", decode_order)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         dev = dnn.data.ImageFolder(bad_root, image_size=10, train=train, resize_on="device", decoder="pillow")
@@ -154,6 +159,13 @@ def test_host_stage_with_a_stand_in_decoder_gives_the_device_resizes_batch(bad_r
         order = permutation_values(n, (4,)).astype(np.int64)
         try:
             gpu_decode.host_stage(pipe, staged, order, n + np.arange(n, dtype=np.int64), 3)
+            if decode_order == "serial":
+                assert fake.calls == [] and staged.pending is not None and staged.gather is None
+                gpu_decode.finish(pipe, staged, after="the step's stream")
+                assert fake.calls == ["the step's stream"]
+            else:
+                assert fake.calls == [None]
+            assert staged.pending is None
         finally:
             pipe.pool.shutdown()
     # the device stage, as the GPU runs it: host regions copied, crops gathered, one resize
@@ -180,9 +192,18 @@ def _compare(a, b, exact_rows):
     assert diff.max() <= 8 and diff.mean() < 1, (diff.max(), diff.mean())
 
 
+@pytest.fixture(params=["overlap", "serial"])
+def decode_order(request):
+    """Every rank decodes in this order (DMATH_GPU_DECODE_ORDER) during the test; 'overlap' after it."""
+    from dmath.ops.base import dispatch
+    dispatch("test_gpu_decode_order", scalars=[("overlap", "serial").index(request.param)])
+    yield request.param
+    dispatch("test_gpu_decode_order", scalars=[0])
+
+
 @needs_gpu_decode
 @pytest.mark.parametrize("train", [True, False])
-def test_gpu_decoded_batches_are_pillows_within_the_idct_rounding(root, train):
+def test_gpu_decoded_batches_are_pillows_within_the_idct_rounding(root, train, decode_order):
     host = dnn.data.ImageFolder(root, image_size=10, train=train, resize_on="device", decoder="pillow")
     gpu = dnn.data.ImageFolder(root, image_size=10, train=train, decoder="nvimgcodec")
     assert gpu.places == ("device_decode",) and gpu.gpu_decoding[0] == "only"
