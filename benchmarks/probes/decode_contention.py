@@ -12,19 +12,21 @@ img/s. This probe times, in one job, on random resident images:
   (as the pipeline does) or kept until the end (no frees in the loop);
 - `train+decode_drop`, `train+decode_keep`: both at once, the decoder on a thread of its own;
 - `train+parse`: the step with host threads only reading and parsing the files (no GPU decode);
-- `--variants`: other decoder settings (stream priority, backends, upsampling) beside the step;
+- `--variants`: other decoder settings (backends, upsampling) beside the step;
 - `--compute-stream`, `--switch-interval`, `--sync-each-step`: the training side changed.
 
 What it found (H100, ResNet-50 float16 b256, 2026-11-26; JSON in benchmarks/results/probes/): the step
 keeps its speed (5,090-5,190 img/s) and the decoder falls from 13,000-18,000 img/s alone to
 805-815 img/s beside it -- the same figure whatever changed: images kept or dropped (no cudaFree),
-decoded into reused images (no cudaMalloc), the decoder's stream at the highest priority, the
+decoded into reused images (no cudaMalloc), the caller's decoder stream at the highest priority
+(no test of the decoding's priority: nvImageCodec decodes on streams of its own), the
 hardware engine alone, the hybrid (CPU Huffman) backend (1,197), libjpeg's or nvJPEG's upsampling,
 dmath computing on a non-blocking stream instead of the legacy one, the GIL's switch interval at
 0.1 ms, MPI polling without spinning; host threads only parsing cost the step nothing. A fixed
-share of the step's time (one decoded batch per ~6 steps) points at a lock the decoder's CUDA calls
-wait for while the training thread holds it -- e.g. a graph launch blocked in the driver on a full
-launch queue, or a thread spinning in cudaEventSynchronize. Next: `--sync-each-step` (no step queued
+share of the step's time (one decoded batch per ~6 steps) points at the decoder's small dependent
+kernels queueing behind the step's on the same (default) priority, which DMATH_GPU_DECODE_ORDER=serial
+avoids, or at a lock the decoder's CUDA calls wait for while the training thread holds it (a graph
+launch blocked in the driver on a full launch queue, a thread spinning in cudaEventSynchronize). Next: `--sync-each-step` (no step queued
 behind the running one; the wait polls an event from Python) and `--device-flags blocking`.
 """
 import argparse
@@ -87,7 +89,7 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--threads", type=int, default=8)
     ap.add_argument("--variants", nargs="+", default=["default"],
-                    choices=["default", "priority", "plain_upsampling", "hw_only", "cuda_only", "hybrid_only"],
+                    choices=["default", "plain_upsampling", "hw_only", "cuda_only", "hybrid_only"],
                     help="decoder settings to time against the step (the first also runs the keep/parse cases)")
     ap.add_argument("--compute-stream", default="default", choices=["default", "nonblocking"],
                     help="the stream dmath computes on: CuPy's default (the legacy null stream, which every "
@@ -125,7 +127,7 @@ def main():
     mod = nvimgcodec.module()
     if mod is None:
         raise SystemExit(f"nvImageCodec is not available: {nvimgcodec.status()[1]}")
-    variants = {"default": {}, "priority": {"high_priority": True}, "plain_upsampling": {"options": ""},
+    variants = {"default": {}, "plain_upsampling": {"options": ""},
                 "hw_only": {"kinds": ("HW_GPU_ONLY",), "options": ""},
                 "cuda_only": {"kinds": ("GPU_ONLY",)}, "hybrid_only": {"kinds": ("HYBRID_CPU_GPU",)}}
     dec = nvimgcodec.BatchDecoder(mod, 0, a.threads, **variants[a.variants[0]])

@@ -126,10 +126,8 @@ class BatchDecoder:
     """nvImageCodec's decoder on one device, with its stream (see the module docstring)."""
 
     def __init__(self, mod, device_id, threads, kinds=("HW_GPU_ONLY", "GPU_ONLY", "HYBRID_CPU_GPU"),
-                 options=OPTIONS, high_priority=False):
-        """kinds: nvImageCodec's BackendKind names, in order of preference; options: its codec options;
-        high_priority: decode on a stream of the device's highest priority (its kernels go before
-        those of a step already queued)."""
+                 options=OPTIONS):
+        """kinds: nvImageCodec's BackendKind names, in order of preference; options: its codec options."""
         import cupy
         self.mod, self.version = mod, getattr(mod, "__version__", "?")
         self.decoder = mod.Decoder(device_id=device_id, max_num_cpu_threads=max(1, int(threads)),
@@ -138,8 +136,8 @@ class BatchDecoder:
         self.params = mod.DecodeParams(apply_exif_orientation=False, color_spec=mod.ColorSpec.SRGB,
                                        allow_any_depth=False)
         with cupy.cuda.Device(device_id):
-            # (CUDA clamps a priority to the device's range: -100 is its highest, 0 its lowest and default)
-            self.stream = cupy.cuda.Stream(non_blocking=True, priority=-100 if high_priority else 0)
+            # (nvImageCodec decodes on streams of its own and orders them after and before this one)
+            self.stream = cupy.cuda.Stream(non_blocking=True)
         # one batch at a time: a worker's pipelines (training, evaluation) may read ahead together
         self.lock = threading.Lock()
 

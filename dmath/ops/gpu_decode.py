@@ -101,13 +101,7 @@ def finish(pipe, staged, after=None):
     def host(i):
         regions[i] = src.region(int(indices[i]), int(streams[i]), t.random, seed)
     on_gpu = [i for i in range(m) if jobs[i] is not None]
-    codes = [jobs[i][0] for i in on_gpu]
-    if not on_gpu:
-        images, failure = [], None
-    elif after is None:
-        images, failure = dec.decode(codes)
-    else:
-        images, failure = dec.decode(codes, after=after)
+    images, failure = dec.decode([jobs[i][0] for i in on_gpu], after=after) if on_gpu else ([], None)
     if failure:
         pipe.note(f"{failure}: its samples were decoded on the host")
     views = {}
