@@ -242,7 +242,10 @@ def child_train(a):
         model, kind = build()
         data = resident if name == "resident" else folder
         hist = model.fit(data, batch_size=B, epochs=a.epochs, verbose=0).history
-        res[name] = {"samples_per_s": hist["samples_per_s"][-1], "all_epochs": hist["samples_per_s"]}
+        st = dmath.stats()[0]
+        res[name] = {"samples_per_s": hist["samples_per_s"][-1], "all_epochs": hist["samples_per_s"],
+                     # the plans held as CUDA graphs (a folder's step: its segments after the batch's host stage)
+                     "plan_graphs": st.get("plan_graphs"), "plan_blockers": st.get("plan_blockers")}
         res["model"] = kind
         # the resident run's images, model and recorded steps (their CUDA graphs' memory) go before the
         # folder's run: kept, they left it too little memory at 4 GPUs and global batch 1024

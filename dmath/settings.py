@@ -125,7 +125,8 @@ VARIABLES = (
              1, "graph_streams"),
     Variable("DMATH_GPU_DECODE_ORDER", "overlap", "image folders decoded on the GPU (nvImageCodec): 'overlap' "
              "(a batch decoded on the read-ahead thread beside the running step) or 'serial' (decoded on the "
-             "device between the previous step and the batch's own kernels, the host waiting for neither)",
+             "device between the previous step and the batch's own kernels, the host waiting for neither; "
+             "the decoder's host work is then on the step's path)",
              "'overlap' or 'serial'", _choice("overlap", "serial"), "overlap", "gpu_decode_order"),
     Variable("DMATH_CUDNN", "1", "0: convolutions by im2col and cuBLAS even when cuDNN is there",
              "0 or 1", _flag, True, "cudnn"),

@@ -116,7 +116,11 @@ class TuneCache:
     def __init__(self, path):
         self.path = path
         self._entries = {}
+        self._local = {}            # what this process stored but could not write: kept when the file is re-read
         self._seen = None           # the (inode, size, mtime) of the file as last read; None: never read
+        # why this process writes the file no more (its lock was held past LOCK_TIMEOUT_S: every later
+        # choice would wait as long again), or None
+        self.unwritable = None
 
     # ---- reading ----------------------------------------------------------------------------
     def _signature(self):
@@ -130,7 +134,7 @@ class TuneCache:
         sig = self._signature()
         if sig != self._seen:
             self._seen = sig
-            self._entries = self._load()[0]
+            self._entries = {**self._load()[0], **self._local}
 
     def _load(self):
         """(entries, replaceable) of the file now: entries that passed every check (each warning
@@ -214,7 +218,9 @@ class TuneCache:
                  "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "by": f"{socket.gethostname()}:{os.getpid()}"}
         name = digest(kind, machine, key)
-        self._entries[name] = entry
+        self._entries[name] = self._local[name] = entry
+        if self.unwritable is not None:
+            return False                              # (kept in this process; warned once already)
         try:
             directory = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(directory, mode=0o700, exist_ok=True)
@@ -224,10 +230,16 @@ class TuneCache:
                     return False                      # _load said why
                 entries[name] = entry
                 self._write(directory, entries)
-                self._entries = entries
+                self._local.pop(name, None)
+                self._entries = {**entries, **self._local}
                 self._seen = self._signature()
         except OSError as exc:
-            _warn(f"tuning cache {self.path} not written: {exc}")
+            if exc.errno == errno.ETIMEDOUT:
+                self.unwritable = str(exc)
+                _warn(f"tuning cache {self.path} not written: {exc}; this process writes it no more (its choices "
+                      "are kept in memory)")
+            else:
+                _warn(f"tuning cache {self.path} not written: {exc}")
             return False
         return True
 

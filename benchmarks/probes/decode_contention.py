@@ -26,8 +26,12 @@ dmath computing on a non-blocking stream instead of the legacy one, the GIL's sw
 share of the step's time (one decoded batch per ~6 steps) points at the decoder's small dependent
 kernels queueing behind the step's on the same (default) priority, which DMATH_GPU_DECODE_ORDER=serial
 avoids, or at a lock the decoder's CUDA calls wait for while the training thread holds it (a graph
-launch blocked in the driver on a full launch queue, a thread spinning in cudaEventSynchronize). Next: `--sync-each-step` (no step queued
-behind the running one; the wait polls an event from Python) and `--device-flags blocking`.
+launch blocked in the driver on a full launch queue, a thread spinning in cudaEventSynchronize).
+With `--sync-each-step` (no step queued behind the running one; the wait polls an event from
+Python) the decoder beside the step reached 1,391 img/s, the step 4,973 (5,023 alone): steps queued
+ahead of the decoder's kernels are much of what holds it up. Training from a folder has since
+been measured with a CUPTI timeline (probes/folder_timeline.py): the step there was not a CUDA
+graph at all (now captured in segments around the batch's host stage).
 """
 import argparse
 import json
@@ -97,10 +101,6 @@ def main():
     ap.add_argument("--sync-each-step", action="store_true",
                     help="the host waits for every step to finish before it launches the next (metrics read "
                          "each batch): no step queued behind the running one")
-    ap.add_argument("--device-flags", default="default", choices=["default", "blocking", "yield", "spin"],
-                    help="how the host waits inside CUDA (cudaSetDeviceFlags before the context): a thread "
-                         "spinning in the driver (a full launch queue, cudaEventSynchronize) may hold up the "
-                         "decoder thread's CUDA calls")
     ap.add_argument("--quick", action="store_true", help="only the step alone and beside the first variant")
     ap.add_argument("--switch-interval", type=float, default=None,
                     help="sys.setswitchinterval (seconds): how soon a thread holding the GIL hands it over")
@@ -116,10 +116,6 @@ def main():
     import dmath
     import dnn
     from dmath.gpu import nvimgcodec
-    if a.device_flags != "default":
-        import cupy
-        # cudaDeviceScheduleSpin 1, Yield 2, BlockingSync 4
-        cupy.cuda.runtime.setDeviceFlags({"spin": 1, "yield": 2, "blocking": 4}[a.device_flags])
     if a.compute_stream == "nonblocking":
         import cupy
         cupy.cuda.Stream(non_blocking=True).use()
@@ -206,7 +202,6 @@ def main():
     res["compute_stream"] = a.compute_stream
     res["switch_interval"] = sys.getswitchinterval()
     res["sync_each_step"] = a.sync_each_step
-    res["device_flags"] = a.device_flags
     res["missed"] = missed
     for k, v in res.items():
         print(f"{k:28s} {v:.0f}" if isinstance(v, float) else f"{k:28s} {v}")

@@ -101,7 +101,7 @@ class Execution:
         d = dict(counters.counters)
         d.update(commands=self.commands, pool=memory.local_stats(),
                  signatures=len(self.entries), handles=len(self.table), plans=len(self.programs),
-                 plan_graphs=sum(1 for r in self.programs.values() if r.graph is not None),
+                 plan_graphs=sum(1 for r in self.programs.values() if r.captured),
                  # the most streams a plan's capture would use (DMATH_GRAPH_STREAMS; 1: one)
                  plan_streams=max((r.streams.streams for r in self.programs.values() if r.streams is not None),
                                   default=1),

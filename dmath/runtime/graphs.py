@@ -31,13 +31,30 @@ alike. Kernels that communicate do so through NCCL on the compute stream
 (all-reduces, the exchanges of a remap, the operand remaps of a GEMM), which
 a graph captures with them (`DMATH_GRAPH_COLLECTIVES=0`: never); work left on
 the side stream is waited for before a capture and joined at its end.
-`DMATH_CUDA_GRAPHS=0` turns graphs off. With `DMATH_GRAPH_STREAMS` above 1 the
+`DMATH_CUDA_GRAPHS=0` turns graphs off.
+
+A plan with steps that cannot be captured (a batch decoded from disk on the
+host, a value the master reads) is cut into segments (`segments`): each run
+of at least MIN_SEGMENT capturable steps between them is captured into a
+graph of its own, and the others run step by step in between, in program
+order on the same stream. Training from an image folder needs this: the
+batch's host stage cannot be captured, and replaying ResNet-50's ~1,750
+kernels a step from Python left the GPU idle for most of the step (a CUPTI
+timeline on an H100: 61 ms busy in a 219 ms step). A segment whose input a
+step-by-step step makes anew at every replay (a new shard: the capture would
+be invalid at the next replay) runs step by step, and so does one captured
+invalid more than MAX_RECAPTURES times.
+
+With `DMATH_GRAPH_STREAMS` above 1 the
 capture issues independent steps on several streams forked from the capture
 stream, so the graph has parallel branches (streams.py: the plan, and why its
 frees are safe).
 """
+from typing import NamedTuple
+
 from .. import memory, settings
 from ..comm import counters
+from .protocol import Program
 from .registry import capturable, prepare_capture
 from .streams import Capture, plan_program, streams_allowed, warn_experimental
 
@@ -60,6 +77,68 @@ def external_inputs(rt, program):
     return external
 
 
+#: the fewest capturable steps between uncapturable ones worth a graph of their own (a launch saves
+#: a Python kernel call per step; a short segment would cost a pool and a capture for little)
+MIN_SEGMENT = 8
+#: a segment whose capture was found invalid (its inputs' shards replaced between replays) more
+#: than this many times is run step by step from then on
+MAX_RECAPTURES = 2
+
+
+class Segment(NamedTuple):
+    """Steps [start, stop) of a program; capture: whether they are captured into a graph."""
+    start: int
+    stop: int
+    capture: bool
+
+
+def segments(flags, min_steps=MIN_SEGMENT):
+    """The segments of a program whose steps are capturable where `flags` is true (pure): maximal runs
+    of capturable steps of at least `min_steps` are captured, everything else (runs in between,
+    shorter runs) runs step by step; adjacent step-by-step runs are merged."""
+    out = []
+    i, n = 0, len(flags)
+    while i < n:
+        j = i
+        while j < n and bool(flags[j]) == bool(flags[i]):
+            j += 1
+        capture = bool(flags[i]) and j - i >= min_steps
+        if out and not out[-1].capture and not capture:
+            out[-1] = Segment(out[-1].start, j, False)
+        else:
+            out.append(Segment(i, j, capture))
+        i = j
+    return out
+
+
+def made_anew(rt, program, segs):
+    """Indices of the captured segments in `segs` that read a handle an earlier step-by-step segment
+    of `program` makes as a new shard (an output that is not also an input of its step): such a
+    segment's capture would be invalid at every replay."""
+    fresh, bad = set(), set()
+    for k, seg in enumerate(segs):
+        steps = program.steps[seg.start:seg.stop]
+        if seg.capture and not fresh & set(external_inputs(rt, Program(tuple(steps), ()))):
+            fresh -= {h for s in steps for h in s.handles[len(rt.entries[s.sig_id].inputs):]}
+            continue
+        if seg.capture:
+            bad.add(k)                  # step by step after all: what it makes is made anew too
+        for s in steps:
+            n_in = len(rt.entries[s.sig_id].inputs)
+            fresh.update(h for h in s.handles[n_in:] if h not in s.handles[:n_in])
+    return bad
+
+
+class _Part:
+    """A captured segment of a Replayer's program: its sub-program and graph (None until captured)."""
+
+    def __init__(self, program, reserve_share):
+        self.program = program
+        self.graph = None
+        self.invalidated = 0              # captures found invalid at a replay (inputs replaced)
+        self.largest = reserve_share      # whether it gets the program's measured arena
+
+
 class Replayer:
     """A stored plan on one rank; `replay()` runs it and returns the master's result of every step."""
 
@@ -71,16 +150,37 @@ class Replayer:
         # the operations that keep this plan out of a CUDA graph (reported by dmath.stats())
         self.blockers = sorted({rt.entries[s.sig_id].op for s in program.steps
                                 if not capturable(rt.entries[s.sig_id])})
-        self.capturable = enabled() and rt.backend.is_gpu and bool(program.steps) and not self.blockers
+        on = enabled() and rt.backend.is_gpu and bool(program.steps)
+        self.capturable = on and not self.blockers
+        # with blockers: the segments, a _Part for each captured one (None: no segment is captured)
+        self.parts = self._segment(rt, program) if on and self.blockers else None
         self.reserve = 0        # the bytes a step-by-step run added at its peak: the capture's arena
         # the streams of a capture (DMATH_GRAPH_STREAMS; None: one), planned at the first replay from
         # what its steps communicated. Planned on every backend, so that a CPU run checks the plans
         # too; only a GPU capture follows one
         self.streams = None
 
+    def _segment(self, rt, program):
+        segs = segments([capturable(rt.entries[s.sig_id]) for s in program.steps])
+        bad = made_anew(rt, program, segs)
+        segs = [Segment(g.start, g.stop, g.capture and k not in bad) for k, g in enumerate(segs)]
+        captured = [g for g in segs if g.capture]
+        if not captured:
+            return None
+        largest = max(captured, key=lambda g: g.stop - g.start)
+        return [(g, _Part(Program(tuple(program.steps[g.start:g.stop]), ()), g is largest) if g.capture else None)
+                for g in segs]
+
+    @property
+    def captured(self):
+        """Whether a CUDA graph of this plan (the whole program, or a segment) is held."""
+        return self.graph is not None or any(p is not None and p.graph is not None for _, p in self.parts or ())
+
     def replay(self):
         rt = self.rt
         self.runs += 1
+        if self.parts is not None and self.runs >= 2:
+            return self._replay_parts()
         if self.graph is not None and not self.graph.valid(rt):
             self.graph = None                   # an input shard was replaced: capture again
         if self.graph is None and self.capturable and self.runs >= 2 and self._inputs_on_device():
@@ -90,7 +190,7 @@ class Replayer:
         if self.graph is not None:
             return self.graph.launch(rt)
         talked = [] if self.runs == 1 and streams_allowed() > 1 else None
-        if self.capturable and not self.reserve:
+        if (self.capturable or self.parts is not None) and not self.reserve:
             # measured once: a plan kept step by step (inputs in host memory) pays for it no more
             results, self.reserve = memory.pool.current().measure_peak(lambda: rt._run_program(self.program, talked))
         else:
@@ -99,22 +199,54 @@ class Replayer:
             self.streams = plan_program(rt, self.program, talked)
         return results
 
+    def _replay_parts(self):
+        """A replay of a segmented program: captured segments launched (captured first where needed),
+        the others step by step, in program order; then the program's tail freed."""
+        rt, results = self.rt, []
+        for seg, part in self.parts:
+            if part is not None and part.graph is not None and not part.graph.valid(rt):
+                part.graph = None
+                part.invalidated += 1
+            if part is None or part.invalidated > MAX_RECAPTURES or (
+                    part.graph is None and not self._inputs_on_device(part.program)):
+                results += rt._run_program(Program(tuple(self.program.steps[seg.start:seg.stop]), ()))
+            elif part.graph is None:
+                # (the capture's bookkeeping and its first launch are this segment's execution)
+                part.graph = CapturedProgram(rt, part.program, self.reserve if part.largest else 0)
+                results += [None] * len(part.program.steps)
+            else:
+                results += part.graph.launch(rt)
+        rt._free(self.program.tail)
+        return results
+
     def release_graph(self):
-        """Drop the captured graph and give its pool's free blocks back; returns the bytes released.
+        """Drop the captured graph(s) and give their pools' free blocks back; returns the bytes released.
 
         The buffers the graph wrote its outputs into stay with those matrices;
         the temporaries' fixed addresses go, so the next replay captures again.
         """
-        if self.graph is None:
-            return 0
-        pool, self.graph = self.graph.pool, None
-        before = pool.total_bytes()
-        pool.free_all_blocks()
-        return before - pool.total_bytes()
+        released = 0
+        for _, part in self.parts or ():
+            if part is not None and part.graph is not None:
+                released += _release(part.graph)
+                part.graph = None
+        if self.graph is not None:
+            released += _release(self.graph)
+            self.graph = None
+        return released
 
-    def _inputs_on_device(self):
+    def _inputs_on_device(self, program=None):
         # a shard held in host memory gets a new device copy for every command
-        return all(self.rt.table[h].home is None for h in external_inputs(self.rt, self.program))
+        program = self.program if program is None else program
+        return all(self.rt.table[h].home is None for h in external_inputs(self.rt, program))
+
+
+def _release(graph):
+    """Give a CapturedProgram's pool's free blocks back; the bytes released."""
+    pool = graph.pool
+    before = pool.total_bytes()
+    pool.free_all_blocks()
+    return before - pool.total_bytes()
 
 
 class CapturedProgram:

@@ -47,3 +47,28 @@ def _gpu_decode_order(call):
     from dmath import settings
     settings.current.gpu_decode_order = ("overlap", "serial")[int(call.scalars[0])]
     return []
+
+
+@kernel("test_host_scale")
+def _host_scale(call):
+    """inputs[0] *= scalars[0] in place, after reading its first value on the host: a step that may
+    not be captured into a CUDA graph (a host synchronisation), for the tests of segmented plans."""
+    shard = call.inputs[0]
+    for p in shard.pieces:
+        if p.size:
+            float(p.reshape(-1)[0])           # (a device-to-host read: uncapturable)
+            p *= call.scalars[0]
+    return [shard]
+
+
+@kernel("test_host_copy")
+def _host_copy(call):
+    """A new shard holding inputs[0] * scalars[0], after a host read: an uncapturable step whose
+    output is a new buffer at every run."""
+    from dmath.runtime import Shard
+    dist, dtype = call.entry.out_dists[0], call.entry.outputs[0].dtype
+    pieces = [p * call.scalars[0] for p in call.inputs[0].pieces]
+    for p in pieces:
+        if p.size:
+            float(p.reshape(-1)[0])
+    return [Shard(pieces, dist, dtype)]

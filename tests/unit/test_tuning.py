@@ -10,6 +10,8 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
+import warnings
 
 import pytest
 
@@ -323,6 +325,34 @@ def test_unwritable_location_warns(tmp_path, monkeypatch):
     finally:
         tuning._CACHES.clear()
     assert blocker.read_text() == "x"
+
+
+def test_a_lock_held_too_long_costs_one_wait_not_one_per_choice(tmp_path, monkeypatch):
+    """A cache whose lock another process holds past LOCK_TIMEOUT_S (a stopped process, a queue of
+    writers) is written no more by this one: one wait and one warning, then every later choice is
+    kept in memory at once; the file is left as it was."""
+    path = tmp_path / "tune.json"
+    monkeypatch.setattr(tuning, "LOCK_TIMEOUT_S", 0.2)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"), str(path) + ".lock"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        cache = tuning.TuneCache(str(path))
+        with pytest.warns(tuning.TuneCacheWarning, match="writes it no more"):
+            assert cache.put("conv", {"gpu": "x"}, {"shape": 1}, [1]) is False
+        t0 = time.monotonic()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")            # no second warning
+            for k in range(20):
+                assert cache.put("conv", {"gpu": "x"}, {"shape": 2 + k}, [k]) is False
+        assert time.monotonic() - t0 < 0.2            # no further waits for the lock
+        assert cache.get("conv", {"gpu": "x"}, {"shape": 5}) == [3]     # kept in this process
+        assert not path.exists()
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 # ---- timed: the fast mode's few candidates and budget -----------------------------------------

@@ -371,6 +371,51 @@ def test_cuda_graph_recaptured_when_an_input_shard_is_replaced():
 
 
 @pytest.mark.skipif(dmath.device() != "gpu", reason="CUDA graphs need the GPU backend")
+@pytest.mark.parametrize("middle", ["in_place", "new_buffer"])
+def test_cuda_graph_segments_around_an_uncapturable_step(middle):
+    """A plan with an uncapturable step between two long runs of capturable ones: each run is captured
+    into a graph of its own and launched from the second replay on, the step between runs step by step
+    in program order. A middle step that makes its output anew at every run (a new buffer) leaves the
+    run after it step by step (its capture would be invalid at the next replay); results stay right."""
+    from dmath.ops.base import dispatch, new_meta
+    from dmath.runtime.graphs import MIN_SEGMENT
+    gc.collect()
+    dmath.stats()
+    lay = dmath.RowBlock()
+    x = make(values(SHAPE, 90), lay, "float64")
+    with dmath.record() as plan:
+        y = x
+        for _ in range(MIN_SEGMENT):
+            y = y * 1.5 - 0.25
+        if middle == "in_place":
+            dispatch("test_host_scale", [y], [0], scalars=[2.0])
+        else:
+            (y,), _ = dispatch("test_host_copy", [y], [new_meta(y.layout, y.shape, y.dtype)], scalars=[2.0])
+        z = y
+        for _ in range(MIN_SEGMENT):
+            z = z * 0.5 + 1.0
+    graphs = _graphs()
+
+    def expect(xv):
+        yv = xv
+        for _ in range(MIN_SEGMENT):
+            yv = yv * 1.5 - 0.25
+        zv = 2.0 * yv
+        for _ in range(MIN_SEGMENT):
+            zv = zv * 0.5 + 1.0
+        return zv
+    for k in range(4):
+        xv = values(SHAPE, 91 + k)
+        x.assign(xv)
+        plan.replay()
+        np.testing.assert_allclose(z.to_numpy(), expect(xv), rtol=1e-12)
+        # the first replay runs step by step; the second captures the segments, later ones launch
+        assert _graphs() == graphs + (1 if k >= 1 else 0)
+    stats = dmath.stats()[0]
+    assert stats["plan_blockers"].get("test_host_scale" if middle == "in_place" else "test_host_copy", 0) >= 1
+
+
+@pytest.mark.skipif(dmath.device() != "gpu", reason="CUDA graphs need the GPU backend")
 def test_no_graph_for_plans_with_uncapturable_steps():
     gc.collect()
     x = make(values(SHAPE, 81), dmath.RowBlock(), "float32")

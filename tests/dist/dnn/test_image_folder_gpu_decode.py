@@ -194,11 +194,14 @@ def _compare(a, b, exact_rows):
 
 @pytest.fixture(params=["overlap", "serial"])
 def decode_order(request):
-    """Every rank decodes in this order (DMATH_GPU_DECODE_ORDER) during the test; 'overlap' after it."""
+    """Every rank decodes in this order (DMATH_GPU_DECODE_ORDER) during the test; the setting's value
+    (the master's: every rank read the same environment) after it."""
     from dmath.ops.base import dispatch
-    dispatch("test_gpu_decode_order", scalars=[("overlap", "serial").index(request.param)])
+    orders = ("overlap", "serial")
+    before = dmath.settings.current.gpu_decode_order
+    dispatch("test_gpu_decode_order", scalars=[orders.index(request.param)])
     yield request.param
-    dispatch("test_gpu_decode_order", scalars=[0])
+    dispatch("test_gpu_decode_order", scalars=[orders.index(before)])
 
 
 @needs_gpu_decode
