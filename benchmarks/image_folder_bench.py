@@ -208,6 +208,9 @@ def child_train(a):
     import dmath
     import dnn
     from dnn import layers as L
+    if a.decoder_options is not None:
+        from dmath.gpu import nvimgcodec
+        nvimgcodec.OPTIONS = a.decoder_options
     dmath.init(device=a.device)
     P = dmath.num_workers()
     folder = dnn.data.ImageFolder(a.root, image_size=a.size, **CONFIGS[a.config])
@@ -281,6 +284,8 @@ def _child(kind, a, P, python=None, config="tuned"):
     common = ["--child", kind, "--root", a.root, "--batch", str(a.batch), "--size", str(a.size), "--device",
               a.device, "--dtype", a.dtype, "--json", path, "--procs", str(P), "--model", a.model, "--epochs",
               str(a.epochs), "--tv-workers", str(a.tv_workers), "--config", config, a.outdir]
+    if a.decoder_options is not None and kind != "torchvision":
+        common += ["--decoder-options", a.decoder_options]
     if kind == "torchvision":
         _run([python, os.path.abspath(__file__)] + common, a.timeout)
     else:
@@ -314,6 +319,10 @@ def main():
     ap.add_argument("--json", default=None)
     ap.add_argument("--procs", type=int, default=1)
     ap.add_argument("--config", default="tuned")
+    ap.add_argument("--decoder-options", default=None,
+                    help="train child: nvImageCodec's decoder options on every rank (dmath.gpu.nvimgcodec.OPTIONS, "
+                         "default ':fancy_upsampling=1', libjpeg's chroma upsampling); '' may let the GPU's hardware "
+                         "JPEG engine take the files (probes/decode_contention.py's hw_only: 11,982 img/s alone)")
     ap.add_argument("--train-configs", default=None,
                     help="with --train: the pipeline configurations trained, comma-separated (default: tuned, and "
                          "device_resize on GPUs)")

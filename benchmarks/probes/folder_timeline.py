@@ -104,6 +104,10 @@ def main():
     ap.add_argument("--model", default="resnet50")
     ap.add_argument("--dtype", default="float16")
     ap.add_argument("--size", type=int, default=224)
+    ap.add_argument("--decoder-options", default=None,
+                    help="nvImageCodec's decoder options (dmath.gpu.nvimgcodec.OPTIONS); '' lets the hardware JPEG "
+                         "engine take the files (with libjpeg's fancy chroma upsampling the timeline shows the CUDA "
+                         "decoder's IDCT kernel for 97% of them)")
     a = ap.parse_args()
     os.environ["DMATH_GPU_DECODE_ORDER"] = a.order        # read at init
     import image_folder_bench as bench
@@ -112,6 +116,9 @@ def main():
     import torch                                          # the recorder (CUPTI) only
     import dmath
     import dnn
+    if a.decoder_options is not None:
+        from dmath.gpu import nvimgcodec
+        nvimgcodec.OPTIONS = a.decoder_options
     dmath.init(device="gpu")
     if dmath.num_workers() != 1:
         raise SystemExit("one worker: the timeline is of this process")
@@ -134,7 +141,7 @@ def main():
     with gzip.open(path + ".gz", "wt") as fh:
         json.dump(trace, fh)
     os.remove(path)
-    res = {"order": a.order, "model": a.model, "dtype": a.dtype, "batch": a.batch, "gpu_name": torch.cuda.get_device_name(),
+    res = {"order": a.order, "decoder_options": a.decoder_options, "model": a.model, "dtype": a.dtype, "batch": a.batch, "gpu_name": torch.cuda.get_device_name(),
            "wall_s": wall, "wall_ms_per_step": 1e3 * wall / max(steps, 1), "samples_per_s": hist["samples_per_s"][-1],
            "pipeline": [p for rep in folder.stats() for p in rep["pipelines"] if p["random"]],
            **summarise(trace, max(steps, 1))}

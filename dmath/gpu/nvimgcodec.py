@@ -215,7 +215,8 @@ def batch_decoder(threads=0):
     with _lock:
         if key not in _state:
             try:
-                dec = BatchDecoder(mod, be.device_id, threads or os.cpu_count() or 1)
+                # (OPTIONS read now, not bound at import: a benchmark may set it before the first decoder)
+                dec = BatchDecoder(mod, be.device_id, threads or os.cpu_count() or 1, options=OPTIONS)
                 why = _probe(dec)
             except Exception as exc:  # noqa: BLE001 - no usable decoder, whatever the reason
                 dec, why = None, f"nvImageCodec's decoder does not start here ({type(exc).__name__}: {exc})"
