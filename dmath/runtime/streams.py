@@ -56,6 +56,10 @@ capture: cuBLAS's capture workspaces (dmath.gpu.blas) and cuDNN's workspace
 (dmath.gpu.cudnn), so that two concurrent library calls never share one. The
 side streams take blocks of their own (the capture's arena serves the capture
 stream), so a graph on several streams may hold more memory than on one.
+Side-stream work a step leaves running (a background all-reduce) counts as a
+use of the step's outputs and of its inputs (it may send from an input's
+buffer): every later step that uses them, and the stream that allocated their
+blocks before it reuses them, waits for it.
 
 Step-by-step runs (the first replay, every replay off the GPU or out of a
 graph) are unchanged.
@@ -90,7 +94,9 @@ def warn_experimental():
     model with each gradient summed alone (bucket_mb = 0) departs from one stream's weights by 15x
     their size, and the bisection names the first step whose side-stream placement does it: an
     in-place sum into the epoch's accuracy accumulator (a Partial matrix), whose data no weight
-    reads; so the default stays 1."""
+    reads. A race found since by reading is fixed (`Capture.run`: the inputs of a step that leaves
+    side-stream work wait for it too; a background all-reduce sends from its Partial input's
+    buffer); whether it was that difference is not yet measured on GPUs, so the default stays 1."""
     if not _WARNED:
         _WARNED.append(True)
         warnings.warn("dmath: DMATH_GRAPH_STREAMS > 1 is experimental: on GPUs a captured step on several "
@@ -310,7 +316,7 @@ class Capture:
         self.events = [None] * len(program.steps)
         self._event = xp.cuda.Event
         # side-stream work a step left running (a background all-reduce: Shard.pending) per shard it
-        # writes: id(shard) -> (shard, its events). Every stream that uses the shard waits for them:
+        # writes, or reads (the all-reduce may send from an input): id(shard) -> (shard, its events). Every stream that uses the shard waits for them:
         # the runtime's settle waits on the current stream only, once for all the shards that share a
         # Pending (it consumes the event), which orders one stream of several, not every reader's
         self.side = {}
@@ -365,13 +371,21 @@ class Capture:
                                        "capture; DMATH_GRAPH_STREAMS=1 avoids it")
                 for h in step.handles[:k]:
                     self._accessed(found[h], s, i)
+                left = []                               # side-stream work the step left running
                 for h in step.handles[k:]:
                     shard = table.get(h)
                     self._accessed(shard, s, i)
-                    self._note_side(shard)
+                    left += self._note_side(shard)
                     before = found[h]
                     if before is not None and before is not shard:
                         self._order_release(before)     # replaced: released when `found` goes
+                if left:
+                    # that work may read the step's inputs as well: a background all-reduce sends
+                    # straight from a Partial input's buffer (collectives.allreduce_start's src). So the
+                    # reuse of an input's blocks (by the stream that allocated them, maybe not this
+                    # one) and every later step that uses the input wait for it too
+                    for h in step.handles[:k]:
+                        self._add_side(found[h], left)
                 del found
             self.free(self.program.tail)
         finally:
@@ -387,10 +401,19 @@ class Capture:
                 self.order.accessed(b, lane, step)
 
     def _note_side(self, shard):
-        """Remember the side-stream work still writing `shard` (its pending events), if any."""
+        """Remember the side-stream work still writing `shard` (its pending events), if any; returns
+        those events."""
         events = [p.event for p in getattr(shard, "pending", None) or () if getattr(p, "event", None) is not None]
         if events:
             self.side[id(shard)] = (shard, events)
+        return events
+
+    def _add_side(self, shard, events):
+        """Remember that side-stream work (`events`) still uses `shard` (reads it), besides any noted."""
+        if shard is not None:
+            noted = self.side.get(id(shard))
+            self.side[id(shard)] = (shard, (noted[1] if noted else []) + [e for e in events
+                                                                          if not noted or e not in noted[1]])
 
     def _wait_side(self, lane, events):
         """Make stream `lane` wait for side-stream `events`, each once."""
