@@ -448,29 +448,36 @@ class _SidedRuntime(_Runtime):
                 self.table[h].pending = [shared]
 
 
-def test_every_stream_that_reads_a_background_sum_waits_for_the_side_stream():
+def _capture_sided(steps, tail, talks, background):
+    """Capture fake `steps` (sig_id = number of inputs) on up to 4 streams, step `talks` communicating and
+    the steps whose outputs are in `background` leaving them to the side stream; (log, plan, lane ids,
+    the side stream's event)."""
     import types
 
-    from dmath.runtime.protocol import Program, Step
+    from dmath.runtime.protocol import Program
     from dmath.runtime.streams import Capture, plan
     log = _Log()
     _Stream.log = log
-    # 1 -> an all-reduce on the capture stream that leaves 2 and 3 to the side stream (one Pending), then
-    # 2 and 3 read on two streams (4 <- 2, 5 <- 3, the optimizer's updates of two weights), joined in 6
-    steps = (Step(0, (1,), (), ()), Step(1, (1, 2, 3), (), ()), Step(1, (2, 4), (), ()), Step(1, (3, 5), (), ()),
-             Step(2, (4, 5, 6), (), ()), Step(1, (6, 7), (), (2, 3)))
-    program = Program(steps, (4, 5, 6, 7))
-    uses = [StepUse(s.handles[:s.sig_id], s.handles[s.sig_id:], s.frees, communicates=k == 1)
+    program = Program(steps, tail)
+    uses = [StepUse(s.handles[:s.sig_id], s.handles[s.sig_id:], s.frees, communicates=k == talks)
             for k, s in enumerate(steps)]
     splan = plan(uses, 4)
-    assert splan.stream[1] == 0 and splan.stream[2] != splan.stream[3]
-    rt = _SidedRuntime(program, log, {(2, 3)})
+    rt = _SidedRuntime(program, log, background)
     main = _Stream()
     with main:
         cap = rt.capture = Capture(rt, program, splan, main, types.SimpleNamespace(capture_lane=0))
         cap.run()
-    lanes = [lane.id for lane in cap.lanes]
-    side_event = (rt.side.id, 1)
+    return log, splan, [lane.id for lane in cap.lanes], (rt.side.id, 1)
+
+
+def test_every_stream_that_reads_a_background_sum_waits_for_the_side_stream():
+    from dmath.runtime.protocol import Step
+    # 1 -> an all-reduce on the capture stream that leaves 2 and 3 to the side stream (one Pending), then
+    # 2 and 3 read on two streams (4 <- 2, 5 <- 3, the optimizer's updates of two weights), joined in 6
+    steps = (Step(0, (1,), (), ()), Step(1, (1, 2, 3), (), ()), Step(1, (2, 4), (), ()), Step(1, (3, 5), (), ()),
+             Step(2, (4, 5, 6), (), ()), Step(1, (6, 7), (), (2, 3)))
+    log, splan, lanes, side_event = _capture_sided(steps, (4, 5, 6, 7), 1, {(2, 3)})
+    assert splan.stream[1] == 0 and splan.stream[2] != splan.stream[3]
     for k in (2, 3):
         # the stream of each reader waits for the side stream before it runs the reader
         lane = lanes[splan.stream[k]]
@@ -484,34 +491,17 @@ def test_every_stream_that_reads_a_background_sum_waits_for_the_side_stream():
 def test_an_input_the_side_stream_reads_is_not_reused_before_it_is_done():
     """A background all-reduce sends from its Partial input's buffer (collectives.allreduce_start's
     src): when that input, made on another stream, is freed, its block's stream waits for the side
-    stream before the block goes back (the race found at 2 H100s with every gradient summed alone)."""
-    import types
-
-    from dmath.runtime.protocol import Program, Step
-    from dmath.runtime.streams import Capture, plan
-    log = _Log()
-    _Stream.log = log
+    stream before the block goes back (a race found by reading; without the wait this test fails)."""
+    from dmath.runtime.protocol import Step
     # 1 -> 10 (stream 0) and 1 -> 2 (a gradient, on a side stream); 2 summed in the background into 3 on
     # the capture stream; 3 -> 4 (the update); 10, 4 -> 5, which frees 2
-    steps = (Step(0, (1, 10), (), ()), Step(1, (1, 2), (), ()), Step(1, (2, 3), (), ()), Step(1, (3, 4), (), ()),
-             Step(2, (10, 4, 5), (), (2,)))
-    program = Program(steps, (3, 4, 5, 10))
-    uses = [StepUse(s.handles[:s.sig_id], s.handles[s.sig_id:], s.frees, communicates=k == 2)
-            for k, s in enumerate(steps)]
-    # (step 0 is a chain of its own, so the gradient starts a second stream)
-    uses[0] = StepUse((1,), (10,))
-    splan = plan(uses, 4)
-    assert splan.stream[1] != 0 and splan.stream[2] == 0
-    rt = _SidedRuntime(program, log, {(3,)})
-    main = _Stream()
-    with main:
-        cap = rt.capture = Capture(rt, program, splan, main, types.SimpleNamespace(capture_lane=0))
-        cap.run()
-    lanes = [lane.id for lane in cap.lanes]
-    side_event = (rt.side.id, 1)
+    steps = (Step(0, (1,), (), ()), Step(1, (1, 10), (), ()), Step(1, (1, 2), (), ()), Step(1, (2, 3), (), ()),
+             Step(1, (3, 4), (), ()), Step(2, (10, 4, 5), (), (2,)))
+    log, splan, lanes, side_event = _capture_sided(steps, (3, 4, 5, 10), 3, {(3,)})
+    assert splan.stream[2] != 0 and splan.stream[3] == 0
     at_free = log.items.index(("free", 2))
     # the block of 2 was allocated on the gradient's stream: it waits for the side stream first
-    assert ("wait", lanes[splan.stream[1]], side_event) in log.items[:at_free], log.items
+    assert ("wait", lanes[splan.stream[2]], side_event) in log.items[:at_free], log.items
 
 
 def test_a_gone_graphs_pool_lives_while_its_blocks_are_in_use():
