@@ -161,6 +161,8 @@ class Replayer:
         self.streams = None
 
     def _segment(self, rt, program):
+        """[(the segment's sub-program, its _Part or None: step by step)] of a program with blockers,
+        or None when no segment is worth capturing."""
         segs = segments([capturable(rt.entries[s.sig_id]) for s in program.steps])
         bad = made_anew(rt, program, segs)
         segs = [Segment(g.start, g.stop, g.capture and k not in bad) for k, g in enumerate(segs)]
@@ -168,8 +170,8 @@ class Replayer:
         if not captured:
             return None
         largest = max(captured, key=lambda g: g.stop - g.start)
-        return [(g, _Part(Program(tuple(program.steps[g.start:g.stop]), ()), g is largest) if g.capture else None)
-                for g in segs]
+        subs = [Program(tuple(program.steps[g.start:g.stop]), ()) for g in segs]
+        return [(sub, _Part(sub, g is largest) if g.capture else None) for g, sub in zip(segs, subs)]
 
     @property
     def captured(self):
@@ -203,13 +205,13 @@ class Replayer:
         """A replay of a segmented program: captured segments launched (captured first where needed),
         the others step by step, in program order; then the program's tail freed."""
         rt, results = self.rt, []
-        for seg, part in self.parts:
+        for sub, part in self.parts:
             if part is not None and part.graph is not None and not part.graph.valid(rt):
                 part.graph = None
                 part.invalidated += 1
             if part is None or part.invalidated > MAX_RECAPTURES or (
-                    part.graph is None and not self._inputs_on_device(part.program)):
-                results += rt._run_program(Program(tuple(self.program.steps[seg.start:seg.stop]), ()))
+                    part.graph is None and not self._inputs_on_device(sub)):
+                results += rt._run_program(sub)
             elif part.graph is None:
                 # (the capture's bookkeeping and its first launch are this segment's execution)
                 part.graph = CapturedProgram(rt, part.program, self.reserve if part.largest else 0)
