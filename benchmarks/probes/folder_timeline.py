@@ -141,7 +141,8 @@ def main():
     with gzip.open(path + ".gz", "wt") as fh:
         json.dump(trace, fh)
     os.remove(path)
-    res = {"order": a.order, "decoder_options": a.decoder_options, "model": a.model, "dtype": a.dtype, "batch": a.batch, "gpu_name": torch.cuda.get_device_name(),
+    res = {"order": a.order, "decoder_options": a.decoder_options, "model": a.model, "dtype": a.dtype,
+           "batch": a.batch, "gpu_name": torch.cuda.get_device_name(),
            "wall_s": wall, "wall_ms_per_step": 1e3 * wall / max(steps, 1), "samples_per_s": hist["samples_per_s"][-1],
            "pipeline": [p for rep in folder.stats() for p in rep["pipelines"] if p["random"]],
            **summarise(trace, max(steps, 1))}

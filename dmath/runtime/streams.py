@@ -316,9 +316,10 @@ class Capture:
         self.events = [None] * len(program.steps)
         self._event = xp.cuda.Event
         # side-stream work a step left running (a background all-reduce: Shard.pending) per shard it
-        # writes, or reads (the all-reduce may send from an input): id(shard) -> (shard, its events). Every stream that uses the shard waits for them:
-        # the runtime's settle waits on the current stream only, once for all the shards that share a
-        # Pending (it consumes the event), which orders one stream of several, not every reader's
+        # writes, or reads (the all-reduce may send from an input): id(shard) -> (shard, its events).
+        # Every stream that uses the shard waits for them: the runtime's settle waits on the current
+        # stream only, once for all the shards that share a Pending (it consumes the event), which
+        # orders one stream of several, not every reader's
         self.side = {}
         self.side_waited = {}       # (lane, id(event)) -> event: waits issued (the event kept alive)
 
