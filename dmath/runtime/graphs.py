@@ -130,10 +130,9 @@ def made_anew(rt, program, segs):
 
 
 class _Part:
-    """A captured segment of a Replayer's program: its sub-program and graph (None until captured)."""
+    """What a Replayer keeps of a captured segment: its graph (None until captured)."""
 
-    def __init__(self, program, reserve_share):
-        self.program = program
+    def __init__(self, reserve_share):
         self.graph = None
         self.invalidated = 0              # captures found invalid at a replay (inputs replaced)
         self.largest = reserve_share      # whether it gets the program's measured arena
@@ -171,7 +170,7 @@ class Replayer:
             return None
         largest = max(captured, key=lambda g: g.stop - g.start)
         subs = [Program(tuple(program.steps[g.start:g.stop]), ()) for g in segs]
-        return [(sub, _Part(sub, g is largest) if g.capture else None) for g, sub in zip(segs, subs)]
+        return [(sub, _Part(g is largest) if g.capture else None) for g, sub in zip(segs, subs)]
 
     @property
     def captured(self):
@@ -214,8 +213,8 @@ class Replayer:
                 results += rt._run_program(sub)
             elif part.graph is None:
                 # (the capture's bookkeeping and its first launch are this segment's execution)
-                part.graph = CapturedProgram(rt, part.program, self.reserve if part.largest else 0)
-                results += [None] * len(part.program.steps)
+                part.graph = CapturedProgram(rt, sub, self.reserve if part.largest else 0)
+                results += [None] * len(sub.steps)
             else:
                 results += part.graph.launch(rt)
         rt._free(self.program.tail)

@@ -412,9 +412,8 @@ class Capture:
     def _add_side(self, shard, events):
         """Remember that side-stream work (`events`) still uses `shard` (reads it), besides any noted."""
         if shard is not None:
-            noted = self.side.get(id(shard))
-            self.side[id(shard)] = (shard, (noted[1] if noted else []) + [e for e in events
-                                                                          if not noted or e not in noted[1]])
+            noted = self.side.get(id(shard), (shard, []))[1]
+            self.side[id(shard)] = (shard, noted + [e for e in events if e not in noted])
 
     def _wait_side(self, lane, events):
         """Make stream `lane` wait for side-stream `events`, each once."""
