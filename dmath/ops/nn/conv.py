@@ -153,10 +153,14 @@ def explain_conv2d(print_fn=print):
         print_fn(r["status"] + ("\n" + cudnn.describe(r["shapes"]) if r["shapes"] else "\n(no convolution run yet)"))
         for p in r["padded"]:
             key = p["key"]
+            if p["plain_ms"] is None:       # DMATH_TUNE=off: padded wherever cuDNN takes it, nothing timed
+                timing = "untimed: DMATH_TUNE=off"
+            else:
+                timing = f"plain {p['plain_ms']:.3f} ms, padded " + (
+                    f"{p['padded_ms']:.3f} ms" if p["padded_ms"] is not None else "refused by cuDNN")
             print_fn(f"  {key['direction']} {key['n']}x{key['c']}x{key['h']}x{key['w']} {key['dtype']}: channels "
                      f"padded to {_channels_to(key['c'], _PAD_TO[key['direction']])}: "
-                     f"{'yes' if p['padded'] else 'no'} (plain {p['plain_ms']:.3f} ms, padded "
-                     + (f"{p['padded_ms']:.3f} ms)" if p["padded_ms"] is not None else "refused by cuDNN)"))
+                     f"{'yes' if p['padded'] else 'no'} ({timing})")
     return reports
 
 
