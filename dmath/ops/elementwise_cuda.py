@@ -15,6 +15,13 @@ i % cols or i / cols of it. Everything else (vector positions that are not
 one run, in-place writes, views with gaps, functions without an expression)
 goes to the generic kernel, CuPy's ufuncs.
 
+Where every array operand is a whole piece of the result's dtype and every
+address is 16-byte aligned, a second loop (`vector_source`) reads and writes
+16 bytes per thread and step (8 halves): a scalar loop moves a float16
+array at a sixth of the device's bandwidth (a ResNet-50 step's residual
+gradient sums took 4 ms of its 50 on an H100), the vector one at its
+bandwidth. Compiled per function at its first such call.
+
 The generated code computes as CuPy's ufuncs do, so that both paths give
 the same bits: operands converted to the result's type (float for float16),
 scalars rounded to the result's dtype on the host, float16 results rounded
@@ -32,6 +39,7 @@ _HELPERS = r"""
 template <typename C> __device__ C dm_nan();
 template <> __device__ float dm_nan<float>() { return __int_as_float(0x7fffffff); }
 template <> __device__ double dm_nan<double>() { return __longlong_as_double(0x7ff8000000000000LL); }
+template <typename T, int V> struct __align__(sizeof(T) * V) dm_ev { T v[V]; };
 """
 
 _SOURCE = r"""
@@ -46,6 +54,36 @@ __global__ void dm_ewise_%(fn)s(%(params)s, %(out)s* __restrict__ dm_out, long l
 }
 """
 
+
+_VECTOR_SOURCE = r"""
+__global__ void dm_ewisev_%(fn)s(%(params)s, %(out)s* __restrict__ dm_out, long long dm_n, long long dm_cols) {
+    typedef %(compute)s C;
+    typedef dm_ev<%(out)s, %(V)d> VT;
+    const long long dm_nv = dm_n / %(V)d;
+    for (long long w = blockIdx.x * (long long)blockDim.x + threadIdx.x; w < dm_nv;
+         w += (long long)gridDim.x * blockDim.x) {
+%(vloads)s
+        VT dm_o;
+#pragma unroll
+        for (int k = 0; k < %(V)d; ++k) {
+%(eloads)s
+            const C dm_r = (C)(%(expr)s);
+            dm_o.v[k] = %(store)s;
+        }
+        reinterpret_cast<VT*>(dm_out)[w] = dm_o;
+    }
+    // the last dm_n %% V elements: one each for the first threads of block 0
+    const long long i = dm_nv * %(V)d + threadIdx.x;
+    if (blockIdx.x == 0 && i < dm_n) {
+%(loads)s
+        const C dm_r = (C)(%(expr)s);
+        dm_out[i] = %(store)s;
+    }
+}
+"""
+
+#: the bytes one thread of the vector loop reads from each operand and writes per step
+VECTOR_BYTES = 16
 
 #: an operand's form -> the element of it that result element i (of a row of dm_cols) reads
 _INDEX = {"full": "i", "row": "i % dm_cols", "col": "i / dm_cols", "one": "0"}
@@ -73,6 +111,41 @@ def source(fn, operands, out_dtype):
                       "loads": "\n".join(loads), "expr": f.cuda, "store": store}
 
 
+def vector_width(operands, out_dtype):
+    """Elements per step of the vector loop over `operands` (see `source`), or None where it does not
+    apply (a pure function): every array operand whole and of the result's dtype."""
+    arrays = [o for o in operands if o is not None]
+    if not arrays or any(o != (out_dtype, "full") for o in arrays):
+        return None
+    return VECTOR_BYTES // np.dtype(out_dtype).itemsize
+
+
+def vector_source(fn, operands, out_dtype):
+    """The CUDA C of the kernel dm_ewisev_<fn>: function `fn`'s loop over `operands` (all whole pieces of
+    the result's dtype, or scalars), 16 bytes of each array per thread and step, the remainder one
+    element per thread (a pure function; the caller checks `vector_width`)."""
+    f = FUNCTIONS[fn]
+    width = vector_width(operands, out_dtype)
+    compute = "double" if out_dtype == "float64" else "float"
+    ctype = cuda.C_TYPES[out_dtype]
+    params, vloads, eloads, loads = [], [], [], []
+    for name, operand in zip(f.params, operands):
+        if operand is None:
+            params.append(f"{compute} {name}_s")
+            eloads.append(f"            const C {name} = {name}_s;")
+            loads.append(f"        const C {name} = {name}_s;")
+        else:
+            params.append(f"const {ctype}* __restrict__ {name}_p")
+            vloads.append(f"        const VT {name}_v = reinterpret_cast<const VT*>({name}_p)[w];")
+            eloads.append(f"            const C {name} = (C)dm_val({name}_v.v[k]);")
+            loads.append(f"        const C {name} = (C)dm_val({name}_p[i]);")
+    store = "__float2half(dm_r)" if out_dtype == "float16" else "dm_r"
+    return _HELPERS + _VECTOR_SOURCE % {
+        "fn": fn, "params": ", ".join(params), "out": ctype, "compute": compute, "V": width,
+        "vloads": "\n".join(vloads), "eloads": "\n".join(eloads), "loads": "\n".join(loads),
+        "expr": f.cuda, "store": store}
+
+
 def module_source(operands, out_dtype):
     """The CUDA C of every function of len(operands) operands over these operands (see `source`):
     one module, so that a process compiles once per operand types, not once per function and types."""
@@ -96,6 +169,33 @@ def launcher(fn, operands, out_dtype):
         text, names = module_source(operands, out_dtype)
         found = _LAUNCHERS[key] = cuda.Launcher(cuda.function(text, f"dm_ewise_{fn}", names), kinds)
     return found
+
+
+def vector_launcher(fn, operands, out_dtype):
+    """(the `cuda.Launcher` of dm_ewisev_<fn>, its elements per step), or None where the vector loop does
+    not apply; its arguments as `launcher`'s, its total the number of vector steps (at least 1)."""
+    width = vector_width(operands, out_dtype)
+    if width is None:
+        return None
+    key = ("vector", fn, operands, out_dtype)
+    found = _LAUNCHERS.get(key)
+    if found is None:
+        scalar_kind = "d" if out_dtype == "float64" else "f"
+        kinds = "".join("p" if d is not None else scalar_kind for d in operands) + "pqq"
+        name = f"dm_ewisev_{fn}"
+        found = _LAUNCHERS[key] = (cuda.Launcher(cuda.function(vector_source(fn, operands, out_dtype), name, [name]),
+                                                 kinds), width)
+    return found
+
+
+def _start(scalar, vector, n, values, pointers):
+    """Launch the vector loop where it applies and every pointer is aligned to its 16 bytes, else the
+    scalar loop (values: the kernel's arguments; pointers: the device addresses among them)."""
+    if vector is not None and not any(p % VECTOR_BYTES for p in pointers):
+        launch, width = vector
+        launch(max(n // width, 1), *values)
+    else:
+        scalar(n, *values)
 
 
 def _scalar_rounding(out_dtype):
@@ -124,7 +224,9 @@ def run(fn, operands, out):
     kinds = tuple((str(a.dtype), form(a.shape, out.shape)) if hasattr(a, "dtype") else None for a in operands)
     rounding = _scalar_rounding(dtype)
     values = [a.data.ptr if hasattr(a, "dtype") else (a if rounding is None else rounding(a)) for a in operands]
-    launcher(fn, kinds, dtype)(out.size, *values, out.data.ptr, out.size, out.shape[1])
+    pointers = [a.data.ptr for a in operands if hasattr(a, "dtype")] + [out.data.ptr]
+    _start(launcher(fn, kinds, dtype), vector_launcher(fn, kinds, dtype), out.size,
+           values + [out.data.ptr, out.size, out.shape[1]], pointers)
     return out
 
 
@@ -175,7 +277,8 @@ def _prepare(call):
         return None
     operands, plan = found
     dtype = call.entry.outputs[0].dtype
-    return launcher(args.fn, operands, dtype), pieces[0].shape, dtype, dist, plan, _scalar_rounding(dtype)
+    return ((launcher(args.fn, operands, dtype), vector_launcher(args.fn, operands, dtype)), pieces[0].shape, dtype,
+            dist, plan, _scalar_rounding(dtype))
 
 
 @EWISE.kernel(backend="gpu", capturable=True, local=True)
@@ -188,9 +291,9 @@ def _ewise_gpu(call):
         prep = cache["gpu"] = _prepare(call) or False
     if prep is False:
         return generic("ewise")(call)
-    launch, shape, dtype, dist, plan, rounding = prep
+    (launch, vector), shape, dtype, dist, plan, rounding = prep
     ins, scalars = call.inputs, call.scalars
-    values = []
+    values, pointers = [], []
     for is_piece, idx, read in plan:
         if is_piece:
             j, offset, strides = read
@@ -198,12 +301,14 @@ def _ewise_gpu(call):
             if a.strides != strides and a.size > 1:
                 return generic("ewise")(call)      # a view with gaps: CuPy's strided loop
             values.append(a.data.ptr + offset)
+            pointers.append(values[-1])
         else:
             v = scalars[idx]
             values.append(v if rounding is None else rounding(v))
     out = memory.empty(shape, dtype)
+    pointers.append(out.data.ptr)
     values.append(out.data.ptr)
     values.append(out.size)
     values.append(shape[1])
-    launch(out.size, *values)
+    _start(launch, vector, out.size, values, pointers)
     return [Shard([out], dist, dtype)]

@@ -59,3 +59,23 @@ def test_batchnorm_kernels_compile():
     result, log, lowered = _compile(launcher.PREAMBLE + norm_cuda.SOURCE, names)
     assert result == 0, log
     assert all(lowered), "every instantiation was compiled"
+
+
+def test_elementwise_kernels_compile_in_both_loops():
+    """Every function with a CUDA expression, as the one-launch scalar loop (one module per operand
+    types) and as the 16-byte vector loop, for each dtype and with a scalar operand."""
+    from dmath.ops.elementwise import FUNCTIONS
+    from dmath.ops import elementwise_cuda as ew
+    for dtype in ("float16", "float32", "float64"):
+        for arity in (1, 2):
+            full = ((dtype, "full"),) * arity
+            text, names = ew.module_source(full, dtype)
+            result, log, lowered = _compile(launcher.PREAMBLE + text, names)
+            assert result == 0 and all(lowered), log
+            for operands in [full] + ([((dtype, "full"), None)] if arity == 2 else []):
+                fns = [fn for fn, f in FUNCTIONS.items() if f.cuda is not None and len(f.params) == arity]
+                text = "".join(ew.vector_source(fn, operands, dtype) if k == 0 else
+                               ew.vector_source(fn, operands, dtype).replace(ew._HELPERS, "")
+                               for k, fn in enumerate(fns))
+                result, log, lowered = _compile(launcher.PREAMBLE + text, [f"dm_ewisev_{fn}" for fn in fns])
+                assert result == 0 and all(lowered), log

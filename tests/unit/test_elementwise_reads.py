@@ -1,7 +1,7 @@
 """The GPU one-launch elementwise loop's operand plan (`elementwise_cuda.reads`), without a GPU:
 which local piece and which byte offset each worker reads, and when the loop must not be used."""
 from dmath.layout import BlockCyclic, ColBlock, Replicated, RowBlock, distribution
-from dmath.ops.elementwise_cuda import form, reads
+from dmath.ops.elementwise_cuda import form, reads, vector_source, vector_width
 
 
 def _reads(pattern, inputs, result, nworkers, rank):
@@ -58,3 +58,16 @@ def test_forms_follow_the_shapes():
     assert form((1, 5), (4, 5)) == "row"
     assert form((4, 1), (4, 5)) == "col"
     assert form((1, 1), (4, 5)) == "one"
+
+
+def test_the_vector_loop_takes_whole_operands_of_the_results_dtype_only():
+    half, single = ("float16", "full"), ("float32", "full")
+    assert vector_width((half, half), "float16") == 8            # 16 bytes a step
+    assert vector_width((None, single), "float32") == 4          # a scalar beside a whole piece
+    assert vector_width((("float64", "full"),), "float64") == 2
+    assert vector_width((half, single), "float32") is None       # mixed dtypes: the scalar loop
+    assert vector_width((single, ("float32", "row")), "float32") is None
+    assert vector_width((None, None), "float32") is None         # no array at all
+    text = vector_source("mul", (half, None), "float16")
+    assert "dm_ewisev_mul" in text and "dm_ev<half, 8>" in text
+    assert "const C b = b_s;" in text and "reinterpret_cast<const VT*>(a_p)[w]" in text

@@ -364,7 +364,9 @@ def test_gpu_one_launch_path_gives_cupys_bits(dtypes):
     """On a GPU, the generated one-launch kernel of every function with a CUDA expression gives the
     bits of CuPy's ufunc (the generic kernel), for array, row, column, (1, 1) and scalar operands
     on either side, mixed dtypes, and zeros, infinities and NaNs (a NaN result only has to be a
-    NaN). Its grid-stride loop is taken past the largest grid."""
+    NaN). Its grid-stride loop is taken past the largest grid; whole operands of the result's dtype
+    take the 16-byte vector loop (sizes with a remainder; past the largest grid in float16) and the
+    scalar one when an operand's address is not 16-byte aligned (a view one element in)."""
     if dmath.device() != "gpu":
         pytest.skip("the one-launch path is the GPU kernel's")
     import cupy
@@ -382,13 +384,22 @@ def test_gpu_one_launch_path_gives_cupys_bits(dtypes):
             if len(dtypes) == 1:
                 forms += [("full", "scalar"), ("scalar", "full"), ("row", "scalar")]
         for form in forms:
-            # past the largest grid (the grid-stride loop) for one function
+            # past the largest grid (the grid-stride loop) for one function; the vector loop's too in
+            # float16 (8 elements a step); a first operand one element into its buffer (unaligned)
             big = fn == "add" and form == ("full",) * arity
-            for size in ((37, 53), (cuda.MAX_BLOCKS * 256 + 1000, 1)) if big else ((37, 53),):
+            sizes = ((37, 53), (cuda.MAX_BLOCKS * 256 + 1000, 1), "unaligned") if big else ((37, 53),)
+            if big and dtypes == ("float16",):
+                sizes += ((cuda.MAX_BLOCKS * 256 * 8 + 1003, 1),)
+            for size in sizes:
+                shift = size == "unaligned"
+                size = (37, 53) if shift else size
                 operands = []
                 for k, kind in enumerate(form):
                     shape = {"full": size, "row": (1, size[1]), "col": (size[0], 1), "one": (1, 1)}.get(kind)
-                    if shape is not None:
+                    if shape is not None and shift and k == 0:
+                        flat = cupy.asarray(_special((size[0] * size[1] + 1,), dtypes[0], 40))
+                        operands.append(flat[1:].reshape(size))
+                    elif shape is not None:
                         operands.append(cupy.asarray(_special(shape, dtypes[k % len(dtypes)], 40 + k)))
                     else:
                         operands.append([0.3, -1.7, 2.0][k])
