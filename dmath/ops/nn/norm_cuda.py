@@ -57,6 +57,25 @@ __device__ __forceinline__ dm_vec<T, V> dm_load(const T* p, long long i) {
     return *reinterpret_cast<const dm_vec<T, V>*>(p + i);
 }
 
+// one row's part of dm_bn_sums: MODE 3 adds d and d^2 (d = x - m), MODE 2 g and g d (g = dy, masked by y > 0)
+template <typename T, int V, int MODE, bool RELU>
+__device__ __forceinline__ void dm_bn_row(const dm_vec<T, V>& xv, const dm_vec<T, V>& gv, const dm_vec<T, V>& yv,
+        const double (&m)[V], double (&s0)[V], double (&s1)[V]) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+        const double d = (double)dm_val(xv.v[v]) - m[v];
+        if (MODE == 3) {
+            s0[v] += d;
+            s1[v] += d * d;
+        } else {
+            double g = (double)dm_val(gv.v[v]);
+            if (RELU && !(dm_val(yv.v[v]) > 0)) g = 0.0;
+            s0[v] += g;
+            s1[v] += g * d;
+        }
+    }
+}
+
 // blockDim (TX, TY) = 256 threads; grid (ceil(C / V / TX), rows of blocks); MODE 3: [sum d, sum d^2],
 // d = x - mean (mean: the shift); MODE 2: [sum g, sum g (x - mean)], g = dy masked by y > 0 (RELU)
 template <typename T, int V, int MODE, bool RELU>
@@ -72,30 +91,33 @@ __global__ void __launch_bounds__(256) dm_bn_sums(const T* __restrict__ x, const
     for (int v = 0; v < V; ++v) { m[v] = active ? (double)mean[c0 + v] : 0.0; s0[v] = 0.0; s1[v] = 0.0; }
     if (active) {
         const long long step = (long long)gridDim.y * TY;
-#pragma unroll 4
-        for (long long r = (long long)blockIdx.y * TY + ty; r < M; r += step) {
-            const long long i = r * C + c0;
-            dm_vec<T, V> xv = dm_load<T, V>(x, i);
-            if (MODE == 3) {
+        long long r = (long long)blockIdx.y * TY + ty;
+        // U rows loaded before any is summed: several loads in flight per thread (the double sums
+        // keep few threads on a multiprocessor; one load at a time held the statistics to half the
+        // device's bandwidth). The rows are summed in the same order as one at a time.
+        constexpr int U = MODE == 3 ? 4 : 2;
+        for (; r + (U - 1) * step < M; r += U * step) {
+            dm_vec<T, V> xv[U], gv[U], yv[U];
 #pragma unroll
-                for (int v = 0; v < V; ++v) {
-                    double d = (double)dm_val(xv.v[v]) - m[v];
-                    s0[v] += d;
-                    s1[v] += d * d;
-                }
-            } else {
-                const long long j = r * ld + off + c0;      // dy and y: channels off.. of rows of ld
-                dm_vec<T, V> gv = dm_load<T, V>(dy, j);
-                dm_vec<T, V> yv;
-                if (RELU) yv = dm_load<T, V>(y, j);
-#pragma unroll
-                for (int v = 0; v < V; ++v) {
-                    double g = (double)dm_val(gv.v[v]);
-                    if (RELU && !(dm_val(yv.v[v]) > 0)) g = 0.0;
-                    s0[v] += g;
-                    s1[v] += g * ((double)dm_val(xv.v[v]) - m[v]);
+            for (int u = 0; u < U; ++u) {
+                xv[u] = dm_load<T, V>(x, (r + u * step) * C + c0);
+                if (MODE != 3) {
+                    const long long j = (r + u * step) * ld + off + c0;    // dy and y: channels off.. of rows of ld
+                    gv[u] = dm_load<T, V>(dy, j);
+                    if (RELU) yv[u] = dm_load<T, V>(y, j);
                 }
             }
+#pragma unroll
+            for (int u = 0; u < U; ++u) dm_bn_row<T, V, MODE, RELU>(xv[u], gv[u], yv[u], m, s0, s1);
+        }
+        for (; r < M; r += step) {
+            dm_vec<T, V> xv = dm_load<T, V>(x, r * C + c0), gv, yv;
+            if (MODE != 3) {
+                const long long j = r * ld + off + c0;
+                gv = dm_load<T, V>(dy, j);
+                if (RELU) yv = dm_load<T, V>(y, j);
+            }
+            dm_bn_row<T, V, MODE, RELU>(xv, gv, yv, m, s0, s1);
         }
     }
     const int t = ty * TX + tx;
