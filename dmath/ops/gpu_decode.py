@@ -19,6 +19,8 @@ device stage (the step's stream, host_batches.Pipeline._device_resize)
 The decoded images stay alive until the step's stream has passed the batch (kept with the staging
 slot's mark), as the pinned buffers do.
 """
+import time
+
 import numpy as np
 
 from .. import settings
@@ -71,6 +73,7 @@ def host_stage(pipe, staged, indices, streams, seed):
     in the step's stream order (=serial): `staged.pending` then holds what `finish` needs, and the
     device stage calls it."""
     src, t, m = pipe.source, pipe.t, len(indices)
+    t0 = time.perf_counter()
     dec, why = nvimgcodec.batch_decoder(pipe.cores)
     if dec is None:
         pipe.note(f"GPU decoding unavailable on this worker ({why}): its samples were decoded on the host")
@@ -81,6 +84,7 @@ def host_stage(pipe, staged, indices, streams, seed):
         if jobs[i] is None:
             regions[i] = src.region(int(indices[i]), int(streams[i]), t.random, seed)
     pipe._each(read, m)
+    staged.stages["read"] = time.perf_counter() - t0
     staged.pending = (dec, jobs, regions, indices, streams, seed)
     if settings.current.gpu_decode_order == "overlap" or not any(j is not None for j in jobs):
         finish(pipe, staged)
@@ -101,7 +105,10 @@ def finish(pipe, staged, after=None):
     def host(i):
         regions[i] = src.region(int(indices[i]), int(streams[i]), t.random, seed)
     on_gpu = [i for i in range(m) if jobs[i] is not None]
+    t0 = time.perf_counter()
     images, failure = dec.decode([jobs[i][0] for i in on_gpu], after=after) if on_gpu else ([], None)
+    t1 = time.perf_counter()
+    staged.stages["decode"] = t1 - t0
     if failure:
         pipe.note(f"{failure}: its samples were decoded on the host")
     views = {}
@@ -125,6 +132,7 @@ def finish(pipe, staged, after=None):
         geom[i] = (row[6], row[4], row[5], full_h, full_w, off_y, off_x, int(mirrored))
     staged.geom, staged.gather, staged.images = geom, table, images
     staged.host_total, staged.total = host_total, total
+    staged.stages["assemble"] = time.perf_counter() - t1
     pipe.decoded["gpu"] += len(order)
     pipe.decoded["host"] += len(on_host)
 

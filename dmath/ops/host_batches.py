@@ -27,9 +27,11 @@ A source that also hands over a sample's file bytes and its crop geometry
 (place 'device_decode', dmath/ops/gpu_decode.py: nvImageCodec): the host then
 only reads files, and the samples the GPU does not take are decoded there.
 
-The host stage of the next batch runs on a background thread while the step
-runs (double-buffered: two staging buffers, the one the device may still be
-copying from never refilled). The pipeline measures its stages and tunes
+The host stages of the next batches run on background threads while the step
+runs: DMATH_READ_AHEAD batches at once (2 by default: one batch read and
+parsed while the one before it is decoded), each into its own staging buffer
+(one more buffer than batches ahead; the one the device may still be copying
+from is never refilled). The pipeline measures its stages and tunes
 itself (`Tuner`): where the stages run (among the places it is given) and
 how many threads decode.
 `report` gathers what each worker measured and chose.
@@ -38,6 +40,7 @@ The source is named by an importable "module:callable" (the factory) that
 every worker calls with the description's bytes: dmath stays independent of
 what a source reads (dnn.data.decode builds image folders on it).
 """
+import collections
 import importlib
 import json
 import os
@@ -49,7 +52,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import backend, memory
+from .. import backend, memory, settings
 from ..comm import collectives
 from ..errors import DMathError, DTypeError, LayoutError, ShapeError
 from ..layout import Replicated, RowBlock
@@ -277,7 +280,7 @@ class _Staged:
     """One staging buffer of a batch's host stage and what made it. Places that pack regions: `total`
     bytes, `host_total` of them staged, the rest gathered on the device (`gather`: GPU-decoded `images`)."""
     __slots__ = ("key", "place", "array", "streams", "host_s", "error", "copied", "geom", "total", "host_total",
-                 "gather", "images", "pending")
+                 "gather", "images", "pending", "stages")
 
     def __init__(self, key, place, array):
         self.key, self.place, self.array = key, place, array
@@ -285,10 +288,11 @@ class _Staged:
         self.pending = None        # place 'device_decode', serial order: the decoding still to issue
         self.total = self.host_total = 0
         self.host_s = 0.0
+        self.stages = {}           # a place's own stages (reading, decoding, ...) -> seconds, for report()
 
 
 class Pipeline:
-    """One worker's batches of one signature: host stage on threads, read one batch ahead."""
+    """One worker's batches of one signature: host stages on threads, read DMATH_READ_AHEAD batches ahead."""
 
     def __init__(self, source, static, m, dtype):
         self.source, self.t, self.m, self.dtype = source, static, m, np.dtype(dtype)
@@ -300,9 +304,13 @@ class Pipeline:
             gpu_decode.status(self.cores)
         self.pool = None
         self.pool_threads = 0
-        self.buffers = {}          # place -> two staging arrays, used in turn
+        self.pool_lock = threading.Lock()     # the read-ahead threads share the decoding threads
+        self.depth = settings.current.read_ahead
+        self.buffers = {}          # place -> depth + 1 staging arrays, used in turn
         self.turn = 0
-        self.ahead = None          # (thread, _Staged) of the read-ahead
+        # (thread, _Staged, position, draw counter) of each batch read ahead, in order; allocated their
+        # buffers in turn, so the live ones are always the last depth + 1 the turn handed out
+        self.ahead = collections.deque()
         self.last_pos = None
         self.last_end = None       # when the previous call returned (the step's time runs from there)
         self.affine = None
@@ -316,11 +324,11 @@ class Pipeline:
                 # packed regions of varying size: allocated (and grown) by the host stage; a third
                 # entry keeps the GPU-decoded images of the batch until the device has passed it, a
                 # fourth is the pinned copy of the batch's tables (geometry, gather), kept across batches
-                bufs = self.buffers[place] = [[None, None, None, None] for _ in range(2)]
+                bufs = self.buffers[place] = [[None, None, None, None] for _ in range(self.depth + 1)]
             else:
                 shape, dt = ((self.m, h, w, c), np.uint8) if place == "device" else ((self.m, c * h * w), self.dtype)
-                bufs = self.buffers[place] = [[memory.host_empty(shape, dt), None] for _ in range(2)]
-        slot = bufs[self.turn % 2]
+                bufs = self.buffers[place] = [[memory.host_empty(shape, dt), None] for _ in range(self.depth + 1)]
+        slot = bufs[self.turn % len(bufs)]
         self.turn += 1
         # never refill a buffer the device may still be copying from (its copy's mark)
         backend.current().passed(slot[1])
@@ -342,10 +350,12 @@ class Pipeline:
             self.notes.append(text)
 
     def _executor(self):
+        """The decoding threads (the tuner's number); the caller holds pool_lock. A pool replaced while
+        another read-ahead's tasks are queued on it runs them before its threads end."""
         want = self.tuner.threads
         if self.pool is None or self.pool_threads != want:
             if self.pool is not None:
-                self.pool.shutdown(wait=True)
+                self.pool.shutdown(wait=False)
             be = backend.current()
             init = (lambda: be.xp.cuda.Device(be.device_id).use()) if be.is_gpu else None
             self.pool = ThreadPoolExecutor(max_workers=want, thread_name_prefix="dmath-decode", initializer=init)
@@ -388,8 +398,9 @@ class Pipeline:
     def _each(self, fn, n):
         """fn(0) .. fn(n - 1) on the decoding threads; every call ends before this returns (a failed
         one too: the others still write into the buffer), then the first failure is raised."""
-        pool = self._executor()
-        tasks = [pool.submit(fn, i) for i in range(n)]
+        with self.pool_lock:
+            pool = self._executor()
+            tasks = [pool.submit(fn, i) for i in range(n)]
         futures.wait(tasks)
         for task in tasks:
             task.result()
@@ -439,11 +450,11 @@ class Pipeline:
             self._produce(staged, indices, streams, seed)
         th = threading.Thread(target=run, name="dmath-host-batch", daemon=True)
         th.start()
-        self.ahead = (th, staged)
+        self.ahead.append((th, staged, key[1], key[2]))
 
     def join(self):
-        if self.ahead is not None:
-            self.ahead[0].join()
+        for entry in self.ahead:
+            entry[0].join()
 
     # -- one call
     def run(self, target, order_host, pos, drawn, r0, batch, seed, contents):
@@ -459,12 +470,15 @@ class Pipeline:
         streams = drawn + r0 + np.arange(m, dtype=np.int64)
         key = (contents, pos, drawn, seed)
         staged, ahead = None, True
-        if self.ahead is not None:
-            th, guess = self.ahead
+        if self.ahead:
+            th, guess = self.ahead[0][:2]
             th.join()
-            self.ahead = None
+            self.ahead.popleft()
             if guess.key == key:
                 staged = guess
+            else:                     # guessed wrong (a new epoch, order or batch size): all of them
+                self.join()
+                self.ahead.clear()
         stall = time.perf_counter() - t_enter
         if staged is None:            # not read ahead (the first batch, a new epoch or batch size)
             ahead = False
@@ -476,22 +490,24 @@ class Pipeline:
         if staged.error is not None:
             err, staged.error = staged.error, None
             raise err
-        # the next batch's host stage starts now, into the other buffer: it overlaps this batch's
-        # device stage (host work on the CPU backend) as well as the step. Guessed: the stride of
-        # the last two calls, else one whole batch later
+        # the next batches' host stages start now, each into a buffer of its own: they overlap this
+        # batch's device stage (host work on the CPU backend) as well as the step. Guessed: the stride
+        # of the last two calls, else one whole batch later
         last, self.last_pos = self.last_pos, pos
         stride = pos - last if last is not None and pos > last else batch
-        if pos + stride + r0 + m <= order_host.size:
-            nxt = order_host[pos + stride + r0:pos + stride + r0 + m].astype(np.int64)
+        tail_pos, tail_drawn = (self.ahead[-1][2], self.ahead[-1][3]) if self.ahead else (pos, drawn)
+        while len(self.ahead) < self.depth and tail_pos + stride + r0 + m <= order_host.size:
+            tail_pos += stride
             # the draw counter moves with the position (Feed.advance); without draws it stays 0
-            drawn_next = drawn + stride if self.t.random else drawn
-            self._start((contents, pos + stride, drawn_next, seed), nxt,
-                        drawn_next + r0 + np.arange(m, dtype=np.int64), seed)
+            tail_drawn = tail_drawn + stride if self.t.random else tail_drawn
+            nxt = order_host[tail_pos + r0:tail_pos + r0 + m].astype(np.int64)
+            self._start((contents, tail_pos, tail_drawn, seed), nxt,
+                        tail_drawn + r0 + np.arange(m, dtype=np.int64), seed)
         t_dev = time.perf_counter()
         self._device_stage(target, staged)
         device_s = time.perf_counter() - t_dev
         tuning = self.tuner.trials is not None
-        self.tuner.record(m, staged.host_s, stall, device_s, step_s, ahead)
+        self.tuner.record(m, staged.host_s, stall, device_s, step_s, ahead, staged.stages)
         if tuning and self.tuner.trials is None:
             # (a read-ahead already started in a dropped buffer keeps it alive until it is used)
             self._drop_buffers(keep=self.tuner.place)

@@ -32,10 +32,14 @@ class Tuner:
         self.log = []
         self.totals = {"batches": 0, "samples": 0, "read_ahead": 0, "host_s": 0.0, "stall_s": 0.0, "device_s": 0.0,
                        "step_s": 0.0}
+        self.stages = {}             # a place's own parts of the host stage -> seconds in all
 
-    def record(self, m, host_s, stall_s, device_s, step_s, ahead=True):
+    def record(self, m, host_s, stall_s, device_s, step_s, ahead=True, stages=None):
         """One batch's measurements; ahead: whether it was read ahead (a batch decoded on demand, at
-        an epoch's start or a new batch size, stalls by its whole host stage and teaches nothing)."""
+        an epoch's start or a new batch size, stalls by its whole host stage and teaches nothing);
+        stages: the host stage's parts (name -> seconds), reported only."""
+        for name, secs in (stages or {}).items():
+            self.stages[name] = self.stages.get(name, 0.0) + secs
         tot = self.totals
         tot["batches"] += 1
         tot["samples"] += m
@@ -96,4 +100,5 @@ class Tuner:
                 "batches": tot["batches"], "samples": tot["samples"], "read_ahead": tot["read_ahead"],
                 "host_ms_per_batch": 1e3 * tot["host_s"] / n, "stall_ms_per_batch": 1e3 * tot["stall_s"] / n,
                 "device_ms_per_batch": 1e3 * tot["device_s"] / n, "step_ms_per_batch": 1e3 * tot["step_s"] / n,
+                "stage_ms_per_batch": {k: 1e3 * v / n for k, v in self.stages.items()},
                 "decisions": list(self.log)}

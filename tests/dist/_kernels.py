@@ -49,6 +49,14 @@ def _gpu_decode_order(call):
     return []
 
 
+@kernel("test_read_ahead")
+def _read_ahead(call):
+    """Every rank's new host-batch pipelines read scalars[0] batches ahead (DMATH_READ_AHEAD)."""
+    from dmath import settings
+    settings.current.read_ahead = int(call.scalars[0])
+    return []
+
+
 @kernel("test_host_scale")
 def _host_scale(call):
     """inputs[0] *= scalars[0] in place, after reading its first value on the host: a step that may

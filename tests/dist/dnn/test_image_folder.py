@@ -253,6 +253,42 @@ def test_read_ahead_batches_equal_cold_ones(root):
     assert evals and all(p["batches"] == 5 and p["read_ahead"] == 4 for p in evals)
 
 
+@pytest.mark.parametrize("depth", [1, 3])
+def test_deeper_read_ahead_gives_the_same_batches(root, depth):
+    """DMATH_READ_AHEAD batches read ahead at once, each in its own buffer (with 3: 3 threads and 4
+    buffers in turn): the same batches as 2 (the default), through an epoch's end (the guesses past it
+    dropped) and a second epoch; the host stage's parts are reported."""
+    from dmath.ops.base import dispatch
+
+    def epochs(f):
+        feed = f.feed()
+        out = dmath.zeros((8, f.features), dtype="float64", layout=dmath.RowBlock())
+        seen = []
+        for epoch in (1, 2):
+            feed.start_epoch((9,), epoch)
+            for _ in range(len(f) // 8):
+                feed.batch_x(out, True, 4)
+                seen.append(out.to_numpy())
+                feed.advance(8)
+        return seen
+    before = dmath.settings.current.read_ahead
+    want = epochs(dnn.data.ImageFolder(root, image_size=8, threads=2))
+    dispatch("test_read_ahead", scalars=[depth])
+    try:
+        f = dnn.data.ImageFolder(root, image_size=8, threads=2)
+        got = epochs(f)
+    finally:
+        dispatch("test_read_ahead", scalars=[before])
+    assert len(got) == len(want) >= 4
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(a, b)
+    pipes = [p for rep in f.stats() for p in rep["pipelines"]]
+    steps = len(f) // 8
+    # all but each epoch's first batch read ahead
+    assert pipes and all(p["batches"] == 2 * steps and p["read_ahead"] == 2 * steps - 2 for p in pipes)
+    assert all(isinstance(p["stage_ms_per_batch"], dict) for p in pipes)
+
+
 def test_batch_transform_runs_on_each_workers_samples(root):
     plain = dnn.data.ImageFolder(root, image_size=8)
     ext = dnn.data.ImageFolder(root, image_size=8, batch_transform=negate_even)
