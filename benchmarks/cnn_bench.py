@@ -110,13 +110,15 @@ def resident_batches(net, batch):
     return max(2, min(8, 2048 // batch)) if net == "alexnet" else 8
 
 
-def kernel_profile(run, rows=25):
+def kernel_profile(run, rows=40):
     """run() under PyTorch's profiler (CUPTI sees every CUDA kernel of the process, CuPy's and cuDNN's
-    included): the table of GPU time by kernel, or None without PyTorch."""
+    included): the table of GPU time by kernel, or None without PyTorch or without a GPU."""
     try:
         import torch
         from torch.profiler import ProfilerActivity, profile
     except ImportError:
+        return None
+    if not torch.cuda.is_available():
         return None
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
         run()

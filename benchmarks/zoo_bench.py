@@ -84,26 +84,26 @@ def dnn_model(net, dtype, shape, fuse="all"):
 @kernel("bench_torch_zoo")
 def _torch_zoo(call):
     """torchvision's network on every worker; static = (net, shape, batch, dtype, steps, port, compiled,
-    sync_bn): sync_bn converts its BatchNorm layers to SyncBatchNorm (statistics over the whole batch,
+    sync_bn, profile_kernels): sync_bn converts its BatchNorm layers to SyncBatchNorm (statistics over the whole batch,
     as dnn's BatchNorm computes them at every worker count; DDP's default keeps each GPU's own)."""
-    net, shape, batch, dtype, steps, port, compiled, sync_bn = call.entry.static
+    net, shape, batch, dtype, steps, port, compiled, sync_bn, profile_kernels = call.entry.static
     _, tv_kwargs = arguments(net, shape)
 
     def build(torch):
         import torchvision
         model = getattr(torchvision.models, net)(weights=None, num_classes=CLASSES, **tv_kwargs)
         return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) if sync_bn else model
-    torch_rate(call, build, shape, CLASSES, per_epoch(batch), batch, dtype, steps, port,
+    torch_rate(call, build, shape, CLASSES, per_epoch(batch), batch, dtype, steps, port, profile_kernels,
                compiled=compiled, channels_last=True, aux_weight=AUX_WEIGHT)
     return []
 
 
-def measure_dnn(net, dtype, shape, batch, steps, fuse):
+def measure_dnn(net, dtype, shape, batch, steps, fuse, profile_kernels=False):
     """(images/s, (peak reserved, peak allocated)) of dnn's network under a --fuse setting (None
-    figures when it runs out of memory)."""
+    figures when it runs out of memory); profile_kernels: print the GPU time by kernel of one epoch."""
     try:
         ips, peak, _ = time_model(lambda: dnn_model(net, dtype, shape, fuse), shape, CLASSES, per_epoch(batch),
-                                  batch, steps)
+                                  batch, steps, profile_kernels)
     except dmath.OutOfMemoryError as exc:
         ips, peak = None, (None, None)
         print(f"{net} b{batch} {dtype} fuse={fuse}: dnn out of memory ({exc})", flush=True)
@@ -135,6 +135,9 @@ def main():
                     help="dnn's gradient buckets (Model.bucket_mb; 0: one all-reduce per weight; default 25)")
     ap.add_argument("--fuse", nargs="+", default=["all"], choices=list(FUSE),
                     help="dnn's fusion settings to measure, the first the case's figure (Model's fuse)")
+    ap.add_argument("--kernel-profile", action="store_true",
+                    help="print the GPU time by kernel of one epoch of dnn and of each peer (CUPTI, through "
+                         "torch.profiler; after the timed steps)")
     args = ap.parse_args()
     cnn_bench.BUCKET_MB = args.bucket_mb
     dmath.init(device=args.device)
@@ -155,7 +158,7 @@ def main():
                     continue
                 steps = max(args.steps, per_epoch(batch))
                 t0 = time.perf_counter()
-                ips, peak = measure_dnn(net, dtype, shape, batch, steps, args.fuse[0])
+                ips, peak = measure_dnn(net, dtype, shape, batch, steps, args.fuse[0], args.kernel_profile)
                 wall = {"dnn": time.perf_counter() - t0}
                 row = {"net": net, "global_batch": batch, "dtype": dtype, "workers": p, "steps": steps,
                        "image_shape": list(shape), "bucket_mb": args.bucket_mb, "fuse": args.fuse[0],
@@ -181,7 +184,8 @@ def main():
                         name = ("ddp_" if p > 1 else "") + peer
                         t0 = time.perf_counter()
                         res = dispatch("bench_torch_zoo", static=(net, shape, batch, dtype, steps, args.port,
-                                                                   peer == "compile", peer == "syncbn"))[1]
+                                                                   peer == "compile", peer == "syncbn",
+                                                                   args.kernel_profile))[1]
                         row["peers"][name] = peer_entry(res, ips)
                         wall[peer] = time.perf_counter() - t0
                         save()
