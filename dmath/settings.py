@@ -135,9 +135,9 @@ VARIABLES = (
              "device between the previous step and the batch's own kernels, the host waiting for neither; "
              "the decoder's host work is then on the step's path)",
              "'overlap' or 'serial'", _choice("overlap", "serial"), "overlap", "gpu_decode_order"),
-    Variable("DMATH_READ_AHEAD", "2", "batches whose host stage (reading, decoding) runs ahead of the step "
-             "at once, each on its own thread into its own staging buffer: with 2, one batch is read and parsed "
-             "while the one before it is decoded", "a whole number from 1 to 4", _depth, 2, "read_ahead"),
+    Variable("DMATH_READ_AHEAD", "1", "batches whose host stage (reading, decoding) runs ahead of the step "
+             "at once, each on its own thread into its own staging buffer (2: one batch read and parsed while "
+             "the one before it is decoded)", "a whole number from 1 to 4", _depth, 1, "read_ahead"),
     Variable("DMATH_CUDNN", "1", "0: convolutions by im2col and cuBLAS even when cuDNN is there",
              "0 or 1", _flag, True, "cudnn"),
     Variable("DMATH_CUBLASLT", "1", "0: a prepared local product calls cuBLAS's GemmEx/Dgemm instead of "

@@ -28,10 +28,10 @@ A source that also hands over a sample's file bytes and its crop geometry
 only reads files, and the samples the GPU does not take are decoded there.
 
 The host stages of the next batches run on background threads while the step
-runs: DMATH_READ_AHEAD batches at once (2 by default: one batch read and
-parsed while the one before it is decoded), each into its own staging buffer
-(one more buffer than batches ahead; the one the device may still be copying
-from is never refilled). The pipeline measures its stages and tunes
+runs: DMATH_READ_AHEAD batches at once (1 by default; with 2 one batch is
+read and parsed while the one before it is decoded), each into its own
+staging buffer (one more buffer than batches ahead; the one the device may
+still be copying from is never refilled). The pipeline measures its stages and tunes
 itself (`Tuner`): where the stages run (among the places it is given) and
 how many threads decode.
 `report` gathers what each worker measured and chose.

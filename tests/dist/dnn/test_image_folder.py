@@ -253,10 +253,10 @@ def test_read_ahead_batches_equal_cold_ones(root):
     assert evals and all(p["batches"] == 5 and p["read_ahead"] == 4 for p in evals)
 
 
-@pytest.mark.parametrize("depth", [1, 3])
+@pytest.mark.parametrize("depth", [2, 3])
 def test_deeper_read_ahead_gives_the_same_batches(root, depth):
     """DMATH_READ_AHEAD batches read ahead at once, each in its own buffer (with 3: 3 threads and 4
-    buffers in turn): the same batches as 2 (the default), through an epoch's end (the guesses past it
+    buffers in turn): the same batches as 1 (the default), through an epoch's end (the guesses past it
     dropped) and a second epoch; the host stage's parts are reported."""
     from dmath.ops.base import dispatch
 
