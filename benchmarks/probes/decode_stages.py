@@ -85,7 +85,9 @@ def main():
     nb = len(streams) // a.batch
     kinds_all = ("HW_GPU_ONLY", "GPU_ONLY", "HYBRID_CPU_GPU")
     variants = {"default": (kinds_all, nvimgcodec.OPTIONS), "plain_upsampling": (kinds_all, ""),
-                "hw_only": (("HW_GPU_ONLY",), ""), "hw_then_hybrid": (("HW_GPU_ONLY", "HYBRID_CPU_GPU"), ""),
+                # (HW_GPU_ONLY with HYBRID_CPU_GPU alone, without GPU_ONLY, crashed nvImageCodec 0.9 on an
+                # H100 in session 23: a segmentation fault at its first batch; not tried here)
+                "hw_only": (("HW_GPU_ONLY",), ""),
                 "hybrid_only": (("HYBRID_CPU_GPU",), nvimgcodec.OPTIONS)}
     for name, (kinds, options) in variants.items():
         try:

@@ -2,7 +2,7 @@
 then cropped, resized, mirrored, normalised and cast there by the kernels of the place 'device_resize'.
 
 host stage (the read-ahead thread, as every place's host stage: it overlaps the step)
-    each sample on the decoding threads: the file's bytes (`source.encoded(index)`: None for a file
+    each sample in turn on this thread: the file's bytes (`source.encoded(index)`: None for a file
     the GPU should not take), its header (size, codec, components; nvImageCodec's parser) and the
     sample's crop and resampling geometry (`source.geometry(width, height, stream, random, seed)`:
     the draws of the host's `region()`); then (DMATH_GPU_DECODE_ORDER=overlap, the default) the
@@ -68,8 +68,10 @@ def host_stage(pipe, staged, indices, streams, seed):
     host-decoded ones packed in its pinned buffer, the GPU-decoded images and the gather table of their
     crops, and the geometry table of all (resize.GEOM).
 
-    The host threads read and parse the files (and decode those the GPU does not take). The GPU decodes
-    the batch here, beside the step the read-ahead overlaps (DMATH_GPU_DECODE_ORDER=overlap), or later,
+    This thread reads and parses the files and draws their crops, one after another: that work is
+    Python's, under the GIL (one H100 host, session 23: 10,100 files/s on one thread, 5,800 on four,
+    which then contend for the GIL; benchmarks/probes/decode_stages.py); the decoding threads decode
+    the files the GPU does not take (Pillow releases the GIL). The GPU decodes the batch here, beside the step the read-ahead overlaps (DMATH_GPU_DECODE_ORDER=overlap), or later,
     in the step's stream order (=serial): `staged.pending` then holds what `finish` needs, and the
     device stage calls it."""
     src, t, m = pipe.source, pipe.t, len(indices)
@@ -78,12 +80,15 @@ def host_stage(pipe, staged, indices, streams, seed):
     if dec is None:
         pipe.note(f"GPU decoding unavailable on this worker ({why}): its samples were decoded on the host")
     jobs, regions = [None] * m, [None] * m
+    if dec is not None:
+        for i in range(m):
+            jobs[i] = _gpu_job(src, dec, int(indices[i]), int(streams[i]), t.random, seed)
+    refused = [i for i in range(m) if jobs[i] is None]
 
-    def read(i):
-        jobs[i] = _gpu_job(src, dec, int(indices[i]), int(streams[i]), t.random, seed) if dec is not None else None
-        if jobs[i] is None:
-            regions[i] = src.region(int(indices[i]), int(streams[i]), t.random, seed)
-    pipe._each(read, m)
+    def host(k):
+        i = refused[k]
+        regions[i] = src.region(int(indices[i]), int(streams[i]), t.random, seed)
+    pipe._each(host, len(refused))
     staged.stages["read"] = time.perf_counter() - t0
     staged.pending = (dec, jobs, regions, indices, streams, seed)
     if settings.current.gpu_decode_order == "overlap" or not any(j is not None for j in jobs):
