@@ -208,9 +208,11 @@ def child_train(a):
     import dmath
     import dnn
     from dnn import layers as L
+    from dmath.gpu import nvimgcodec
     if a.decoder_options is not None:
-        from dmath.gpu import nvimgcodec
         nvimgcodec.OPTIONS = a.decoder_options
+    if a.decoder_kinds:
+        nvimgcodec.KINDS = tuple(a.decoder_kinds.split(","))
     dmath.init(device=a.device)
     P = dmath.num_workers()
     folder = dnn.data.ImageFolder(a.root, image_size=a.size, **CONFIGS[a.config])
@@ -239,7 +241,8 @@ def child_train(a):
         list(pool.map(lambda i: src.sample(i, 0, False, 0, pix[i]), range(len(folder))))
     resident = dnn.data.Dataset(pix.transpose(0, 3, 1, 2), np.asarray(folder.targets),
                                 augment=dnn.data.Augment(flip=True), scale=1 / 255, mean=MEAN, std=STD)
-    res = {"P": P}
+    res = {"P": P, "decoder_kinds": list(nvimgcodec.KINDS), "decoder_options": nvimgcodec.OPTIONS,
+           "read_ahead": dmath.settings.current.read_ahead}
     B = a.batch * P
     for name in ("resident", "folder"):
         model, kind = build()
@@ -286,6 +289,8 @@ def _child(kind, a, P, python=None, config="tuned"):
               str(a.epochs), "--tv-workers", str(a.tv_workers), "--config", config, a.outdir]
     if a.decoder_options is not None and kind != "torchvision":
         common += ["--decoder-options", a.decoder_options]
+    if a.decoder_kinds and kind != "torchvision":
+        common += ["--decoder-kinds", a.decoder_kinds]
     if kind == "torchvision":
         _run([python, os.path.abspath(__file__)] + common, a.timeout)
     else:
@@ -323,6 +328,10 @@ def main():
                     help="train child: nvImageCodec's decoder options on every rank (dmath.gpu.nvimgcodec.OPTIONS, "
                          "default ':fancy_upsampling=1', libjpeg's chroma upsampling); '' may let the GPU's hardware "
                          "JPEG engine take the files (probes/decode_contention.py's hw_only: 11,982 img/s alone)")
+    ap.add_argument("--decoder-kinds", default=None,
+                    help="train child: nvImageCodec's backends on every rank, a comma list of BackendKind names "
+                         "(dmath.gpu.nvimgcodec.KINDS), e.g. HW_GPU_ONLY: the hardware JPEG engine alone (the files it "
+                         "refuses are decoded on the host)")
     ap.add_argument("--train-configs", default=None,
                     help="with --train: the pipeline configurations trained, comma-separated (default: tuned, and "
                          "device_resize on GPUs)")

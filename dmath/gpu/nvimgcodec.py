@@ -33,6 +33,9 @@ INSTALL = ("pip install 'nvidia-nvimgcodec-cu12[nvjpeg]' (the gpu-images extra; 
            "'nvidia-nvimgcodec-cu13[nvjpeg]')")
 #: libjpeg-turbo's chroma upsampling (what Pillow and simplejpeg decode with) instead of nvJPEG's nearest
 OPTIONS = ":fancy_upsampling=1"
+#: nvImageCodec's backends, in order of preference: the hardware JPEG engine where the GPU has one, the
+#: CUDA decoder, the hybrid one (Huffman on the CPU, the rest in CUDA kernels)
+KINDS = ("HW_GPU_ONLY", "GPU_ONLY", "HYBRID_CPU_GPU")
 #: nvImageCodec's own messages (codecs it could not load: nvJPEG2000, nvTIFF, not needed here; a file it
 #: could not decode: the caller decodes it on the host and counts it) are off unless the user sets this
 VERBOSITY_VAR = "PYNVIMGCODEC_VERBOSITY"
@@ -125,8 +128,7 @@ def parse(mod, data):
 class BatchDecoder:
     """nvImageCodec's decoder on one device, with its stream (see the module docstring)."""
 
-    def __init__(self, mod, device_id, threads, kinds=("HW_GPU_ONLY", "GPU_ONLY", "HYBRID_CPU_GPU"),
-                 options=OPTIONS):
+    def __init__(self, mod, device_id, threads, kinds=KINDS, options=OPTIONS):
         """kinds: nvImageCodec's BackendKind names, in order of preference; options: its codec options."""
         import cupy
         self.mod, self.version = mod, getattr(mod, "__version__", "?")
@@ -215,8 +217,9 @@ def batch_decoder(threads=0):
     with _lock:
         if key not in _state:
             try:
-                # (OPTIONS read now, not bound at import: a benchmark may set it before the first decoder)
-                dec = BatchDecoder(mod, be.device_id, threads or os.cpu_count() or 1, options=OPTIONS)
+                # (KINDS and OPTIONS read now, not bound at import: a benchmark may set them before the first
+                # decoder)
+                dec = BatchDecoder(mod, be.device_id, threads or os.cpu_count() or 1, kinds=KINDS, options=OPTIONS)
                 why = _probe(dec)
             except Exception as exc:  # noqa: BLE001 - no usable decoder, whatever the reason
                 dec, why = None, f"nvImageCodec's decoder does not start here ({type(exc).__name__}: {exc})"
