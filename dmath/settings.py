@@ -127,8 +127,8 @@ VARIABLES = (
     Variable("DMATH_GRAPH_COLLECTIVES", "1", "0: never capture NCCL collectives into a CUDA graph",
              "0 or 1", _flag, True, "graph_collectives"),
     Variable("DMATH_GRAPH_STREAMS", "1", "the most CUDA streams a captured plan runs its independent steps "
-             "on (branches of a network side by side); 1: one stream. Above 1 experimental: it warns (a GPU test "
-             "found other results)", "a whole number from 1 to 8", _streams,
+             "on (branches of a network side by side); 1: one stream (more streams hold more memory)",
+             "a whole number from 1 to 8", _streams,
              1, "graph_streams"),
     Variable("DMATH_GPU_DECODE_ORDER", "overlap", "image folders decoded on the GPU (nvImageCodec): 'overlap' "
              "(a batch decoded on the read-ahead thread beside the running step) or 'serial' (decoded on the "

@@ -56,7 +56,7 @@ from .. import memory, settings
 from ..comm import counters
 from .protocol import Program
 from .registry import capturable, prepare_capture
-from .streams import Capture, plan_program, streams_allowed, warn_experimental
+from .streams import Capture, plan_program, streams_allowed
 
 
 def enabled():
@@ -287,8 +287,6 @@ class CapturedProgram:
         # per-stream workspaces are made for the setting)
         lanes = Capture(rt, program, streams, self.stream, owner) \
             if streams is not None and 1 < streams.streams <= streams_allowed() else None
-        if lanes is not None:
-            warn_experimental()
 
         def malloc(size):
             mem = pool.malloc(size)

@@ -31,10 +31,19 @@ GPU) follows the data:
   a side stream anyway stops the capture with an error instead of risking a
   hang;
 - at the end every stream joins the capture stream.
-The streams are meant to change only the order of kernels on one GPU, never a
-result; the GPU test still finds a difference (see `warn_experimental`), so
-a capture on several streams warns (`warn_experimental`) and the setting
-defaults to 1.
+The streams change only the order of kernels on one GPU, never a result. Checked
+on H100s in float64 (where a run repeats its bits): GoogLeNet and an
+Inception-like model at one GPU, the gradient-bucket model at two (every
+gradient summed alone, and in 25 MB buckets) give one stream's weights
+exactly on 4 streams (benchmarks/probes/streams_bisect.py), and the GPU tests
+of the setting pass at 1 and 2 GPUs. Two causes of earlier differences were
+found and fixed: a side stream's cuDNN workspace made inside the first
+capture (now made before it), and the inputs of a step that leaves
+side-stream work (a background all-reduce sends from its Partial input's
+buffer) going back to a free list before that work had read them. The
+setting defaults to 1: more streams hold more memory (side streams take
+blocks of their own) for a few percent (GoogLeNet 1.05x, Inception v3 1.04x
+float16 on one H100).
 
 Memory. A buffer freed inside the capture goes back to the CuPy pool's free
 list of the stream it was allocated on (CuPy keeps free blocks per stream), and
@@ -64,7 +73,6 @@ blocks before it reuses them, waits for it.
 Step-by-step runs (the first replay, every replay off the GPU or out of a
 graph) are unchanged.
 """
-import warnings
 from typing import NamedTuple
 
 from .. import settings
@@ -73,35 +81,9 @@ from ..comm.world import NCCL_USES
 from .registry import is_local
 
 
-#: whether this process has warned that several streams are not yet trusted
-_WARNED = []
-
-
 def streams_allowed():
     """The most streams a captured program may use (DMATH_GRAPH_STREAMS; 1: the capture stream only)."""
     return settings.current.graph_streams
-
-
-def warn_experimental():
-    """Warn once per process that a capture runs on several streams.
-
-    On H100s (2026-11-26) a GoogLeNet-like model trained with 4 streams gave other losses than with
-    one (tests/dist/dnn/test_dnn_graph_streams.py). One cause is found and fixed: a side stream's
-    cuDNN workspace made inside the first capture (now made before it, cudnn.prepare_lanes). Since
-    then, on one GPU, GoogLeNet and an Inception-like model trained in float64 on 4 streams give one
-    stream's weights exactly (benchmarks/probes/streams_bisect.py; the float32 differences were
-    cuDNN's run-to-run rounding, on one stream too). Still open, at 2 GPUs: the gradient-bucket test's
-    model with each gradient summed alone (bucket_mb = 0) departs from one stream's weights by 15x
-    their size, and the bisection names the first step whose side-stream placement does it: an
-    in-place sum into the epoch's accuracy accumulator (a Partial matrix), whose data no weight
-    reads. A race found since by reading is fixed (`Capture.run`: the inputs of a step that leaves
-    side-stream work wait for it too; a background all-reduce sends from its Partial input's
-    buffer); whether it was that difference is not yet measured on GPUs, so the default stays 1."""
-    if not _WARNED:
-        _WARNED.append(True)
-        warnings.warn("dmath: DMATH_GRAPH_STREAMS > 1 is experimental: on GPUs a captured step on several "
-                      "streams has given other results than on one (a missing ordering not yet found); "
-                      "do not use it for results", RuntimeWarning, stacklevel=3)
 
 
 class StepUse(NamedTuple):

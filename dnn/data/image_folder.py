@@ -359,6 +359,10 @@ class ImageFolder(Dataset):
                     f"host stage {p['host_ms_per_batch']:.1f} ms (in the background), step waited "
                     f"{p['stall_ms_per_batch']:.1f} ms, device stage {p['device_ms_per_batch']:.1f} ms, step "
                     f"{p['step_ms_per_batch']:.1f} ms; {p['batches']} batches")
+                parts = p.get("stage_ms_per_batch") or {}
+                if parts:                 # (the host stage's own parts, where its place reports them)
+                    lines.append("    host stage's parts per batch: "
+                                 + ", ".join(f"{k} {v:.1f} ms" for k, v in parts.items()))
                 lines += [f"    {d}" for d in p["decisions"]]
                 done = p.get("decoded_on", {})
                 if done.get("gpu") or done.get("host"):

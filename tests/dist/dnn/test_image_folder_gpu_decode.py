@@ -181,6 +181,8 @@ def test_host_stage_with_a_stand_in_decoder_gives_the_device_resizes_batch(bad_r
     names = [dev.files[i] for i in order]
     jpeg = sum(1 for f in names if f.endswith(".jpg") and not f.endswith("x.jpg") and f != "cow/img01.jpg")
     assert pipe.decoded == {"gpu": jpeg, "host": n - jpeg} and len(staged.gather) == jpeg
+    # the host stage's parts, timed for explain()
+    assert set(staged.stages) == {"read", "decode", "assemble"} and min(staged.stages.values()) >= 0
     assert set(src.report()["skipped"]) == {"ant/img00x.jpg", "bee/img01x.jpg", "cow/img02x.png"}
 
 
