@@ -191,6 +191,8 @@ def vector_launcher(fn, operands, out_dtype):
 def _start(scalar, vector, n, values, pointers):
     """Launch the vector loop where it applies and every pointer is aligned to its 16 bytes, else the
     scalar loop (values: the kernel's arguments; pointers: the device addresses among them)."""
+    if not n:
+        return
     if vector is not None and not any(p % VECTOR_BYTES for p in pointers):
         launch, width = vector
         launch(max(n // width, 1), *values)
