@@ -22,10 +22,10 @@ def test_unset_variables_give_the_documented_defaults():
 def test_values_are_parsed():
     values = settings.read({"DMATH_DEVICE": "gpu", "DMATH_TIMEOUT_S": "inf", "DMATH_BATCH_MAX": "0",
                             "DMATH_REPLICA_CACHE_BYTES": "1e6", "DMATH_PROFILE": "1", "DMATH_CUDNN": "0",
-                            "DMATH_CAREFUL": "always", "DMATH_SPIN_BYTES_PER_S": "inf"})
+                            "DMATH_CAREFUL": "always", "DMATH_SPIN_BYTES_PER_S": "inf", "DMATH_READ_AHEAD": "3"})
     assert values.device == "gpu" and math.isinf(values.timeout_s) and values.batch_max == 0
     assert values.replica_cache_bytes == 1_000_000 and values.profile is True and values.cudnn is False
-    assert values.careful == "always" and math.isinf(values.spin_bytes_per_s)
+    assert values.careful == "always" and math.isinf(values.spin_bytes_per_s) and values.read_ahead == 3
 
 
 @pytest.mark.parametrize("name, value, expected", [
@@ -41,6 +41,8 @@ def test_values_are_parsed():
     ("DMATH_CAREFUL", "sometimes", "'auto', 'always' or 'never'"),
     ("DMATH_PROFILE", "yes", "0 or 1"),
     ("DMATH_REPLICA_CACHE_BYTES", "-5", "a number of bytes >= 0"),
+    ("DMATH_READ_AHEAD", "0", "a whole number from 1 to 4"),
+    ("DMATH_READ_AHEAD", "5", "a whole number from 1 to 4"),
 ])
 def test_a_bad_value_names_the_variable_its_value_and_what_it_takes(name, value, expected):
     with pytest.raises(settings.SettingError) as info:
