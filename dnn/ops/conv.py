@@ -81,9 +81,10 @@ class Conv2D(Function):
         x, w = xs[0], xs[1]
         if self.activation == "relu" and not self.gradient_masked:
             gy = dmath.where(y, gy, 0.0)         # y > 0 exactly where the pre-activation was
+        has_bias = len(xs) == 3
         gx, gw, gb = dmath.nn.conv2d_backward(gy, x, w, self.image_shape, self.kernel_hw, self.stride,
                                               self.padding, self.dilation, need_dx=needs[0], groups=self.groups,
-                                              channels_last=self.channels_last)
+                                              channels_last=self.channels_last, need_db=has_bias and needs[2])
         grads = (gx if needs[0] else None, gw if needs[1] else None)
         return grads if len(xs) == 2 else grads + (gb if needs[2] else None,)
 

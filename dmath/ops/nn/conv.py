@@ -48,6 +48,7 @@ class Conv2dBackwardArgs(NamedTuple):
     need_dx: bool        # the data gradient is wanted (not for a first layer)
     groups: int
     channels_last: bool  # dY, X and dX are channels-last rows
+    need_db: bool = True  # the bias gradient is wanted (not for a convolution without a bias)
 
 
 CONV2D = define("nn_conv2d", Conv2dArgs)
@@ -112,13 +113,15 @@ def conv2d(x, w, b, image_shape, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
 
 
 def conv2d_backward(dy, x, w, image_shape, kernel_hw, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
-                    need_dx=True, groups=1, channels_last=False):
-    """Gradients of conv2d: (dX or None, dW, dB).
+                    need_dx=True, groups=1, channels_last=False, need_db=True):
+    """Gradients of conv2d: (dX or None, dW, dB or None).
 
     dX (N, C*H*W) in x's row layout (None when need_dx is False, e.g. for the
     first layer); dW (K, C*kh*kw) and dB (1, K) in w's dtype are sums over
     the samples: Partial over the batch's workers for a RowBlock batch,
-    Replicated for a Replicated batch (see dmath.nn's docstring).
+    Replicated for a Replicated batch (see dmath.nn's docstring); dB is None
+    when need_db is False (a convolution without a bias: its sums over every
+    output pixel are a pass over dY that nothing would read).
     channels_last: dy, x and dX are channels-last rows (as conv2d's).
     """
     x = args.rows(x, "conv2d_backward: x")
@@ -129,13 +132,14 @@ def conv2d_backward(dy, x, w, image_shape, kernel_hw, stride=(1, 1), padding=(0,
     dy = args.like(dy, x, "conv2d_backward: dy")
     inputs = [dy, x, args.replicated(w, args.group_of(x), "conv2d_backward: w")]
     sums = args.sum_layout(x)
-    outs = [new_meta(sums, w.shape, w.dtype), new_meta(sums, (1, k), w.dtype)]
+    outs = [new_meta(sums, w.shape, w.dtype)] + ([new_meta(sums, (1, k), w.dtype)] if need_db else [])
     if need_dx:
         outs.insert(0, new_meta(x.layout, x.shape, x.dtype))
     static = CONV2D_BACKWARD.static(geometry=g, need_dx=bool(need_dx), groups=groups,
-                                    channels_last=bool(channels_last))
+                                    channels_last=bool(channels_last), need_db=bool(need_db))
     made, _ = dispatch("nn_conv2d_backward", inputs, outs, static=static)
-    return tuple(made) if need_dx else (None,) + tuple(made)
+    made = list(made) if need_dx else [None] + list(made)
+    return tuple(made) if need_db else tuple(made) + (None,)
 
 
 def explain_conv2d(print_fn=print):
@@ -212,7 +216,7 @@ def _conv2d(call):
 
 @CONV2D_BACKWARD.kernel(capturable=True)
 def _conv2d_backward(call):
-    """Inputs dY, X, W; outputs [dX,] dW, db.
+    """Inputs dY, X, W; outputs [dX,] dW[, db].
 
     With dY_k (K, n*Ho*Wo) the output gradient in GEMM order, per group:
     dW = dY_k @ im2col(X)^T, db = row sums of dY_k (both over this worker's
@@ -233,13 +237,15 @@ def _conv2d_backward(call):
     dy_k = xp.ascontiguousarray(dy.reshape(n, k, length).transpose(1, 0, 2), dtype=x.dtype).reshape(k, n * length)
     first = 1 if need_dx else 0
     (dw,) = rows.new_output(call, first)
-    (db,) = rows.new_output(call, first + 1)
     cols = im2col(x, g, x.dtype)
     bands = _bands(g, groups, k)
     for kr, cr in bands:
         rows.matmul(dy_k[kr], cols[cr].T, dw[kr])
-    db[...] = dy_k.sum(axis=1, dtype=acc).reshape(1, k)
-    shards = [rows.shard(call, first, [dw]), rows.shard(call, first + 1, [db])]
+    shards = [rows.shard(call, first, [dw])]
+    if st.need_db:
+        (db,) = rows.new_output(call, first + 1)
+        db[...] = dy_k.sum(axis=1, dtype=acc).reshape(1, k)
+        shards.append(rows.shard(call, first + 1, [db]))
     if need_dx:
         dcols = memory.empty((g.channels * g.taps, n * length), acc)
         for kr, cr in bands:
@@ -475,7 +481,6 @@ def _conv2d_backward_cudnn(call):
     if cl:
         w = _filters_last(w, g, groups)
     (dw,) = rows.new_output(call, first)
-    (db,) = rows.new_output(call, first + 1)
     # cuDNN writes the weight gradient in the data's dtype and, channels-last, in (K, kh, kw, C/g) order
     dw_io = dw if dw.dtype == dtype and not cl else memory.empty(dw.shape, dtype)
     dx = rows.new_output(call, 0)[0] if need_dx else None
@@ -494,8 +499,11 @@ def _conv2d_backward_cudnn(call):
         dw.reshape(k, cg, g.kh, g.kw)[...] = dw_io.reshape(k, g.kh, g.kw, cg).transpose(0, 3, 1, 2)
     elif dw_io is not dw:
         dw[...] = dw_io
-    db[...] = bias_gradient(dy, n, k, rows.compute_dtype(dtype), cl)
-    shards = [rows.shard(call, first, [dw]), rows.shard(call, first + 1, [db])]
+    shards = [rows.shard(call, first, [dw])]
+    if st.need_db:
+        (db,) = rows.new_output(call, first + 1)
+        db[...] = bias_gradient(dy, n, k, rows.compute_dtype(dtype), cl)
+        shards.append(rows.shard(call, first + 1, [db]))
     if need_dx:
         shards.insert(0, rows.shard(call, 0, [dx]))
     return shards

@@ -77,14 +77,14 @@ def test_forward_low_precision(dtype):
     np.testing.assert_allclose(y.to_numpy().astype(np.float64), want, **tol)
 
 
-def _backward(name, geom, seed, need_dx=True):
+def _backward(name, geom, seed, need_dx=True, need_db=True):
     x, w, b, want = _problem(geom, seed)
     kw_args, kernel_hw = _args(geom)
     r = values(want.shape, seed + 5)
     lay = LAYOUTS[name](N)
     out = dmath.nn.conv2d_backward(make(r, lay, "float64"), make(x, lay, "float64"),
                                    make(w, dmath.Replicated(), "float64"), (C, H, W), kernel_hw,
-                                   need_dx=need_dx, **kw_args)
+                                   need_dx=need_dx, need_db=need_db, **kw_args)
     return x, w, b, r, out, kw_args, kernel_hw
 
 
@@ -143,6 +143,18 @@ def test_need_dx_false_and_layouts_agree():
     for name in ("rep", "col"):
         np.testing.assert_allclose(grads[name][0], grads["row"][0], rtol=1e-13, atol=1e-14)
         np.testing.assert_allclose(grads[name][1], grads["row"][1], rtol=1e-13, atol=1e-14)
+
+
+@pytest.mark.parametrize("need_dx", [True, False])
+@pytest.mark.parametrize("name", ["row", "rep"])
+def test_need_db_false_leaves_the_bias_gradient_out(name, need_dx):
+    """need_db=False (a convolution without a bias): no dB made, dX and dW as with it."""
+    *_, (dx, dw, db), _, _ = _backward(name, "stride2_pad1", seed=55, need_dx=need_dx, need_db=False)
+    *_, (dx1, dw1, db1), _, _ = _backward(name, "stride2_pad1", seed=55, need_dx=need_dx)
+    assert db is None and db1 is not None and (dx is None) == (not need_dx)
+    np.testing.assert_array_equal(dw.to_numpy(), dw1.to_numpy())
+    if need_dx:
+        np.testing.assert_array_equal(dx.to_numpy(), dx1.to_numpy())
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
