@@ -84,7 +84,8 @@ class Conv2D(Function):
         has_bias = len(xs) == 3
         gx, gw, gb = dmath.nn.conv2d_backward(gy, x, w, self.image_shape, self.kernel_hw, self.stride,
                                               self.padding, self.dilation, need_dx=needs[0], groups=self.groups,
-                                              channels_last=self.channels_last, need_db=has_bias and needs[2])
+                                              channels_last=self.channels_last, need_db=has_bias and needs[2],
+                                              need_dw=needs[1])
         grads = (gx if needs[0] else None, gw if needs[1] else None)
         return grads if len(xs) == 2 else grads + (gb if needs[2] else None,)
 

@@ -49,6 +49,14 @@ class Conv2dBackwardArgs(NamedTuple):
     groups: int
     channels_last: bool  # dY, X and dX are channels-last rows
     need_db: bool = True  # the bias gradient is wanted (not for a convolution without a bias)
+    need_dw: bool = True  # the weight gradient is wanted (not for a frozen layer)
+
+
+def _output_index(st):
+    """(dX, dW, dB)'s places among nn_conv2d_backward's outputs, None for one not made (a pure function):
+    they come in that order, each only where its need_ flag asks for it."""
+    flags = (st.need_dx, st.need_dw, st.need_db)
+    return tuple(sum(flags[:i]) if flags[i] else None for i in range(3))
 
 
 CONV2D = define("nn_conv2d", Conv2dArgs)
@@ -113,15 +121,16 @@ def conv2d(x, w, b, image_shape, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
 
 
 def conv2d_backward(dy, x, w, image_shape, kernel_hw, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
-                    need_dx=True, groups=1, channels_last=False, need_db=True):
-    """Gradients of conv2d: (dX or None, dW, dB or None).
+                    need_dx=True, groups=1, channels_last=False, need_db=True, need_dw=True):
+    """Gradients of conv2d: (dX or None, dW or None, dB or None).
 
     dX (N, C*H*W) in x's row layout (None when need_dx is False, e.g. for the
     first layer); dW (K, C*kh*kw) and dB (1, K) in w's dtype are sums over
     the samples: Partial over the batch's workers for a RowBlock batch,
     Replicated for a Replicated batch (see dmath.nn's docstring); dB is None
     when need_db is False (a convolution without a bias: its sums over every
-    output pixel are a pass over dY that nothing would read).
+    output pixel are a pass over dY that nothing would read), dW when need_dw
+    is False (a frozen layer: no weight-gradient convolution runs).
     channels_last: dy, x and dX are channels-last rows (as conv2d's).
     """
     x = args.rows(x, "conv2d_backward: x")
@@ -132,14 +141,15 @@ def conv2d_backward(dy, x, w, image_shape, kernel_hw, stride=(1, 1), padding=(0,
     dy = args.like(dy, x, "conv2d_backward: dy")
     inputs = [dy, x, args.replicated(w, args.group_of(x), "conv2d_backward: w")]
     sums = args.sum_layout(x)
-    outs = [new_meta(sums, w.shape, w.dtype)] + ([new_meta(sums, (1, k), w.dtype)] if need_db else [])
-    if need_dx:
-        outs.insert(0, new_meta(x.layout, x.shape, x.dtype))
     static = CONV2D_BACKWARD.static(geometry=g, need_dx=bool(need_dx), groups=groups,
-                                    channels_last=bool(channels_last), need_db=bool(need_db))
+                                    channels_last=bool(channels_last), need_db=bool(need_db), need_dw=bool(need_dw))
+    metas = (new_meta(x.layout, x.shape, x.dtype), new_meta(sums, w.shape, w.dtype), new_meta(sums, (1, k), w.dtype))
+    places = _output_index(static)
+    outs = [m for m, at in zip(metas, places) if at is not None]
+    if not outs:                    # nothing wanted: no command
+        return None, None, None
     made, _ = dispatch("nn_conv2d_backward", inputs, outs, static=static)
-    made = list(made) if need_dx else [None] + list(made)
-    return tuple(made) if need_db else tuple(made) + (None,)
+    return tuple(None if at is None else made[at] for at in places)
 
 
 def explain_conv2d(print_fn=print):
@@ -216,7 +226,7 @@ def _conv2d(call):
 
 @CONV2D_BACKWARD.kernel(capturable=True)
 def _conv2d_backward(call):
-    """Inputs dY, X, W; outputs [dX,] dW[, db].
+    """Inputs dY, X, W; outputs [dX,] [dW,] [db] (`_output_index`).
 
     With dY_k (K, n*Ho*Wo) the output gradient in GEMM order, per group:
     dW = dY_k @ im2col(X)^T, db = row sums of dY_k (both over this worker's
@@ -235,17 +245,19 @@ def _conv2d_backward(call):
         x, dy = channels_first(x, g.channels, g.height, g.width), channels_first(dy, k, g.out_h, g.out_w)
     # (n, K, L) -> (K, n*L): one copy, the layout both GEMMs read
     dy_k = xp.ascontiguousarray(dy.reshape(n, k, length).transpose(1, 0, 2), dtype=x.dtype).reshape(k, n * length)
-    first = 1 if need_dx else 0
-    (dw,) = rows.new_output(call, first)
-    cols = im2col(x, g, x.dtype)
+    _, at_dw, at_db = _output_index(st)
     bands = _bands(g, groups, k)
-    for kr, cr in bands:
-        rows.matmul(dy_k[kr], cols[cr].T, dw[kr])
-    shards = [rows.shard(call, first, [dw])]
-    if st.need_db:
-        (db,) = rows.new_output(call, first + 1)
+    shards = []
+    if at_dw is not None:
+        (dw,) = rows.new_output(call, at_dw)
+        cols = im2col(x, g, x.dtype)
+        for kr, cr in bands:
+            rows.matmul(dy_k[kr], cols[cr].T, dw[kr])
+        shards.append(rows.shard(call, at_dw, [dw]))
+    if at_db is not None:
+        (db,) = rows.new_output(call, at_db)
         db[...] = dy_k.sum(axis=1, dtype=acc).reshape(1, k)
-        shards.append(rows.shard(call, first + 1, [db]))
+        shards.append(rows.shard(call, at_db, [db]))
     if need_dx:
         dcols = memory.empty((g.channels * g.taps, n * length), acc)
         for kr, cr in bands:
@@ -470,40 +482,45 @@ def _conv2d_backward_cudnn(call):
     if x is None or x.shape[0] == 0 or not cudnn.available():
         return generic("nn_conv2d_backward")(call)
     dtype, cl = x.dtype, st.channels_last
-    first = 1 if need_dx else 0
-    if call.entry.outputs[first].dtype != dtype and rows.compute_dtype(dtype) != dtype:
+    _, at_dw, at_db = _output_index(st)
+    if at_dw is not None and call.entry.outputs[at_dw].dtype != dtype and rows.compute_dtype(dtype) != dtype:
         # cuDNN writes the weight gradient in the data's dtype: float16 data with wider weights would get
         # a half-precision dW (inf past 65504) where the generic kernel accumulates and stores in float32
         return generic("nn_conv2d_backward")(call)
     x, dy = _dense(x, dtype), _dense(dy, dtype)
     w = _dense(rows.local(call.inputs[2]), dtype)
     n, k = x.shape[0], w.shape[0]
-    if cl:
+    if cl and need_dx:
         w = _filters_last(w, g, groups)
-    (dw,) = rows.new_output(call, first)
-    # cuDNN writes the weight gradient in the data's dtype and, channels-last, in (K, kh, kw, C/g) order
-    dw_io = dw if dw.dtype == dtype and not cl else memory.empty(dw.shape, dtype)
+    dw = dw_io = None
+    if at_dw is not None:
+        (dw,) = rows.new_output(call, at_dw)
+        # cuDNN writes the weight gradient in the data's dtype and, channels-last, in (K, kh, kw, C/g) order
+        dw_io = dw if dw.dtype == dtype and not cl else memory.empty(dw.shape, dtype)
     dx = rows.new_output(call, 0)[0] if need_dx else None
     try:
-        wkey = _key("wgrad", g, n, k, groups, dtype, cl)
-        if cl and groups == 1 and g.channels % 4:
-            _wgrad(wkey, g, x, dy, dw_io, n, k)
-        else:
-            cudnn.conv(wkey, (x.data.ptr, dy.data.ptr, dw_io.data.ptr))
+        if dw is not None:
+            wkey = _key("wgrad", g, n, k, groups, dtype, cl)
+            if cl and groups == 1 and g.channels % 4:
+                _wgrad(wkey, g, x, dy, dw_io, n, k)
+            else:
+                cudnn.conv(wkey, (x.data.ptr, dy.data.ptr, dw_io.data.ptr))
         if need_dx:
             cudnn.conv(_key("dgrad", g, n, k, groups, dtype, cl), (dy.data.ptr, w.data.ptr, dx.data.ptr))
     except cudnn.Refused:
         return generic("nn_conv2d_backward")(call)
-    if cl:
-        cg = g.channels // groups
-        dw.reshape(k, cg, g.kh, g.kw)[...] = dw_io.reshape(k, g.kh, g.kw, cg).transpose(0, 3, 1, 2)
-    elif dw_io is not dw:
-        dw[...] = dw_io
-    shards = [rows.shard(call, first, [dw])]
-    if st.need_db:
-        (db,) = rows.new_output(call, first + 1)
+    shards = []
+    if dw is not None:
+        if cl:
+            cg = g.channels // groups
+            dw.reshape(k, cg, g.kh, g.kw)[...] = dw_io.reshape(k, g.kh, g.kw, cg).transpose(0, 3, 1, 2)
+        elif dw_io is not dw:
+            dw[...] = dw_io
+        shards.append(rows.shard(call, at_dw, [dw]))
+    if at_db is not None:
+        (db,) = rows.new_output(call, at_db)
         db[...] = bias_gradient(dy, n, k, rows.compute_dtype(dtype), cl)
-        shards.append(rows.shard(call, first + 1, [db]))
+        shards.append(rows.shard(call, at_db, [db]))
     if need_dx:
         shards.insert(0, rows.shard(call, 0, [dx]))
     return shards

@@ -77,14 +77,14 @@ def test_forward_low_precision(dtype):
     np.testing.assert_allclose(y.to_numpy().astype(np.float64), want, **tol)
 
 
-def _backward(name, geom, seed, need_dx=True, need_db=True):
+def _backward(name, geom, seed, need_dx=True, need_db=True, need_dw=True):
     x, w, b, want = _problem(geom, seed)
     kw_args, kernel_hw = _args(geom)
     r = values(want.shape, seed + 5)
     lay = LAYOUTS[name](N)
     out = dmath.nn.conv2d_backward(make(r, lay, "float64"), make(x, lay, "float64"),
                                    make(w, dmath.Replicated(), "float64"), (C, H, W), kernel_hw,
-                                   need_dx=need_dx, need_db=need_db, **kw_args)
+                                   need_dx=need_dx, need_db=need_db, need_dw=need_dw, **kw_args)
     return x, w, b, r, out, kw_args, kernel_hw
 
 
@@ -145,16 +145,24 @@ def test_need_dx_false_and_layouts_agree():
         np.testing.assert_allclose(grads[name][1], grads["row"][1], rtol=1e-13, atol=1e-14)
 
 
-@pytest.mark.parametrize("need_dx", [True, False])
+@pytest.mark.parametrize("wanted", [(True, True, False), (False, True, False), (True, False, True),
+                                    (True, False, False), (False, False, True)], ids=str)
 @pytest.mark.parametrize("name", ["row", "rep"])
-def test_need_db_false_leaves_the_bias_gradient_out(name, need_dx):
-    """need_db=False (a convolution without a bias): no dB made, dX and dW as with it."""
-    *_, (dx, dw, db), _, _ = _backward(name, "stride2_pad1", seed=55, need_dx=need_dx, need_db=False)
-    *_, (dx1, dw1, db1), _, _ = _backward(name, "stride2_pad1", seed=55, need_dx=need_dx)
-    assert db is None and db1 is not None and (dx is None) == (not need_dx)
-    np.testing.assert_array_equal(dw.to_numpy(), dw1.to_numpy())
-    if need_dx:
-        np.testing.assert_array_equal(dx.to_numpy(), dx1.to_numpy())
+def test_gradients_not_wanted_are_not_made(name, wanted):
+    """need_dx / need_dw / need_db False (a first layer, a frozen layer, a convolution without a bias):
+    those gradients come back None, the others as when all are made."""
+    need_dx, need_dw, need_db = wanted
+    *_, got, _, _ = _backward(name, "stride2_pad1", seed=55, need_dx=need_dx, need_dw=need_dw, need_db=need_db)
+    *_, full, _, _ = _backward(name, "stride2_pad1", seed=55)
+    for want, g, f in zip(wanted, got, full):
+        assert (g is None) == (not want)
+        if want:
+            np.testing.assert_array_equal(g.to_numpy(), f.to_numpy())
+
+
+def test_no_gradient_wanted_makes_no_command():
+    *_, got, _, _ = _backward("row", "plain3x3", seed=56, need_dx=False, need_dw=False, need_db=False)
+    assert got == (None, None, None)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
