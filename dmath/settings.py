@@ -47,18 +47,13 @@ def _count(text):
     return value
 
 
-def _streams(text):
-    value = int(text)
-    if not 1 <= value <= 8:
-        raise ValueError(text)
-    return value
-
-
-def _depth(text):
-    value = int(text)
-    if not 1 <= value <= 4:
-        raise ValueError(text)
-    return value
+def _whole(low, high):
+    def parse(text):
+        value = int(text)
+        if not low <= value <= high:
+            raise ValueError(text)
+        return value
+    return parse
 
 
 def _bytes(text):
@@ -128,7 +123,7 @@ VARIABLES = (
              "0 or 1", _flag, True, "graph_collectives"),
     Variable("DMATH_GRAPH_STREAMS", "1", "the most CUDA streams a captured plan runs its independent steps "
              "on (branches of a network side by side); 1: one stream (more streams hold more memory)",
-             "a whole number from 1 to 8", _streams,
+             "a whole number from 1 to 8", _whole(1, 8),
              1, "graph_streams"),
     Variable("DMATH_GPU_DECODE_ORDER", "overlap", "image folders decoded on the GPU (nvImageCodec): 'overlap' "
              "(a batch decoded on the read-ahead thread beside the running step) or 'serial' (decoded on the "
@@ -137,7 +132,7 @@ VARIABLES = (
              "'overlap' or 'serial'", _choice("overlap", "serial"), "overlap", "gpu_decode_order"),
     Variable("DMATH_READ_AHEAD", "1", "batches whose host stage (reading, decoding) runs ahead of the step "
              "at once, each on its own thread into its own staging buffer (2: one batch read and parsed while "
-             "the one before it is decoded)", "a whole number from 1 to 4", _depth, 1, "read_ahead"),
+             "the one before it is decoded)", "a whole number from 1 to 4", _whole(1, 4), 1, "read_ahead"),
     Variable("DMATH_CUDNN", "1", "0: convolutions by im2col and cuBLAS even when cuDNN is there",
              "0 or 1", _flag, True, "cudnn"),
     Variable("DMATH_CUBLASLT", "1", "0: a prepared local product calls cuBLAS's GemmEx/Dgemm instead of "

@@ -153,6 +153,13 @@ def module_source(operands, out_dtype):
     return _HELPERS + "".join(source(fn, operands, out_dtype) for fn in names), [f"dm_ewise_{fn}" for fn in names]
 
 
+def _arg_kinds(operands, out_dtype):
+    """The `cuda.Launcher` argument kinds of a loop over `operands`: a pointer or a scalar of the
+    computing type each, then the result's pointer, its size and its number of columns."""
+    scalar_kind = "d" if out_dtype == "float64" else "f"
+    return "".join("p" if d is not None else scalar_kind for d in operands) + "pqq"
+
+
 #: (fn, operand dtypes or None, result dtype) -> its Launcher
 _LAUNCHERS = {}
 
@@ -164,10 +171,9 @@ def launcher(fn, operands, out_dtype):
     key = (fn, operands, out_dtype)
     found = _LAUNCHERS.get(key)
     if found is None:
-        scalar_kind = "d" if out_dtype == "float64" else "f"
-        kinds = "".join("p" if d is not None else scalar_kind for d in operands) + "pqq"
         text, names = module_source(operands, out_dtype)
-        found = _LAUNCHERS[key] = cuda.Launcher(cuda.function(text, f"dm_ewise_{fn}", names), kinds)
+        found = _LAUNCHERS[key] = cuda.Launcher(cuda.function(text, f"dm_ewise_{fn}", names),
+                                                _arg_kinds(operands, out_dtype))
     return found
 
 
@@ -180,11 +186,9 @@ def vector_launcher(fn, operands, out_dtype):
     key = ("vector", fn, operands, out_dtype)
     found = _LAUNCHERS.get(key)
     if found is None:
-        scalar_kind = "d" if out_dtype == "float64" else "f"
-        kinds = "".join("p" if d is not None else scalar_kind for d in operands) + "pqq"
         name = f"dm_ewisev_{fn}"
         found = _LAUNCHERS[key] = (cuda.Launcher(cuda.function(vector_source(fn, operands, out_dtype), name, [name]),
-                                                 kinds), width)
+                                                 _arg_kinds(operands, out_dtype)), width)
     return found
 
 

@@ -71,8 +71,9 @@ def host_stage(pipe, staged, indices, streams, seed):
     This thread reads and parses the files and draws their crops, one after another: that work is
     Python's, under the GIL (one H100 host, session 23: 10,100 files/s on one thread, 5,800 on four,
     which then contend for the GIL; benchmarks/probes/decode_stages.py); the decoding threads decode
-    the files the GPU does not take (Pillow releases the GIL). The GPU decodes the batch here, beside the step the read-ahead overlaps (DMATH_GPU_DECODE_ORDER=overlap), or later,
-    in the step's stream order (=serial): `staged.pending` then holds what `finish` needs, and the
+    the files the GPU does not take (Pillow releases the GIL). The GPU decodes the batch here, beside
+    the step the read-ahead overlaps (DMATH_GPU_DECODE_ORDER=overlap), or later, in the step's stream
+    order (=serial): `staged.pending` then holds what `finish` needs, and the
     device stage calls it."""
     src, t, m = pipe.source, pipe.t, len(indices)
     t0 = time.perf_counter()

@@ -86,8 +86,8 @@ class Conv2D(Function):
                                               self.padding, self.dilation, need_dx=needs[0], groups=self.groups,
                                               channels_last=self.channels_last, need_db=has_bias and needs[2],
                                               need_dw=needs[1])
-        grads = (gx if needs[0] else None, gw if needs[1] else None)
-        return grads if len(xs) == 2 else grads + (gb if needs[2] else None,)
+        # (each gradient not needed is None: conv2d_backward made none)
+        return (gx, gw) if not has_bias else (gx, gw, gb)
 
 
 class Pool2D(Function):
