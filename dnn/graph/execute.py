@@ -2,6 +2,7 @@
 import dmath
 
 from ..errors import GraphError
+from .function import GradientTerms
 from .node import Node, Placeholder
 
 
@@ -163,7 +164,13 @@ def backward(loss, wrt, seed=None, order=None, ready=None, releases=None):
             if gx.dtype != x.dtype:
                 gx = gx.astype(x.dtype)     # a gradient has its node's precision
             prev = grads.get(x.id)
-            grads[x.id] = gx if prev is None else prev + gx
+            if prev is None:
+                grads[x.id] = gx
+            elif x.fn is not None and x.fn.takes_gradient_terms and x.id not in targets \
+                    and not isinstance(prev, GradientTerms):
+                grads[x.id] = GradientTerms(prev, gx)   # added by x's backward as it reads them
+            else:
+                grads[x.id] = _total(prev) + gx
         if ready is not None:
             for x in node.inputs:
                 if x.id in waiting:
@@ -178,6 +185,11 @@ def backward(loss, wrt, seed=None, order=None, ready=None, releases=None):
                             raise GraphError(f"backward's ready hook took the gradient of {x.name}, which "
                                              "passes a gradient on to its inputs")
     return [grads.get(n.id) for n in wrt]
+
+
+def _total(g):
+    """A gradient as one matrix (GradientTerms summed)."""
+    return g.first + g.second if isinstance(g, GradientTerms) else g
 
 
 def plain_layout(m):

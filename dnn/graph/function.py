@@ -8,8 +8,18 @@ one gradient per input. Everything runs as dmath commands, so a whole
 training step (forward, backward, update) is a fixed sequence of commands on
 fixed matrices: it can be recorded once and replayed.
 """
+from typing import NamedTuple
+
 from ..errors import GraphError
 from .node import Node
+
+
+class GradientTerms(NamedTuple):
+    """The gradient of a node read by two consumers, as their two contributions: handed to a backward
+    whose function `takes_gradient_terms`, which adds them where its kernels read the gradient (the sum
+    is never written out: a residual block's output, BatchNorm's backward)."""
+    first: object
+    second: object
 
 
 class Function:
@@ -35,6 +45,9 @@ class Function:
     #: whether an image input may be channels-last rows (the output then is too): elementwise
     #: functions of one image, whose result does not depend on where a value sits in the row
     keeps_channels_last = False
+    #: whether backward takes its output's gradient as GradientTerms (two matrices to add) as well as
+    #: one matrix: then the graph hands it the two contributions of a value read twice unsummed
+    takes_gradient_terms = False
 
     def infer(self, *inputs):
         first = inputs[0]

@@ -15,8 +15,8 @@ class ConcatBatchNorm(Function):
 
     Inputs: (x, gamma, beta) of each branch in the concatenation's order; `norms`: each branch's
     dnn.ops.BatchNorm function (its running statistics, mode, eps, momentum and fused activation),
-    used for its checks and what its forward saves. Backward reads each x and gamma, and the
-    output (the relus' masks), never beta.
+    used for its checks and what its forward saves. Backward reads each x, gamma and beta (a relu's
+    mask is recomputed from them: dmath.nn.batchnorm_backward's beta=), never the output.
     """
     name = "concat_batchnorm"
     keeps_channels_last = True
@@ -25,7 +25,7 @@ class ConcatBatchNorm(Function):
         self.norms = list(norms)
         if len(self.norms) < 2 or any(bn.activation not in (None, "relu") for bn in self.norms):
             raise GraphError(f"{self.name}: needs two or more batch norms (activation None or 'relu')")
-        self.saves_output = any(bn.activation == "relu" for bn in self.norms)
+        self.saves_output = False
 
     def infer(self, *ins):
         if len(ins) != 3 * len(self.norms):
@@ -58,16 +58,16 @@ class ConcatBatchNorm(Function):
         return out
 
     def saves_input(self, k):
-        return k % 3 != 2          # each branch's x and gamma; beta is not read
+        # each branch's x and gamma, and its beta where a relu's mask is recomputed from them
+        return k % 3 != 2 or self.norms[k // 3].activation == "relu"
 
     def backward(self, xs, y, gy, needs):
         grads, offset, total = [], 0, sum(self.widths)
         for k, bn in enumerate(self.norms):
             if any(needs[3 * k:3 * k + 3]):
                 grads += dmath.nn.batchnorm_backward(gy, xs[3 * k], xs[3 * k + 1], bn.saved, bn.image_shape,
-                                                     channels_last=bn.channels_last,
-                                                     y=y if bn.activation == "relu" else None,
-                                                     window=(total, offset))
+                                                     channels_last=bn.channels_last, window=(total, offset),
+                                                     beta=xs[3 * k + 2] if bn.activation == "relu" else None)
             else:
                 grads += [None] * 3
             offset += self.widths[k]

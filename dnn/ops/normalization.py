@@ -8,7 +8,7 @@ as PyTorch does. In evaluation mode the running statistics normalize.
 import dmath
 
 from ..errors import ConfigError, ShapeError
-from ..graph.function import Function
+from ..graph.function import Function, GradientTerms
 
 
 class BatchNorm(Function):
@@ -16,11 +16,14 @@ class BatchNorm(Function):
 
     Applied to (x, gamma, beta, r), a residual r of x's shape is added before the fused activation:
     y = act(gamma * x_hat + beta + r), a residual block's tail (BatchNorm, Add, relu) in one kernel
-    each way. Its backward reads y (the relu's mask), never r.
+    each way. Its backward reads y for that relu's mask, never r; without a residual the mask is
+    recomputed from x and beta (dmath.nn.batchnorm_backward's beta=): y is not read again. The
+    gradient of a y read twice (a residual block's output: the next block's convolution and its
+    shortcut) comes as the two terms, added as the backward's passes read them (dy2=).
     """
     name = "batchnorm"
-    saves_output = False
     keeps_channels_last = True       # channels-last image rows are normalised as they are
+    takes_gradient_terms = True      # a residual block's output gradient: added as the kernels read it
 
     def __init__(self, running_mean, running_var, training, momentum=0.1, eps=1e-5, activation=None):
         if not 0.0 <= momentum <= 1.0:
@@ -32,7 +35,7 @@ class BatchNorm(Function):
         if activation not in (None, "relu"):
             raise ConfigError(f"batchnorm: a fused activation must be None or 'relu', got {activation!r}")
         self.activation = activation
-        self.saves_output = activation == "relu"        # backward reads y for the fused relu's mask
+        self.residual = False
 
     def infer(self, x, gamma, beta, residual=None):
         sample = x.sample_shape
@@ -41,6 +44,7 @@ class BatchNorm(Function):
             raise ShapeError(f"batchnorm: the residual must be like x ({x.shape} {x.dtype}, samples {sample}, "
                              f"channels-last {x.channels_last}); got {residual.shape} {residual.dtype}, samples "
                              f"{residual.sample_shape}, channels-last {residual.channels_last}")
+        self.residual = residual is not None
         self.image_shape = sample if len(sample) == 3 else None
         self.channels_last = x.channels_last
         channels = sample[0] if self.image_shape else x.shape[1]
@@ -61,14 +65,26 @@ class BatchNorm(Function):
                                            residual=residual)
         return y
 
+    def _remask(self):
+        return self.activation == "relu" and not self.residual
+
+    @property
+    def saves_output(self):
+        # the fused relu's mask: read from y after a residual, else recomputed from x, gamma and beta
+        return self.activation == "relu" and not self._remask()
+
     def saves_input(self, k):
-        return k < 2         # x and gamma; beta and the residual are not read again
+        # x and gamma (and beta for a relu's mask recomputed from x); the residual is not read again
+        return k < 2 or (k == 2 and self._remask())
 
     def backward(self, xs, y, gy, needs):
         x, gamma = xs[0], xs[1]
+        remask = self._remask()
+        gy, gy2 = (gy.first, gy.second) if isinstance(gy, GradientTerms) else (gy, None)
         return dmath.nn.batchnorm_backward(gy, x, gamma, self.saved, self.image_shape,
                                            channels_last=self.channels_last,
-                                           y=y if self.activation == "relu" else None, residual=len(xs) == 4)
+                                           y=y if self.activation == "relu" and not remask else None,
+                                           residual=len(xs) == 4, beta=xs[2] if remask else None, dy2=gy2)
 
     def drop_saved(self):
         self.saved = None

@@ -53,9 +53,11 @@ def _compile(source, names):
 
 def test_batchnorm_kernels_compile():
     names = norm_cuda._names()
-    # dtypes x vector widths x (3 sums, normalize and dx with and without relu, with and without a residual)
+    # dtypes x vector widths x (3 sums, normalize with and without relu and a residual, dx without a mask
+    # or masked by y, with and without dR; a sums and a dx recomputing the mask per gamma dtype)
     # + 2 finalizes per dtype set
-    assert len(names) == 3 * 2 * 11 + 2 * len(norm_cuda._FINAL)
+    per_width = sum(11 + 2 * len(gammas) for gammas in norm_cuda._MASK_GAMMA.values())
+    assert len(names) == 2 * per_width + 2 * len(norm_cuda._FINAL)
     result, log, lowered = _compile(launcher.PREAMBLE + norm_cuda.SOURCE, names)
     assert result == 0, log
     assert all(lowered), "every instantiation was compiled"

@@ -37,6 +37,8 @@ class BatchNormArgs(NamedTuple):
     total: int = 0                # > 0: Y (forward), dY and Y (backward) are batches of `total` channels, of
     offset: int = 0               # which channels offset .. offset + C are this batch norm's (a concatenation)
     into: bool = False            # forward with a window: Y written in place into the last input
+    remask: bool = False          # backward with relu: the mask recomputed from X (input 4 is beta, not Y)
+    summed: bool = False          # backward: dY is the sum of input 0 and the last input (never made)
 
 
 BATCHNORM = define("nn_batchnorm", BatchNormArgs)
@@ -146,7 +148,7 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
 
 
 def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=False, y=None, residual=False,
-                       window=None):
+                       window=None, beta=None, dy2=None):
     """Gradients of batchnorm: (dX, dgamma, dbeta), and dR after them when residual=True.
 
     dX in x's row layout; dgamma and dbeta (1, C), in gamma's dtype,
@@ -156,6 +158,12 @@ def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=Fals
     residual: batchnorm added a residual R; its gradient dR is dy masked by Y > 0 after a relu
     (written by the pass that writes dX), else dy itself. window: batchnorm's window (L, offset):
     dy and y are the (N, H*W*L) batches whose channels offset .. offset + C are read where they lie.
+    beta: instead of y after a relu without a residual, batchnorm's beta: the relu's mask is recomputed
+    from x (gamma * x_hat + beta > 0 with the forward's own constants and arithmetic), so neither pass
+    reads Y (a positive value that rounded to zero in Y's dtype still counts as positive).
+    dy2: None, or a second gradient of Y like dy (Y read by two consumers, a residual block's output):
+    the gradient is dy + dy2, added (and rounded, as dmath.add would) where the passes read dy, so the
+    sum is never written out; with residual=True, dR is that sum (masked after a relu).
     """
     x = args.rows(x, "batchnorm_backward: x")
     channels, _ = _channels_of(x, image_shape, "batchnorm_backward")
@@ -175,19 +183,38 @@ def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=Fals
     inputs = [args.like(dy, x, "batchnorm_backward: dy"), x,
               args.replicated(gamma, group, "batchnorm_backward: gamma"),
               args.replicated(saved.stats, group, "batchnorm_backward: saved.stats")]
+    if y is not None and beta is not None:
+        raise DMathError("batchnorm_backward: give y or beta for a relu's mask, not both")
     if y is not None:
         args.require(y, "batchnorm_backward: y")
         args.expect_shape(y, wide, "batchnorm_backward: y")
         inputs.append(args.like(y, x, "batchnorm_backward: y"))
+    if beta is not None:
+        if residual:
+            raise DMathError("batchnorm_backward: a relu after a residual needs y for its mask (beta cannot "
+                             "recompute it without the residual)")
+        args.require(beta, "batchnorm_backward: beta")
+        args.expect_shape(beta, (1, channels), "batchnorm_backward: beta")
+        inputs.append(args.replicated(beta, group, "batchnorm_backward: beta"))
     rep = Replicated(group)
     outs = [new_meta(x.layout, x.shape, x.dtype), new_meta(rep, (1, channels), gamma.dtype),
             new_meta(rep, (1, channels), gamma.dtype)]
-    masked = residual and y is not None         # dR differs from dy: one more output of the dX pass
+    if dy2 is not None:
+        if window is not None:
+            raise DMathError("batchnorm_backward: dy2 (a gradient given as a sum) does not go with a window")
+        args.require(dy2, "batchnorm_backward: dy2")
+        args.expect_shape(dy2, x.shape, "batchnorm_backward: dy2")
+        if dy2.dtype != dy.dtype:
+            raise DMathError(f"batchnorm_backward: dy2 must have dy's dtype {dy.dtype}, got {dy2.dtype}")
+        inputs.append(args.like(dy2, x, "batchnorm_backward: dy2"))
+    # dR differs from dy (masked, or a sum): one more output of the dX pass
+    masked = residual and (y is not None or dy2 is not None)
     if masked:
         outs.append(new_meta(x.layout, x.shape, x.dtype))
     static = BATCHNORM_BACKWARD.static(channels=channels, training=bool(saved.training),
-                                       channels_last=_last(channels_last, image_shape), relu=y is not None,
-                                       residual=masked, total=total, offset=offset)
+                                       channels_last=_last(channels_last, image_shape),
+                                       relu=y is not None or beta is not None, residual=masked, total=total,
+                                       offset=offset, remask=beta is not None, summed=dy2 is not None)
     grads = tuple(dispatch("nn_batchnorm_backward", inputs, outs, static=static)[0])
     return grads + (dy,) if residual and not masked else grads
 
@@ -369,17 +396,28 @@ def _batchnorm_gpu(call, x, stats, rm, rv, res):
         _update_running(rm, rv, mean, var, momentum, unbias)
     else:
         mean, var = rm.reshape(-1).astype(xp.float64), rv.reshape(-1).astype(xp.float64)
-    inv = 1.0 / xp.sqrt(var + eps)
     stats[0] = mean
-    stats[1] = inv
-    norm_cuda.normalize(x2, out2, mean, inv * gamma, beta, relu, res2, first)
+    stats[1] = 1.0 / xp.sqrt(var + eps)
+    norm_cuda.normalize(x2, out2, *_affine(stats, gamma, beta), relu, res2, first)
     return _forward_shards(call, out, stats, training)
+
+
+def _affine(stats, gamma, beta):
+    """(mean, scale, shift) of the GPU normalisation, in its constants' dtype, from stats = [mean; 1/std]:
+    scale = 1/std as stats hold it times gamma in double (what dm_bn_finalize_fwd computes), so a backward
+    that recomputes the relu's mask from x makes the very same constants."""
+    xp = backend.current().xp
+    acc = norm_cuda.acc_dtype(stats.dtype)
+    gamma, beta = gamma.reshape(-1), beta.reshape(-1)
+    return (stats[0].astype(acc), (stats[1].astype(xp.float64) * gamma.astype(xp.float64)).astype(acc),
+            beta.astype(acc))
 
 
 @BATCHNORM_BACKWARD.kernel(capturable=lambda entry: collectives_in_graphs() or entry.in_dists[1].replicated)
 def _batchnorm_backward(call):
-    """Inputs dY, X, gamma, stats (and Y after a fused relu); outputs dX, dgamma, dbeta (and dR, dY
-    masked by Y > 0, for a residual added before the relu).
+    """Inputs dY, X, gamma, stats (and Y after a fused relu, or beta to recompute its mask from X; and
+    dY's second term when summed); outputs dX, dgamma, dbeta (and dR, dY masked by Y > 0, for a residual
+    added before the relu, or dY's sum).
 
     With x_hat = (x - mean) * r (r = 1/sqrt(var + eps)), over the M values of a channel:
       dbeta = sum(dy), dgamma = sum(dy * x_hat),
@@ -395,28 +433,40 @@ def _batchnorm_backward(call):
         return rows.nothing_here(call)
     stats = rows.local(call.inputs[3])
     cdt = stats.dtype
-    if last and norm_cuda.usable(x) and dy.flags.c_contiguous:
-        return _batchnorm_backward_gpu(call, dy, x, stats)
+    gamma = rows.local(call.inputs[2])
+    remask = call.entry.static.remask
+    second = rows.local(call.inputs[-1]) if call.entry.static.summed else None
+    if last and norm_cuda.usable(x) and dy.flags.c_contiguous and \
+            (second is None or second.flags.c_contiguous) and \
+            (not remask or norm_cuda.recomputes_mask(x.dtype, gamma.dtype)):
+        return _batchnorm_backward_gpu(call, dy, x, stats, second)
+    if second is not None:              # the gradient given as two terms: their sum, as dmath.add makes it
+        dy = xp.add(dy, second)
     x3 = _channels(x, channels, cdt, last)
+    mean, r = stats[0].reshape(-1, 1), stats[1].reshape(-1, 1)
+    g = _vec(gamma, cdt)
     shards = []
-    if call.entry.static.residual:      # the residual's gradient is the masked dy: computed once, kept
+    if call.entry.static.residual:      # the residual's gradient is the (masked) dy: computed once, kept
         (dr,) = rows.new_output(call, 3)
-        xp.multiply(dy, rows.local(call.inputs[4]) > 0, out=dr)
+        if call.entry.static.relu:
+            xp.multiply(dy, rows.local(call.inputs[4]) > 0, out=dr)
+        else:
+            dr[...] = dy
         dy3 = _channels(dr, channels, cdt, last)
         shards = [rows.shard(call, 3, [dr])]
     else:
         window = (call.entry.static.total, call.entry.static.offset)
         dy3 = _channels(dy, channels, cdt, last, *window)
-        if call.entry.static.relu:      # the fused relu's gradient: dy where the output was positive
+        if remask:                      # where the forward's value was positive, as _batchnorm computed it
+            dy3 = dy3 * ((x3 - mean) * (r * g) + _vec(rows.local(call.inputs[4]), cdt) > 0)
+        elif call.entry.static.relu:    # the fused relu's gradient: dy where the output was positive
             dy3 = dy3 * (_channels(rows.local(call.inputs[4]), channels, cdt, last, *window) > 0)
-    mean, r = stats[0].reshape(-1, 1), stats[1].reshape(-1, 1)
     xhat = (x3 - mean) * r
     sums = xp.empty(2 * channels, dtype=cdt)
     sums[:channels] = _channel_sums(dy3)
     sums[channels:] = _channel_sums(dy3 * xhat)
     rows.sum_over_batch(call, src.dist, sums)
     dbeta, dgamma = sums[:channels].reshape(-1, 1), sums[channels:].reshape(-1, 1)
-    g = _vec(rows.local(call.inputs[2]), cdt)
     (dx,) = rows.new_output(call, 0)
     if training:
         count = src.dist.shape[0] * x3.shape[2]
@@ -430,7 +480,7 @@ def _batchnorm_backward(call):
     return [rows.shard(call, 0, [dx]), rows.shard(call, 1, [dg]), rows.shard(call, 2, [db])] + shards
 
 
-def _batchnorm_backward_gpu(call, dy, x, stats):
+def _batchnorm_backward_gpu(call, dy, x, stats, second):
     """_batchnorm_backward on a GPU for channels-last rows (norm_cuda): the two sums per channel in one
     pass, every per-channel quantity in one launch, dx in another pass."""
     xp = backend.current().xp
@@ -438,13 +488,18 @@ def _batchnorm_backward_gpu(call, dy, x, stats):
     src = call.inputs[1]
     wide = call.entry.static.total or channels
     x2, dy2 = x.reshape(-1, channels), dy.reshape(-1, wide)
-    y2 = rows.local(call.inputs[4]).reshape(-1, wide) if call.entry.static.relu else None
+    g = rows.local(call.inputs[2]).reshape(-1)
+    y2 = relu_from = None
+    if call.entry.static.remask:                # the mask from x, stats, gamma and beta: Y is not read
+        relu_from = (stats, g, rows.local(call.inputs[4]).reshape(-1))
+    elif call.entry.static.relu:
+        y2 = rows.local(call.inputs[4]).reshape(-1, wide)
     first = call.entry.static.offset            # a window's first channel (0: none)
     acc = norm_cuda.acc_dtype(x.dtype)
-    sums = norm_cuda.channel_sums(2, x2, stats[0], dy2, y2, first)
+    also = None if second is None else second.reshape(-1, wide)      # dY = dy + also, added as read
+    sums = norm_cuda.channel_sums(2, x2, stats[0], dy2, y2, first, relu_from, also)
     rows.sum_over_batch(call, src.dist, sums.reshape(-1))
     count = src.dist.shape[0] * (x.shape[1] // channels)
-    g = rows.local(call.inputs[2]).reshape(-1)
     (dx,) = rows.new_output(call, 0)
     (dg,) = rows.new_output(call, 1)
     (db,) = rows.new_output(call, 2)
@@ -463,6 +518,6 @@ def _batchnorm_backward_gpu(call, dy, x, stats):
         dg[...] = dgamma.reshape(dg.shape)
         db[...] = dbeta.reshape(db.shape)
     norm_cuda.input_gradient(dy2, x2, y2, dx.reshape(-1, channels), mean, a, b, c0,
-                             None if dr is None else dr.reshape(-1, channels), first)
+                             None if dr is None else dr.reshape(-1, channels), first, relu_from, also)
     shards = [rows.shard(call, 0, [dx]), rows.shard(call, 1, [dg]), rows.shard(call, 2, [db])]
     return shards + ([rows.shard(call, 3, [dr])] if dr is not None else [])

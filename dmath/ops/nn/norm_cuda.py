@@ -26,7 +26,10 @@ the rows with a grid stride, keeping its channels' constants in registers
   data holds unless the batch mean is some 10^6 standard deviations from
   the shift (the float32 E[x^2] - E[x]^2 is why the NumPy kernel takes two
   passes). The backward pass sums [sum(g), sum(g * (x - mean))] with
-  g = dy, masked by y > 0 after a fused relu.
+  g = dy, masked after a fused relu: by y > 0, or, without a residual,
+  where the forward's value (x - mean) * scale + shift was positive,
+  recomputed from x with the forward's own constants and multiply-add
+  (no read of y: one pass of the three, and of dx's four, fewer).
 - `finalize_forward` / `finalize_backward`: every per-channel quantity of
   the step (mean, 1/std, the running statistics updated in place, the
   normalisation's scale; dgamma, dbeta and dx's coefficients) in one
@@ -57,10 +60,44 @@ __device__ __forceinline__ dm_vec<T, V> dm_load(const T* p, long long i) {
     return *reinterpret_cast<const dm_vec<T, V>*>(p + i);
 }
 
-// one row's part of dm_bn_sums: MODE 3 adds d and d^2 (d = x - m), MODE 2 g and g d (g = dy, masked by y > 0)
-template <typename T, int V, int MODE, bool RELU>
+// a + b per element, computed and rounded as the elementwise add kernel does (dmath.add): a gradient
+// given as two terms reads as the very sum that add would have written
+template <typename T, int V>
+__device__ __forceinline__ dm_vec<T, V> dm_vadd(const dm_vec<T, V>& a, const dm_vec<T, V>& b) {
+    dm_vec<T, V> r;
+#pragma unroll
+    for (int v = 0; v < V; ++v) r.v[v] = dm_cast<T>(dm_val(a.v[v]) + dm_val(b.v[v]));
+    return r;
+}
+
+// the relu's mask recomputed from x: the forward's own value (x - mean) * scale + shift in its type and
+// order (the same multiply-add), so the same elements count as the forward's Y > 0 (up to a positive value
+// that rounds to zero in T)
+template <typename A>
+__device__ __forceinline__ A dm_bn_affine(A xa, A m, A s, A b) { return (xa - m) * s + b; }
+
+template <typename A>
+__device__ __forceinline__ bool dm_bn_on(A xa, A m, A s, A b) { return dm_bn_affine<A>(xa, m, s, b) > 0; }
+
+// a thread's channels' scale and shift of the forward's normalisation, as dm_bn_finalize_fwd made them:
+// scale = stats' 1/std (rounded to S) times gamma in double, rounded to A; shift = beta
+template <typename G, typename A, int V>
+__device__ __forceinline__ void dm_bn_mask_consts(const A* __restrict__ stats, const G* __restrict__ gamma,
+        const G* __restrict__ beta, int C, int c0, A (&s)[V], A (&b)[V]) {
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+        s[v] = (A)((double)stats[C + c0 + v] * (double)dm_val(gamma[c0 + v]));
+        b[v] = (A)(double)dm_val(beta[c0 + v]);
+    }
+}
+
+// one row's part of dm_bn_sums: MODE 3 adds d and d^2 (d = x - m), MODE 2 g and g d (g = dy; MASK 1: masked
+// by y > 0, MASK 2: masked where the forward's relu cut, recomputed from x)
+template <typename T, int V, int MODE, int MASK>
 __device__ __forceinline__ void dm_bn_row(const dm_vec<T, V>& xv, const dm_vec<T, V>& gv, const dm_vec<T, V>& yv,
-        const double (&m)[V], double (&s0)[V], double (&s1)[V]) {
+        const double (&m)[V], const typename Acc<T>::type (&ms)[V], const typename Acc<T>::type (&mb)[V],
+        double (&s0)[V], double (&s1)[V]) {
+    typedef typename Acc<T>::type A;
 #pragma unroll
     for (int v = 0; v < V; ++v) {
         const double d = (double)dm_val(xv.v[v]) - m[v];
@@ -69,7 +106,8 @@ __device__ __forceinline__ void dm_bn_row(const dm_vec<T, V>& xv, const dm_vec<T
             s1[v] += d * d;
         } else {
             double g = (double)dm_val(gv.v[v]);
-            if (RELU && !(dm_val(yv.v[v]) > 0)) g = 0.0;
+            if (MASK == 1 && !(dm_val(yv.v[v]) > 0)) g = 0.0;
+            if (MASK == 2 && !dm_bn_on<A>(dm_val(xv.v[v]), (A)m[v], ms[v], mb[v])) g = 0.0;
             s0[v] += g;
             s1[v] += g * d;
         }
@@ -77,18 +115,26 @@ __device__ __forceinline__ void dm_bn_row(const dm_vec<T, V>& xv, const dm_vec<T
 }
 
 // blockDim (TX, TY) = 256 threads; grid (ceil(C / V / TX), rows of blocks); MODE 3: [sum d, sum d^2],
-// d = x - mean (mean: the shift); MODE 2: [sum g, sum g (x - mean)], g = dy masked by y > 0 (RELU)
-template <typename T, int V, int MODE, bool RELU>
+// d = x - mean (mean: the shift); MODE 2: [sum g, sum g (x - mean)], g = dy masked by y > 0 (MASK 1) or
+// where the forward's relu cut (MASK 2: from x, stats, gamma and beta of G); two: dy is dy + dy2
+template <typename T, int V, int MODE, int MASK, typename G>
 __global__ void __launch_bounds__(256) dm_bn_sums(const T* __restrict__ x, const T* __restrict__ dy,
         const T* __restrict__ y, const typename Acc<T>::type* __restrict__ mean,
-        double* __restrict__ partial, long long M, int C, long long ld, int off) {
+        const typename Acc<T>::type* __restrict__ stats, const G* __restrict__ gamma, const G* __restrict__ beta,
+        double* __restrict__ partial, long long M, int C, long long ld, int off, const T* __restrict__ dy2,
+        int two) {
+    typedef typename Acc<T>::type A;
     __shared__ double sm[2 * V * 256];
     const int tx = threadIdx.x, ty = threadIdx.y, TX = blockDim.x, TY = blockDim.y;
     const int c0 = (blockIdx.x * TX + tx) * V;
     const bool active = c0 < C;
     double m[V], s0[V], s1[V];
+    A ms[V], mb[V];
 #pragma unroll
-    for (int v = 0; v < V; ++v) { m[v] = active ? (double)mean[c0 + v] : 0.0; s0[v] = 0.0; s1[v] = 0.0; }
+    for (int v = 0; v < V; ++v) {
+        m[v] = active ? (double)mean[c0 + v] : 0.0; s0[v] = 0.0; s1[v] = 0.0; ms[v] = 0; mb[v] = 0;
+    }
+    if (MASK == 2 && active) dm_bn_mask_consts<G, A, V>(stats, gamma, beta, C, c0, ms, mb);
     if (active) {
         const long long step = (long long)gridDim.y * TY;
         long long r = (long long)blockIdx.y * TY + ty;
@@ -104,20 +150,22 @@ __global__ void __launch_bounds__(256) dm_bn_sums(const T* __restrict__ x, const
                 if (MODE != 3) {
                     const long long j = (r + u * step) * ld + off + c0;    // dy and y: channels off.. of rows of ld
                     gv[u] = dm_load<T, V>(dy, j);
-                    if (RELU) yv[u] = dm_load<T, V>(y, j);
+                    if (two) gv[u] = dm_vadd<T, V>(gv[u], dm_load<T, V>(dy2, j));
+                    if (MASK == 1) yv[u] = dm_load<T, V>(y, j);
                 }
             }
 #pragma unroll
-            for (int u = 0; u < U; ++u) dm_bn_row<T, V, MODE, RELU>(xv[u], gv[u], yv[u], m, s0, s1);
+            for (int u = 0; u < U; ++u) dm_bn_row<T, V, MODE, MASK>(xv[u], gv[u], yv[u], m, ms, mb, s0, s1);
         }
         for (; r < M; r += step) {
             dm_vec<T, V> xv = dm_load<T, V>(x, r * C + c0), gv, yv;
             if (MODE != 3) {
                 const long long j = r * ld + off + c0;
                 gv = dm_load<T, V>(dy, j);
-                if (RELU) yv = dm_load<T, V>(y, j);
+                if (two) gv = dm_vadd<T, V>(gv, dm_load<T, V>(dy2, j));
+                if (MASK == 1) yv = dm_load<T, V>(y, j);
             }
-            dm_bn_row<T, V, MODE, RELU>(xv, gv, yv, m, s0, s1);
+            dm_bn_row<T, V, MODE, MASK>(xv, gv, yv, m, ms, mb, s0, s1);
         }
     }
     const int t = ty * TX + tx;
@@ -135,7 +183,7 @@ __global__ void __launch_bounds__(256) dm_bn_sums(const T* __restrict__ x, const
 
 // every per-channel quantity of a training forward from the (all-reduced) sums s = [S1; S2] around the
 // shift k: mean, inv = 1/sqrt(var + eps), the running statistics in place, and the normalisation's
-// mean, scale = inv * gamma and shift = beta in the elementwise kernel's type
+// mean, scale = inv * gamma (inv rounded as stats hold it) and shift = beta in the elementwise kernel's type
 template <typename G, typename R, typename S, typename A>
 __global__ void dm_bn_finalize_fwd(const double* __restrict__ s, const R* k,
         const G* __restrict__ gamma, const G* __restrict__ beta, R* rm, R* rv, S* stats,
@@ -153,7 +201,8 @@ __global__ void dm_bn_finalize_fwd(const double* __restrict__ s, const R* k,
     stats[c] = (S)mean;
     stats[C + c] = (S)inv;
     mean_a[c] = (A)mean;
-    scale_a[c] = (A)(inv * (double)dm_val(gamma[c]));
+    // from 1/std as stats keep it: a backward that recomputes the relu's mask makes the same scale
+    scale_a[c] = (A)((double)(S)inv * (double)dm_val(gamma[c]));
     shift_a[c] = (A)(double)dm_val(beta[c]);
 }
 
@@ -193,7 +242,7 @@ __global__ void __launch_bounds__(256) dm_bn_normalize(const T* __restrict__ x, 
         if (RES) rv = dm_load<T, V>(res, i);
 #pragma unroll
         for (int v = 0; v < V; ++v) {
-            A val = (dm_val(xv.v[v]) - m[v]) * s[v] + b[v];
+            A val = dm_bn_affine<A>(dm_val(xv.v[v]), m[v], s[v], b[v]);
             if (RES) val += dm_val(rv.v[v]);
             if (RELU && val < 0) val = 0;
             out.v[v] = dm_cast<T>(val);
@@ -203,30 +252,38 @@ __global__ void __launch_bounds__(256) dm_bn_normalize(const T* __restrict__ x, 
     }
 }
 
-template <typename T, int V, bool RELU, bool DR>
+// dx = a g + b (x - mean) + c0; g = dy masked by y > 0 (MASK 1) or where the forward's relu cut (MASK 2,
+// recomputed from x as dm_bn_sums does); DR: g also written to dr (a residual's gradient); two: dy is
+// dy + dy2
+template <typename T, int V, int MASK, bool DR, typename G>
 __global__ void __launch_bounds__(256) dm_bn_dx(const T* __restrict__ dy, const T* __restrict__ x,
         const T* __restrict__ y, T* __restrict__ dx, T* __restrict__ dr,
         const typename Acc<T>::type* __restrict__ mean, const typename Acc<T>::type* __restrict__ a,
         const typename Acc<T>::type* __restrict__ b, const typename Acc<T>::type* __restrict__ c0v,
-        long long M, int C, long long ld, int off) {
+        const typename Acc<T>::type* __restrict__ stats, const G* __restrict__ gamma, const G* __restrict__ beta,
+        long long M, int C, long long ld, int off, const T* __restrict__ dy2, int two) {
     typedef typename Acc<T>::type A;
     const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * V;
     if (c0 >= C) return;
-    A m[V], av[V], bv[V], cv[V];
+    A m[V], av[V], bv[V], cv[V], ms[V], mb[V];
 #pragma unroll
     for (int v = 0; v < V; ++v) { m[v] = mean[c0 + v]; av[v] = a[c0 + v]; bv[v] = b[c0 + v]; cv[v] = c0v[c0 + v]; }
+    if (MASK == 2) dm_bn_mask_consts<G, A, V>(stats, gamma, beta, C, c0, ms, mb);
     const long long step = (long long)gridDim.y * blockDim.y;
     for (long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y; r < M; r += step) {
         const long long i = r * C + c0, j = r * ld + off + c0;     // dy and y: channels off.. of rows of ld
         dm_vec<T, V> gv = dm_load<T, V>(dy, j), xv = dm_load<T, V>(x, i), yv, out, rout;
-        if (RELU) yv = dm_load<T, V>(y, j);
+        if (two) gv = dm_vadd<T, V>(gv, dm_load<T, V>(dy2, j));
+        if (MASK == 1) yv = dm_load<T, V>(y, j);
 #pragma unroll
         for (int v = 0; v < V; ++v) {
             A g = dm_val(gv.v[v]);
-            const bool masked = RELU && !(dm_val(yv.v[v]) > 0);
+            const A xa = dm_val(xv.v[v]);
+            const bool masked = (MASK == 1 && !(dm_val(yv.v[v]) > 0)) ||
+                                (MASK == 2 && !dm_bn_on<A>(xa, m[v], ms[v], mb[v]));
             if (masked) g = 0;
             if (DR) rout.v[v] = masked ? dm_cast<T>(0.0) : gv.v[v];   // the residual's gradient, exactly
-            out.v[v] = dm_cast<T>(av[v] * g + bv[v] * (dm_val(xv.v[v]) - m[v]) + cv[v]);
+            out.v[v] = dm_cast<T>(av[v] * g + bv[v] * (xa - m[v]) + cv[v]);
         }
         *reinterpret_cast<dm_vec<T, V>*>(dx + i) = out;
         if (DR) *reinterpret_cast<dm_vec<T, V>*>(dr + i) = rout;
@@ -243,6 +300,10 @@ _FINAL = {("float16", "float32", "float32", "float32"), ("float32", "float32", "
           ("float64", "float64", "float64", "float64")}
 #: blocks of the sums kernel per multiprocessor (each thread then walks many rows: few partial sums)
 _SUM_BLOCKS_PER_SM = 2
+#: the statistics pass (mode 3) of 4- and 8-byte data: twice the blocks read ResNet-50's float32 batches
+#: at 2.9-3.0 TB/s instead of 2.6-2.7 on an H100 (benchmarks/probes/bn_sums_variants.py); float16 was
+#: fastest at 2
+_STATS_BLOCKS_PER_SM_WIDE = 4
 #: blocks of the elementwise kernels per multiprocessor (each thread walks a few rows)
 _EW_BLOCKS_PER_SM = 32
 
@@ -251,19 +312,32 @@ def _ctype(dtype):
     return _TYPES[np.dtype(dtype).name]
 
 
+#: gamma dtypes, per data dtype, of the kernels that recompute a relu's mask from x (MASK 2): the models'
+#: own; other pairs recompute it with array code (norm.py)
+_MASK_GAMMA = {"float16": ("float16", "float32"), "float32": ("float32",), "float64": ("float64",)}
+
+
 def _names():
     out = []
     for name in _TYPES:
         t = _TYPES[name]
         for v in (1, _VEC[name]):
-            out += [f"dm_bn_sums<{t}, {v}, 3, false>", f"dm_bn_sums<{t}, {v}, 2, false>",
-                    f"dm_bn_sums<{t}, {v}, 2, true>"]
-            out += [f"dm_bn_{k}<{t}, {v}, {relu}, {extra}>" for k in ("normalize", "dx") for relu in ("false", "true")
-                    for extra in ("false", "true")]
+            out += [f"dm_bn_sums<{t}, {v}, 3, 0, {t}>", f"dm_bn_sums<{t}, {v}, 2, 0, {t}>",
+                    f"dm_bn_sums<{t}, {v}, 2, 1, {t}>"]
+            out += [f"dm_bn_normalize<{t}, {v}, {relu}, {res}>" for relu in ("false", "true")
+                    for res in ("false", "true")]
+            out += [f"dm_bn_dx<{t}, {v}, {mask}, {dr}, {t}>" for mask in (0, 1) for dr in ("false", "true")]
+            for g in _MASK_GAMMA[name]:
+                out += [f"dm_bn_sums<{t}, {v}, 2, 2, {_TYPES[g]}>", f"dm_bn_dx<{t}, {v}, 2, false, {_TYPES[g]}>"]
     for g, r, s, a in sorted(_FINAL):
         out += [f"dm_bn_finalize_fwd<{_TYPES[g]}, {_TYPES[r]}, {_TYPES[s]}, {_TYPES[a]}>",
                 f"dm_bn_finalize_bwd<{_TYPES[g]}, {_TYPES[s]}, {_TYPES[a]}>"]
     return out
+
+
+def recomputes_mask(dtype, gamma_dtype):
+    """Whether the GPU kernels recompute a fused relu's mask from x for this data and gamma dtype."""
+    return np.dtype(gamma_dtype).name in _MASK_GAMMA[np.dtype(dtype).name]
 
 
 def _fn(expression):
@@ -284,7 +358,7 @@ def usable(x2):
         return False
     if _COMPILED is None:
         try:
-            _fn("dm_bn_sums<float, 1, 3, false>")
+            _fn("dm_bn_sums<float, 1, 3, 0, float>")
             _COMPILED = True
         except Exception as exc:        # noqa: BLE001 - any compiler failure: the array kernels still work
             warnings.warn(f"dmath: the BatchNorm GPU kernels did not compile ({exc}); using the array kernels")
@@ -324,25 +398,39 @@ def _shape(C, v, M, per_sm):
     return (gx, gy), (tx, ty)
 
 
-def channel_sums(mode, x2, mean, dy2=None, y2=None, off=0):
+def _mask_args(x2, y2, relu_from):
+    """(MASK, G, the kernels' stats, gamma, beta arguments) of a relu's mask: none (0), Y > 0 (1), or
+    recomputed from x (2) with relu_from = (stats, gamma, beta) of the forward."""
+    t = _ctype(x2.dtype)
+    if relu_from is None:
+        return (1 if y2 is not None else 0), t, (x2, x2, x2)
+    stats, gamma, beta = relu_from
+    return 2, _ctype(gamma.dtype), (stats, gamma, beta)
+
+
+def channel_sums(mode, x2, mean, dy2=None, y2=None, off=0, relu_from=None, also=None):
     """Per-channel sums (double, shape (2, C)) of the (M, C) batch x2 (see the module docstring).
     mode 3: [sum (x - mean), sum (x - mean)^2] around a shift given as `mean` (one pass for both
-    statistics); mode 2: [sum g, sum g (x - mean)], g = dy2 (masked by y2 > 0 when y2 is given).
+    statistics); mode 2: [sum g, sum g (x - mean)], g = dy2 (masked by y2 > 0 when y2 is given, or
+    where the forward's relu cut when relu_from = (stats, gamma, beta) is: recomputed from x2, with
+    stats = [mean; 1/std] of acc_dtype and gamma, beta of C values; recomputes_mask must hold).
     mean: C values in acc_dtype(x2.dtype). dy2 and y2 may be wider (M, L) arrays whose channels
-    off .. off + C are read."""
+    off .. off + C are read. also: None, or an array like dy2 that dy2 is the sum of (added as read,
+    rounded as dmath.add rounds)."""
     xp = backend.current().xp
     M, C = x2.shape
     if M == 0 or C == 0:
         return xp.zeros((2, C), dtype=np.float64)
     ld = dy2.shape[1] if dy2 is not None else C
-    v = _width(C, x2, dy2, y2, ld=ld, off=off)
-    grid, block = _shape(C, v, M, _SUM_BLOCKS_PER_SM)
+    v = _width(C, x2, dy2, y2, also, ld=ld, off=off)
+    per_sm = _STATS_BLOCKS_PER_SM_WIDE if mode == 3 and x2.dtype.itemsize >= 4 else _SUM_BLOCKS_PER_SM
+    grid, block = _shape(C, v, M, per_sm)
     partial = memory.empty((grid[1], 2, C), np.float64)
-    relu = "true" if y2 is not None else "false"
-    fn = _fn(f"dm_bn_sums<{_ctype(x2.dtype)}, {v}, {mode}, {relu}>")
+    mask, g, extra = _mask_args(x2, y2, relu_from)
+    fn = _fn(f"dm_bn_sums<{_ctype(x2.dtype)}, {v}, {mode}, {mask}, {g}>")
     fn(grid, block, (x2, dy2 if dy2 is not None else x2, y2 if y2 is not None else x2,
-                     mean.astype(acc_dtype(x2.dtype), copy=False), partial, np.int64(M), np.int32(C), np.int64(ld),
-                     np.int32(off)))
+                     mean.astype(acc_dtype(x2.dtype), copy=False), *extra, partial, np.int64(M), np.int32(C),
+                     np.int64(ld), np.int32(off), *_second(dy2, also)))
     return partial.sum(axis=0) if grid[1] > 1 else partial[0]
 
 
@@ -394,19 +482,26 @@ def normalize(x2, out2, mean, scale, shift, relu, res2=None, off=0):
                      np.int32(off)))
 
 
-def input_gradient(dy2, x2, y2, dx2, mean, a, b, c0, dr2=None, off=0):
-    """dx2 = a * g + b * (x2 - mean) + c0 per channel, g = dy2 masked by y2 > 0 when y2 is given;
-    dr2: None, or an (M, C) array that receives g (a residual's gradient) in the same pass. dy2 and
-    y2 may be wider (M, L) arrays whose channels off .. off + C are read."""
+def _second(dy2, also):
+    """The kernels' (dy2, two) arguments of a gradient given as one array or as the sum of two."""
+    return (dy2, np.int32(0)) if also is None else (also, np.int32(1))
+
+
+def input_gradient(dy2, x2, y2, dx2, mean, a, b, c0, dr2=None, off=0, relu_from=None, also=None):
+    """dx2 = a * g + b * (x2 - mean) + c0 per channel, g = dy2 masked by y2 > 0 when y2 is given (or
+    where the forward's relu cut, recomputed from x2, when relu_from = (stats, gamma, beta) is: see
+    channel_sums); dr2: None, or an (M, C) array that receives g (a residual's gradient) in the same
+    pass. dy2 and y2 may be wider (M, L) arrays whose channels off .. off + C are read. also: see
+    channel_sums."""
     M, C = x2.shape
     if x2.size == 0:
         return
     acc = acc_dtype(x2.dtype)
     args = [v.astype(acc, copy=False) for v in (mean, a, b, c0)]
     ld = dy2.shape[1]
-    v = _width(C, dy2, x2, y2, dx2, dr2, ld=ld, off=off)
+    v = _width(C, dy2, x2, y2, dx2, dr2, also, ld=ld, off=off)
     grid, block = _shape(C, v, M, _EW_BLOCKS_PER_SM)
-    fn = _fn(f"dm_bn_dx<{_ctype(x2.dtype)}, {v}, {'true' if y2 is not None else 'false'}, "
-             f"{'true' if dr2 is not None else 'false'}>")
-    fn(grid, block, (dy2, x2, y2 if y2 is not None else x2, dx2, dr2 if dr2 is not None else dx2, *args,
-                     np.int64(M), np.int32(C), np.int64(ld), np.int32(off)))
+    mask, g, extra = _mask_args(x2, y2, relu_from)
+    fn = _fn(f"dm_bn_dx<{_ctype(x2.dtype)}, {v}, {mask}, {'true' if dr2 is not None else 'false'}, {g}>")
+    fn(grid, block, (dy2, x2, y2 if y2 is not None else x2, dx2, dr2 if dr2 is not None else dx2, *args, *extra,
+                     np.int64(M), np.int32(C), np.int64(ld), np.int32(off), *_second(dy2, also)))

@@ -368,3 +368,95 @@ def test_window_errors_raise_on_the_master():
         with pytest.raises(dmath.DMathError):
             fn()
     np.testing.assert_array_equal(wide.to_numpy(), before)
+
+
+# ---- a relu's mask recomputed from x (beta=), instead of read from Y -----------------------------
+#: 8 channels of 2x3 images: the GPU kernels' vector widths (8 halves, 4 floats, 2 doubles) apply
+WIDE = ((8, 2, 3), 8)
+
+
+def _wide_params(seed):
+    (c, h, w), _ = WIDE
+    x = values((N, c * h * w), seed, -2.0, 2.0)       # about half below the relu's threshold
+    return (x, values((1, c), seed + 1, 0.5, 1.5), values((1, c), seed + 2), values((1, c), seed + 3),
+            values((1, c), seed + 4, 0.5, 2.0))
+
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+@pytest.mark.parametrize("window", [False, True])
+@pytest.mark.parametrize("training", [True, False])
+@pytest.mark.parametrize("last", [False, True])
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_relu_mask_recomputed_from_x_equals_the_mask_of_y(name, last, training, window, dtype):
+    """batchnorm_backward(beta=...) recomputes the relu's mask from x with the forward's own constants
+    and arithmetic: the same gradients, bitwise, as reading Y > 0 (plain batches and a concatenation's
+    window; on GPUs the CUDA kernels of channels-last rows)."""
+    image, c = WIDE
+    lay = LAYOUTS[name](N)
+    rep = dmath.Replicated(group=_group(lay))
+    x, gamma, beta, rm, rv = _wide_params(50)
+    mats = [make(x, lay, dtype)] + [make(a, rep, dtype) for a in (gamma, beta, rm, rv)]
+    win = dict(window=(2 * c, c)) if window else {}
+    dy = make(values((N, x.shape[1] * (2 if window else 1)), 51), lay, dtype)
+    y, saved = dmath.nn.batchnorm(*mats, image_shape=image, training=training, channels_last=last,
+                                  activation="relu", **win)
+    mask = y.to_numpy()[:, :] > 0
+    assert mask.any() and not mask.all()
+    by_y = dmath.nn.batchnorm_backward(dy, mats[0], mats[1], saved, image_shape=image, channels_last=last, y=y,
+                                       **win)
+    by_x = dmath.nn.batchnorm_backward(dy, mats[0], mats[1], saved, image_shape=image, channels_last=last,
+                                       beta=mats[2], **win)
+    assert len(by_x) == 3
+    for k, (got, want) in enumerate(zip(by_x, by_y)):
+        np.testing.assert_array_equal(got.to_numpy(), want.to_numpy(), err_msg=f"gradient {k}")
+
+
+def test_relu_mask_from_x_is_checked_on_the_master():
+    (x, *_), mats, _, _ = _run("2d", "row", seed=26)
+    image = KINDS["2d"][0]
+    y, saved = dmath.nn.batchnorm(*mats, image_shape=image, activation="relu")
+    cases = [(dmath.DMathError, dict(y=y, beta=mats[2])),                     # both
+             (dmath.DMathError, dict(beta=mats[2], residual=True)),           # a residual's mask needs y
+             (dmath.ShapeError, dict(beta=dmath.ones((1, 4), dtype="float64")))]
+    for kind, kw in cases:
+        with pytest.raises(kind):
+            dmath.nn.batchnorm_backward(mats[0], mats[0], mats[1], saved, image_shape=image, **kw)
+
+
+# ---- a gradient given as two terms (dy2=): summed where the passes read it ------------------------
+@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
+@pytest.mark.parametrize("mask", [None, "y", "beta", "residual", "residual_relu"])
+@pytest.mark.parametrize("last", [False, True])
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_gradient_as_two_terms_equals_their_sum(name, last, mask, dtype):
+    """batchnorm_backward(dy=a, dy2=b) gives what batchnorm_backward(dy=a + b) gives, bitwise (the sum
+    rounded as dmath.add rounds it), dR included: a residual block's output gradient never summed into
+    an array of its own."""
+    image, c = WIDE
+    lay = LAYOUTS[name](N)
+    rep = dmath.Replicated(group=_group(lay))
+    x, gamma, beta, rm, rv = _wide_params(60)
+    mats = [make(x, lay, dtype)] + [make(a, rep, dtype) for a in (gamma, beta, rm, rv)]
+    residual = mask in ("residual", "residual_relu")
+    relu = mask in ("y", "beta", "residual_relu")
+    y, saved = dmath.nn.batchnorm(*mats, image_shape=image, channels_last=last, activation="relu" if relu else None,
+                                  residual=make(values(x.shape, 61), lay, dtype) if residual else None)
+    a, b = make(values(x.shape, 62), lay, dtype), make(values(x.shape, 63, -2.0, 2.0), lay, dtype)
+    kw = dict(image_shape=image, channels_last=last, residual=residual,
+              y=y if mask in ("y", "residual_relu") else None, beta=mats[2] if mask == "beta" else None)
+    want = dmath.nn.batchnorm_backward(a + b, mats[0], mats[1], saved, **kw)
+    got = dmath.nn.batchnorm_backward(a, mats[0], mats[1], saved, dy2=b, **kw)
+    assert len(got) == len(want) == (4 if residual else 3)
+    for k, (g, w) in enumerate(zip(got, want)):
+        np.testing.assert_array_equal(g.to_numpy(), w.to_numpy(), err_msg=f"gradient {k}")
+
+
+def test_gradient_as_two_terms_is_checked_on_the_master():
+    (x, *_), mats, _, _ = _run("2d", "row", seed=27)
+    image, c, _ = KINDS["2d"]
+    y, saved = dmath.nn.batchnorm(*mats, image_shape=image)
+    cases = [dict(dy2=dmath.ones((N, 4), dtype="float64")),
+             dict(dy2=make(x, dmath.RowBlock(), "float32")),
+             dict(dy2=mats[0], window=(2 * c, 0))]
+    for kw in cases:
+        with pytest.raises(dmath.DMathError):
+            dmath.nn.batchnorm_backward(mats[0], mats[0], mats[1], saved, image_shape=image, **kw)

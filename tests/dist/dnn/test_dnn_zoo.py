@@ -5,6 +5,7 @@ Inception v3 at small inputs; load_state_dict's refusals. torchvision is not a d
 reference modules below are written with plain torch.nn under torchvision's module names (the
 same names, shapes and counts as torchvision 0.28's, checked once against it). Every worker count."""
 import math
+import os
 
 import numpy as np
 import pytest
@@ -402,3 +403,51 @@ def test_zoo_argument_errors():
         dnn.models.googlenet(aux_logits=1, _graph_only=True)
     g = dnn.models.googlenet(aux_logits=True, _graph_only=True)     # 14x14 pools to 4x4 in uneven windows
     assert len(g.outputs) == 3
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_resnet_backward_shortcuts_change_no_bit(monkeypatch, dtype, channels_last):
+    """ResNet's backward takes two shortcuts: a BatchNorm + relu without a residual recomputes the
+    relu's mask from x and beta (Y is not read), and a block output's gradient reaches its BatchNorm as
+    the two terms of its two readers, added as the kernels read them. Both are used, and two SGD steps
+    with momentum give the very weights the plain backward (mask from Y, the sum made first) gives: bit
+    for bit on the CPU. On GPUs at a tolerance: the same model trained twice the same way can differ in
+    its last bits there (cuDNN's plans, chosen per process, include kernels whose sums' order varies),
+    and batch statistics of four values per channel amplify them; the BatchNorm kernels alone are
+    checked bitwise at their vector widths in test_nn_norm."""
+    rng = np.random.default_rng(8)
+    x, y = rng.normal(size=(4, 3, 32, 32)), rng.integers(0, 10, 4)
+    seen = {"beta": 0, "dy2": 0}
+    plain = dmath.nn.batchnorm_backward
+
+    def spy(*args, **kw):
+        seen["beta"] += kw.get("beta") is not None
+        seen["dy2"] += kw.get("dy2") is not None
+        return plain(*args, **kw)
+    monkeypatch.setattr(dmath.nn, "batchnorm_backward", spy)
+
+    def trained():
+        dmath.random.seed(13)
+        m = dnn.models.resnet18(num_classes=10, input_shape=(3, 32, 32), dtype=dtype, channels_last=channels_last,
+                                optimizer=dnn.optim.SGD(lr=0.05, momentum=0.9))
+        m.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+        return m.state_dict()
+    fast = trained()
+    # ResNet-18: 8 blocks; the relu'd BatchNorms without a residual (stem + one per block) recompute
+    # the mask; the outputs of blocks 1-7 are read twice (the next block's conv and its shortcut). The
+    # first step is recorded, the second replays it: one backward issued from Python
+    assert seen == {"beta": 9, "dy2": 7}, seen
+    monkeypatch.setattr(dnn.ops.normalization.BatchNorm, "takes_gradient_terms", False)
+    monkeypatch.setattr(dnn.ops.normalization.BatchNorm, "_remask", lambda self: False)
+    seen.update(beta=0, dy2=0)
+    slow = trained()
+    assert seen == {"beta": 0, "dy2": 0}
+    gpu = os.environ.get("DMATH_DEVICE", "cpu") == "gpu"
+    for k, v in slow.items():
+        if gpu:
+            scale = max(float(np.abs(v).max()), 1.0)
+            np.testing.assert_allclose(fast[k], v, rtol=1e-3 if dtype == "float32" else 1e-9,
+                                       atol=(1e-4 if dtype == "float32" else 1e-11) * scale, err_msg=k)
+        else:
+            np.testing.assert_array_equal(fast[k], v, err_msg=k)
