@@ -493,10 +493,12 @@ def _conv2d_backward_cudnn(call):
     if cl and need_dx:
         w = _filters_last(w, g, groups)
     dw = dw_io = None
+    # cuDNN writes the weight gradient in the data's dtype and, channels-last, in (K, kh, kw, C/g) order:
+    # the weights' own (K, C/g, kh, kw) order where kh * kw or C/g is 1 (a 1x1 or depthwise convolution)
+    reordered = cl and g.kh * g.kw > 1 and g.channels // groups > 1
     if at_dw is not None:
         (dw,) = rows.new_output(call, at_dw)
-        # cuDNN writes the weight gradient in the data's dtype and, channels-last, in (K, kh, kw, C/g) order
-        dw_io = dw if dw.dtype == dtype and not cl else memory.empty(dw.shape, dtype)
+        dw_io = dw if dw.dtype == dtype and not reordered else memory.empty(dw.shape, dtype)
     dx = rows.new_output(call, 0)[0] if need_dx else None
     try:
         if dw is not None:
@@ -511,7 +513,7 @@ def _conv2d_backward_cudnn(call):
         return generic("nn_conv2d_backward")(call)
     shards = []
     if dw is not None:
-        if cl:
+        if reordered:
             cg = g.channels // groups
             dw.reshape(k, cg, g.kh, g.kw)[...] = dw_io.reshape(k, g.kh, g.kw, cg).transpose(0, 3, 1, 2)
         elif dw_io is not dw:
