@@ -450,6 +450,25 @@ def test_gradient_as_two_terms_equals_their_sum(name, last, mask, dtype):
         np.testing.assert_array_equal(g.to_numpy(), w.to_numpy(), err_msg=f"gradient {k}")
 
 
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_gradient_terms_in_other_layouts_are_moved_to_x_rows(name):
+    """dy and dy2 laid out unlike x (replicated, or another batch layout): each is moved to x's rows
+    first, and the gradients are those of their sum."""
+    image, c = WIDE
+    lay = LAYOUTS[name](N)
+    rep = dmath.Replicated(group=_group(lay))
+    x, gamma, beta, rm, rv = _wide_params(70)
+    mats = [make(x, lay, "float64")] + [make(a, rep, "float64") for a in (gamma, beta, rm, rv)]
+    y, saved = dmath.nn.batchnorm(*mats, image_shape=image, activation="relu")
+    a, b = values(x.shape, 71), values(x.shape, 72)
+    want = dmath.nn.batchnorm_backward(make(a + b, lay, "float64"), mats[0], mats[1], saved, image_shape=image,
+                                       y=y)
+    got = dmath.nn.batchnorm_backward(make(a, dmath.Replicated(), "float64"), mats[0], mats[1], saved,
+                                      image_shape=image, y=y, dy2=make(b, dmath.RowBlock(), "float64"))
+    for g, w in zip(got, want):
+        np.testing.assert_allclose(g.to_numpy(), w.to_numpy(), rtol=1e-13, atol=1e-13)
+
+
 def test_gradient_as_two_terms_is_checked_on_the_master():
     (x, *_), mats, _, _ = _run("2d", "row", seed=27)
     image, c, _ = KINDS["2d"]
