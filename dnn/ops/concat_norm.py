@@ -20,12 +20,12 @@ class ConcatBatchNorm(Function):
     """
     name = "concat_batchnorm"
     keeps_channels_last = True
+    saves_output = False            # the relus' masks come from x, gamma and beta
 
     def __init__(self, norms):
         self.norms = list(norms)
         if len(self.norms) < 2 or any(bn.activation not in (None, "relu") for bn in self.norms):
             raise GraphError(f"{self.name}: needs two or more batch norms (activation None or 'relu')")
-        self.saves_output = False
 
     def infer(self, *ins):
         if len(ins) != 3 * len(self.norms):
