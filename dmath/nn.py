@@ -1,6 +1,6 @@
 """Neural-network operations on distributed batches: softmax, cross-entropy, convolution, pooling,
-batch normalisation, dropout, labels; and fused optimizer steps (sgd_update, adam_update,
-all_finite).
+batch normalisation, dropout, labels; and fused optimizer steps (sgd_update, adam_update, their
+_many forms over lists of parameters, all_finite).
 
 A batch is a matrix of shape (N, features): row i is sample i, an image
 batch is (N, C*H*W) in NCHW order with the image shape (C, H, W) passed as a
@@ -40,9 +40,9 @@ from .ops.nn.labels import argmax_rows, one_hot
 from .ops.nn.norm import BatchNormSaved, batchnorm, batchnorm_backward
 from .ops.nn.pool import pool2d, pool2d_backward
 from .ops.nn.softmax import log_softmax, softmax, softmax_cross_entropy, softmax_cross_entropy_backward
-from .ops.nn.update import adam_update, all_finite, sgd_update
+from .ops.nn.update import adam_update, adam_update_many, all_finite, sgd_update, sgd_update_many
 
-__all__ = ["sgd_update", "adam_update", "all_finite", "take_rows", "transform_images", "explain_conv2d",
+__all__ = ["sgd_update", "adam_update", "sgd_update_many", "adam_update_many", "all_finite", "take_rows", "transform_images", "explain_conv2d",
            "softmax", "log_softmax", "softmax_cross_entropy", "softmax_cross_entropy_backward",
            "conv2d", "conv2d_output_shape", "conv2d_backward", "pool2d", "pool2d_backward",
            "batchnorm", "batchnorm_backward", "BatchNormSaved", "dropout", "argmax_rows", "one_hot",

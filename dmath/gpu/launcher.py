@@ -43,13 +43,27 @@ def launch(fn, total, args, threads=256):
 
 #: the most blocks a grid-stride kernel of `Launcher` starts (each thread loops over the rest)
 MAX_BLOCKS = 1 << 16
+#: 64-bit words of a by-value table argument (kind 't'): the device pointers and sizes of many arrays
+#: handed to one launch (3,072 bytes; a kernel's arguments may take 4 KB), so that one kernel works on
+#: a whole list of arrays (every parameter of a model) where a launch per array cost more than its work
+TABLE_WORDS = 384
+#: the C declaration of that argument's type, for the kernels that take one
+TABLE_STRUCT = "struct DmTable { unsigned long long w[%d]; };\n" % TABLE_WORDS
+
+
+def table_chunks(count, words_per_array):
+    """[(lo, hi)]: `count` arrays split into runs whose table entries (words_per_array words each) fit one
+    DmTable (a pure rule)."""
+    per = TABLE_WORDS // words_per_array
+    return [(lo, min(lo + per, count)) for lo in range(0, count, per)]
 
 
 class Launcher:
     """A compiled kernel started through the driver with its argument block packed once.
 
     `kinds`: per kernel argument, 'p' (a device pointer), 'f' (float), 'd'
-    (double) or 'q' (int64). A call writes the values into the kept block and
+    (double), 'q' (int64), 'i' (int32) or 't' (a DmTable by value: up to
+    TABLE_WORDS integers, given as a sequence; launch with `rows`). A call writes the values into the kept block and
     launches on the current stream, with less host time than a RawKernel
     call or a CuPy ufunc (they convert every argument on every call), which
     is most of an eager elementwise operation's cost on a GPU. The driver copies the block at the launch (and a CUDA-graph
@@ -63,7 +77,8 @@ class Launcher:
 
         import cupy
         from cupy.cuda import driver
-        c_types = {"p": ctypes.c_void_p, "f": ctypes.c_float, "d": ctypes.c_double, "q": ctypes.c_int64}
+        c_types = {"p": ctypes.c_void_p, "f": ctypes.c_float, "d": ctypes.c_double, "q": ctypes.c_int64,
+                   "i": ctypes.c_int32, "t": ctypes.c_uint64 * TABLE_WORDS}
         # (a RawKernel's compiled Function: its `ptr` is the CUfunction; it keeps its module loaded)
         self.fn, self.threads = getattr(fn, "kernel", fn), threads
         self.ptr = self.fn.ptr
@@ -81,3 +96,19 @@ class Launcher:
         threads = self.threads
         blocks = min((total + threads - 1) // threads, MAX_BLOCKS)
         self._launch(self.ptr, blocks, 1, 1, threads, 1, 1, 0, self._stream().ptr, self.argv_ptr, 0)
+
+    def rows(self, blocks, rows, *values):
+        """Run a (blocks, rows) grid of `threads`-thread blocks with arguments `values` (a table
+        argument takes a sequence of at most TABLE_WORDS integers; the rest of it keeps old words,
+        which a kernel reads no further than its count). Nothing for no rows."""
+        if not rows:
+            return
+        for slot, value in zip(self.slots, values):
+            if hasattr(slot, "_length_"):
+                if len(value) > TABLE_WORDS:
+                    raise ValueError(f"a kernel table holds {TABLE_WORDS} words, got {len(value)}")
+                slot[:len(value)] = value
+            else:
+                slot.value = value
+        self._launch(self.ptr, max(1, min(blocks, MAX_BLOCKS)), rows, 1, self.threads, 1, 1, 0, self._stream().ptr,
+                     self.argv_ptr, 0)

@@ -12,7 +12,8 @@ class Adam(Optimizer):
     w -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps),  g = grad + weight_decay * w.
 
     Args: lr=0.001, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, schedule=None.
-    Each parameter's step is one fused command (dmath.nn.adam_update).
+    The parameters of one dtype step together (dmath.nn.adam_update_many: one fused pass each, a
+    kernel per table of them on GPUs).
     """
 
     state_names = ("exp_avg", "exp_avg_sq")
@@ -48,3 +49,9 @@ class Adam(Optimizer):
         dmath.nn.adam_update(p, g, state["exp_avg"], state["exp_avg_sq"], h.step_size, h.inv_sqrt_bc2,
                              beta1=b1, beta2=b2, eps=self.eps, weight_decay=self.weight_decay,
                              grad_scale=h.grad_scale, gate=h.gate)
+
+    def fused_update_many(self, params, grads, states, h):
+        b1, b2 = self.betas
+        dmath.nn.adam_update_many(params, grads, [st["exp_avg"] for st in states], [st["exp_avg_sq"] for st in states],
+                                  h.step_size, h.inv_sqrt_bc2, beta1=b1, beta2=b2, eps=self.eps,
+                                  weight_decay=self.weight_decay, grad_scale=h.grad_scale, gate=h.gate)

@@ -136,6 +136,7 @@ class Optimizer:
                 lr = s["lr"] if gate is None or self.fused else s["lr"] * gate
                 by_dtype[p.dtype] = StepScalars(lr, gate)
                 self.begin_step(s, by_dtype[p.dtype])
+        fused = {}                      # dtype -> (params, grads, states) of a fused rule, one call each
         for p, g in zip(params, grads):
             if g is None:
                 continue
@@ -144,7 +145,10 @@ class Optimizer:
                 # the kernel reads a float16 gradient as it is, skips a gated step on the device
                 # and applies the weight decay itself
                 h.grad_scale, h.gate = grad_scale, gate
-                self.fused_update(p.value, to_layout_of(g, p.value, keep_dtype=True), self._state[p], h)
+                lists = fused.setdefault(p.dtype, ([], [], []))
+                lists[0].append(p.value)
+                lists[1].append(to_layout_of(g, p.value, keep_dtype=True))
+                lists[2].append(self._state[p])
                 continue
             g = to_layout_of(g, p.value)
             if grad_scale is not None:
@@ -154,6 +158,8 @@ class Optimizer:
             if gate is not None:
                 g = dmath.where(gate, g, 0.0)     # NaN/inf -> 0 on a skipped step
             self.update(p.value, g, self._state[p], h)
+        for dtype, (ps, gs, states) in fused.items():
+            self.fused_update_many(ps, gs, states, by_dtype[dtype])
 
     def finish(self):
         """Master-side, after the step: advance the schedule's clock."""
@@ -187,6 +193,13 @@ class Optimizer:
         gradient in p's layout (any float dtype), h.grad_scale and h.gate are None or (1, 1) matrices,
         the weight decay is the rule's to apply."""
         raise NotImplementedError
+
+
+    def fused_update_many(self, params, grads, states, h):
+        """fused_update of every parameter of a list (one dtype): rules with a form over lists
+        (dmath.nn.sgd_update_many) override it, to step them all in few kernels."""
+        for p, g, state in zip(params, grads, states):
+            self.fused_update(p, g, state, h)
 
     def new_scalars(self, dtype):
         """Extra (1, 1) per-step matrices of this optimizer: {name: initial value}."""

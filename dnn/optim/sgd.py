@@ -10,7 +10,8 @@ class SGD(Optimizer):
     d = g + momentum * v (nesterov), v (momentum) or g (plain).
 
     Args: lr=0.01, momentum=0.0, nesterov=False, weight_decay=0.0, schedule=None.
-    Each parameter's step is one fused command (dmath.nn.sgd_update).
+    The parameters of one dtype step together (dmath.nn.sgd_update_many: one fused pass each, a
+    kernel per table of them on GPUs).
     """
 
     fused = True
@@ -30,3 +31,8 @@ class SGD(Optimizer):
         dmath.nn.sgd_update(p, g, h.lr, state.get("momentum_buffer"), momentum=self.momentum,
                             nesterov=self.nesterov, weight_decay=self.weight_decay,
                             grad_scale=h.grad_scale, gate=h.gate)
+
+    def fused_update_many(self, params, grads, states, h):
+        dmath.nn.sgd_update_many(params, grads, h.lr, [st["momentum_buffer"] for st in states] if self.momentum
+                                 else None, momentum=self.momentum, nesterov=self.nesterov,
+                                 weight_decay=self.weight_decay, grad_scale=h.grad_scale, gate=h.gate)

@@ -81,3 +81,14 @@ def test_elementwise_kernels_compile_in_both_loops():
                                for k, fn in enumerate(fns))
                 result, log, lowered = _compile(launcher.PREAMBLE + text, [f"dm_ewisev_{fn}" for fn in fns])
                 assert result == 0 and all(lowered), log
+
+
+def test_table_kernels_compile():
+    """The kernels over a table of arrays (dmath.nn's many-parameter updates and the all-finite test):
+    every instantiation, with the DmTable argument."""
+    from dmath.ops.nn import update
+    for source, names in ((update._MANY_SOURCE, update._MANY_NAMES), (update._FINITE_SOURCE, update._FINITE_INSTANCES)):
+        assert launcher.TABLE_STRUCT in source
+        result, log, lowered = _compile(launcher.PREAMBLE + source, names)
+        assert result == 0, log
+        assert all(lowered), "every instantiation was compiled"

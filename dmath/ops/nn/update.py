@@ -52,6 +52,17 @@ class UpdateArgs(NamedTuple):
 
 
 UPDATE = define("nn_update", UpdateArgs)
+
+
+class UpdateManyArgs(NamedTuple):
+    """Static arguments of `nn_update_many`: nn_update's, and how many parameters the command updates."""
+    rule: str
+    hyper: tuple
+    step_scalars: tuple
+    count: int
+
+
+UPDATE_MANY = define("nn_update_many", UpdateManyArgs)
 # the matrices' number and layouts are the signature: no static arguments
 ALL_FINITE = define("nn_all_finite")
 #: the most matrices one nn_all_finite command reads: with its output, a command names at most
@@ -128,24 +139,68 @@ def _non_negative(v, what):
     return float(v)
 
 
-def _run(rule, hyper, param, grad, state, scalars):
-    """Dispatch nn_update: scalars is [(name, None | ('device', M) | ('host', v))] in the kernel's order."""
+def _param(param):
     _matrix(param, "the parameter")
     if param.layout.partial:
         raise LayoutError("the parameter must not be Partial (it is updated in place)")
-    grad = _grad(grad, param)
-    group = tuple(dist_of(param).group)
-    inputs, dyn, has = [param, grad] + list(state), [], []
+    return param
+
+
+def _step_scalars(scalars, group):
+    """(device scalar matrices, host values, the static (name, present, on the device) flags) of the step
+    scalars [(name, value, checks)] for the workers `group`."""
+    device, host, has = [], [], []
     for name, value, kw in scalars:
         s = _scalar(value, name, group, **kw)
         has.append((name, s is not None, s is not None and s[0] == "device"))
-        if s is None:
-            continue
-        (inputs if s[0] == "device" else dyn).append(s[1])
+        if s is not None:
+            (device if s[0] == "device" else host).append(s[1])
+    return device, host, tuple(has)
+
+
+def _run(rule, hyper, param, grad, state, scalars):
+    """Dispatch nn_update: scalars is [(name, value, checks)] in the kernel's order."""
+    grad = _grad(grad, _param(param))
+    device, host, has = _step_scalars(scalars, tuple(dist_of(param).group))
     outputs = [0] + [2 + k for k in range(len(state))]
-    static = UPDATE.static(rule=rule, hyper=hyper, step_scalars=tuple(has))
-    dispatch("nn_update", inputs, outputs, static=static, scalars=dyn)
+    static = UPDATE.static(rule=rule, hyper=hyper, step_scalars=has)
+    dispatch("nn_update", [param, grad] + list(state) + device, outputs, static=static, scalars=host)
     return param
+
+
+def many_chunks(count, nstate, ndevice):
+    """[(lo, hi)]: `count` parameters with `nstate` state matrices each split into nn_update_many
+    commands, each within protocol.MAX_OPERANDS handles (every parameter's inputs and in-place outputs,
+    and the `ndevice` step scalars; a pure rule)."""
+    per = max(1, (protocol.MAX_OPERANDS - ndevice) // (2 + nstate + 1 + nstate))
+    return [(lo, min(lo + per, count)) for lo in range(0, count, per)]
+
+
+def _run_many(rule, hyper, params, grads, states, scalars):
+    """Dispatch nn_update_many for lists of parameters, gradients and states (a list per parameter),
+    one command per group of workers and chunk; every parameter is checked before any update is sent."""
+    params, grads = list(params), list(grads)
+    if len(params) != len(grads) or len(params) != len(states):
+        raise DMathError(f"{len(params)} parameters, {len(grads)} gradients and {len(states)} states: one "
+                         "of each per parameter")
+    groups = {}
+    for p, g, st in zip(params, grads, states):
+        groups.setdefault(tuple(dist_of(_param(p)).group), []).append((p, _grad(g, p), st))
+    sends = []
+    for group, items in groups.items():
+        device, host, has = _step_scalars(scalars, group)
+        nstate = len(items[0][2])
+        for lo, hi in many_chunks(len(items), nstate, len(device)):
+            part = items[lo:hi]
+            k = len(part)
+            inputs = [p for p, _, _ in part] + [g for _, g, _ in part] + \
+                [st[j] for j in range(nstate) for _, _, st in part] + device
+            outputs = list(range(k)) + list(range(2 * k, (2 + nstate) * k))
+            sends.append((inputs, outputs, UPDATE_MANY.static(rule=rule, hyper=hyper, step_scalars=has, count=k),
+                          host))
+    for inputs, outputs, static, host in sends:
+        dispatch("nn_update_many", inputs, outputs, static=static, scalars=host)
+    return params
 
 
 def sgd_update(param, grad, lr, momentum_buffer=None, *, momentum=0.0, nesterov=False, weight_decay=0.0,
@@ -165,18 +220,24 @@ def sgd_update(param, grad, lr, momentum_buffer=None, *, momentum=0.0, nesterov=
     (mixed precision after a non-finite gradient, see all_finite).
     """
     _matrix(param, "the parameter")
-    momentum = _unit(momentum, "momentum")
-    if nesterov and not momentum:
-        raise DMathError("nesterov momentum needs momentum > 0")
+    hyper = _sgd_hyper(momentum, nesterov, weight_decay)
     state = []
-    if momentum:
+    if hyper[0]:
         if momentum_buffer is None:
             raise DMathError("momentum > 0 needs a momentum_buffer (zeros of the parameter's shape and layout)")
         state.append(_state(momentum_buffer, param, "momentum_buffer"))
-    hyper = (momentum, bool(nesterov), _non_negative(weight_decay, "weight_decay"))
-    return _run("sgd", hyper, param, grad, state, [
-        ("lr", lr, {}), ("gate", gate, {}),
-        ("grad_scale", grad_scale, {"positive": True})])
+    return _run("sgd", hyper, param, grad, state, _sgd_scalars(lr, gate, grad_scale))
+
+
+def _sgd_hyper(momentum, nesterov, weight_decay):
+    momentum = _unit(momentum, "momentum")
+    if nesterov and not momentum:
+        raise DMathError("nesterov momentum needs momentum > 0")
+    return momentum, bool(nesterov), _non_negative(weight_decay, "weight_decay")
+
+
+def _sgd_scalars(lr, gate, grad_scale):
+    return [("lr", lr, {}), ("gate", gate, {}), ("grad_scale", grad_scale, {"positive": True})]
 
 
 def adam_update(param, grad, exp_avg, exp_avg_sq, step_size, denom_scale=1.0, *, beta1=0.9, beta2=0.999,
@@ -194,13 +255,53 @@ def adam_update(param, grad, exp_avg, exp_avg_sq, step_size, denom_scale=1.0, *,
     """
     _matrix(param, "the parameter")
     state = [_state(exp_avg, param, "exp_avg"), _state(exp_avg_sq, param, "exp_avg_sq")]
+    return _run("adam", _adam_hyper(beta1, beta2, eps, weight_decay), param, grad, state,
+                _adam_scalars(step_size, denom_scale, gate, grad_scale))
+
+
+def _adam_hyper(beta1, beta2, eps, weight_decay):
     eps = float(eps) if isinstance(eps, numbers.Real) and not isinstance(eps, bool) else eps
     if not isinstance(eps, float) or not (eps > 0 and math.isfinite(eps)):
         raise DMathError(f"eps must be a positive number, got {eps!r}")
-    hyper = (_unit(beta1, "beta1"), _unit(beta2, "beta2"), eps, _non_negative(weight_decay, "weight_decay"))
-    return _run("adam", hyper, param, grad, state, [
-        ("step_size", step_size, {}), ("denom_scale", denom_scale, {}),
-        ("gate", gate, {}), ("grad_scale", grad_scale, {"positive": True})])
+    return _unit(beta1, "beta1"), _unit(beta2, "beta2"), eps, _non_negative(weight_decay, "weight_decay")
+
+
+def _adam_scalars(step_size, denom_scale, gate, grad_scale):
+    return [("step_size", step_size, {}), ("denom_scale", denom_scale, {}), ("gate", gate, {}),
+            ("grad_scale", grad_scale, {"positive": True})]
+
+
+def sgd_update_many(params, grads, lr, momentum_buffers=None, *, momentum=0.0, nesterov=False, weight_decay=0.0,
+                    grad_scale=None, gate=None):
+    """sgd_update of every parameter of the list `params` (with `grads` and, for momentum > 0, the
+    `momentum_buffers`, one per parameter), each one exactly as sgd_update steps it, in few commands:
+    one per group of workers and chunk of parameters, whose GPU kernel updates a whole table of arrays
+    per launch (a launch per parameter cost more than the update of most). Returns `params`."""
+    hyper = _sgd_hyper(momentum, nesterov, weight_decay)
+    params = [_param(p) for p in params]
+    if hyper[0]:
+        buffers = list(momentum_buffers) if momentum_buffers is not None else []
+        if len(buffers) != len(params):
+            raise DMathError(f"momentum > 0 needs a momentum_buffer per parameter: {len(params)} parameters, "
+                             f"{len(buffers)} buffers")
+        states = [[_state(v, p, "momentum_buffer")] for p, v in zip(params, buffers)]
+    else:
+        states = [[] for _ in params]
+    return _run_many("sgd", hyper, params, grads, states, _sgd_scalars(lr, gate, grad_scale))
+
+
+def adam_update_many(params, grads, exp_avgs, exp_avg_sqs, step_size, denom_scale=1.0, *, beta1=0.9, beta2=0.999,
+                     eps=1e-8, weight_decay=0.0, grad_scale=None, gate=None):
+    """adam_update of every parameter of the list `params` (with `grads`, `exp_avgs` and `exp_avg_sqs`,
+    one per parameter), each one exactly as adam_update steps it, in few commands (see
+    sgd_update_many). Returns `params`."""
+    hyper = _adam_hyper(beta1, beta2, eps, weight_decay)
+    params, exp_avgs, exp_avg_sqs = [_param(p) for p in params], list(exp_avgs), list(exp_avg_sqs)
+    if not len(exp_avgs) == len(exp_avg_sqs) == len(params):
+        raise DMathError(f"adam_update_many needs an exp_avg and an exp_avg_sq per parameter: {len(params)} "
+                         f"parameters, {len(exp_avgs)} and {len(exp_avg_sqs)}")
+    states = [[_state(m, p, "exp_avg"), _state(v, p, "exp_avg_sq")] for p, m, v in zip(params, exp_avgs, exp_avg_sqs)]
+    return _run_many("adam", hyper, params, grads, states, _adam_scalars(step_size, denom_scale, gate, grad_scale))
 
 
 def all_finite(matrices):
@@ -233,23 +334,41 @@ def all_finite(matrices):
 
 
 # ---- kernels -------------------------------------------------------------------------------
-def _operands(call):
-    """(param, grad, state shards, {name: (1, 1) piece or None}, python scalars by name)."""
-    rule, hyper, has = call.entry.static.rule, call.entry.static.hyper, call.entry.static.step_scalars
-    ins = list(call.inputs)
-    nstate = {"sgd": 1 if hyper[0] else 0, "adam": 2}[rule]
-    param, grad, state = ins[0], ins[1], ins[2:2 + nstate]
-    rest = iter(ins[2 + nstate:])
+def _scalars_of(call, rest):
+    """{name: (1, 1) piece, a float or None} of the step scalars: the device ones from the inputs
+    `rest` (an iterator), the others from the command's scalars."""
     dyn = iter(call.scalars)
     scal = {}
-    for name, present, on_device in has:
+    for name, present, on_device in call.entry.static.step_scalars:
         if not present:
             scal[name] = None
         elif on_device:
             scal[name] = rows.local(next(rest))
         else:
             scal[name] = float(next(dyn))
-    return rule, hyper, param, grad, state, scal
+    return scal
+
+
+def _nstate(rule, hyper):
+    return {"sgd": 1 if hyper[0] else 0, "adam": 2}[rule]
+
+
+def _operands(call):
+    """(param, grad, state shards, {name: (1, 1) piece or None}, python scalars by name)."""
+    rule, hyper = call.entry.static.rule, call.entry.static.hyper
+    ins = list(call.inputs)
+    nstate = _nstate(rule, hyper)
+    param, grad, state = ins[0], ins[1], ins[2:2 + nstate]
+    return rule, hyper, param, grad, state, _scalars_of(call, iter(ins[2 + nstate:]))
+
+
+def _operands_many(call):
+    """nn_update_many's (rule, hyper, [(param, grad, state shards)] per parameter, step scalars)."""
+    rule, hyper, k = call.entry.static.rule, call.entry.static.hyper, call.entry.static.count
+    ins = list(call.inputs)
+    nstate = _nstate(rule, hyper)
+    items = [(ins[i], ins[k + i], [ins[(2 + j) * k + i] for j in range(nstate)]) for i in range(k)]
+    return rule, hyper, items, _scalars_of(call, iter(ins[(2 + nstate) * k:]))
 
 
 def _value(x):
@@ -257,14 +376,37 @@ def _value(x):
     return None if x is None else (float(x.reshape(-1)[0]) if hasattr(x, "reshape") else float(x))
 
 
+def _in_place_many(call):
+    """nn_update_many's outputs, in place: its parameters' shards, then its states' (input order)."""
+    k, nstate = call.entry.static.count, _nstate(call.entry.static.rule, call.entry.static.hyper)
+    return list(call.inputs[:k]) + list(call.inputs[2 * k:(2 + nstate) * k])
+
+
 @UPDATE.kernel(capturable=True)
 def _update(call):
     """inputs param, grad, state..., then the (1, 1) step scalars that live on the workers;
     outputs param and state, in place. Computed with the array module (the CPU path)."""
     rule, hyper, param, grad, state, scal = _operands(call)
+    _host_step(rule, hyper, param, grad, state, scal)
+    return [param] + state
+
+
+@UPDATE_MANY.kernel(capturable=True)
+def _update_many(call):
+    """inputs the parameters, their gradients, each state's matrices, then the (1, 1) step scalars that
+    live on the workers; outputs the parameters and states, in place (the CPU path: _update's, per
+    parameter)."""
+    rule, hyper, items, scal = _operands_many(call)
+    for param, grad, state in items:
+        _host_step(rule, hyper, param, grad, state, scal)
+    return _in_place_many(call)
+
+
+def _host_step(rule, hyper, param, grad, state, scal):
+    """One parameter's step with the array module, in place."""
     gate = _value(scal["gate"])
     if gate is not None and gate == 0.0:
-        return [param] + state               # a skipped step changes nothing
+        return                               # a skipped step changes nothing
     xp = backend.current().xp
     gscale = _value(scal["grad_scale"])
     for k, p in enumerate(param.pieces):
@@ -295,7 +437,6 @@ def _update(call):
             m[...], v[...] = mm, vv
             denom = xp.sqrt(vv) * cdt.type(_value(scal["denom_scale"])) + cdt.type(eps)
             p[...] = pv - (mm / denom) * cdt.type(_value(scal["step_size"]))
-    return [param] + state
 
 
 # ---- the GPU kernels: one elementwise kernel per parameter piece ---------------------------------
@@ -371,34 +512,183 @@ def _device_scalar(x, dummy):
     return dummy, float(x), np.int32(0)
 
 
+def _dummy(call):
+    """A (1, 1) float32 device array standing for an absent device scalar (never read)."""
+    dummy = call.entry.cache.get("dummy")
+    if dummy is None:
+        dummy = call.entry.cache["dummy"] = backend.current().xp.zeros((1, 1), np.float32)
+    return dummy
+
+
+def _piece_cuda(rule, hyper, p, g, state, scal, dummy):
+    """One piece's step as a CuPy elementwise kernel (state: the piece's state arrays)."""
+    gate, _, has_gate = _device_scalar(scal["gate"], dummy)
+    sd, sh, s_dev = _device_scalar(scal["grad_scale"], dummy)
+    common = (gate, has_gate, sd, sh, s_dev, np.int32(scal["grad_scale"] is not None), float(hyper[-1]))
+    if rule == "sgd":
+        momentum, nesterov = hyper[0], hyper[1]
+        ld, lh, l_dev = _device_scalar(scal["lr"], dummy)
+        args = (g,) + common + (ld, lh, l_dev, float(momentum), np.int32(nesterov), p) + tuple(state)
+    else:
+        b1, b2, eps = hyper[0], hyper[1], hyper[2]
+        dd, dh, d_dev = _device_scalar(scal["denom_scale"], dummy)
+        td, th, t_dev = _device_scalar(scal["step_size"], dummy)
+        args = (g,) + common + (dd, dh, d_dev, td, th, t_dev, float(b1), float(b2), float(eps), p) + tuple(state)
+    _elementwise(rule, hyper[0] if rule == "sgd" else True)(*args)
+
+
 @UPDATE.kernel(backend="gpu", capturable=True)
 def _update_cuda(call):
     """nn_update as one CuPy elementwise kernel per piece (no host read of the gate: capturable)."""
     rule, hyper, param, grad, state, scal = _operands(call)
-    if not param.pieces:
-        return [param] + state
-    dummy = call.entry.cache.get("dummy")
-    if dummy is None:
-        dummy = call.entry.cache["dummy"] = backend.current().xp.zeros((1, 1), np.float32)
-    gate, _, has_gate = _device_scalar(scal["gate"], dummy)
-    sd, sh, s_dev = _device_scalar(scal["grad_scale"], dummy)
-    common = (gate, has_gate, sd, sh, s_dev, np.int32(scal["grad_scale"] is not None), float(hyper[-1]))
-    for k, p in enumerate(param.pieces):
-        g = grad.pieces[k]
-        if rule == "sgd":
-            momentum, nesterov = hyper[0], hyper[1]
-            ld, lh, l_dev = _device_scalar(scal["lr"], dummy)
-            args = (g,) + common + (ld, lh, l_dev, float(momentum), np.int32(nesterov), p)
-            if momentum:
-                args += (state[0].pieces[k],)
-        else:
-            b1, b2, eps = hyper[0], hyper[1], hyper[2]
-            dd, dh, d_dev = _device_scalar(scal["denom_scale"], dummy)
-            td, th, t_dev = _device_scalar(scal["step_size"], dummy)
-            args = (g,) + common + (dd, dh, d_dev, td, th, t_dev, float(b1), float(b2), float(eps),
-                                    p, state[0].pieces[k], state[1].pieces[k])
-        _elementwise(rule, hyper[0] if rule == "sgd" else True)(*args)
+    if param.pieces:
+        dummy = _dummy(call)
+        for k, p in enumerate(param.pieces):
+            _piece_cuda(rule, hyper, p, grad.pieces[k], [st.pieces[k] for st in state], scal, dummy)
     return [param] + state
+
+
+# ---- the GPU kernels of many parameters: a table of arrays per launch ------------------------------------
+# The same arithmetic as the elementwise kernels above, in the same order and types (a parameter comes out
+# bit for bit as nn_update makes it), over a DmTable of (param, grad, state..., length) per array: grid
+# (blocks, arrays), row y steps array y. Built for float and double parameters with a gradient of their
+# type (or half for float parameters), a float32 gate and loss scale, and the other step scalars in the
+# parameter's type: what dnn's optimizers hand over; other pieces take the elementwise kernels.
+_MANY_SOURCE = cuda.TABLE_STRUCT + r"""
+// the gradient a rule reads: g / scale (+ wd p), as the elementwise kernels compute it
+template <typename A, typename G>
+__device__ __forceinline__ A dm_grad_in(G g, A p_, int has_scale, const float* scale_d, double scale_h,
+        int scale_on_device, double wd) {
+    A g_ = (A)dm_val(g);
+    if (has_scale) g_ = g_ / (A)(scale_on_device ? (double)scale_d[0] : scale_h);
+    if (wd != 0) g_ = g_ + p_ * (A)wd;
+    return g_;
+}
+
+template <typename P, typename G, int MOM>
+__global__ void dm_sgd_many(const DmTable tab, int count, const float* gate, int has_gate, const float* scale_d,
+        double scale_h, int scale_on_device, int has_scale, double wd, const P* lr_d, double lr_h, int lr_on_device,
+        double momentum) {
+    typedef typename Acc<P>::type A;
+    const int y = blockIdx.y;
+    if (y >= count || (has_gate && gate[0] == 0)) return;
+    const int W = MOM ? 4 : 3;
+    P* p = reinterpret_cast<P*>(tab.w[W * y]);
+    const G* g = reinterpret_cast<const G*>(tab.w[W * y + 1]);
+    P* v = reinterpret_cast<P*>(tab.w[W * y + 2]);      // (MOM: the momentum buffer)
+    const long long n = (long long)tab.w[W * y + W - 1];
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const A p_ = (A)p[i];
+        const A g_ = dm_grad_in<A, G>(g[i], p_, has_scale, scale_d, scale_h, scale_on_device, wd);
+        A lr_ = (A)(lr_on_device ? (double)lr_d[0] : lr_h);
+        A d = g_;
+        if (MOM) {
+            A v_ = (A)v[i] * (A)momentum + g_;
+            v[i] = (P)v_;
+            d = MOM == 2 ? g_ + v_ * (A)momentum : v_;
+        }
+        p[i] = (P)(p_ - d * lr_);
+    }
+}
+
+template <typename P, typename G>
+__global__ void dm_adam_many(const DmTable tab, int count, const float* gate, int has_gate, const float* scale_d,
+        double scale_h, int scale_on_device, int has_scale, double wd, const P* ds_d, double ds_h, int ds_on_device,
+        const P* st_d, double st_h, int st_on_device, double b1, double b2, double eps) {
+    typedef typename Acc<P>::type A;
+    const int y = blockIdx.y;
+    if (y >= count || (has_gate && gate[0] == 0)) return;
+    P* p = reinterpret_cast<P*>(tab.w[5 * y]);
+    const G* g = reinterpret_cast<const G*>(tab.w[5 * y + 1]);
+    P* m = reinterpret_cast<P*>(tab.w[5 * y + 2]);
+    P* v = reinterpret_cast<P*>(tab.w[5 * y + 3]);
+    const long long n = (long long)tab.w[5 * y + 4];
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x) {
+        const A p_ = (A)p[i];
+        const A g_ = dm_grad_in<A, G>(g[i], p_, has_scale, scale_d, scale_h, scale_on_device, wd);
+        A m_ = (A)m[i] * (A)b1 + g_ * (A)(1.0 - b1);
+        A v_ = (A)v[i] * (A)b2 + (g_ * g_) * (A)(1.0 - b2);
+        m[i] = (P)m_;
+        v[i] = (P)v_;
+        A ds = (A)(ds_on_device ? (double)ds_d[0] : ds_h);
+        A st = (A)(st_on_device ? (double)st_d[0] : st_h);
+        A denom = sqrt(v_) * ds + (A)eps;
+        p[i] = (P)(p_ - (m_ / denom) * st);
+    }
+}
+"""
+#: (parameter, gradient) dtypes the table kernels are built for
+_MANY_TYPES = (("float32", "float16"), ("float32", "float32"), ("float64", "float64"))
+_MANY_NAMES = [f"dm_sgd_many<{cuda.C_TYPES[p]}, {cuda.C_TYPES[g]}, {mom}>" for p, g in _MANY_TYPES for mom in (0, 1, 2)] + \
+    [f"dm_adam_many<{cuda.C_TYPES[p]}, {cuda.C_TYPES[g]}>" for p, g in _MANY_TYPES]
+#: the kernels' argument kinds after the table: count, gate, the loss scale, weight decay, then the rule's
+_MANY_KINDS = {"sgd": "tipipdiid" + "pdid", "adam": "tipipdiid" + "pdipdiddd"}
+#: the most blocks a launch gives one array (each thread strides over the rest)
+_MANY_BLOCKS = 128
+_MANY_LAUNCHERS = {}
+
+
+def _many_launcher(name, rule):
+    run = _MANY_LAUNCHERS.get(name)
+    if run is None:
+        run = _MANY_LAUNCHERS[name] = cuda.Launcher(cuda.function(_MANY_SOURCE, name, _MANY_NAMES), _MANY_KINDS[rule])
+    return run
+
+
+def _tabled(rule, pdtype, scal):
+    """Whether the table kernels take parameters of `pdtype` with these step scalars."""
+    typed = {"gate": "float32", "grad_scale": "float32"}
+    for name, x in scal.items():
+        if hasattr(x, "dtype") and str(x.dtype) != typed.get(name, pdtype):
+            return False
+    return True
+
+
+def _device_args(x, dummy):
+    """(pointer, host value, on-device flag) of a step scalar for a Launcher: ints and floats."""
+    ptr, host, on = _device_scalar(x, dummy)
+    return ptr.data.ptr, float(host), int(on)
+
+
+@UPDATE_MANY.kernel(backend="gpu", capturable=True)
+def _update_many_cuda(call):
+    """nn_update_many on a GPU: the pieces of every parameter by (parameter, gradient) dtype, a launch per
+    table of them (launcher.TABLE_WORDS words); a piece the tables do not take (other dtypes, strided)
+    runs nn_update's elementwise kernel."""
+    rule, hyper, items, scal = _operands_many(call)
+    dummy = _dummy(call)
+    tables = {}
+    for param, grad, state in items:
+        for k, p in enumerate(param.pieces):
+            g, sts = grad.pieces[k], [st.pieces[k] for st in state]
+            key = (str(p.dtype), str(g.dtype))
+            if key in _MANY_TYPES and _tabled(rule, key[0], scal) and \
+                    all(a.flags.c_contiguous for a in [p, g] + sts):
+                if p.size:
+                    tables.setdefault(key, []).append([p.data.ptr, g.data.ptr] + [a.data.ptr for a in sts] + [p.size])
+            else:
+                _piece_cuda(rule, hyper, p, g, sts, scal, dummy)
+    gate, _, has_gate = _device_args(scal["gate"], dummy)
+    sd, sh, s_dev = _device_args(scal["grad_scale"], dummy)
+    common = (gate, has_gate, sd, sh, s_dev, int(scal["grad_scale"] is not None), float(hyper[-1]))
+    for (pdt, gdt), entries in tables.items():
+        types = f"{cuda.C_TYPES[pdt]}, {cuda.C_TYPES[gdt]}"
+        if rule == "sgd":
+            mom = 0 if not hyper[0] else (2 if hyper[1] else 1)
+            run = _many_launcher(f"dm_sgd_many<{types}, {mom}>", rule)
+            extra = _device_args(scal["lr"], dummy) + (float(hyper[0]),)
+        else:
+            run = _many_launcher(f"dm_adam_many<{types}>", rule)
+            extra = _device_args(scal["denom_scale"], dummy) + _device_args(scal["step_size"], dummy) + \
+                (float(hyper[0]), float(hyper[1]), float(hyper[2]))
+        for lo, hi in cuda.table_chunks(len(entries), len(entries[0])):
+            part = entries[lo:hi]
+            most = max(e[-1] for e in part)
+            run.rows(min(_MANY_BLOCKS, -(-most // run.threads)), len(part), [w for e in part for w in e],
+                     len(part), *common, *extra)
+    return _in_place_many(call)
 
 
 # ---- all finite -------------------------------------------------------------------------------------
@@ -422,46 +712,64 @@ def _combine(call, bad, out):
 
 
 def _finite_kernel(mark):
-    """The nn_all_finite kernel that calls mark(piece, bad) on every non-empty local piece: inputs are
+    """The nn_all_finite kernel that calls mark(pieces, bad) with every non-empty local piece: inputs are
     matrices of any float dtype on one group; the output is (1, 1) float32 Replicated, 1 or 0."""
     def run(call):
         outs = rows.new_output(call, 0)
         if not outs:
             return [rows.shard(call, 0, [])]
         bad = backend.current().xp.zeros(1, np.float32)
-        for s in call.inputs:
-            for piece in s.pieces:
-                if piece.size:
-                    mark(piece, bad)
+        mark([piece for s in call.inputs for piece in s.pieces if piece.size], bad)
         _combine(call, bad, outs[0])
         return [rows.shard(call, 0, outs)]
     return run
 
 
-def _mark_host(piece, bad):
-    if not bool(backend.current().xp.isfinite(piece).all()):
+def _mark_host(pieces, bad):
+    xp = backend.current().xp
+    if not all(bool(xp.isfinite(piece).all()) for piece in pieces):
         bad[0] = 1.0
 
 
-_FINITE_SOURCE = r"""
+_FINITE_SOURCE = cuda.TABLE_STRUCT + r"""
+// table: (address, length) of each array of T; grid (blocks, arrays): row y reads array y
 template <typename T>
-__global__ void dm_nonfinite(const T* x, long long n, float* bad) {
+__global__ void dm_nonfinite_many(const DmTable tab, int count, float* bad) {
+    const int y = blockIdx.y;
+    if (y >= count) return;
+    const T* x = reinterpret_cast<const T*>(tab.w[2 * y]);
+    const long long n = (long long)tab.w[2 * y + 1];
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x) {
         if (!isfinite(dm_val(x[i]))) { bad[0] = 1.0f; return; }   // every writer writes the same value
     }
 }
 """
-_FINITE_INSTANCES = [f"dm_nonfinite<{t}>" for t in cuda.C_TYPES.values()]
+_FINITE_INSTANCES = [f"dm_nonfinite_many<{t}>" for t in cuda.C_TYPES.values()]
+#: blocks per array of one launch (each thread strides over the rest of its array)
+_FINITE_BLOCKS = 64
+_FINITE_LAUNCHERS = {}
 
 
-def _mark_device(piece, bad):
-    """One reading pass on the device, no host synchronisation (capturable)."""
+def _mark_device(pieces, bad):
+    """One reading pass on the device over all `pieces`, a launch per dtype and table of arrays, no host
+    synchronisation (capturable; a ResNet-50 step's 161 gradients took 161 launches before)."""
     import cupy
-    x = cupy.ascontiguousarray(piece)
-    fn = cuda.function(_FINITE_SOURCE, f"dm_nonfinite<{cuda.C_TYPES[str(x.dtype)]}>", _FINITE_INSTANCES)
-    threads = 256
-    fn((min((x.size + threads - 1) // threads, 2048),), (threads,), (x, np.int64(x.size), bad))
+    by_dtype = {}
+    for piece in pieces:
+        x = cupy.ascontiguousarray(piece)
+        by_dtype.setdefault(str(x.dtype), []).append(x)
+    for dtype, arrays in by_dtype.items():
+        run = _FINITE_LAUNCHERS.get(dtype)
+        if run is None:
+            name = f"dm_nonfinite_many<{cuda.C_TYPES[dtype]}>"
+            run = _FINITE_LAUNCHERS[dtype] = cuda.Launcher(cuda.function(_FINITE_SOURCE, name, _FINITE_INSTANCES),
+                                                           "tip")
+        for lo, hi in cuda.table_chunks(len(arrays), 2):
+            part = arrays[lo:hi]
+            words = [w for x in part for w in (x.data.ptr, x.size)]
+            most = max(x.size for x in part)
+            run.rows(min(_FINITE_BLOCKS, -(-most // run.threads)), len(part), words, len(part), bad.data.ptr)
 
 
 ALL_FINITE.kernel(capturable=_finite_capturable)(_finite_kernel(_mark_host))
