@@ -2,10 +2,13 @@
 sgd_update / adam_update steps it alone (bit for bit), across layouts, groups of workers, dtypes
 (float16 gradients of float32 weights), step scalars on the host or the workers, a closed gate, and
 lists longer than one command carries; at any worker count (on GPUs: the table kernels)."""
+import os
+
 import numpy as np
 import pytest
 
 import dmath
+from dmath.ops.nn import update
 from dmath.ops.nn.update import many_chunks
 
 P = dmath.num_workers()
@@ -19,10 +22,10 @@ def _layouts():
     return out
 
 
-def _case(seed, count, dtype, grad_dtype, nstate):
+def _case(seed, count, dtype, grad_dtype, nstate, lays=None):
     """count (param, grad, states) as numpy arrays and matrices, in layouts and groups taken in turn."""
     rng = np.random.default_rng(seed)
-    lays = _layouts()
+    lays = lays or _layouts()
     arrays, mats = [], []
     for k in range(count):
         shape = SHAPES[k % len(SHAPES)]
@@ -49,7 +52,9 @@ def _scalars(dtype, on_device):
     return s(0.05, dtype), s(0.7, dtype), s(8.0, "float32"), gate
 
 
-CASES = [("float64", "float64"), ("float32", "float32"), ("float32", "float16")]
+# (parameter, gradient) dtypes: the GPU's table kernels take the first three, float16 weights the
+# elementwise kernel of each piece
+CASES = [("float64", "float64"), ("float32", "float32"), ("float32", "float16"), ("float16", "float16")]
 
 
 @pytest.mark.parametrize("on_device", [False, True])
@@ -138,3 +143,25 @@ def test_bad_arguments_raise_on_the_master():
             fn()
     for b, p in zip(before, params):
         np.testing.assert_array_equal(p.to_numpy(), b)
+
+
+@pytest.mark.skipif(P != 1 or os.environ.get("DMATH_DEVICE", "cpu") != "gpu",
+                    reason="the worker's kernels are watched in the master's process: one GPU worker")
+def test_gpu_tables_take_the_models_dtypes_and_the_rest_runs_per_piece(monkeypatch):
+    """On a GPU, float32 weights with float32 or float16 gradients and step scalars of their dtype go
+    through the table kernels (no per-piece launch); a learning rate of another dtype sends each piece
+    to the elementwise kernel; both give sgd_update's bits."""
+    calls = []
+    plain = update._piece_cuda
+    monkeypatch.setattr(update, "_piece_cuda", lambda *a: (calls.append(1), plain(*a)))
+    for lr_dtype, per_piece in (("float32", 0), ("float64", 6)):
+        _, mats = _case(5, 6, "float32", "float16", 1, [dmath.Replicated()])      # one piece each
+        alone = _copies(mats)
+        lr = dmath.full((1, 1), 0.05, dtype=lr_dtype, layout=dmath.Replicated())
+        calls.clear()
+        dmath.nn.sgd_update_many([m[0] for m in mats], [m[1] for m in mats], lr, [m[2] for m in mats], momentum=0.9)
+        assert len(calls) == per_piece
+        for item in alone:
+            dmath.nn.sgd_update(item[0], item[1], lr, item[2], momentum=0.9)
+        for a, b in zip(mats, alone):
+            np.testing.assert_array_equal(a[0].to_numpy(), b[0].to_numpy())
