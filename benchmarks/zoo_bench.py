@@ -70,12 +70,14 @@ def per_epoch(batch):
 
 #: --fuse's names -> Model's fuse argument
 FUSE = {"all": True, "relu": "relu", "none": False}
+#: dnn's SGD steps the weights of a dtype together (dmath.nn.sgd_update_many), or one command each (--foreach off)
+FOREACH = [True]
 
 
 def dnn_model(net, dtype, shape, fuse="all"):
     kwargs, _ = arguments(net, shape)
     kwargs = dict(kwargs, fuse=FUSE[fuse])
-    opt = dnn.optim.SGD(lr=LR, momentum=MOMENTUM)
+    opt = dnn.optim.SGD(lr=LR, momentum=MOMENTUM, foreach=FOREACH[0])
     if kwargs.get("aux_logits"):
         kwargs = dict(kwargs, aux_weight=AUX_WEIGHT)
     return getattr(dnn.models, net)(num_classes=CLASSES, input_shape=shape, dtype=dtype, optimizer=opt, **kwargs)
@@ -135,10 +137,13 @@ def main():
                     help="dnn's gradient buckets (Model.bucket_mb; 0: one all-reduce per weight; default 25)")
     ap.add_argument("--fuse", nargs="+", default=["all"], choices=list(FUSE),
                     help="dnn's fusion settings to measure, the first the case's figure (Model's fuse)")
+    ap.add_argument("--foreach", choices=["on", "off"], default="on",
+                    help="dnn's SGD: the weights of a dtype in few commands and GPU kernels (on), or one each (off)")
     ap.add_argument("--kernel-profile", action="store_true",
                     help="print the GPU time by kernel of one epoch of dnn and of each peer (CUPTI, through "
                          "torch.profiler; after the timed steps)")
     args = ap.parse_args()
+    FOREACH[0] = args.foreach == "on"
     cnn_bench.BUCKET_MB = args.bucket_mb
     dmath.init(device=args.device)
     p = dmath.num_workers()
@@ -162,6 +167,7 @@ def main():
                 wall = {"dnn": time.perf_counter() - t0}
                 row = {"net": net, "global_batch": batch, "dtype": dtype, "workers": p, "steps": steps,
                        "image_shape": list(shape), "bucket_mb": args.bucket_mb, "fuse": args.fuse[0],
+                       "foreach": FOREACH[0],
                        "dnn_images_per_s": ips, "dnn_peak_bytes": peak[0],
                        "dnn_peak_allocated_bytes": peak[1], "peers": {}, "fuse_variants": {}, "wall_s": wall}
                 rows.append(row)

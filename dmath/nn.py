@@ -42,7 +42,8 @@ from .ops.nn.pool import pool2d, pool2d_backward
 from .ops.nn.softmax import log_softmax, softmax, softmax_cross_entropy, softmax_cross_entropy_backward
 from .ops.nn.update import adam_update, adam_update_many, all_finite, sgd_update, sgd_update_many
 
-__all__ = ["sgd_update", "adam_update", "sgd_update_many", "adam_update_many", "all_finite", "take_rows", "transform_images", "explain_conv2d",
+__all__ = ["sgd_update", "adam_update", "sgd_update_many", "adam_update_many", "all_finite", "take_rows",
+           "transform_images", "explain_conv2d",
            "softmax", "log_softmax", "softmax_cross_entropy", "softmax_cross_entropy_backward",
            "conv2d", "conv2d_output_shape", "conv2d_backward", "pool2d", "pool2d_backward",
            "batchnorm", "batchnorm_backward", "BatchNormSaved", "dropout", "argmax_rows", "one_hot",

@@ -11,16 +11,16 @@ class Adam(Optimizer):
     """m = b1 m + (1 - b1) g;  v = b2 v + (1 - b2) g^2;
     w -= lr / (1 - b1^t) * m / (sqrt(v) / sqrt(1 - b2^t) + eps),  g = grad + weight_decay * w.
 
-    Args: lr=0.001, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, schedule=None.
+    Args: lr=0.001, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, schedule=None, foreach=True.
     The parameters of one dtype step together (dmath.nn.adam_update_many: one fused pass each, a
-    kernel per table of them on GPUs).
+    kernel per table of them on GPUs); foreach=False steps them one command each (PyTorch's name).
     """
 
     state_names = ("exp_avg", "exp_avg_sq")
     fused = True
 
-    def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, schedule=None):
-        super().__init__(lr, weight_decay, schedule)
+    def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, schedule=None, foreach=True):
+        super().__init__(lr, weight_decay, schedule, foreach)
         try:
             b1, b2 = betas
         except (TypeError, ValueError) as exc:
@@ -29,7 +29,7 @@ class Adam(Optimizer):
         self.eps = _positive(eps, "eps")
 
     def _hyper(self):
-        return {"betas": list(self.betas), "eps": self.eps}
+        return {"betas": list(self.betas), "eps": self.eps, "foreach": self.foreach}
 
     def new_scalars(self, dtype):
         # b1^t and b2^t, t = steps taken; 1 before the first step
@@ -51,6 +51,8 @@ class Adam(Optimizer):
                              grad_scale=h.grad_scale, gate=h.gate)
 
     def fused_update_many(self, params, grads, states, h):
+        if not self.foreach:
+            return super().fused_update_many(params, grads, states, h)
         b1, b2 = self.betas
         dmath.nn.adam_update_many(params, grads, [st["exp_avg"] for st in states], [st["exp_avg_sq"] for st in states],
                                   h.step_size, h.inv_sqrt_bc2, beta1=b1, beta2=b2, eps=self.eps,

@@ -58,6 +58,8 @@ class Optimizer:
         weight_decay: L2 penalty, added to the gradient as `weight_decay * w`.
         schedule: None, or a schedule from dnn.optim.schedules giving the
             learning rate of each step (warm-up, step decay, cosine, ...).
+        foreach: rules with a form over lists (SGD, Adam) step the parameters of one dtype
+            together (few commands and GPU kernels); False: one command per parameter.
     """
 
     #: names of the per-parameter state matrices (zeros at the start)
@@ -65,8 +67,11 @@ class Optimizer:
     #: True when the rule has a one-pass kernel: `fused_update` is called instead of `update`
     fused = False
 
-    def __init__(self, lr, weight_decay=0.0, schedule=None):
+    def __init__(self, lr, weight_decay=0.0, schedule=None, foreach=True):
         self.lr = _positive(lr, "lr")
+        if not isinstance(foreach, bool):
+            raise ConfigError(f"foreach must be True or False, got {foreach!r}")
+        self.foreach = foreach
         self.weight_decay = _non_negative(weight_decay, "weight_decay")
         if schedule is not None and not isinstance(schedule, _schedules.Schedule):
             raise ConfigError(f"schedule must be a dnn.optim.schedules schedule, got {schedule!r}")

@@ -9,15 +9,15 @@ class SGD(Optimizer):
     """w -= lr * d, where g = grad + weight_decay * w, v = momentum * v + g and
     d = g + momentum * v (nesterov), v (momentum) or g (plain).
 
-    Args: lr=0.01, momentum=0.0, nesterov=False, weight_decay=0.0, schedule=None.
+    Args: lr=0.01, momentum=0.0, nesterov=False, weight_decay=0.0, schedule=None, foreach=True.
     The parameters of one dtype step together (dmath.nn.sgd_update_many: one fused pass each, a
-    kernel per table of them on GPUs).
+    kernel per table of them on GPUs); foreach=False steps them one command each (PyTorch's name).
     """
 
     fused = True
 
-    def __init__(self, lr=0.01, momentum=0.0, nesterov=False, weight_decay=0.0, schedule=None):
-        super().__init__(lr, weight_decay, schedule)
+    def __init__(self, lr=0.01, momentum=0.0, nesterov=False, weight_decay=0.0, schedule=None, foreach=True):
+        super().__init__(lr, weight_decay, schedule, foreach)
         self.momentum = _unit(momentum, "momentum")
         self.nesterov = bool(nesterov)
         if self.nesterov and self.momentum == 0:
@@ -25,7 +25,7 @@ class SGD(Optimizer):
         self.state_names = ("momentum_buffer",) if self.momentum else ()
 
     def _hyper(self):
-        return {"momentum": self.momentum, "nesterov": self.nesterov}
+        return {"momentum": self.momentum, "nesterov": self.nesterov, "foreach": self.foreach}
 
     def fused_update(self, p, g, state, h):
         dmath.nn.sgd_update(p, g, h.lr, state.get("momentum_buffer"), momentum=self.momentum,
@@ -33,6 +33,8 @@ class SGD(Optimizer):
                             grad_scale=h.grad_scale, gate=h.gate)
 
     def fused_update_many(self, params, grads, states, h):
+        if not self.foreach:
+            return super().fused_update_many(params, grads, states, h)
         dmath.nn.sgd_update_many(params, grads, h.lr, [st["momentum_buffer"] for st in states] if self.momentum
                                  else None, momentum=self.momentum, nesterov=self.nesterov,
                                  weight_decay=self.weight_decay, grad_scale=h.grad_scale, gate=h.gate)

@@ -621,7 +621,8 @@ __global__ void dm_adam_many(const DmTable tab, int count, const float* gate, in
 """
 #: (parameter, gradient) dtypes the table kernels are built for
 _MANY_TYPES = (("float32", "float16"), ("float32", "float32"), ("float64", "float64"))
-_MANY_NAMES = [f"dm_sgd_many<{cuda.C_TYPES[p]}, {cuda.C_TYPES[g]}, {mom}>" for p, g in _MANY_TYPES for mom in (0, 1, 2)] + \
+_MANY_NAMES = [f"dm_sgd_many<{cuda.C_TYPES[p]}, {cuda.C_TYPES[g]}, {mom}>"
+               for p, g in _MANY_TYPES for mom in (0, 1, 2)] + \
     [f"dm_adam_many<{cuda.C_TYPES[p]}, {cuda.C_TYPES[g]}>" for p, g in _MANY_TYPES]
 #: the kernels' argument kinds after the table: count, gate, the loss scale, weight decay, then the rule's
 _MANY_KINDS = {"sgd": "tipipdiid" + "pdid", "adam": "tipipdiid" + "pdipdiddd"}
