@@ -183,6 +183,9 @@ def _run_many(rule, hyper, params, grads, states, scalars):
     if len(params) != len(grads) or len(params) != len(states):
         raise DMathError(f"{len(params)} parameters, {len(grads)} gradients and {len(states)} states: one "
                          "of each per parameter")
+    written = [m for p, st in zip(params, states) for m in [p] + list(st)]
+    if len({id(m) for m in written}) != len(written):
+        raise DMathError("a parameter or state matrix appears twice: each is updated in place once a step")
     groups = {}
     for p, g, st in zip(params, grads, states):
         groups.setdefault(tuple(dist_of(_param(p)).group), []).append((p, _grad(g, p), st))

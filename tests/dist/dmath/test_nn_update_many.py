@@ -136,7 +136,8 @@ def test_bad_arguments_raise_on_the_master():
              lambda: dmath.nn.sgd_update_many(params + [np.zeros(3)], grads + [grads[0]], 0.1),
              lambda: dmath.nn.sgd_update_many(params, grads, "fast"),
              lambda: dmath.nn.adam_update_many(params, grads, bufs, bufs[:1], 0.1),
-             lambda: dmath.nn.adam_update_many(params, grads, bufs, bufs, 0.1, eps=0.0)]
+             lambda: dmath.nn.adam_update_many(params, grads, bufs, bufs, 0.1, eps=0.0),
+             lambda: dmath.nn.sgd_update_many(params + params[:1], grads + grads[:1], 0.1)]
     before = [p.to_numpy() for p in params]
     for fn in cases:
         with pytest.raises(dmath.DMathError):
