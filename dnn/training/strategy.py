@@ -10,11 +10,19 @@ convolution algorithms, the candidates are timed:
 - the cost model's choice per layer (when it differs from 'data').
 
 At the first training steps of a batch size on several workers, each
-candidate in turn trains `WARM` steps (its step is recorded, the first
-replay captured) and then `TIMED` steps between two `dmath.synchronize()`;
-the fastest is kept. The steps are ordinary training steps on the epoch's
-batches: the strategies compute the same values, so nothing is spent but
-one recording per candidate. The choice goes to dmath's tuning cache
+candidate in turn trains `WARM` steps (its step recorded; the first replay
+step by step; the second captured into a CUDA graph and launched: see
+dmath/runtime/graphs.py) and then `TIMED` steps, each timed alone between
+two `dmath.synchronize()`; its figure is the median of those steps, so that
+a step that pays for something once (a library tuning a new shape at its
+first use, the memory pool growing, a capture made again) does not decide
+the choice. (With two steps of warm-up and the mean of three, the capture
+was timed: on 4 H200s AlexNet's candidates read 2.5 to 3 times their steady
+step, one 16 times, and float16 at batch 256 kept data parallel at 54k
+images/s, where model-parallel Dense layers had run at 79k-83k on 4 H100s.) The fastest is kept.
+The steps are ordinary training steps on the epoch's batches: the
+strategies compute the same values, so nothing is spent but one recording
+per candidate and a synchronisation per timed step. The choice goes to dmath's tuning cache
 (kind 'dnn_parallel', keyed by the model's layers, batch, workers, dtype
 and machine), so a second run of the same model starts with it:
 DMATH_TUNE=off takes the cost model's choice untimed, 'fast' a cached one
@@ -29,12 +37,15 @@ import time
 import dmath
 from dmath import tuning
 
-#: steps of each candidate before its timing starts (recording, capture, the first replay)
-WARM = 2
-#: steps of each candidate timed
-TIMED = 3
+#: steps of each candidate before its timing starts (recording, a replay step by step, the capture)
+WARM = 3
+#: steps of each candidate timed, one at a time (its figure: their median)
+TIMED = 5
 #: the tuning cache's kind
 KIND = "dnn_parallel"
+#: how the candidates were timed, part of the cache key: choices an older rule made (the mean of
+#: three steps, the capture among them) are not trusted
+RULE = f"median of {TIMED} after {WARM}"
 
 
 def undecided(model):
@@ -50,6 +61,15 @@ def candidates(layers, batch, nworkers):
         return {"data": data}
     split = [layer.name for layer, s in zip(layers, cost) if s != "data"]
     return {"data": data, "cost model (" + ", ".join(f"{n}: model" for n in split) + ")": cost}
+
+
+def typical(seconds):
+    """The milliseconds of a typical step among `seconds` (one per timed step): their median, which
+    a step or two that paid a one-time cost do not move (pure)."""
+    s = sorted(seconds)
+    n = len(s)
+    mid = s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
+    return mid * 1e3
 
 
 def fastest(ms):
@@ -68,7 +88,8 @@ def model_key(model, batch, names):
     """The cache key: a digest of the layers' configurations, the batch, the workers, the dtype."""
     layers = json.dumps([layer.get_config() for layer in model.layers], sort_keys=True, default=str)
     return {"layers": hashlib.sha256(layers.encode()).hexdigest()[:32], "batch": int(batch),
-            "workers": len(model.workers), "dtype": model.dtype, "candidates": sorted(names)}
+            "workers": len(model.workers), "dtype": model.dtype, "candidates": sorted(names),
+            "timing": RULE}
 
 
 class Trial:
@@ -87,7 +108,9 @@ class Trial:
         self.names = list(self.options)
         self.ms = {}
         self.index = 0
-        self.warm_left, self.t0, self.window, self.timed_n, self.timed_s = WARM, None, 0, 0, 0.0
+        self.warm_left, self.t0, self.steps = WARM, None, []
+        #: {candidate: [milliseconds of each timed step]} (explain shows their spread)
+        self.step_ms = {}
         self.done = False
         report = {"batch": batch, "workers": P, "layers": [layer.name for layer in self.layers],
                   "candidates": {n: list(s) for n, s in self.options.items()}}
@@ -112,60 +135,59 @@ class Trial:
 
     # ---- the steps ---------------------------------------------------------------------------
     def before_step(self, size):
-        """Open the current candidate's timing window before a full step once its warm-up is done;
-        close it before a step of another size (a ragged last batch is not timed)."""
+        """Start the clock before a full step once the candidate's warm-up is done (from the end of
+        the step before when that one was timed too: one synchronisation a step); a step of another
+        size (a ragged last batch) is not timed."""
         if self.done:
             return
         if size != self.batch:
-            self._close()
+            self.t0 = None
         elif self.warm_left == 0 and self.t0 is None:
             dmath.synchronize()
             self.t0 = time.perf_counter()
 
     def after_step(self, size, last=False):
-        """Count the step; close the window after TIMED timed steps or at the epoch's last step (the
-        epoch's end, its evaluation and callbacks are not timed); move on, or decide."""
+        """Count the step, stop its clock (the epoch's end, its evaluation and callbacks are never
+        inside one); after TIMED timed steps move on to the next candidate, or decide."""
         if self.done or size != self.batch:
             return
         if self.warm_left > 0:
             self.warm_left -= 1
             return
-        self.window += 1
-        if self.timed_n + self.window >= TIMED or last:
-            self._close()
-        if self.timed_n >= TIMED:
-            name = self.names[self.index]
-            self.ms[name] = self.timed_s * 1e3 / self.timed_n
-            self.index += 1
-            if self.index < len(self.names):
-                self._adopt(self.names[self.index])
-            else:
-                self._finish(fastest(self.ms), "measured")
-                cache = tuning.shared()
-                if cache is not None:
-                    cache.put(KIND, self.machine, self.key, {"choice": self.report["chosen"], "ms": self.ms})
-
-    def _close(self):
-        if self.t0 is not None:
-            dmath.synchronize()
-            self.timed_s += time.perf_counter() - self.t0
-            self.timed_n += self.window
-        self.t0, self.window = None, 0
+        if self.t0 is None:
+            return
+        dmath.synchronize()
+        now = time.perf_counter()
+        self.steps.append(now - self.t0)
+        self.t0 = None if last else now
+        if len(self.steps) < TIMED:
+            return
+        name = self.names[self.index]
+        self.ms[name] = typical(self.steps)
+        self.step_ms[name] = [round(t * 1e3, 3) for t in self.steps]
+        self.index += 1
+        if self.index < len(self.names):
+            self._adopt(self.names[self.index])
+            return
+        self._finish(fastest(self.ms), "measured")
+        cache = tuning.shared()
+        if cache is not None:
+            cache.put(KIND, self.machine, self.key, {"choice": self.report["chosen"], "ms": self.ms})
 
     def end_epoch(self):
-        """The epoch ended (fit may stop here): a window still open is dropped, not timed."""
-        self.t0, self.window = None, 0
+        """The epoch ended (fit may stop here): the clock, if running, is dropped."""
+        self.t0 = None
 
     # ---- choosing ---------------------------------------------------------------------------
     def _adopt(self, name):
         for layer, strategy in zip(self.layers, self.options[name]):
             layer.adopt(strategy)
-        self.warm_left, self.t0, self.window, self.timed_n, self.timed_s = WARM, None, 0, 0, 0.0
+        self.warm_left, self.t0, self.steps = WARM, None, []
 
     def _finish(self, name, how):
         self._adopt(name)
         self.done = True
-        self.report.update(chosen=name, how=how, ms_per_step=dict(self.ms))
+        self.report.update(chosen=name, how=how, ms_per_step=dict(self.ms), step_ms=dict(self.step_ms))
 
 
 def explain(reports):
@@ -177,7 +199,9 @@ def explain(reports):
         lines.append(f"batch {batch} on {r['workers']} worker(s), layers {', '.join(r['layers']) or '-'}: "
                      f"{r.get('chosen', 'undecided')} ({r.get('how', 'timing under way')})")
         for name, strategies in r["candidates"].items():
-            t = r.get("ms_per_step", {}).get(name)
+            t, steps = r.get("ms_per_step", {}).get(name), r.get("step_ms", {}).get(name)
             timing = f"{t:.2f} ms per step" if t is not None else "not timed"
+            if steps:
+                timing += f" (median of {len(steps)} steps, {min(steps):.2f} to {max(steps):.2f})"
             lines.append(f"  {name}: {timing}; " + ", ".join(f"{n}={s}" for n, s in zip(r["layers"], strategies)))
     return "\n".join(lines)

@@ -45,6 +45,9 @@ def test_candidates_and_the_fastest():
     assert "dense: model" in list(got)[1]
     assert strategy.candidates([b], 32, 4) == {"data": ("data",)}
     assert strategy.fastest({"x": 2.0, "y": 1.0, "z": 1.0}) == "y"
+    # a typical step: the median, which one step that paid a one-time cost (a capture) does not move
+    assert strategy.typical([0.0040, 0.0300, 0.0041, 0.0042, 0.0040]) == pytest.approx(4.1)
+    assert strategy.typical([0.001, 0.003]) == pytest.approx(2.0)
     assert "no layer" in strategy.explain({})
 
 
@@ -60,10 +63,13 @@ def test_the_candidates_are_timed_and_the_fastest_kept(cache):
     assert report["how"] == "measured"
     assert set(report["ms_per_step"]) == set(report["candidates"]) and len(report["candidates"]) == 2
     assert report["chosen"] == strategy.fastest(report["ms_per_step"])
+    for name, steps in report["step_ms"].items():      # each candidate's TIMED steps, timed one by one
+        assert len(steps) == strategy.TIMED
+        assert report["ms_per_step"][name] == pytest.approx(float(np.median(steps)), rel=1e-3, abs=1e-3)
     chosen = report["candidates"][report["chosen"]]
     assert tuple(layer.strategy for layer in m.layers[1:3]) == tuple(chosen)
     text = m.explain_parallel()
-    assert "measured" in text and "ms per step" in text
+    assert "measured" in text and "ms per step" in text and f"median of {strategy.TIMED} steps" in text
     # the same values as the training with the chosen strategies fixed from the start
     fixed = _model()
     for layer, s in zip(fixed.layers[1:3], chosen):
