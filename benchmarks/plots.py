@@ -103,7 +103,8 @@ def _scaling_rows(paths):
     zoo_bench's JSON; PyTorch is eager at P = 1 and DDP at P > 1, compile its torch.compile'd peer (over
     DDP at P > 1). A case measured in several files keeps the first figure of each (files in sorted order:
     cnn_P4_alexnet.json before cnn_P4_alexnet_compile.json); rows with --parallel other than auto or an
-    explicit --bucket-mb are left out (comparisons of strategies, not of GPU counts)."""
+    explicit --bucket-mb or a first --batchnorm other than sync are left out (comparisons of settings,
+    not of GPU counts)."""
     cases = collections.defaultdict(lambda: collections.defaultdict(dict))
     rows = []
     for p in sorted(paths):
@@ -113,7 +114,8 @@ def _scaling_rows(paths):
         except (OSError, ValueError, AttributeError) as exc:
             print(f"scaling: {p} skipped ({exc})")
     for r in rows:
-        if r.get("parallel", "auto") != "auto" or r.get("bucket_mb") is not None or "workers" not in r:
+        if r.get("parallel", "auto") != "auto" or r.get("bucket_mb") is not None or "workers" not in r \
+                or r.get("batchnorm", "sync") != "sync":
             continue
         if "net" not in r:
             continue

@@ -3,7 +3,7 @@ DDP (eager and compiled), in the same job.
 
     python benchmarks/zoo_bench.py OUTDIR [--nets googlenet resnet50 inception_v3] [--batches 256 1024]
         [--dtypes float32 float16] [--peers eager compile syncbn] [--compile-only 256 ...] [--only NET:B:DTYPE ...]
-        [--fuse all relu none]
+        [--fuse all relu none] [--batchnorm sync local]
     mpiexec -n P python benchmarks/zoo_bench.py OUTDIR ...     (strong scaling: the global batch is fixed)
 
 Each case (network, global batch, dtype) trains dnn.models' network through
@@ -23,7 +23,10 @@ of memory on one side is recorded without that side's figure. --fuse measures dn
 fusion setting (Model's fuse: 'all' is fuse=True, a residual block's BatchNorm, Add and relu as
 one kernel and an Inception module's concatenation written in place by its branches' batch
 norms; 'relu' folds the relus only; 'none' nothing); the first gives the case's figures,
-the others go to its `fuse_variants` with their ratio to the first, all in the same job. Writes
+the others go to its `fuse_variants` with their ratio to the first, all in the same job;
+--batchnorm sync local measures dnn's BatchNorm with the global batch's statistics (the case's
+figure, like the peer `syncbn`) and with each GPU's own (`batchnorm_variants`, like DDP's default)
+in the same way. Writes
 OUTDIR/zoo_P<workers>_<nets>.json (one job per network keeps each under ten
 minutes), rewritten after every measurement so that a job cut short keeps
 what it finished; strong-scaling efficiency comes from the files of P = 1, 2
@@ -74,13 +77,17 @@ FUSE = {"all": True, "relu": "relu", "none": False}
 FOREACH = [True]
 
 
-def dnn_model(net, dtype, shape, fuse="all"):
+def dnn_model(net, dtype, shape, fuse="all", batchnorm="sync"):
     kwargs, _ = arguments(net, shape)
     kwargs = dict(kwargs, fuse=FUSE[fuse])
     opt = dnn.optim.SGD(lr=LR, momentum=MOMENTUM, foreach=FOREACH[0])
     if kwargs.get("aux_logits"):
         kwargs = dict(kwargs, aux_weight=AUX_WEIGHT)
-    return getattr(dnn.models, net)(num_classes=CLASSES, input_shape=shape, dtype=dtype, optimizer=opt, **kwargs)
+    model = getattr(dnn.models, net)(num_classes=CLASSES, input_shape=shape, dtype=dtype, optimizer=opt, **kwargs)
+    for layer in model.layers:      # --batchnorm local: each GPU's own statistics, as DDP's BatchNorm
+        if isinstance(layer, dnn.layers.BatchNorm):
+            layer.synchronized = batchnorm == "sync"
+    return model
 
 
 @kernel("bench_torch_zoo")
@@ -100,12 +107,13 @@ def _torch_zoo(call):
     return []
 
 
-def measure_dnn(net, dtype, shape, batch, steps, fuse, profile_kernels=False):
-    """(images/s, (peak reserved, peak allocated)) of dnn's network under a --fuse setting (None
-    figures when it runs out of memory); profile_kernels: print the GPU time by kernel of one epoch."""
+def measure_dnn(net, dtype, shape, batch, steps, fuse, profile_kernels=False, batchnorm="sync"):
+    """(images/s, (peak reserved, peak allocated)) of dnn's network under a --fuse and a --batchnorm
+    setting (None figures when it runs out of memory); profile_kernels: print the GPU time by kernel
+    of one epoch."""
     try:
-        ips, peak, _ = time_model(lambda: dnn_model(net, dtype, shape, fuse), shape, CLASSES, per_epoch(batch),
-                                  batch, steps, profile_kernels)
+        ips, peak, _ = time_model(lambda: dnn_model(net, dtype, shape, fuse, batchnorm), shape, CLASSES,
+                                  per_epoch(batch), batch, steps, profile_kernels)
     except dmath.OutOfMemoryError as exc:
         ips, peak = None, (None, None)
         print(f"{net} b{batch} {dtype} fuse={fuse}: dnn out of memory ({exc})", flush=True)
@@ -137,6 +145,10 @@ def main():
                     help="dnn's gradient buckets (Model.bucket_mb; 0: one all-reduce per weight; default 25)")
     ap.add_argument("--fuse", nargs="+", default=["all"], choices=list(FUSE),
                     help="dnn's fusion settings to measure, the first the case's figure (Model's fuse)")
+    ap.add_argument("--batchnorm", nargs="+", default=["sync"], choices=["sync", "local"],
+                    help="dnn's BatchNorm statistics to measure, the first the case's figure: 'sync', over the "
+                         "global batch (as DDP with SyncBatchNorm, the peer 'syncbn'); 'local', each GPU's own "
+                         "(BatchNorm(synchronized=False), as DDP's default BatchNorm)")
     ap.add_argument("--foreach", choices=["on", "off"], default="on",
                     help="dnn's SGD: the weights of a dtype in few commands and GPU kernels (on), or one each (off)")
     ap.add_argument("--kernel-profile", action="store_true",
@@ -163,23 +175,34 @@ def main():
                     continue
                 steps = max(args.steps, per_epoch(batch))
                 t0 = time.perf_counter()
-                ips, peak = measure_dnn(net, dtype, shape, batch, steps, args.fuse[0], args.kernel_profile)
+                ips, peak = measure_dnn(net, dtype, shape, batch, steps, args.fuse[0], args.kernel_profile,
+                                        args.batchnorm[0])
                 wall = {"dnn": time.perf_counter() - t0}
                 row = {"net": net, "global_batch": batch, "dtype": dtype, "workers": p, "steps": steps,
                        "image_shape": list(shape), "bucket_mb": args.bucket_mb, "fuse": args.fuse[0],
-                       "foreach": FOREACH[0],
+                       "foreach": FOREACH[0], "batchnorm": args.batchnorm[0], "batchnorm_variants": {},
                        "dnn_images_per_s": ips, "dnn_peak_bytes": peak[0],
                        "dnn_peak_allocated_bytes": peak[1], "peers": {}, "fuse_variants": {}, "wall_s": wall}
                 rows.append(row)
                 save()
                 for fuse in args.fuse[1:]:
                     t0 = time.perf_counter()
-                    other, other_peak = measure_dnn(net, dtype, shape, batch, steps, fuse)
+                    other, other_peak = measure_dnn(net, dtype, shape, batch, steps, fuse, batchnorm=args.batchnorm[0])
                     wall["dnn_fuse_" + fuse] = time.perf_counter() - t0
                     row["fuse_variants"][fuse] = {"images_per_s": other, "peak_bytes": other_peak[0],
                                                   "first_over_this": ips / other if ips and other else None}
                     print(f"{net:12s} b{batch:<5d} {dtype}: dnn fuse={fuse} {other or 0:8.0f} img/s "
                           f"({args.fuse[0]} x{row['fuse_variants'][fuse]['first_over_this'] or 0:.3f})", flush=True)
+                    save()
+                for bn in args.batchnorm[1:]:
+                    t0 = time.perf_counter()
+                    other, other_peak = measure_dnn(net, dtype, shape, batch, steps, args.fuse[0], batchnorm=bn)
+                    wall["dnn_batchnorm_" + bn] = time.perf_counter() - t0
+                    row["batchnorm_variants"][bn] = {"images_per_s": other, "peak_bytes": other_peak[0],
+                                                     "first_over_this": ips / other if ips and other else None}
+                    print(f"{net:12s} b{batch:<5d} {dtype}: dnn batchnorm={bn} {other or 0:8.0f} img/s "
+                          f"({args.batchnorm[0]} x{row['batchnorm_variants'][bn]['first_over_this'] or 0:.3f})",
+                          flush=True)
                     save()
                 if dmath.device() == "gpu" or args.cpu_peers:
                     for peer in args.peers:

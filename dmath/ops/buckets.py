@@ -112,9 +112,11 @@ def _sum_partials(call):
     sizes = [math.prod(d.shape) for d in dists]
     starts, total = offsets(sizes, np.dtype(dtype).itemsize)
     buf = memory.empty((max(total, 1),), dtype)
-    for shard, start, n, d in zip(call.inputs, starts, sizes, dists):
+    for shard, start, n, d, stop in zip(call.inputs, starts, sizes, dists, starts[1:] + [total]):
         # a Partial shard holds its whole addend as one piece (converted on the copy)
         buf[start:start + n].reshape(d.shape)[...] = shard.pieces[0]
+        if stop > start + n:    # the alignment gap: zeros, not whatever the pool held (a sum of
+            buf[start + n:stop] = 0     # leftover bits can overflow, and NumPy warns)
     comm = call.world.group(group)
     pending = None
     if call.entry.static.background:

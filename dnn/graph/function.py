@@ -68,6 +68,12 @@ class Function:
         """Forget what forward kept on `self` for backward (a mask, pooling indices): called once
         backward has run in a training step, so that nothing holds it until the next step."""
 
+    def running_terms(self):
+        """((Partial terms, target matrix), ...) that the training step sums over the workers and
+        assigns to their targets once its forward has run: the running statistics of a batch norm
+        with each worker's own statistics. () for every other function."""
+        return ()
+
     def apply(self, *inputs, name=None):
         """Build the node that computes this function of `inputs` (nodes)."""
         for x in inputs:

@@ -14,7 +14,15 @@ from .base import Layer
 class BatchNorm(Layer):
     """y = gamma (x - mean) / sqrt(var + eps) + beta; batch statistics in training (all-reduced over
     the batch's workers), running statistics in evaluation, updated as PyTorch (momentum 0.1,
-    unbiased variance). Weights: gamma, beta (trained), running_mean, running_var (buffers)."""
+    unbiased variance). Weights: gamma, beta (trained), running_mean, running_var (buffers).
+
+    synchronized: True (the default), the statistics of the whole global batch at every worker
+    count (PyTorch's SyncBatchNorm: the result of one worker); False, each data-parallel worker
+    normalises its own samples by their own statistics (PyTorch's BatchNorm under DDP, Keras'
+    default): no all-reduce on the step's path in either pass, the results depend on the worker
+    count. The running statistics stay one value on every worker either way: with False, each
+    worker's update is averaged over the workers by one all-reduce per step, beside the backward
+    pass. Set it before the first fit (or on a loaded model's layers), not between steps."""
     #: normalises channels-last image rows as they are (a GPU model converts nothing around it)
     image_rows = "channels_last"
     #: an Add that this layer's output alone feeds may run inside its kernel, the other addend as the
@@ -24,8 +32,11 @@ class BatchNorm(Layer):
     #: concatenation (dnn.functional.concat_branches: an Inception module's branches)
     writes_slices = True
 
-    def __init__(self, momentum=0.1, eps=1e-5, name=None):
+    def __init__(self, momentum=0.1, eps=1e-5, synchronized=True, name=None):
         super().__init__(name)
+        if not isinstance(synchronized, bool):
+            raise ConfigError(f"BatchNorm: synchronized must be True or False, got {synchronized!r}")
+        self.synchronized = synchronized
         if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0 <= momentum <= 1:
             raise ConfigError(f"BatchNorm: momentum must be in [0, 1], got {momentum!r}")
         if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps > 0:
@@ -61,7 +72,7 @@ class BatchNorm(Layer):
         # a frozen BatchNorm normalises with its running statistics and leaves them as they are
         training = ctx.training and self.trainable
         fn = BatchNormFn(self.running_mean.value, self.running_var.value, training, self.momentum, self.eps,
-                         activation)
+                         activation, self.synchronized)
         return fn, (ctx.param(self.gamma), ctx.param(self.beta))
 
     def absorbs(self, layer):
@@ -80,4 +91,5 @@ class BatchNorm(Layer):
             self.batches_tracked = int(value[0])
 
     def get_config(self):
-        return {**super().get_config(), "momentum": self.momentum, "eps": self.eps}
+        return {**super().get_config(), "momentum": self.momentum, "eps": self.eps,
+                "synchronized": self.synchronized}

@@ -53,7 +53,8 @@ class ConcatBatchNorm(Function):
                 x = x.remap(out.layout)         # (a branch of other rows: where the concatenation's are)
             out, bn.saved = dmath.nn.batchnorm(x, gamma, beta, bn.running_mean, bn.running_var, bn.image_shape,
                                                bn.training, bn.momentum, bn.eps, channels_last=bn.channels_last,
-                                               activation=bn.activation, window=(total, offset), out=out)
+                                               activation=bn.activation, window=(total, offset), out=out,
+                                               synchronized=bn.synchronized)
             offset += self.widths[k]
         return out
 
@@ -72,6 +73,10 @@ class ConcatBatchNorm(Function):
                 grads += [None] * 3
             offset += self.widths[k]
         return tuple(grads)
+
+    def running_terms(self):
+        """Every branch's running-statistics terms (see dnn.ops.BatchNorm.running_terms)."""
+        return tuple(pair for bn in self.norms for pair in bn.running_terms())
 
     def drop_saved(self):
         for bn in self.norms:

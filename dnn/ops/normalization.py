@@ -3,7 +3,11 @@
 In training mode the batch statistics are all-reduced over the batch's
 workers inside dmath.nn.batchnorm, so the result equals the one-worker result,
 and the running statistics (matrices owned by the layer) are updated in place
-as PyTorch does. In evaluation mode the running statistics normalize.
+as PyTorch does. With synchronized=False each worker normalizes its own rows
+by their own statistics (PyTorch's BatchNorm under DDP) and the new running
+statistics come as Partial terms (`running_terms`), which the training step
+sums for every batch norm in one all-reduce beside the backward pass. In
+evaluation mode the running statistics normalize.
 """
 import dmath
 
@@ -25,7 +29,8 @@ class BatchNorm(Function):
     keeps_channels_last = True       # channels-last image rows are normalised as they are
     takes_gradient_terms = True      # a residual block's output gradient: added as the kernels read it
 
-    def __init__(self, running_mean, running_var, training, momentum=0.1, eps=1e-5, activation=None):
+    def __init__(self, running_mean, running_var, training, momentum=0.1, eps=1e-5, activation=None,
+                 synchronized=True):
         if not 0.0 <= momentum <= 1.0:
             raise ConfigError(f"batchnorm: momentum must be in [0, 1], got {momentum!r}")
         if not eps > 0:
@@ -35,7 +40,9 @@ class BatchNorm(Function):
         if activation not in (None, "relu"):
             raise ConfigError(f"batchnorm: a fused activation must be None or 'relu', got {activation!r}")
         self.activation = activation
+        self.synchronized = bool(synchronized)
         self.residual = False
+        self.saved = None
 
     def infer(self, x, gamma, beta, residual=None):
         sample = x.sample_shape
@@ -62,8 +69,14 @@ class BatchNorm(Function):
         y, self.saved = dmath.nn.batchnorm(x, gamma, beta, self.running_mean, self.running_var,
                                            self.image_shape, self.training, self.momentum, self.eps,
                                            channels_last=self.channels_last, activation=self.activation,
-                                           residual=residual)
+                                           residual=residual, synchronized=self.synchronized)
         return y
+
+    def running_terms(self):
+        """The Partial terms of the new running statistics a forward with each worker's own statistics
+        made, as ((mean terms, running_mean), (var terms, running_var)); () when it updated them in
+        place (or made none)."""
+        return running_pairs(self, self.saved)
 
     def _remask(self):
         return self.activation == "relu" and not self.residual
@@ -90,6 +103,14 @@ class BatchNorm(Function):
         self.saved = None
 
 
+def running_pairs(bn, saved):
+    """((mean terms, running_mean), (var terms, running_var)) of batch norm function `bn` whose forward
+    returned `saved`, or () when nothing is left to sum."""
+    if saved is None or saved.running is None:
+        return ()
+    return tuple(zip(saved.running, (bn.running_mean, bn.running_var)))
+
+
 def check_training_batch(batch, sample_shape, what):
     """ShapeError unless a training batch of `batch` samples of `sample_shape` has more than one value
     per channel (per feature for flat samples): batch statistics need two."""
@@ -101,9 +122,10 @@ def check_training_batch(batch, sample_shape, what):
 
 
 def batchnorm(x, gamma, beta, running_mean, running_var, training=True, momentum=0.1, eps=1e-5,
-              activation=None, residual=None):
+              activation=None, residual=None, synchronized=True):
     """A node: x normalised per feature (per channel for images) by the batch statistics in training,
     else by the running ones (updated with `momentum` while training), then scaled by gamma and shifted
-    by beta; plus the node `residual` when given, then the `activation` (None or 'relu'), in one kernel."""
-    fn = BatchNorm(running_mean, running_var, training, momentum, eps, activation)
+    by beta; plus the node `residual` when given, then the `activation` (None or 'relu'), in one kernel.
+    synchronized=False: each worker's rows by their own statistics (see the module docstring)."""
+    fn = BatchNorm(running_mean, running_var, training, momentum, eps, activation, synchronized)
     return fn.apply(x, gamma, beta) if residual is None else fn.apply(x, gamma, beta, residual)

@@ -203,6 +203,18 @@ class Program:
             if node.fn is not None:
                 node.value = None
 
+    def _sum_running_terms(self):
+        """[(target, sum)]: the forward's running-statistics terms (batch norms with each worker's own
+        statistics) summed over the workers, one all-reduce per dtype in the background, so that it
+        runs beside the backward pass; the step assigns the sums once the backward pass is issued."""
+        pairs = [pair for node in self.order if node.fn is not None for pair in node.fn.running_terms()]
+        out = []
+        for dtype in sorted({t.dtype for t, _ in pairs}):
+            some = [(t, target) for t, target in pairs if t.dtype == dtype]
+            sums = dmath.sum_partials([t for t, _ in some], background=True)
+            out += [(target, s) for (_, target), s in zip(some, sums)]
+        return out
+
     def _update(self):
         model, params = self.model, self.params
         scaler = model.loss_scale
@@ -213,9 +225,12 @@ class Program:
         # DDP's buckets do, with the buckets known in advance
         buckets = Buckets([p.value for p in params], cap=int(model.bucket_mb * (1 << 20)),
                           half=model.gradient_sum_dtype == "float16")
+        running = self._sum_running_terms()
         grads = buckets.gradients(backward(self.loss, self.grad_at, seed=seed, order=self.order,
                                            releases=self.releases, ready=buckets.ready))
         self.buckets = buckets.summed
+        for target, total in running:
+            target.assign(total)
         if scaler is None:
             model.optimizer.apply(params, grads)
             return

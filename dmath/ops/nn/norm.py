@@ -8,6 +8,15 @@ all-reduces of C numbers): the variance is a sum of squared deviations,
 never E[x^2] - E[x]^2, which cancels badly in float32. float16 data computes
 in float32.
 
+With synchronized=False (PyTorch's BatchNorm under DDP, without SyncBatchNorm)
+each worker of a RowBlock batch normalises its own rows with their own
+statistics: no all-reduce in either pass. The running statistics stay the
+same on every worker: each worker updates its own copy of them with its
+statistics and returns it divided by the worker count as a Partial term, whose
+sum (one all-reduce for every batch norm of a step, which dnn runs in the
+background beside the backward pass) is the average of the workers' updates;
+dgamma and dbeta are Partial too, summed with the weights' gradients.
+
 A batch of N samples with C channels of S = H*W pixels (S = 1 for 1d) is
 viewed as (n, C, S); per-channel statistics run over n and S. Channels-last
 image rows (channels_last=True: what the convolutions of a GPU model read
@@ -18,7 +27,7 @@ from typing import NamedTuple
 
 from ... import backend
 from ...errors import DMathError, LayoutError, ShapeError
-from ...layout import Replicated, distribution
+from ...layout import Partial, Replicated, RowBlock, distribution
 from ...planning.conv import image
 from ...runtime import define, runtime
 from ...runtime.registry import collectives_in_graphs
@@ -39,6 +48,9 @@ class BatchNormArgs(NamedTuple):
     into: bool = False            # forward with a window: Y written in place into the last input
     remask: bool = False          # backward with relu: the mask recomputed from X (input 4 is beta, not Y)
     summed: bool = False          # backward: dY is the sum of input 0 and the last input (never made)
+    local: bool = False           # each worker's own rows' statistics (synchronized=False on a split batch):
+                                  # no all-reduce; forward: the running statistics' Partial terms as outputs
+                                  # 2 and 3 instead of an update in place; backward: dgamma, dbeta Partial
 
 
 BATCHNORM = define("nn_batchnorm", BatchNormArgs)
@@ -51,11 +63,18 @@ class BatchNormSaved(NamedTuple):
 
     stats: (2, C) Matrix replicated over the batch's workers, row 0 the mean
     and row 1 1/sqrt(var + eps) that normalised the batch (float32 for a
-    float16 batch); training: whether they were the batch's statistics
-    (True) or the running ones (False).
+    float16 batch); with each worker's own statistics (synchronized=False)
+    a (2 P, C) RowBlock, worker k's two rows its own; training: whether they
+    were the batch's statistics (True) or the running ones (False).
+    running: None (the running statistics were updated in place), or with
+    each worker's own statistics the pair (mean terms, var terms) of (1, C)
+    Partial matrices whose sums are the new running_mean and running_var:
+    `running_mean.assign(sum)` (dmath.sum_partials sums both pairs of every
+    batch norm of a step in one all-reduce).
     """
     stats: object    # a dmath.Matrix (this layer sits below matrix.py)
     training: bool
+    running: object = None
 
 
 def _channels_of(x, image_shape, what):
@@ -68,7 +87,7 @@ def _channels_of(x, image_shape, what):
 
 def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, training=True,
               momentum=0.1, eps=1e-5, channels_last=False, activation=None, residual=None, window=None,
-              out=None):
+              out=None, synchronized=True):
     """Batch normalisation: (Y, saved).
 
     image_shape (C, H, W): per-channel statistics over N, H and W
@@ -89,6 +108,12 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
     lies: no concatenation copy); out: that (N, H*W*L) batch, written in place and returned as Y,
     or None: a new batch whose other channels are unset until other calls write them. Pass the
     same window, and that whole batch as dy (and y), to batchnorm_backward.
+    synchronized: True, statistics over the whole batch (every worker count gives one worker's
+    result); False, in training on a batch split over several workers, each worker's rows
+    normalised by their own statistics (PyTorch's BatchNorm under DDP): nothing is all-reduced,
+    running_mean and running_var are left as they are and saved.running holds the Partial terms
+    of their new values (see BatchNormSaved). On one worker, a Replicated batch or in evaluation
+    it changes nothing.
     """
     x = args.rows(x, "batchnorm: x")
     channels, pixels = _channels_of(x, image_shape, "batchnorm")
@@ -112,9 +137,20 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
     shape = (x.shape[0], x.shape[1] // channels * (total or channels))
     if out is not None:
         _check_out(out, window, x, shape)
+    if not isinstance(synchronized, bool):
+        raise DMathError(f"batchnorm: synchronized must be True or False, got {synchronized!r}")
     group = args.group_of(x)
     count = x.shape[0] * pixels
-    if training:
+    local = training and not synchronized and not x.layout.replicated and len(group) > 1
+    if local:
+        dist = args.dist_of(x)
+        for r in group:
+            n = sum(piece.shape[0] for piece in dist.pieces[r])
+            if n * pixels < 2:
+                raise ShapeError(f"batchnorm: with each worker's own statistics (synchronized=False) every "
+                                 f"worker needs more than one value per channel; worker {r} holds {n} of the "
+                                 f"{x.shape[0]} samples ({pixels} pixels each)")
+    if training and not local:
         if count < 2:
             raise ShapeError(f"batchnorm: training needs more than one value per channel, "
                              f"got {x.shape[0]} samples of {pixels} pixels")
@@ -124,6 +160,13 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
                 raise LayoutError(f"batchnorm: {what} is updated in place, so it must be Replicated over "
                                   f"the batch's workers {group}; it is {m.layout}")
         running = [running_mean, running_var]
+    elif local:
+        for m, what in ((running_mean, "running_mean"), (running_var, "running_var")):
+            if m.dtype != running_mean.dtype:
+                raise DMathError(f"batchnorm: running_mean and running_var must share a dtype, got "
+                                 f"{running_mean.dtype} and {running_var.dtype}")
+        running = [args.replicated(running_mean, group, "batchnorm: running_mean"),
+                   args.replicated(running_var, group, "batchnorm: running_var")]
     else:
         running = [args.replicated(running_mean, group, "batchnorm: running_mean"),
                    args.replicated(running_var, group, "batchnorm: running_var")]
@@ -133,18 +176,23 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
         inputs.append(args.like(residual, x, "batchnorm: residual"))
     if out is not None:
         inputs.append(out)
+    stats_dtype = rows.compute_dtype(x.dtype).name
     outs = [len(inputs) - 1 if out is not None else new_meta(x.layout, shape, x.dtype),
-            new_meta(Replicated(group), (2, channels), rows.compute_dtype(x.dtype).name)]
-    if training:
+            new_meta(RowBlock(group, (2,) * len(group)), (2 * len(group), channels), stats_dtype) if local
+            else new_meta(Replicated(group), (2, channels), stats_dtype)]
+    if local:
+        outs += [new_meta(Partial(group), (1, channels), running_mean.dtype) for _ in range(2)]
+    elif training:
         outs += [3, 4]
     static = BATCHNORM.static(channels=channels, training=training, channels_last=_last(channels_last, image_shape),
                               relu=_relu(activation, "batchnorm"), residual=residual is not None, total=total,
-                              offset=offset, into=out is not None)
+                              offset=offset, into=out is not None, local=local)
     made, _ = dispatch("nn_batchnorm", inputs, outs, static=static,
                        scalars=(momentum, eps, count / (count - 1) if count > 1 else 1.0))
+    made = list(made)
     if out is not None:
-        return out, BatchNormSaved(made[0], training)
-    return made[0], BatchNormSaved(made[1], training)
+        made.insert(0, out)
+    return made[0], BatchNormSaved(made[1], training, tuple(made[2:4]) if local else None)
 
 
 def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=False, y=None, residual=False,
@@ -152,7 +200,9 @@ def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=Fals
     """Gradients of batchnorm: (dX, dgamma, dbeta), and dR after them when residual=True.
 
     dX in x's row layout; dgamma and dbeta (1, C), in gamma's dtype,
-    Replicated over the batch's workers (already summed over the batch).
+    Replicated over the batch's workers (already summed over the batch); after
+    a batchnorm with each worker's own statistics (synchronized=False), Partial:
+    each worker's sums over its own rows, summed with the weights' gradients.
     channels_last: dy, x and dX are channels-last image rows. y: batchnorm's
     output Y when it applied a relu (activation='relu'): dy counts where Y > 0 only.
     residual: batchnorm added a residual R; its gradient dR is dy masked by Y > 0 after a relu
@@ -178,11 +228,21 @@ def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=Fals
     if not isinstance(saved, BatchNormSaved):
         raise DMathError(f"batchnorm_backward: saved must be what batchnorm returned, got {type(saved).__name__}")
     args.require(saved.stats, "batchnorm_backward: saved.stats")
-    args.expect_shape(saved.stats, (2, channels), "batchnorm_backward: saved.stats")
     group = args.group_of(x)
+    local = saved.running is not None
+    if local:                   # each worker's own statistics: x must lie where the forward's did
+        expected = RowBlock(group, (2,) * len(group))
+        args.expect_shape(saved.stats, (2 * len(group), channels), "batchnorm_backward: saved.stats")
+        if x.layout.replicated or saved.stats.layout.resolved(runtime().nworkers) != expected:
+            raise LayoutError(f"batchnorm_backward: saved holds each worker's own statistics of a batch split over "
+                              f"workers {group} ({saved.stats.layout}); x must be split over them as in the "
+                              f"forward, got {x.layout}")
+        stats = saved.stats
+    else:
+        args.expect_shape(saved.stats, (2, channels), "batchnorm_backward: saved.stats")
+        stats = args.replicated(saved.stats, group, "batchnorm_backward: saved.stats")
     inputs = [args.like(dy, x, "batchnorm_backward: dy"), x,
-              args.replicated(gamma, group, "batchnorm_backward: gamma"),
-              args.replicated(saved.stats, group, "batchnorm_backward: saved.stats")]
+              args.replicated(gamma, group, "batchnorm_backward: gamma"), stats]
     if y is not None and beta is not None:
         raise DMathError("batchnorm_backward: give y or beta for a relu's mask, not both")
     if y is not None:
@@ -196,7 +256,7 @@ def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=Fals
         args.require(beta, "batchnorm_backward: beta")
         args.expect_shape(beta, (1, channels), "batchnorm_backward: beta")
         inputs.append(args.replicated(beta, group, "batchnorm_backward: beta"))
-    rep = Replicated(group)
+    rep = Partial(group) if local else Replicated(group)
     outs = [new_meta(x.layout, x.shape, x.dtype), new_meta(rep, (1, channels), gamma.dtype),
             new_meta(rep, (1, channels), gamma.dtype)]
     if dy2 is not None:
@@ -214,7 +274,8 @@ def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=Fals
     static = BATCHNORM_BACKWARD.static(channels=channels, training=bool(saved.training),
                                        channels_last=_last(channels_last, image_shape),
                                        relu=y is not None or beta is not None, residual=masked, total=total,
-                                       offset=offset, remask=beta is not None, summed=dy2 is not None)
+                                       offset=offset, remask=beta is not None, summed=dy2 is not None,
+                                       local=local)
     grads = tuple(dispatch("nn_batchnorm_backward", inputs, outs, static=static)[0])
     return grads + (dy,) if residual and not masked else grads
 
@@ -301,21 +362,49 @@ def _update_running(rm, rv, mean, var, momentum, unbias):
     rv[...] = (1.0 - momentum) * rv + (momentum * unbias) * var.reshape(rv.shape)
 
 
-def _forward_shards(call, out, stats, training):
+def _forward_shards(call, out, stats, training, terms=None):
     """The forward kernel's outputs: Y (the input it was written into, for a window), the statistics,
-    and in training the running statistics."""
+    and in training the running statistics (updated in place), or with each worker's own statistics
+    their Partial terms."""
     y = call.inputs[-1] if call.entry.static.into else rows.shard(call, 0, [out])
     shards = [y, rows.shard(call, 1, [stats])]
-    if training:
+    if terms is not None:
+        shards += [rows.shard(call, 2, [terms[0]]), rows.shard(call, 3, [terms[1]])]
+    elif training:
         shards += [call.inputs[3], call.inputs[4]]
     return shards
 
 
-@BATCHNORM.kernel(capturable=lambda entry: collectives_in_graphs() or entry.in_dists[0].replicated)
+def _running_terms(call, rm, rv):
+    """With each worker's own statistics: outputs 2 and 3, this worker's copies of running_mean and
+    running_var (for its update; `_terms_done` divides them by the worker count)."""
+    tm, tv = rows.new_output(call, 2)[0], rows.new_output(call, 3)[0]
+    tm[...] = rm
+    tv[...] = rv
+    return tm, tv
+
+
+def _terms_done(call, terms):
+    """The updated copies as Partial terms: each divided by the group's size, so that their sum over
+    the workers is the average of the workers' updates."""
+    share = 1.0 / len(call.entry.in_dists[0].group)
+    for t in terms:
+        t *= share
+    return terms
+
+
+def _local_unbias(count):
+    """count / (count - 1): the unbiased variance's factor for a worker's own `count` values."""
+    return count / (count - 1) if count > 1 else 1.0
+
+
+@BATCHNORM.kernel(capturable=lambda entry: collectives_in_graphs() or entry.in_dists[0].replicated
+                  or entry.static.local)
 def _batchnorm(call):
     """Inputs X, gamma, beta, running_mean, running_var;
     outputs Y, stats (2, C) = [mean; 1/sqrt(var + eps)], and, when training, running_mean
-    and running_var updated in place. scalars = (momentum, eps, M / (M - 1)), M = N * S.
+    and running_var updated in place (local: their Partial terms as outputs 2 and 3).
+    scalars = (momentum, eps, M / (M - 1)), M = N * S.
     """
     xp = backend.current().xp
     channels, training = call.entry.static.channels, call.entry.static.training
@@ -332,16 +421,24 @@ def _batchnorm(call):
     if last and norm_cuda.usable(x) and (res is None or res.flags.c_contiguous):
         return _batchnorm_gpu(call, x, stats, rm, rv, res)
     x3 = _channels(x, channels, cdt, last)
+    local = call.entry.static.local
+    terms = _running_terms(call, rm, rv) if local else None
     if training:
-        count = src.dist.shape[0] * x3.shape[2]
+        count = (x3.shape[0] if local else src.dist.shape[0]) * x3.shape[2]
         mean = _channel_sums(x3)
-        rows.sum_over_batch(call, src.dist, mean)
+        if not local:
+            rows.sum_over_batch(call, src.dist, mean)
         mean *= 1.0 / count
         dev = x3 - mean.reshape(-1, 1)
         var = _channel_sums(dev * dev)
-        rows.sum_over_batch(call, src.dist, var)
+        if not local:
+            rows.sum_over_batch(call, src.dist, var)
         var *= 1.0 / count
-        _update_running(rm, rv, mean, var, momentum, unbias)
+        if local:
+            _update_running(*terms, mean, var, momentum, _local_unbias(count))
+            _terms_done(call, terms)
+        else:
+            _update_running(rm, rv, mean, var, momentum, unbias)
     else:
         mean, var = rm.reshape(-1).astype(cdt), rv.reshape(-1).astype(cdt)
         dev = x3 - mean.reshape(-1, 1)
@@ -357,7 +454,7 @@ def _batchnorm(call):
     view[...] = y3
     if call.entry.static.relu:
         xp.maximum(view, 0, out=view)
-    return _forward_shards(call, out, stats, training)
+    return _forward_shards(call, out, stats, training, terms)
 
 
 def _output(call):
@@ -380,26 +477,39 @@ def _batchnorm_gpu(call, x, stats, rm, rv, res):
     first = call.entry.static.offset            # a window's first channel (0: none)
     res2 = None if res is None else res.reshape(-1, channels)
     acc = norm_cuda.acc_dtype(x.dtype)
+    local = call.entry.static.local
+    terms = _running_terms(call, rm, rv) if local else None
     if training:
-        count = src.dist.shape[0] * (x.shape[1] // channels)
+        count = (x.shape[0] if local else src.dist.shape[0]) * (x.shape[1] // channels)
         shift = rm.reshape(-1)                  # the same on every worker: one all-reduce
         sums = norm_cuda.channel_sums(3, x2, shift)
-        rows.sum_over_batch(call, src.dist, sums.reshape(-1))
+        if local:                               # this worker's rows only: no all-reduce, its own update
+            unbias = _local_unbias(count)
+            run_m, run_v = terms[0].reshape(-1), terms[1].reshape(-1)
+        else:
+            rows.sum_over_batch(call, src.dist, sums.reshape(-1))
+            run_m, run_v = shift, rv.reshape(-1)
         if norm_cuda.finalizes(gamma.dtype, rm.dtype, stats.dtype, acc):
-            mean, scale, offset = norm_cuda.finalize_forward(sums, shift, gamma, beta, shift, rv.reshape(-1),
+            mean, scale, offset = norm_cuda.finalize_forward(sums, shift, gamma, beta, run_m, run_v,
                                                              stats, acc, count, momentum, unbias, eps)
             norm_cuda.normalize(x2, out2, mean, scale, offset, relu, res2, first)
-            return _forward_shards(call, out, stats, training)
+            if local:
+                _terms_done(call, terms)
+            return _forward_shards(call, out, stats, training, terms)
         offset = sums[0] * (1.0 / count)
         mean = shift.astype(xp.float64) + offset
         var = xp.maximum(sums[1] * (1.0 / count) - offset * offset, 0.0)
-        _update_running(rm, rv, mean, var, momentum, unbias)
+        if local:
+            _update_running(*terms, mean, var, momentum, unbias)
+            _terms_done(call, terms)
+        else:
+            _update_running(rm, rv, mean, var, momentum, unbias)
     else:
         mean, var = rm.reshape(-1).astype(xp.float64), rv.reshape(-1).astype(xp.float64)
     stats[0] = mean
     stats[1] = 1.0 / xp.sqrt(var + eps)
     norm_cuda.normalize(x2, out2, *_affine(stats, gamma, beta), relu, res2, first)
-    return _forward_shards(call, out, stats, training)
+    return _forward_shards(call, out, stats, training, terms)
 
 
 def _affine(stats, gamma, beta):
@@ -413,7 +523,8 @@ def _affine(stats, gamma, beta):
             beta.astype(acc))
 
 
-@BATCHNORM_BACKWARD.kernel(capturable=lambda entry: collectives_in_graphs() or entry.in_dists[1].replicated)
+@BATCHNORM_BACKWARD.kernel(capturable=lambda entry: collectives_in_graphs() or entry.in_dists[1].replicated
+                           or entry.static.local)
 def _batchnorm_backward(call):
     """Inputs dY, X, gamma, stats (and Y after a fused relu, or beta to recompute its mask from X; and
     dY's second term when summed); outputs dX, dgamma, dbeta (and dR, dY masked by Y > 0, for a residual
@@ -465,11 +576,13 @@ def _batchnorm_backward(call):
     sums = xp.empty(2 * channels, dtype=cdt)
     sums[:channels] = _channel_sums(dy3)
     sums[channels:] = _channel_sums(dy3 * xhat)
-    rows.sum_over_batch(call, src.dist, sums)
+    local = call.entry.static.local
+    if not local:
+        rows.sum_over_batch(call, src.dist, sums)
     dbeta, dgamma = sums[:channels].reshape(-1, 1), sums[channels:].reshape(-1, 1)
     (dx,) = rows.new_output(call, 0)
     if training:
-        count = src.dist.shape[0] * x3.shape[2]
+        count = (x3.shape[0] if local else src.dist.shape[0]) * x3.shape[2]
         _out_view(dx, channels, last)[...] = (g * r * (1.0 / count)) * (count * dy3 - dbeta - xhat * dgamma)
     else:
         _out_view(dx, channels, last)[...] = (g * r) * dy3
@@ -498,8 +611,10 @@ def _batchnorm_backward_gpu(call, dy, x, stats, second):
     acc = norm_cuda.acc_dtype(x.dtype)
     also = None if second is None else second.reshape(-1, wide)      # dY = dy + also, added as read
     sums = norm_cuda.channel_sums(2, x2, stats[0], dy2, y2, first, relu_from, also)
-    rows.sum_over_batch(call, src.dist, sums.reshape(-1))
-    count = src.dist.shape[0] * (x.shape[1] // channels)
+    local = call.entry.static.local
+    if not local:
+        rows.sum_over_batch(call, src.dist, sums.reshape(-1))
+    count = (x.shape[0] if local else src.dist.shape[0]) * (x.shape[1] // channels)
     (dx,) = rows.new_output(call, 0)
     (dg,) = rows.new_output(call, 1)
     (db,) = rows.new_output(call, 2)

@@ -1,0 +1,120 @@
+"""BatchNorm(synchronized=False): each data-parallel worker normalises its own samples by their own
+statistics, as PyTorch's BatchNorm under DDP does, and the running statistics stay one value.
+
+Oracles: PyTorch (test-only) applying the network to each worker's block of the batch apart (DDP's
+replicas), the loss the mean over the global batch (DDP averages the replicas' gradients), SGD; the
+running statistics the average of the workers' own updates (NumPy); the fused kernels (a residual
+block's tail, an Inception module's concatenation written in place) against the unfused ones with
+the same setting. At one worker it is the synchronised BatchNorm.
+"""
+import numpy as np
+import pytest
+
+import dmath
+import dnn
+from dmath.layout import distribution
+from dnn import layers as L
+from test_dnn_fuse import _assert_same, _inception_like, _resnet_like, _run
+
+P = dmath.num_workers()
+B = 3 * P + 1                       # uneven blocks of the batch over the workers
+MOMENTUM = 0.1
+
+
+def _blocks(n):
+    """(first, stop) of each worker's samples of a batch of n (the training batch's RowBlock)."""
+    dist = distribution(dmath.RowBlock(), (n, 1), P)
+    rows = [np.flatnonzero(dist.owner_mask(r)[:, 0]) for r in dist.group]
+    return [(int(r[0]), int(r[-1]) + 1) for r in rows if len(r)]
+
+
+def _model(synchronized):
+    dmath.random.seed(3)
+    return dnn.Sequential([L.Input((2, 3, 3)), L.BatchNorm(momentum=MOMENTUM, synchronized=synchronized, name="bn"),
+                           L.Flatten(), L.Dense(3, name="d"), L.Output("softmax")],
+                          dtype="float64", optimizer=dnn.optim.SGD(lr=0.5))
+
+
+def _data():
+    rng = np.random.default_rng(7)
+    return rng.normal(1.0, 2.0, size=(2 * B, 2, 3, 3)), rng.integers(0, 3, 2 * B)
+
+
+def test_trains_as_the_replicas_of_ddp_do():
+    torch = pytest.importorskip("torch")
+    x, y = _data()
+    m = _model(False)
+    gamma, beta, rm, rv, w, b = m.get_weights()
+    m.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)         # two steps
+    bn = torch.nn.BatchNorm2d(2, momentum=MOMENTUM).double()
+    lin = torch.nn.Linear(18, 3).double()
+    with torch.no_grad():
+        bn.weight.copy_(torch.tensor(gamma))
+        bn.bias.copy_(torch.tensor(beta))
+        lin.weight.copy_(torch.tensor(w.T))
+        lin.bias.copy_(torch.tensor(b))
+    opt = torch.optim.SGD(list(bn.parameters()) + list(lin.parameters()), lr=0.5)
+    run_m, run_v = rm.copy(), rv.copy()
+    for step in range(2):
+        xb, yb = x[step * B:(step + 1) * B], y[step * B:(step + 1) * B]
+        outs, means, varis = [], [], []
+        for r0, r1 in _blocks(B):
+            part = torch.tensor(xb[r0:r1])
+            outs.append(lin(bn(part).reshape(r1 - r0, -1)))
+            values = xb[r0:r1].transpose(1, 0, 2, 3).reshape(2, -1)
+            means.append(values.mean(axis=1))
+            varis.append(values.var(axis=1, ddof=1))
+        loss = torch.nn.functional.cross_entropy(torch.cat(outs), torch.tensor(yb))
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        run_m = (1 - MOMENTUM) * run_m + MOMENTUM * np.mean(means, axis=0)
+        run_v = (1 - MOMENTUM) * run_v + MOMENTUM * np.mean(varis, axis=0)
+    got = m.get_weights()
+    want = [bn.weight.detach().numpy(), bn.bias.detach().numpy(), run_m, run_v,
+            lin.weight.detach().numpy().T, lin.bias.detach().numpy()]
+    for a, e in zip(got, want):
+        np.testing.assert_allclose(a, e, rtol=1e-10, atol=1e-12)
+
+
+def test_one_worker_is_the_synchronised_batchnorm():
+    x, y = _data()
+    weights = []
+    for sync in (True, False):
+        m = _model(sync)
+        m.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+        weights.append(m.get_weights())
+    for a, b in zip(*weights):
+        if P == 1:
+            np.testing.assert_array_equal(a, b)
+    if P > 1:       # the statistics differ, so do the weights (the batch's blocks are not alike)
+        assert any(not np.allclose(a, b) for a, b in zip(*weights))
+
+
+def test_the_setting_is_part_of_the_layer_config():
+    layer = L.BatchNorm(synchronized=False, name="bn")
+    assert layer.get_config()["synchronized"] is False
+    assert L.from_config(layer.get_config()).synchronized is False
+    assert L.from_config({k: v for k, v in layer.get_config().items() if k != "synchronized"}).synchronized
+    with pytest.raises(dnn.ConfigError, match="synchronized must be True or False"):
+        L.BatchNorm(synchronized=1)
+
+
+def _local(build):
+    def make(fuse):
+        model = build(fuse)
+        for layer in model.layers:
+            if isinstance(layer, L.BatchNorm):
+                layer.synchronized = False
+        return model
+    return make
+
+
+def test_fused_residual_tails_with_each_workers_statistics():
+    results = _run(_local(_resnet_like), (False, True))
+    _assert_same(results[True], results[False], rtol=1e-10, atol=1e-12)
+
+
+def test_concatenation_in_place_with_each_workers_statistics():
+    results = _run(_local(_inception_like), ("relu", True))
+    _assert_same(results[True], results["relu"], rtol=1e-10, atol=1e-13)
