@@ -14,7 +14,7 @@ import dmath
 import dnn
 from dmath.layout import distribution
 from dnn import layers as L
-from test_dnn_fuse import _assert_same, _inception_like, _resnet_like, _run
+from test_dnn_fuse import _assert_same, _data as _images, _inception_like, _resnet_like, _run
 
 P = dmath.num_workers()
 B = 3 * P + 1                       # uneven blocks of the batch over the workers
@@ -118,3 +118,17 @@ def test_fused_residual_tails_with_each_workers_statistics():
 def test_concatenation_in_place_with_each_workers_statistics():
     results = _run(_local(_inception_like), ("relu", True))
     _assert_same(results[True], results["relu"], rtol=1e-10, atol=1e-13)
+
+
+def test_float16_with_each_workers_statistics_trains_as_float64():
+    """Mixed precision: float16 activations, float32 running statistics and their terms; one SGD step
+    gives the float64 model's loss and weights up to float16 rounding."""
+    x, y = _images()
+    results = []
+    for dtype in ("float64", "float16"):
+        m = _local(lambda fuse: _resnet_like(fuse, dtype=dtype))(True)
+        loss = m.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)["loss"]
+        results.append((loss, m.get_weights()))
+    np.testing.assert_allclose(results[1][0], results[0][0], rtol=2e-3)
+    for a, b in zip(results[1][1], results[0][1]):
+        np.testing.assert_allclose(a, b, rtol=1e-2, atol=2e-3)
