@@ -160,14 +160,7 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
                 raise LayoutError(f"batchnorm: {what} is updated in place, so it must be Replicated over "
                                   f"the batch's workers {group}; it is {m.layout}")
         running = [running_mean, running_var]
-    elif local:
-        for m, what in ((running_mean, "running_mean"), (running_var, "running_var")):
-            if m.dtype != running_mean.dtype:
-                raise DMathError(f"batchnorm: running_mean and running_var must share a dtype, got "
-                                 f"{running_mean.dtype} and {running_var.dtype}")
-        running = [args.replicated(running_mean, group, "batchnorm: running_mean"),
-                   args.replicated(running_var, group, "batchnorm: running_var")]
-    else:
+    else:                       # read only: evaluation, or each worker's own statistics (their terms out)
         running = [args.replicated(running_mean, group, "batchnorm: running_mean"),
                    args.replicated(running_var, group, "batchnorm: running_var")]
     inputs = [x, args.replicated(gamma, group, "batchnorm: gamma"),
@@ -181,7 +174,7 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
             new_meta(RowBlock(group, (2,) * len(group)), (2 * len(group), channels), stats_dtype) if local
             else new_meta(Replicated(group), (2, channels), stats_dtype)]
     if local:
-        outs += [new_meta(Partial(group), (1, channels), running_mean.dtype) for _ in range(2)]
+        outs += [new_meta(Partial(group), (1, channels), m.dtype) for m in (running_mean, running_var)]
     elif training:
         outs += [3, 4]
     static = BATCHNORM.static(channels=channels, training=training, channels_last=_last(channels_last, image_shape),
