@@ -70,11 +70,14 @@ class BatchNormSaved(NamedTuple):
     each worker's own statistics the pair (mean terms, var terms) of (1, C)
     Partial matrices whose sums are the new running_mean and running_var:
     `running_mean.assign(sum)` (dmath.sum_partials sums both pairs of every
-    batch norm of a step in one all-reduce).
+    batch norm of a step in one all-reduce). rows: with each worker's own
+    statistics, the batch's layout (backward must see the same rows on the
+    same workers), else None.
     """
     stats: object    # a dmath.Matrix (this layer sits below matrix.py)
     training: bool
     running: object = None
+    rows: object = None
 
 
 def _channels_of(x, image_shape, what):
@@ -185,7 +188,9 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
     made = list(made)
     if out is not None:
         made.insert(0, out)
-    return made[0], BatchNormSaved(made[1], training, tuple(made[2:4]) if local else None)
+    if not local:
+        return made[0], BatchNormSaved(made[1], training)
+    return made[0], BatchNormSaved(made[1], training, tuple(made[2:4]), x.layout)
 
 
 def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=False, y=None, residual=False,
@@ -226,10 +231,13 @@ def batchnorm_backward(dy, x, gamma, saved, image_shape=None, channels_last=Fals
     if local:                   # each worker's own statistics: x must lie where the forward's did
         expected = RowBlock(group, (2,) * len(group))
         args.expect_shape(saved.stats, (2 * len(group), channels), "batchnorm_backward: saved.stats")
-        if x.layout.replicated or saved.stats.layout.resolved(runtime().nworkers) != expected:
-            raise LayoutError(f"batchnorm_backward: saved holds each worker's own statistics of a batch split over "
-                              f"workers {group} ({saved.stats.layout}); x must be split over them as in the "
-                              f"forward, got {x.layout}")
+        p = runtime().nworkers
+        same_rows = saved.rows is not None and \
+            distribution(x.layout, x.shape, p).same_placement(distribution(saved.rows, x.shape, p))
+        if not same_rows or saved.stats.layout.resolved(p) != expected:
+            raise LayoutError(f"batchnorm_backward: saved holds each worker's own statistics of the forward's "
+                              f"rows ({saved.rows}); x must be split over the workers as it was there, got "
+                              f"{x.layout}")
         stats = saved.stats
     else:
         args.expect_shape(saved.stats, (2, channels), "batchnorm_backward: saved.stats")

@@ -137,3 +137,6 @@ def test_bad_arguments_are_refused():
     y, saved = dmath.nn.batchnorm(x, *params, synchronized=False)
     with pytest.raises(dmath.LayoutError, match="own statistics"):
         dmath.nn.batchnorm_backward(y.remap(dmath.Replicated()), x.remap(dmath.Replicated()), params[0], saved)
+    other = dmath.RowBlock(sizes=(3,) + (2,) * (P - 2) + (1,))      # the same workers, other rows each
+    with pytest.raises(dmath.LayoutError, match="own statistics"):
+        dmath.nn.batchnorm_backward(y.remap(other), x.remap(other), params[0], saved)
