@@ -22,7 +22,7 @@ class BatchNorm(Layer):
     default): no all-reduce on the step's path in either pass, the results depend on the worker
     count. The running statistics stay one value on every worker either way: with False, each
     worker's update is averaged over the workers by one all-reduce per step, beside the backward
-    pass. Set it before the first fit (or on a loaded model's layers), not between steps."""
+    pass. A change takes effect at the next fit (its training step is recorded anew)."""
     #: normalises channels-last image rows as they are (a GPU model converts nothing around it)
     image_rows = "channels_last"
     #: an Add that this layer's output alone feeds may run inside its kernel, the other addend as the
@@ -89,6 +89,9 @@ class BatchNorm(Layer):
             if value.size != 1 or not value[0] >= 0 or value[0] != int(value[0]):
                 raise ShapeError(f"{self.name}: num_batches_tracked must be one non-negative integer, got {value}")
             self.batches_tracked = int(value[0])
+
+    def step_settings(self):
+        return (self.synchronized,)
 
     def get_config(self):
         return {**super().get_config(), "momentum": self.momentum, "eps": self.eps,

@@ -24,16 +24,17 @@ class Training:
     def _program_key(self, kind):
         """What a recorded step of `kind` has baked in besides the weights and data: for training the
         optimizer object (its state and step matrices), its hyper-parameters (momentum, betas, eps,
-        weight decay: constants of its update commands), the loss and loss scale and which layers are
-        frozen; for evaluation
+        weight decay: constants of its update commands), the loss and loss scale, which layers are
+        frozen and the layers' `step_settings` (a BatchNorm's synchronization); for evaluation
         the loss. The learning rate and its schedule are left out: the lr is a (1, 1) matrix
         written before each step, so changing them re-records nothing. The key holds the objects
         themselves (compared by identity), so none is freed while a step recorded with it lives."""
         if kind == "train":
             hyper = {k: v for k, v in self.optimizer.get_config().items() if k not in ("lr", "schedule")}
             frozen = tuple(not layer.trainable for layer in self.layers)
-            return (self.optimizer, repr(sorted(hyper.items())), self.loss, self.loss_scale, frozen, self.bucket_mb,
-                    self.gradient_sum_dtype, self._strategies())
+            settings = tuple(layer.step_settings() for layer in self.layers)
+            return (self.optimizer, repr(sorted(hyper.items())), self.loss, self.loss_scale, frozen, settings,
+                    self.bucket_mb, self.gradient_sum_dtype, self._strategies())
         # every kind reads the weights where their layouts put them: a strategy changed (parallel='auto'
         # timed at fit's first steps) moved them to new matrices
         return ((self.loss,) if kind == "eval" else ()) + (self._strategies(),)

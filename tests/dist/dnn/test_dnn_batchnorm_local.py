@@ -132,3 +132,16 @@ def test_float16_with_each_workers_statistics_trains_as_float64():
     np.testing.assert_allclose(results[1][0], results[0][0], rtol=2e-3)
     for a, b in zip(results[1][1], results[0][1]):
         np.testing.assert_allclose(a, b, rtol=1e-2, atol=2e-3)
+
+
+def test_a_change_between_fits_records_the_step_anew():
+    x, y = _data()
+    m = _model(True)
+    m.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+    first = m._last_program()
+    m.layers[1].synchronized = False
+    m.fit(x, y, batch_size=B, epochs=1, shuffle=False, verbose=0)
+    prog = m._last_program()
+    assert prog is not first
+    bn = [n.fn for n in prog.order if isinstance(n.fn, dnn.ops.BatchNorm)]
+    assert len(bn) == 1 and bn[0].synchronized is False
