@@ -83,11 +83,9 @@ def dnn_model(net, dtype, shape, fuse="all", batchnorm="sync"):
     opt = dnn.optim.SGD(lr=LR, momentum=MOMENTUM, foreach=FOREACH[0])
     if kwargs.get("aux_logits"):
         kwargs = dict(kwargs, aux_weight=AUX_WEIGHT)
-    model = getattr(dnn.models, net)(num_classes=CLASSES, input_shape=shape, dtype=dtype, optimizer=opt, **kwargs)
-    for layer in model.layers:      # --batchnorm local: each GPU's own statistics, as DDP's BatchNorm
-        if isinstance(layer, dnn.layers.BatchNorm):
-            layer.synchronized = batchnorm == "sync"
-    return model
+    # --batchnorm local: each GPU's own statistics, as DDP's BatchNorm
+    return getattr(dnn.models, net)(num_classes=CLASSES, input_shape=shape, dtype=dtype, optimizer=opt,
+                                    sync_batchnorm=batchnorm == "sync", **kwargs)
 
 
 @kernel("bench_torch_zoo")

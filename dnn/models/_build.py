@@ -50,16 +50,24 @@ def dropout(x, p):
     return L.Dropout(p)(x) if p else x
 
 
-def compile_model(inputs, outputs, name, dtype, optimizer, loss_weights=None, _graph_only=False, **kwargs):
+def compile_model(inputs, outputs, name, dtype, optimizer, loss_weights=None, sync_batchnorm=True,
+                  _graph_only=False, **kwargs):
     """The Model with the cross-entropy loss, each output through a softmax fused with it.
-    (_graph_only: the dnn.functional.Graph of the layer calls instead, nothing allocated: the
-    tests count the parameters of the largest networks so.)"""
+    sync_batchnorm: every BatchNorm's `synchronized` (False: each data-parallel worker's own
+    statistics, as PyTorch's BatchNorm under DDP). (_graph_only: the dnn.functional.Graph of the
+    layer calls instead, nothing allocated: the tests count the parameters of the largest networks so.)"""
+    if not isinstance(sync_batchnorm, bool):
+        raise ConfigError(f"{name}: sync_batchnorm must be True or False, got {sync_batchnorm!r}")
     outs = outputs if isinstance(outputs, list) else [outputs]
     outs = [L.Output("softmax")(o) for o in outs]
     if _graph_only:
         return Graph(inputs, outs)
-    return Model(inputs, outs if len(outs) > 1 else outs[0], loss="cross_entropy", optimizer=optimizer,
-                 dtype=dtype, loss_weights=loss_weights, name=name, **kwargs)
+    model = Model(inputs, outs if len(outs) > 1 else outs[0], loss="cross_entropy", optimizer=optimizer,
+                  dtype=dtype, loss_weights=loss_weights, name=name, **kwargs)
+    for layer in model.layers:
+        if isinstance(layer, L.BatchNorm):
+            layer.synchronized = sync_batchnorm
+    return model
 
 
 def image_input(shape):

@@ -145,3 +145,10 @@ def test_a_change_between_fits_records_the_step_anew():
     assert prog is not first
     bn = [n.fn for n in prog.order if isinstance(n.fn, dnn.ops.BatchNorm)]
     assert len(bn) == 1 and bn[0].synchronized is False
+
+
+def test_zoo_models_take_sync_batchnorm():
+    for sync in (True, False):
+        m = dnn.models.resnet18(num_classes=3, input_shape=(3, 32, 32), dtype="float32", sync_batchnorm=sync)
+        norms = [layer for layer in m.layers if isinstance(layer, L.BatchNorm)]
+        assert len(norms) == 20 and all(layer.synchronized is sync for layer in norms)

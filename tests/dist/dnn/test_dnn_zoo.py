@@ -401,6 +401,8 @@ def test_zoo_argument_errors():
         dnn.models.inception_v3(input_shape=(3, 160, 160), _graph_only=True)
     with pytest.raises(dnn.ConfigError, match="aux_logits"):
         dnn.models.googlenet(aux_logits=1, _graph_only=True)
+    with pytest.raises(dnn.ConfigError, match="sync_batchnorm must be True or False"):
+        dnn.models.resnet18(sync_batchnorm="no", _graph_only=True)
     g = dnn.models.googlenet(aux_logits=True, _graph_only=True)     # 14x14 pools to 4x4 in uneven windows
     assert len(g.outputs) == 3
 
