@@ -76,7 +76,9 @@ class BatchNorm(Function):
         """The Partial terms of the new running statistics a forward with each worker's own statistics
         made, as ((mean terms, running_mean), (var terms, running_var)); () when it updated them in
         place (or made none)."""
-        return running_pairs(self, self.saved)
+        if self.saved is None or self.saved.running is None:
+            return ()
+        return tuple(zip(self.saved.running, (self.running_mean, self.running_var)))
 
     def _remask(self):
         return self.activation == "relu" and not self.residual
@@ -101,14 +103,6 @@ class BatchNorm(Function):
 
     def drop_saved(self):
         self.saved = None
-
-
-def running_pairs(bn, saved):
-    """((mean terms, running_mean), (var terms, running_var)) of batch norm function `bn` whose forward
-    returned `saved`, or () when nothing is left to sum."""
-    if saved is None or saved.running is None:
-        return ()
-    return tuple(zip(saved.running, (bn.running_mean, bn.running_var)))
 
 
 def check_training_batch(batch, sample_shape, what):

@@ -205,15 +205,14 @@ class Program:
 
     def _sum_running_terms(self):
         """[(target, sum)]: the forward's running-statistics terms (batch norms with each worker's own
-        statistics) summed over the workers, one all-reduce per dtype in the background, so that it
-        runs beside the backward pass; the step assigns the sums once the backward pass is issued."""
+        statistics, all in the model's weight dtype) summed over the workers by one all-reduce in the
+        background, so that it runs beside the backward pass; the step assigns the sums once the
+        backward pass is issued."""
         pairs = [pair for node in self.order if node.fn is not None for pair in node.fn.running_terms()]
-        out = []
-        for dtype in sorted({t.dtype for t, _ in pairs}):
-            some = [(t, target) for t, target in pairs if t.dtype == dtype]
-            sums = dmath.sum_partials([t for t, _ in some], background=True)
-            out += [(target, s) for (_, target), s in zip(some, sums)]
-        return out
+        if not pairs:
+            return []
+        sums = dmath.sum_partials([t for t, _ in pairs], background=True)
+        return [(target, s) for (_, target), s in zip(pairs, sums)]
 
     def _update(self):
         model, params = self.model, self.params

@@ -19,12 +19,13 @@ first use, the memory pool growing, a capture made again) does not decide
 the choice. (With two steps of warm-up and the mean of three, the capture
 was timed: on 4 H200s AlexNet's candidates read 2.5 to 3 times their steady
 step, one 16 times, and float16 at batch 256 kept data parallel at 54k
-images/s, where model-parallel Dense layers had run at 79k-83k on 4 H100s.) The fastest is kept.
-The steps are ordinary training steps on the epoch's batches: the
-strategies compute the same values, so nothing is spent but one recording
-per candidate and a synchronisation per timed step. The choice goes to dmath's tuning cache
-(kind 'dnn_parallel', keyed by the model's layers, batch, workers, dtype
-and machine), so a second run of the same model starts with it:
+images/s, where model-parallel Dense layers had run at 79k-83k on 4 H100s.)
+The fastest is kept. The steps are ordinary training steps on the epoch's
+batches: the strategies compute the same values, so nothing is spent but
+one recording per candidate and a synchronisation per timed step. The
+choice goes to dmath's tuning cache (kind 'dnn_parallel', keyed by the
+model's layers, batch, workers, dtype, machine and this timing rule), so a
+second run of the same model starts with it:
 DMATH_TUNE=off takes the cost model's choice untimed, 'fast' a cached one
 when there is one, 'full' always times. `Model.explain_parallel()` says
 what was timed and what was chosen.
@@ -32,6 +33,7 @@ what was timed and what was chosen.
 import hashlib
 import json
 import platform
+import statistics
 import time
 
 import dmath
@@ -66,10 +68,7 @@ def candidates(layers, batch, nworkers):
 def typical(seconds):
     """The milliseconds of a typical step among `seconds` (one per timed step): their median, which
     a step or two that paid a one-time cost do not move (pure)."""
-    s = sorted(seconds)
-    n = len(s)
-    mid = s[n // 2] if n % 2 else 0.5 * (s[n // 2 - 1] + s[n // 2])
-    return mid * 1e3
+    return statistics.median(seconds) * 1e3
 
 
 def fastest(ms):

@@ -391,7 +391,6 @@ def _terms_done(call, terms):
     share = 1.0 / len(call.entry.in_dists[0].group)
     for t in terms:
         t *= share
-    return terms
 
 
 def _local_unbias(count):
@@ -435,11 +434,10 @@ def _batchnorm(call):
         if not local:
             rows.sum_over_batch(call, src.dist, var)
         var *= 1.0 / count
+        _update_running(*(terms if local else (rm, rv)), mean, var, momentum,
+                        _local_unbias(count) if local else unbias)
         if local:
-            _update_running(*terms, mean, var, momentum, _local_unbias(count))
             _terms_done(call, terms)
-        else:
-            _update_running(rm, rv, mean, var, momentum, unbias)
     else:
         mean, var = rm.reshape(-1).astype(cdt), rv.reshape(-1).astype(cdt)
         dev = x3 - mean.reshape(-1, 1)
@@ -480,36 +478,33 @@ def _batchnorm_gpu(call, x, stats, rm, rv, res):
     acc = norm_cuda.acc_dtype(x.dtype)
     local = call.entry.static.local
     terms = _running_terms(call, rm, rv) if local else None
+    consts = None                               # (mean, scale, shift) of the normalisation
     if training:
         count = (x.shape[0] if local else src.dist.shape[0]) * (x.shape[1] // channels)
         shift = rm.reshape(-1)                  # the same on every worker: one all-reduce
         sums = norm_cuda.channel_sums(3, x2, shift)
         if local:                               # this worker's rows only: no all-reduce, its own update
             unbias = _local_unbias(count)
-            run_m, run_v = terms[0].reshape(-1), terms[1].reshape(-1)
         else:
             rows.sum_over_batch(call, src.dist, sums.reshape(-1))
-            run_m, run_v = shift, rv.reshape(-1)
+        run_m, run_v = (t.reshape(-1) for t in (terms if local else (rm, rv)))
         if norm_cuda.finalizes(gamma.dtype, rm.dtype, stats.dtype, acc):
-            mean, scale, offset = norm_cuda.finalize_forward(sums, shift, gamma, beta, run_m, run_v,
-                                                             stats, acc, count, momentum, unbias, eps)
-            norm_cuda.normalize(x2, out2, mean, scale, offset, relu, res2, first)
-            if local:
-                _terms_done(call, terms)
-            return _forward_shards(call, out, stats, training, terms)
-        offset = sums[0] * (1.0 / count)
-        mean = shift.astype(xp.float64) + offset
-        var = xp.maximum(sums[1] * (1.0 / count) - offset * offset, 0.0)
-        if local:
-            _update_running(*terms, mean, var, momentum, unbias)
-            _terms_done(call, terms)
+            consts = norm_cuda.finalize_forward(sums, shift, gamma, beta, run_m, run_v, stats, acc, count,
+                                                momentum, unbias, eps)
         else:
-            _update_running(rm, rv, mean, var, momentum, unbias)
+            offset = sums[0] * (1.0 / count)
+            mean = shift.astype(xp.float64) + offset
+            var = xp.maximum(sums[1] * (1.0 / count) - offset * offset, 0.0)
+            _update_running(run_m, run_v, mean, var, momentum, unbias)
     else:
         mean, var = rm.reshape(-1).astype(xp.float64), rv.reshape(-1).astype(xp.float64)
-    stats[0] = mean
-    stats[1] = 1.0 / xp.sqrt(var + eps)
-    norm_cuda.normalize(x2, out2, *_affine(stats, gamma, beta), relu, res2, first)
+    if consts is None:
+        stats[0] = mean
+        stats[1] = 1.0 / xp.sqrt(var + eps)
+        consts = _affine(stats, gamma, beta)
+    norm_cuda.normalize(x2, out2, *consts, relu, res2, first)
+    if local:
+        _terms_done(call, terms)
     return _forward_shards(call, out, stats, training, terms)
 
 
