@@ -16,6 +16,11 @@ overlap it, and the first command that reads a result waits for it (every
 result shares the one Pending). This is how dnn's gradient buckets overlap
 the backward pass of the layers below them, DDP's buckets inside a recorded
 step.
+
+One command carries at most protocol.MAX_OPERANDS matrices (inputs and
+outputs), so a list of more than PER_COMMAND matrices is summed by several
+commands, each one all-reduce of its own buffer (a bucket of many small
+addends, such as the scales and shifts of a network's batch norms).
 """
 import math
 from typing import NamedTuple
@@ -26,12 +31,14 @@ from .. import memory
 from ..comm import collectives
 from ..errors import DMathError, DTypeError, LayoutError
 from ..layout import Replicated
-from ..runtime import Shard, define, runtime
+from ..runtime import Shard, define, protocol, runtime
 from ..runtime.registry import collectives_in_graphs
 from .base import dispatch, is_matrix, new_meta
 
 #: every part of the buffer starts at a multiple of this many bytes
 ALIGN = 256
+#: the most matrices one sum_partials command sums (each an input and an output of the command)
+PER_COMMAND = protocol.MAX_OPERANDS // 2
 
 
 class SumArgs(NamedTuple):
@@ -61,7 +68,8 @@ def sum_partials(matrices, dtype=None, background=False):
     which must then agree); it may not be narrower than an input's (addends
     rounded or overflowing where their sum does not: `remap` sums narrowing
     cases first). Returns one new matrix per input, `Replicated` over the
-    same workers, equal to `m.remap(Replicated(group), dtype=dtype)`.
+    same workers, equal to `m.remap(Replicated(group), dtype=dtype)`; more
+    than PER_COMMAND matrices take one all-reduce per PER_COMMAND.
     background: run the all-reduce on the communication stream (see the
     module docstring); the results are complete for every later command.
     """
@@ -91,7 +99,11 @@ def sum_partials(matrices, dtype=None, background=False):
         if np.dtype(out_dtype).itemsize < np.dtype(m.dtype).itemsize:
             raise DTypeError(f"sum_partials: matrix {i} is {m.dtype}, wider than the sums' {out_dtype}: "
                              "its addends would be rounded before they are summed (use remap, which sums first)")
-    return dispatch("sum_partials", ms, outs, static=SUM_PARTIALS.static(background=bool(background)))[0]
+    static = SUM_PARTIALS.static(background=bool(background))
+    sums = []
+    for at in range(0, len(ms), PER_COMMAND):
+        sums += dispatch("sum_partials", ms[at:at + PER_COMMAND], outs[at:at + PER_COMMAND], static=static)[0]
+    return sums
 
 
 def _capturable(entry):

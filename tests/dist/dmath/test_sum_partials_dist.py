@@ -116,3 +116,16 @@ def test_bad_arguments_are_refused_on_the_master():
             dmath.sum_partials([m, other])
     # the runtime is usable after the refusals
     np.testing.assert_allclose(dmath.sum_partials([m])[0].to_numpy(), m.to_numpy())
+
+
+@pytest.mark.parametrize("background", [False, True])
+def test_more_matrices_than_one_command_carries(background):
+    # a bucket of many small addends (a network's batch-norm scales and shifts): past PER_COMMAND
+    # matrices the sums take several commands, each its own all-reduce, in the order given
+    from dmath.ops.buckets import PER_COMMAND
+    n = 2 * PER_COMMAND + 3
+    pairs = [_partial_product((1, 1 + i % 3), k=4, seed=i) for i in range(n)]
+    sums = dmath.sum_partials([m for m, _ in pairs], background=background)
+    assert len(sums) == n
+    for (_, want), got in zip(pairs, sums):
+        np.testing.assert_allclose(got.to_numpy(), want, rtol=1e-12, atol=1e-12)
