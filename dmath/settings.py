@@ -139,6 +139,9 @@ VARIABLES = (
              "cuBLASLt with its algorithm chosen once", "0 or 1", _flag, True, "cublaslt"),
     Variable("DMATH_TF32", "1", "float32 cuDNN convolutions may use TF32 tensor cores (as PyTorch's); 0: "
              "float32 throughout", "0 or 1", _flag, True, "tf32"),
+    Variable("DMATH_DETERMINISTIC", "0", "1: the same bits from run to run on the same GPUs: cuDNN plans "
+             "marked non-deterministic (atomic sums) are never built, and every tuned choice is the "
+             "heuristics' (as DMATH_TUNE=off: a timing never picks it)", "0 or 1", _flag, False, "deterministic"),
     Variable("DMATH_TUNE", "fast", "how cuDNN plans and cuBLASLt algorithms are chosen: 'off' (heuristics' "
              "first), 'fast' (cached, else a few timed), 'full' (all timed); see docs/tuning.md",
              "'off', 'fast' or 'full'", _choice("off", "fast", "full"), "fast", "tune"),

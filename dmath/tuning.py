@@ -79,7 +79,10 @@ class TuneCacheWarning(UserWarning):
 
 
 def mode():
-    """DMATH_TUNE: 'off', 'fast' (when unset) or 'full'; settings.SettingError (a DMathError) else."""
+    """DMATH_TUNE: 'off', 'fast' (when unset) or 'full'; settings.SettingError (a DMathError) else.
+    'off' under DMATH_DETERMINISTIC=1: a choice made by timing could differ from one run to the next."""
+    if settings.value("DMATH_DETERMINISTIC"):
+        return "off"
     return settings.value("DMATH_TUNE")
 
 

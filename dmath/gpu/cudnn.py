@@ -28,7 +28,8 @@ the worker's workspace grow.
 cuDNN is optional: without the package or the library, or when cuDNN
 declines a case (`Refused`), the callers use im2col and cuBLAS instead.
 `DMATH_CUDNN=0` turns cuDNN off; `DMATH_TF32=0` keeps float32 convolutions
-off TF32 tensor cores.
+off TF32 tensor cores; `DMATH_DETERMINISTIC=1` never builds a plan cuDNN
+marks non-deterministic.
 """
 from typing import NamedTuple
 
@@ -177,9 +178,13 @@ class ConvPlan:
             # float32 may run on TF32 tensor cores (about 1e-3 relative error) as PyTorch's does by
             # default; DMATH_TF32=0 never builds the plans whose notes say tensor cores or
             # down-converted inputs (which plan wins the timing varies, and its last digits with it)
+            note, notes = cudnn.numerical_note, []
             if key.dtype == "float32" and not settings.current.tf32:
-                note = cudnn.numerical_note
-                g.deselect_numeric_notes([note.TENSOR_CORE, note.DOWN_CONVERT_INPUTS])
+                notes += [note.TENSOR_CORE, note.DOWN_CONVERT_INPUTS]
+            if settings.current.deterministic:      # plans that sum with atomics: another order each run
+                notes.append(note.NONDETERMINISTIC)
+            if notes:
+                g.deselect_numeric_notes(notes)
             if budget is not None and hasattr(g, "deselect_workspace_greater_than"):
                 g.deselect_workspace_greater_than(int(budget))      # never built, never timed
             g.check_support()

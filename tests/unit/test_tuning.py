@@ -74,6 +74,24 @@ def test_mode_values(monkeypatch):
             tuning.mode()
 
 
+def test_deterministic_runs_choose_by_the_heuristics(path, monkeypatch):
+    """DMATH_DETERMINISTIC=1: every choice is the heuristics' whatever DMATH_TUNE says (a timing could
+    pick another plan in the next run), and the cache is neither read nor written."""
+    FakeTuner().decide()                         # cached: plan-b
+    for tune in ("fast", "full"):
+        monkeypatch.setenv("DMATH_TUNE", tune)
+        monkeypatch.setenv("DMATH_DETERMINISTIC", "1")
+        assert tuning.mode() == "off"
+        t = FakeTuner(best="plan-d")
+        assert t.decide() == (("built", "plan-a"), "off")
+        assert t.adopted == [] and len(_entries(path)) == 1
+        monkeypatch.setenv("DMATH_DETERMINISTIC", "0")
+        assert tuning.mode() == tune
+    monkeypatch.setenv("DMATH_DETERMINISTIC", "yes")
+    with pytest.raises(DMathError, match="DMATH_DETERMINISTIC"):
+        tuning.mode()
+
+
 def test_cache_path(monkeypatch, tmp_path):
     monkeypatch.delenv("DMATH_TUNE_CACHE", raising=False)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
