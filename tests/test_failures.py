@@ -394,12 +394,13 @@ def test_a_remap_whose_pack_buffer_one_worker_cannot_hold(tmp_path, mode):
 
 QUEUED = """
     import os, sys, time
+    # the master queues every local command here, however long its share took (init reads these: a
+    # loaded machine otherwise finds a share too slow to queue, and the failure arrives a command early)
+    os.environ["DMATH_BATCH_AGE_US"] = os.environ["DMATH_BATCH_SHARE_US"] = "1e9"
     import dmath
-    from dmath.runtime import dispatch, kernel
+    from dmath.runtime import kernel
     from dmath.ops.base import dispatch, new_meta
     from dmath.ops.creation import _fill
-
-    dispatch.BATCH_AGE_S = dispatch.BATCH_SHARE_S = 1e9     # the master queues every local command here
 
     @kernel("test_queued", local=True)
     def _queued(call):
