@@ -76,6 +76,8 @@ def sum_partials(matrices, dtype=None, background=False):
     ms = list(matrices) if isinstance(matrices, (list, tuple)) else None
     if not ms or not all(is_matrix(m) for m in ms):
         raise DMathError(f"sum_partials takes a non-empty list of dmath matrices, got {matrices!r}")
+    if not isinstance(background, bool):
+        raise DMathError(f"sum_partials: background must be True or False, got {background!r}")
     rt = runtime()
     group = None
     for i, m in enumerate(ms):
@@ -85,7 +87,7 @@ def sum_partials(matrices, dtype=None, background=False):
         members = m.layout.members(rt.nworkers)
         if group is None:
             group = members
-        elif members != group:
+        elif sorted(members) != sorted(group):    # (the same workers in another order: the same sum)
             raise LayoutError(f"sum_partials: matrix {i} is Partial over workers {members}, matrix 0 over "
                               f"{group}: one all-reduce sums over one group")
     if dtype is None:
@@ -99,7 +101,7 @@ def sum_partials(matrices, dtype=None, background=False):
         if np.dtype(out_dtype).itemsize < np.dtype(m.dtype).itemsize:
             raise DTypeError(f"sum_partials: matrix {i} is {m.dtype}, wider than the sums' {out_dtype}: "
                              "its addends would be rounded before they are summed (use remap, which sums first)")
-    static = SUM_PARTIALS.static(background=bool(background))
+    static = SUM_PARTIALS.static(background=background)
     sums = []
     for at in range(0, len(ms), PER_COMMAND):
         sums += dispatch("sum_partials", ms[at:at + PER_COMMAND], outs[at:at + PER_COMMAND], static=static)[0]

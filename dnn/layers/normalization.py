@@ -34,8 +34,6 @@ class BatchNorm(Layer):
 
     def __init__(self, momentum=0.1, eps=1e-5, synchronized=True, name=None):
         super().__init__(name)
-        if not isinstance(synchronized, bool):
-            raise ConfigError(f"BatchNorm: synchronized must be True or False, got {synchronized!r}")
         self.synchronized = synchronized
         if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0 <= momentum <= 1:
             raise ConfigError(f"BatchNorm: momentum must be in [0, 1], got {momentum!r}")
@@ -44,6 +42,18 @@ class BatchNorm(Layer):
         self.momentum, self.eps = float(momentum), float(eps)
         #: training steps that updated the running statistics (PyTorch's num_batches_tracked)
         self.batches_tracked = 0
+
+    @property
+    def synchronized(self):
+        """Whether training normalises by the global batch's statistics (True) or each worker's own."""
+        return self._synchronized
+
+    @synchronized.setter
+    def synchronized(self, value):
+        # (set between fits too: a string such as "False" would read as True)
+        if not isinstance(value, bool):
+            raise ConfigError(f"BatchNorm: synchronized must be True or False, got {value!r}")
+        self._synchronized = value
 
     def _create(self, sample_shape, dtype):
         c = sample_shape[0]
@@ -59,6 +69,19 @@ class BatchNorm(Layer):
     def check_training_batch(self, batch):
         if self.built and self.trainable:      # (a frozen one uses no batch statistics)
             check_training_batch(batch, self.input_shape, self.name)
+            p = dmath.num_workers()
+            if not self.synchronized and p > 1:
+                # each worker's own statistics: the batch's rows are split as evenly as can be (a
+                # RowBlock), so the smallest share, floor(batch / p) samples, needs two values a channel
+                shape = self.input_shape
+                pixels = shape[1] * shape[2] if len(shape) == 3 else 1
+                share, need = batch // p, (1 if pixels > 1 else 2)
+                if share < need:
+                    raise ShapeError(f"{self.name}: with each worker's own statistics (synchronized=False) every "
+                                     f"worker needs more than one value per channel; a training batch of {batch} "
+                                     f"sample(s) of shape {tuple(shape)} over {p} workers leaves {share} on some "
+                                     f"worker (pick a batch_size whose last batch holds at least {need * p}, or "
+                                     f"synchronized=True)")
 
     def forward(self, x, ctx, activation=None, residual=None):
         """The layer's node; `activation` ('relu', a following Activation layer the model folds in)

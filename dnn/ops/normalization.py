@@ -40,7 +40,9 @@ class BatchNorm(Function):
         if activation not in (None, "relu"):
             raise ConfigError(f"batchnorm: a fused activation must be None or 'relu', got {activation!r}")
         self.activation = activation
-        self.synchronized = bool(synchronized)
+        if not isinstance(synchronized, bool):
+            raise ConfigError(f"batchnorm: synchronized must be True or False, got {synchronized!r}")
+        self.synchronized = synchronized
         self.residual = False
         self.saved = None
 

@@ -84,6 +84,10 @@ class Training:
         first training step; None once they are decided, or when none is undecided)."""
         trial = self._trials.get(batch)
         if trial is None:
+            for size, other in list(self._trials.items()):
+                if not other.done:      # an earlier fit ended before its timing did
+                    other.abandon()
+                    del self._trials[size]
             if not strategy.undecided(self):
                 return None
             trial = self._trials[batch] = strategy.Trial(self, batch)
@@ -272,7 +276,8 @@ class Training:
         start = time.perf_counter()
         done = skipped
         key = self._program_key("train")     # (a change of the optimizer takes effect at the next epoch)
-        trial = self._strategy_trial(batch_size)
+        # (the trial's batch size is the epoch's full batch: batch_size, or every sample when fewer)
+        trial = self._strategy_trial(max(sizes))
         for b in range(skip, len(sizes)):
             size = sizes[b]
             if trial is not None:

@@ -29,6 +29,11 @@ second run of the same model starts with it:
 DMATH_TUNE=off takes the cost model's choice untimed, 'fast' a cached one
 when there is one, 'full' always times. `Model.explain_parallel()` says
 what was timed and what was chosen.
+
+The batch size of a trial is the epoch's full batch (every sample when
+batch_size exceeds them). A trial goes on across epochs and fits of its
+size; a fit of another size first gives up a trial still under way (its
+layers undecided again, its report 'not decided'), so the new size decides.
 """
 import hashlib
 import json
@@ -164,6 +169,7 @@ class Trial:
         name = self.names[self.index]
         self.ms[name] = typical(self.steps)
         self.step_ms[name] = [round(t * 1e3, 3) for t in self.steps]
+        self.report.update(ms_per_step=dict(self.ms), step_ms=dict(self.step_ms))     # (explain, meanwhile)
         self.index += 1
         if self.index < len(self.names):
             self._adopt(self.names[self.index])
@@ -177,11 +183,23 @@ class Trial:
         """The epoch ended (fit may stop here): the clock, if running, is dropped."""
         self.t0 = None
 
+    def abandon(self):
+        """Give up an undone trial (fit moved to another batch size before this one's steps were all
+        timed): its layers are undecided again, for the trial of the new batch size, and the report
+        says so instead of 'timing under way'."""
+        for layer in self.layers:
+            layer.strategy = None       # (the weights stay where they are: adopting moves them from there)
+        self.done = True
+        self.report.update(chosen=None, how=f"not decided: no fit finished timing {len(self.names)} candidates "
+                                            f"at this batch size before another size was trained",
+                           ms_per_step=dict(self.ms), step_ms=dict(self.step_ms))
+
     # ---- choosing ---------------------------------------------------------------------------
     def _adopt(self, name):
         for layer, strategy in zip(self.layers, self.options[name]):
             layer.adopt(strategy)
         self.warm_left, self.t0, self.steps = WARM, None, []
+        self.report["running"] = name
 
     def _finish(self, name, how):
         self._adopt(name)
@@ -195,8 +213,9 @@ def explain(reports):
         return "no layer with parallel='auto' has been decided (fit decides at the first training step)"
     lines = []
     for batch, r in sorted(reports.items()):
+        how = r.get("how") or f"timing under way; meanwhile the layers run '{r.get('running')}'"
         lines.append(f"batch {batch} on {r['workers']} worker(s), layers {', '.join(r['layers']) or '-'}: "
-                     f"{r.get('chosen', 'undecided')} ({r.get('how', 'timing under way')})")
+                     f"{r.get('chosen') or 'undecided'} ({how})")
         for name, strategies in r["candidates"].items():
             t, steps = r.get("ms_per_step", {}).get(name), r.get("step_ms", {}).get(name)
             timing = f"{t:.2f} ms per step" if t is not None else "not timed"

@@ -129,3 +129,21 @@ def test_more_matrices_than_one_command_carries(background):
     assert len(sums) == n
     for (_, want), got in zip(pairs, sums):
         np.testing.assert_allclose(got.to_numpy(), want, rtol=1e-12, atol=1e-12)
+
+
+def test_the_same_workers_in_another_order_and_a_bad_background():
+    a, want_a = _partial_product((2, 3), seed=1)
+    with pytest.raises(dmath.DMathError, match="background must be True or False"):
+        dmath.sum_partials([a], background="no")
+    if P < 2:
+        return
+    # the same group listed in another order: the same sum (one all-reduce over those workers)
+    members = tuple(reversed(range(P)))
+    rng = np.random.default_rng(4)
+    u, v = rng.standard_normal((3, 4)), rng.standard_normal((4, 5))
+    rev = dmath.gemm(dmath.from_numpy(u, layout=dmath.ColBlock(members)),
+                     dmath.from_numpy(v, layout=dmath.RowBlock(members)), layout=dmath.Partial(members))
+    assert rev.layout.members(P) == members
+    got = dmath.sum_partials([a, rev])
+    np.testing.assert_allclose(got[0].to_numpy(), want_a, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(got[1].to_numpy(), u @ v, rtol=1e-12, atol=1e-12)

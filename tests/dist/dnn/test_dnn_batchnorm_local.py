@@ -98,6 +98,33 @@ def test_the_setting_is_part_of_the_layer_config():
     assert L.from_config({k: v for k, v in layer.get_config().items() if k != "synchronized"}).synchronized
     with pytest.raises(dnn.ConfigError, match="synchronized must be True or False"):
         L.BatchNorm(synchronized=1)
+    with pytest.raises(dnn.ConfigError, match="synchronized must be True or False"):
+        layer.synchronized = "False"            # (set between fits: a string would read as True)
+    assert layer.synchronized is False
+
+
+@pytest.mark.parametrize("images", [False, True])
+def test_a_batch_too_small_for_some_worker_fails_before_any_step(images):
+    # 13 flat samples in batches of 5, 5, 3: the last leaves some worker one sample (a value per
+    # feature); images need one sample a worker (many pixels): 11 in batches of 5, 5, 1
+    n = 11 if images else 13
+    rng = np.random.default_rng(3)
+    shape = (2, 3, 3) if images else (4,)
+    x, y = rng.standard_normal((n,) + shape), rng.integers(0, 2, n)
+    body = [L.Conv2D(3, 3, padding="same"), L.BatchNorm(synchronized=False), L.Flatten()] if images else \
+        [L.Dense(3), L.BatchNorm(synchronized=False)]
+    model = dnn.Sequential([L.Input(shape)] + body + [L.Dense(2), L.Output("softmax")],
+                           optimizer=dnn.optim.SGD(lr=0.1), dtype="float64")
+    before = model.get_weights()
+    if P == 1:
+        model.fit(x, y, batch_size=5, epochs=1, shuffle=False, verbose=0)
+        return
+    with pytest.raises(dnn.ShapeError, match="every worker needs more than one value per channel"):
+        model.fit(x, y, batch_size=5, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(before, model.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    model.layers[2].synchronized = True         # the global batch's statistics: it trains
+    model.fit(x, y, batch_size=5, epochs=1, shuffle=False, verbose=0)
 
 
 def _local(build):

@@ -107,3 +107,31 @@ def test_a_trial_continues_across_epochs_of_few_steps(cache):
     report = m.parallel_report[8]
     if P > 1:
         assert report.get("how") == "measured", m.explain_parallel()
+
+
+def test_a_batch_size_above_the_samples_is_decided_at_the_samples(cache):
+    """batch_size larger than the data: every step holds all 16 samples, and those steps are timed."""
+    x, y = _data()
+    m = _model()
+    m.fit(x[:16], y[:16], batch_size=64, epochs=2 * (strategy.WARM + strategy.TIMED), verbose=0)
+    assert 64 not in m.parallel_report
+    if P > 1:
+        assert m.parallel_report[16]["how"] == "measured", m.explain_parallel()
+
+
+def test_an_unfinished_trial_gives_way_to_the_next_batch_size(cache):
+    """A fit that ends before its batch size's timing does, then fits of another size: those decide,
+    and the first size's report says it was not decided (never 'timing under way' for ever)."""
+    x, y = _data()
+    m = _model()
+    m.fit(x[:16], y[:16], batch_size=8, epochs=1, verbose=0)       # two steps: still warming up
+    if P > 1:
+        assert "timing under way; meanwhile the layers run 'data'" in m.explain_parallel()
+    m.fit(x, y, batch_size=4, epochs=1, verbose=0)                 # 40 steps of 4
+    if P == 1:
+        return
+    assert m.parallel_report[4]["how"] == "measured", m.explain_parallel()
+    assert m.parallel_report[8]["chosen"] is None
+    assert "not decided" in m.parallel_report[8]["how"] and "not decided" in m.explain_parallel()
+    chosen = m.parallel_report[4]["candidates"][m.parallel_report[4]["chosen"]]
+    assert tuple(layer.strategy for layer in m.layers[1:3]) == tuple(chosen)
