@@ -63,8 +63,11 @@ class Training:
             self._drop_stale(feed, kind, key)
             prog = None
         if prog is None:
+            decided = self._strategies()
             for layer in self.layers:
                 layer.decide(batch, len(self.workers))
+            if self._strategies() != decided:
+                key = self._program_key(kind)       # (the strategies just decided are part of it)
             store = feed.store
             if kind == "train":
                 # the build and the layouts just decided left cached blocks: given back, the step's
@@ -275,9 +278,12 @@ class Training:
         bar = ProgressBar(epoch, epochs, n, verbose)
         start = time.perf_counter()
         done = skipped
-        key = self._program_key("train")     # (a change of the optimizer takes effect at the next epoch)
         # (the trial's batch size is the epoch's full batch: batch_size, or every sample when fewer)
         trial = self._strategy_trial(max(sizes))
+        # after the trial: one made now may adopt strategies (a cached choice, the only candidate), which
+        # are part of the key; a key taken before would file this epoch's program under the old
+        # strategies and the next epoch would record it again
+        key = self._program_key("train")     # (a change of the optimizer takes effect at the next epoch)
         for b in range(skip, len(sizes)):
             size = sizes[b]
             if trial is not None:

@@ -135,3 +135,27 @@ def test_an_unfinished_trial_gives_way_to_the_next_batch_size(cache):
     assert "not decided" in m.parallel_report[8]["how"] and "not decided" in m.explain_parallel()
     chosen = m.parallel_report[4]["candidates"][m.parallel_report[4]["chosen"]]
     assert tuple(layer.strategy for layer in m.layers[1:3]) == tuple(chosen)
+
+
+@pytest.mark.parametrize("how", ["off", "fast"])
+def test_a_decided_step_is_recorded_once(cache, monkeypatch, how):
+    """A choice made without timing (DMATH_TUNE=off, or one read from the cache) or at the first program
+    build is part of the program's key from the start: the next epoch and the next fit replay the same
+    recorded step instead of recording it again."""
+    data = dnn.data.Dataset(*_data())       # (a model keeps its programs per dataset)
+    if how == "fast":       # a first model times and caches the choice; the second reads it
+        _model().fit(data, batch_size=8, epochs=1, verbose=0)
+    else:
+        monkeypatch.setattr(tuning, "mode", lambda: "off")
+    m = _model()
+    m.fit(data, batch_size=8, epochs=1, verbose=0)
+    first = m._last_program()
+    m.fit(data, batch_size=8, epochs=2, verbose=0)
+    assert m._last_program() is first
+    # so too a step whose layers a program built before fit decided (evaluate's, by the cost model)
+    m2 = _model()
+    m2.evaluate(data, batch_size=8)
+    m2.fit(data, batch_size=8, epochs=1, verbose=0)
+    train = m2._last_program()
+    m2.fit(data, batch_size=8, epochs=1, verbose=0)
+    assert m2._last_program() is train
