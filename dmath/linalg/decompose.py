@@ -107,7 +107,8 @@ def solve_triangular(A, B, lower=False, trans=0, unit_diagonal=False, *, block=N
     checks.same_rows(A, B, fn)
     lower = checks.flag(lower, fn, "lower")
     unit = checks.flag(unit_diagonal, fn, "unit_diagonal")
-    if isinstance(trans, (bool, np.bool_)) or trans not in _TRANS:
+    # (only ints and strings: a list is unhashable, and 1.0 == 1 would pass a dict lookup)
+    if not isinstance(trans, (int, np.integer, str)) or isinstance(trans, (bool, np.bool_)) or trans not in _TRANS:
         raise DMathError(f"{fn}: trans must be 0, 1, 2, 'N', 'T' or 'C', got {trans!r}")
     checks.layout(layout, fn)
     nb = checks.block(block, A.shape[0])

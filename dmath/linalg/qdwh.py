@@ -121,6 +121,19 @@ def _eps(dtype):
     return float(np.finfo(dtype).eps)
 
 
+def _balanced(A):
+    """(A times 2**-e, e): A scaled by a power of two (exactly, no rounding) so that its largest
+    magnitude is near 1 when it lies so far from 1 that the norms and power steps here, sums of
+    squares, would overflow or underflow (beyond about 2**(maxexp / 4)); else (A, 0)."""
+    amax = max(abs(float(A.max())), abs(float(A.min())))
+    if amax == 0 or not math.isfinite(amax):
+        return A, 0
+    e = math.frexp(amax)[1]             # amax = m 2**e, 0.5 <= m < 1
+    if abs(e) <= np.finfo(A.dtype).maxexp // 4:
+        return A, 0
+    return A * math.ldexp(1.0, -e), e
+
+
 def _block(n, op=None):
     """The factorizations' column-block width for a node of order n: the backend's default
     (DEFAULT_BLOCK, measured at large n), made smaller (a power of 2, at least 64) until every
@@ -425,6 +438,7 @@ def eigh_dc(A, vectors=True, leaf=None, fn="eigh"):
         leaf = dc_plan.default_leaf(n, checks.workers(), LEAF_SIZE["gpu" if backend.current().is_gpu else "cpu"])
     lay = _layout(n)
     X = A if A.layout == lay.resolved(checks.workers()) else movement.remap(A, lay, dtype)
+    X, e = _balanced(X)                 # (the eigenvalues scale with A, the vectors do not)
     leaves = []
     sketch = _Sketch()
     tree = _divide(tril(X) + tril(X, -1).T, leaf, sketch, vectors, leaves)
@@ -432,7 +446,7 @@ def eigh_dc(A, vectors=True, leaf=None, fn="eigh"):
     _solve_leaves(leaves, vectors, fn, sketch.record)
     last_run.clear()
     last_run.update(sketch.record, leaf=leaf)
-    w = _values(tree)
+    w = np.ldexp(_values(tree), e)
     V = _vectors(tree, dtype) if vectors else None
     order = np.argsort(w, kind="stable")
     if np.any(order != np.arange(n)):
@@ -449,10 +463,11 @@ def svd_square(A, vectors=True, leaf=None, fn="svd"):
     n = A.shape[0]
     lay = _layout(n)
     X = A if A.layout == lay.resolved(checks.workers()) else movement.remap(A, lay, A.dtype)
+    X, e = _balanced(X)                 # (the singular values scale with A, the vectors do not)
     Up = polar(X)
     H = _sym(gemm(Up, X, trans_a=True))
     w, V = eigh_dc(H, vectors, leaf, fn)
-    s = np.maximum(w[::-1], 0.0)        # H is positive semidefinite: a negative w is rounding
+    s = np.ldexp(np.maximum(w[::-1], 0.0), e)      # H is positive semidefinite: a negative w is rounding
     if not vectors:
         return None, s, None
     V = take_rows(V.T, np.arange(n - 1, -1, -1), layout=lay).T     # descending order

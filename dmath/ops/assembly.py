@@ -66,11 +66,15 @@ def _rects(rects):
 
 def write(target, src, rects):
     """Copy each `Rect` of `src` into `target` in place (one command). A Partial `src` is summed
-    first unless it is Partial over the target's own Partial members."""
+    first unless it is Partial over the target's own Partial members in a dtype at least as wide
+    (its addends converted one by one to a narrower dtype would round, or overflow, before they are
+    summed: 1e8 + 1 and -1e8 in float32 sum to 0, not 1)."""
     rects = _rects(rects)
     if not rects:
         return
-    if src.layout.partial and not (target.layout.partial and _members(src) == _members(target)):
+    piecewise = (target.layout.partial and _members(src) == _members(target)
+                 and np.dtype(target.dtype).itemsize >= np.dtype(src.dtype).itemsize)
+    if src.layout.partial and not piecewise:
         src = remap(src, RowBlock(_members(src)))
     dispatch("write_window", [target, src], [0], static=WRITE.static(rects=rects))
 

@@ -120,6 +120,22 @@ def test_write_partial_target():
     np.testing.assert_allclose(m.to_numpy(), e, rtol=1e-12)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_write_partial_into_a_narrower_partial_sums_first(dtype):
+    """Addends converted one by one to a narrower dtype round (1e8 + 1 in float32) or overflow (7e4 in
+    float16) before they are summed: the source is summed first, then written (as remap does)."""
+    if P < 2:
+        return
+    pieces = np.zeros((P, 2))
+    pieces[0], pieces[1] = [1e8 + 1, 7e4], [-1e8, -6e4]
+    s = dmath.gemm(dmath.from_numpy(np.ones((1, P)), layout=dmath.ColBlock()),
+                   dmath.from_numpy(pieces, layout=dmath.RowBlock()), layout=dmath.Partial())
+    t = dmath.zeros((1, 2), dtype=dtype, layout=dmath.Partial())
+    t[:, :] = s
+    np.testing.assert_array_equal(t.to_numpy(), [[1, 1e4]])
+    np.testing.assert_array_equal(dmath.vstack([s, s], dtype=dtype).to_numpy(), [[1, 1e4], [1, 1e4]])
+
+
 def test_write_from_partial_source_into_distributed():
     xv, yv = values(SHAPE, 10), values((2, 7), 11)
     m = make(xv, dmath.Block2D(), "float64")

@@ -235,3 +235,26 @@ def test_svd_refuses_a_bad_method():
     A = make(np.ones((5, 3)), layout("row", (5, 3), P), "float64")
     with pytest.raises(dmath.DMathError, match="svd: method must be"):
         la.svd(A, method=None)
+
+
+@pytest.mark.parametrize("scale", [1e200, 1e-200])
+def test_entries_far_from_one(scale):
+    """Entries whose squares overflow or underflow float64: the matrix is scaled by a power of two
+    first (exactly), so the norms and power steps stay finite; values as LAPACK's."""
+    n = 12
+    ev = np.arange(1.0, n + 1) * scale
+    S = _with_spectrum(ev, 6)
+    for leaf in (None, 2):
+        w, V = la.eigh(dmath.from_numpy(S), method="qdwh", leaf_size=leaf)
+        np.testing.assert_allclose(w / scale, ev / scale, rtol=1e-10)
+        np.testing.assert_allclose(np.abs(V.to_numpy().T @ V.to_numpy()), np.eye(n), atol=1e-10)
+        s = la.svdvals(dmath.from_numpy(S), method="qdwh", leaf_size=leaf)
+        np.testing.assert_allclose(s / scale, ev[::-1] / scale, rtol=1e-10)
+
+
+def test_solve_triangular_refuses_an_unhashable_or_float_trans():
+    A = dmath.from_numpy(np.tril(np.ones((3, 3))) + 2 * np.eye(3))
+    b = dmath.from_numpy(np.ones((3, 1)))
+    for bad in ([1], 1.0, None):
+        with pytest.raises(dmath.DMathError, match="trans must be"):
+            la.solve_triangular(A, b, trans=bad)
