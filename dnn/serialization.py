@@ -142,6 +142,8 @@ def read_file(path):
         header = json.loads(head.decode("utf-8"))
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise ModelFileError(f"{path!r} is corrupt: its header is not valid JSON ({exc})") from exc
+    except ValueError as exc:           # e.g. an integer of more digits than Python converts
+        raise ModelFileError(f"{path!r} is corrupt: its header holds a value that cannot be read ({exc})") from exc
     except RecursionError as exc:        # valid JSON nested deeper than the parser's recursion limit
         raise ModelFileError(f"{path!r} is corrupt: its header nests deeper than any model's") from exc
     if not isinstance(header, dict) or header.get("format") != "dnn.model":
@@ -192,7 +194,12 @@ def save_model(model, path):
     """Write `model` (architecture, weights, optimizer and loss-scale state) to `path`."""
     path = model_path(path)          # before any weight is gathered
     arrays = [(f"weights/{w.name}", w.numpy()) for layer in model.layers for w in layer.weights]
-    arrays += [(f"optimizer/{k}", np.asarray(v)) for k, v in model.optimizer.get_state(model.params).items()]
+    # the state of every parameter that has one, frozen layers' too (a frozen layer keeps its momentum
+    # for when it is trained again), named in the header: positions alone shift when a layer is frozen
+    stateful = [w for layer in model.layers for w in layer.weights
+                if w.trainable and model.optimizer.has_state(w.var)]
+    arrays += [(f"optimizer/{k}", np.asarray(v))
+               for k, v in model.optimizer.get_state([w.var for w in stateful]).items()]
     if model.loss_scale is not None:
         arrays += [("loss_scale/scale", model.loss_scale.scale.to_numpy()),
                    ("loss_scale/good_steps", model.loss_scale.good_steps.to_numpy())]
@@ -203,7 +210,8 @@ def save_model(model, path):
         training["position"] = {"epoch": epoch, "batch": batch, "batch_size": batch_size}
         arrays += [(f"metrics/{k}", v) for k, v in model.train_metrics.get_state().items()]
     header = {"format": "dnn.model", "version": VERSION, "model": model.get_config(),
-              "optimizer": model.optimizer.get_config(), "training": training}
+              "optimizer": model.optimizer.get_config(), "optimizer_params": [w.name for w in stateful],
+              "training": training}
     write_file(path, header, arrays)
 
 
@@ -258,10 +266,11 @@ def load_state(model, header, arrays, path):
                                  f"the model expects {tuple(shape)}")
     model.set_weights([arrays[k] for k, _ in expected])
     state = {k[len("optimizer/"):]: v for k, v in arrays.items() if k.startswith("optimizer/")}
-    _check_optimizer_state(model, header, state, path)
+    params = _stateful_params(model, header, path)
+    _check_optimizer_state(model, header, state, path, params)
     try:
         if state:
-            model.optimizer.set_state(model.params, state)
+            model.optimizer.set_state(params, state)
         for layer in model.layers:
             prefix = f"state/{layer.name}/"
             layer.set_state({k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)})
@@ -278,7 +287,24 @@ def load_state(model, header, arrays, path):
         model.loss_scale.good_steps.assign(np.full((1, 1), good, dtype=np.float32))
 
 
-def _check_optimizer_state(model, header, state, path):
+def _stateful_params(model, header, path):
+    """The parameters whose optimizer state the file holds, in its order: those its header names
+    (frozen layers' among them), or, in a file that names none (written before the names were kept),
+    the model's trained parameters."""
+    names = header.get("optimizer_params")
+    if names is None:
+        return model.params
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names) or len(set(names)) != len(names):
+        raise ModelFileError(f"{path!r}: the header's optimizer_params must be a list of distinct weight names")
+    weights = {w.name: w for layer in model.layers for w in layer.weights if w.trainable}
+    unknown = [n for n in names if n not in weights]
+    if unknown:
+        raise ModelFileError(f"{path!r}: the file holds optimizer state of {unknown}, which are not trainable "
+                             f"weights of the model")
+    return [weights[n].var for n in names]
+
+
+def _check_optimizer_state(model, header, state, path, params):
     """ModelFileError when the file's optimizer state is not one the model's optimizer can continue
     from: another optimizer's (an Adam file into an SGD model would keep Adam's step count and
     start the momentum from zero), or state arrays it does not keep or lacks (SGD with and without
@@ -291,7 +317,6 @@ def _check_optimizer_state(model, header, state, path):
         raise ModelFileError(f"{path!r} holds the training state of the optimizer {theirs}, but this model's "
                              f"optimizer is {mine}: give the model a {theirs} optimizer (or use dnn.load(path), "
                              f"which builds the file's) to continue that run")
-    params = model.params
     per_param = {f"param{i}/{name}" for i in range(len(params)) for name in opt.state_names}
     scalars = {f"scalars/{p.dtype}/{name}" for p in params for name in opt.new_scalars(p.dtype)}
     unknown = sorted(set(state) - per_param - scalars - {"iterations"})

@@ -38,9 +38,13 @@ def int_tuple(value, error):
     if isinstance(value, numbers.Integral) and not isinstance(value, bool):
         return (int(value),)
     try:
-        return tuple(int(d) for d in value)
-    except (TypeError, ValueError) as exc:
+        items = tuple(value)
+    except TypeError as exc:
         raise error from exc
+    # whole numbers only: int() would truncate 2.5 to 2, and take True or '3'
+    if not all(isinstance(d, numbers.Integral) and not isinstance(d, bool) for d in items):
+        raise error
+    return tuple(int(d) for d in items)
 
 
 def check_shape(shape, what="shape"):

@@ -211,6 +211,10 @@ class Optimizer:
         return {}
 
     # ---- state, for save and load ---------------------------------------------------
+    def has_state(self, p):
+        """Whether parameter Variable p has state here (it took a step, or a load restored it)."""
+        return p in self._state
+
     def get_state(self, params):
         """{name: numpy array} of everything the optimizer keeps (state matrices, counters)."""
         out = {"iterations": np.array(self.iterations, dtype=np.int64)}

@@ -266,6 +266,32 @@ def test_frozen_flag_survives_save_and_load(tmp_path):
     assert [layer.trainable for layer in back.layers] == [True, False, True]
 
 
+def test_a_checkpoint_with_a_frozen_layer_resumes_exactly(tmp_path):
+    """A frozen layer keeps its momentum for when it trains again; a checkpoint saved while it is
+    frozen holds that momentum too (named, since the frozen layer's parameters leave the trained
+    list and would shift every position after them), so resuming gives the uninterrupted weights."""
+    rng = np.random.default_rng(8)
+    x, y = rng.standard_normal((12, 4)), rng.integers(0, 3, 12)
+
+    def run(save):
+        dmath.random.seed(3)
+        inp = dnn.Input(4)
+        h = L.Dense(5, activation="relu", name="h")
+        model = dnn.Model(inp, L.Dense(3, activation="softmax")(h(inp)), dtype="float64",
+                          optimizer=dnn.optim.SGD(lr=0.2, momentum=0.9))
+        model.fit(x, y, batch_size=4, shuffle=False, verbose=0)
+        h.trainable = False
+        model.fit(x, y, batch_size=4, shuffle=False, verbose=0)
+        if save:
+            model.save(tmp_path / "frozen.dnn")
+            model = dnn.load(tmp_path / "frozen.dnn")
+        next(layer for layer in model.layers if layer.name == "h").trainable = True
+        model.fit(x, y, batch_size=4, shuffle=False, verbose=0)
+        return model.get_weights()
+    for a, b in zip(run(False), run(True)):
+        np.testing.assert_array_equal(a, b)
+
+
 # ---- the new ops' gradients ----------------------------------------------------------------------
 def _img(node, shape):
     node.sample_shape = shape
