@@ -15,6 +15,9 @@ Layout of a file (all integers little-endian):
               "model": {"class": "Sequential", "name", "dtype", "loss", "seed",
                         "layers": [layer.get_config(), ...], "loss_scale": {...} or null},
               "optimizer": optimizer.get_config(),
+              "optimizer_params": names of the weights whose state "optimizer/param<i>/..."
+                                  holds, i their position here (frozen layers' too; a file
+                                  without it holds the trained parameters' in model order),
               "training": {"epochs_trained": int, "random": [seed, stream] of dmath.random,
                            "position": null, or {"epoch", "batch", "batch_size"} when saved
                            inside an epoch (after that many batches of it)},

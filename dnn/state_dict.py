@@ -50,11 +50,25 @@ def state_dict(model):
     return out
 
 
+def _array(value, key):
+    """`value` as a NumPy array (a torch tensor through its numpy(); detached from autograd), or a
+    ShapeError saying why it is not one (a ragged list, a dtype NumPy lacks such as bfloat16)."""
+    try:
+        if hasattr(value, "detach") and hasattr(value, "cpu"):       # a torch tensor, never imported here
+            value = value.detach().cpu().numpy()
+        a = np.asarray(value)
+    except (TypeError, ValueError, RuntimeError) as exc:
+        raise ShapeError(f"load_state_dict: {key} is not an array of numbers ({type(value).__name__}: {exc})") from exc
+    if a.dtype == object:
+        raise ShapeError(f"load_state_dict: {key} is not an array of numbers (it holds Python objects)")
+    return a
+
+
 def load_state_dict(model, mapping):
     """Write `mapping` ({PyTorch name: array}, e.g. a PyTorch model's state_dict() whose tensors
-    NumPy can read) into `model`'s weights, in place. Every key and shape is checked first: a
-    missing or unexpected key raises ConfigError, a shape mismatch ShapeError, and nothing
-    changes."""
+    NumPy can read) into `model`'s weights, in place. Every key and value is checked first: a
+    missing or unexpected key raises ConfigError; a shape mismatch, a value that is not an array
+    of finite numbers or does not fit the weight's dtype, ShapeError; and then nothing changes."""
     if not hasattr(mapping, "keys"):
         raise ConfigError(f"load_state_dict takes a mapping of names to arrays, got {type(mapping).__name__}")
     plan = [(layer, _entries(layer)) for layer in model.layers]
@@ -69,10 +83,10 @@ def load_state_dict(model, mapping):
     for layer, entries in plan:
         arrays, tracked = [], None
         for key, w, transposed in entries:
-            a = np.asarray(mapping[key])
+            a = _array(mapping[key], key)
             if w is None:
-                if a.size != 1 or not np.isfinite(a).all() or a.reshape(-1)[0] < 0 or \
-                        a.reshape(-1)[0] != int(a.reshape(-1)[0]):
+                if a.size != 1 or a.dtype.kind not in "fiu" or not np.isfinite(a).all() or a.reshape(-1)[0] < 0 \
+                        or a.reshape(-1)[0] != int(a.reshape(-1)[0]) or a.reshape(-1)[0] >= 2 ** 63:
                     raise ShapeError(f"load_state_dict: {key} must be one non-negative integer, got {a!r}")
                 tracked = int(a.reshape(-1)[0])
                 continue
@@ -81,6 +95,12 @@ def load_state_dict(model, mapping):
                 raise ShapeError(f"load_state_dict: {key} has shape {a.shape}, the model's is {tuple(want)}")
             if a.dtype.kind not in "fiu":
                 raise ShapeError(f"load_state_dict: {key} must hold numbers, got dtype {a.dtype}")
+            if a.size and not np.isfinite(a).all():
+                raise ShapeError(f"load_state_dict: {key} holds NaN or infinity")
+            top = float(np.finfo(w.value.dtype).max)
+            if a.size and float(np.abs(a).max()) > top:
+                raise ShapeError(f"load_state_dict: {key} holds {float(np.abs(a).max()):g}, past the largest "
+                                 f"{w.value.dtype} ({top:g})")
             arrays.append(a.T if transposed else a)
         writes.append((layer, arrays, tracked))
     for layer, arrays, tracked in writes:

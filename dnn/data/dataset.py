@@ -455,7 +455,7 @@ def _targets(y, n):
     """(rows (n, T) numpy, kind, (min, max) of the labels or values) of the targets y, checked;
     (None, None, None) for none.
 
-    kind 'labels': 1-D integer classes, stored as one value per sample;
+    kind 'labels': integer classes, (n,) or (n, 1), stored as one value per sample;
     'rows': anything else, T values per sample.
     """
     if y is None:
@@ -467,8 +467,12 @@ def _targets(y, n):
         raise ShapeError(f"{0 if y.ndim == 0 else len(y)} targets for {n} samples")
     if y.dtype.kind not in "iufb":
         raise DataError(f"Dataset: targets must be numbers (class labels or target rows), got dtype {y.dtype}")
-    if y.ndim == 1 and (y.dtype.kind in "iub" or (n and np.all(np.isfinite(y)) and np.all(np.mod(y, 1) == 0))):
-        labels = y.astype(np.int64)
+    # one whole number per sample, (n,) or (n, 1) (Keras' sparse labels), is a class label; whole floats
+    # only up to 2**53 (beyond, they are not exact integers, and past 2**63 int64 would wrap them)
+    flat = y.reshape(n) if y.ndim == 2 and y.shape[1] == 1 else y
+    if flat.ndim == 1 and (flat.dtype.kind in "iub" or (n and np.all(np.isfinite(flat)) and np.all(np.mod(flat, 1) == 0)
+                                                      and np.all(np.abs(flat) <= 2.0 ** 53))):
+        labels = flat.astype(np.int64)
         lo, hi = (int(labels.min()), int(labels.max())) if n else (0, 0)
         return labels[:, None], "labels", (lo, hi)
     rows = y.reshape(n, -1)

@@ -161,3 +161,31 @@ def test_a_layer_without_a_name_reports_its_kind():
     assert [x.name for x in model.layers[1:3]] == ["dense_1", "head"]
     with pytest.raises(dnn.ConfigError, match="name must be a string"):
         L.Dense(3, name=5)
+
+
+def _dense(units, **kwargs):
+    import dmath
+    dmath.random.seed(4)
+    inp = dnn.Input(4)
+    return dnn.Model(inp, L.Dense(units, **kwargs)(inp), dtype="float64", optimizer=dnn.optim.SGD(lr=0.1))
+
+
+def test_labels_as_one_column_train_as_labels():
+    # (N, 1) whole numbers are class labels as (N,) are (Keras' sparse labels); they were refused
+    # as "not all whole"
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal((6, 4)), np.array([0, 1, 2, 0, 1, 2])
+    a, b = _dense(3, activation="softmax"), _dense(3, activation="softmax")
+    a.fit(x, y, batch_size=3, shuffle=False, verbose=0)
+    b.fit(x, y[:, None], batch_size=3, shuffle=False, verbose=0)
+    for u, v in zip(a.get_weights(), b.get_weights()):
+        np.testing.assert_array_equal(u, v)
+
+
+def test_whole_float_targets_past_two_to_the_53_stay_values():
+    # 3e19 is a whole float, but no exact integer: as int64 it wrapped and MSE read another value
+    y = np.array([1e19, -1e19, 3e19, 5.0])
+    inp = dnn.Input(2)
+    model = dnn.Model(inp, L.Dense(1, kernel_init="zeros")(inp), loss="mse", dtype="float64")
+    got = model.evaluate(np.random.default_rng(2).standard_normal((4, 2)), y)["loss"]
+    assert got == pytest.approx(np.mean(y ** 2), rel=1e-12)

@@ -382,6 +382,15 @@ def test_load_state_dict_refuses_a_mismatch_and_changes_nothing():
     wrong = dict(other, **{"fc.weight": np.zeros((512, 4))})
     with pytest.raises(dnn.ShapeError, match="fc.weight"):
         model.load_state_dict(wrong)
+    # values that are no weights: refused by name with a dnn error, never NumPy's or Python's own
+    bad_bias = [([[1.0, 2.0], [3.0]], "not an array of numbers"), (np.full(4, np.nan), "NaN or infinity"),
+                (np.array([1e300, 0, 0, 0], dtype=object), "not an array of numbers")]
+    for value, message in bad_bias:
+        with pytest.raises(dnn.ShapeError, match=message):
+            model.load_state_dict(dict(other, **{"fc.bias": value}))
+    for value in ("5", None, 10 ** 30, -1, 2.5):
+        with pytest.raises(dnn.ShapeError, match="bn1.num_batches_tracked (must be one non-negative|is not an)"):
+            model.load_state_dict(dict(other, **{"bn1.num_batches_tracked": value}))
     after = model.state_dict()
     for k in state:
         np.testing.assert_array_equal(after[k], state[k])
