@@ -39,6 +39,18 @@ from .training.programs import Metrics
 SEED_END = 2 ** 53 // 1000 - 1000
 
 
+def _check_shape(got, want, what):
+    """ShapeError when samples of shape `got` hold an input of shape `want` (several dimensions) in
+    another shape of as many values (flat rows and a count that the feature check words pass)."""
+    if len(want) < 2 or got == want or len(got) <= 1 or math.prod(got) != math.prod(want):
+        return
+    hint = ""
+    if len(want) == 3 and got == want[1:] + want[:1]:
+        hint = ": these are channels-last (N, H, W, C) images, the model reads NCHW; pass x.transpose(0, 3, 1, 2)"
+    raise ShapeError(f"{what}: samples must have shape {want} (or be flat rows of {math.prod(want)}), got "
+                     f"samples of shape {got}{hint}")
+
+
 class Model(Training):
     """A graph of layers with a loss and an optimizer (Keras' functional API); `Sequential` is a
     Model whose graph is a chain, trained by the same code.
@@ -302,24 +314,15 @@ class Model(Training):
         for a, shape in zip(arrays, self.input_shape):
             if math.prod(a.shape[1:]) != math.prod(shape):
                 raise ShapeError(f"{what}: an input of samples {shape} got an array of shape {a.shape}")
+            _check_shape(tuple(a.shape[1:]), tuple(shape), what)
         return np.concatenate([a.reshape(len(a), -1) for a in arrays], axis=1)
 
     def _check_sample_shape(self, x, what):
         """Samples of an image (or any multi-dimensional) input must have its shape or be flat rows:
         the same number of values in another shape (channels-last images for an NCHW Input) would be
         read in the wrong order and train or predict garbage."""
-        want = tuple(self.input_shape)
-        if len(want) < 2:
-            return
         got = tuple(x.sample_shape) if isinstance(x, Dataset) else tuple(np.shape(x)[1:])
-        if got == want or len(got) <= 1 or math.prod(got) != math.prod(want):
-            return          # right, flat, or a count that the check below words
-        hint = ""
-        if len(want) == 3 and got == want[1:] + want[:1]:
-            hint = (": these are channels-last (N, H, W, C) images, the model reads NCHW; pass "
-                    "x.transpose(0, 3, 1, 2)")
-        raise ShapeError(f"{what}: samples must have shape {want} (or be flat rows of {math.prod(want)}), got "
-                         f"samples of shape {got}{hint}")
+        _check_shape(got, tuple(self.input_shape), what)
 
     def _feed(self, ds, reading=False):
         """This model's Feed over dataset `ds` (made once per dataset and use; dropped with the dataset).

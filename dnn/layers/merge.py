@@ -37,10 +37,25 @@ class Add(_Join):
 class Concatenate(_Join):
     """Tensors joined along the channels (images of one height and width: an Inception module's
     branches) or the features (flat samples): `L.Concatenate()([a, b, c])`. Keras' axis: the
-    channels of (C, H, W) samples (axis=1 of the NCHW batch), the features of flat ones."""
+    channels of (C, H, W) samples (axis=1 of the NCHW batch), the features of flat ones.
+
+    axis: None, or Keras' name of that axis (1 or -3 for images, 1 or -1 for flat samples); any
+    other axis is refused (no other join is built)."""
+
+    def __init__(self, axis=None, name=None):
+        super().__init__(name)
+        if axis is not None and (isinstance(axis, bool) or not isinstance(axis, int)):
+            raise ConfigError(f"Concatenate: axis must be None or an integer, got {axis!r}")
+        self.axis = axis
+
+    def get_config(self):
+        return {**super().get_config(), "axis": self.axis}
 
     def output_shape(self, sample_shapes):
         shapes = self._shapes(sample_shapes)
+        if self.axis is not None and self.axis not in ((1, -3) if all(len(s) == 3 for s in shapes) else (1, -1)):
+            raise ConfigError(f"Concatenate: joins along the channels of images (axis 1 or -3) or the features "
+                              f"of flat samples (axis 1 or -1), got axis={self.axis} for samples {shapes}")
         if all(len(s) == 3 for s in shapes):
             if len({s[1:] for s in shapes}) > 1:
                 raise ShapeError(f"Concatenate: images must have one height and width, got {shapes}")

@@ -14,6 +14,11 @@ class Adam(Optimizer):
     Args: lr=0.001, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, schedule=None, foreach=True.
     The parameters of one dtype step together (dmath.nn.adam_update_many: one fused pass each, a
     kernel per table of them on GPUs); foreach=False steps them one command each (PyTorch's name).
+
+    t counts the optimizer's steps (Keras' rule), not each parameter's own (PyTorch keeps a step
+    count per parameter): a layer frozen for some steps and then trained again is corrected as if
+    it had stepped all along, so after a freeze its updates differ from torch.optim.Adam's (equal
+    while every parameter trains at every step).
     """
 
     state_names = ("exp_avg", "exp_avg_sq")

@@ -6,6 +6,8 @@ import numbers
 import time
 import weakref
 
+import numpy as np
+
 import dmath
 
 from ..data import Dataset
@@ -151,6 +153,8 @@ class Training:
         """
         if verbose not in (0, 1, 2) or isinstance(verbose, float):
             raise ConfigError(f"verbose must be 0, 1 or 2, got {verbose!r}")
+        if not isinstance(shuffle, (bool, np.bool_)):
+            raise ConfigError(f"shuffle must be True or False, got {shuffle!r}")
         options = asgd.check_options(self, asynchronous, max_staleness, groups, callbacks)
         if options is not None and self.resume is not None and self.resume["batch"]:
             raise ConfigError("a checkpoint saved inside an epoch resumes synchronously (asynchronous=False); "

@@ -509,3 +509,26 @@ def test_an_input_may_be_an_output():
     v = np.arange(6.0).reshape(2, 3)
     np.testing.assert_array_equal(m.predict(v), v)
     assert m.evaluate(v, np.zeros((2, 3)))["loss"] == pytest.approx((v ** 2).mean())
+
+
+def test_a_multi_input_model_refuses_channels_last_images_and_a_bad_shuffle():
+    a, b = dnn.Input((2, 3, 3)), dnn.Input(4)
+    model = dnn.Model([a, b], L.Dense(3, activation="softmax")(L.Concatenate()([L.Flatten()(a), b])))
+    xa, xb = np.zeros((5, 3, 3, 2)), np.zeros((5, 4))
+    with pytest.raises(dnn.ShapeError, match="channels-last"):
+        model.predict([xa, xb])
+    assert model.predict([xa.transpose(0, 3, 1, 2), xb]).shape == (5, 3)
+    with pytest.raises(dnn.ConfigError, match="shuffle must be True or False"):
+        model.fit([xa.transpose(0, 3, 1, 2), xb], np.zeros(5, dtype=int), shuffle="x", verbose=0)
+
+
+def test_concatenate_takes_keras_axis_of_the_join_only():
+    a, b = dnn.Input((2, 3, 3)), dnn.Input((1, 3, 3))
+    assert L.Concatenate(axis=1)([a, b]).shape == (3, 3, 3)
+    assert L.Concatenate(axis=-3).get_config()["axis"] == -3
+    with pytest.raises(dnn.ConfigError, match="axis"):
+        L.Concatenate(axis=-1)([a, b])
+    with pytest.raises(dnn.ConfigError, match="axis must be None or an integer"):
+        L.Concatenate(axis="channels")
+    f, g = dnn.Input(3), dnn.Input(2)
+    assert L.Concatenate(axis=-1)([f, g]).shape == (5,)
