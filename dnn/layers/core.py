@@ -151,8 +151,10 @@ class Dropout(Layer):
         super().__init__(name)
         if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p < 1:
             raise ConfigError(f"Dropout: p must be in [0, 1), got {p!r}")
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
-            raise ConfigError(f"Dropout: seed must be a non-negative integer or None, got {seed!r}")
+        # (below 2**53: the seed travels as a float64 scalar, exact only that far)
+        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
+                                 or not 0 <= seed < 2 ** 53):
+            raise ConfigError(f"Dropout: seed must be an integer in [0, 2**53) or None, got {seed!r}")
         self.p, self.seed = float(p), seed
         self.counter = None      # the (1, 1) matrix of mask steps drawn, shared by every graph of this layer
 

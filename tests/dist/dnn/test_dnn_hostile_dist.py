@@ -189,3 +189,10 @@ def test_whole_float_targets_past_two_to_the_53_stay_values():
     model = dnn.Model(inp, L.Dense(1, kernel_init="zeros")(inp), loss="mse", dtype="float64")
     got = model.evaluate(np.random.default_rng(2).standard_normal((4, 2)), y)["loss"]
     assert got == pytest.approx(np.mean(y ** 2), rel=1e-12)
+
+
+def test_a_dropout_seed_past_two_to_the_53_is_refused_at_construction():
+    # the seed travels as a float64 scalar: it failed only at fit, after the model was built
+    with pytest.raises(dnn.ConfigError, match=r"seed must be an integer in \[0, 2\*\*53\)"):
+        L.Dropout(0.5, seed=2 ** 53)
+    assert L.Dropout(0.5, seed=2 ** 53 - 1).seed == 2 ** 53 - 1
