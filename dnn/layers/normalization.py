@@ -68,20 +68,8 @@ class BatchNorm(Layer):
 
     def check_training_batch(self, batch):
         if self.built and self.trainable:      # (a frozen one uses no batch statistics)
-            check_training_batch(batch, self.input_shape, self.name)
-            p = dmath.num_workers()
-            if not self.synchronized and p > 1:
-                # each worker's own statistics: the batch's rows are split as evenly as can be (a
-                # RowBlock), so the smallest share, floor(batch / p) samples, needs two values a channel
-                shape = self.input_shape
-                pixels = shape[1] * shape[2] if len(shape) == 3 else 1
-                share, need = batch // p, (1 if pixels > 1 else 2)
-                if share < need:
-                    raise ShapeError(f"{self.name}: with each worker's own statistics (synchronized=False) every "
-                                     f"worker needs more than one value per channel; a training batch of {batch} "
-                                     f"sample(s) of shape {tuple(shape)} over {p} workers leaves {share} on some "
-                                     f"worker (pick a batch_size whose last batch holds at least {need * p}, or "
-                                     f"synchronized=True)")
+            check_training_batch(batch, self.input_shape, self.name,
+                                 1 if self.synchronized else dmath.num_workers())
 
     def forward(self, x, ctx, activation=None, residual=None):
         """The layer's node; `activation` ('relu', a following Activation layer the model folds in)

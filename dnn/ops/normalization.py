@@ -107,14 +107,23 @@ class BatchNorm(Function):
         self.saved = None
 
 
-def check_training_batch(batch, sample_shape, what):
+def check_training_batch(batch, sample_shape, what, workers=1):
     """ShapeError unless a training batch of `batch` samples of `sample_shape` has more than one value
-    per channel (per feature for flat samples): batch statistics need two."""
-    per_channel = batch * (sample_shape[1] * sample_shape[2] if len(sample_shape) == 3 else 1)
+    per channel (per feature for flat samples): batch statistics need two. workers: how many split the
+    batch when each normalises by its own statistics (synchronized=False); its rows are split as
+    evenly as can be (a RowBlock), so the smallest share, floor(batch / workers) samples, needs two."""
+    pixels = sample_shape[1] * sample_shape[2] if len(sample_shape) == 3 else 1
+    per_channel = batch * pixels
     if per_channel < 2:
         raise ShapeError(f"{what}: batch statistics need more than one value per channel; a training batch of "
                          f"{batch} sample(s) of shape {tuple(sample_shape)} has {per_channel} (pick a "
                          f"batch_size that leaves no last batch of one sample)")
+    share, need = batch // workers, (1 if pixels > 1 else 2)
+    if workers > 1 and share < need:
+        raise ShapeError(f"{what}: with each worker's own statistics (synchronized=False) every worker needs "
+                         f"more than one value per channel; a training batch of {batch} sample(s) of shape "
+                         f"{tuple(sample_shape)} over {workers} workers leaves {share} on some worker (pick a "
+                         f"batch_size whose last batch holds at least {need * workers}, or synchronized=True)")
 
 
 def batchnorm(x, gamma, beta, running_mean, running_var, training=True, momentum=0.1, eps=1e-5,

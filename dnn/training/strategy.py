@@ -191,8 +191,7 @@ class Trial:
             layer.strategy = None       # (the weights stay where they are: adopting moves them from there)
         self.done = True
         self.report.update(chosen=None, how=f"not decided: no fit finished timing {len(self.names)} candidates "
-                                            f"at this batch size before another size was trained",
-                           ms_per_step=dict(self.ms), step_ms=dict(self.step_ms))
+                                            f"at this batch size before another size was trained")
 
     # ---- choosing ---------------------------------------------------------------------------
     def _adopt(self, name):
