@@ -137,6 +137,11 @@ VARIABLES = (
              "0 or 1", _flag, True, "cudnn"),
     Variable("DMATH_CUBLASLT", "1", "0: a prepared local product calls cuBLAS's GemmEx/Dgemm instead of "
              "cuBLASLt with its algorithm chosen once", "0 or 1", _flag, True, "cublaslt"),
+    Variable("DMATH_CUDNN_WORKSPACE_KEEP", "67108864 (64 MiB)", "a chosen cuDNN plan's workspace up to this many "
+             "bytes is the worker's one shared buffer, kept between calls; a larger one is allocated for its call "
+             "and freed after it (inside a captured step: from the graph's own pool, held only while that "
+             "convolution runs), as PyTorch does", "a number of bytes >= 0", _bytes, 64 << 20,
+             "cudnn_workspace_keep"),
     Variable("DMATH_TF32", "1", "float32 cuDNN convolutions may use TF32 tensor cores (as PyTorch's); 0: "
              "float32 throughout", "0 or 1", _flag, True, "tf32"),
     Variable("DMATH_DETERMINISTIC", "0", "1: the same bits from run to run on the same GPUs: cuDNN plans "

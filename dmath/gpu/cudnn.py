@@ -14,16 +14,22 @@ Plans whose workspace does not fit the memory the worker has (the pool's
 limit or the device's free memory) are never built. `explain()` lists the
 choices and how each was made.
 
-Execution runs on the current stream with raw device pointers and one
-workspace per worker (per stream while a plan is captured on several streams,
-runtime/streams.py), shared by every plan: it grows to the largest chosen
-plan's need and stays. Plans of several hundred MB each, allocated and freed
-per call, fragment a pool (above all a captured graph's own pool, which
-keeps whatever it grew to); one buffer, reused in stream order, does not. A
-step of cuDNN calls can be captured into a CUDA graph once its plans are
-built (a capture never builds or times); the graph keeps the buffer it was
-captured with alive (memory.keep_for_capture), even after a later plan makes
-the worker's workspace grow.
+Execution runs on the current stream with raw device pointers. A plan's
+workspace up to DMATH_CUDNN_WORKSPACE_KEEP bytes (64 MiB) is one buffer per
+worker (per stream while a plan is captured on several streams,
+runtime/streams.py), shared by every such plan: it grows to the largest
+one's need and stays, so the many small workspaces of a network cost one
+allocation and never fragment a pool. A larger workspace is allocated for
+its call and freed after it, in stream order, as PyTorch does: AlexNet's
+first convolution's weight gradient at batch 1024 asks for 1.55 GB, which a
+kept buffer would hold through every other moment of the step and between
+steps (the peak then sat 1 GB above PyTorch's). Inside a CUDA-graph capture
+that allocation comes from the graph's own pool (graphs.py), where it is
+held only while that convolution runs, and the step-by-step run that sizes
+the graph's arena measures it at the same moment. A step of cuDNN calls can
+be captured once its plans are built (a capture never builds or times); the
+graph keeps the shared buffer it was captured with alive
+(memory.keep_for_capture), even after a later plan makes it grow.
 
 cuDNN is optional: without the package or the library, or when cuDNN
 declines a case (`Refused`), the callers use im2col and cuBLAS instead.
@@ -41,8 +47,8 @@ from ..planning.conv import output_length
 #: timed runs per candidate plan (after one warm-up run); the median decides
 TIMED_RUNS = 3
 #: a plan within this factor of the fastest one's time counts as fast: of those, the one with the
-#: smallest workspace is chosen (the workspace is held for good; a few percent of one kernel's time
-#: is not worth hundreds of MB of every GPU's memory)
+#: smallest workspace is chosen (a kept workspace is held for good, a larger one through its call; a
+#: few percent of one kernel's time is not worth hundreds of MB of every GPU's memory)
 NEAR_FASTEST = 1.05
 
 
@@ -315,8 +321,14 @@ class ConvPlan:
     def run(self, ptrs):
         """Run the chosen plan on device pointers (inputs, then the output), on the current stream."""
         c = self.choice
-        ws = shared_workspace(c["workspace"], memory.capture_lane())
-        memory.keep_for_capture(ws)
+        nbytes = c["workspace"]
+        if nbytes > settings.current.cudnn_workspace_keep:
+            # this call's own (the module docstring says why): freed on return, in stream order, so
+            # the next allocation on this stream may take it only after this convolution
+            ws = memory.empty((nbytes,), np.uint8)
+        else:
+            ws = shared_workspace(nbytes, memory.capture_lane())
+            memory.keep_for_capture(ws)
         self._execute(c["index"], ptrs, ws.data.ptr)
 
 

@@ -40,6 +40,16 @@ def _graph_streams(call):
     return []
 
 
+@kernel("test_cudnn_workspace_keep")
+def _cudnn_workspace_keep(call):
+    """Every rank keeps cuDNN workspaces up to scalars[0] bytes between calls and gives every larger
+    one its call's own buffer (DMATH_CUDNN_WORKSPACE_KEEP, which a test cannot set on the workers
+    after init)."""
+    from dmath import settings
+    settings.current.cudnn_workspace_keep = int(call.scalars[0])
+    return []
+
+
 @kernel("test_gpu_decode_order")
 def _gpu_decode_order(call):
     """Every rank decodes image folders on the GPU in the order scalars[0] names (0: 'overlap', 1:

@@ -224,6 +224,31 @@ def test_cudnn_off_takes_the_first_that_builds_untimed(device, monkeypatch, tmp_
     assert not (tmp_path / "tune.json").exists()
 
 
+def test_cudnn_large_workspace_is_the_calls_own(device, monkeypatch):
+    """A workspace up to DMATH_CUDNN_WORKSPACE_KEEP is the worker's one kept buffer; a larger one is
+    allocated for each call (freed with it: inside a capture, from the graph's pool) and never kept."""
+    monkeypatch.setenv("DMATH_TUNE", "off")
+    fake_cudnn(monkeypatch, device, [Plan("small", 1.0, workspace=100)])
+    made, kept = [], []
+    monkeypatch.setattr(cudnn, "memory", types.SimpleNamespace(
+        empty=lambda shape, dtype: made.append(shape) or types.SimpleNamespace(
+            data=types.SimpleNamespace(ptr=99), size=shape[0]),
+        keep_for_capture=kept.append, capture_lane=lambda: 0))
+    monkeypatch.setattr(cudnn.settings, "current", types.SimpleNamespace(
+        cudnn_workspace_keep=200, tf32=True, deterministic=False))
+    for _ in range(3):
+        cudnn.conv(KEY, PTRS)
+    assert made == [(100,)] and cudnn.workspace_bytes() == 100 and len(kept) == 3   # one buffer, kept
+    big = KEY._replace(direction="wgrad")
+    cudnn._module().plans[0].workspace = 300
+    made.clear()
+    kept.clear()
+    for _ in range(3):
+        cudnn.conv(big, PTRS)
+    assert made == [(300,)] * 3 and kept == []           # each call its own; nothing kept for a capture
+    assert cudnn.workspace_bytes() == 100                # the shared buffer did not grow to it
+
+
 def test_cudnn_nothing_fits_is_refused_and_remembered(device, monkeypatch):
     lib = fake_cudnn(monkeypatch, device, [Plan("big", 1.0, workspace=10 ** 6)])
     with pytest.raises(cudnn.Refused):

@@ -83,3 +83,26 @@ def test_training_with_streams_gives_the_same_step(streams, name, build, shape):
     for a, b in zip(w4, w1):
         np.testing.assert_allclose(a, b, **tol)
 
+
+
+@pytest.mark.skipif(not GPU, reason="cuDNN's workspaces: GPU only")
+@pytest.mark.parametrize("n_streams", [1, 4])
+def test_workspaces_of_their_call_give_the_kept_workspaces_results(streams, n_streams):
+    """Every cuDNN workspace allocated for its call (DMATH_CUDNN_WORKSPACE_KEEP=0: inside the captured
+    step from the graph's pool, freed after the convolution, on each stream its own) trains the
+    Inception-like model to the losses and weights of one kept buffer per stream: a block of a
+    freed workspace reused before its convolution ended would show as errors of the values' size."""
+    keep = dmath.settings.current.cudnn_workspace_keep
+    rng = np.random.default_rng(5)
+    x, y = rng.normal(size=(32, 3, 8, 8)), rng.integers(0, 5, 32)
+    try:
+        loss_kept, w_kept, _ = _train(lambda: _inception_like("float64"), n_streams, x, y, streams)
+        dispatch("test_cudnn_workspace_keep", scalars=[0])
+        loss_own, w_own, stats = _train(lambda: _inception_like("float64"), n_streams, x, y, streams)
+    finally:
+        dispatch("test_cudnn_workspace_keep", scalars=[keep])
+    assert stats[0]["plan_graphs"] >= 1
+    tol = dict(rtol=1e-7, atol=1e-10)
+    np.testing.assert_allclose(loss_own, loss_kept, **tol)
+    for a, b in zip(w_own, w_kept):
+        np.testing.assert_allclose(a, b, **tol)
