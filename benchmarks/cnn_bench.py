@@ -20,7 +20,10 @@ device had to provide: dnn's largest pool high-water mark of any worker over
 the timed steps plus the bytes its captured CUDA graphs hold; PyTorch's
 max_memory_reserved on GPU 0) and allocated (in buffers at once: dnn's bytes
 in use between steps plus the graph's buffers at their peak inside the step;
-PyTorch's max_memory_allocated), and the wall seconds of each side's
+PyTorch's max_memory_allocated; the peer gathers each step's batch in a
+new random order every epoch as dnn's fit(shuffle=True) does, so both count
+a batch buffer: `--peer-batches view` slices it in order instead, as before
+session 27), and the wall seconds of each side's
 measurement, warm-up, tuning and compilation included (wall_s).
 Efficiency across GPU counts comes from comparing the JSON of P = 1 and P
 (`benchmarks/plots.py cnn` and `scaling` draw it). The JSON is rewritten
@@ -203,22 +206,27 @@ def time_model(make, shape, classes, per_epoch, batch, steps, profile_kernels=Fa
 @kernel("bench_torch_cnn")
 def _torch_cnn(call):
     """PyTorch eager or compiled (P = 1), DDP over the dmath workers (P > 1); static = (net, batch, dtype,
-    steps, port, profile_kernels, compiled)."""
-    net, batch, dtype, steps, port, profile_kernels, compiled = call.entry.static
+    steps, port, profile_kernels, compiled, gather)."""
+    net, batch, dtype, steps, port, profile_kernels, compiled, gather = call.entry.static
     shape, classes, _ = NETS[net]
     torch_rate(call, lambda torch: torch_model(torch, net), shape, classes, resident_batches(net, batch), batch,
-               dtype, steps, port, profile_kernels, compiled=compiled)
+               dtype, steps, port, profile_kernels, compiled=compiled, gather=gather)
     return []
 
 
 def torch_rate(call, build, shape, classes, per_epoch, batch, dtype, steps, port, profile_kernels=False,
-               compiled=False, channels_last=False, aux_weight=0.3):
+               compiled=False, channels_last=False, aux_weight=0.3, gather=True):
     """On every worker: PyTorch trains build(torch) (eager, or torch.compile'd; DDP over the workers
     when P > 1) on resident random images; the master's call.result is (images/s, (peak reserved,
     peak allocated) bytes less the images), or None without PyTorch or where it fails on a worker (out
     of memory, a compile error: printed with its traceback). A model returning (logits,
     aux logits) in training (torchvision's Inception v3) trains both, the aux loss weighted. On the
-    CPU backend (--cpu-peers: a check of the scripts, not a figure) the peak bytes are 0."""
+    CPU backend (--cpu-peers: a check of the scripts, not a figure) the peak bytes are 0.
+
+    gather: each step's batch is gathered from the resident images in a new random order every
+    epoch (x[idx], a new tensor), as dnn's fit(shuffle=True) gathers its batch; False: sliced in
+    order (a view of the resident tensor, no batch buffer: the figures before session 27, whose
+    peer memory left out the batch that dnn's counted)."""
     result = None
     try:
         torch, dev = torch_distributed(call, port) if call.world.size > 1 else _torch_local()
@@ -247,10 +255,20 @@ def torch_rate(call, build, shape, classes, per_epoch, batch, dtype, steps, port
         half = dtype == "float16"
         scaler = torch.amp.GradScaler(dev.type, enabled=half)
 
+        order = [None]
+
         def epoch(count):
             for step in range(count):
                 s = step % per_epoch
-                xb, yb = x[s * local:(s + 1) * local], y[s * local:(s + 1) * local]
+                if not gather:
+                    xb, yb = x[s * local:(s + 1) * local], y[s * local:(s + 1) * local]
+                else:
+                    if s == 0 or order[0] is None:
+                        order[0] = torch.randperm(local * per_epoch, device=dev, generator=gen)
+                    idx = order[0][s * local:(s + 1) * local]
+                    xb, yb = x[idx], y[idx]           # (advanced indexing keeps channels_last)
+                    if not xb.is_contiguous(memory_format=fmt):
+                        xb = xb.contiguous(memory_format=fmt)
                 opt.zero_grad(set_to_none=True)
                 with torch.autocast(dev.type, dtype=torch.float16, enabled=half):
                     out = model(xb)
@@ -345,6 +363,10 @@ def main():
                     help="dnn's gradient buckets (Model.bucket_mb; 0: one all-reduce per weight; default 25)")
     ap.add_argument("--kernel-profile", action="store_true",
                     help="print the GPU time of every kernel of one dnn epoch and one PyTorch epoch (needs PyTorch)")
+    ap.add_argument("--peer-batches", default="gather", choices=["gather", "view"],
+                    help="the PyTorch peer's batches: gathered in a new random order every epoch, as dnn's "
+                         "fit(shuffle=True) (default), or views of the resident tensor in order (no batch "
+                         "buffer; the peer's figures before session 27)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     global BUCKET_MB
@@ -358,7 +380,7 @@ def main():
     rows = []
     channels_last = {"auto": None, "on": True, "off": False}[args.channels_last]
     print(dnn_header := f"{p} worker(s), {dmath.device()}; Dense layers parallel={args.parallel}; "
-                        f"channels_last={args.channels_last}")
+                        f"channels_last={args.channels_last}; the PyTorch peer's batches: {args.peer_batches}")
 
     def save(rows):
         """The JSON so far (rewritten after every measurement; the cuDNN plans of the cases run)."""
@@ -366,6 +388,7 @@ def main():
             return
         reports = dmath.nn.explain_conv2d(print_fn=None)
         write_json(args.out, {"benchmark": "cnn", "environment": environment(dmath), "header": dnn_header,
+                              "peer_batches": args.peer_batches,
                               "cudnn": reports[0]["status"], "conv_plans_worker0": reports[0]["shapes"],
                               "conv_padding_worker0": reports[0]["padded"],
                               "results": rows})
@@ -390,7 +413,7 @@ def main():
                 continue
             t0 = time.perf_counter()
             res = dispatch("bench_torch_cnn", static=(net, batch, dtype, steps, args.port, args.kernel_profile,
-                                                      peer_kind == "compile"))[1]
+                                                      peer_kind == "compile", args.peer_batches == "gather"))[1]
             wall[peer_kind] = time.perf_counter() - t0
             row["peers"][("ddp_" if p > 1 else "") + peer_kind] = peer_entry(res, ips)
             if peer_kind == "eager" and res:

@@ -91,9 +91,9 @@ def dnn_model(net, dtype, shape, fuse="all", batchnorm="sync"):
 @kernel("bench_torch_zoo")
 def _torch_zoo(call):
     """torchvision's network on every worker; static = (net, shape, batch, dtype, steps, port, compiled,
-    sync_bn, profile_kernels): sync_bn converts its BatchNorm layers to SyncBatchNorm (statistics over the whole batch,
+    sync_bn, profile_kernels, gather): sync_bn converts its BatchNorm layers to SyncBatchNorm (statistics over the whole batch,
     as dnn's BatchNorm computes them at every worker count; DDP's default keeps each GPU's own)."""
-    net, shape, batch, dtype, steps, port, compiled, sync_bn, profile_kernels = call.entry.static
+    net, shape, batch, dtype, steps, port, compiled, sync_bn, profile_kernels, gather = call.entry.static
     _, tv_kwargs = arguments(net, shape)
 
     def build(torch):
@@ -101,7 +101,7 @@ def _torch_zoo(call):
         model = getattr(torchvision.models, net)(weights=None, num_classes=CLASSES, **tv_kwargs)
         return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) if sync_bn else model
     torch_rate(call, build, shape, CLASSES, per_epoch(batch), batch, dtype, steps, port, profile_kernels,
-               compiled=compiled, channels_last=True, aux_weight=AUX_WEIGHT)
+               compiled=compiled, channels_last=True, aux_weight=AUX_WEIGHT, gather=gather)
     return []
 
 
@@ -152,6 +152,10 @@ def main():
     ap.add_argument("--kernel-profile", action="store_true",
                     help="print the GPU time by kernel of one epoch of dnn and of each peer (CUPTI, through "
                          "torch.profiler; after the timed steps)")
+    ap.add_argument("--peer-batches", default="gather", choices=["gather", "view"],
+                    help="the PyTorch peers' batches: gathered in a new random order every epoch, as dnn's "
+                         "fit(shuffle=True) (default), or views of the resident tensor in order (no batch "
+                         "buffer; the peers' figures before session 27)")
     args = ap.parse_args()
     FOREACH[0] = args.foreach == "on"
     cnn_bench.BUCKET_MB = args.bucket_mb
@@ -162,7 +166,8 @@ def main():
     path = os.path.join(args.outdir, f"zoo_P{p}_{'-'.join(args.nets)}.json")
 
     def save():
-        write_json(path, {"benchmark": "zoo", "environment": environment(dmath), "workers": p, "results": rows})
+        write_json(path, {"benchmark": "zoo", "environment": environment(dmath), "workers": p,
+                          "peer_batches": args.peer_batches, "results": rows})
     for net in args.nets:
         shape = NETS[net][0] if args.image_size is None else (3, args.image_size, args.image_size)
         for batch in args.batches:
@@ -212,14 +217,18 @@ def main():
                         t0 = time.perf_counter()
                         res = dispatch("bench_torch_zoo", static=(net, shape, batch, dtype, steps, args.port,
                                                                    peer == "compile", peer == "syncbn",
-                                                                   args.kernel_profile))[1]
+                                                                   args.kernel_profile,
+                                                                   args.peer_batches == "gather"))[1]
                         row["peers"][name] = peer_entry(res, ips)
                         wall[peer] = time.perf_counter() - t0
                         save()
+                # (MB reserved/allocated, as torch's max_memory_reserved/max_memory_allocated)
                 peers = "; ".join(f"{k} {v['images_per_s']:.0f} (x{v['dnn_over_peer'] or 0:.2f}, "
-                                  f"{v['peak_bytes'] / 2**20:.0f} MB)" for k, v in row["peers"].items() if v)
+                                  f"{v['peak_bytes'] / 2**20:.0f}/{v['peak_allocated_bytes'] / 2**20:.0f} MB)"
+                                  for k, v in row["peers"].items() if v)
                 print(f"{net:12s} b{batch:<5d} {dtype}: dnn {ips or 0:8.0f} img/s "
-                      f"{(peak[0] or 0) / 2**20:.0f} MB; {peers or 'no PyTorch peer'}", flush=True)
+                      f"{(peak[0] or 0) / 2**20:.0f}/{(peak[1] or 0) / 2**20:.0f} MB; "
+                      f"{peers or 'no PyTorch peer'}", flush=True)
     save()
 
 
