@@ -163,24 +163,42 @@ class Graph:
 
 
 def graph_from_config(config):
-    """(input tensors, output tensors) rebuilt (new layers) from Graph.get_config()'s dict."""
+    """(input tensors, output tensors) rebuilt (new layers) from Graph.get_config()'s dict; every
+    index in it must be a whole number in range (ConfigError otherwise)."""
     try:
         layers = [from_config(c) for c in config["layers"]]
         tensors = []
         for li, ins in config["calls"]:
-            layer = layers[li]
+            c = len(tensors)
+            layer = layers[_index(li, len(layers), f"call {c}'s layer (an index into the graph's layers)")]
+            if not isinstance(ins, list):
+                raise ConfigError(f"call {c}'s inbound tensors must be a list of indices, got {ins!r}")
             if not ins:
                 if not isinstance(layer, InputLayer):
-                    raise ConfigError(f"call {len(tensors)} reads nothing but is not an Input")
+                    raise ConfigError(f"call {c} reads nothing but is not an Input")
                 tensors.append(SymbolicTensor(layer.shape, layer))
                 continue
-            if any(not 0 <= k < len(tensors) for k in ins):
-                raise ConfigError(f"call {len(tensors)} reads a tensor made after it: {ins}")
-            args = [tensors[k] for k in ins]
+            # a call reads tensors made before it (the calls are listed in an order that builds the graph)
+            args = [tensors[_index(k, c, f"call {c} reads tensor {ins}: each index")] for k in ins]
             tensors.append(call_layer(layer, args if getattr(layer, "joins", False) else args[0]))
-        return [tensors[k] for k in config["inputs"]], [tensors[k] for k in config["outputs"]]
+        ends = []
+        for key in ("inputs", "outputs"):
+            if not isinstance(config[key], list):
+                raise ConfigError(f"the graph's {key} must be a list of tensor indices, got {config[key]!r}")
+            ends.append([tensors[_index(k, len(tensors), f"{key[:-1]} {j} (a tensor index)")]
+                         for j, k in enumerate(config[key])])
+        return tuple(ends)
     except (KeyError, IndexError, TypeError, ValueError) as exc:
         raise ConfigError(f"malformed graph model config: {exc}") from exc
+
+
+def _index(i, n, what):
+    """`i` when it is a whole number in [0, n): an index of a graph config. A negative one would
+    count from the end (Python's indexing) and a bool or a float pass for a number, so a crafted
+    file would describe another graph, silently; ConfigError naming `what` instead."""
+    if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < n:
+        raise ConfigError(f"{what} must be a whole number in [0, {n}), got {i!r}")
+    return i
 
 
 def config_weight_shapes(config):

@@ -70,7 +70,8 @@ class Model(Training):
         loss: 'cross_entropy', 'binary_cross_entropy', 'mse' or a dnn.losses.Loss.
         optimizer: a dnn.optim optimizer, a name or None (SGD(lr=0.01)).
         dtype: 'float16', 'float32' or 'float64' (activations; weights are
-            float32 for float16).
+            float32 for float16). A layer that another model built keeps the weights it
+            made; one of another weight dtype is refused (ConfigError).
         loss_weights: None (1 per output) or one number per output: the training loss is the
             weighted sum of the outputs' losses; accuracy is the first output's.
         name: the model's name (None: 'model').
@@ -120,6 +121,8 @@ class Model(Training):
         self.fuse = fuse
         self.dtype = canonical_dtype(dtype)
         self.param_dtype = "float32" if self.dtype == "float16" else self.dtype
+        for layer in layers:    # before any layer is named or built: a refusal leaves them as they were
+            layer.check_param_dtype(self.param_dtype, self.dtype)
         self.loss = losses.get(loss)
         self.loss_weights = _loss_weights(loss_weights, len(self.graph.outputs))
         self.optimizer = optim.get(optimizer if optimizer is not None else optim.SGD())

@@ -44,10 +44,13 @@ of trying to allocate it.
 
 Writing goes to a temporary file in the same directory, is fsync'ed, then
 renamed over the destination (os.replace) and the directory fsync'ed: a
-crash leaves either the old file or the new one, never a mix. Reading checks
-the magic, version, header CRC, JSON fields, that the file is exactly as long
-as declared, every array's bounds, size and CRC, and that the arrays match
-the model they describe; any mismatch raises ModelFileError.
+crash leaves either the old file or the new one, never a mix. The new file
+keeps the permission bits of the one it replaces (a read-only checkpoint
+stays read-only); a new path gets 0o666 less the umask (data.files).
+Reading checks the magic, version, header CRC, JSON fields, that the file is
+exactly as long as declared, every array's bounds, size and CRC, and that
+the arrays match the model they describe, with none that it does not read
+(the names above); any mismatch raises ModelFileError.
 """
 import json
 import math
@@ -267,6 +270,7 @@ def load_state(model, header, arrays, path):
         if tuple(arrays[key].shape) != tuple(shape):
             raise ModelFileError(f"{path!r}: weight {key!r} has shape {tuple(arrays[key].shape)} in the file, "
                                  f"the model expects {tuple(shape)}")
+    _check_accounted_for(model, header, arrays, path)
     model.set_weights([arrays[k] for k, _ in expected])
     state = {k[len("optimizer/"):]: v for k, v in arrays.items() if k.startswith("optimizer/")}
     params = _stateful_params(model, header, path)
@@ -288,6 +292,30 @@ def load_state(model, header, arrays, path):
         model.loss_scale.setup()
         model.loss_scale.scale.assign(np.full((1, 1), scale, dtype=np.float32))
         model.loss_scale.good_steps.assign(np.full((1, 1), good, dtype=np.float32))
+
+
+def _check_accounted_for(model, header, arrays, path):
+    """ModelFileError naming the arrays of the file that nothing reads: each array is a weight (the
+    caller checks those), optimizer state (_check_optimizer_state checks it against the optimizer),
+    the loss scale of a float16 model, a counter of one of the model's layers (the names its
+    get_state gives), or a metric sum of a checkpoint saved inside an epoch. Anything else was
+    ignored, so a damaged or crafted file loaded as if whole. Every version wrote only these (the
+    layers' counters and the metrics from version 2 on), so older files pass."""
+    known = {f"state/{layer.name}/{k}" for layer in model.layers for k in layer.get_state()}
+    config = header.get("model")
+    if model.loss_scale is not None or (isinstance(config, dict) and config.get("dtype") == "float16"):
+        # (a float16 file's weights may be loaded into a float32 model, which has no use for its scale)
+        known |= {"loss_scale/scale", "loss_scale/good_steps"}
+    training = header.get("training")
+    if isinstance(training, dict) and training.get("position") is not None:
+        known |= {"metrics/loss", "metrics/correct", "metrics/samples"}
+    unexpected = [k for k in arrays if not k.startswith(("weights/", "optimizer/")) and k not in known]
+    if unexpected:
+        counters = sorted(k for k in known if k.startswith("state/"))
+        raise ModelFileError(f"{path!r} holds arrays its header does not account for: {unexpected}; a model file "
+                             f"holds only its model's weights/ and optimizer/ arrays, the layers' counters "
+                             f"({counters or 'none in this model'}), a float16 model's loss_scale/ and a "
+                             f"mid-epoch checkpoint's metrics/")
 
 
 def _stateful_params(model, header, path):

@@ -63,16 +63,25 @@ def write_target(path):
 
 
 def write_atomically(path, chunks):
-    """Write the byte strings `chunks` to `path`, atomically: into a new file beside it (mode 0o666
-    less the umask, as the file it replaces would get), fsync'ed, renamed over `path`, then the
-    directory fsync'ed so that the rename itself is durable. The temporary file is removed when
-    anything fails; OSError propagates for the caller to word (NotRegularFile: see write_target).
-    A symlink is written through: its target is replaced, the link stays."""
+    """Write the byte strings `chunks` to `path`, atomically: into a new file beside it, fsync'ed,
+    renamed over `path`, then the directory fsync'ed so that the rename itself is durable. The
+    temporary file is removed when anything fails; OSError propagates for the caller to word
+    (NotRegularFile: see write_target). A symlink is written through: its target is replaced, the
+    link stays.
+
+    The file keeps the permission bits of the one it replaces, as `cp` over a file does (a read-only
+    0o444 checkpoint stays read-only; renaming over it needs only a writable directory, as a rename
+    always does); a new file gets 0o666 less the umask, as `open` would make it. Owner and group are
+    a new file's (only root may give a file away)."""
     path = write_target(os.fspath(path))
     directory = os.path.dirname(path)
+    keep = _permission_bits(path)
     fd, tmp = _new_temporary(directory, os.path.basename(path))
     try:
         with os.fdopen(fd, "wb") as f:
+            if keep is not None:
+                # the rename puts a new inode in place: the old file's mode would go with the old inode
+                _set_mode(f.fileno(), tmp, keep)
             for chunk in chunks:
                 f.write(chunk)
             f.flush()
@@ -92,6 +101,25 @@ def write_atomically(path, chunks):
             os.close(dfd)
     except OSError:   # some filesystems cannot fsync a directory; the file itself is synced
         pass
+
+
+def _permission_bits(path):
+    """The permission bits (0o777) of the existing file `path`, or None when there is none. Not the
+    set-id and sticky bits: writing to a file clears its set-id bits anyway (for all but root), and
+    nothing written here is a program."""
+    try:
+        return os.stat(path).st_mode & 0o777
+    except FileNotFoundError:
+        return None
+
+
+def _set_mode(fd, path, mode):
+    """chmod the open file `fd` (named `path`) to `mode`, exactly: a chmod, unlike a creation, is not
+    narrowed by the umask. By descriptor where the platform can (no name to race on)."""
+    if hasattr(os, "fchmod"):
+        os.fchmod(fd, mode)
+    else:
+        os.chmod(path, mode)
 
 
 def _new_temporary(directory, name):

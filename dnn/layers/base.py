@@ -124,6 +124,8 @@ class Layer:
         self.weights = []
         self.input_shape = None
         self.built = False
+        #: the dtype of the weights, as the first build made them (None before)
+        self.param_dtype = None
         #: False freezes the layer: fit leaves its weights as they are (a BatchNorm then normalises
         #: with its running statistics, which stay fixed too)
         self.trainable = True
@@ -149,8 +151,11 @@ class Layer:
         return sample_shape
 
     def build(self, sample_shape, param_dtype):
-        """Create the weights for samples of `sample_shape` (once)."""
+        """Create the weights for samples of `sample_shape` (once), in `param_dtype`. A built layer
+        is built again only for the same sample shape and weight dtype (the weights it has serve
+        every model that uses it; ShapeError or ConfigError otherwise)."""
         if self.built:
+            self.check_param_dtype(param_dtype)
             if tuple(sample_shape) != self.input_shape:
                 raise ShapeError(f"{self.name} was built for samples of shape {self.input_shape}, "
                                  f"now given {tuple(sample_shape)}")
@@ -158,8 +163,24 @@ class Layer:
         out = self.output_shape(tuple(sample_shape))
         self.input_shape = tuple(sample_shape)
         self._create(self.input_shape, param_dtype)
+        self.param_dtype = np.dtype(param_dtype).name
         self.built = True
         return out
+
+    def check_param_dtype(self, param_dtype, model_dtype=None):
+        """ConfigError when an earlier build (another model's) made the layer's weights in another
+        dtype than `param_dtype`, the weight dtype of a model of precision `model_dtype`. A layer
+        has one set of weights, which every model that uses it shares: a model of another precision
+        would train them in the dtype they have (a float64 model with float32 weights), silently.
+        A layer without weights serves any precision."""
+        if not self.built or not self.weights or np.dtype(param_dtype).name == self.param_dtype:
+            return
+        want = np.dtype(param_dtype).name
+        model = f"a {model_dtype or want!r} model " + ("keeps" if (model_dtype or want) != want else "needs")
+        raise ConfigError(f"{self.name} ({type(self).__name__}) has {self.param_dtype} weights (another model "
+                          f"built it); {model} {want} weights, and a layer's weights serve every model that "
+                          f"uses it. Give this model new layers (dnn.layers.from_config(layer.get_config()) "
+                          f"makes one) or dtype={self.param_dtype!r}")
 
     def _create(self, sample_shape, dtype):
         """Make the weights (none by default)."""

@@ -1,6 +1,8 @@
 """dnn's pure parts, without workers: the model file format, the parallel cost model, schedules,
 loss targets and initializer specs."""
 import json
+import os
+import stat
 import struct
 import zlib
 
@@ -97,6 +99,33 @@ def test_failed_write_keeps_the_old_file(tmp_path):
     with pytest.raises(Exception):
         serialization.write_file(path, {"format": "dnn.model"}, [("x", np.array(["text"]))])
     assert path.read_bytes() == before and [p.name for p in tmp_path.iterdir()] == ["f.dnn"]
+
+
+def test_a_write_keeps_the_mode_of_the_file_it_replaces_and_a_new_file_takes_the_umask(tmp_path):
+    """The rename that makes a write atomic replaces the file, so the new one took the mode of a new
+    file: a read-only (0o444) or private (0o600) file became 0o644. It keeps the replaced file's
+    permission bits, as `cp` over a file does; a new file gets 0o666 less the umask (never
+    mkstemp's 0o600). Renaming over a read-only file needs only a writable directory."""
+    from dnn.data.files import write_atomically
+    umask = os.umask(0o027)                  # not the usual 0o022: the mode comes from the umask
+    try:
+        write_atomically(tmp_path / "new.bin", [b"new"])
+        assert stat.S_IMODE(os.stat(tmp_path / "new.bin").st_mode) == 0o640
+    finally:
+        os.umask(umask)
+    path = tmp_path / "f.dnn"
+    for mode in (0o444, 0o600, 0o755, 0o640):
+        serialization.write_file(path, {"format": "dnn.model"}, _arrays())
+        os.chmod(path, mode)
+        serialization.write_file(path, {"format": "dnn.model", "mode": mode}, _arrays())
+        assert stat.S_IMODE(os.stat(path).st_mode) == mode
+        assert serialization.read_file(path)[0]["mode"] == mode
+    link = tmp_path / "link.dnn"                 # through a symlink: the mode of its target
+    os.symlink(path, link)
+    write_atomically(link, [b"via the link"])
+    assert os.path.islink(link) and path.read_bytes() == b"via the link"
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o640
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["f.dnn", "link.dnn", "new.bin"]
 
 
 def test_dense_cost_model():

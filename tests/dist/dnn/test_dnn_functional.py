@@ -3,6 +3,8 @@ sums, channel concatenation, global pooling, 'same' padding with a stride and ce
 against PyTorch (float64, forward and one SGD step, NCHW and channels-last rows); several inputs
 and outputs with loss weights; save/load; freezing; the new ops' gradients by central
 differences; the errors. Runs at every worker count."""
+import json
+
 import numpy as np
 import pytest
 
@@ -202,6 +204,44 @@ def test_graph_model_save_load_round_trip(tmp_path):
     assert h1["loss"] == h2["loss"]
 
 
+def test_a_graph_file_with_an_index_out_of_range_is_refused(tmp_path):
+    """The graph in a model file names layers and tensors by index: each must be a whole number in
+    range. A negative one was taken from the end (Python's indexing), so a crafted file whose output
+    is -1 or whose call reads tensor -1 loaded as some other graph, silently."""
+    from dnn import serialization
+    x = dnn.Input(4)
+    out = L.Output("softmax")(L.Dense(3)(L.Dense(5, activation="tanh")(x)))
+    dnn.Model(x, out, dtype="float64").save(tmp_path / "g.dnn")
+    header, arrays = serialization.read_file(tmp_path / "g.dnn")
+    header = {k: v for k, v in header.items() if k not in ("arrays", "data_bytes")}
+    assert header["model"]["graph"]["calls"] == [[0, []], [1, [0]], [2, [1]], [3, [2]]]
+
+    def outputs(g, v):
+        g["outputs"] = [v]
+
+    def inputs(g, v):
+        g["inputs"] = [v]
+
+    def layer(g, v):
+        g["calls"][3][0] = v
+
+    def inbound(g, v):
+        g["calls"][2][1] = [v]
+    cases = [(outputs, -1, "output 0"), (outputs, True, "output 0"), (outputs, 4, "output 0"),
+             (outputs, 3.0, "output 0"), (inputs, -4, "input 0"), (layer, -1, "call 3's layer"),
+             (layer, 4, "call 3's layer"), (layer, False, "call 3's layer"), (inbound, -1, "call 2 reads tensor"),
+             (inbound, 2, "call 2 reads tensor"), (inbound, True, "call 2 reads tensor")]
+    for edit, value, what in cases:
+        bad = json.loads(json.dumps(header))
+        edit(bad["model"]["graph"], value)
+        path = tmp_path / "bad.dnn"
+        serialization.write_file(path, bad, list(arrays.items()))
+        with pytest.raises(dnn.ModelFileError, match=rf"{what} .*whole number in \[0, \d\), got {value!r}"):
+            dnn.load(path)
+    assert [layer.name for layer in dnn.load(tmp_path / "g.dnn").layers] == \
+        ["input_1", "dense_1", "dense_2", "output_1"]
+
+
 def test_a_shared_layer_is_one_set_of_weights():
     x = dnn.Input(4)
     dense = L.Dense(4, activation="tanh")
@@ -214,6 +254,34 @@ def test_a_shared_layer_is_one_set_of_weights():
     v = np.random.default_rng(0).normal(size=(5, 4))
     f = lambda z: np.tanh(z @ w + b)  # noqa: E731
     np.testing.assert_allclose(model.predict(v), (f(v) + f(f(v))) @ w2 + b2, rtol=1e-12)
+
+
+def test_a_layer_built_by_a_model_of_another_precision_is_refused():
+    """A layer is built once, in the precision of the first model that uses it; a model of another
+    precision trained its weights in that first one's dtype, silently (a float64 model with float32
+    weights). It is refused, before anything is named or built; models of one weight dtype still share
+    layers, and float16 models keep float32 weights."""
+    layers = [L.Input(4), L.Dense(3), L.Output("softmax")]
+    first = dnn.Sequential(layers, dtype="float32")
+    with pytest.raises(dnn.ConfigError, match=r"dense_1 \(Dense\) .*float32 weights.*'float64' model"):
+        dnn.Sequential(layers, dtype="float64")
+    x = dnn.Input(4)
+    fresh = L.Dense(4)
+    with pytest.raises(dnn.ConfigError, match="dense_1"):
+        dnn.Model(x, L.Output("softmax")(layers[1](fresh(x))), dtype="float64")
+    assert not fresh.built and not fresh.named         # the refusal left the new layer as it was
+    half = dnn.Sequential(layers, dtype="float16")      # float32 weights: the same ones
+    assert half.layers[1].kernel is first.layers[1].kernel
+    again = dnn.Sequential(layers, dtype="float32")
+    xs = np.random.default_rng(0).normal(size=(6, 4)).astype(np.float32)
+    np.testing.assert_array_equal(again.predict(xs), first.predict(xs))
+    wide = L.Dense(3)
+    dnn.Model(x, wide(x), loss="mse", dtype="float64")
+    with pytest.raises(dnn.ConfigError, match=r"dense_1 \(Dense\) .*float64 weights.*'float16' model"):
+        dnn.Model(x, wide(x), loss="mse", dtype="float16")
+    with pytest.raises(dnn.ConfigError, match="float64 weights"):
+        wide.build((4,), "float32")
+    assert wide.kernel.value.dtype == np.float64
 
 
 # ---- freezing ---------------------------------------------------------------------------------

@@ -419,6 +419,45 @@ def test_a_corrupt_training_state_raises_model_file_error(tmp_path):
             dnn.load(path)
 
 
+def test_arrays_the_file_does_not_account_for_raise_model_file_error(tmp_path):
+    """Every array of a model file is one the model reads (its weights, its optimizer's state, a
+    float16 model's loss scale, its layers' counters, a mid-epoch checkpoint's metric sums); any
+    other was ignored on load, silently. Files as older versions wrote them (no layer counters, no
+    training state, no optimizer_params) still load."""
+    from dnn import serialization
+    x, y = _blobs(64)
+    m = dnn.Sequential([L.Input(6), L.Dense(5), L.Dropout(0.2), L.BatchNorm(), L.Dense(3), L.Output("softmax")],
+                       dtype="float64", optimizer=dnn.optim.SGD(lr=0.05, momentum=0.9))
+    m.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    m.save(tmp_path / "m.dnn")
+    header, arrays = serialization.read_file(tmp_path / "m.dnn")
+    header = {k: v for k, v in header.items() if k not in ("arrays", "data_bytes")}
+    assert {"state/dropout_1/counter", "state/batchnorm_1/num_batches_tracked"} <= set(arrays)
+    extras = {"extra/blob": np.zeros(3), "state/ghost_1/counter": np.array(2.0),
+              "state/dense_1/counter": np.array(2.0), "state/dropout_1/steps": np.array(1.0),
+              "metrics/loss": np.array(0.5), "loss_scale/scale": np.array(8.0), "weights": np.zeros(2)}
+    for name, value in extras.items():
+        path = tmp_path / "extra.dnn"
+        serialization.write_file(path, header, list(arrays.items()) + [(name, value)])
+        with pytest.raises(dnn.ModelFileError, match=rf"arrays its header does not account for: \['{name}'\]"):
+            dnn.load(path)
+        before = m.get_weights()
+        with pytest.raises(dnn.ModelFileError, match=name):
+            m.load_weights(path)
+        for a, b in zip(m.get_weights(), before):     # refused before anything was written
+            np.testing.assert_array_equal(a, b)
+    # as older versions wrote it: version 1 (no training state, no layer counters) and version 2
+    # before optimizer_params
+    old = {k: v for k, v in header.items() if k not in ("training", "optimizer_params")}
+    serialization.write_file(tmp_path / "v1.dnn", old, [(k, v) for k, v in arrays.items()
+                                                          if not k.startswith("state/")])
+    serialization.write_file(tmp_path / "v2.dnn", {k: v for k, v in header.items() if k != "optimizer_params"},
+                             list(arrays.items()))
+    for name in ("v1.dnn", "v2.dnn", "m.dnn"):
+        for a, b in zip(dnn.load(tmp_path / name).get_weights(), m.get_weights()):
+            np.testing.assert_array_equal(a, b)
+
+
 def test_model_files_take_the_umask_and_array_initializers_save(tmp_path):
     """A saved model is readable as any new file is (0o666 less the umask, not mkstemp's 0o600); a model
     whose kernel started from a numpy array saves and loads (its config keeps the array's shape)."""
@@ -434,6 +473,22 @@ def test_model_files_take_the_umask_and_array_initializers_save(tmp_path):
     for a, b in zip(m.get_weights(), n.get_weights()):
         np.testing.assert_array_equal(a, b)
     assert n.layers[1].get_config()["kernel_init"] == {"name": "array", "shape": [6, 3]}
+
+
+def test_saving_over_a_read_only_model_file_keeps_it_read_only(tmp_path):
+    """A save replaces the file by a rename (allowed over a read-only file in a writable directory):
+    the new file keeps the old one's permission bits, as `cp` over it would (it came out 0o644)."""
+    x, y = _blobs(64)
+    m = _small()
+    path = tmp_path / "ro.dnn"
+    m.save(path)
+    os.chmod(path, 0o444)
+    m.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    m.save(path)
+    assert (os.stat(path).st_mode & 0o7777) == 0o444
+    for a, b in zip(dnn.load(path).get_weights(), m.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    assert os.listdir(tmp_path) == ["ro.dnn"]
 
 
 def test_targets_batch_sizes_and_inputs_are_checked_before_any_step():
