@@ -27,6 +27,15 @@ file, or an entry whose stored fields do not match its digest, is ignored
 with a `TuneCacheWarning` and never trusted; a cached choice that fails to
 build or run falls back to tuning (the callers' `adopt`).
 
+The digest is the entry's name, not a seal: it leaves out the value, since
+a lookup knows only the kind, machine and key it asks for, and whoever can
+edit the file can compute a SHA-256 as well. So each caller checks the value
+it adopts (its structure and types, and that the choice builds and runs
+here), and a value it cannot use is tuned again. Reading never trusts the
+file's shape either: JSON nested past the recursion limit, a NaN or a number
+no float holds (1e999 reads as infinity) make the file corrupt, and an
+entry whose fields cannot be digested is dropped as malformed.
+
 Several processes share the file. Writers merge: each takes an exclusive
 lock on PATH.lock (flock, released by the kernel if the process dies),
 re-reads the file, adds its entries and replaces the file atomically
@@ -48,6 +57,7 @@ known before the first step runs; parallel tuning needs neither.
 import errno
 import hashlib
 import json
+import math
 import os
 import re
 import socket
@@ -168,8 +178,10 @@ class TuneCache:
             return {}, True
         ours = _OURS.match(raw) is not None
         try:
-            doc = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant)
-        except (UnicodeDecodeError, ValueError) as exc:
+            doc = json.loads(raw.decode("utf-8"), parse_constant=_refuse_constant, parse_float=_finite_float)
+        except (UnicodeDecodeError, ValueError, RecursionError) as exc:
+            # (RecursionError: arrays or objects nested deeper than the interpreter's recursion limit,
+            # which the decoder raises cleanly; no cache this module writes is nested more than a few deep)
             what = "truncated or corrupt" if ours else "not a dmath tuning cache"
             _warn(f"tuning cache {self.path} is {what} ({type(exc).__name__}: {exc}): ignored"
                   + ("; the next choice written replaces it" if ours else "; never replaced"))
@@ -288,6 +300,15 @@ def _refuse_constant(name):
     raise ValueError(f"{name} is not a value a tuning cache holds")
 
 
+def _finite_float(text):
+    """A JSON number with a fraction or exponent as a float; ValueError for one no float holds (json reads
+    1e999 as infinity, which this module never writes: its JSON is written with allow_nan=False)."""
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text[:40]} is beyond every float: not a value a tuning cache holds")
+    return value
+
+
 def _valid(name, entry):
     """True when an entry read from a file is well formed and stored under its own digest."""
     if not isinstance(entry, dict):
@@ -296,7 +317,12 @@ def _valid(name, entry):
     if not (isinstance(kind, str) and isinstance(machine, dict) and isinstance(key, dict)
             and isinstance(value, dict)):
         return False
-    return name == digest(kind, machine, key)
+    try:
+        return name == digest(kind, machine, key)
+    except (ValueError, RecursionError):
+        # fields the canonical JSON refuses (a non-finite float) or cannot nest that deep: such an entry
+        # was not written here, and the file's reading must not fail on it (its caller counts it malformed)
+        return False
 
 
 class _Lock:
@@ -344,11 +370,13 @@ def decide(kind, machine, key, adopt, tune):
     """A choice for (kind, machine, key) under DMATH_TUNE, through the cache.
 
     adopt(value) turns a cached value into the choice, or returns None when
-    it cannot (the plan does not build here, the algorithm is refused):
-    then the key is tuned as if nothing were cached. tune(mode) makes the
-    choice ('off': the heuristics' first, 'fast': a few timed, 'full': all
-    timed) and returns (choice, value to cache or None). Returns
-    (choice, source) with source 'cache', 'off', 'fast' or 'full'.
+    it cannot (the value is not of the shape and types tune writes: the
+    digest does not cover it; the plan does not build here, the algorithm
+    is refused): then the key is tuned as if nothing were cached.
+    tune(mode) makes the choice ('off': the heuristics' first, 'fast': a
+    few timed, 'full': all timed) and returns (choice, value to cache or
+    None). Returns (choice, source) with source 'cache', 'off', 'fast' or
+    'full'.
     """
     how = mode()
     cache = shared() if how != "off" else None

@@ -40,7 +40,7 @@ import numpy as np
 
 from .. import memory
 from ..backend import canonical_dtype
-from ..errors import DMathError, LayoutError, ShapeError
+from ..errors import DMathError, DTypeError, LayoutError, ShapeError
 from ..layout import RowBlock
 from ..layout import indexset as ix
 from ..memory import kinds
@@ -162,8 +162,12 @@ FROM_FILE = define("from_file", FromFileArgs)
 def _file_dtype(value):
     try:
         dt = np.dtype(value)
-    except TypeError as exc:
-        raise DMathError(f"from_file: unknown file_dtype {value!r}") from exc
+    except (TypeError, ValueError, RecursionError) as exc:
+        # NumPy raises TypeError for a spec it does not understand, ValueError for one it understands
+        # but refuses (a field at a negative offset, a negative sub-array size), RecursionError for
+        # specs nested past the recursion limit
+        raise DMathError(f"from_file: unknown or invalid file_dtype {value!r:.200} ({type(exc).__name__}: "
+                         f"{exc})") from exc
     if dt.kind not in "iuf":
         raise DMathError(f"from_file: file_dtype must be an integer or float type, got {dt}")
     return dt
@@ -211,8 +215,10 @@ def from_file(path, shape=None, dtype=None, *, offset=None, file_dtype=None, lay
     matrix), or a raw binary file with shape, file_dtype and offset given
     (C order, e.g. the pixels of an IDX file after its header). shape
     reshapes a .npy array of the same size. dtype: the matrix's dtype
-    (default: the file's when it is float16/32/64, else float32); values are
-    converted as they are read. layout None means RowBlock(). memory: the
+    (default: the file's when it is float16/32/64, else float32; integers
+    wider than 16 bits and long doubles need it given); values are converted
+    as they are read, and a finite value beyond the dtype's range (it would
+    read as inf) raises DMathError. layout None means RowBlock(). memory: the
     memory kind of the pieces read. mapped=True maps the pieces instead of
     reading them: host memory that the OS reads on use (copy-on-write: a
     write never reaches the file); needs dtype equal to the file's, a
@@ -228,6 +234,11 @@ def from_file(path, shape=None, dtype=None, *, offset=None, file_dtype=None, lay
             # for the user would change values without a word
             raise DMathError(f"from_file: {path} holds {stored} values, which float32 may round; pass dtype= "
                              f"('float64' holds integers up to 2**53 exactly)")
+        if stored.kind == "f" and stored.itemsize > 8:
+            # as from_numpy refuses a long double array: float32 would round every value, and one
+            # beyond its range would read as inf
+            raise DTypeError(f"from_file: {path} holds {stored} (long double) values, wider than any dmath dtype; "
+                             f"pass dtype= ('float64' rounds them; a value beyond its range is refused)")
         dtype = stored.name if stored.kind == "f" and stored.name in ("float16", "float32", "float64") else "float32"
     dtype = canonical_dtype(dtype)
     out = new_meta(layout, (spec.rows, spec.cols), dtype)
@@ -264,20 +275,66 @@ def _path(path):
 
 
 def _raise_problems(problems):
-    """DMathError when some worker read another version of the file than the master checked.
+    """DMathError when some worker read another version of the file than the master checked, or
+    met a value that the matrix's dtype cannot hold. `problems`: each worker's (what, text) or None.
 
     The matrix is then dropped (the caller holds no reference): every worker read, or failed to
     read, before the kernel gathered these reports, so nothing reads the file after this returns.
     """
-    bad = [(rank, text) for rank, text in enumerate(problems or ()) if text]
-    if bad:
+    bad = [(rank, problem) for rank, problem in enumerate(problems or ()) if problem]
+    if not bad:
+        return
+    # a file that changed explains any value in it: that is the report then
+    changed = [(rank, text) for rank, (what, text) in bad if what == "changed"]
+    if changed:
         raise DMathError("from_file: the file changed while the workers read it; nothing was made:\n"
-                         + "\n".join(f"  worker {rank}: {text}" for rank, text in bad))
+                         + "\n".join(f"  worker {rank}: {text}" for rank, text in changed))
+    raise DMathError("from_file: the file holds values beyond the range of the matrix's dtype (they would "
+                     "read as inf); pass a wider dtype=; nothing was made:\n"
+                     + "\n".join(f"  worker {rank}: {text}" for rank, (_, text) in bad))
 
 
 # ---- kernel -------------------------------------------------------------------------------
 class FileChanged(DMathError):
     """The file is not the version the master checked, or changed while a worker read it."""
+
+
+class OutOfRange(DMathError):
+    """A finite value of the file lies beyond the range of the matrix's dtype (it would read as inf)."""
+
+
+def _may_overflow(stored, dtype):
+    """Whether some finite value of the file's type `stored` lies beyond the largest of the float `dtype`
+    (pure): a wider float (float64 into float32, a long double into float64), or an integer type
+    past float16's 65504."""
+    top = np.finfo(dtype).max
+    if stored.kind == "f":
+        return bool(np.finfo(stored).max > top)
+    info = np.iinfo(stored)
+    return info.max > float(top) or info.min < -float(top)      # (Python int against float: exact)
+
+
+def _check_range(band, converted, spec, row, columns):
+    """OutOfRange when a finite value of `band` (as the file stores it) became inf in `converted` (the
+    same rows in the matrix's dtype); `row`: the band's first row in the file, `columns`: the file's
+    column of each of the band's columns. The file's own infinities and NaNs are values: read as they are."""
+    inf = np.isinf(converted)
+    if not inf.any():
+        return
+    bad = inf & np.isfinite(band)
+    if not bad.any():
+        return
+    i, j = (int(k) for k in np.argwhere(bad)[0])
+    v = band[i, j]
+    if v.dtype.kind == "f":
+        # 7 significant digits, whatever the width (float() would make a long double past float64 inf);
+        # NumPy leaves a dot before the exponent where it trims every digit after it ('1.e+300')
+        text = np.format_float_scientific(v, precision=6, trim="-").replace(".e", "e")
+    else:
+        text = str(int(v))
+    raise OutOfRange(f"{spec.path}: the value {text} at row {row + i}, column {int(columns[j])} lies beyond the "
+                     f"range of {converted.dtype} ({int(bad.sum())} such value(s) in rows {row} to "
+                     f"{row + band.shape[0] - 1})")
 
 
 def _verified(attribute):
@@ -358,6 +415,9 @@ def _read_piece(f, spec, piece, out):
     whole = 2 * span >= row_bytes
     step = max(1, _READ_BYTES // max(1, span))
     raw = staging = None
+    # converting to a narrower float, a finite value may become inf: each band is checked (numpy only warns)
+    check = _may_overflow(stored, np.dtype(out.dtype))
+    columns = np.arange(c0, c1)[sel]
     k = 0
     for r0, r1 in piece.rows:
         for a in range(r0, r1, step):
@@ -376,12 +436,18 @@ def _read_piece(f, spec, piece, out):
                 band = buf.view(stored).reshape(n, c1 - c0)
             band = band[:, sel]
             if isinstance(out, np.ndarray):
-                out[k:k + n] = band
+                with np.errstate(over="ignore"):
+                    out[k:k + n] = band
+                if check:
+                    _check_range(band, out[k:k + n], spec, a, columns)
             else:
                 if staging is None:
                     staging = memory.host_empty((min(step, out.shape[0]), out.shape[1]), out.dtype)
                 part = staging[:n]
-                part[...] = band
+                with np.errstate(over="ignore"):
+                    part[...] = band
+                if check:
+                    _check_range(band, part, spec, a, columns)
                 out[k:k + n].set(part)       # synchronous: the staging rows are refilled next
             k += n
 
@@ -399,7 +465,9 @@ def _from_file(call):
         try:
             shard = _read(spec, mapped, pieces, dist, dtype, kind)
         except FileChanged as exc:
-            problem = str(exc)
+            problem = ("changed", str(exc))
+        except OutOfRange as exc:
+            problem = ("range", str(exc))
     if shard is None:       # no pieces here, or a problem that the master raises (dropping the matrix)
         kind = "host" if mapped else kind
         shard = new_shard([compute_empty(kind, p.shape, dtype) for p in pieces], dist, dtype, kind)

@@ -27,7 +27,10 @@ choice goes to dmath's tuning cache (kind 'dnn_parallel', keyed by the
 model's layers, batch, workers, dtype, machine and this timing rule), so a
 second run of the same model starts with it:
 DMATH_TUNE=off takes the cost model's choice untimed, 'fast' a cached one
-when there is one, 'full' always times. `Model.explain_parallel()` says
+when there is one, 'full' always times. A cached value is checked before it
+is adopted (the cache's digest does not cover it): one that is not what a
+trial stores is a miss, with a TuneCacheWarning, and the candidates are
+timed again. `Model.explain_parallel()` says
 what was timed and what was chosen.
 
 The batch size of a trial is the epoch's full batch (every sample when
@@ -39,7 +42,9 @@ import hashlib
 import json
 import platform
 import statistics
+import sys
 import time
+import warnings
 
 import dmath
 from dmath import tuning
@@ -53,6 +58,8 @@ KIND = "dnn_parallel"
 #: how the candidates were timed, part of the cache key: choices an older rule made (the mean of
 #: three steps, the capture among them) are not trusted
 RULE = f"median of {TIMED} after {WARM}"
+#: the largest timing a cached value may hold (a larger number is no float: float() of it overflows)
+_LARGEST = sys.float_info.max
 
 
 def undecided(model):
@@ -79,6 +86,26 @@ def typical(seconds):
 def fastest(ms):
     """The name of the smallest time in {name: ms per step}; ties go to the first (pure)."""
     return min(ms, key=lambda name: ms[name])
+
+
+def invalid_cached(value, names):
+    """Why a value read from the tuning cache is not one a Trial of the candidates `names` stores
+    ({'choice': one of them, 'ms': {each of them: milliseconds per step, finite and >= 0}}), or None
+    when it is (pure). The cache's digest names an entry by its kind, machine and key and leaves the
+    value out (see dmath.tuning): a value edited by hand, or written by something else, reaches this
+    check with its digest intact, and must cost a new timing, not the fit."""
+    if not isinstance(value, dict):
+        return f"a {type(value).__name__}, not a dict"
+    choice, ms = value.get("choice"), value.get("ms")
+    if not isinstance(choice, str) or choice not in names:
+        return f"the choice {choice!r}, not one of the candidates {list(names)}"
+    if not isinstance(ms, dict) or set(ms) != set(names):
+        return f"the timings (ms) {ms!r:.120}, not one per candidate"
+    for name, t in ms.items():
+        # (bool is an int to Python: True is no timing; an int of 400 digits overflows float())
+        if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t <= _LARGEST:
+            return f"the timing (ms) {t!r:.40} of {name!r}, not a finite number of milliseconds"
+    return None
 
 
 def machine():
@@ -131,10 +158,16 @@ class Trial:
         if how == "fast":
             cache = tuning.shared()
             cached = cache.get(KIND, self.machine, self.key) if cache is not None else None
-            if isinstance(cached, dict) and cached.get("choice") in self.options:
-                self.ms = {n: float(v) for n, v in cached.get("ms", {}).items() if n in self.options}
-                self._finish(cached["choice"], "tuning cache")
-                return
+            if cached is not None:
+                why = invalid_cached(cached, self.names)
+                if why is None:
+                    self.ms = {n: float(v) for n, v in cached["ms"].items()}
+                    self._finish(cached["choice"], "tuning cache")
+                    return
+                # a miss: these candidates are timed, and the entry rewritten with their timings
+                warnings.warn(f"tuning cache {cache.path}: the {KIND} entry of these layers at batch {batch} "
+                              f"holds {why}: ignored, the candidates are timed again", tuning.TuneCacheWarning,
+                              stacklevel=2)
         self._adopt(self.names[0])
 
     # ---- the steps ---------------------------------------------------------------------------

@@ -314,6 +314,65 @@ def test_get_checks_the_stored_fields(path):
         assert cache.get("conv", MACHINE, KEY) is None
 
 
+def test_a_file_nested_too_deeply_to_read_is_ignored_then_replaced(path):
+    """JSON nested 200,000 deep (a valid beginning, then brackets) makes the decoder exceed the
+    recursion limit: a corrupt file like any other, not a RecursionError out of the first choice."""
+    _write(path, '{"format":"dmath-tune-cache","version":1,"entries":' + "[" * 200_000 + "]" * 200_000 + "}")
+    t = FakeTuner()
+    with pytest.warns(tuning.TuneCacheWarning, match="truncated or corrupt.*RecursionError"):
+        assert t.decide() == (("built", "plan-b"), "fast")
+    assert t.adopted == [] and t.tuned == ["fast"]
+    (entry,) = _entries(path).values()              # it began as ours: rewritten whole
+    assert entry["value"]["name"] == "plan-b"
+
+
+def test_a_number_beyond_every_float_makes_the_file_corrupt(path):
+    """1e999 reads as infinity in Python's json, which no cache this module writes holds (it writes
+    with allow_nan=False): refused at parse time as the literals NaN and Infinity are, where it
+    escaped as a ValueError from the digest of the entry."""
+    good_key = dict(KEY, n=128)
+    good = {"kind": "conv", "machine": MACHINE, "key": good_key, "value": {"name": "plan-k"}}
+    text = json.dumps({"format": tuning.FORMAT, "version": tuning.VERSION, "entries": {
+        tuning.digest("conv", MACHINE, good_key): good,
+        "x": {"kind": "conv", "machine": {"a": 12345}, "key": {}, "value": {}}}}).replace("12345", "1e999")
+    for number in ("1e999", "-1e999", "Infinity", "NaN"):
+        _write(path, text.replace("1e999", number))
+        tuning._CACHES.clear()
+        t = FakeTuner()
+        with pytest.warns(tuning.TuneCacheWarning, match=f"truncated or corrupt.*{number}"):
+            assert t.decide(key=good_key) == (("built", "plan-b"), "fast")
+        assert t.adopted == []
+
+
+def test_an_entry_that_cannot_be_digested_is_malformed_not_a_crash():
+    """The per-entry check returns False for fields the canonical JSON refuses (a non-finite float,
+    nesting past the recursion limit) instead of raising out of the file's reading."""
+    deep = {}
+    for _ in range(100_000):
+        deep = {"d": deep}
+    for machine in ({"a": float("inf")}, {"a": float("nan")}, deep):
+        assert tuning._valid("0" * 64, {"kind": "conv", "machine": machine, "key": KEY, "value": {}}) is False
+    assert tuning._valid(tuning.digest("conv", MACHINE, KEY),
+                         {"kind": "conv", "machine": MACHINE, "key": KEY, "value": {}}) is True
+
+
+def test_inf_entries_among_good_ones_cost_one_warning(path, monkeypatch):
+    """An entry whose fields cannot be digested (here let through by a parser that accepts 1e999)
+    is counted among the malformed ones: one warning for the file; its good entries are used."""
+    monkeypatch.setattr(tuning, "_finite_float", float)
+    good_key = dict(KEY, n=128)
+    good = {"kind": "conv", "machine": MACHINE, "key": good_key, "value": {"name": "plan-k"}}
+    _write(path, json.dumps({"format": tuning.FORMAT, "version": tuning.VERSION, "entries": {
+        tuning.digest("conv", MACHINE, good_key): good,
+        "x": {"kind": "conv", "machine": {"a": 12345}, "key": {}, "value": {}},
+        "y": {"kind": "conv", "machine": MACHINE, "key": {"n": 12345}, "value": {}}}}).replace("12345", "1e999"))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert FakeTuner().decide(key=good_key) == (("built", "plan-k"), "cache")
+    messages = [str(w.message) for w in caught if issubclass(w.category, tuning.TuneCacheWarning)]
+    assert len(messages) == 1 and "2 entries malformed" in messages[0]
+
+
 @pytest.mark.parametrize("kind", ["symlink", "fifo"])
 def test_non_regular_file_is_not_read_or_replaced(path, tmp_path, kind):
     if kind == "symlink":

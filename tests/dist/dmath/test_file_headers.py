@@ -55,3 +55,21 @@ def test_a_path_that_is_not_a_readable_file_is_refused_on_the_master(tmp_path):
     np.arange(4, dtype=np.float32).tofile(raw)
     np.testing.assert_array_equal(dmath.from_file(str(raw), shape=(2, 2), file_dtype="float32").to_numpy(),
                                   np.arange(4, dtype=np.float32).reshape(2, 2))     # still usable
+
+
+@pytest.mark.parametrize("file_dtype", [
+    {"names": ["a"], "formats": ["f4"], "offsets": [-5]},       # NumPy: ValueError, offset cannot be negative
+    ("f4", -1),                                                 # ValueError: a negative sub-array dimension
+    {"names": ["a", "b"], "formats": ["f4"]},                   # ValueError: entries of unequal lengths
+    {"names": ["a"], "formats": ["f4"], "offsets": ["x"]},      # TypeError
+    "f99",                                                      # TypeError: not understood
+], ids=["negative-offset", "negative-dim", "unequal-lengths", "offset-str", "unknown-name"])
+def test_a_file_dtype_numpy_refuses_is_a_dmath_error(tmp_path, file_dtype):
+    """Whatever NumPy raises for a dtype spec it refuses (ValueError as well as TypeError), from_file
+    raises DMathError on the master; nothing is read."""
+    raw = tmp_path / "r.bin"
+    raw.write_bytes(bytes(64))
+    with pytest.raises(dmath.DMathError, match="file_dtype"):
+        dmath.from_file(str(raw), shape=(2, 4), file_dtype=file_dtype)
+    np.testing.assert_array_equal(dmath.from_file(str(raw), shape=(2, 4), file_dtype="float32").to_numpy(),
+                                  np.zeros((2, 4), np.float32))      # still usable

@@ -138,6 +138,57 @@ def test_wide_integer_files_need_an_explicit_dtype(tmp_path):
     np.testing.assert_array_equal(dmath.from_file(path).to_numpy(), np.arange(6).reshape(2, 3))
 
 
+WIDE = np.finfo(np.longdouble).max > np.finfo(np.float64).max
+
+
+@pytest.mark.skipif(not WIDE, reason="long double is float64 on this machine")
+def test_long_double_files_need_an_explicit_dtype_whose_range_holds_them(tmp_path):
+    """A float128 (long double) .npy is wider than every dmath dtype: refused without dtype=, as
+    from_numpy refuses such an array (it defaulted to float32, and 1e300 read as inf with only
+    NumPy's warning); with dtype= its values are converted, and one beyond the dtype's range is
+    refused instead of read as inf."""
+    path = str(tmp_path / "ld.npy")
+    a = np.array([[1e300, 1.0], [-2.5, 3.0]], dtype=np.longdouble)
+    np.save(path, a)
+    with pytest.raises(dmath.DTypeError, match=r"float128 .*long double.*pass dtype="):
+        dmath.from_file(path)
+    np.testing.assert_array_equal(dmath.from_file(path, dtype="float64").to_numpy(), a.astype(np.float64))
+    with pytest.raises(dmath.DMathError, match=r"worker \d+: /\S+ld.npy: the value 1e\+300 at row 0, column 0 lies "
+                                               r"beyond the range of float32"):
+        dmath.from_file(path, dtype="float32")
+    a[1, 1] = np.longdouble("1e4000")                       # beyond float64 too
+    np.save(path, a)
+    with pytest.raises(dmath.DMathError, match=r"1e\+4000.* row 1, column 1 .*float64"):
+        dmath.from_file(path, dtype="float64", layout=dmath.Replicated())
+    _usable()
+
+
+@pytest.mark.parametrize("lay", LAYOUTS, ids=lambda lay: type(lay).__name__)
+def test_a_value_beyond_the_dtypes_range_is_refused_not_read_as_inf(tmp_path, lay):
+    """Converting as they are read, the workers refuse a finite value the matrix's dtype cannot hold
+    (it would read as inf); the file's own infinities and NaNs are values, read as they are."""
+    path = str(tmp_path / "x.npy")
+    a = values((9, 7), 4)
+    a[2, 3], a[5, 0], a[0, 6] = np.inf, -np.inf, np.nan
+    np.save(path, a)
+    np.testing.assert_array_equal(dmath.from_file(path, dtype="float32", layout=lay).to_numpy(),
+                                  a.astype(np.float32))
+    a[7, 5] = -1e39                                         # beyond float32's 3.4e38
+    np.save(path, a)
+    with pytest.raises(dmath.DMathError, match=r"worker \d+: /\S+x.npy: the value -1e\+39 at row 7, column 5 lies "
+                                               r"beyond the range of float32"):
+        dmath.from_file(path, dtype="float32", layout=lay)
+    with pytest.raises(dmath.DMathError, match=r"row 7, column 5 .*float16"):
+        dmath.from_file(path, dtype="float16", layout=lay)
+    raw = str(tmp_path / "u.bin")
+    np.array([[1, 65504, 65535]], dtype=np.uint16).tofile(raw)     # float16's largest is 65504
+    with pytest.raises(dmath.DMathError, match=r"65535 at row 0, column 2 .*float16"):
+        dmath.from_file(raw, shape=(1, 3), file_dtype="uint16", dtype="float16", layout=lay)
+    np.testing.assert_array_equal(dmath.from_file(raw, shape=(1, 3), file_dtype="uint16", layout=lay).to_numpy(),
+                                  [[1, 65504, 65535]])
+    _usable()
+
+
 @pytest.mark.parametrize("placement", ["host", "mapped"])
 def test_dataset_from_npy_replaced_right_after(tmp_path, placement):
     path = str(tmp_path / "x.npy")

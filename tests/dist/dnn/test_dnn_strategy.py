@@ -3,6 +3,9 @@
 Oracles: the same training with the strategy fixed (the candidates compute the same values, float64),
 the cost model's choice where timing is off, and the cache's entry read back by a second model.
 """
+import json
+import os
+
 import numpy as np
 import pytest
 
@@ -159,3 +162,61 @@ def test_a_decided_step_is_recorded_once(cache, monkeypatch, how):
     train = m2._last_program()
     m2.fit(data, batch_size=8, epochs=1, verbose=0)
     assert m2._last_program() is train
+
+
+NAMES = ["data", "cost model (dense_1: model)"]
+
+
+@pytest.mark.parametrize("value, why", [
+    ({"choice": "data", "ms": {"data": 1.5, NAMES[1]: 2}}, None),
+    ({"choice": NAMES[1], "ms": {"data": 0, NAMES[1]: 0.25}}, None),
+    ([1, 2], "not a dict"),
+    ({"ms": {"data": 1.0, NAMES[1]: 2.0}}, "choice"),
+    ({"choice": ["data"], "ms": {"data": 1.0, NAMES[1]: 2.0}}, "choice"),
+    ({"choice": "model", "ms": {"data": 1.0, NAMES[1]: 2.0}}, "choice"),
+    ({"choice": "data", "ms": "garbage"}, "ms"),
+    ({"choice": "data", "ms": [1, 2]}, "ms"),
+    ({"choice": "data"}, "ms"),
+    ({"choice": "data", "ms": {"data": "fast", NAMES[1]: 2.0}}, "ms"),
+    ({"choice": "data", "ms": {"data": True, NAMES[1]: 2.0}}, "ms"),
+    ({"choice": "data", "ms": {"data": -1.0, NAMES[1]: 2.0}}, "ms"),
+    ({"choice": "data", "ms": {"data": float("nan"), NAMES[1]: 2.0}}, "ms"),
+    ({"choice": "data", "ms": {"data": 10 ** 400, NAMES[1]: 2.0}}, "ms"),      # float() overflows
+    ({"choice": "data", "ms": {"data": float("inf"), NAMES[1]: 2.0}}, "ms"),
+    ({"choice": "data", "ms": {"data": {"x": 1}, NAMES[1]: 2.0}}, "ms"),
+    ({"choice": "data", "ms": {"data": 1.0}}, "ms"),
+    ({"choice": "data", "ms": {"data": 1.0, NAMES[1]: 2.0, "other": 3.0}}, "ms"),
+], ids=lambda v: repr(v)[:40])
+def test_a_cached_value_is_checked_before_it_is_adopted(value, why):
+    """The cache's digest names an entry by its kind, machine and key, not its value: the value read
+    back must be what a Trial stores ({'choice': a candidate, 'ms': {each candidate: milliseconds}})."""
+    got = strategy.invalid_cached(value, NAMES)
+    assert got is None if why is None else why in got
+
+
+@pytest.mark.parametrize("value", [{"choice": "data", "ms": "garbage"}, {"choice": "data", "ms": {"data": "fast"}},
+                                   {"choice": ["data"], "ms": {}}, {"choice": "data", "ms": [1, 2]}],
+                         ids=["ms-str", "ms-value-str", "choice-list", "ms-list"])
+def test_a_cached_value_of_the_wrong_shape_is_timed_again(cache, value):
+    """A cache entry whose value was edited (its digest still matches: it does not cover the value) is
+    a miss with a TuneCacheWarning: the candidates are timed again and the entry rewritten. It killed
+    the fit with an AttributeError, ValueError or TypeError."""
+    if P == 1:
+        return                          # one candidate: the cache is not read
+    x, y = _data()
+    _model().fit(x, y, batch_size=8, epochs=1, verbose=0)
+    with open(cache.path) as f:
+        doc = json.load(f)
+    (entry,) = doc["entries"].values()
+    entry["value"] = value
+    with open(cache.path + ".new", "w") as f:
+        json.dump(doc, f)
+    os.replace(cache.path + ".new", cache.path)
+    m = _model()
+    with pytest.warns(tuning.TuneCacheWarning, match="dnn_parallel.*ignored"):
+        m.fit(x, y, batch_size=8, epochs=1, verbose=0)
+    report = m.parallel_report[8]
+    assert report["how"] == "measured" and report["chosen"] == strategy.fastest(report["ms_per_step"])
+    with open(cache.path) as f:
+        (entry,) = json.load(f)["entries"].values()
+    assert strategy.invalid_cached(entry["value"], list(report["candidates"])) is None
