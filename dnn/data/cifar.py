@@ -9,7 +9,7 @@ import os
 import numpy as np
 
 from .errors import DataError
-from .files import find_file, read_bytes
+from .files import checked_path, find_file, read_bytes
 
 IMAGE_SHAPE = (3, 32, 32)
 RECORD = 1 + 3 * 32 * 32
@@ -33,13 +33,14 @@ def parse_cifar10(raw, what="CIFAR-10 data"):
 
 def read_cifar10_batch(path):
     """One CIFAR-10 binary batch file (optionally .gz): (x, y) as parse_cifar10."""
-    return parse_cifar10(read_bytes(path), os.fspath(path))
+    path = checked_path(path, "read_cifar10_batch")
+    return parse_cifar10(read_bytes(path), path)
 
 
 def load_cifar10(directory):
     """((x_train, y_train), (x_test, y_test)) from the binary batches in `directory` (or in its
     cifar-10-batches-bin folder, as the archive unpacks)."""
-    directory = os.fspath(directory)
+    directory = checked_path(directory, "load_cifar10")
     inner = os.path.join(directory, "cifar-10-batches-bin")
     if os.path.isdir(inner):
         directory = inner

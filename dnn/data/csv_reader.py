@@ -6,12 +6,11 @@ the error says exactly where the file is wrong. Non-finite values (nan, inf)
 are refused too: they are never what a data file means to hold.
 """
 import csv
-import os
 
 import numpy as np
 
 from .errors import DataError
-from .files import read_bytes
+from .files import checked_path, read_bytes
 
 _DTYPES = ("float16", "float32", "float64")
 
@@ -138,12 +137,19 @@ def read_csv(path, label_column=None, delimiter=",", header="auto", dtype="float
     header: 'auto' (the first line is a header when it is not all numbers),
     True or False. dtype: x's dtype. Blank lines are skipped. Raises
     DataError for a missing file, an empty file, a non-numeric or
-    non-finite value, rows of different lengths, or a bad label.
+    non-finite value, rows of different lengths, or a bad label, and for
+    what is not a regular file (a FIFO, a directory) or does not fit in
+    memory; ConfigError for a path that is not a str or os.PathLike.
     """
-    path = os.fspath(path)
+    path = checked_path(path, "read_csv")
     raw = read_bytes(path)
     try:
         text = raw.decode("utf-8")
+        return parse_csv(text, path, label_column, delimiter, header, dtype)
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: not a text file ({exc})") from exc
-    return parse_csv(text, path, label_column, delimiter, header, dtype)
+    except MemoryError as exc:
+        # (the text, its lines and the float64 parse take several times the file's bytes: a file that
+        # fits in memory may still not parse there)
+        raise DataError(f"{path}: not enough memory to read its {len(raw):,} bytes as CSV (the parse needs "
+                        f"several times that): split the file, or read it in parts") from exc

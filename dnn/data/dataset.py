@@ -31,11 +31,12 @@ import os
 import numpy as np
 
 import dmath
+from dmath.ops.files import open_regular
 
 from ..errors import ConfigError, ShapeError
 from ..graph.node import canonical_dtype
 from .errors import DataError
-from .files import find_file
+from .files import checked_path, find_file
 from .idx import IDX_TYPES, MNIST_FILES, read_idx
 
 PLACEMENTS = ("auto", "device", "host", "mapped")
@@ -146,17 +147,25 @@ class Dataset:
         A 1-D file is N samples of one value. y: labels or targets as numpy
         arrays (small: placed from the master). The master reads only the
         header: the values are not checked for NaN or infinity (a model
-        trained on them stops at its non-finite loss).
+        trained on them stops at its non-finite loss). dtype: as Dataset's;
+        a file of integers wider than 16 bits or of long doubles needs it
+        given (float32 would round them, or turn a long double beyond its
+        range into inf), and a finite value beyond its range is refused as
+        the workers read it (dmath.from_file: DataError), never read as inf.
         """
+        path = checked_path(path, "Dataset.from_npy")
         _ensure_runtime()
         from dmath.ops.files import npy_spec     # the header is checked before anything is sent
         try:
-            spec = npy_spec(os.fspath(path))
+            spec = npy_spec(path)
         except dmath.DMathError as exc:
             raise DataError(str(exc)) from exc
         placement = _check_placement(placement, allow_mapped=True)
-        with open(spec.path, "rb") as f:
-            shape = _npy_shape(f)
+        try:
+            with open_regular(spec.path) as f:        # (npy_spec found a regular file: it still is one)
+                shape = _npy_shape(f)
+        except OSError as exc:
+            raise DataError(f"{spec.path}: cannot be read ({exc})") from exc
         # samples along the first axis; a 1-D file is N samples of one value, as a 1-D array is
         n, features = (spec.rows, spec.cols) if len(shape) > 1 else (spec.cols, 1)
         if n == 0 or features == 0:
@@ -166,6 +175,10 @@ class Dataset:
         if dtype is None and stored.kind in "iu" and stored.itemsize > 2:
             raise DataError(f"{spec.path}: holds {stored} samples, which float32 may round: pass dtype= "
                             f"(float32 holds 8- and 16-bit integers exactly)")
+        if dtype is None and stored.kind == "f" and stored.name not in dmath.DTYPES:
+            # (the float32 default turned 1e300 into inf with only NumPy's warning)
+            raise DataError(f"{spec.path}: holds {stored.name} (long double) samples, wider than any dmath dtype: "
+                            f"pass dtype= ('float64' rounds them; a value beyond its range is refused)")
         dtype = _storage_dtype(None, dtype) if dtype is not None else (
             stored.name if stored.name in dmath.DTYPES else "float32")
         nbytes = n * features * np.dtype(dtype).itemsize
@@ -200,6 +213,7 @@ class Dataset:
         float16 pixel values 0..255, exact, scaled on the device); gzipped
         ones are decompressed on the master and placed from there.
         """
+        directory = checked_path(directory, "Dataset.from_mnist")
         if split not in ("train", "test"):
             raise ConfigError(f"Dataset.from_mnist: split must be 'train' or 'test', got {split!r}")
         _ensure_runtime()
@@ -505,7 +519,7 @@ def _npy_shape(f):
 def _idx_header(path, expected):
     """(shape, data offset) of an uncompressed IDX file holding `expected` values; checks its size."""
     try:
-        with open(path, "rb") as f:
+        with open_regular(path) as f:
             head = f.read(4)
             if len(head) < 4 or head[0] or head[1] or IDX_TYPES.get(head[2]) != expected or head[3] == 0:
                 raise DataError(f"{path}: not an IDX file of {expected.name} values (header {head.hex()})")
@@ -516,7 +530,7 @@ def _idx_header(path, expected):
     if dims.size != head[3] or 0 in dims:
         raise DataError(f"{path}: truncated or empty IDX header")
     offset = 4 + 4 * head[3]
-    need = offset + int(np.prod(dims, dtype=np.int64)) * expected.itemsize
+    need = offset + math.prod(int(d) for d in dims) * expected.itemsize     # Python ints: an int64 product wraps
     if size != need:
         raise DataError(f"{path}: {size:,} bytes, the IDX header announces {need:,}")
     return tuple(int(d) for d in dims), offset

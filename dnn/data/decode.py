@@ -13,13 +13,15 @@ tuner), dmath decodes the JPEG files on the GPU: it asks `encoded()` for a
 file's bytes and `geometry()` for the sample's crop (the draws `region()`
 makes), and hands every other file to `region()`, which decodes it here.
 
-A file that cannot be decoded (corrupt, truncated, not an image) is, with
-on_error='skip', replaced by the next file of the same class that decodes
-(in the folder's order, wrapping around inside the class): the label stays
-right, and the replacement depends on the files alone, so every worker
-count trains on the same batches. The file is reported once per worker
-with a warning and counted (`report()`). With on_error='raise' the batch
-fails with a DataError naming the file.
+A file that cannot be decoded (corrupt, truncated, not an image, pixels
+with no 8-bit RGB meaning: see `as_rgb`, or not a regular file: a FIFO is
+refused, never waited on) is, with on_error='skip', replaced by the next
+file of the same class that decodes (in the folder's order, wrapping
+around inside the class): the label stays right, and the replacement
+depends on the files alone, so every worker count trains on the same
+batches. The file is reported once per worker with a warning and counted
+(`report()`). With on_error='raise' the batch fails with a DataError
+naming the file.
 """
 import io
 import json
@@ -29,6 +31,7 @@ import warnings
 
 import numpy as np
 
+from dmath.ops.files import open_regular
 from dmath.ops.host_batches import resolve
 
 from . import augment
@@ -49,12 +52,14 @@ _EOI = b"\xff\xd9"
 
 def decode_rgb(path, decoder="auto"):
     """The RGB image at `path`: (H, W, 3) uint8 pixels from simplejpeg (a JPEG file, decoder 'auto' or
-    'simplejpeg', where it is installed), else a Pillow image. Raises on a file that cannot be decoded.
+    'simplejpeg', where it is installed), else a Pillow image (see as_rgb). Raises on a file that cannot
+    be decoded, and (NotRegularFile, an OSError) on one that is not a regular file: a FIFO is refused at
+    once (a blocking open waited for a writer forever and held up the batch).
 
     Both use libjpeg-turbo's default (accurate) DCT and upsampling, so they give the same pixels;
     simplejpeg skips Pillow's per-image overhead. A JPEG it refuses (CMYK, or damaged: its strict
     mode raises at a truncation) goes to Pillow, which decides."""
-    with open(path, "rb") as f:
+    with open_regular(path) as f:
         data = f.read()
     if simplejpeg is not None and decoder != "pillow" and data[:2] == _JPEG:
         try:
@@ -63,8 +68,47 @@ def decode_rgb(path, decoder="auto"):
             pass
     img = augment.pillow().open(io.BytesIO(data))
     img.load()                # decode now: a truncated file raises here
-    # (convert copies: an RGB image, most JPEGs, is used as it is)
-    return img if img.mode == "RGB" else img.convert("RGB")
+    return as_rgb(img, path)
+
+
+#: Pillow's modes of 16-bit integer pixels (a 16-bit grayscale PNG opens as 'I;16')
+_16_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
+def as_rgb(img, path):
+    """The decoded Pillow image `img` (of the file `path`) as an RGB image of 8-bit pixels.
+
+    Pillow's convert('RGB') is right for the 8-bit modes (and Pillow itself reads a 16-bit colour PNG
+    as 8-bit RGB, keeping each value's high byte), but it clips the wider integer modes to 0..255
+    instead of scaling them: a 16-bit grayscale PNG came out nearly all white, without a word. So:
+
+    - 16-bit integers (modes I;16, I;16B, ...): value >> 8 (0..65535 -> 0..255), the high byte, as
+      Pillow reduces 16-bit colour PNGs;
+    - 32-bit integers (mode 'I': a TIFF, or an older Pillow's 16-bit PNG): as 16-bit when every value
+      is in 0..65535, else refused (no 8-bit meaning);
+    - floating-point pixels (mode 'F'): refused: no convention says which values are black and white
+      (0..1, 0..255, or unbounded HDR), and a guess would train on wrong images silently.
+
+    A refusal raises DataError, which the folder handles as any file it cannot decode (skipped with a
+    warning and counted under on_error='skip', the batch fails naming the file under 'raise'). The GPU
+    decoder (nvImageCodec, decoder='nvimgcodec' or tuned) is handed JPEG files only, always 8-bit: PNG
+    files, 16-bit ones included, are decoded here on every place."""
+    mode = img.mode
+    if mode == "RGB":
+        return img            # (most JPEGs: used as it is; convert copies)
+    if mode in _16_BIT or mode == "I":
+        pixels = np.asarray(img)
+        if mode == "I" and pixels.size and (int(pixels.min()) < 0 or int(pixels.max()) > 0xFFFF):
+            raise DataError(f"{path}: 32-bit integer pixels (Pillow's mode 'I') from {int(pixels.min())} to "
+                            f"{int(pixels.max())}, outside 0..65535: only 8- and 16-bit values have a meaning "
+                            f"as 8-bit RGB here")
+        return augment.pillow().fromarray((pixels >> 8).astype(np.uint8)).convert("RGB")
+    if mode == "F":
+        raise DataError(f"{path}: floating-point pixels (Pillow's mode 'F') are not supported: no convention says "
+                        f"which values are black and white; save the image with 8- or 16-bit integer pixels")
+    if mode.startswith("I"):
+        raise DataError(f"{path}: Pillow's pixel mode {mode!r} is not supported (8- and 16-bit images are)")
+    return img.convert("RGB")
 
 
 class FolderSource:
@@ -132,10 +176,10 @@ class FolderSource:
         if index in self.bad:
             return None
         try:
-            with open(os.path.join(self.root, self.files[index]), "rb") as f:
+            with open_regular(os.path.join(self.root, self.files[index])) as f:
                 data = f.read()
         except OSError:
-            return None             # (the host path reports it)
+            return None             # (the host path reports it; a FIFO is refused there too, never waited on)
         return data if data[:2] == _JPEG and data[-2:] == _EOI else None
 
     def _decoded(self, index):

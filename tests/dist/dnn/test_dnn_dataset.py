@@ -289,3 +289,42 @@ def test_npy_files_of_other_dtypes_one_dimension_and_bad_sample_shapes(tmp_path,
     assert dnn.data.Dataset(x, yb, sample_shape=(np.int64(2), 2)).sample_shape == (2, 2)
     with pytest.raises(dnn.data.DataError, match="float16's range"):
         dnn.data.Dataset(np.full((3, 2), 7e4), dtype="float16")
+
+
+def test_npy_values_beyond_the_samples_dtype_are_refused(tmp_path):
+    """A long double file needs dtype= (the float32 default turned 1e300 into inf with only NumPy's
+    warning); a finite value beyond the range of the dtype given is refused (by dmath.from_file as the
+    workers read), not read as inf, and values that fit are read."""
+    y = np.array([0, 1])
+    np.save(tmp_path / "ld.npy", np.array([[1e300, 1.0], [2.0, 3.0]], dtype=np.longdouble))
+    with pytest.raises(dnn.data.DataError, match=r"long double.*pass dtype="):
+        dnn.data.Dataset.from_npy(tmp_path / "ld.npy", y)
+    for name, a, dtype in (("ld.npy", None, "float32"), ("f8.npy", [[1.0, 2.0], [3.0, -1e39]], "float32"),
+                           ("u16.npy", np.array([[1, 65535], [3, 4]], np.uint16), "float16")):
+        if a is not None:
+            np.save(tmp_path / name, a)
+        with pytest.raises(dnn.data.DataError, match="beyond the range"):
+            dnn.data.Dataset.from_npy(tmp_path / name, y, dtype=dtype, placement="host")
+    wide = dnn.data.Dataset.from_npy(tmp_path / "ld.npy", y, dtype="float64", placement="host")
+    np.testing.assert_array_equal(wide.x.to_numpy(), [[1e300, 1.0], [2.0, 3.0]])
+    np.save(tmp_path / "f8.npy", np.array([[1.0, 2.0], [3.0, -1e38]]))
+    narrow = dnn.data.Dataset.from_npy(tmp_path / "f8.npy", y, dtype="float32", placement="host")
+    np.testing.assert_array_equal(narrow.x.to_numpy(), np.array([[1.0, 2.0], [3.0, -1e38]], np.float32))
+
+
+def test_mnist_header_sizes_are_python_ints(tmp_path):
+    """(4, 2**31, 2**31) bytes: an int64 product wraps to 0, which a 16-byte file of only a header matched."""
+    import struct
+    from dnn.data.dataset import _idx_header
+    path = tmp_path / "train-images-idx3-ubyte"
+    path.write_bytes(bytes([0, 0, 8, 3]) + struct.pack(">III", 4, 2 ** 31, 2 ** 31))
+    with pytest.raises(dnn.data.DataError, match="16 bytes, the IDX header announces 18,446,744,073,709,551,632"):
+        _idx_header(str(path), np.dtype(">u1"))
+
+
+@pytest.mark.parametrize("bad", [None, 3, b"x.npy"])
+def test_dataset_paths_that_are_not_paths_raise_config_errors(bad):
+    with pytest.raises(dnn.ConfigError, match="must be a str or os.PathLike"):
+        dnn.data.Dataset.from_npy(bad, np.zeros(2, np.int64))
+    with pytest.raises(dnn.ConfigError, match="must be a str or os.PathLike"):
+        dnn.data.Dataset.from_mnist(bad)

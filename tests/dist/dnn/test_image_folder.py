@@ -351,6 +351,67 @@ def test_folders_without_images_raise_data_errors(tmp_path):
         dnn.data.ImageFolder(tmp_path)
 
 
+def test_symlink_loops_and_folders_reached_twice_are_refused(tmp_path):
+    """A loop (cat/loop -> cat: every image of the class ~40 times; cat/up -> the root: the other classes'
+    images labelled cat) and a folder reached twice are refused on the master, naming the links."""
+    for c in ("cat", "dog"):
+        os.makedirs(tmp_path / c)
+        for i in range(2):
+            Image.new("RGB", (8, 8), (i * 50, 0, 0)).save(tmp_path / c / f"{i}.png")
+    for link, target, words in (("loop", ".", r"'cat/loop'.*leads to 'cat'"),
+                                ("up", "..", r"'cat/up'.*leads to the root folder"),
+                                ("dogs", "../dog", r"'cat/dogs' and 'dog' .* are one folder")):
+        os.symlink(target, tmp_path / "cat" / link)
+        with pytest.raises(DataError, match=words):
+            dnn.data.ImageFolder(tmp_path, image_size=8, train=False)
+        os.remove(tmp_path / "cat" / link)
+    f = dnn.data.ImageFolder(tmp_path, image_size=8, train=False)
+    assert f.files == ["cat/0.png", "cat/1.png", "dog/0.png", "dog/1.png"] and f.targets == [0, 0, 1, 1]
+    dmath.zeros((2, 2)).to_numpy()          # the runtime stays usable
+
+
+def test_a_fifo_named_like_an_image_is_no_sample(tmp_path):
+    """A FIFO named x.jpg in a class folder: left out up front (a warning) or refused (on_error='raise');
+    one that takes an image's place after the scan is skipped as an undecodable file, never waited on."""
+    for c in ("cat", "dog"):
+        os.makedirs(tmp_path / c)
+        for i in range(2):
+            Image.new("RGB", (8, 8), (200, 50 * i, 0)).save(tmp_path / c / f"{i}.png")
+    os.mkfifo(tmp_path / "cat" / "x.jpg")
+    with pytest.warns(RuntimeWarning, match=r"1 path\(s\) named like images are not regular files .*'cat/x.jpg'"):
+        f = dnn.data.ImageFolder(tmp_path, image_size=8, train=False)
+    assert f.files == ["cat/0.png", "cat/1.png", "dog/0.png", "dog/1.png"] and f.ignored == ["cat/x.jpg"]
+    with pytest.raises(DataError, match="cat/x.jpg"):
+        dnn.data.ImageFolder(tmp_path, image_size=8, train=False, on_error="raise")
+    os.remove(tmp_path / "cat" / "x.jpg")
+    f = dnn.data.ImageFolder(tmp_path, image_size=8, train=False)
+    os.remove(tmp_path / "cat" / "1.png")
+    os.mkfifo(tmp_path / "cat" / "1.png")                # (after the scan: the workers meet it)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)       # (the worker that met it warns)
+        got, _ = batch(f, 4, False)
+    assert list(f.skipped()) == ["cat/1.png"] and "not a regular file" in f.skipped()["cat/1.png"]
+    np.testing.assert_array_equal(got[1], got[0])         # the next image of its class took its place
+
+
+def test_16_bit_png_gives_the_pixels_of_its_8_bit_twin(tmp_path):
+    """A 16-bit grayscale PNG is scaled to 8 bits (value >> 8), not clipped to white; a float image in
+    an image's name is skipped as undecodable and counted."""
+    os.makedirs(tmp_path / "a")
+    g = np.linspace(0, 65535, 32 * 32).reshape(32, 32).astype(np.uint16)
+    Image.fromarray(g).save(tmp_path / "a" / "grad16.png")
+    Image.fromarray((g >> 8).astype(np.uint8)).save(tmp_path / "a" / "grad8.png")
+    Image.fromarray(g.astype(np.float32) / 65535).save(tmp_path / "a" / "zfloat.png", format="TIFF")
+    f = dnn.data.ImageFolder(tmp_path, image_size=32, resize_size=32, train=False, mean=0, std=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)       # (the worker that met it warns)
+        got, _ = batch(f, 3, False)
+    assert f.files == ["a/grad16.png", "a/grad8.png", "a/zfloat.png"]
+    np.testing.assert_array_equal(got[0], got[1])
+    np.testing.assert_allclose(got[1].reshape(3, 32, 32)[0] * 255, g >> 8, atol=1e-9)
+    assert list(f.skipped()) == ["a/zfloat.png"] and "floating-point pixels" in f.skipped()["a/zfloat.png"]
+
+
 def test_random_resized_crop_draws_stay_in_range():
     areas, ratios, flips = [], [], 0
     for s in range(3000):
