@@ -48,9 +48,16 @@ crash leaves either the old file or the new one, never a mix. The new file
 keeps the permission bits of the one it replaces (a read-only checkpoint
 stays read-only); a new path gets 0o666 less the umask (data.files).
 Reading checks the magic, version, header CRC, JSON fields, that the file is
-exactly as long as declared, every array's bounds, size and CRC, and that
-the arrays match the model they describe, with none that it does not read
-(the names above); any mismatch raises ModelFileError.
+exactly as long as declared, every array's bounds, size and CRC, that no two
+arrays share a name or bytes, and that the arrays match the model they
+describe, with none that it does not read (the names above); any mismatch
+raises ModelFileError. Nothing is read before the size that the part read so
+far declares is checked against the file's (a sparse 64 GiB file is refused
+by its header, not allocated). The training state's values are checked too
+(optimizer state of its parameters' exact shapes, finite, Adam's b^t in
+[0, 1]; counters whole numbers >= 0; a mid-epoch checkpoint's sums against
+its position), all before anything is written into the model: a refused file
+leaves the model (load_weights) as it was.
 """
 import json
 import math
@@ -124,24 +131,56 @@ def model_path(path):
 
 
 def read_file(path):
-    """(header dict, {name: numpy array}) of a model file, checked; raises ModelFileError."""
+    """(header dict, {name: numpy array}) of a model file, checked; raises ModelFileError.
+
+    Nothing is read before it is checked against the file's size: the prefix first, then the
+    header it declares (at most _MAX_HEADER bytes, inside the file), then, once the header says the
+    file is exactly as long as it is and its arrays lie apart inside the data, each array. A file
+    read whole first made a sparse 64 GiB file a 64 GiB allocation (a raw MemoryError, or the
+    process killed); now what is read is what the header accounts for, at most the file's size."""
     path = model_path(path)
     try:
         with open_regular(path) as f:
-            blob = f.read()
+            size = os.fstat(f.fileno()).st_size
+            header, data_start = _read_header(f, size, path)
+            entries = _entries(header, size - data_start, path)
+            return header, {e["name"]: _read_array(f, data_start, e, path) for e in entries}
+    except ModelFileError:           # (an OSError too)
+        raise
     except OSError as exc:
         raise ModelFileError(f"cannot read model file {path!r}: {exc}") from exc
-    if len(blob) < _PREFIX.size:
-        raise ModelFileError(f"{path!r} is not a dnn model file: {len(blob)} bytes, shorter than the prefix")
-    magic, version, hsize, hcrc = _PREFIX.unpack_from(blob)
+
+
+def _read_exactly(f, offset, n, path, what):
+    """n bytes of `f` at `offset` (a bytearray); ModelFileError when the file ends first (it was
+    shorter than its size said when opened: changed while read), or the bytes do not fit in memory."""
+    try:
+        buf = bytearray(n)
+    except MemoryError as exc:
+        raise ModelFileError(f"{path!r}: {what} of {n} bytes does not fit in memory") from exc
+    f.seek(offset)
+    view, got = memoryview(buf), 0
+    while got < n:
+        k = f.readinto(view[got:])
+        if not k:
+            raise ModelFileError(f"{path!r} is truncated: it ends inside {what} (it changed while it was read)")
+        got += k
+    return buf
+
+
+def _read_header(f, size, path):
+    """(the header dict, the offset of the data) of an open model file of `size` bytes, checked."""
+    if size < _PREFIX.size:
+        raise ModelFileError(f"{path!r} is not a dnn model file: {size} bytes, shorter than the prefix")
+    magic, version, hsize, hcrc = _PREFIX.unpack(_read_exactly(f, 0, _PREFIX.size, path, "the prefix"))
     if magic != MAGIC:
         raise ModelFileError(f"{path!r} is not a dnn model file (magic {magic!r}, expected {MAGIC!r})")
     if version not in _READABLE:
         raise ModelFileError(f"{path!r} has format version {version}; this dnn reads versions {_READABLE}")
-    if hsize > _MAX_HEADER or _PREFIX.size + hsize > len(blob):
+    if hsize > _MAX_HEADER or _PREFIX.size + hsize > size:
         raise ModelFileError(f"{path!r} is truncated: its header of {hsize} bytes ends past the file "
-                             f"({len(blob)} bytes)")
-    head = blob[_PREFIX.size:_PREFIX.size + hsize]
+                             f"({size} bytes)")
+    head = bytes(_read_exactly(f, _PREFIX.size, hsize, path, "the header"))
     if zlib.crc32(head) != hcrc:
         raise ModelFileError(f"{path!r} is corrupt: the header's checksum does not match")
     try:
@@ -156,13 +195,10 @@ def read_file(path):
         raise ModelFileError(f"{path!r}: the header does not describe a dnn model")
     data_start = _align(_PREFIX.size + hsize)
     data_bytes = _field(header, "data_bytes", int, path)
-    if len(blob) != data_start + data_bytes:
-        what = "truncated" if len(blob) < data_start + data_bytes else "longer than declared"
-        raise ModelFileError(f"{path!r} is {what}: {len(blob)} bytes, expected {data_start + data_bytes}")
-    arrays = {}
-    for e in _field(header, "arrays", list, path):
-        arrays[e.get("name")] = _array(blob, data_start, data_bytes, e, path)
-    return header, arrays
+    if size != data_start + data_bytes:
+        what = "truncated" if size < data_start + data_bytes else "longer than declared"
+        raise ModelFileError(f"{path!r} is {what}: {size} bytes, expected {data_start + data_bytes}")
+    return header, data_start
 
 
 def _field(d, key, kind, path):
@@ -172,25 +208,52 @@ def _field(d, key, kind, path):
     return v
 
 
-def _array(blob, start, size, e, path):
+def _entries(header, size, path):
+    """The header's array entries, checked before any array is read: well formed, each name once (a
+    second entry of a name replaced the first's array, a weight among them, without a word), inside
+    the `size` bytes of data and apart from one another (entries sharing bytes each became an array,
+    so a small file could ask for any amount of memory; write_file lays them one after another)."""
+    entries, names = [], set()
+    for e in _field(header, "arrays", list, path):
+        _check_entry(e, size, path)
+        if e["name"] in names:
+            raise ModelFileError(f"{path!r}: the file holds two arrays named {e['name']!r}; each name is "
+                                 f"one array's")
+        names.add(e["name"])
+        entries.append(e)
+    end, last = 0, None
+    for e in sorted((e for e in entries if e["nbytes"]), key=lambda e: e["offset"]):
+        if e["offset"] < end:
+            raise ModelFileError(f"{path!r}: array {e['name']!r} overlaps array {last!r} (its bytes start at "
+                                 f"{e['offset']}, before that one's end at {end}); each array has bytes of its own")
+        end, last = e["offset"] + e["nbytes"], e["name"]
+    return entries
+
+
+def _check_entry(e, size, path):
     if not isinstance(e, dict):
         raise ModelFileError(f"{path!r}: an array entry is not an object")
     name = e.get("name")
     dtype, shape = e.get("dtype"), e.get("shape")
     off, nbytes, crc = e.get("offset"), e.get("nbytes"), e.get("crc32")
     if not isinstance(name, str) or dtype not in _DTYPES or not isinstance(shape, list) \
-            or not all(isinstance(d, int) and d >= 0 for d in shape) \
-            or not all(isinstance(v, int) and v >= 0 for v in (off, nbytes, crc)):
+            or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in shape) \
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for v in (off, nbytes, crc)):
         raise ModelFileError(f"{path!r}: malformed array entry {e!r}")
     if nbytes != math.prod(shape) * np.dtype(dtype).itemsize:      # Python ints: an int64 product wraps
         raise ModelFileError(f"{path!r}: array {name!r} declares {nbytes} bytes for shape {shape} {dtype}")
     if off + nbytes > size:
         raise ModelFileError(f"{path!r}: array {name!r} lies past the end of the data")
-    raw = blob[start + off:start + off + nbytes]
-    if zlib.crc32(raw) != crc:
+
+
+def _read_array(f, start, e, path):
+    name, dtype, shape = e["name"], np.dtype(e["dtype"]), e["shape"]
+    raw = _read_exactly(f, start + e["offset"], e["nbytes"], path, f"array {name!r}")
+    if zlib.crc32(raw) != e["crc32"]:
         raise ModelFileError(f"{path!r} is corrupt: the checksum of array {name!r} does not match")
     try:
-        return np.frombuffer(raw, dtype=np.dtype(dtype).newbyteorder("<")).astype(dtype).reshape(shape)
+        # (on a little-endian host the view is the array: no copy of its bytes)
+        return np.frombuffer(raw, dtype=dtype.newbyteorder("<")).astype(dtype, copy=False).reshape(shape)
     except ValueError as exc:       # e.g. an empty array with a dimension past NumPy's largest
         raise ModelFileError(f"{path!r}: array {name!r} has the impossible shape {shape} ({exc})") from exc
 
@@ -259,39 +322,94 @@ def check_weight_shapes(config, arrays, path):
 
 
 def load_state(model, header, arrays, path):
-    """Write the file's weights (and optimizer and loss-scale state) into `model`, after checking them."""
+    """Write the file's weights, optimizer state, layers' counters, training position and loss scale
+    into `model`. Every one of them is checked before the first is written, so a refused file
+    (ModelFileError) leaves the model as it was, as load_state_dict does: the weights were written
+    first, and a file refused for its optimizer state, a counter or its metric sums left the model
+    holding the file's weights with its own training state."""
     path = os.fspath(path)
     expected = [(f"weights/{w.name}", w.public_shape) for layer in model.layers for w in layer.weights]
     found = [k for k in arrays if k.startswith("weights/")]
     if found != [k for k, _ in expected]:
         raise ModelFileError(f"{path!r}: the file's weights {found} do not match the model's "
                              f"{[k for k, _ in expected]}")
+    dtypes = {f"weights/{w.name}": w.value.dtype for layer in model.layers for w in layer.weights}
     for key, shape in expected:
-        if tuple(arrays[key].shape) != tuple(shape):
-            raise ModelFileError(f"{path!r}: weight {key!r} has shape {tuple(arrays[key].shape)} in the file, "
+        a = arrays[key]
+        if tuple(a.shape) != tuple(shape):
+            raise ModelFileError(f"{path!r}: weight {key!r} has shape {tuple(a.shape)} in the file, "
                                  f"the model expects {tuple(shape)}")
+        _check_weight_range(a, np.dtype(dtypes[key]), key, path)
     _check_accounted_for(model, header, arrays, path)
-    model.set_weights([arrays[k] for k, _ in expected])
     state = {k[len("optimizer/"):]: v for k, v in arrays.items() if k.startswith("optimizer/")}
     params = _stateful_params(model, header, path)
     _check_optimizer_state(model, header, state, path, params)
-    try:
-        if state:
-            model.optimizer.set_state(params, state)
-        for layer in model.layers:
-            prefix = f"state/{layer.name}/"
-            layer.set_state({k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)})
-    except (DNNError, IndexError, KeyError, TypeError, ValueError) as exc:
-        raise ModelFileError(f"{path!r}: the training state in the file does not fit the model: {exc}") from exc
-    _load_training(model, header.get("training"), arrays, path)
-    if model.loss_scale is not None and "loss_scale/scale" in arrays:
-        scale, good = (_one_value(arrays, f"loss_scale/{k}", path) for k in ("scale", "good_steps"))
-        if not (np.isfinite(scale) and scale > 0 and np.isfinite(good) and good >= 0 and good == int(good)):
-            raise ModelFileError(f"{path!r}: the loss scale {scale} and its good steps {good} must be a positive "
-                                 f"finite scale and a count")
+    optimizer_state = None
+    if state:
+        try:
+            optimizer_state = model.optimizer.check_state(params, state)
+        except DNNError as exc:
+            raise ModelFileError(f"{path!r}: the optimizer state in the file cannot be restored: {exc}") from exc
+    layer_states = _checked_layer_states(model, arrays, path)
+    training = _checked_training(model, header.get("training"), arrays, path)
+    loss_scale = _checked_loss_scale(model, arrays, path)
+    # ---- every check passed: the writes
+    model.set_weights([arrays[k] for k, _ in expected])
+    if optimizer_state is not None:
+        model.optimizer.write_state(params, optimizer_state)
+    for layer, checked in layer_states:
+        layer.set_state(checked)
+    if training is not None:
+        model.epochs_trained, model.resume = training
+    if loss_scale is not None:
         model.loss_scale.setup()
-        model.loss_scale.scale.assign(np.full((1, 1), scale, dtype=np.float32))
-        model.loss_scale.good_steps.assign(np.full((1, 1), good, dtype=np.float32))
+        model.loss_scale.scale.assign(np.full((1, 1), loss_scale[0], dtype=np.float32))
+        model.loss_scale.good_steps.assign(np.full((1, 1), loss_scale[1], dtype=np.float32))
+
+
+def _checked_layer_states(model, arrays, path):
+    """[(layer, its counters checked)] of the layers whose counters ("state/<layer>/<key>") the file
+    holds, changing nothing; ModelFileError naming the array that a layer refuses (NaN, infinity,
+    a fraction, several values). A layer without a check_state of its own gets its arrays as they
+    are: its set_state checks them as it writes them."""
+    out = []
+    for layer in model.layers:
+        prefix = f"state/{layer.name}/"
+        mine = {k[len(prefix):]: v for k, v in arrays.items() if k.startswith(prefix)}
+        if not mine:
+            continue
+        check = getattr(layer, "check_state", None)
+        try:
+            out.append((layer, check(mine) if check is not None else mine))
+        except DNNError as exc:
+            raise ModelFileError(f"{path!r}: the layer state {sorted(prefix + k for k in mine)} in the file "
+                                 f"cannot be restored: {exc}") from exc
+    return out
+
+
+def _checked_loss_scale(model, arrays, path):
+    """(scale, good steps) of the file for a model with a loss scale (None otherwise, or when the
+    file has none): a positive finite scale and a whole count, each one value."""
+    if model.loss_scale is None or "loss_scale/scale" not in arrays:
+        return None
+    scale, good = (_one_value(arrays, f"loss_scale/{k}", path) for k in ("scale", "good_steps"))
+    if not (np.isfinite(scale) and scale > 0 and np.isfinite(good) and good >= 0 and good == int(good)):
+        raise ModelFileError(f"{path!r}: the loss scale {scale} and its good steps {good} must be a positive "
+                             f"finite scale and a count")
+    return scale, good
+
+
+def _check_weight_range(a, dtype, key, path):
+    """ModelFileError when a finite value of the file's weight `a` lies beyond the largest of the
+    model's weight dtype: set_weights would make it inf without a word (a float64 file's 1e300 loaded
+    into a float32 model). The file's own NaN and infinities are what was saved: loaded as they are."""
+    if not a.size or a.dtype.kind != "f" or dtype.kind != "f" or np.finfo(a.dtype).max <= np.finfo(dtype).max:
+        return
+    finite = np.abs(a[np.isfinite(a)])
+    top = float(np.finfo(dtype).max)
+    if finite.size and float(finite.max()) > top:
+        raise ModelFileError(f"{path!r}: weight {key!r} holds {float(finite.max()):g}, past the largest {dtype} "
+                             f"({top:g}) of the model's weights")
 
 
 def _check_accounted_for(model, header, arrays, path):
@@ -371,17 +489,17 @@ def _one_value(arrays, key, path):
     return float(a.reshape(-1)[0])
 
 
-def _load_training(model, training, arrays, path):
-    """The epoch count and, for a file saved inside an epoch, where `fit` resumes (version 1: none)."""
+def _checked_training(model, training, arrays, path):
+    """(epochs trained, resume point or None) of the file's "training", checked, changing nothing;
+    None for a version 1 file, which has none (the model keeps its own)."""
     if training is None:
-        return
+        return None
     if not isinstance(training, dict):
         raise ModelFileError(f"{path!r}: the header's 'training' is not an object")
-    model.epochs_trained = _count(training, "epochs_trained", path)
+    epochs = _count(training, "epochs_trained", path)
     pos = training.get("position")
-    model.resume = None
     if pos is None:
-        return
+        return epochs, None
     if not isinstance(pos, dict):
         raise ModelFileError(f"{path!r}: the header's training position is not an object")
     resume = {k: _count(pos, k, path) for k in ("epoch", "batch", "batch_size")}
@@ -389,8 +507,36 @@ def _load_training(model, training, arrays, path):
     if sorted(metrics) != ["correct", "loss", "samples"] or any(v.size != 1 for v in metrics.values()):
         raise ModelFileError(f"{path!r}: a checkpoint inside an epoch needs the metrics loss, correct and "
                              f"samples, one value each; found {sorted(metrics)}")
-    resume["metrics"] = metrics
-    model.resume = resume
+    resume["metrics"] = _checked_metrics(model, resume, metrics, path)
+    return epochs, resume
+
+
+def _checked_metrics(model, resume, metrics, path):
+    """The epoch's sums so far of a checkpoint saved inside it, checked against its position. fit
+    counts `samples` as the sizes of the batches done: `batch` batches of `batch_size`, the last of
+    them smaller when it ended a ragged epoch, so (batch - 1) * batch_size < samples <= batch *
+    batch_size. `correct` lies in [0, samples], a whole count for a categorical accuracy (a binary
+    one adds each sample's fraction of right outputs, rounded in float32: a hair of slack), and the
+    loss sum is finite. Only the size was checked: correct = 1e6 resumed an epoch at an accuracy
+    of 31250, and samples = NaN passed the load to fail inside fit."""
+    batch, size = resume["batch"], resume["batch_size"]
+    samples, correct, loss = (float(metrics[k].reshape(-1)[0]) for k in ("samples", "correct", "loss"))
+    lo, hi = max(batch - 1, 0) * size, batch * size
+    if not (math.isfinite(samples) and samples == math.floor(samples)
+            and (lo < samples <= hi if batch else samples == 0)):
+        raise ModelFileError(f"{path!r}: 'metrics/samples' must count the samples of the batches done ({batch} of "
+                             f"batch_size {size}, the last possibly smaller: a whole number in ({lo}, {hi}]), "
+                             f"got {samples!r}")
+    categorical = model.loss.accuracy == "categorical"
+    top = samples if categorical else samples * (1 + 1e-3)
+    if not (math.isfinite(correct) and 0 <= correct <= top and (not categorical or correct == math.floor(correct))):
+        raise ModelFileError(f"{path!r}: 'metrics/correct' must be a {'whole ' if categorical else ''}number of "
+                             f"correct predictions in [0, {samples:g}] (the samples so far), "
+                             f"got {correct!r}")
+    if not math.isfinite(loss):
+        raise ModelFileError(f"{path!r}: 'metrics/loss' (the epoch's loss sum so far) must be finite, "
+                             f"got {loss!r}")
+    return {"loss": np.array(loss), "correct": np.array(correct), "samples": np.array(int(samples), dtype=np.int64)}
 
 
 def _count(d, key, path):

@@ -20,6 +20,24 @@ def _sample_shape(shape):
     return dims
 
 
+def counter_value(array, what, limit):
+    """The one whole number in [0, limit) that `array` holds (a layer's counter, Layer.get_state) as an
+    int; ShapeError naming `what` otherwise. NaN, infinity or several values are a damaged or crafted
+    file's: int() of infinity raised a raw OverflowError, and of several values the first was used."""
+    a = np.asarray(array)
+    ok = a.size == 1 and a.dtype.kind in "iuf"
+    if ok and a.dtype.kind == "f":
+        v = float(a.reshape(-1)[0])
+        ok = math.isfinite(v) and v == math.floor(v)
+        v = int(v) if ok else None
+    elif ok:
+        v = int(a.reshape(-1)[0])
+    if not ok or not 0 <= v < limit:
+        got = repr(a.tolist()) if a.size <= 4 else f"an array of shape {a.shape}"
+        raise ShapeError(f"{what} must be one whole number in [0, 2**{limit.bit_length() - 1}), got {got}")
+    return v
+
+
 def _check_activation(name):
     if name is not None and name not in ACTIVATIONS:
         raise ConfigError(f"unknown activation {name!r}; expected one of {sorted(ACTIVATIONS)}")
@@ -168,15 +186,20 @@ class Dropout(Layer):
     def get_state(self):
         return {"counter": np.array(self.counter.get((0, 0)) if self.counter is not None else 0.0)}
 
-    def set_state(self, arrays):
+    def check_state(self, arrays):
+        """`get_state`'s arrays checked, changing nothing: {"counter": int}, or {} without a counter.
+        The counter is a float64 matrix, exact (and counting) only below 2**53 (new_counter)."""
         if "counter" not in arrays:
+            return {}
+        return {"counter": counter_value(arrays["counter"], f"{self.name}: the dropout counter", 2 ** 53)}
+
+    def set_state(self, arrays):
+        checked = self.check_state(arrays)
+        if "counter" not in checked:
             return
-        value = float(np.asarray(arrays["counter"]).reshape(-1)[0])
-        if not (value >= 0 and value == int(value)):
-            raise ShapeError(f"{self.name}: a dropout counter must be a non-negative integer, got {value!r}")
         if self.counter is None:
             self.counter = new_counter()
-        self.counter.set((0, 0), value)     # in place: recorded steps keep reading it
+        self.counter.set((0, 0), float(checked["counter"]))     # in place: recorded steps keep reading it
 
     def get_config(self):
         return {**super().get_config(), "p": self.p, "seed": self.seed}

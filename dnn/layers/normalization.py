@@ -5,10 +5,11 @@ import numpy as np
 
 import dmath
 
-from ..errors import ConfigError, ShapeError
+from ..errors import ConfigError
 from ..ops import BatchNorm as BatchNormFn
 from ..ops.normalization import check_training_batch
 from .base import Layer
+from .core import counter_value
 
 
 class BatchNorm(Layer):
@@ -94,12 +95,18 @@ class BatchNorm(Layer):
     def get_state(self):
         return {"num_batches_tracked": np.array(self.batches_tracked, dtype=np.int64)}
 
+    def check_state(self, arrays):
+        """`get_state`'s arrays checked, changing nothing: {"num_batches_tracked": int}, or {} without it
+        (an int64 in a file and in a state_dict: below 2**63)."""
+        if "num_batches_tracked" not in arrays:
+            return {}
+        return {"num_batches_tracked": counter_value(arrays["num_batches_tracked"],
+                                                     f"{self.name}: num_batches_tracked", 2 ** 63)}
+
     def set_state(self, arrays):
-        if "num_batches_tracked" in arrays:
-            value = np.asarray(arrays["num_batches_tracked"]).reshape(-1)
-            if value.size != 1 or not value[0] >= 0 or value[0] != int(value[0]):
-                raise ShapeError(f"{self.name}: num_batches_tracked must be one non-negative integer, got {value}")
-            self.batches_tracked = int(value[0])
+        checked = self.check_state(arrays)
+        if "num_batches_tracked" in checked:
+            self.batches_tracked = checked["num_batches_tracked"]
 
     def step_settings(self):
         return (self.synchronized,)

@@ -11,6 +11,7 @@ class AdaGrad(Optimizer):
     """
 
     state_names = ("sum",)
+    non_negative_state = ("sum",)
 
     def __init__(self, lr=0.01, eps=1e-10, initial_accumulator_value=0.0, weight_decay=0.0, schedule=None):
         super().__init__(lr, weight_decay, schedule)

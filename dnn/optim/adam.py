@@ -22,6 +22,11 @@ class Adam(Optimizer):
     """
 
     state_names = ("exp_avg", "exp_avg_sq")
+    non_negative_state = ("exp_avg_sq",)
+    # b^t, as a saved file may hold it: 1 before the first step (and after steps a float16 model
+    # skipped, which leave it as it is), 0 with b = 0 (or once b^t underflows); past 1 the bias
+    # correction 1 - b^t turns negative, and below 0 it exceeds 1
+    scalar_bounds = {"beta1_power": (0.0, 1.0), "beta2_power": (0.0, 1.0)}
     fused = True
 
     def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, schedule=None, foreach=True):

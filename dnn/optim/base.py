@@ -66,6 +66,10 @@ class Optimizer:
     state_names = ()
     #: True when the rule has a one-pass kernel: `fused_update` is called instead of `update`
     fused = False
+    #: the state matrices that are never negative (sums of squares): a saved negative one is refused
+    non_negative_state = ()
+    #: {scalar name: (lowest, highest)}: the values a saved per-step scalar (new_scalars) may take
+    scalar_bounds = {}
 
     def __init__(self, lr, weight_decay=0.0, schedule=None, foreach=True):
         self.lr = _positive(lr, "lr")
@@ -227,24 +231,82 @@ class Optimizer:
                     out[f"scalars/{dtype}/{name}"] = m.to_numpy()
         return out
 
-    def set_state(self, params, arrays):
-        """Restore what `get_state` returned (for the same parameters, in the same order)."""
-        iterations = np.asarray(arrays.get("iterations", 0)).reshape(-1)
-        if iterations.size != 1 or not np.isfinite(iterations[0]) or iterations[0] < 0:
-            raise ConfigError(f"the optimizer's step count must be one non-negative number, got {iterations}")
-        self.iterations = int(iterations[0])
-        self.prepare(params)
+    def check_state(self, params, arrays):
+        """`get_state`'s arrays checked for `params`, without changing anything: {"iterations": int,
+        "params": [{name: array}, ...] (one per parameter, the names it holds), "scalars": {(dtype,
+        name): float}}, what `set_state` writes. ConfigError names the first array that is not
+        exactly what get_state writes: a step count that is not one whole number in [0, 2**63) (an
+        int64 in a file), a state array of another shape than its parameter's (a (2, 9) moment saved
+        transposed as (9, 2) was reshaped: every shape was always the parameter's, so no older file
+        needs that), of values that are not finite (or negative in `non_negative_state`, a sum of
+        squares) or past the parameter dtype's range, a scalar that is not one finite value in
+        `scalar_bounds`, or one this optimizer does not keep."""
+        it = np.asarray(arrays.get("iterations", 0))
+        steps = it.reshape(-1)[0].item() if it.size == 1 and it.dtype.kind in "iuf" else None    # a Python number
+        if steps is None or not math.isfinite(steps) or steps != math.floor(steps) or not 0 <= steps < 2 ** 63:
+            raise ConfigError(f"the optimizer's step count 'iterations' must be one whole number in [0, 2**63), "
+                              f"got {_shown(it)}")
+        checked = {"iterations": int(steps), "params": [], "scalars": {}}
         for i, p in enumerate(params):
-            for name, m in self._state[p].items():
+            mine = {}
+            for name in self.state_names:
                 key = f"param{i}/{name}"
                 if key in arrays:
-                    m.assign(np.ascontiguousarray(np.asarray(arrays[key]).reshape(m.shape), dtype=m.dtype))
+                    mine[name] = self._checked_state(key, arrays[key], p, name in self.non_negative_state)
+            checked["params"].append(mine)
+        dtypes = {str(p.dtype) for p in params}
         for key, a in arrays.items():
-            if key.startswith("scalars/"):
-                _, dtype, name = key.split("/")
-                s = self._step_scalars(dtype)
-                if name in s:
-                    s[name].set((0, 0), float(np.asarray(a).reshape(-1)[0]))
+            if not key.startswith("scalars/"):
+                continue
+            parts = key.split("/")
+            if len(parts) != 3 or parts[1] not in dtypes or parts[2] not in self.new_scalars(parts[1]):
+                raise ConfigError(f"the optimizer state {key!r} is none of {type(self).__name__}'s per-step "
+                                  f"scalars (scalars/<dtype of a parameter>/<name>: "
+                                  f"{sorted(self.new_scalars('float32'))})")
+            v = np.asarray(a)
+            lo, hi = self.scalar_bounds.get(parts[2], (-np.inf, np.inf))
+            if v.size != 1 or v.dtype.kind not in "iuf" or not np.isfinite(v).all() \
+                    or not lo <= float(v.reshape(-1)[0]) <= hi:
+                raise ConfigError(f"the optimizer state {key!r} must be one finite value in [{lo}, {hi}], "
+                                  f"got {_shown(v)}")
+            checked["scalars"][parts[1], parts[2]] = float(v.reshape(-1)[0])
+        return checked
+
+    @staticmethod
+    def _checked_state(key, a, p, non_negative):
+        a = np.asarray(a)
+        if a.shape != tuple(p.shape):
+            raise ConfigError(f"the optimizer state {key!r} has shape {a.shape}, its parameter's is {tuple(p.shape)}")
+        if a.dtype.kind not in "iuf":
+            raise ConfigError(f"the optimizer state {key!r} must hold numbers, got dtype {a.dtype}")
+        if a.size:
+            if not np.isfinite(a).all():
+                raise ConfigError(f"the optimizer state {key!r} holds NaN or infinity")
+            top = float(np.finfo(p.dtype).max)
+            if float(np.abs(a).max()) > top:
+                raise ConfigError(f"the optimizer state {key!r} holds {float(np.abs(a).max()):g}, past the largest "
+                                  f"{p.dtype} ({top:g})")
+            if non_negative and float(a.min()) < 0:
+                raise ConfigError(f"the optimizer state {key!r} holds {float(a.min()):g}; it is a sum of squares, "
+                                  f"never negative")
+        return a
+
+    def set_state(self, params, arrays):
+        """Restore what `get_state` returned (for the same parameters, in the same order). Everything is
+        checked first (check_state): a ConfigError leaves the optimizer as it was."""
+        checked = self.check_state(params, arrays)
+        self.write_state(params, checked)
+
+    def write_state(self, params, checked):
+        """Write `check_state`'s result for `params` (the step count, the state, the scalars)."""
+        self.iterations = checked["iterations"]
+        self.prepare(params)
+        for p, mine in zip(params, checked["params"]):
+            state = self._state[p]
+            for name, a in mine.items():
+                state[name].assign(np.ascontiguousarray(a, dtype=state[name].dtype))
+        for (dtype, name), value in checked["scalars"].items():
+            self._step_scalars(dtype)[name].set((0, 0), value)
 
     def copy_state(self, src, dst):
         """Write the state of parameter `src` into that of `dst` (Variables of one shape, both
@@ -290,6 +352,11 @@ def to_layout_of(g, p, keep_dtype=False, background=False, dtype=None):
     if keep_dtype and g.placed_as(p):
         return g        # e.g. a Partial over one worker: its only addend is the sum, already in place
     return g.remap(p.layout, dtype=p.dtype if dtype is None else dtype, background=background)
+
+
+def _shown(a):
+    """A saved array for an error message: its values when few, its shape otherwise."""
+    return repr(a.tolist()) if a.size <= 4 else f"an array of shape {a.shape}"
 
 
 def _positive(v, what):

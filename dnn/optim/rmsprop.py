@@ -11,6 +11,8 @@ class RMSProp(Optimizer):
     Args: lr=0.01, alpha=0.99, eps=1e-8, momentum=0.0, centered=False, weight_decay=0.0, schedule=None.
     """
 
+    non_negative_state = ("square_avg",)
+
     def __init__(self, lr=0.01, alpha=0.99, eps=1e-8, momentum=0.0, centered=False, weight_decay=0.0,
                  schedule=None):
         super().__init__(lr, weight_decay, schedule)

@@ -82,6 +82,12 @@ def _rewrite_header(blob, edit):
     ("past_int64", lambda b: _rewrite_header(b, lambda h: h["arrays"][3].update(shape=[2 ** 70])), "declares"),
     ("empty_but_huge", lambda b: _rewrite_header(b, lambda h: h["arrays"][3].update(shape=[0, 2 ** 70])),
      "impossible shape"),
+    # a second entry of one name replaced the first's array (a weight) without a word
+    ("duplicate", lambda b: _rewrite_header(b, lambda h: h["arrays"][1].update(name="a")),
+     "two arrays named 'a'"),
+    # entries over the same bytes: each became an array of its own, so a small file could ask for any memory
+    ("overlap", lambda b: _rewrite_header(b, lambda h: h["arrays"][1].update(offset=h["arrays"][0]["offset"])),
+     "'b' overlaps array 'a'"),
 ])
 def test_damaged_files_raise_model_file_errors(tmp_path, name, damage, match):
     path = tmp_path / "f.dnn"
@@ -90,6 +96,33 @@ def test_damaged_files_raise_model_file_errors(tmp_path, name, damage, match):
     bad.write_bytes(damage(path.read_bytes()))
     with pytest.raises(ModelFileError, match=match):
         serialization.read_file(bad)
+
+
+def test_a_huge_sparse_file_is_refused_from_its_header_without_reading_the_rest(tmp_path):
+    """read_file read the whole file before checking anything: a sparse 64 GiB file (no disk used)
+    raised a raw MemoryError under a memory limit (without one the process was killed). The prefix
+    and header are read and checked against the file's size first; the arrays are read only then.
+    Run in a child process under a 1.5 GB address-space limit, as a hostile file would meet it."""
+    import subprocess
+    import sys
+    import textwrap
+    path = tmp_path / "sparse.dnn"
+    with open(path, "wb") as f:
+        f.write(struct.pack("<8sIII", b"DNNMODEL", 2, 1 << 16, 0))      # a header of 64 KiB, all zeros
+        f.truncate(64 << 30)
+    code = textwrap.dedent(f"""
+        import resource
+        resource.setrlimit(resource.RLIMIT_AS, (1500 << 20, 1500 << 20))
+        from dnn import serialization
+        from dnn.errors import ModelFileError
+        try:
+            serialization.read_file({str(path)!r})
+        except ModelFileError as exc:
+            print("refused:", exc)
+    """)
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=root)
+    assert out.returncode == 0 and "refused:" in out.stdout and "header's checksum" in out.stdout, out
 
 
 def test_failed_write_keeps_the_old_file(tmp_path):

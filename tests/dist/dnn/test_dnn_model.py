@@ -403,6 +403,7 @@ def test_a_corrupt_training_state_raises_model_file_error(tmp_path):
     m.save(tmp_path / "h.dnn")
     header, arrays = serialization.read_file(tmp_path / "h.dnn")
     header = {k: v for k, v in header.items() if k not in ("arrays", "data_bytes")}
+    m.fit(x.astype(np.float32), y, batch_size=16, epochs=1, verbose=0)     # the model moves on from the file
     changes = {"no good steps": {"loss_scale/good_steps": None}, "scale of 3": {"loss_scale/scale": np.ones(3)},
                "nan scale": {"loss_scale/scale": np.array(np.nan)}, "zero scale": {"loss_scale/scale": np.array(0.0)},
                "negative steps": {"optimizer/iterations": np.array(-5)}}
@@ -417,6 +418,11 @@ def test_a_corrupt_training_state_raises_model_file_error(tmp_path):
         serialization.write_file(path, header, list(bad.items()))
         with pytest.raises(dnn.ModelFileError):
             dnn.load(path)
+        before = _model_state(m), m.loss_scale.value()      # the loss scale is checked before any write too
+        with pytest.raises(dnn.ModelFileError):
+            m.load_weights(path)
+        _assert_same_state(_model_state(m), before[0])
+        assert m.loss_scale.value() == before[1]
 
 
 def test_arrays_the_file_does_not_account_for_raise_model_file_error(tmp_path):
@@ -456,6 +462,199 @@ def test_arrays_the_file_does_not_account_for_raise_model_file_error(tmp_path):
     for name in ("v1.dnn", "v2.dnn", "m.dnn"):
         for a, b in zip(dnn.load(tmp_path / name).get_weights(), m.get_weights()):
             np.testing.assert_array_equal(a, b)
+
+
+def _crafted(source, path, change, header_edit=None):
+    """Write `path`: the model file `source` with `change` applied ({array name: new value, or None to
+    drop it}) and `header_edit(header)` run, its checksums recomputed (a crafted file, not a damaged one)."""
+    from dnn import serialization
+    header, arrays = serialization.read_file(source)
+    header = {k: v for k, v in header.items() if k not in ("arrays", "data_bytes")}
+    if header_edit is not None:
+        header_edit(header)
+    arrays = dict(arrays)
+    for k, v in change.items():
+        if v is None:
+            del arrays[k]
+        else:
+            arrays[k] = np.asarray(v)
+    serialization.write_file(path, header, list(arrays.items()))
+    return path
+
+
+def _model_state(m):
+    """Everything a load writes into `m`: weights, optimizer state and clock, layer counters, epoch, resume point."""
+    params = [w.var for layer in m.layers for w in layer.weights if w.trainable and m.optimizer.has_state(w.var)]
+    resume = None if m.resume is None else {k: (v if k != "metrics" else {n: float(a) for n, a in v.items()})
+                                            for k, v in m.resume.items()}
+    return (m.get_weights(), m.optimizer.get_state(params), [layer.get_state() for layer in m.layers],
+            m.epochs_trained, resume)
+
+
+def _assert_same_state(a, b):
+    (wa, oa, la, ea, ra), (wb, ob, lb, eb, rb) = a, b
+    for x, y in zip(wa, wb):
+        np.testing.assert_array_equal(x, y)
+    assert sorted(oa) == sorted(ob) and la.__repr__() == lb.__repr__() and (ea, ra) == (eb, rb)
+    for k in oa:
+        np.testing.assert_array_equal(oa[k], ob[k])
+
+
+def test_a_model_file_naming_an_array_twice_is_refused(tmp_path):
+    """A second, checksummed entry under a weight's name replaced the real weight on load, silently."""
+    m = _small()
+    m.save(tmp_path / "m.dnn")
+    from dnn import serialization
+    header, arrays = serialization.read_file(tmp_path / "m.dnn")
+    header = {k: v for k, v in header.items() if k not in ("arrays", "data_bytes")}
+    kernel = arrays["weights/dense_2/kernel"]
+    serialization.write_file(tmp_path / "dup.dnn", header,
+                             list(arrays.items()) + [("weights/dense_2/kernel", np.full_like(kernel, 7.0))])
+    with pytest.raises(dnn.ModelFileError, match="two arrays named 'weights/dense_2/kernel'"):
+        dnn.load(tmp_path / "dup.dnn")
+    before = _model_state(m)
+    with pytest.raises(dnn.ModelFileError, match="two arrays named"):
+        m.load_weights(tmp_path / "dup.dnn")
+    _assert_same_state(_model_state(m), before)
+
+
+def test_a_weight_beyond_the_models_dtype_is_refused(tmp_path):
+    """A float64 file's 1e300 loaded into a float32 model became inf without a word."""
+    m = _small()
+    m.save(tmp_path / "m.dnn")
+    from dnn import serialization
+    header, arrays = serialization.read_file(tmp_path / "m.dnn")
+    header = {k: v for k, v in header.items() if k not in ("arrays", "data_bytes")}
+    kernel = arrays["weights/dense_2/kernel"].copy()
+    kernel.flat[3] = 1e300
+    serialization.write_file(tmp_path / "big.dnn", header,
+                             [(k, kernel if k == "weights/dense_2/kernel" else v) for k, v in arrays.items()])
+    narrow = _small(dtype="float32")
+    before = _model_state(narrow)
+    with pytest.raises(dnn.ModelFileError, match="past the largest float32"):
+        narrow.load_weights(tmp_path / "big.dnn")
+    _assert_same_state(_model_state(narrow), before)
+    m.load_weights(tmp_path / "big.dnn")            # float64 holds it: loaded as it is
+    assert any(float(np.abs(w).max()) == 1e300 for w in m.get_weights())
+
+
+def test_a_refused_file_changes_nothing_in_the_model(tmp_path):
+    """load_weights wrote the file's weights before it checked the optimizer state, the layers'
+    counters and the training position: a file refused by one of those left the model half loaded.
+    Every check now runs before the first write, as load_state_dict's."""
+    x, y = _blobs(96)
+    ref = _small(dropout=0.2)
+    ref.fit(x, y, batch_size=32, epochs=1, verbose=0,
+            callbacks=[dnn.callbacks.ModelCheckpoint(tmp_path / "s{step}.dnn", unit="step", every=2)])
+    good = tmp_path / "s2.dnn"
+    other = _small(dropout=0.2)
+    other.fit(x[::-1].copy(), y[::-1].copy(), batch_size=16, epochs=2, verbose=0)
+    before = _model_state(other)
+    drop = next(layer.name for layer in other.layers if isinstance(layer, L.Dropout))
+    for name, change in {"dropout counter NaN": {f"state/{drop}/counter": np.nan},
+                         "beta1 power NaN": {"optimizer/scalars/float64/beta1_power": [[np.nan]]},
+                         "moments transposed": {"optimizer/param0/exp_avg": np.zeros((16, 6))},
+                         "correct past samples": {"metrics/correct": 1e6},
+                         "samples NaN": {"metrics/samples": np.nan}}.items():
+        bad = _crafted(good, tmp_path / "bad.dnn", change)
+        with pytest.raises(dnn.ModelFileError):
+            other.load_weights(bad)
+        _assert_same_state(_model_state(other), before)
+    other.load_weights(good)                       # the file itself loads, and then everything changed
+    after = _model_state(other)
+    assert after[3] == 0 and after[4]["batch"] == 2 and after[1]["iterations"] == 2
+    for a, b in zip(after[0], ref.get_weights()):
+        assert a.shape == b.shape
+
+
+def test_a_mid_epoch_checkpoints_metric_sums_are_checked(tmp_path):
+    """The loss and correct sums of a checkpoint saved inside an epoch were checked for size only:
+    correct = 1e6 resumed an epoch at an accuracy of 31250, samples = NaN failed at fit with a raw
+    ValueError. The correct count lies in [0, samples], samples is what the position's batches hold,
+    the loss sum is finite."""
+    x, y = _blobs(80)           # batches of 32, 32, 16: the ragged last one ends the epoch at sample 80
+    ref = _small(dropout=0.2)
+    ref.fit(x, y, batch_size=32, epochs=1, verbose=0,
+            callbacks=[dnn.callbacks.ModelCheckpoint(tmp_path / "s{step}.dnn", unit="step", every=1)])
+    for step, samples in ((2, 64), (3, 80)):
+        m = dnn.load(tmp_path / f"s{step}.dnn")
+        assert m.resume["batch"] == step and float(m.resume["metrics"]["samples"]) == samples
+    good = tmp_path / "s2.dnn"
+    bad_values = {"correct": (1e6, 64.5, 2.5, -1.0, np.nan, np.inf),
+                  # (after 2 batches of 32: 33 to 64, the second batch ragged at 1 to 32 samples)
+                  "samples": (np.nan, np.inf, -64.0, 0.0, 32.0, 65.0, 63.5, 1e300),
+                  "loss": (np.nan, np.inf, -np.inf)}
+    for key, values in bad_values.items():
+        for value in values:
+            bad = _crafted(good, tmp_path / "bad.dnn", {f"metrics/{key}": value})
+            with pytest.raises(dnn.ModelFileError, match=f"metrics/{key}"):
+                dnn.load(bad)
+    # after a ragged last batch (80 after 3 batches of 32) that batch held at least one sample
+    bad = _crafted(tmp_path / "s3.dnn", tmp_path / "bad.dnn", {"metrics/samples": 64})
+    with pytest.raises(dnn.ModelFileError, match="metrics/samples"):
+        dnn.load(bad)
+    m = dnn.load(_crafted(good, tmp_path / "ok.dnn", {"metrics/correct": 64.0}))     # all right: a bound
+    h = m.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    assert 0 <= h["accuracy"][0] <= 1
+
+
+def test_optimizer_state_in_a_file_is_checked(tmp_path):
+    """Optimizer state was restored without a look at its values: Adam's beta powers of NaN, past 1
+    or with several values (the first was used), a moment saved transposed (silently reshaped), a
+    step count of 2.7 (truncated to 2) all loaded."""
+    x, y = _blobs(64)
+    m = _small()
+    m.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    m.save(tmp_path / "m.dnn")
+    beta = "optimizer/scalars/float64/beta1_power"
+    bad = {"beta1 power NaN": {beta: [[np.nan]]}, "beta1 power inf": {beta: [[np.inf]]},
+           "beta1 power past 1": {beta: [[1.5]]}, "beta1 power negative": {beta: [[-0.5]]},
+           "beta1 power two values": {beta: [[0.81, 5.0]]},
+           "beta2 power none": {"optimizer/scalars/float64/beta2_power": np.zeros((1, 0))},
+           "moments transposed": {"optimizer/param0/exp_avg": np.zeros((16, 6))},
+           "moments flat": {"optimizer/param0/exp_avg": np.zeros(96)},
+           "moments infinite": {"optimizer/param0/exp_avg": np.full((6, 16), np.inf)},
+           "squares negative": {"optimizer/param0/exp_avg_sq": -np.ones((6, 16))},
+           "squares NaN": {"optimizer/param1/exp_avg_sq": np.full((1, 16), np.nan)},
+           "steps 2.7": {"optimizer/iterations": 2.7}, "steps NaN": {"optimizer/iterations": np.nan},
+           "steps inf": {"optimizer/iterations": np.inf}, "steps two values": {"optimizer/iterations": [2, 3]},
+           "steps past int64": {"optimizer/iterations": 2.0 ** 63}}
+    for name, change in bad.items():
+        path = _crafted(tmp_path / "m.dnn", tmp_path / "bad.dnn", change)
+        with pytest.raises(dnn.ModelFileError, match="optimizer"):
+            dnn.load(path)
+        with pytest.raises(dnn.ModelFileError, match="optimizer"):
+            m.load_weights(path)
+    # 1 before the first step (and after steps a float16 model skipped); 0 once b**t underflows, or b = 0
+    for value in (1.0, 0.0):
+        assert dnn.load(_crafted(tmp_path / "m.dnn", tmp_path / "ok.dnn", {beta: [[value]]})).optimizer.iterations == 2
+    assert dnn.load(_crafted(tmp_path / "m.dnn", tmp_path / "ok.dnn",
+                             {"optimizer/iterations": 2.0})).optimizer.iterations == 2
+
+
+def test_layer_counters_in_a_file_are_checked(tmp_path):
+    """A dropout counter or a BatchNorm's num_batches_tracked of +inf raised a raw OverflowError
+    (int(inf)); several values were read as the first. Each is one whole number >= 0, below 2**53
+    (a dropout counter is a float64 that stops counting there) or 2**63 (an int64)."""
+    x, y = _blobs(64)
+    m = dnn.Sequential([L.Input(6), L.Dense(5), L.Dropout(0.2), L.BatchNorm(), L.Dense(3), L.Output("softmax")],
+                       dtype="float64", optimizer=dnn.optim.SGD(lr=0.05, momentum=0.9))
+    m.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    m.save(tmp_path / "m.dnn")
+    counter, tracked = "state/dropout_1/counter", "state/batchnorm_1/num_batches_tracked"
+    bad = [(counter, v) for v in (np.inf, -np.inf, np.nan, -1.0, 2.5, 2.0 ** 53, [1.0, 2.0], np.zeros(0))]
+    bad += [(tracked, v) for v in (np.inf, np.nan, -1, 2.5, 2.0 ** 63, np.array([1, 2]))]
+    before = _model_state(m)
+    for key, value in bad:
+        path = _crafted(tmp_path / "m.dnn", tmp_path / "bad.dnn", {key: value})
+        with pytest.raises(dnn.ModelFileError, match=key.split("/")[-1]):
+            dnn.load(path)
+        with pytest.raises(dnn.ModelFileError, match=key.split("/")[-1]):
+            m.load_weights(path)
+        _assert_same_state(_model_state(m), before)
+    loaded = dnn.load(_crafted(tmp_path / "m.dnn", tmp_path / "ok.dnn", {counter: 7.0, tracked: 9}))
+    layers = {layer.name: layer for layer in loaded.layers}
+    assert layers["dropout_1"].get_state()["counter"] == 7.0 and layers["batchnorm_1"].batches_tracked == 9
 
 
 def test_model_files_take_the_umask_and_array_initializers_save(tmp_path):

@@ -211,6 +211,38 @@ def test_optimizer_state_round_trip():
     np.testing.assert_array_equal(a.value.to_numpy(), b.value.to_numpy())
 
 
+def test_optimizer_state_is_checked_before_any_is_restored():
+    """set_state refused nothing but a bad step count: a transposed moment was reshaped, a beta power
+    of NaN (or several values, the first used) was taken. Every array is checked first, so a refused
+    state leaves the optimizer as it was (no state made for the parameter, its clock unchanged)."""
+    p0 = np.random.default_rng(4).normal(size=SHAPE)
+    a = _param(p0)
+    opt_a = optim.Adam(lr=0.01)
+    for g in _grads(2, seed=6):
+        opt_a.step([a], [dmath.from_numpy(g, dtype="float64", layout=dmath.Replicated())])
+    good = opt_a.get_state([a])
+    assert good["param0/exp_avg"].shape == SHAPE and good["iterations"] == 2
+    cases = {"param0/exp_avg": (np.zeros(SHAPE[::-1]), np.zeros(15), np.full(SHAPE, np.nan)),
+             "param0/exp_avg_sq": (-np.ones(SHAPE), np.full(SHAPE, np.inf)),
+             "scalars/float64/beta1_power": (np.array([[np.nan]]), np.array([[0.81, 5.0]]), np.array([[1.5]]),
+                                             np.array([[-0.1]])),
+             "scalars/float64/lr": (np.array([[0.5]]),),
+             "iterations": (np.array(2.7), np.array(np.inf), np.array([2, 3]), np.array(-1))}
+    for key, values in cases.items():
+        for value in values:
+            b = _param(p0)
+            opt_b = optim.Adam(lr=0.01)
+            with pytest.raises(dnn.ConfigError, match=key.split("/")[-1]):
+                opt_b.set_state([b], dict(good, **{key: value}))
+            assert not opt_b.has_state(b) and opt_b.iterations == 0 and not opt_b.get_state([b]).keys() - {"iterations"}
+    b = _param(p0)
+    opt_b = optim.Adam(lr=0.01)
+    opt_b.set_state([b], dict(good, iterations=np.array(2.0)))       # a whole float: a count all the same
+    assert opt_b.iterations == 2
+    for k, v in good.items():
+        np.testing.assert_array_equal(opt_b.get_state([b])[k], v)
+
+
 def test_an_optimizer_shared_by_successive_models_starts_each_fresh():
     """The state is held per parameter Variable, weakly: a later model's parameters never take over a
     collected model's momentum (a reused id once did), and a collected model's state goes with it."""
