@@ -71,7 +71,7 @@ import dmath
 
 from dmath.ops.files import open_regular
 
-from .data.files import write_atomically
+from .data.files import checked_path, write_atomically
 from .errors import ConfigError, DNNError, ModelFileError
 
 MAGIC = b"DNNMODEL"
@@ -121,13 +121,7 @@ def write_file(path, header, arrays):
 
 def model_path(path):
     """`path` as a str: a str or an os.PathLike of one; ConfigError otherwise (None, bytes, ...)."""
-    try:
-        p = os.fspath(path)
-    except TypeError:
-        p = None
-    if not isinstance(p, str):
-        raise ConfigError(f"a model file's path must be a str or os.PathLike (of a str), got {path!r}")
-    return p
+    return checked_path(path, "a model file")
 
 
 def read_file(path):
