@@ -37,10 +37,11 @@ def set_state(state):
         s, stream = state
     except (TypeError, ValueError) as exc:
         raise DMathError(f"a random state is a pair (seed, stream), got {state!r}") from exc
-    seed(s)
-    if isinstance(stream, bool) or not isinstance(stream, int) or not 0 <= stream < 2 ** 53:
+    # both checked before either is set: a refused state leaves the streams where they were
+    if isinstance(stream, bool) or not isinstance(stream, numbers.Integral) or not 0 <= stream < 2 ** 53:
         raise DMathError(f"the stream of a random state must be an integer in [0, 2**53), got {stream!r}")
-    _state["stream"] = stream
+    seed(s)
+    _state["stream"] = int(stream)
 
 
 def rand(shape, dtype="float32", layout=None, memory=None):

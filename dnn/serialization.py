@@ -335,6 +335,14 @@ def load_state(model, header, arrays, path):
                                  f"the model expects {tuple(shape)}")
         _check_weight_range(a, np.dtype(dtypes[key]), key, path)
     _check_accounted_for(model, header, arrays, path)
+    weights, i = [], 0
+    for layer in model.layers:        # the layers' own checks (a BatchNorm's running variance >= 0)
+        n = len(layer.weights)
+        try:
+            weights.append((layer, layer.checked_weights([arrays[k] for k, _ in expected[i:i + n]])))
+        except DNNError as exc:
+            raise ModelFileError(f"{path!r}: {exc}") from exc
+        i += n
     state = {k[len("optimizer/"):]: v for k, v in arrays.items() if k.startswith("optimizer/")}
     params = _stateful_params(model, header, path)
     _check_optimizer_state(model, header, state, path, params)
@@ -348,7 +356,8 @@ def load_state(model, header, arrays, path):
     training = _checked_training(model, header.get("training"), arrays, path)
     loss_scale = _checked_loss_scale(model, arrays, path)
     # ---- every check passed: the writes
-    model.set_weights([arrays[k] for k, _ in expected])
+    for layer, checked in weights:
+        layer.write_checked(checked)
     if optimizer_state is not None:
         model.optimizer.write_state(params, optimizer_state)
     for layer, checked in layer_states:

@@ -68,7 +68,8 @@ def load_state_dict(model, mapping):
     """Write `mapping` ({PyTorch name: array}, e.g. a PyTorch model's state_dict() whose tensors
     NumPy can read) into `model`'s weights, in place. Every key and value is checked first: a
     missing or unexpected key raises ConfigError; a shape mismatch, a value that is not an array
-    of finite numbers or does not fit the weight's dtype, ShapeError; and then nothing changes."""
+    of finite numbers or does not fit the weight's dtype, ShapeError; a value the layer refuses (a
+    BatchNorm's negative running variance), ConfigError; and then nothing changes."""
     if not hasattr(mapping, "keys"):
         raise ConfigError(f"load_state_dict takes a mapping of names to arrays, got {type(mapping).__name__}")
     plan = [(layer, _entries(layer)) for layer in model.layers]
@@ -102,9 +103,10 @@ def load_state_dict(model, mapping):
                 raise ShapeError(f"load_state_dict: {key} holds {float(np.abs(a).max()):g}, past the largest "
                                  f"{w.value.dtype} ({top:g})")
             arrays.append(a.T if transposed else a)
-        writes.append((layer, arrays, tracked))
+        # the layer's own checks (a BatchNorm's running variance >= 0) before the first write too
+        writes.append((layer, layer.checked_weights(arrays) if arrays else arrays, tracked))
     for layer, arrays, tracked in writes:
         if arrays:
-            layer.set_weights(arrays)
+            layer.write_checked(arrays)
         if tracked is not None:
             layer.batches_tracked = tracked

@@ -22,10 +22,13 @@ from ..ops import Cast
 class Weight:
     """One weight of a layer: a trainable Variable or a buffer matrix, with its public shape."""
 
-    def __init__(self, name, value, public_shape, trainable=True):
+    def __init__(self, name, value, public_shape, trainable=True, minimum=None):
         self.name = name
         self.public_shape = tuple(public_shape)
         self.trainable = trainable
+        #: the least value the weight may hold (None: any): a BatchNorm's running variance is >= 0, and
+        #: a negative one loaded from a file made its (var + eps) ** -0.5 NaN at every prediction
+        self.minimum = minimum
         self.var = Variable(value, name=name) if trainable else None
         self._buffer = None if trainable else value
 
@@ -43,6 +46,9 @@ class Weight:
             raise ShapeError(f"weight {self.name}: expected shape {self.public_shape}, got {a.shape}")
         if a.dtype.kind not in "biuf":
             raise ConfigError(f"weight {self.name}: expected real numbers, got dtype {a.dtype}")
+        if self.minimum is not None and a.size and bool((a < self.minimum).any()):
+            raise ConfigError(f"weight {self.name}: values must be at least {self.minimum:g}, got "
+                              f"{float(a.min()):g}")
         return a
 
     def write(self, array):
@@ -195,13 +201,14 @@ class Layer:
         finally:
             self._dry = None
 
-    def _add_weight(self, name, init, shape, dtype, layout, public_shape=None, fans=None, trainable=True):
+    def _add_weight(self, name, init, shape, dtype, layout, public_shape=None, fans=None, trainable=True,
+                    minimum=None):
         if self._dry is not None:
             self._dry.append((f"{self.name}/{name}", tuple(public_shape or shape)))
             return None
         from .. import initializers
         value = initializers.get(init)(shape, dtype=dtype, layout=layout, fans=fans)
-        w = Weight(f"{self.name}/{name}", value, public_shape or shape, trainable)
+        w = Weight(f"{self.name}/{name}", value, public_shape or shape, trainable, minimum)
         self.weights.append(w)
         return w
 

@@ -65,7 +65,7 @@ class BatchNorm(Layer):
         self.running_mean = self._add_weight("running_mean", "zeros", (1, c), dtype, rep, public_shape=(c,),
                                              trainable=False)
         self.running_var = self._add_weight("running_var", "ones", (1, c), dtype, rep, public_shape=(c,),
-                                            trainable=False)
+                                            trainable=False, minimum=0)
 
     def check_training_batch(self, batch):
         if self.built and self.trainable:      # (a frozen one uses no batch statistics)

@@ -112,6 +112,19 @@ def test_random_streams_and_seeds():
     np.testing.assert_array_equal(dmath.random.rand((20, 10), layout=dmath.ColBlock()).to_numpy(), a2)
 
 
+def test_a_refused_random_state_leaves_the_streams_where_they_were():
+    """set_state set the seed before it checked the stream: a refused state restarted the streams."""
+    dmath.random.seed(5)
+    dmath.random.rand((3, 3))
+    before = dmath.random.get_state()
+    for bad in ((9, -1), (9, 2 ** 53), (9, 1.5), (9, True), (-1, 0), (9,), None):
+        with pytest.raises(dmath.DMathError):
+            dmath.random.set_state(bad)
+        assert dmath.random.get_state() == before
+    dmath.random.set_state((9, np.int64(4)))            # a numpy integer is an integer
+    assert dmath.random.get_state() == (9, 4)
+
+
 def test_random_distribution_moments():
     dmath.random.seed(99)
     u = dmath.random.rand((200, 100), dtype="float64", layout=dmath.BlockCyclic((16, 16))).to_numpy()

@@ -538,6 +538,41 @@ def test_a_weight_beyond_the_models_dtype_is_refused(tmp_path):
     assert any(float(np.abs(w).max()) == 1e300 for w in m.get_weights())
 
 
+def test_a_negative_running_variance_is_refused_by_every_loader(tmp_path):
+    """A BatchNorm's running variance below 0 loaded from a file (or a state dict) made every
+    prediction NaN ((var + eps) ** -0.5); refused, and nothing of the model changes."""
+    def bn_model():
+        dmath.random.seed(3)
+        return dnn.Sequential([L.Input(6), L.Dense(8), L.BatchNorm(), L.Activation("relu"), L.Dense(3),
+                               L.Output("softmax")], dtype="float64")
+    m = bn_model()
+    x, y = _blobs(64)
+    m.fit(x, y, batch_size=32, epochs=1, verbose=0)
+    m.save(tmp_path / "m.dnn")
+    bn = next(layer for layer in m.layers if isinstance(layer, L.BatchNorm))
+    var = bn.running_var.numpy().copy()
+    var[2] = -0.5
+    bad = _crafted(tmp_path / "m.dnn", tmp_path / "bad.dnn", {f"weights/{bn.running_var.name}": var})
+    other = bn_model()
+    before = _model_state(other)
+    with pytest.raises(dnn.ModelFileError, match="running_var: values must be at least 0"):
+        other.load_weights(bad)
+    with pytest.raises(dnn.ModelFileError, match="at least 0"):
+        dnn.load(bad)
+    _assert_same_state(_model_state(other), before)
+    sd = m.state_dict()
+    key = next(k for k in sd if k.endswith("running_var"))
+    sd[key] = var
+    with pytest.raises(dnn.ConfigError, match="at least 0"):
+        other.load_state_dict(sd)
+    _assert_same_state(_model_state(other), before)
+    with pytest.raises(dnn.ConfigError, match="at least 0"):
+        bn.set_weights([w.numpy() if w is not bn.running_var else var for w in bn.weights])
+    var[2] = 0.0                                    # a variance of 0 is a variance
+    sd[key] = var
+    other.load_state_dict(sd)
+
+
 def test_a_refused_file_changes_nothing_in_the_model(tmp_path):
     """load_weights wrote the file's weights before it checked the optimizer state, the layers'
     counters and the training position: a file refused by one of those left the model half loaded.
