@@ -8,12 +8,12 @@ import numpy as np
 from .. import backend, memory, remap as _remap
 from ..comm import collectives
 from ..comm.control import gather_objects
-from ..errors import LayoutError, ShapeError
+from ..errors import DMathError, LayoutError, ShapeError
 from ..layout import ColBlock, RowBlock, Tiles, distribution
 from ..layout.indexset import split_even
-from ..runtime import Shard, define, runtime
+from ..runtime import Shard, define, protocol, runtime
 from ..runtime.registry import collectives_in_graphs
-from .base import as_int, check_scalar, dispatch, new_meta
+from .base import as_int, check_scalar, dispatch, is_matrix, new_meta
 from .creation import zeros
 
 
@@ -28,6 +28,7 @@ REMAP_INTO = define("remap_into")
 TRANSPOSE = define("transpose")
 RESHAPE_ROWS = define("reshape_rows")
 GET = define("get")
+GET_MANY = define("get_many")
 SET = define("set")
 
 
@@ -75,6 +76,27 @@ def get_element(m, index):
     """Master half of Matrix.get: the element at (i, j) as a Python float."""
     i, j = _check_index(index, m.shape)
     return dispatch("get", [m], scalars=(i, j))[1]
+
+
+def get_elements(matrices, index):
+    """The element at (i, j) of each of `matrices`, as Python floats, read by one command: the
+    workers wait for their device once and answer in one gather, where a get per matrix is a
+    round trip each (a training epoch's end read four sums and a finiteness flag so, while the
+    GPUs sat drained). At most 255 matrices (one command's operands)."""
+    if not isinstance(matrices, (list, tuple)):
+        raise DMathError(f"get_elements takes a list of dmath matrices, got {type(matrices).__name__}")
+    if not matrices:
+        return []
+    if len(matrices) > protocol.MAX_OPERANDS:
+        raise DMathError(f"get_elements reads at most {protocol.MAX_OPERANDS} matrices in one command, "
+                         f"got {len(matrices)}")
+    for m in matrices:
+        if not is_matrix(m):
+            raise DMathError(f"get_elements takes dmath matrices, got {type(m).__name__}")
+    i, j = _check_index(index, matrices[0].shape)
+    for m in matrices[1:]:
+        _check_index(index, m.shape)
+    return dispatch("get_many", matrices, scalars=(i, j))[1]
 
 
 def set_element(m, index, value):
@@ -299,6 +321,29 @@ def _get(call):
     values = gather_objects(call.world, value, sorted({loc[0] for loc in locs}))
     if call.rank == 0:
         call.result = float(np.dtype(shard.dtype).type(sum(values)))
+    return []
+
+
+@GET_MANY.kernel()
+def _get_many(call):
+    i, j = int(call.scalars[0]), int(call.scalars[1])
+    mine, holders, waited = [], set(), False
+    for shard in call.inputs:
+        value = 0.0
+        locs = designated(shard.dist, shard.dist.locate(i, j))
+        for r, k, li, lj in locs:
+            if r == call.rank:
+                if not waited:
+                    collectives.device_done()       # (once: every input was written by then)
+                    waited = True
+                value += float(backend.current().asnumpy(shard.pieces[k][li, lj]))
+        holders.update(loc[0] for loc in locs)
+        mine.append(value)
+    # each holder sends its addends of every element (zeros where it holds none), in one message
+    answers = gather_objects(call.world, mine, sorted(holders))
+    if call.rank == 0:
+        call.result = [float(np.dtype(shard.dtype).type(sum(a[n] for a in answers)))
+                       for n, shard in enumerate(call.inputs)]
     return []
 
 

@@ -22,6 +22,7 @@ added into (1, 1) accumulators that the master reads only when it reports.
 import numpy as np
 
 import dmath
+from dmath.ops.movement import get_elements
 
 from ..graph.execute import Releases, backward, forward, topological_order
 from ..graph.node import Placeholder
@@ -66,15 +67,24 @@ class Metrics:
         if correct is not None:
             self._add("correct", correct)
 
+    def _sums(self):
+        """{name: the accumulated sum}, the four accumulators read by one command (an epoch ends
+        with this read while the GPUs wait: one round trip to the workers, not one per matrix)."""
+        names = list(self._acc)
+        accs = [m for name in names for m in self._acc[name].values()]
+        values = get_elements(accs, (0, 0))
+        k = len(values) // len(names)
+        return {name: sum(values[i * k:(i + 1) * k]) for i, name in enumerate(names)}
+
     def read(self):
         """(mean loss, accuracy) over the samples since the last reset (master-side reads)."""
         n = max(self.samples, 1)
-        return tuple(sum(m.get((0, 0)) for m in self._acc[name].values()) / n for name in ("loss", "correct"))
+        sums = self._sums()
+        return sums["loss"] / n, sums["correct"] / n
 
     def get_state(self):
         """{name: numpy array}: the accumulated sums and the sample count (a mid-epoch checkpoint)."""
-        out = {name: np.array(sum(m.get((0, 0)) for m in accs.values()), dtype=np.float64)
-               for name, accs in self._acc.items()}
+        out = {name: np.array(v, dtype=np.float64) for name, v in self._sums().items()}
         out["samples"] = np.array(self.samples, dtype=np.int64)
         return out
 

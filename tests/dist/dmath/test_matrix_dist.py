@@ -230,6 +230,26 @@ def test_get_set(name, dtype):
     np.testing.assert_allclose(m.sum(), want.astype(np.float64).sum(), **tol(dtype))
 
 
+def test_get_elements_reads_what_get_reads_in_one_command():
+    """dmath.ops.movement.get_elements: element (i, j) of several matrices, of every layout (Partial
+    included: its addends summed) and dtype, as get() gives each, from one command."""
+    from dmath.ops.movement import get_elements
+    ms = [make(values(SHAPE, 48 + k), layout(name, SHAPE, P), dtype)
+          for k, (name, dtype) in enumerate((n, d) for n in NAMES for d in ("float16", "float32", "float64"))]
+    for index in ((0, 0), (6, 4), (-1, -1)):
+        before = dmath.stats()[0]["commands"]
+        got = get_elements(ms, index)
+        assert dmath.stats()[0]["commands"] - before <= 2          # the read (and the stats call)
+        assert got == [m.get(index) for m in ms] and all(isinstance(v, float) for v in got)
+    assert get_elements([], (0, 0)) == []
+    for bad, what in ((ms[0], "list"), ([ms[0], np.zeros((7, 5))], "dmath matrices"),
+                      ([ms[0]] * 256, "at most 255")):
+        with pytest.raises(dmath.DMathError, match=what):
+            get_elements(bad, (0, 0))
+    with pytest.raises(dmath.DMathError):
+        get_elements(ms[:2], (7, 0))                               # past the last row
+
+
 def test_catalog_covers_every_kind(P, layouts):
     """The layout fixtures hold every kind, uneven sizes with an empty block, and subset groups."""
     made = [f((7, 5)) for _, f in layouts]
