@@ -549,16 +549,23 @@ def load(path):
 
 
 def _check_range(x, dtype, what):
-    """Refuse numpy samples that the model's dtype turns into infinity (float16 above 65504)."""
-    if dtype != "float16" or isinstance(x, Dataset):
+    """Refuse numpy samples that the model's dtype turns into infinity: float16 above 65504, float32
+    above 3.4e38 (float64 samples of 1e39 gave a float32 model NaN predictions and losses, silently)."""
+    if isinstance(x, Dataset):
         return
     a = np.asarray(x)
-    if a.dtype.kind in "iuf" and a.size:
-        biggest = float(np.nanmax(np.abs(a)))
-        if biggest > float(np.finfo(np.float16).max):
-            raise ConfigError(f"{what}: a float16 model needs inputs within +-{np.finfo(np.float16).max:g}; "
-                              f"the largest magnitude here is {biggest:g}, which becomes infinity. Normalise "
-                              f"the inputs (or Dataset(..., scale=...)), or use dtype='float32'")
+    if a.dtype.kind not in "iuf" or not a.size:
+        return
+    top = float(np.finfo(dtype).max)
+    wide = np.finfo(a.dtype).max if a.dtype.kind == "f" else max(abs(np.iinfo(a.dtype).min), np.iinfo(a.dtype).max)
+    if float(wide) <= top:
+        return                                  # (no value of the samples' type can pass it: no scan)
+    biggest = float(np.nanmax(np.abs(a)))
+    if biggest > top:
+        wider = {"float16": "dtype='float32'", "float32": "dtype='float64'"}.get(dtype, "a wider dtype")
+        raise ConfigError(f"{what}: a {dtype} model needs inputs within +-{top:g}; the largest magnitude "
+                          f"here is {biggest:g}, which becomes infinity. Normalise the inputs (or "
+                          f"Dataset(..., scale=...)), or use {wider}")
 
 
 def _loss_weights(weights, n):

@@ -155,6 +155,14 @@ class Training:
             raise ConfigError(f"verbose must be 0, 1 or 2, got {verbose!r}")
         if not isinstance(shuffle, (bool, np.bool_)):
             raise ConfigError(f"shuffle must be True or False, got {shuffle!r}")
+        if not isinstance(terminate_on_nan, (bool, np.bool_)):
+            raise ConfigError(f"terminate_on_nan must be True or False, got {terminate_on_nan!r}")
+        if getattr(self, "_fitting", False):
+            # the inner fit reset the outer one's metric sums and added its own: the outer epoch then
+            # reported an accuracy of 1.25
+            raise ConfigError("fit was called while this model's fit is running (from one of its callbacks?): "
+                              "the two would share the epoch's sums and the model's steps. Call it after the "
+                              "outer fit returns (evaluate and predict may be called from a callback)")
         options = asgd.check_options(self, asynchronous, max_staleness, groups, callbacks)
         if options is not None and self.resume is not None and self.resume["batch"]:
             raise ConfigError("a checkpoint saved inside an epoch resumes synchronously (asynchronous=False); "
@@ -195,6 +203,14 @@ class Training:
         for layer in self.layers:
             layer.check_training_batch(smallest)       # e.g. BatchNorm of a last batch of one sample
         self.stop_training = False
+        self._fitting = True
+        try:
+            return self._fit_epochs(train, val, batch_size, shuffle, first, last, verbose, hooks, history, options)
+        finally:
+            self._fitting = False
+
+    def _fit_epochs(self, train, val, batch_size, shuffle, first, last, verbose, hooks, history, options):
+        """fit's training, once everything is checked: epochs first..last-1, synchronous or not."""
         for cb in hooks:
             cb.on_train_begin()
         if options is not None:

@@ -57,6 +57,17 @@ def test_float16_inputs_beyond_its_range_are_refused_before_training():
         np.testing.assert_array_equal(a, b)
 
 
+def test_float32_inputs_beyond_its_range_are_refused():
+    """float64 samples of 1e39 gave a float32 model NaN predictions and losses, silently."""
+    m = model("float32")
+    big = X.astype(np.float64) * 0 + 1e39
+    for call in (lambda: m.fit(big, Y, verbose=0), lambda: m.evaluate(big, Y), lambda: m.predict(big)):
+        with pytest.raises(dnn.ConfigError, match=r"float32 model needs inputs within .*use dtype='float64'"):
+            call()
+    m.predict(X.astype(np.float64) * 1e30)          # within float32's range: taken
+    model("float64").predict(big)                   # a float64 model holds it
+
+
 @pytest.mark.parametrize("call", ["fit", "evaluate", "predict"])
 @pytest.mark.parametrize("case", ["nan", "empty", "strings", "complex"])
 def test_bad_inputs_are_refused_by_dnn(call, case):

@@ -942,3 +942,26 @@ def test_evaluate_counts_label_smoothed_targets_by_their_class():
     want = np.mean(m.predict(x).argmax(axis=1) == labels)
     assert m.evaluate(x, labels)["accuracy"] == pytest.approx(want)
     assert m.evaluate(x, smoothed)["accuracy"] == pytest.approx(want)
+
+
+def test_a_fit_called_from_inside_fit_is_refused():
+    """A callback calling model.fit reset the outer fit's metric sums and added its own: the outer
+    epoch reported an accuracy of 1.25. Refused; evaluate and predict from a callback still work,
+    and fit works again once the outer one has ended."""
+    x, y = _blobs(96)
+    m = _small()
+    seen = []
+
+    class Inner(dnn.callbacks.Callback):
+        def on_batch_end(self, batch):
+            if batch == 1 and not seen:
+                seen.append(self.model.evaluate(x, y)["loss"])
+                self.model.fit(x, y, batch_size=16, epochs=1, verbose=0)
+
+    with pytest.raises(dnn.ConfigError, match="while this model's fit is running"):
+        m.fit(x, y, batch_size=32, epochs=1, verbose=0, callbacks=[Inner()])
+    assert seen and np.isfinite(seen[0])
+    hist = m.fit(x, y, batch_size=32, epochs=2, verbose=0)
+    assert all(0 <= a <= 1 for a in hist.history["accuracy"])
+    with pytest.raises(dnn.ConfigError, match="terminate_on_nan must be True or False"):
+        m.fit(x, y, verbose=0, terminate_on_nan="no")
