@@ -54,6 +54,16 @@ class Trial:
         if not isinstance(model, Model):
             raise ConfigError(f"dnn.search: build(params) must return a dnn.Sequential or dnn.Model, got "
                               f"{type(model).__name__} for params {self.params}")
+        # a model another trial trains (built once, returned for every params) lives on that trial's
+        # workers: its steps here ended the runtime with a worker's IndexError, and on one worker the
+        # trials went on from each other's weights, silently
+        if getattr(model, "_search_trial", None) is not None or tuple(model.workers) != tuple(self.group):
+            raise ConfigError(f"dnn.search: build(params) must make a new model for each call (inside it, "
+                              f"the trial's workers are the default group); for params {self.params} it "
+                              f"returned one " + ("another trial trains" if getattr(model, "_search_trial", None)
+                                                  is not None else f"on workers {tuple(model.workers)}, not the "
+                                                  f"trial's {tuple(self.group)}"))
+        model._search_trial = self.index
         # the shared datasets checked against this model (shapes, targets), as fit checks its arrays
         train = model._dataset(train, None)
         val = model._dataset(val, None, "validation_data")

@@ -136,3 +136,23 @@ def test_a_model_that_does_not_fit_the_data_raises_shape_error(digits):
     with pytest.raises(ShapeError, match="samples must have shape"):
         _search(digits, build=wrong)
     assert dmath.current_group() == tuple(range(P))
+
+
+def test_a_build_that_returns_one_model_for_every_trial_is_refused(digits):
+    """A model built once and returned for every params: at P > 1 its steps on another trial's group
+    ended the runtime (a worker's IndexError); at P = 1 the trials went on from each other's weights."""
+    made = []
+
+    def once(p):
+        if not made:
+            made.append(build(p))
+        return made[0]
+    with pytest.raises(ConfigError, match="must make a new model for each call"):
+        _search(digits, build=once, space={"lr": [0.1, 0.05, 0.02]})
+    assert dmath.current_group() == tuple(range(P))
+    np.testing.assert_array_equal((dmath.ones((3, 2)) * 2).to_numpy(), np.full((3, 2), 2.0))
+    with dmath.on_group((0,)):
+        outside = build({"lr": 0.1})
+    if P > 1:                       # a model on other workers than the trial's
+        with pytest.raises(ConfigError, match="on workers \\(0,\\), not the trial's \\(0, 1"):
+            _search(digits, build=lambda p: outside, workers_per_trial=P)
