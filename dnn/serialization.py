@@ -19,7 +19,7 @@ Layout of a file (all integers little-endian):
                                   holds, i their position here (frozen layers' too; a file
                                   without it holds the trained parameters' in model order),
               "training": {"epochs_trained": int, "random": [seed, stream] of dmath.random,
-                           "position": null, or {"epoch", "batch", "batch_size"} when saved
+                           "position": null, or {"epoch", "batch", "batch_size", "samples"} when saved
                            inside an epoch (after that many batches of it)},
               "data_bytes": total bytes after the header,
               "arrays": [{"name", "dtype", "shape", "offset", "nbytes", "crc32"}, ...]}
@@ -269,8 +269,9 @@ def save_model(model, path):
     arrays += [(f"state/{layer.name}/{k}", v) for layer in model.layers for k, v in layer.get_state().items()]
     training = {"epochs_trained": model.epochs_trained, "random": list(dmath.random.get_state()), "position": None}
     if model.position is not None:
-        epoch, batch, batch_size = model.position
-        training["position"] = {"epoch": epoch, "batch": batch, "batch_size": batch_size}
+        epoch, batch, batch_size, samples = model.position
+        # samples: the epoch's data size, which a resume must match (files before it lack it)
+        training["position"] = {"epoch": epoch, "batch": batch, "batch_size": batch_size, "samples": samples}
         arrays += [(f"metrics/{k}", v) for k, v in model.train_metrics.get_state().items()]
     header = {"format": "dnn.model", "version": VERSION, "model": model.get_config(),
               "optimizer": model.optimizer.get_config(), "optimizer_params": [w.name for w in stateful],
@@ -506,6 +507,7 @@ def _checked_training(model, training, arrays, path):
     if not isinstance(pos, dict):
         raise ModelFileError(f"{path!r}: the header's training position is not an object")
     resume = {k: _count(pos, k, path) for k in ("epoch", "batch", "batch_size")}
+    resume["data_samples"] = _count(pos, "samples", path) if "samples" in pos else None
     metrics = {k[len("metrics/"):]: v for k, v in arrays.items() if k.startswith("metrics/")}
     if sorted(metrics) != ["correct", "loss", "samples"] or any(v.size != 1 for v in metrics.values()):
         raise ModelFileError(f"{path!r}: a checkpoint inside an epoch needs the metrics loss, correct and "

@@ -277,9 +277,12 @@ class Training:
         if r["batch_size"] != batch_size:
             raise ConfigError(f"the checkpoint was saved after batch {r['batch']} of epoch {r['epoch']} with "
                               f"batch_size={r['batch_size']}: resume it with that batch size, not {batch_size}")
-        if r["batch"] > len(self._batches(n, batch_size)):
-            raise ConfigError(f"the checkpoint was saved after batch {r['batch']} of an epoch, but this data "
-                              f"has fewer batches of {batch_size}: resume with the data it was trained on")
+        if r["batch"] > len(self._batches(n, batch_size)) or r.get("data_samples") not in (None, n):
+            # (the data size is in checkpoints of session 27 on: another data set of as many batches
+            # resumed its epoch's order and sums on other samples)
+            had = "" if r.get("data_samples") is None else f" of {r['data_samples']} samples"
+            raise ConfigError(f"the checkpoint was saved after batch {r['batch']} of an epoch over data{had}; "
+                              f"this data has {n} samples: resume with the data it was trained on")
         self.resume = None
         return r["batch"], r["metrics"]
 
@@ -316,7 +319,7 @@ class Training:
                     trial, key = None, self._program_key("train")
             done += size
             metrics.samples = done
-            self.position = (epoch, b + 1, batch_size)
+            self.position = (epoch, b + 1, batch_size, n)
             bar.update(done, metrics.read)
             for cb in hooks:
                 cb.on_batch_end(b)

@@ -305,6 +305,9 @@ def test_step_checkpoint_resumes_inside_the_epoch(tmp_path):
     assert m.resume["batch"] == 2 and m.epochs_trained == 0
     with pytest.raises(dnn.ConfigError, match="batch_size=32"):
         m.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    # another data set of as many batches (90 samples: 3 of 32) resumed the epoch on other samples
+    with pytest.raises(dnn.ConfigError, match="over data of 96 samples; this data has 90"):
+        m.fit(x[:90], y[:90], batch_size=32, epochs=1, verbose=0)
     h = m.fit(x, y, batch_size=32, epochs=1, verbose=0)
     for a, b in zip(ref.get_weights(), m.get_weights()):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
