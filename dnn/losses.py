@@ -125,7 +125,8 @@ def get(spec):
     """A Loss from a name ('cross_entropy', 'binary_cross_entropy', 'mse') or a Loss."""
     if isinstance(spec, Loss):
         return spec
-    if spec not in _KINDS:
+    # a str test first: a list or dict is unhashable, and `in _KINDS` would raise a raw TypeError
+    if not isinstance(spec, str) or spec not in _KINDS:
         raise ConfigError(f"unknown loss {spec!r}; expected one of {sorted(_KINDS)}")
     return _KINDS[spec]()
 

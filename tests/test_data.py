@@ -438,7 +438,9 @@ def test_synthetic_classification():
 
 
 @pytest.mark.parametrize("bad", [dict(n=0), dict(shape=(3, 0)), dict(classes=0), dict(noise=-1.0),
-                                 dict(dtype="int8"), dict(shape=2.5)])
+                                 dict(dtype="int8"), dict(shape=2.5), dict(noise=float("inf")),
+                                 dict(noise=float("nan")), dict(seed=-1), dict(seed="a"), dict(seed=1.5),
+                                 dict(seed=True)])
 def test_synthetic_bad_arguments(bad):
     args = dict(n=10, shape=4, classes=2)
     args.update(bad)
@@ -660,17 +662,23 @@ def test_loader_thread_failure_reaches_the_consumer():
     loader = data.DataLoader(x, None, batch_size=1, dtype="float32", prefetch=2)
     it = iter(loader)
     assert next(it)[0][0, 0] == 1.0
-    with pytest.raises(ValueError):
+    # the thread's conversion error comes back as what a reader raises for bad data, naming the dtype
+    with pytest.raises(DataError, match="float32"):
         list(it)
     assert not _prefetch_threads()
+    with pytest.raises(DataError, match="float32"):
+        list(data.DataLoader(x, None, batch_size=1, dtype="float32", prefetch=0))
 
 
-@pytest.mark.parametrize("bad", [dict(batch_size=0), dict(batch_size=2.0), dict(prefetch=-1), dict(seed=-2)])
+@pytest.mark.parametrize("bad", [dict(batch_size=0), dict(batch_size=2.0), dict(prefetch=-1), dict(seed=-2),
+                                 dict(shuffle="no"), dict(shuffle=1), dict(drop_last="no"), dict(drop_last=None),
+                                 dict(dtype="bogus"), dict(dtype=3.5)])
 def test_loader_bad_arguments(bad):
+    # a truthy string ("no") is no bool: it would turn shuffling on
     x, y = _set()
     args = dict(batch_size=2)
     args.update(bad)
-    with pytest.raises(ConfigError):
+    with pytest.raises(ConfigError, match=next(iter(bad))):
         data.DataLoader(x, y, **args)
 
 

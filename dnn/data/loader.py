@@ -33,6 +33,13 @@ def _nonnegative_int(value, what):
     return int(value)
 
 
+def _bool(value, what):
+    # a truthy string ("no") or a number is refused: bool("no") would turn the option on
+    if not isinstance(value, bool):
+        raise ConfigError(f"DataLoader: {what} must be True or False, got {value!r}")
+    return value
+
+
 class DataLoader:
     """Iterate over (x_batch, y_batch) numpy pairs, one epoch per iteration.
 
@@ -60,11 +67,14 @@ class DataLoader:
         self.batch_size = _nonnegative_int(batch_size, "batch_size")
         if self.batch_size == 0:
             raise ConfigError("DataLoader: batch_size must be at least 1")
-        self.shuffle = bool(shuffle)
+        self.shuffle = _bool(shuffle, "shuffle")
         self.seed = _nonnegative_int(seed, "seed")
-        self.drop_last = bool(drop_last)
+        self.drop_last = _bool(drop_last, "drop_last")
         self.prefetch = _nonnegative_int(prefetch, "prefetch")
-        self.dtype = None if dtype is None else np.dtype(dtype)
+        try:
+            self.dtype = None if dtype is None else np.dtype(dtype)
+        except (TypeError, ValueError) as exc:
+            raise ConfigError(f"DataLoader: dtype must be a NumPy dtype such as 'float32', got {dtype!r}") from exc
         self.epoch = 0
         self.target = self._check_target(target)
 
@@ -125,7 +135,11 @@ class DataLoader:
         """The host work of one batch (runs in the prefetch thread)."""
         xb = self.x[idx]
         if self.dtype is not None:
-            xb = xb.astype(self.dtype, copy=False)
+            try:
+                xb = xb.astype(self.dtype, copy=False)
+            except (TypeError, ValueError) as exc:      # e.g. a text value that is no number
+                raise DataError(f"DataLoader: a batch of x ({xb.dtype}) cannot be converted to {self.dtype}: "
+                                f"{exc}") from exc
         yb = None if self.y is None else self.y[idx]
         if self.target is None:
             return xb, yb, None, None

@@ -32,8 +32,12 @@ def synthetic_classification(n, shape, classes, seed=0, noise=1.0, dtype="float3
     sample = tuple(_positive_int(s, "each entry of shape") for s in sample)
     if not sample:
         raise DataError("synthetic_classification: shape must name at least one dimension")
-    if isinstance(noise, bool) or not isinstance(noise, numbers.Real) or not noise >= 0:
-        raise DataError(f"synthetic_classification: noise must be a non-negative number, got {noise!r}")
+    # an infinite noise makes every sample inf or NaN
+    if isinstance(noise, bool) or not isinstance(noise, numbers.Real) or not noise >= 0 or not np.isfinite(noise):
+        raise DataError(f"synthetic_classification: noise must be a finite non-negative number, got {noise!r}")
+    # None draws a fresh set; otherwise the seed NumPy's generator takes (a raw ValueError or TypeError there)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0):
+        raise DataError(f"synthetic_classification: seed must be a non-negative integer or None, got {seed!r}")
     if dtype not in ("float16", "float32", "float64"):
         raise DataError(f"synthetic_classification: dtype must be float16, float32 or float64, got {dtype!r}")
     rng = np.random.default_rng(seed)

@@ -30,7 +30,11 @@ def get(spec):
         args = {k: v for k, v in spec.items() if k != "name"}
         args["schedule"] = schedules.get(args.get("schedule"))
         if "betas" in args:
-            args["betas"] = tuple(args["betas"])
+            try:
+                args["betas"] = tuple(args["betas"])
+            except TypeError as exc:        # 5 or None: Adam's own check names what a pair must be
+                raise ConfigError(f"optimizer {spec['name']}: betas must be a pair of numbers in [0, 1), "
+                                  f"got {args['betas']!r} in {spec!r}") from exc
         try:
             return _KINDS[spec["name"]](**args)
         except TypeError as exc:

@@ -73,9 +73,7 @@ class Optimizer:
 
     def __init__(self, lr, weight_decay=0.0, schedule=None, foreach=True):
         self.lr = _positive(lr, "lr")
-        if not isinstance(foreach, bool):
-            raise ConfigError(f"foreach must be True or False, got {foreach!r}")
-        self.foreach = foreach
+        self.foreach = _bool(foreach, "foreach")
         self.weight_decay = _non_negative(weight_decay, "weight_decay")
         if schedule is not None and not isinstance(schedule, _schedules.Schedule):
             raise ConfigError(f"schedule must be a dnn.optim.schedules schedule, got {schedule!r}")
@@ -99,10 +97,20 @@ class Optimizer:
         return {}
 
     def current_lr(self):
-        """The learning rate of the next step (the schedule's value, or lr)."""
+        """The learning rate of the next step (the schedule's value, or lr), checked here: `lr` may
+        have been assigned since the constructor and a schedule may be a user's, and a negative rate
+        would train uphill silently, NaN or inf surface only as a NaN guard's error and a string as a
+        raw TypeError. 0 is a rate (a warm-up's first steps)."""
+        base = self.lr
+        if not _is_rate(base):
+            raise ConfigError(f"{type(self).__name__}'s lr must be a finite number >= 0, got {base!r}")
         if self.schedule is None:
-            return self.lr
-        return self.schedule(self.iterations, self.lr)
+            return float(base)
+        lr = self.schedule(self.iterations, base)
+        if not _is_rate(lr):
+            raise ConfigError(f"the schedule {self.schedule!r} of {type(self).__name__} gave the learning rate "
+                              f"{lr!r} at step {self.iterations}; expected a finite number >= 0")
+        return float(lr)
 
     # ---- the step, in two halves -------------------------------------------------
     def prepare(self, params, lr_scale=1.0):
@@ -119,6 +127,13 @@ class Optimizer:
                 for name, m in state.items():
                     if m.layout != p.value.layout:
                         state[name] = m.remap(plain_layout(p.value))
+                # state_names follows the settings (SGD's momentum turned on between fits): the state a
+                # setting now needs starts at zeros, as a fresh optimizer's; what it no longer reads goes
+                for name in self.state_names:
+                    if name not in state:
+                        state[name] = dmath.zeros(p.shape, dtype=p.dtype, layout=plain_layout(p.value))
+                for name in [n for n in state if n not in self.state_names]:
+                    del state[name]
         lr = self.current_lr() * lr_scale
         for dtype in {p.dtype for p in params}:
             s = self._step_scalars(dtype)
@@ -357,6 +372,18 @@ def to_layout_of(g, p, keep_dtype=False, background=False, dtype=None):
 def _shown(a):
     """A saved array for an error message: its values when few, its shape otherwise."""
     return repr(a.tolist()) if a.size <= 4 else f"an array of shape {a.shape}"
+
+
+def _is_rate(v):
+    """Whether v is a learning rate: a real number (not a bool), finite, >= 0."""
+    return not isinstance(v, bool) and isinstance(v, numbers.Real) and math.isfinite(v) and v >= 0
+
+
+def _bool(v, what):
+    """A real bool: a truthy string ('no') or a number is refused, not read as True."""
+    if not isinstance(v, bool):
+        raise ConfigError(f"{what} must be True or False, got {v!r}")
+    return v
 
 
 def _positive(v, what):

@@ -1,30 +1,54 @@
 """RMSProp (PyTorch's form, with optional momentum and the centered variant)."""
 import dmath
 
-from .base import Optimizer, _positive, _unit
+from .base import Optimizer, _bool, _positive, _unit
 
 
 class RMSProp(Optimizer):
     """s = alpha s + (1 - alpha) g^2;  avg = sqrt(s - a^2) + eps (centered, a = mean of g) or sqrt(s) + eps;
     w -= lr * b with b = momentum b + g / avg (momentum > 0) or w -= lr * g / avg.
 
-    Args: lr=0.01, alpha=0.99, eps=1e-8, momentum=0.0, centered=False, weight_decay=0.0, schedule=None.
+    Args: lr=0.01, alpha=0.99, eps=1e-8, momentum=0.0, centered=False, weight_decay=0.0, schedule=None,
+    foreach=True (the base class's: the rule has no form over lists, so either value steps the
+    parameters one command each; kept in the config).
     """
 
     non_negative_state = ("square_avg",)
 
     def __init__(self, lr=0.01, alpha=0.99, eps=1e-8, momentum=0.0, centered=False, weight_decay=0.0,
-                 schedule=None):
-        super().__init__(lr, weight_decay, schedule)
+                 schedule=None, foreach=True):
+        super().__init__(lr, weight_decay, schedule, foreach)
         self.alpha = _unit(alpha, "alpha")
         self.eps = _positive(eps, "eps")
-        self.momentum = _unit(momentum, "momentum")
-        self.centered = bool(centered)
-        self.state_names = (("square_avg",) + (("grad_avg",) if self.centered else ())
-                            + (("momentum_buffer",) if self.momentum else ()))
+        self.momentum = momentum
+        self.centered = centered
+
+    # momentum and centered may change between fits (the recorded step is rebuilt: its key holds them):
+    # each assignment is checked as the constructor's argument, and the state follows (state_names)
+    @property
+    def momentum(self):
+        return self._momentum
+
+    @momentum.setter
+    def momentum(self, value):
+        self._momentum = _unit(value, "momentum")
+
+    @property
+    def centered(self):
+        return self._centered
+
+    @centered.setter
+    def centered(self, value):
+        self._centered = _bool(value, "centered")
+
+    @property
+    def state_names(self):
+        return (("square_avg",) + (("grad_avg",) if self._centered else ())
+                + (("momentum_buffer",) if self._momentum else ()))
 
     def _hyper(self):
-        return {"alpha": self.alpha, "eps": self.eps, "momentum": self.momentum, "centered": self.centered}
+        return {"alpha": self.alpha, "eps": self.eps, "momentum": self.momentum, "centered": self.centered,
+                "foreach": self.foreach}
 
     def update(self, p, g, state, h):
         s = state["square_avg"]

@@ -60,8 +60,10 @@ class CosineAnnealing(Schedule):
 
     def __init__(self, total_steps, min_lr=0.0):
         self.total_steps = _count(total_steps, "total_steps")
-        if isinstance(min_lr, bool) or not isinstance(min_lr, numbers.Real) or min_lr < 0:
-            raise ConfigError(f"min_lr must be a non-negative number, got {min_lr!r}")
+        # `not min_lr >= 0` also refuses NaN (NaN < 0 is False); an infinite floor gives inf or NaN rates
+        if isinstance(min_lr, bool) or not isinstance(min_lr, numbers.Real) or not min_lr >= 0 \
+                or not math.isfinite(min_lr):
+            raise ConfigError(f"min_lr must be a finite non-negative number, got {min_lr!r}")
         self.min_lr = float(min_lr)
 
     def __call__(self, step, base_lr):
@@ -104,7 +106,10 @@ def get(config):
     args = {k: v for k, v in config.items() if k != "name"}
     if isinstance(args.get("then"), dict):
         args["then"] = get(args["then"])
-    return _KINDS[config["name"]](**args)
+    try:
+        return _KINDS[config["name"]](**args)
+    except TypeError as exc:        # a missing or unknown argument
+        raise ConfigError(f"schedule {config['name']}: bad arguments in {config!r}: {exc}") from exc
 
 
 def _count(v, what):

@@ -2,7 +2,7 @@
 import dmath
 
 from ..errors import ConfigError
-from .base import Optimizer, _unit
+from .base import Optimizer, _bool, _unit
 
 
 class SGD(Optimizer):
@@ -18,11 +18,37 @@ class SGD(Optimizer):
 
     def __init__(self, lr=0.01, momentum=0.0, nesterov=False, weight_decay=0.0, schedule=None, foreach=True):
         super().__init__(lr, weight_decay, schedule, foreach)
-        self.momentum = _unit(momentum, "momentum")
-        self.nesterov = bool(nesterov)
-        if self.nesterov and self.momentum == 0:
+        self._nesterov = False
+        self.momentum = momentum
+        self.nesterov = nesterov
+
+    # momentum and nesterov may change between fits (the recorded step is rebuilt: its key holds them):
+    # each assignment is checked as the constructor's argument, and the state follows (state_names)
+    @property
+    def momentum(self):
+        return self._momentum
+
+    @momentum.setter
+    def momentum(self, value):
+        value = _unit(value, "momentum")
+        if self._nesterov and value == 0:
+            raise ConfigError("nesterov momentum needs momentum > 0; set nesterov=False first")
+        self._momentum = value
+
+    @property
+    def nesterov(self):
+        return self._nesterov
+
+    @nesterov.setter
+    def nesterov(self, value):
+        value = _bool(value, "nesterov")
+        if value and self._momentum == 0:
             raise ConfigError("nesterov momentum needs momentum > 0")
-        self.state_names = ("momentum_buffer",) if self.momentum else ()
+        self._nesterov = value
+
+    @property
+    def state_names(self):
+        return ("momentum_buffer",) if self._momentum else ()
 
     def _hyper(self):
         return {"momentum": self.momentum, "nesterov": self.nesterov, "foreach": self.foreach}

@@ -12,7 +12,7 @@ import string
 
 import dmath
 
-from ..errors import ConfigError, TrainingError
+from ..errors import ConfigError, ModelFileError, TrainingError
 
 
 class Callback:
@@ -95,7 +95,11 @@ def plot_curves(epochs, history, path=None):
         ax.legend()
     fig.tight_layout()
     if path is not None:
-        fig.savefig(path, dpi=100)
+        try:
+            fig.savefig(path, dpi=100)
+        except OSError as exc:      # a directory that does not exist or is a file: name the path
+            plt.close(fig)
+            raise ConfigError(f"cannot write the training curves to {os.fspath(path)!r}: {exc}") from exc
     return fig
 
 
@@ -130,7 +134,15 @@ class EarlyStopping(Callback):
     def __init__(self, monitor="val_loss", patience=0, min_delta=0.0, mode="auto"):
         if mode not in ("auto", "min", "max"):
             raise ConfigError(f"EarlyStopping: mode must be 'auto', 'min' or 'max', got {mode!r}")
-        self.monitor, self.patience, self.min_delta = monitor, int(patience), abs(float(min_delta))
+        _check_monitor(monitor, "EarlyStopping")
+        # no coercion: int(2.7) would wait 2 epochs, and a NaN min_delta stopped after the first (no value
+        # compares below NaN)
+        if isinstance(patience, bool) or not isinstance(patience, numbers.Integral) or patience < 0:
+            raise ConfigError(f"EarlyStopping: patience must be a whole number of epochs >= 0, got {patience!r}")
+        if isinstance(min_delta, bool) or not isinstance(min_delta, numbers.Real) or not min_delta >= 0 \
+                or not math.isfinite(min_delta):
+            raise ConfigError(f"EarlyStopping: min_delta must be a finite number >= 0, got {min_delta!r}")
+        self.monitor, self.patience, self.min_delta = monitor, int(patience), float(min_delta)
         self.sign = -1.0 if mode == "max" or (mode == "auto" and "acc" in monitor) else 1.0
         self.best, self.wait, self.stopped_epoch = math.inf, 0, None
 
@@ -173,6 +185,7 @@ class ModelCheckpoint(Callback):
             raise ConfigError(f"ModelCheckpoint: keep must be None or a positive integer, got {keep!r}")
         if save_best_only and unit != "epoch":
             raise ConfigError("ModelCheckpoint: save_best_only compares epoch logs; use it with unit='epoch'")
+        _check_monitor(monitor, "ModelCheckpoint")
         self.fields = _check_path_fields(path, unit)
         self.path, self.monitor, self.save_best_only = path, monitor, bool(save_best_only)
         self.every, self.unit, self.keep = int(every), unit, keep
@@ -218,7 +231,12 @@ class ModelCheckpoint(Callback):
         path = os.fspath(self.path).format(step=self.model.optimizer.iterations, **fields)
         directory = os.path.dirname(path)
         if directory:
-            os.makedirs(directory, exist_ok=True)
+            # made here, not at construction: the user may create it meanwhile
+            try:
+                os.makedirs(directory, exist_ok=True)
+            except OSError as exc:      # a parent that is a file, a read-only or virtual file system
+                raise ModelFileError(f"ModelCheckpoint: cannot make the directory {directory!r} of the "
+                                     f"checkpoint {path!r}: {exc}") from exc
         self.model.save(path)
         if path in self.written:
             self.written.remove(path)
@@ -250,7 +268,22 @@ def _check_path_fields(path, unit):
                               f"not know: use {{epoch}}, {{batch}} and {{step}} (epoch logs come with "
                               f"unit='epoch')")
         names.append(name)
+    # a format spec, conversion or index the values cannot take ({epoch:q}, {epoch[0]}, {epoch!z}) would
+    # only fail at the first save, after training: format once with values of the fields' types
+    # (epoch, batch and step are ints, the logs floats)
+    sample = {name: 0.5 for name in names}
+    sample.update(epoch=1, batch=0, step=1)
+    try:
+        os.fspath(path).format(**sample)
+    except (ValueError, TypeError, KeyError, IndexError, AttributeError) as exc:
+        raise ConfigError(f"ModelCheckpoint: path {path!r} cannot be formatted with the values it will get "
+                          f"(integers for epoch, batch and step, floats for the logs): {exc!r}") from exc
     return names
+
+
+def _check_monitor(monitor, who):
+    if not isinstance(monitor, str):
+        raise ConfigError(f"{who}: monitor must be the name of an epoch log such as 'val_loss', got {monitor!r}")
 
 
 class TerminateOnNaN(Callback):

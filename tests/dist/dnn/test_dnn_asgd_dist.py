@@ -43,13 +43,16 @@ def blobs():
 
 
 @pytest.mark.parametrize("groups", sorted({1, P}))
-@pytest.mark.parametrize("opt", ["sgd", "adam"])
+@pytest.mark.parametrize("opt", ["sgd", "adam", "adagrad"])
 def test_k0_equals_synchronous_fit(blobs, groups, opt):
     x, y = blobs
 
     def make():
-        o = dnn.optim.SGD(lr=0.1, momentum=0.9, weight_decay=1e-3) if opt == "sgd" else \
-            dnn.optim.Adam(lr=0.01, weight_decay=1e-3)
+        # AdaGrad overrides prepare (its accumulator starts at initial_accumulator_value): the engine
+        # passes it the staleness-aware lr_scale too
+        o = {"sgd": lambda: dnn.optim.SGD(lr=0.1, momentum=0.9, weight_decay=1e-3),
+             "adam": lambda: dnn.optim.Adam(lr=0.01, weight_decay=1e-3),
+             "adagrad": lambda: dnn.optim.AdaGrad(lr=0.05, initial_accumulator_value=0.1, weight_decay=1e-3)}[opt]()
         return mlp(dropout=0.2, optimizer=o)
     sync, asy = make(), make()
     hs = sync.fit(x, y, batch_size=16, epochs=2, verbose=0)

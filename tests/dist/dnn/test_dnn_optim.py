@@ -296,3 +296,120 @@ def test_foreach_steps_give_the_one_command_per_parameter_weights(make, dtype):
         weights.append(m.get_weights())
     for a, b in zip(*weights):
         np.testing.assert_array_equal(a, b)
+
+
+class _Returns(schedules.Schedule):
+    """A schedule giving `value` at every step (what a user's buggy schedule may return)."""
+
+    def __init__(self, value):
+        self.value = value
+
+    def __call__(self, step, base_lr):
+        return self.value
+
+
+@pytest.mark.parametrize("value", [-0.5, float("nan"), float("inf"), 1e400, "0.1", None, True],
+                         ids=["negative", "nan", "inf", "overflow", "str", "none", "bool"])
+def test_a_bad_learning_rate_from_a_schedule_or_an_assignment_is_refused(value):
+    """The learning rate is checked where each step reads it: a negative one would train uphill, NaN or
+    inf would only surface as a NaN guard error, a string or None as a raw TypeError."""
+    p = _param(np.ones(SHAPE))
+    g = dmath.from_numpy(np.ones(SHAPE), layout=dmath.Replicated(), dtype="float64")
+    opt = optim.SGD(lr=0.1, schedule=_Returns(value))
+    with pytest.raises(dnn.ConfigError, match="_Returns.*learning rate"):
+        opt.step([p], [g])
+    opt = optim.SGD(lr=0.1)
+    opt.lr = value
+    with pytest.raises(dnn.ConfigError, match="SGD.*lr"):
+        opt.step([p], [g])
+    np.testing.assert_array_equal(p.value.to_numpy(), np.ones(SHAPE))     # nothing stepped
+
+
+def test_a_zero_learning_rate_is_legitimate():
+    """Warm-up schedules start at 0: a step at lr 0 changes nothing and is no error."""
+    p = _param(np.ones(SHAPE))
+    opt = optim.SGD(lr=0.1, schedule=_Returns(0))
+    opt.step([p], [dmath.from_numpy(np.ones(SHAPE), layout=dmath.Replicated(), dtype="float64")])
+    np.testing.assert_array_equal(p.value.to_numpy(), np.ones(SHAPE))
+
+
+@pytest.mark.parametrize("min_lr", [float("nan"), float("inf"), -1.0, "0"])
+def test_cosine_annealing_refuses_a_min_lr_that_is_not_finite(min_lr):
+    with pytest.raises(dnn.ConfigError, match="min_lr"):
+        schedules.CosineAnnealing(10, min_lr=min_lr)
+
+
+@pytest.mark.parametrize("make,change,ref", [
+    (lambda: optim.SGD(lr=0.1), dict(momentum=0.9), lambda p, g, lrs: ref_sgd(p, g, lrs, momentum=0.9)),
+    (lambda: optim.RMSProp(lr=0.01), dict(momentum=0.5),
+     lambda p, g, lrs: ref_rmsprop(p, g, lrs, momentum=0.5)),
+    (lambda: optim.RMSProp(lr=0.01), dict(centered=True), lambda p, g, lrs: ref_rmsprop(p, g, lrs, centered=True)),
+], ids=["sgd-momentum", "rmsprop-momentum", "rmsprop-centered"])
+def test_a_hyper_parameter_changed_between_steps_creates_its_state(make, change, ref):
+    """Turning momentum (or RMSProp's centering) on after some steps makes the state it needs, zeros as a
+    fresh optimizer's, at the next step; the old state carries on (here the steps before the change
+    had none that matters: SGD has no state, RMSProp's square_avg is kept, so compare from scratch)."""
+    p0 = np.random.default_rng(2).normal(size=SHAPE)
+    grads = _grads(4, seed=6)
+    p, opt = _param(p0), make()
+    opt.step([p], [dmath.from_numpy(grads[0], layout=dmath.Replicated(), dtype="float64")])
+    for k, v in change.items():
+        setattr(opt, k, v)
+    assert opt.get_config()[k] == v
+    for g in grads[1:]:
+        opt.step([p], [dmath.from_numpy(g, layout=dmath.Replicated(), dtype="float64")])
+    # the reference: one step with the old setting, then the new one from zero state (square_avg kept)
+    fresh = make()
+    q = _param(p0)
+    fresh.step([q], [dmath.from_numpy(grads[0], layout=dmath.Replicated(), dtype="float64")])
+    for k, v in change.items():
+        setattr(fresh, k, v)
+    if isinstance(opt, optim.SGD):
+        np.testing.assert_allclose(p.value.to_numpy(), ref(q.value.to_numpy(), grads[1:], [0.1] * 3), rtol=1e-12)
+    else:
+        assert set(opt._state[p]) == set(opt.state_names)
+        assert float(np.abs(opt._state[p]["square_avg"].to_numpy()).max()) > 0
+        assert np.isfinite(p.value.to_numpy()).all()
+
+
+@pytest.mark.parametrize("make,attr,bad", [
+    (lambda: optim.SGD(lr=0.1), "momentum", 1.5), (lambda: optim.SGD(lr=0.1), "momentum", "x"),
+    (lambda: optim.SGD(lr=0.1, momentum=0.9), "nesterov", "yes"),
+    (lambda: optim.SGD(lr=0.1, momentum=0.9, nesterov=True), "momentum", 0.0),
+    (lambda: optim.RMSProp(), "momentum", -0.1), (lambda: optim.RMSProp(), "centered", "no"),
+    (lambda: optim.RMSProp(), "centered", 1)])
+def test_a_bad_hyper_parameter_assignment_is_refused(make, attr, bad):
+    opt = make()
+    before = getattr(opt, attr)
+    with pytest.raises(dnn.ConfigError, match=attr):
+        setattr(opt, attr, bad)
+    assert getattr(opt, attr) == before
+
+
+@pytest.mark.parametrize("bad", [lambda: optim.RMSProp(centered="no"), lambda: optim.SGD(momentum=0.9, nesterov="yes"),
+                                 lambda: optim.SGD(nesterov=1), lambda: optim.RMSProp(centered=None)])
+def test_bool_arguments_take_only_bools(bad):
+    with pytest.raises(dnn.ConfigError, match="True or False"):
+        bad()
+
+
+def test_config_dicts_with_bad_arguments_raise_config_errors():
+    for spec in ({"name": "SGD", "schedule": {"name": "StepDecay"}},
+                 {"name": "SGD", "schedule": {"name": "ExponentialDecay", "gamma": 0.5, "extra": 1}},
+                 {"name": "SGD", "schedule": {"name": "Warmup", "steps": 2, "then": {"name": "StepDecay"}}},
+                 {"name": "Adam", "betas": 5}, {"name": "Adam", "betas": None}):
+        with pytest.raises(dnn.ConfigError, match="name"):
+            optim.get(spec)
+    with pytest.raises(dnn.ConfigError, match="StepDecay"):
+        schedules.get({"name": "StepDecay", "gamma": 0.5})
+
+
+@pytest.mark.parametrize("kind", [optim.RMSProp, optim.AdaGrad])
+def test_every_optimizer_takes_foreach(kind):
+    """foreach is the base class's: RMSProp and AdaGrad take it (their rules have no list form, so
+    both values step one command per parameter) and keep it in their config."""
+    for f in (True, False):
+        opt = kind(foreach=f)
+        assert opt.foreach is f and optim.get(opt.get_config()).foreach is f
+    with pytest.raises(dnn.ConfigError, match="foreach"):
+        kind(foreach="yes")

@@ -158,3 +158,53 @@ def test_model_checkpoint_refuses_a_field_the_logs_will_not_hold_before_training
     # with validation data the same path is filled at each epoch's end
     hist = m.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[ckpt], validation_data=(x, y))
     assert sorted(os.listdir(tmp_path)) == sorted(f"m-{e + 1}-{v:.3f}.dnn" for e, v in enumerate(hist["val_loss"]))
+
+
+# ---- callback arguments, checked at construction ----------------------------------------------------
+@pytest.mark.parametrize("args,what", [
+    (dict(patience="abc"), "patience"), (dict(patience=None), "patience"), (dict(patience=-1), "patience"),
+    (dict(patience=2.7), "patience"), (dict(patience=True), "patience"),
+    (dict(min_delta=float("nan")), "min_delta"), (dict(min_delta=float("inf")), "min_delta"),
+    (dict(min_delta=-0.1), "min_delta"), (dict(min_delta="0.1"), "min_delta"),
+    (dict(monitor=None), "monitor"), (dict(monitor=5), "monitor")])
+def test_early_stopping_refuses_bad_arguments(args, what):
+    """No silent coercion: int(2.7) would be 2, abs(-0.1) a positive delta, and a NaN min_delta stopped
+    training after one epoch (nothing compares below NaN)."""
+    with pytest.raises(dnn.ConfigError, match=f"EarlyStopping: {what}"):
+        dnn.callbacks.EarlyStopping(**args)
+
+
+@pytest.mark.parametrize("path", ["m{epoch:q}.dnn", "m{epoch[0]}.dnn", "m{epoch!z}.dnn", "m{epoch.real.x}.dnn",
+                                  "m{loss:d}.dnn"])
+def test_model_checkpoint_refuses_a_path_it_cannot_format_at_construction(tmp_path, path):
+    """A format spec the fields cannot take surfaced as a raw ValueError or TypeError at the first save,
+    after an epoch of training."""
+    with pytest.raises(dnn.ConfigError, match="ModelCheckpoint: path"):
+        dnn.callbacks.ModelCheckpoint(str(tmp_path / path))
+    with pytest.raises(dnn.ConfigError, match="ModelCheckpoint: monitor"):
+        dnn.callbacks.ModelCheckpoint(str(tmp_path / "m.dnn"), monitor=None)
+
+
+def test_a_checkpoint_or_plot_directory_that_cannot_be_made_names_the_path(tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    x, y = _data(32)
+    dmath.random.seed(1)
+    m = dnn.Sequential([L.Input(4), L.Dense(3), L.Output("softmax")], dtype="float64")
+    bad = str(tmp_path / "file" / "sub" / "m{epoch}.dnn")
+    with pytest.raises(dnn.errors.ModelFileError, match="file/sub"):
+        m.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[dnn.callbacks.ModelCheckpoint(bad)])
+    hist = m.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    plot = str(tmp_path / "file" / "curves.png")
+    with pytest.raises(dnn.errors.DNNError, match="curves.png"):
+        m.fit(x, y, batch_size=16, epochs=1, verbose=0, callbacks=[dnn.callbacks.PlotHistory(plot)])
+    with pytest.raises(dnn.errors.DNNError, match="curves.png"):
+        hist.plot(plot)
+
+
+@pytest.mark.parametrize("spec", [["mse"], {"name": "mse"}, None, 3])
+def test_an_unhashable_or_unknown_loss_is_a_config_error(spec):
+    """A list is no loss name: `spec in _KINDS` raised a raw 'unhashable type' TypeError."""
+    with pytest.raises(dnn.ConfigError, match="loss"):
+        dnn.losses.get(spec)
+    with pytest.raises(dnn.ConfigError, match="loss"):
+        dnn.Sequential([L.Input(4), L.Dense(3)], loss=spec)
