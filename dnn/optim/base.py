@@ -116,24 +116,25 @@ class Optimizer:
     def prepare(self, params, lr_scale=1.0):
         """Master-side, outside a recorded step: make the state and write the next learning rate
         (times `lr_scale`: asynchronous SGD's staleness-aware rate, dnn.training.asgd)."""
+        names = self.state_names
+        wanted = set(names)           # (once: this runs every step, for every parameter)
         for p in params:
             self._check_param(p)
             state = self._state.get(p)
             if state is None:
                 self._state[p] = {name: dmath.zeros(p.shape, dtype=p.dtype, layout=plain_layout(p.value))
-                                      for name in self.state_names}
-            else:
-                # a parameter moved to another layout (parallel='auto' decided after a load): its state follows
-                for name, m in state.items():
-                    if m.layout != p.value.layout:
-                        state[name] = m.remap(plain_layout(p.value))
+                                  for name in names}
+                continue
+            # a parameter moved to another layout (parallel='auto' decided after a load): its state follows
+            for name, m in state.items():
+                if m.layout != p.value.layout:
+                    state[name] = m.remap(plain_layout(p.value))
+            if state.keys() != wanted:
                 # state_names follows the settings (SGD's momentum turned on between fits): the state a
                 # setting now needs starts at zeros, as a fresh optimizer's; what it no longer reads goes
-                for name in self.state_names:
-                    if name not in state:
-                        state[name] = dmath.zeros(p.shape, dtype=p.dtype, layout=plain_layout(p.value))
-                for name in [n for n in state if n not in self.state_names]:
-                    del state[name]
+                self._state[p] = {name: state[name] if name in state else
+                                  dmath.zeros(p.shape, dtype=p.dtype, layout=plain_layout(p.value))
+                                  for name in names}
         lr = self.current_lr() * lr_scale
         for dtype in {p.dtype for p in params}:
             s = self._step_scalars(dtype)
@@ -367,6 +368,15 @@ def to_layout_of(g, p, keep_dtype=False, background=False, dtype=None):
     if keep_dtype and g.placed_as(p):
         return g        # e.g. a Partial over one worker: its only addend is the sum, already in place
     return g.remap(p.layout, dtype=p.dtype if dtype is None else dtype, background=background)
+
+
+def setting(name, check):
+    """A hyper-parameter that may change between fits (the recorded step is rebuilt: its key holds
+    it): every assignment, the constructor's included, stores check(optimizer, value), so a later
+    one is checked as the constructor's argument; the value lives in `_<name>` (state_names may
+    follow it)."""
+    attr = "_" + name
+    return property(lambda self: getattr(self, attr), lambda self, value: setattr(self, attr, check(self, value)))
 
 
 def _shown(a):

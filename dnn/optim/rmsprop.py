@@ -1,7 +1,7 @@
 """RMSProp (PyTorch's form, with optional momentum and the centered variant)."""
 import dmath
 
-from .base import Optimizer, _bool, _positive, _unit
+from .base import Optimizer, _bool, _positive, _unit, setting
 
 
 class RMSProp(Optimizer):
@@ -23,23 +23,9 @@ class RMSProp(Optimizer):
         self.momentum = momentum
         self.centered = centered
 
-    # momentum and centered may change between fits (the recorded step is rebuilt: its key holds them):
-    # each assignment is checked as the constructor's argument, and the state follows (state_names)
-    @property
-    def momentum(self):
-        return self._momentum
-
-    @momentum.setter
-    def momentum(self, value):
-        self._momentum = _unit(value, "momentum")
-
-    @property
-    def centered(self):
-        return self._centered
-
-    @centered.setter
-    def centered(self, value):
-        self._centered = _bool(value, "centered")
+    # may change between fits, checked as the constructor's arguments; the state follows (state_names)
+    momentum = setting("momentum", lambda opt, value: _unit(value, "momentum"))
+    centered = setting("centered", lambda opt, value: _bool(value, "centered"))
 
     @property
     def state_names(self):

@@ -2,7 +2,23 @@
 import dmath
 
 from ..errors import ConfigError
-from .base import Optimizer, _bool, _unit
+from .base import Optimizer, _bool, _unit, setting
+
+
+def _momentum(opt, value):
+    """SGD.momentum's rule: in [0, 1), and above 0 while nesterov is on."""
+    value = _unit(value, "momentum")
+    if opt._nesterov and value == 0:
+        raise ConfigError("nesterov momentum needs momentum > 0; set nesterov=False first")
+    return value
+
+
+def _nesterov(opt, value):
+    """SGD.nesterov's rule: a bool, True only with momentum above 0."""
+    value = _bool(value, "nesterov")
+    if value and opt._momentum == 0:
+        raise ConfigError("nesterov momentum needs momentum > 0")
+    return value
 
 
 class SGD(Optimizer):
@@ -22,29 +38,9 @@ class SGD(Optimizer):
         self.momentum = momentum
         self.nesterov = nesterov
 
-    # momentum and nesterov may change between fits (the recorded step is rebuilt: its key holds them):
-    # each assignment is checked as the constructor's argument, and the state follows (state_names)
-    @property
-    def momentum(self):
-        return self._momentum
-
-    @momentum.setter
-    def momentum(self, value):
-        value = _unit(value, "momentum")
-        if self._nesterov and value == 0:
-            raise ConfigError("nesterov momentum needs momentum > 0; set nesterov=False first")
-        self._momentum = value
-
-    @property
-    def nesterov(self):
-        return self._nesterov
-
-    @nesterov.setter
-    def nesterov(self, value):
-        value = _bool(value, "nesterov")
-        if value and self._momentum == 0:
-            raise ConfigError("nesterov momentum needs momentum > 0")
-        self._nesterov = value
+    # may change between fits, checked as the constructor's arguments; the state follows (state_names)
+    momentum = setting("momentum", _momentum)
+    nesterov = setting("nesterov", _nesterov)
 
     @property
     def state_names(self):
