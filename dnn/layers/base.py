@@ -49,6 +49,15 @@ class Weight:
         if self.minimum is not None and a.size and bool((a < self.minimum).any()):
             raise ConfigError(f"weight {self.name}: values must be at least {self.minimum:g}, got "
                               f"{float(a.min()):g}")
+        mine = np.dtype(self.value.dtype)
+        if a.size and a.dtype.kind == "f" and np.finfo(a.dtype).max > np.finfo(mine).max:
+            # a finite value past the weight's dtype would become inf on the write, silently (a float64
+            # file's 1e300 loaded into a float32 model); the array's own NaN and inf are its values
+            finite = np.abs(a[np.isfinite(a)])
+            top = float(np.finfo(mine).max)
+            if finite.size and float(finite.max()) > top:
+                raise ConfigError(f"weight {self.name}: holds {float(finite.max()):g}, past the largest {mine} "
+                                  f"({top:g}) of the weight")
         return a
 
     def write(self, array):

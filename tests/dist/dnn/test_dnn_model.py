@@ -537,6 +537,9 @@ def test_a_weight_beyond_the_models_dtype_is_refused(tmp_path):
     with pytest.raises(dnn.ModelFileError, match="past the largest float32"):
         narrow.load_weights(tmp_path / "big.dnn")
     _assert_same_state(_model_state(narrow), before)
+    with pytest.raises(dnn.ConfigError, match="past the largest float32"):     # the shared check: set_weights too
+        narrow.set_weights([kernel if w.shape == kernel.shape else w for w in narrow.get_weights()])
+    _assert_same_state(_model_state(narrow), before)
     m.load_weights(tmp_path / "big.dnn")            # float64 holds it: loaded as it is
     assert any(float(np.abs(w).max()) == 1e300 for w in m.get_weights())
 
