@@ -107,10 +107,20 @@ def torch_model(torch, net):
     return nn.Sequential(*mods)
 
 
-def resident_batches(net, batch):
-    """Distinct batches of images resident on the GPUs: an epoch's steps (AlexNet's images are 600 KB
-    each: at most 2048 of them). Epochs end with a read of the metrics, which drains the GPU."""
-    return max(2, min(8, 2048 // batch)) if net == "alexnet" else 8
+#: steps in every timed epoch (--steps-per-epoch): the resident images are that many batches
+STEPS_PER_EPOCH = [8]
+#: the resident images' float32 bytes at most (the master builds them; a GPU holds them all)
+RESIDENT_BYTES = 8 * 2 ** 30
+
+
+def resident_batches(batch, shape):
+    """Distinct batches of random images of `shape` resident on the GPUs, which is the timed epochs'
+    steps: STEPS_PER_EPOCH, as few as RESIDENT_BYTES allows (at least two). Every epoch ends with a
+    read of its metrics, which drains the GPUs: with two steps an epoch (the figures before session
+    28 at batch 1024) that transition weighed a few percent on a 4-GPU step, where a training run of
+    hundreds of steps an epoch does not pay it and the PyTorch loop, one long epoch, never drains."""
+    fits = RESIDENT_BYTES // (batch * 4 * int(np.prod(shape)))
+    return int(max(2, min(STEPS_PER_EPOCH[0], fits)))
 
 
 def kernel_profile(run, rows=40):
@@ -140,7 +150,7 @@ def time_dnn(net, batch, dtype, steps, parallel, profile_kernels=False, channels
     over `steps` batches."""
     shape, classes, _ = NETS[net]
     return time_model(lambda: dnn_model(net, dtype, parallel, channels_last), shape, classes,
-                      resident_batches(net, batch), batch, steps, profile_kernels)
+                      resident_batches(batch, shape), batch, steps, profile_kernels)
 
 
 def time_model(make, shape, classes, per_epoch, batch, steps, profile_kernels=False):
@@ -209,7 +219,7 @@ def _torch_cnn(call):
     steps, port, profile_kernels, compiled, gather)."""
     net, batch, dtype, steps, port, profile_kernels, compiled, gather = call.entry.static
     shape, classes, _ = NETS[net]
-    torch_rate(call, lambda torch: torch_model(torch, net), shape, classes, resident_batches(net, batch), batch,
+    torch_rate(call, lambda torch: torch_model(torch, net), shape, classes, resident_batches(batch, shape), batch,
                dtype, steps, port, profile_kernels, compiled=compiled, gather=gather)
     return []
 
@@ -367,10 +377,14 @@ def main():
                     help="the PyTorch peer's batches: gathered in a new random order every epoch, as dnn's "
                          "fit(shuffle=True) (default), or views of the resident tensor in order (no batch "
                          "buffer; the peer's figures before session 27)")
+    ap.add_argument("--steps-per-epoch", type=int, default=STEPS_PER_EPOCH[0],
+                    help="steps of each timed epoch, resident batches of random images (fewer where they would pass "
+                         "8 GiB of float32; at least 2)")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     global BUCKET_MB
     BUCKET_MB = args.bucket_mb
+    STEPS_PER_EPOCH[0] = args.steps_per_epoch
     dmath.init(device=args.device)
     p = dmath.num_workers()
     cases = [(n, b, d) for n in args.nets for b in args.batches for d in args.dtypes]
@@ -394,7 +408,7 @@ def main():
                               "results": rows})
     for net, batch, dtype in cases:
         steps = args.steps or (24 if net == "alexnet" else 64)
-        steps = max(steps, resident_batches(net, batch))
+        steps = max(steps, resident_batches(batch, NETS[net][0]))
         t0 = time.perf_counter()
         ips, peak, strategies = time_dnn(net, batch, dtype, steps, args.parallel, args.kernel_profile,
                                          channels_last)

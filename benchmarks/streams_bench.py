@@ -69,7 +69,7 @@ def main():
             if batch % p:
                 continue
             for dtype in args.dtypes:
-                per_epoch = zoo_bench.per_epoch(batch)
+                per_epoch = zoo_bench.resident_batches(batch, shape)
                 steps = max(args.steps, per_epoch)
                 rates = {n: [] for n in args.streams}
                 row = {"net": net, "global_batch": batch, "dtype": dtype, "workers": p, "steps": steps,

@@ -46,7 +46,7 @@ import dnn                                      # noqa: E402
 from dmath.ops.base import dispatch             # noqa: E402
 from dmath.runtime import kernel                # noqa: E402
 import cnn_bench                                # noqa: E402
-from cnn_bench import LR, MOMENTUM, peer_entry, time_model, torch_rate, wanted   # noqa: E402
+from cnn_bench import LR, MOMENTUM, peer_entry, resident_batches, time_model, torch_rate, wanted   # noqa: E402
 from common import environment, write_json      # noqa: E402
 
 #: network -> (input shape, dnn.models keyword arguments, torchvision keyword arguments)
@@ -66,11 +66,6 @@ def arguments(net, shape):
     return mine, theirs
 CLASSES = 1000
 AUX_WEIGHT = 0.3
-
-
-def per_epoch(batch):
-    """Distinct resident batches: at most 2048 images (a 299x299 image is 1 MB), at least two."""
-    return max(2, min(8, 2048 // batch))
 
 
 #: --fuse's names -> Model's fuse argument
@@ -102,7 +97,7 @@ def _torch_zoo(call):
         import torchvision
         model = getattr(torchvision.models, net)(weights=None, num_classes=CLASSES, **tv_kwargs)
         return torch.nn.SyncBatchNorm.convert_sync_batchnorm(model) if sync_bn else model
-    torch_rate(call, build, shape, CLASSES, per_epoch(batch), batch, dtype, steps, port, profile_kernels,
+    torch_rate(call, build, shape, CLASSES, resident_batches(batch, shape), batch, dtype, steps, port, profile_kernels,
                compiled=compiled, channels_last=True, aux_weight=AUX_WEIGHT, gather=gather)
     return []
 
@@ -113,7 +108,7 @@ def measure_dnn(net, dtype, shape, batch, steps, fuse, profile_kernels=False, ba
     of one epoch."""
     try:
         ips, peak, _ = time_model(lambda: dnn_model(net, dtype, shape, fuse, batchnorm), shape, CLASSES,
-                                  per_epoch(batch), batch, steps, profile_kernels)
+                                  resident_batches(batch, shape), batch, steps, profile_kernels)
     except dmath.OutOfMemoryError as exc:
         ips, peak = None, (None, None)
         print(f"{net} b{batch} {dtype} fuse={fuse}: dnn out of memory ({exc})", flush=True)
@@ -158,8 +153,12 @@ def main():
                     help="the PyTorch peers' batches: gathered in a new random order every epoch, as dnn's "
                          "fit(shuffle=True) (default), or views of the resident tensor in order (no batch "
                          "buffer; the peers' figures before session 27)")
+    ap.add_argument("--steps-per-epoch", type=int, default=cnn_bench.STEPS_PER_EPOCH[0],
+                    help="steps of each timed epoch, resident batches of random images (fewer where they would pass "
+                         "8 GiB of float32; at least 2)")
     args = ap.parse_args()
     FOREACH[0] = args.foreach == "on"
+    cnn_bench.STEPS_PER_EPOCH[0] = args.steps_per_epoch
     cnn_bench.BUCKET_MB = args.bucket_mb
     dmath.init(device=args.device)
     p = dmath.num_workers()
@@ -178,13 +177,14 @@ def main():
             for dtype in args.dtypes:
                 if not wanted(args.only, net, batch, dtype):
                     continue
-                steps = max(args.steps, per_epoch(batch))
+                steps = max(args.steps, resident_batches(batch, shape))
                 t0 = time.perf_counter()
                 ips, peak = measure_dnn(net, dtype, shape, batch, steps, args.fuse[0], args.kernel_profile,
                                         args.batchnorm[0])
                 wall = {"dnn": time.perf_counter() - t0}
                 row = {"net": net, "global_batch": batch, "dtype": dtype, "workers": p, "steps": steps,
-                       "image_shape": list(shape), "bucket_mb": args.bucket_mb, "fuse": args.fuse[0],
+                       "image_shape": list(shape),
+                       "steps_per_epoch": resident_batches(batch, shape), "bucket_mb": args.bucket_mb, "fuse": args.fuse[0],
                        "foreach": FOREACH[0], "batchnorm": args.batchnorm[0], "batchnorm_variants": {},
                        "dnn_images_per_s": ips, "dnn_peak_bytes": peak[0],
                        "dnn_peak_allocated_bytes": peak[1], "peers": {}, "fuse_variants": {}, "wall_s": wall}
