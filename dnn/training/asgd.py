@@ -55,6 +55,7 @@ import numbers
 import time
 
 import dmath
+from dmath.ops.movement import get_elements
 
 from .callbacks import ModelCheckpoint
 from ..errors import ConfigError
@@ -376,6 +377,11 @@ class GroupsMetrics:
         n = max(self.samples, 1)
         states = [r.metrics.get_state() for r in self.replicas]
         return tuple(sum(float(s[name]) for s in states) / n for name in ("loss", "correct"))
+
+    def read_with(self, extra):
+        """(read(), the extra (1, 1) matrices' values), as Metrics.read_with (a read each here: the
+        groups' sums are on different workers)."""
+        return self.read(), get_elements(list(extra), (0, 0)) if extra else []
 
     def reset(self):
         for r in self.replicas:

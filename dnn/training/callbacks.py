@@ -37,6 +37,17 @@ class Callback:
     def on_train_end(self, logs=None):
         pass
 
+    def epoch_end_reads(self):
+        """(1, 1) dmath matrices whose values this callback needs at every epoch's end (default:
+        none). fit asks just before the epoch's last read, while the workers still run its last
+        steps, and reads them with the epoch's metrics in that one round trip; a read of its own
+        in on_epoch_end would find the GPUs drained and keep them idle until it returns. Their
+        values reach `epoch_end_values`, in this order, before `on_epoch_end`."""
+        return ()
+
+    def epoch_end_values(self, values):
+        """The values (floats) of this epoch's `epoch_end_reads` matrices, just before on_epoch_end."""
+
 
 class History(Callback):
     """What fit returns: `history[key]` lists the value of each epoch; `epoch` the epoch indices."""
@@ -313,29 +324,59 @@ class TerminateOnNaN(Callback):
         if (batch + 1) % self.check_every == 0:
             self._check_running(f"after batch {batch + 1} of epoch {self.epoch}")
 
+    def epoch_end_reads(self):
+        # the weights' finiteness (one flag per worker group) and the float16 skip count, read with
+        # the epoch's metrics: on their own, after the epoch's read, they held 4 GPUs idle for 6 ms
+        # an epoch (ResNet-50, benchmarks/probes/epoch_edge.py)
+        self._values = None
+        weights = self._weights()
+        by_group = {}
+        for w in weights:
+            by_group.setdefault(tuple(w.value.layout.members(dmath.num_workers())), []).append(w.value)
+        flags = [dmath.nn.all_finite(ms) for ms in by_group.values()]
+        scaler = self.model.loss_scale if self.model is not None else None
+        self._nflags = len(flags)
+        return flags + ([scaler.skipped] if scaler is not None else [])
+
+    def epoch_end_values(self, values):
+        self._values = list(values)
+
     def on_epoch_end(self, epoch, logs=None):
         where = f"at the end of epoch {epoch}"
+        values, self._values = getattr(self, "_values", None), None
         for key in ("loss", "val_loss"):
             value = (logs or {}).get(key)
             if value is not None and not math.isfinite(value):
                 self._stop(f"the {key} is {value} {where}")
-        self._check_skips(where)
-        weights = [w for layer in self.model.layers for w in layer.weights if w.value.size]
-        # one test of all weights (one value read): a read per weight made short epochs markedly slower
-        if weights and not _all_finite([w.value for w in weights]):
+        weights = self._weights()
+        if values is None:              # called outside fit's epoch end: read here
+            self._check_skips(where)
+            finite = not weights or _all_finite([w.value for w in weights])
+        else:
+            flags, skipped = values[:self._nflags], values[self._nflags:]
+            if skipped:
+                self._check_skips(where, int(skipped[0]))
+            finite = all(f == 1.0 for f in flags)
+        if not finite:
             bad = next(w for w in weights if not _all_finite([w.value]))
             self._stop(f"the weight {bad.name} holds NaN or infinity {where}")
 
+    def _weights(self):
+        return [w for layer in self.model.layers for w in layer.weights if w.value.size]
+
     def _check_running(self, where):
-        loss = self.model.train_metrics.read()[0]
+        scaler = self.model.loss_scale
+        # the running sums and the skip count in one read (a drain of the workers every check_every batches)
+        (loss, _), extra = self.model.train_metrics.read_with([scaler.skipped] if scaler is not None else [])
         if not math.isfinite(loss):
             self._stop(f"the loss is {loss} {where}")
-        self._check_skips(where)
+        if extra:
+            self._check_skips(where, int(extra[0]))
 
-    def _check_skips(self, where):
+    def _check_skips(self, where, skipped=None):
         scaler = self.model.loss_scale
         if scaler is not None:
-            n = scaler.skipped_in_a_row()
+            n = scaler.skipped_in_a_row() if skipped is None else skipped
             if n >= self.max_skipped:
                 self._stop(f"the last {n} steps were all skipped {where}: their float16 gradients held inf "
                            f"or NaN at every loss scale down to {scaler.value():g}")

@@ -327,7 +327,15 @@ class Training:
         if trial is not None:
             trial.end_epoch()
         self.epochs_trained = epoch + 1
-        loss, acc = metrics.read()            # a gather: also waits for the epoch's last step
+        # one gather: waits for the epoch's last step, and reads what the callbacks need at its end
+        # (asked now, while the workers still run the last steps: a read of their own after this one
+        # would keep the drained GPUs idle)
+        wanted = [(cb, list(cb.epoch_end_reads())) for cb in hooks]
+        (loss, acc), values = metrics.read_with([m for _, mats in wanted for m in mats])
+        for cb, mats in wanted:
+            if mats:
+                cb.epoch_end_values(values[:len(mats)])
+                values = values[len(mats):]
         elapsed = time.perf_counter() - start
         logs = {"loss": loss}
         if self.loss.accuracy:

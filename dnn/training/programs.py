@@ -23,6 +23,7 @@ import numpy as np
 
 import dmath
 from dmath.ops.movement import get_elements
+from dmath.runtime.protocol import MAX_OPERANDS as MAX_READ
 
 from ..graph.execute import Releases, backward, forward, topological_order
 from ..graph.node import Placeholder
@@ -67,24 +68,33 @@ class Metrics:
         if correct is not None:
             self._add("correct", correct)
 
-    def _sums(self):
-        """{name: the accumulated sum}, the four accumulators read by one command (an epoch ends
-        with this read while the GPUs wait: one round trip to the workers, not one per matrix)."""
+    def read_with(self, extra):
+        """((mean loss, accuracy), [the (0, 0) value of each of `extra`]): the sums and the extra
+        (1, 1) matrices in one round trip to the workers (an epoch ends with this read)."""
+        sums, values = self._sums(extra)
+        n = max(self.samples, 1)
+        return (sums["loss"] / n, sums["correct"] / n), values
+
+    def _sums(self, extra=()):
+        """({name: the accumulated sum}, [the (0, 0) value of each of `extra`]): the four
+        accumulators and the extra matrices read by one command (an epoch ends with this read while
+        the GPUs wait: one round trip to the workers, not one per matrix; a second command past the
+        255 matrices one reads)."""
         names = list(self._acc)
         accs = [m for name in names for m in self._acc[name].values()]
-        values = get_elements(accs, (0, 0))
-        k = len(values) // len(names)
-        return {name: sum(values[i * k:(i + 1) * k]) for i, name in enumerate(names)}
+        mats = accs + list(extra)
+        values = [v for k in range(0, len(mats), MAX_READ) for v in get_elements(mats[k:k + MAX_READ], (0, 0))]
+        k = len(accs) // len(names)
+        sums = {name: sum(values[i * k:(i + 1) * k]) for i, name in enumerate(names)}
+        return sums, values[len(accs):]
 
     def read(self):
         """(mean loss, accuracy) over the samples since the last reset (master-side reads)."""
-        n = max(self.samples, 1)
-        sums = self._sums()
-        return sums["loss"] / n, sums["correct"] / n
+        return self.read_with([])[0]
 
     def get_state(self):
         """{name: numpy array}: the accumulated sums and the sample count (a mid-epoch checkpoint)."""
-        out = {name: np.array(v, dtype=np.float64) for name, v in self._sums().items()}
+        out = {name: np.array(v, dtype=np.float64) for name, v in self._sums()[0].items()}
         out["samples"] = np.array(self.samples, dtype=np.int64)
         return out
 

@@ -91,3 +91,48 @@ def test_bad_inputs_are_refused_by_dnn(call, case):
                                             "strings": "must be numbers", "complex": "real numbers"}[case]):
         fn()
     assert dmath.ones((2, 2)).sum() == 4.0
+
+
+def test_a_weight_that_does_not_reach_the_loss_is_found_by_the_epoch_end_read():
+    """A running variance of inf leaves the training loss finite: only the weights' finiteness flag,
+    read with the epoch's metrics (TerminateOnNaN.epoch_end_reads), can name it."""
+    m = dnn.Sequential([L.Input(4), L.Dense(3), L.BatchNorm(), L.Output("softmax")], optimizer=dnn.optim.SGD(lr=0.1))
+    var = next(w for layer in m.layers for w in layer.weights if w.name.endswith("running_var"))
+    var.value.set((0, 1), float("inf"))
+    with pytest.raises(dnn.TrainingError, match=r"weight batchnorm_\d+/running_var holds NaN or infinity at the end "
+                                                r"of epoch 0"):
+        m.fit(X, Y, batch_size=32, epochs=2, verbose=0)
+    assert m.epochs_trained == 1
+
+
+class _Reads(dnn.callbacks.Callback):
+    """Asks for `count` (1, 1) matrices of known values at every epoch's end and records what it got."""
+
+    def __init__(self, base, count):
+        self.base, self.count, self.got, self.seen = base, count, [], []
+        self.mats = [dmath.full((1, 1), float(base + i)) for i in range(count)]
+
+    def epoch_end_reads(self):
+        return self.mats
+
+    def epoch_end_values(self, values):
+        self.got.append(list(values))
+
+    def on_epoch_end(self, epoch, logs=None):
+        self.seen.append(len(self.got))          # the values came before on_epoch_end
+
+
+def test_callbacks_epoch_end_reads_come_with_the_epochs_metrics():
+    """Each callback gets its own matrices' values, in order, before on_epoch_end, every epoch; past
+    one command's 255 operands the read takes a second command; the epoch's logs are unchanged."""
+    first, second, none = _Reads(1000, 3), _Reads(5000, 260), _Reads(0, 0)
+    dmath.random.seed(3)
+    m = model()
+    hist = m.fit(X, Y, batch_size=32, epochs=2, verbose=0, shuffle=False, callbacks=[first, none, second])
+    assert first.got == [[1000.0, 1001.0, 1002.0]] * 2 and first.seen == [1, 2]
+    assert second.got == [[5000.0 + i for i in range(260)]] * 2 and second.seen == [1, 2]
+    assert none.got == [] and none.seen == [0, 0]
+    dmath.random.seed(3)
+    plain = model().fit(X, Y, batch_size=32, epochs=2, verbose=0, shuffle=False)
+    np.testing.assert_allclose(hist.history["loss"], plain.history["loss"], rtol=1e-6)
+    np.testing.assert_allclose(hist.history["accuracy"], plain.history["accuracy"])
