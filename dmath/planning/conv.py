@@ -68,14 +68,16 @@ class Geometry(NamedTuple):
     pw: int
     dh: int
     dw: int
+    eh: int = 0      # rows of padding past ph at the bottom: a ceil-mode pool's last windows (see ceil_extra)
+    ew: int = 0      # columns past pw at the right
 
     @property
     def out_h(self):
-        return output_length(self.height, self.kh, self.sh, self.ph, self.dh)
+        return output_length(self.height + self.eh, self.kh, self.sh, self.ph, self.dh)
 
     @property
     def out_w(self):
-        return output_length(self.width, self.kw, self.sw, self.pw, self.dw)
+        return output_length(self.width + self.ew, self.kw, self.sw, self.pw, self.dw)
 
     @property
     def in_features(self):
@@ -112,10 +114,24 @@ def pool_window(kernel, stride, padding, what):
     return kernel, stride, padding
 
 
-def pool_geometry(image_shape, kernel, stride, padding, what):
-    """The Geometry of a pooling window over (C, H, W) images (see pool_window)."""
+def pool_geometry(image_shape, kernel, stride, padding, what, ceil_mode=False):
+    """The Geometry of a pooling window over (C, H, W) images (see pool_window); ceil_mode:
+    PyTorch's, the output length rounded up (the Geometry's eh, ew: see ceil_extra)."""
     kernel, stride, padding = pool_window(kernel, stride, padding, what)
-    return geometry(image_shape, kernel, stride, padding, 1, what)
+    g = geometry(image_shape, kernel, stride, padding, 1, what)
+    if ceil_mode:
+        g = g._replace(eh=ceil_extra(g.height, g.kh, g.sh, g.ph), ew=ceil_extra(g.width, g.kw, g.sw, g.pw))
+    return g
+
+
+def ceil_extra(size, k, s, p):
+    """The rows past the padded image that PyTorch's ceil mode adds along one axis (0 or more): its
+    output is ceil((size + 2p - k) / s) + 1, less one where that last window would start at or past
+    size + p (entirely in the padding). Those windows read only the image's rows they reach."""
+    out = -(-(size + 2 * p - k) // s) + 1
+    if (out - 1) * s >= size + p:
+        out -= 1
+    return max((out - 1) * s + k - (size + 2 * p), 0)
 
 
 def groups(value, channels, kernels, what):

@@ -1,5 +1,4 @@
 """Convolution and pooling layers over image batches (samples (C, H, W)); always data parallel."""
-import math
 import numbers
 
 import dmath
@@ -137,55 +136,30 @@ class Pool2D(Layer):
 
     ceil_mode (max pooling): PyTorch's rule, the output rounds up ((H + 2p - k) / s + 1 pixels,
     rounded up, less one where the last window would start in the bottom or right padding): the
-    windows that reach past the image read -inf there (torchvision's GoogLeNet).
+    windows that reach past the image pool the pixels they cover (torchvision's GoogLeNet).
     """
     image_rows = "channels_last"
 
     def __init__(self, kernel=2, stride=None, padding=0, mode="max", ceil_mode=False, name=None):
         super().__init__(name)
-        self._template = PoolFn(kernel, stride, padding, mode)     # validates the arguments
-        if not isinstance(ceil_mode, bool):
-            raise ConfigError(f"Pool2D: ceil_mode must be True or False, got {ceil_mode!r}")
-        if ceil_mode and self._template.mode != "max":
-            raise ConfigError("Pool2D: ceil_mode applies to max pooling (an average's divisor at the edge would "
-                              "differ from PyTorch's)")
+        self._template = PoolFn(kernel, stride, padding, mode, ceil_mode)     # validates the arguments
         self.ceil_mode = ceil_mode
-
-    def _extra(self, sample_shape):
-        """The rows and columns ceil mode adds at the bottom and right (0, 0 in floor mode)."""
-        if not self.ceil_mode:
-            return (0, 0)
-        t = self._template
-        return tuple(ceil_extra(n, k, s, p) for n, k, s, p in zip(sample_shape[1:], t.kernel, t.stride, t.padding))
 
     def output_shape(self, sample_shape):
         if len(sample_shape) != 3:
             raise ShapeError(f"Pool2D needs image samples (C, H, W), got {tuple(sample_shape)}")
-        c, h, w = sample_shape
-        eh, ew = self._extra(sample_shape)
-        return self._template.output_image((c, h + eh, w + ew), "Pool2D")
+        return self._template.output_image(tuple(sample_shape), "Pool2D")
 
     def forward(self, x, ctx):
+        # (ceil mode is the pool kernels' own: a padded copy of the batch, -inf at the bottom and
+        # right, cost GoogLeNet four fills and six copies of its largest activations a step)
         t = self._template
-        extra = self._extra(x.sample_shape)
-        if any(extra):
-            x = pad(x, (0, extra[0], 0, extra[1]), value=-math.inf)
-        return PoolFn(t.kernel, t.stride, t.padding, t.mode).apply(x)
+        return PoolFn(t.kernel, t.stride, t.padding, t.mode, self.ceil_mode).apply(x)
 
     def get_config(self):
         t = self._template
         return {**super().get_config(), "kernel": list(t.kernel), "stride": list(t.stride),
                 "padding": list(t.padding), "mode": t.mode, "ceil_mode": self.ceil_mode}
-
-
-def ceil_extra(size, k, s, p):
-    """The rows past the padded image that PyTorch's ceil mode adds along one axis (0 or more): its
-    output is ceil((size + 2p - k) / s) + 1, less one where that last window would start at or past
-    size + p (entirely in the padding)."""
-    out = -(-(size + 2 * p - k) // s) + 1
-    if (out - 1) * s >= size + p:
-        out -= 1
-    return max((out - 1) * s + k - (size + 2 * p), 0)
 
 
 def same_padding(size_hw, kernel_hw, stride, dilation):

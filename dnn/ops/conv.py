@@ -99,19 +99,24 @@ class Pool2D(Function):
     #: other names of the modes (PyTorch's and Keras's 'avg')
     ALIASES = {"avg": "average"}
 
-    def __init__(self, kernel, stride=None, padding=(0, 0), mode="max"):
+    def __init__(self, kernel, stride=None, padding=(0, 0), mode="max", ceil_mode=False):
         mode = self.ALIASES.get(mode, mode) if isinstance(mode, str) else mode
         if mode not in ("max", "average"):
             raise ConfigError(f"pool2d: mode must be 'max' or 'average' (or 'avg'), got {mode!r}")
+        if not isinstance(ceil_mode, bool):
+            raise ConfigError(f"pool2d: ceil_mode must be True or False, got {ceil_mode!r}")
+        if ceil_mode and mode != "max":
+            raise ConfigError("pool2d: ceil_mode applies to max pooling (an average's divisor at the edge would "
+                              "differ from PyTorch's)")
         with window_errors():
             self.kernel, self.stride, self.padding = window.pool_window(kernel, stride, padding, "pool2d")
-        self.mode = mode
+        self.mode, self.ceil_mode = mode, ceil_mode
         self.after_relu = False         # the input is a relu's output (fold_relu_masks)
 
     def output_image(self, image_shape, what):
         """(C, Ho, Wo) of pooling (C, H, W) images."""
         with window_errors():
-            g = window.pool_geometry(image_shape, self.kernel, self.stride, self.padding, what)
+            g = window.pool_geometry(image_shape, self.kernel, self.stride, self.padding, what, self.ceil_mode)
         return (g.channels, g.out_h, g.out_w)
 
     def infer(self, x):
@@ -123,12 +128,12 @@ class Pool2D(Function):
     def forward(self, x):
         y, self.argmax = dmath.nn.pool2d(x, self.image_shape, self.kernel, stride=self.stride,
                                          padding=self.padding, mode=self.mode, channels_last=self.channels_last,
-                                         after_relu=self.after_relu)
+                                         after_relu=self.after_relu, ceil_mode=self.ceil_mode)
         return y
 
     def backward(self, xs, y, gy, needs):
         return (dmath.nn.pool2d_backward(gy, self.argmax, self.image_shape, self.kernel, self.stride,
-                                         self.padding, self.mode, self.channels_last),)
+                                         self.padding, self.mode, self.channels_last, self.ceil_mode),)
 
     def drop_saved(self):
         self.argmax = None

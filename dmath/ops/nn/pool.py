@@ -33,7 +33,7 @@ _POOL_MODES = ("max", "average")
 
 class PoolArgs(NamedTuple):
     """Static arguments of `nn_pool2d` and `nn_pool2d_backward`."""
-    geometry: Geometry
+    geometry: Geometry   # a ceil-mode pool's has eh, ew: windows past the image read only what they reach
     mode: str            # 'max' or 'average'
     channels_last: bool  # the batches (and argmax) are channels-last rows (format.py)
     after_relu: bool = False  # max only: windows whose maximum is not positive get argmax -1
@@ -44,16 +44,21 @@ POOL2D_BACKWARD = define("nn_pool2d_backward", PoolArgs)
 
 
 # ---- master halves ----------------------------------------------------------------------
-def _pool_args(op, image, kernel, stride, padding, mode, channels_last, what, after_relu=False):
+def _pool_args(op, image, kernel, stride, padding, mode, channels_last, what, after_relu=False, ceil_mode=False):
     """`op`'s checked static arguments."""
     if mode not in _POOL_MODES:
         raise DMathError(f"{what}: mode must be 'max' or 'average', got {mode!r}")
+    if not isinstance(ceil_mode, (bool, np.bool_)):
+        raise DMathError(f"{what}: ceil_mode must be True or False, got {ceil_mode!r}")
+    if ceil_mode and mode != "max":
+        raise DMathError(f"{what}: ceil_mode applies to max pooling (an average's divisor at the edge is "
+                         f"PyTorch's own rule, not implemented here)")
     if not isinstance(after_relu, (bool, np.bool_)):
         raise DMathError(f"{what}: after_relu must be True or False, got {after_relu!r}")
     if after_relu and mode != "max":
         raise DMathError(f"{what}: after_relu applies to max pooling only (an average pool's gradient reaches "
                          f"every pixel of its window, so it cannot carry the relu's mask)")
-    return op.static(geometry=window.pool_geometry(image, kernel, stride, padding, what), mode=mode,
+    return op.static(geometry=window.pool_geometry(image, kernel, stride, padding, what, bool(ceil_mode)), mode=mode,
                      channels_last=bool(channels_last), after_relu=bool(after_relu))
 
 
@@ -61,7 +66,8 @@ def _argmax_dtype(dtype, taps):
     return "float32" if dtype == "float16" and taps > _F16_EXACT_INT else dtype
 
 
-def pool2d(x, image_shape, kernel, stride=None, padding=(0, 0), mode="max", channels_last=False, after_relu=False):
+def pool2d(x, image_shape, kernel, stride=None, padding=(0, 0), mode="max", channels_last=False, after_relu=False,
+           ceil_mode=False):
     """Max or average pooling of an image batch x (N, C*H*W): (Y, argmax).
 
     kernel, stride (default: the kernel) and padding are ints or (h, w)
@@ -75,11 +81,15 @@ def pool2d(x, image_shape, kernel, stride=None, padding=(0, 0), mode="max", chan
     after_relu (max only): x is a relu's output. A window whose maximum is
     not positive gets argmax -1, so pool2d_backward's dX is also masked by
     the relu (exactly what where(x, dX, 0) gives) and the relu's backward
-    can be skipped.
+    can be skipped. ceil_mode (max only): PyTorch's, Ho = ceil((H + 2p - k)
+    / s) + 1 (less one where the last window would start in the padding);
+    the windows that reach past the image pool what they cover (no padded
+    copy of the batch is made).
     """
     x = args.rows(x, "pool2d: x")
     image = window.image(image_shape, x.shape[1], "pool2d")
-    static = _pool_args(POOL2D, image, kernel, stride, padding, mode, channels_last, "pool2d", after_relu)
+    static = _pool_args(POOL2D, image, kernel, stride, padding, mode, channels_last, "pool2d", after_relu,
+                        ceil_mode)
     g = static.geometry
     shape = (x.shape[0], image[0] * g.out_h * g.out_w)
     outs = [new_meta(x.layout, shape, x.dtype)]
@@ -89,7 +99,8 @@ def pool2d(x, image_shape, kernel, stride=None, padding=(0, 0), mode="max", chan
     return (made[0], made[1]) if mode == "max" else (made[0], None)
 
 
-def pool2d_backward(dy, argmax, image_shape, kernel, stride=None, padding=(0, 0), mode="max", channels_last=False):
+def pool2d_backward(dy, argmax, image_shape, kernel, stride=None, padding=(0, 0), mode="max", channels_last=False,
+                    ceil_mode=False):
     """d loss / d x of pool2d: dX (N, C*H*W) in dy's row layout and dtype.
 
     argmax: the matrix pool2d returned (required for 'max'; ignored for
@@ -97,7 +108,8 @@ def pool2d_backward(dy, argmax, image_shape, kernel, stride=None, padding=(0, 0)
     """
     dy = args.rows(dy, "pool2d_backward: dy")
     image = window.image(image_shape, None, "pool2d_backward")
-    static = _pool_args(POOL2D_BACKWARD, image, kernel, stride, padding, mode, channels_last, "pool2d_backward")
+    static = _pool_args(POOL2D_BACKWARD, image, kernel, stride, padding, mode, channels_last, "pool2d_backward",
+                        ceil_mode=ceil_mode)
     g = static.geometry
     args.expect_shape(dy, (dy.shape[0], image[0] * g.out_h * g.out_w), "pool2d_backward: dy")
     inputs = [dy]
@@ -174,7 +186,7 @@ def _pool2d_backward(call):
     cdt = rows.compute_dtype(dy.dtype)
     dy4 = dy.reshape(n, g.channels, g.out_h, g.out_w).astype(cdt, copy=False)
     xp = backend.current().xp
-    dpad = memory.zeros((n, g.channels, g.height + 2 * g.ph, g.width + 2 * g.pw), cdt)
+    dpad = memory.zeros((n, g.channels, g.height + 2 * g.ph + g.eh, g.width + 2 * g.pw + g.ew), cdt)
     if mode == "average":
         scaled = dy4 * (1.0 / g.taps)
         for i in range(g.kh):

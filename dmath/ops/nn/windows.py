@@ -16,11 +16,12 @@ def images(x, g):
 
 
 def padded(x4, g, fill, dtype):
-    """`x4` with g.ph / g.pw rows and columns of `fill` around every image, in `dtype`."""
-    if not g.ph and not g.pw:
+    """`x4` with g.ph / g.pw rows and columns of `fill` around every image (and g.eh / g.ew more at
+    the bottom and right: a ceil-mode pool's), in `dtype`."""
+    if not (g.ph or g.pw or g.eh or g.ew):
         return x4.astype(dtype, copy=False)
     n, c, h, w = x4.shape
-    buf = memory.empty((n, c, h + 2 * g.ph, w + 2 * g.pw), dtype)
+    buf = memory.empty((n, c, h + 2 * g.ph + g.eh, w + 2 * g.pw + g.ew), dtype)
     buf.fill(fill)
     buf[:, :, g.ph:g.ph + h, g.pw:g.pw + w] = x4
     return buf

@@ -175,3 +175,86 @@ def test_errors_raise_on_the_master(case):
     with pytest.raises(kind):
         fn(xm)
     np.testing.assert_allclose(dmath.nn.pool2d(xm, (C, H, W), 2)[0].to_numpy(), _reference(x, "2x2", "max"))
+
+
+# ---- ceil mode (PyTorch's): the kernels' own windows past the image, no padded copy ---------------
+#: (H, W, kernel, stride, padding) whose ceil-mode output is larger than the floor mode's
+CEIL = {"8x7_k3s2": (8, 7, 3, 2, 0), "8x6_k3s2_p1": (8, 6, 3, 2, 1), "9x9_k2s2": (9, 9, 2, 2, 0),
+        "12x12_k3s2": (12, 12, 3, 2, 0)}
+
+
+def _ceil_reference(x, h, w, k, s, p, n, c):
+    """Ceil mode through floor mode: the images padded with -inf at the bottom and right by the extra
+    rows the rule adds (dmath.planning.conv.ceil_extra, checked against PyTorch's sizes in dnn's tests)."""
+    from dmath.planning.conv import ceil_extra
+    eh, ew = ceil_extra(h, k, s, p), ceil_extra(w, k, s, p)
+    big = np.full((n, c, h + eh, w + ew), -np.inf)
+    big[:, :, :h, :w] = x.reshape(n, c, h, w)
+    return ref.pool2d(big, (k, k), (s, s), (p, p), "max"), (eh, ew)
+
+
+@pytest.mark.parametrize("channels_last", [False, True])
+@pytest.mark.parametrize("geom", list(CEIL))
+@pytest.mark.parametrize("name", list(LAYOUTS))
+def test_ceil_mode_forward_and_backward(name, geom, channels_last):
+    h, w, k, s, p = CEIL[geom]
+    n, c = 4, 8
+    x = values((n, c * h * w), 31, -2.0, 2.0)
+    want, extra = _ceil_reference(x, h, w, k, s, p, n, c)
+    assert any(extra)
+    _, _, ho, wo = want.shape
+    lay = LAYOUTS[name](n)
+
+    def rows(a, hh, ww):        # NCHW rows -> the layout's rows
+        a4 = a.reshape(n, c, hh, ww)
+        return a4.transpose(0, 2, 3, 1).reshape(n, -1) if channels_last else a4.reshape(n, -1)
+
+    def run(z):
+        return dmath.nn.pool2d(make(rows(z, h, w), lay, "float64"), (c, h, w), k, s, p, "max",
+                               channels_last=channels_last, ceil_mode=True)
+    y, am = run(x)
+    np.testing.assert_array_equal(y.to_numpy(), rows(want, ho, wo))
+    r = values((n, c * ho * wo), 32)
+    dx = dmath.nn.pool2d_backward(make(rows(r, ho, wo), lay, "float64"), am, (c, h, w), k, s, p, "max",
+                                  channels_last=channels_last, ceil_mode=True)
+    got = dx.to_numpy()
+    if channels_last:
+        got = got.reshape(n, h, w, c).transpose(0, 3, 1, 2).reshape(n, -1)
+
+    def loss(z):
+        out = run(z)[0].to_numpy()
+        if channels_last:
+            out = out.reshape(n, ho, wo, c).transpose(0, 3, 1, 2).reshape(n, -1)
+        return float((out * r).sum())
+    ref.directional_check(loss, x, got, seed=33)
+    # every output gradient reaches exactly one input (the window's maximum): the sums agree
+    np.testing.assert_allclose(got.sum(), r.sum(), rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_ceil_mode_matches_a_padded_floor_pool_bitwise(dtype):
+    """The windows past the image read nothing: the same values, positions and gradients as pooling
+    the image padded with -inf (how dnn computed ceil mode before), in low precision too."""
+    h, w, k, s, p, n, c = 9, 7, 3, 2, 1, 3, 16
+    x = values((n, c * h * w), 41, -3.0, 3.0)
+    _, (eh, ew) = _ceil_reference(x, h, w, k, s, p, n, c)
+    big = np.full((n, h + eh, w + ew, c), -np.inf)
+    big[:, :h, :w, :] = x.reshape(n, c, h, w).transpose(0, 2, 3, 1)
+    lay = dmath.RowBlock()
+    y0, am0 = dmath.nn.pool2d(make(big.reshape(n, -1), lay, dtype), (c, h + eh, w + ew), k, s, p, channels_last=True)
+    xl = x.reshape(n, c, h, w).transpose(0, 2, 3, 1).reshape(n, -1)
+    y, am = dmath.nn.pool2d(make(xl, lay, dtype), (c, h, w), k, s, p, channels_last=True, ceil_mode=True)
+    np.testing.assert_array_equal(y.to_numpy(), y0.to_numpy())
+    np.testing.assert_array_equal(am.to_numpy(), am0.to_numpy())
+    dy = values(y.shape, 42)
+    dx0 = dmath.nn.pool2d_backward(make(dy, lay, dtype), am0, (c, h + eh, w + ew), k, s, p, channels_last=True)
+    dx = dmath.nn.pool2d_backward(make(dy, lay, dtype), am, (c, h, w), k, s, p, channels_last=True, ceil_mode=True)
+    np.testing.assert_array_equal(dx.to_numpy(), dx0.to_numpy().reshape(n, h + eh, w + ew, c)[:, :h, :w, :].reshape(n, -1))
+
+
+def test_ceil_mode_is_refused_for_average_and_non_bools():
+    x = make(values((N, C * H * W), 1), dmath.RowBlock(), "float64")
+    with pytest.raises(dmath.DMathError, match="ceil_mode applies to max pooling"):
+        dmath.nn.pool2d(x, (C, H, W), 3, 2, mode="average", ceil_mode=True)
+    with pytest.raises(dmath.DMathError, match="ceil_mode must be True or False"):
+        dmath.nn.pool2d(x, (C, H, W), 3, 2, ceil_mode="yes")
