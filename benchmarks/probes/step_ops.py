@@ -2,7 +2,7 @@
 
     python benchmarks/probes/step_ops.py [--net alexnet] [--batch 256] [--dtype float16] [--device gpu] [--steps 4]
 
-Trains the network of benchmarks/cnn_bench.py on resident random images at
+Trains a network of benchmarks/cnn_bench.py or zoo_bench.py on resident random images at
 one worker, unrecorded (`record=False`: every command runs through the
 runtime, as the first step of a recorded plan does), under `DMATH_PROFILE=1`,
 which times every kernel alone with the device synchronised around it, and
@@ -23,11 +23,13 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 import dmath                                    # noqa: E402
 import dnn                                      # noqa: E402
 from cnn_bench import NETS, dnn_model           # noqa: E402
+import zoo_bench                                # noqa: E402
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--net", default="alexnet", choices=list(NETS))
+    ap.add_argument("--net", default="alexnet", choices=list(NETS) + list(zoo_bench.NETS),
+                    help="a network of cnn_bench.py or of zoo_bench.py (these with each GPU's own BatchNorm statistics)")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--dtype", default="float16", choices=["float32", "float16"])
     ap.add_argument("--steps", type=int, default=4)
@@ -35,11 +37,15 @@ def main():
     ap.add_argument("--parallel", default="auto", choices=["data", "model", "auto"])
     args = ap.parse_args()
     dmath.init(device=args.device)
-    shape, classes, _ = NETS[args.net]
+    if args.net in zoo_bench.NETS:
+        shape, classes = zoo_bench.NETS[args.net][0], zoo_bench.CLASSES
+    else:
+        shape, classes, _ = NETS[args.net]
     rng = np.random.default_rng(0)
     n = args.batch * args.steps
     data = dnn.data.Dataset(rng.random((n,) + shape, dtype=np.float32), rng.integers(0, classes, n))
-    model = dnn_model(args.net, args.dtype, args.parallel)
+    model = (zoo_bench.dnn_model(args.net, args.dtype, shape, batchnorm="local") if args.net in zoo_bench.NETS
+             else dnn_model(args.net, args.dtype, args.parallel))
     model.record = False
     model.fit(data, batch_size=args.batch, epochs=1, verbose=0)     # warm: algorithms chosen, kernels built
     dmath.synchronize()
