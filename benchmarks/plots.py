@@ -99,12 +99,14 @@ def cnn(paths, out):
 
 
 def _scaling_rows(paths):
-    """{(net, global batch, dtype): {workers: {"dnn", "torch", "compile": images/s}}} from cnn_bench's and
-    zoo_bench's JSON; PyTorch is eager at P = 1 and DDP at P > 1, compile its torch.compile'd peer (over
-    DDP at P > 1). A case measured in several files keeps the first figure of each (files in sorted order:
-    cnn_P4_alexnet.json before cnn_P4_alexnet_compile.json); rows with --parallel other than auto or an
-    explicit --bucket-mb or a first --batchnorm other than sync are left out (comparisons of settings,
-    not of GPU counts)."""
+    """{(net, global batch, dtype, batchnorm): {workers: {"dnn", "torch", "compile": images/s}}} from
+    cnn_bench's and zoo_bench's JSON; PyTorch is eager at P = 1 and DDP at P > 1, compile its
+    torch.compile'd peer (over DDP at P > 1). batchnorm is the first --batchnorm of zoo_bench ('sync':
+    statistics over all GPUs; 'local': each GPU's own, as DDP's); a one-GPU row counts for both (one
+    GPU's statistics are the batch's), and a 'local' case without a row past one GPU is left out. A
+    case measured in several files keeps the first figure of each (files in sorted order:
+    cnn_P4_alexnet.json before cnn_P4_alexnet_compile.json); rows with --parallel other than auto or
+    an explicit --bucket-mb are left out (comparisons of settings, not of GPU counts)."""
     cases = collections.defaultdict(lambda: collections.defaultdict(dict))
     rows = []
     for p in sorted(paths):
@@ -114,8 +116,7 @@ def _scaling_rows(paths):
         except (OSError, ValueError, AttributeError) as exc:
             print(f"scaling: {p} skipped ({exc})")
     for r in rows:
-        if r.get("parallel", "auto") != "auto" or r.get("bucket_mb") is not None or "workers" not in r \
-                or r.get("batchnorm", "sync") != "sync":
+        if r.get("parallel", "auto") != "auto" or r.get("bucket_mb") is not None or "workers" not in r:
             continue
         if "net" not in r:
             continue
@@ -124,10 +125,17 @@ def _scaling_rows(paths):
         ddp = "ddp_" if r["workers"] > 1 else ""
         rates = {"dnn": r.get("dnn_images_per_s"), "torch": r.get("torch_images_per_s") or figure(ddp + "eager"),
                  "compile": figure(ddp + "compile")}
-        point = cases[(r["net"], r["global_batch"], r["dtype"])][r["workers"]]
-        for who, rate in rates.items():
-            if rate and who not in point:
-                point[who] = rate
+        norms = ("sync", "local") if r["workers"] == 1 else (r.get("batchnorm", "sync"),)
+        for bn in norms:
+            point = cases[(r["net"], r["global_batch"], r["dtype"], bn)][r["workers"]]
+            for who, rate in rates.items():
+                if rate and who not in point:
+                    point[who] = rate
+    for key in [k for k, pts in cases.items() if k[3] == "local" and max(pts) == 1]:
+        del cases[key]
+    for key in [k for k, pts in cases.items() if k[3] == "sync" and max(pts) == 1
+                and any(o[:3] == k[:3] and o[3] == "local" for o in cases)]:
+        del cases[key]      # (one GPU's figure is drawn in the 'local' panel of the same case)
     return cases
 
 
@@ -140,15 +148,15 @@ def scaling(paths, out):
         raise SystemExit("scaling: no cnn_bench or zoo_bench rows in " + " ".join(paths))
     plt = pyplot()
     nets = sorted({c[0] for c in cases})
-    combos = sorted({c[1:] for c in cases}, key=lambda bd: (bd[1] != "float32", bd[0]))
+    combos = sorted({c[1:] for c in cases}, key=lambda bd: (bd[1] != "float32", bd[0], bd[2]))
     counts = sorted({p for pts in cases.values() for p in pts})
     fig, axes = plt.subplots(len(nets), len(combos), figsize=(3.3 * len(combos), 2.7 * len(nets)), squeeze=False)
     styles = (("dnn", "dnn", "-o"), ("torch", "PyTorch", "-.s"), ("compile", "torch.compile", "--^"))
     for i, net in enumerate(nets):
-        for j, (batch, dtype) in enumerate(combos):
+        for j, (batch, dtype, bn) in enumerate(combos):
             ax = axes[i][j]
-            pts = cases.get((net, batch, dtype), {})
-            ax.set_title(f"{net} b{batch} {dtype}", fontsize=9)
+            pts = cases.get((net, batch, dtype, bn), {})
+            ax.set_title(f"{net} b{batch} {dtype}" + (", local BN" if bn == "local" else ""), fontsize=9)
             ax.set_xticks(counts)
             ax.set_xlim(counts[0] - 0.2, counts[-1] + 0.2)
             ax.grid(alpha=0.3)

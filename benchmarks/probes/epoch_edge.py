@@ -96,7 +96,7 @@ def main():
         model.fit(data, batch_size=args.batch, epochs=1, verbose=0)
     dmath.synchronize()
 
-    timed(Metrics, "read", "metrics read (ends an epoch: waits for its last step)")
+    timed(Metrics, "read_with", "metrics read (ends an epoch: waits for its last step)")
     timed(Metrics, "reset", "metrics reset")
     timed(cbs.TerminateOnNaN, "on_epoch_end", "TerminateOnNaN.on_epoch_end")
     timed(cbs.History, "on_epoch_end", "History.on_epoch_end")

@@ -52,3 +52,16 @@ def test_benchmark_figures_from_the_committed_results(tmp_path, kind, pattern):
     subprocess.run([sys.executable, os.path.join(ROOT, "benchmarks", "plots.py"), kind, *files, "--out", str(out)],
                    check=True, capture_output=True, timeout=120)
     assert out.read_bytes().startswith(PNG)
+
+
+def test_scaling_pairs_one_gpu_with_each_batchnorm_setting():
+    """A one-GPU row counts for the 'local' BatchNorm case of the 4-GPU rows (one GPU's statistics are
+    the batch's); a 'local' case with no row past one GPU is dropped; settings comparisons are left out."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import plots
+    files = sorted(glob.glob(os.path.join(ROOT, "benchmarks", "results", "zoo_h100_p*_b1024_f16*_2026-11-27_s28.json")))
+    cases = plots._scaling_rows(files)
+    g = cases[("googlenet", 1024, "float16", "local")]
+    assert sorted(g) == [1, 4] and set(g[1]) == {"dnn", "torch", "compile"} and set(g[4]) == {"dnn", "torch"}
+    assert g[4]["dnn"] > 3 * g[1]["dnn"] * 0.5
+    assert not any(k[3] == "sync" and k[0] == "googlenet" for k in cases)
