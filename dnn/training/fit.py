@@ -330,7 +330,7 @@ class Training:
         # one gather: waits for the epoch's last step, and reads what the callbacks need at its end
         # (asked now, while the workers still run the last steps: a read of their own after this one
         # would keep the drained GPUs idle)
-        wanted = [(cb, list(cb.epoch_end_reads())) for cb in hooks]
+        wanted = [(cb, _epoch_end_reads(cb)) for cb in hooks]
         (loss, acc), values = metrics.read_with([m for _, mats in wanted for m in mats])
         for cb, mats in wanted:
             if mats:
@@ -346,6 +346,21 @@ class Training:
         logs["samples_per_s"] = (n - skipped) / elapsed if elapsed > 0 else float("inf")
         bar.finish(logs)
         return logs
+
+
+def _epoch_end_reads(cb):
+    """cb.epoch_end_reads() as a checked list of dmath matrices (their (0, 0) values are read)."""
+    mats = cb.epoch_end_reads()
+    try:
+        mats = list(mats) if mats is not None else []
+    except TypeError as exc:
+        raise ConfigError(f"{type(cb).__name__}.epoch_end_reads must return a list of dmath matrices, "
+                          f"got {mats!r}") from exc
+    for m in mats:
+        if not isinstance(m, dmath.Matrix):
+            raise ConfigError(f"{type(cb).__name__}.epoch_end_reads must return dmath matrices (their (0, 0) "
+                              f"values are read), got {type(m).__name__}")
+    return mats
 
 
 def _with_nan_guard(callbacks, terminate_on_nan):

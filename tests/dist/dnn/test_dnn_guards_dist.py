@@ -136,3 +136,12 @@ def test_callbacks_epoch_end_reads_come_with_the_epochs_metrics():
     plain = model().fit(X, Y, batch_size=32, epochs=2, verbose=0, shuffle=False)
     np.testing.assert_allclose(hist.history["loss"], plain.history["loss"], rtol=1e-6)
     np.testing.assert_allclose(hist.history["accuracy"], plain.history["accuracy"])
+
+
+@pytest.mark.parametrize("returned,what", [(5, "must return a list"), ([np.zeros((1, 1))], "must return dmath matrices")])
+def test_a_callbacks_bad_epoch_end_reads_are_refused_by_name(returned, what):
+    class Bad(dnn.callbacks.Callback):
+        def epoch_end_reads(self):
+            return returned
+    with pytest.raises(dnn.ConfigError, match=f"Bad.epoch_end_reads {what}"):
+        model().fit(X, Y, batch_size=32, epochs=1, verbose=0, callbacks=[Bad()])
