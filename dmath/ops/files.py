@@ -87,6 +87,30 @@ def open_regular(path):
         raise
 
 
+def read_regular(path):
+    """The bytes of the regular file at `path` (NotRegularFile, an OSError, for anything else: a FIFO is
+    refused without waiting for a writer). One open, fstat and read per file, without a buffered file
+    object: an image folder's reader thread reads thousands of small files a second, and the Python
+    work per file holds the GIL the step's thread needs (about 12 us a 64 KB file here, against 20
+    through open_regular and read)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(f"{path}: not a regular file")
+        data = os.read(fd, st.st_size + 1)        # (+1: a file grown since fstat is not cut short)
+        if len(data) == st.st_size:
+            return data
+        parts = [data]                            # a short read, or a file that changed: read to its end
+        while True:
+            more = os.read(fd, 1 << 20)
+            if not more:
+                return b"".join(parts)
+            parts.append(more)
+    finally:
+        os.close(fd)
+
+
 def npy_spec(path):
     """The FileSpec of a .npy file (C order; 1-D is one row, N-D is (shape[0], the rest)); raises DMathError."""
     try:

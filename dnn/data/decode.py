@@ -31,7 +31,7 @@ import warnings
 
 import numpy as np
 
-from dmath.ops.files import open_regular
+from dmath.ops.files import read_regular
 from dmath.ops.host_batches import resolve
 
 from . import augment
@@ -59,8 +59,7 @@ def decode_rgb(path, decoder="auto"):
     Both use libjpeg-turbo's default (accurate) DCT and upsampling, so they give the same pixels;
     simplejpeg skips Pillow's per-image overhead. A JPEG it refuses (CMYK, or damaged: its strict
     mode raises at a truncation) goes to Pillow, which decides."""
-    with open_regular(path) as f:
-        data = f.read()
+    data = read_regular(path)
     if simplejpeg is not None and decoder != "pillow" and data[:2] == _JPEG:
         try:
             return simplejpeg.decode_jpeg(data, colorspace="RGB")
@@ -176,8 +175,7 @@ class FolderSource:
         if index in self.bad:
             return None
         try:
-            with open_regular(os.path.join(self.root, self.files[index])) as f:
-                data = f.read()
+            data = read_regular(os.path.join(self.root, self.files[index]))
         except OSError:
             return None             # (the host path reports it; a FIFO is refused there too, never waited on)
         return data if data[:2] == _JPEG and data[-2:] == _EOI else None

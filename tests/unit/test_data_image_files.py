@@ -130,3 +130,34 @@ def test_a_fifo_is_refused_at_once(tmp_path):
     os.mkfifo(tmp_path / "x.jpg")
     with pytest.raises(OSError, match="not a regular file"):
         decode_rgb(str(tmp_path / "x.jpg"))
+
+
+# ---- the reader ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("size", [0, 1, 65536, 3 << 20])
+def test_read_regular_returns_the_whole_file(tmp_path, size):
+    from dmath.ops.files import read_regular
+    data = os.urandom(size)
+    (tmp_path / "f").write_bytes(data)
+    assert read_regular(str(tmp_path / "f")) == data
+
+
+def test_read_regular_refuses_a_fifo_and_a_folder_at_once(tmp_path):
+    from dmath.ops.files import NotRegularFile, read_regular
+    os.mkfifo(tmp_path / "p.jpg")
+    for path in (tmp_path / "p.jpg", tmp_path):
+        with pytest.raises(NotRegularFile, match="not a regular file"):
+            read_regular(str(path))
+
+
+def test_read_regular_reads_to_the_end_of_a_file_grown_since_its_size_was_taken(tmp_path, monkeypatch):
+    """fstat said 10 bytes, the file holds 25 by the read: all 25 come back (a short first read is
+    read on the same way)."""
+    from dmath.ops import files
+    (tmp_path / "f").write_bytes(b"x" * 25)
+    real = os.fstat
+
+    class Small:
+        def __init__(self, st):
+            self.st_mode, self.st_size = st.st_mode, 10
+    monkeypatch.setattr(files.os, "fstat", lambda fd: Small(real(fd)))
+    assert files.read_regular(str(tmp_path / "f")) == b"x" * 25
