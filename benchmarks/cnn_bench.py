@@ -46,7 +46,7 @@ from dmath import backend                       # noqa: E402
 from dmath.comm.control import gather_objects   # noqa: E402
 from dmath.ops.base import dispatch             # noqa: E402
 from dmath.runtime import kernel                # noqa: E402
-from common import environment, torch_distributed, write_json  # noqa: E402
+from common import environment, positive_int, torch_distributed, write_json  # noqa: E402
 
 #: network -> (input shape, classes, layer list as (kind, args)) shared by both sides
 NETS = {
@@ -377,7 +377,7 @@ def main():
                     help="the PyTorch peer's batches: gathered in a new random order every epoch, as dnn's "
                          "fit(shuffle=True) (default), or views of the resident tensor in order (no batch "
                          "buffer; the peer's figures before session 27)")
-    ap.add_argument("--steps-per-epoch", type=int, default=STEPS_PER_EPOCH[0],
+    ap.add_argument("--steps-per-epoch", type=positive_int, default=STEPS_PER_EPOCH[0],
                     help="steps of each timed epoch, resident batches of random images (fewer where they would pass "
                          "8 GiB of float32; at least 2)")
     ap.add_argument("--out", default=None)

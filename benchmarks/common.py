@@ -59,3 +59,15 @@ def torch_distributed(call, port):
                                  world_size=call.world.size, **bound)
         _torch_ready = True
     return torch, dev
+
+
+def positive_int(text):
+    """argparse type: an integer >= 1 (a count of steps, batches or images)."""
+    import argparse
+    try:
+        v = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+    return v

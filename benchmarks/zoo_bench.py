@@ -47,7 +47,7 @@ from dmath.ops.base import dispatch             # noqa: E402
 from dmath.runtime import kernel                # noqa: E402
 import cnn_bench                                # noqa: E402
 from cnn_bench import LR, MOMENTUM, peer_entry, resident_batches, time_model, torch_rate, wanted   # noqa: E402
-from common import environment, write_json      # noqa: E402
+from common import environment, positive_int, write_json      # noqa: E402
 
 #: network -> (input shape, dnn.models keyword arguments, torchvision keyword arguments)
 NETS = {
@@ -153,7 +153,7 @@ def main():
                     help="the PyTorch peers' batches: gathered in a new random order every epoch, as dnn's "
                          "fit(shuffle=True) (default), or views of the resident tensor in order (no batch "
                          "buffer; the peers' figures before session 27)")
-    ap.add_argument("--steps-per-epoch", type=int, default=cnn_bench.STEPS_PER_EPOCH[0],
+    ap.add_argument("--steps-per-epoch", type=positive_int, default=cnn_bench.STEPS_PER_EPOCH[0],
                     help="steps of each timed epoch, resident batches of random images (fewer where they would pass "
                          "8 GiB of float32; at least 2)")
     args = ap.parse_args()
