@@ -1,4 +1,5 @@
 """Shared helpers of the benchmark scripts: timing, JSON output, environment description."""
+import argparse
 import json
 import os
 import platform
@@ -63,7 +64,6 @@ def torch_distributed(call, port):
 
 def positive_int(text):
     """argparse type: an integer >= 1 (a count of steps, batches or images)."""
-    import argparse
     try:
         v = int(text)
     except ValueError:
