@@ -14,7 +14,9 @@ and a GradScaler; the peer `syncbn`, P > 1 only, is DDP with SyncBatchNorm: batc
 statistics over the whole global batch, what dnn's BatchNorm computes at any worker count, where
 DDP's default BatchNorm keeps each GPU's own) on random images resident on the GPUs (both sides
 gather each step's batch in a new random order every epoch; `--peer-batches view` slices the peers'
-in order, as before session 27), SGD with momentum;
+in order, as before session 27; dnn's timed epochs are `--steps-per-epoch` steps, 8 by default: every
+epoch ends with a read that drains the GPUs, a cost that a real epoch of hundreds of steps spreads
+thin and that PyTorch's loop never pays), SGD with momentum;
 Inception v3 at 299x299 with its auxiliary head on both sides (aux loss
 weight 0.3), GoogLeNet without its auxiliary heads (the paper's Table 1
 network; the heads are training-only side branches). Reported per case: images/s of dnn and of every peer, the ratios, and
