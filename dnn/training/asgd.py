@@ -56,8 +56,9 @@ import time
 
 import dmath
 from dmath.ops.movement import get_elements
+from dmath.runtime.protocol import MAX_OPERANDS as MAX_READ
 
-from .callbacks import ModelCheckpoint
+from .callbacks import ModelCheckpoint, read_epoch_end
 from ..errors import ConfigError
 from ..graph.execute import backward, forward
 from ..graph.node import Variable
@@ -381,7 +382,8 @@ class GroupsMetrics:
     def read_with(self, extra):
         """(read(), the extra (1, 1) matrices' values), as Metrics.read_with (a read each here: the
         groups' sums are on different workers)."""
-        return self.read(), get_elements(list(extra), (0, 0)) if extra else []
+        extra = list(extra)
+        return self.read(), [v for k in range(0, len(extra), MAX_READ) for v in get_elements(extra[k:k + MAX_READ], (0, 0))]
 
     def reset(self):
         for r in self.replicas:
@@ -448,7 +450,8 @@ class AsyncTrainer:
                 store.push(model)
             raise
         model.epochs_trained = epoch + 1
-        loss, acc = metrics.read()            # reads every group: also waits for the epoch's last steps
+        # reads every group (also waits for the epoch's last steps), and what the callbacks need at its end
+        loss, acc = read_epoch_end(metrics, hooks)
         elapsed = time.perf_counter() - start
         logs = {"loss": loss}
         if model.loss.accuracy:

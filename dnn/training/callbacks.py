@@ -49,6 +49,35 @@ class Callback:
         """The values (floats) of this epoch's `epoch_end_reads` matrices, just before on_epoch_end."""
 
 
+def read_epoch_end(metrics, hooks):
+    """(mean loss, accuracy) of the epoch from `metrics`, read with every callback's epoch_end_reads
+    matrices (asked now, while the workers still run the epoch's last steps: a read of a callback's
+    own after this one would keep the drained GPUs idle), whose values go to its epoch_end_values."""
+    wanted = [(cb, _epoch_end_reads(cb)) for cb in hooks]
+    (loss, acc), values = metrics.read_with([m for _, mats in wanted for m in mats])
+    for cb, mats in wanted:
+        if mats:
+            cb.epoch_end_values(values[:len(mats)])
+            values = values[len(mats):]
+    return loss, acc
+
+
+def _epoch_end_reads(cb):
+    """cb.epoch_end_reads() as a checked list of (1, 1) dmath matrices."""
+    mats = cb.epoch_end_reads()
+    try:
+        mats = list(mats) if mats is not None else []
+    except TypeError as exc:
+        raise ConfigError(f"{type(cb).__name__}.epoch_end_reads must return a list of (1, 1) dmath matrices, "
+                          f"got {mats!r}") from exc
+    for m in mats:
+        if not isinstance(m, dmath.Matrix) or tuple(m.shape) != (1, 1):
+            what = f"a {m.shape} matrix" if isinstance(m, dmath.Matrix) else type(m).__name__
+            raise ConfigError(f"{type(cb).__name__}.epoch_end_reads must return (1, 1) dmath matrices (each one "
+                              f"value), got {what}")
+    return mats
+
+
 class History(Callback):
     """What fit returns: `history[key]` lists the value of each epoch; `epoch` the epoch indices."""
 

@@ -328,14 +328,7 @@ class Training:
             trial.end_epoch()
         self.epochs_trained = epoch + 1
         # one gather: waits for the epoch's last step, and reads what the callbacks need at its end
-        # (asked now, while the workers still run the last steps: a read of their own after this one
-        # would keep the drained GPUs idle)
-        wanted = [(cb, _epoch_end_reads(cb)) for cb in hooks]
-        (loss, acc), values = metrics.read_with([m for _, mats in wanted for m in mats])
-        for cb, mats in wanted:
-            if mats:
-                cb.epoch_end_values(values[:len(mats)])
-                values = values[len(mats):]
+        loss, acc = cbs.read_epoch_end(metrics, hooks)
         elapsed = time.perf_counter() - start
         logs = {"loss": loss}
         if self.loss.accuracy:
@@ -346,21 +339,6 @@ class Training:
         logs["samples_per_s"] = (n - skipped) / elapsed if elapsed > 0 else float("inf")
         bar.finish(logs)
         return logs
-
-
-def _epoch_end_reads(cb):
-    """cb.epoch_end_reads() as a checked list of dmath matrices (their (0, 0) values are read)."""
-    mats = cb.epoch_end_reads()
-    try:
-        mats = list(mats) if mats is not None else []
-    except TypeError as exc:
-        raise ConfigError(f"{type(cb).__name__}.epoch_end_reads must return a list of dmath matrices, "
-                          f"got {mats!r}") from exc
-    for m in mats:
-        if not isinstance(m, dmath.Matrix):
-            raise ConfigError(f"{type(cb).__name__}.epoch_end_reads must return dmath matrices (their (0, 0) "
-                              f"values are read), got {type(m).__name__}")
-    return mats
 
 
 def _with_nan_guard(callbacks, terminate_on_nan):

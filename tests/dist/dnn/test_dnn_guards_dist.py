@@ -138,10 +138,19 @@ def test_callbacks_epoch_end_reads_come_with_the_epochs_metrics():
     np.testing.assert_allclose(hist.history["accuracy"], plain.history["accuracy"])
 
 
-@pytest.mark.parametrize("returned,what", [(5, "must return a list"), ([np.zeros((1, 1))], "must return dmath matrices")])
+@pytest.mark.parametrize("returned,what", [(lambda: 5, "must return a list"),
+                                           (lambda: [np.zeros((1, 1))], r"must return \(1, 1\) dmath matrices"),
+                                           (lambda: [dmath.ones((3, 4))], r"must return \(1, 1\) dmath matrices .*got a \(3, 4\)")])
 def test_a_callbacks_bad_epoch_end_reads_are_refused_by_name(returned, what):
     class Bad(dnn.callbacks.Callback):
         def epoch_end_reads(self):
-            return returned
+            return returned()
     with pytest.raises(dnn.ConfigError, match=f"Bad.epoch_end_reads {what}"):
         model().fit(X, Y, batch_size=32, epochs=1, verbose=0, callbacks=[Bad()])
+
+
+def test_asynchronous_fits_read_the_callbacks_epoch_end_values_too():
+    reads = _Reads(7, 2)
+    dmath.random.seed(3)
+    model().fit(X, Y, batch_size=8, epochs=2, verbose=0, asynchronous=True, callbacks=[reads])
+    assert reads.got == [[7.0, 8.0]] * 2 and reads.seen == [1, 2]
