@@ -118,9 +118,16 @@ def pool_geometry(image_shape, kernel, stride, padding, what, ceil_mode=False):
     """The Geometry of a pooling window over (C, H, W) images (see pool_window); ceil_mode:
     PyTorch's, the output length rounded up (the Geometry's eh, ew: see ceil_extra)."""
     kernel, stride, padding = pool_window(kernel, stride, padding, what)
-    g = geometry(image_shape, kernel, stride, padding, 1, what)
-    if ceil_mode:
-        g = g._replace(eh=ceil_extra(g.height, g.kh, g.sh, g.ph), ew=ceil_extra(g.width, g.kw, g.sw, g.pw))
+    if not ceil_mode:
+        return geometry(image_shape, kernel, stride, padding, 1, what)
+    # a ceil-mode window may be larger than the padded image (its rows past the end read nothing), as
+    # PyTorch's: the output is checked after the extra rows, not before
+    c, h, w = image(image_shape, None, what)
+    (kh, kw), (sh, sw), (ph, pw) = kernel, stride, padding
+    g = Geometry(c, h, w, kh, kw, sh, sw, ph, pw, 1, 1, ceil_extra(h, kh, sh, ph), ceil_extra(w, kw, sw, pw))
+    if g.out_h < 1 or g.out_w < 1:
+        raise ShapeError(f"{what}: a {kh}x{kw} window with stride {sh}x{sw} has no ceil-mode output on a "
+                         f"{h}x{w} image padded by {ph}x{pw}")
     return g
 
 

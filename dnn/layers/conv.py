@@ -143,7 +143,11 @@ class Pool2D(Layer):
     def __init__(self, kernel=2, stride=None, padding=0, mode="max", ceil_mode=False, name=None):
         super().__init__(name)
         self._template = PoolFn(kernel, stride, padding, mode, ceil_mode)     # validates the arguments
-        self.ceil_mode = ceil_mode
+
+    @property
+    def ceil_mode(self):
+        """Whether the output rounds up (PyTorch's ceil_mode); fixed at construction, as the window is."""
+        return self._template.ceil_mode
 
     def output_shape(self, sample_shape):
         if len(sample_shape) != 3:
@@ -154,7 +158,7 @@ class Pool2D(Layer):
         # (ceil mode is the pool kernels' own: a padded copy of the batch, -inf at the bottom and
         # right, cost GoogLeNet four fills and six copies of its largest activations a step)
         t = self._template
-        return PoolFn(t.kernel, t.stride, t.padding, t.mode, self.ceil_mode).apply(x)
+        return PoolFn(t.kernel, t.stride, t.padding, t.mode, t.ceil_mode).apply(x)
 
     def get_config(self):
         t = self._template

@@ -16,6 +16,8 @@ its first layer that reads NCHW (dnn.training.programs), so cuDNN never converts
 """
 import contextlib
 
+import numpy as np
+
 import dmath
 from dmath.planning import conv as window
 
@@ -103,8 +105,9 @@ class Pool2D(Function):
         mode = self.ALIASES.get(mode, mode) if isinstance(mode, str) else mode
         if mode not in ("max", "average"):
             raise ConfigError(f"pool2d: mode must be 'max' or 'average' (or 'avg'), got {mode!r}")
-        if not isinstance(ceil_mode, bool):
+        if not isinstance(ceil_mode, (bool, np.bool_)):
             raise ConfigError(f"pool2d: ceil_mode must be True or False, got {ceil_mode!r}")
+        ceil_mode = bool(ceil_mode)
         if ceil_mode and mode != "max":
             raise ConfigError("pool2d: ceil_mode applies to max pooling (an average's divisor at the edge would "
                               "differ from PyTorch's)")

@@ -180,7 +180,8 @@ def test_errors_raise_on_the_master(case):
 # ---- ceil mode (PyTorch's): the kernels' own windows past the image, no padded copy ---------------
 #: (H, W, kernel, stride, padding) whose ceil-mode output is larger than the floor mode's
 CEIL = {"8x7_k3s2": (8, 7, 3, 2, 0), "8x6_k3s2_p1": (8, 6, 3, 2, 1), "9x9_k2s2": (9, 9, 2, 2, 0),
-        "12x12_k3s2": (12, 12, 3, 2, 0)}
+        "12x12_k3s2": (12, 12, 3, 2, 0), "1x3_k2s2_kernel_past_the_image": (1, 3, 2, 2, 0),
+        "2x5_k3s2_p1": (2, 5, 3, 2, 1)}
 
 
 def _ceil_reference(x, h, w, k, s, p, n, c):

@@ -420,7 +420,8 @@ def test_adaptive_average_pooling_matches_pytorch(size, out):
 
 
 @needs_torch
-@pytest.mark.parametrize("size,kernel,stride,padding", [(8, 3, 2, 0), (7, 3, 2, 1), (9, 2, 2, 0), (14, 3, 2, 0)])
+@pytest.mark.parametrize("size,kernel,stride,padding", [(8, 3, 2, 0), (7, 3, 2, 1), (9, 2, 2, 0), (14, 3, 2, 0),
+                                                        (1, 2, 2, 0), (2, 3, 3, 1)])
 def test_ceil_mode_pooling_matches_pytorch(size, kernel, stride, padding):
     x = np.random.default_rng(size).normal(size=(4, 2, size, size))
     layer = L.Pool2D(kernel, stride=stride, padding=padding, ceil_mode=True)
@@ -471,6 +472,10 @@ def test_graph_model_errors():
         dnn.Sequential([L.Input(3), L.Add()])
     with pytest.raises(dnn.ConfigError, match="ceil_mode"):
         L.Pool2D(2, mode="average", ceil_mode=True)
+    # fixed at construction, as the window is (an assignment made output_shape and forward disagree)
+    assert L.Pool2D(2, ceil_mode=np.True_).ceil_mode is True
+    with pytest.raises(AttributeError):
+        L.Pool2D(2).ceil_mode = True
     with pytest.raises(dnn.ConfigError, match="padding"):
         L.ZeroPadding2D((1, 2, 3))
     a, b = dnn.Input(3), dnn.Input(2)
