@@ -46,7 +46,7 @@ from dmath import backend                       # noqa: E402
 from dmath.comm.control import gather_objects   # noqa: E402
 from dmath.ops.base import dispatch             # noqa: E402
 from dmath.runtime import kernel                # noqa: E402
-from common import environment, positive_int, torch_distributed, write_json  # noqa: E402
+from common import at_least_two, environment, positive_int, torch_distributed, write_json  # noqa: E402
 
 #: network -> (input shape, classes, layer list as (kind, args)) shared by both sides
 NETS = {
@@ -351,9 +351,9 @@ def peer_entry(res, ips):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nets", nargs="+", default=["lenet", "cifar", "alexnet"], choices=list(NETS))
-    ap.add_argument("--batches", type=int, nargs="+", default=[256])
+    ap.add_argument("--batches", type=positive_int, nargs="+", default=[256])
     ap.add_argument("--dtypes", nargs="+", default=["float32"], choices=["float32", "float16"])
-    ap.add_argument("--steps", type=int, default=None, help="timed steps (default: 64 small nets, 24 AlexNet)")
+    ap.add_argument("--steps", type=positive_int, default=None, help="timed steps (default: 64 small nets, 24 AlexNet)")
     ap.add_argument("--parallel", default="auto", choices=["data", "model", "auto"],
                     help="the Dense layers' strategy (convolutions are always data parallel)")
     ap.add_argument("--device", default=None, choices=["cpu", "gpu"])
@@ -377,9 +377,9 @@ def main():
                     help="the PyTorch peer's batches: gathered in a new random order every epoch, as dnn's "
                          "fit(shuffle=True) (default), or views of the resident tensor in order (no batch "
                          "buffer; the peer's figures before session 27)")
-    ap.add_argument("--steps-per-epoch", type=positive_int, default=STEPS_PER_EPOCH[0],
+    ap.add_argument("--steps-per-epoch", type=at_least_two, default=STEPS_PER_EPOCH[0],
                     help="steps of each timed epoch, resident batches of random images (fewer where they would pass "
-                         "8 GiB of float32; at least 2)")
+                         "8 GiB of float32), at least 2")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     global BUCKET_MB

@@ -64,10 +64,19 @@ def torch_distributed(call, port):
 
 def positive_int(text):
     """argparse type: an integer >= 1 (a count of steps, batches or images)."""
+    return _int_at_least(text, 1)
+
+
+def at_least_two(text):
+    """argparse type: an integer >= 2 (steps of a timed epoch: the resident batches are that many)."""
+    return _int_at_least(text, 2)
+
+
+def _int_at_least(text, low):
     try:
         v = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}") from None
-    if v < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {v}")
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}") from None
+    if v < low:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {v}")
     return v

@@ -15,6 +15,7 @@ import argparse
 import collections
 import glob
 import json
+import math
 import os
 import sys
 
@@ -36,6 +37,8 @@ def _rows(paths):
 
 
 def _save(fig, out):
+    folder = os.path.dirname(os.path.abspath(out))
+    os.makedirs(folder, exist_ok=True)          # (--out into a folder not made yet)
     fig.tight_layout()
     fig.savefig(out, dpi=90)
     print(f"wrote {out}")
@@ -98,6 +101,14 @@ def cnn(paths, out):
     _save(fig, out)
 
 
+def _scaling_row(r):
+    """Whether `r` is a row a scaling plot can place: a network, a batch, a dtype and a worker count."""
+    def count(v):
+        return isinstance(v, int) and not isinstance(v, bool) and v >= 1
+    return (isinstance(r, dict) and isinstance(r.get("net"), str) and count(r.get("global_batch"))
+            and isinstance(r.get("dtype"), str) and count(r.get("workers")))
+
+
 def _scaling_rows(paths):
     """{(net, global batch, dtype, batchnorm): {workers: {"dnn", "torch", "compile": images/s}}} from
     cnn_bench's and zoo_bench's JSON; PyTorch is eager at P = 1 and DDP at P > 1, compile its
@@ -112,19 +123,26 @@ def _scaling_rows(paths):
     for p in sorted(paths):
         try:
             with open(p) as f:
-                rows.extend(r for r in json.load(f).get("results", []) if isinstance(r, dict))
+                results = json.load(f).get("results")
+            rows.extend((p, r) for r in (results if isinstance(results, list) else []))
         except (OSError, ValueError, AttributeError) as exc:
             print(f"scaling: {p} skipped ({exc})")
-    for r in rows:
-        if r.get("parallel", "auto") != "auto" or r.get("bucket_mb") is not None or "workers" not in r:
+    for p, r in rows:
+        if not _scaling_row(r):
+            print(f"scaling: a row of {p} skipped (net, global_batch, dtype and workers expected): {str(r)[:120]}")
             continue
-        if "net" not in r:
+        if r.get("parallel", "auto") != "auto" or r.get("bucket_mb") is not None:
             continue
-        peers = r.get("peers") or {}
-        figure = lambda name: (peers.get(name) or {}).get("images_per_s")   # noqa: E731
+        peers = r.get("peers") if isinstance(r.get("peers"), dict) else {}
+        figure = lambda name: (peers.get(name) if isinstance(peers.get(name), dict) else {}).get("images_per_s")  # noqa: E731
         ddp = "ddp_" if r["workers"] > 1 else ""
         rates = {"dnn": r.get("dnn_images_per_s"), "torch": r.get("torch_images_per_s") or figure(ddp + "eager"),
                  "compile": figure(ddp + "compile")}
+        # a rate is a positive finite number; anything else (an out-of-memory None, a corrupt value) is no point
+        rates = {k: float(v) for k, v in rates.items()
+                 if isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) and v > 0}
+        if not rates:
+            continue
         norms = ("sync", "local") if r["workers"] == 1 else (r.get("batchnorm", "sync"),)
         for bn in norms:
             point = cases[(r["net"], r["global_batch"], r["dtype"], bn)][r["workers"]]

@@ -49,7 +49,7 @@ from dmath.ops.base import dispatch             # noqa: E402
 from dmath.runtime import kernel                # noqa: E402
 import cnn_bench                                # noqa: E402
 from cnn_bench import LR, MOMENTUM, peer_entry, resident_batches, time_model, torch_rate, wanted   # noqa: E402
-from common import environment, positive_int, write_json      # noqa: E402
+from common import at_least_two, environment, positive_int, write_json      # noqa: E402
 
 #: network -> (input shape, dnn.models keyword arguments, torchvision keyword arguments)
 NETS = {
@@ -123,7 +123,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("outdir", help="directory for zoo_P<workers>_<nets>.json")
     ap.add_argument("--nets", nargs="+", default=list(NETS), choices=list(NETS))
-    ap.add_argument("--batches", type=int, nargs="+", default=[256, 1024])
+    ap.add_argument("--batches", type=positive_int, nargs="+", default=[256, 1024])
     ap.add_argument("--dtypes", nargs="+", default=["float32", "float16"], choices=["float32", "float16"])
     ap.add_argument("--peers", nargs="*", default=["eager", "compile"], choices=["eager", "compile", "syncbn"],
                     help="PyTorch peers (DDP over the same GPUs when P > 1)")
@@ -133,9 +133,9 @@ def main():
                     help="run only these of the --nets x --batches x --dtypes cases (as --compile-only)")
     ap.add_argument("--cpu-peers", action="store_true",
                     help="run the PyTorch peers on the CPU backend too (checks the script; no figure)")
-    ap.add_argument("--steps", type=int, default=24)
+    ap.add_argument("--steps", type=positive_int, default=24)
     ap.add_argument("--device", default=None, choices=["cpu", "gpu"])
-    ap.add_argument("--image-size", type=int, default=None,
+    ap.add_argument("--image-size", type=positive_int, default=None,
                     help="train on size x size images instead of the networks' own (a quick check)")
     ap.add_argument("--port", type=int, default=29541)
     ap.add_argument("--bucket-mb", type=float, default=None,
@@ -155,9 +155,9 @@ def main():
                     help="the PyTorch peers' batches: gathered in a new random order every epoch, as dnn's "
                          "fit(shuffle=True) (default), or views of the resident tensor in order (no batch "
                          "buffer; the peers' figures before session 27)")
-    ap.add_argument("--steps-per-epoch", type=positive_int, default=cnn_bench.STEPS_PER_EPOCH[0],
+    ap.add_argument("--steps-per-epoch", type=at_least_two, default=cnn_bench.STEPS_PER_EPOCH[0],
                     help="steps of each timed epoch, resident batches of random images (fewer where they would pass "
-                         "8 GiB of float32; at least 2)")
+                         "8 GiB of float32), at least 2")
     args = ap.parse_args()
     FOREACH[0] = args.foreach == "on"
     cnn_bench.STEPS_PER_EPOCH[0] = args.steps_per_epoch

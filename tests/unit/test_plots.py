@@ -65,3 +65,23 @@ def test_scaling_pairs_one_gpu_with_each_batchnorm_setting():
     assert sorted(g) == [1, 4] and set(g[1]) == {"dnn", "torch", "compile"} and set(g[4]) == {"dnn", "torch"}
     assert g[4]["dnn"] > 3 * g[1]["dnn"] * 0.5
     assert not any(k[3] == "sync" and k[0] == "googlenet" for k in cases)
+
+
+def test_scaling_skips_rows_it_cannot_place_and_rates_that_are_not_rates(tmp_path):
+    """A row without a network, batch, dtype or a positive worker count is skipped with a note; a NaN,
+    negative or text rate is no point (it made an 'eff. nan' legend); a row with no rate left, none."""
+    sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
+    import json
+    import plots
+    good = {"net": "n", "global_batch": 8, "dtype": "float32", "workers": 1, "dnn_images_per_s": 40.0}
+    rows = [good, dict(good, workers=4, dnn_images_per_s=float("nan")), dict(good, workers=2, dnn_images_per_s=-3),
+            dict(good, workers=3, dnn_images_per_s="9"), dict(good, net=None), dict(good, workers="2"),
+            dict(good, workers=0), dict(good, global_batch="8"), dict(good, peers=[1], workers=5, dnn_images_per_s=7.0),
+            5, None]
+    path = tmp_path / "r.json"
+    path.write_text(json.dumps({"results": rows}))
+    (tmp_path / "odd.json").write_text(json.dumps({"results": None}))
+    cases = plots._scaling_rows([str(path), str(tmp_path / "odd.json")])
+    assert {k: dict(v) for k, v in cases.items()} == {("n", 8, "float32", "sync"): {1: {"dnn": 40.0}, 5: {"dnn": 7.0}}}
+    plots.scaling([str(path)], str(tmp_path / "new" / "folder" / "s.png"))
+    assert (tmp_path / "new" / "folder" / "s.png").read_bytes().startswith(PNG)
