@@ -30,6 +30,7 @@ matrix first checks the size, and one that shrank raises `FileChanged` on
 that worker (the job ends with the reason) instead of SIGBUS.
 """
 import math
+import errno
 import os
 import socket
 import stat
@@ -87,17 +88,23 @@ def open_regular(path):
         raise
 
 
-def read_regular(path):
+def read_regular(path, max_bytes=None):
     """The bytes of the regular file at `path` (NotRegularFile, an OSError, for anything else: a FIFO is
     refused without waiting for a writer). One open, fstat and read per file, without a buffered file
     object: an image folder's reader thread reads thousands of small files a second, and the Python
     work per file holds the GIL the step's thread needs (about 12 us a 64 KB file here, against 20
-    through open_regular and read)."""
+    through open_regular and read). max_bytes: a larger file raises OSError (EFBIG) unread (a
+    multi-gigabyte file among images would be pulled into memory whole)."""
+    if not isinstance(path, (str, bytes, os.PathLike)):
+        raise TypeError(f"read_regular: path must be a str, bytes or os.PathLike, got {type(path).__name__}")
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_BINARY", 0))
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
             raise NotRegularFile(f"{path}: not a regular file")
+        if max_bytes is not None and st.st_size > max_bytes:
+            raise OSError(errno.EFBIG, f"{path}: {st.st_size:,} bytes, more than the {max_bytes:,} this reader "
+                                       f"takes")
         data = os.read(fd, st.st_size + 1)        # (+1: a file grown since fstat is not cut short)
         if len(data) == st.st_size:
             return data

@@ -50,6 +50,11 @@ _JPEG = b"\xff\xd8"
 _EOI = b"\xff\xd9"
 
 
+#: the largest file taken as an image (larger: skipped, or an error, as on_error says; an image of
+#: Pillow's decompression-bomb limit, 179 million pixels, is far smaller encoded)
+IMAGE_FILE_BYTES = 1 << 30
+
+
 def decode_rgb(path, decoder="auto"):
     """The RGB image at `path`: (H, W, 3) uint8 pixels from simplejpeg (a JPEG file, decoder 'auto' or
     'simplejpeg', where it is installed), else a Pillow image (see as_rgb). Raises on a file that cannot
@@ -59,7 +64,9 @@ def decode_rgb(path, decoder="auto"):
     Both use libjpeg-turbo's default (accurate) DCT and upsampling, so they give the same pixels;
     simplejpeg skips Pillow's per-image overhead. A JPEG it refuses (CMYK, or damaged: its strict
     mode raises at a truncation) goes to Pillow, which decides."""
-    data = read_regular(path)
+    data = read_regular(path, IMAGE_FILE_BYTES)
+    if not data:
+        raise ValueError(f"{path}: an empty file")
     if simplejpeg is not None and decoder != "pillow" and data[:2] == _JPEG:
         try:
             return simplejpeg.decode_jpeg(data, colorspace="RGB")
@@ -175,7 +182,7 @@ class FolderSource:
         if index in self.bad:
             return None
         try:
-            data = read_regular(os.path.join(self.root, self.files[index]))
+            data = read_regular(os.path.join(self.root, self.files[index]), IMAGE_FILE_BYTES)
         except OSError:
             return None             # (the host path reports it; a FIFO is refused there too, never waited on)
         return data if data[:2] == _JPEG and data[-2:] == _EOI else None

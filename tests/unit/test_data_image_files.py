@@ -161,3 +161,16 @@ def test_read_regular_reads_to_the_end_of_a_file_grown_since_its_size_was_taken(
             self.st_mode, self.st_size = st.st_mode, 10
     monkeypatch.setattr(files.os, "fstat", lambda fd: Small(real(fd)))
     assert files.read_regular(str(tmp_path / "f")) == b"x" * 25
+
+
+def test_an_empty_file_is_named_so_and_a_huge_one_is_not_read(tmp_path, monkeypatch):
+    from dnn.data import decode
+    (tmp_path / "e.jpg").write_bytes(b"")
+    with pytest.raises(ValueError, match="e.jpg: an empty file"):
+        decode_rgb(str(tmp_path / "e.jpg"))
+    monkeypatch.setattr(decode, "IMAGE_FILE_BYTES", 1000)
+    with open(tmp_path / "big.jpg", "wb") as f:
+        f.truncate(1001)                 # (sparse: nothing is written, a read would return 1001 zeros)
+    with pytest.raises(OSError, match="1,001 bytes, more than the 1,000"):
+        decode_rgb(str(tmp_path / "big.jpg"))
+

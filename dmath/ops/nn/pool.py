@@ -111,7 +111,9 @@ def pool2d_backward(dy, argmax, image_shape, kernel, stride=None, padding=(0, 0)
     static = _pool_args(POOL2D_BACKWARD, image, kernel, stride, padding, mode, channels_last, "pool2d_backward",
                         ceil_mode=ceil_mode)
     g = static.geometry
-    args.expect_shape(dy, (dy.shape[0], image[0] * g.out_h * g.out_w), "pool2d_backward: dy")
+    args.expect_shape(dy, (dy.shape[0], image[0] * g.out_h * g.out_w),
+                      f"pool2d_backward: dy (pool2d's output for a {g.out_h}x{g.out_w} window grid: the same "
+                      f"kernel, stride, padding and ceil_mode as the forward call's)")
     inputs = [dy]
     if mode == "max":
         args.require(argmax, "pool2d_backward: argmax (from pool2d with mode='max')")

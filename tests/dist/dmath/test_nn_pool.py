@@ -259,3 +259,10 @@ def test_ceil_mode_is_refused_for_average_and_non_bools():
         dmath.nn.pool2d(x, (C, H, W), 3, 2, mode="average", ceil_mode=True)
     with pytest.raises(dmath.DMathError, match="ceil_mode must be True or False"):
         dmath.nn.pool2d(x, (C, H, W), 3, 2, ceil_mode="yes")
+
+
+def test_a_backward_call_with_other_window_arguments_says_which():
+    x = make(values((N, C * 8 * 7), 5), dmath.RowBlock(), "float64")
+    y, am = dmath.nn.pool2d(x, (C, 8, 7), 3, 2, ceil_mode=True)
+    with pytest.raises(dmath.ShapeError, match="same kernel, stride, padding and ceil_mode as the forward"):
+        dmath.nn.pool2d_backward(y, am, (C, 8, 7), 3, 2)
