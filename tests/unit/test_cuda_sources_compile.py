@@ -92,3 +92,12 @@ def test_table_kernels_compile():
         result, log, lowered = _compile(launcher.PREAMBLE + source, names)
         assert result == 0, log
         assert all(lowered), "every instantiation was compiled"
+
+
+def test_pooling_kernels_compile():
+    """The pooling kernels (dmath.ops.nn.pool): forward and backward, NCHW/NHWC and the channels-last
+    vector kernels, every instantiation."""
+    from dmath.ops.nn import pool
+    result, log, lowered = _compile(launcher.PREAMBLE + pool._CUDA_SOURCE, pool._INSTANCES)
+    assert result == 0, log
+    assert all(lowered), "every instantiation was compiled"

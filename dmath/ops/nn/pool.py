@@ -155,19 +155,34 @@ def _pool2d(call):
 def _max_taps(x, g, y, arg):
     """y, arg (n, C, Ho, Wo) = the window maxima of the NCHW rows x and their positions."""
     # the max is exact in the data's own dtype: no widening needed. One pass per kernel tap over
-    # the output (a strided slab each), keeping the first maximum as argmax does; NaN wins and stays
+    # the output (a strided slab each), keeping the first maximum as argmax does; NaN wins and stays.
+    # Only the image's pixels can be a window's position (PyTorch's rule: a window of -inf values
+    # routes its gradient to its first pixel, not to the padding), as the CUDA kernels decide
     xp = backend.current().xp
     xpad = padded(images(x, g), g, -np.inf, x.dtype)
+    rows_in = [(np.arange(g.out_h) * g.sh + i - g.ph >= 0) & (np.arange(g.out_h) * g.sh + i - g.ph < g.height)
+               for i in range(g.kh)]
+    cols_in = [(np.arange(g.out_w) * g.sw + j - g.pw >= 0) & (np.arange(g.out_w) * g.sw + j - g.pw < g.width)
+               for j in range(g.kw)]
+    taken = np.zeros((g.out_h, g.out_w), dtype=bool)        # a position chosen yet (per window)
     for i in range(g.kh):
         for j in range(g.kw):
-            slab = tap(xpad, g, i, j)
-            if i == 0 and j == 0:
-                y[...] = slab
-                arg.fill(0)
+            inside = rows_in[i][:, None] & cols_in[j][None, :]
+            if not inside.any():
                 continue
-            better = (slab > y) | (xp.isnan(slab) & ~xp.isnan(y))
-            xp.copyto(y, slab, where=better)
-            xp.copyto(arg, i * g.kw + j, where=better)
+            slab = tap(xpad, g, i, j)
+            if not taken.any() and inside.all():            # the first tap, inside every window
+                y[...] = slab
+                arg.fill(i * g.kw + j)
+            elif taken.all() and inside.all():              # every window has a position: the usual pass
+                better = (slab > y) | (xp.isnan(slab) & ~xp.isnan(y))
+                xp.copyto(y, slab, where=better)
+                xp.copyto(arg, i * g.kw + j, where=better)
+            else:
+                better = xp.asarray(inside) & (xp.asarray(~taken) | (slab > y) | (xp.isnan(slab) & ~xp.isnan(y)))
+                xp.copyto(y, slab, where=better)
+                xp.copyto(arg, i * g.kw + j, where=better)
+            taken |= inside
 
 
 @POOL2D_BACKWARD.kernel(capturable=True)
@@ -251,8 +266,9 @@ __device__ void pool_fwd(const T* x, T* y, A* arg, const Win& g, I o, int is_max
             bool inside = yy >= 0 && yy < g.H && xx >= 0 && xx < g.W;
             R v = inside ? dm_val(src[(I)(yy * g.W + xx) * es]) : (is_max ? neg_inf : (R)0);
             if (is_max) {
-                // the first maximum in (i, j) order, as numpy's argmax; NaN wins and stays
-                if (at < 0 || v > best || (v != v && best == best)) { best = v; at = i * g.kw + j; }
+                // the first maximum in (i, j) order among the image's pixels (a padding tap is never the
+                // position: PyTorch's rule, which a window of -inf values shows); NaN wins and stays
+                if (inside && (at < 0 || v > best || (v != v && best == best))) { best = v; at = i * g.kw + j; }
             } else {
                 sum += v;
             }
@@ -406,7 +422,7 @@ __global__ void dm_pool_fwd_vec(const T* x, T* y, T* arg, DM_WIN_ARGS, int per_s
             for (int k = 0; k < V; ++k) {
                 R a = inside ? dm_val(v.v[k]) : (is_max ? neg_inf : (R)0);
                 if (is_max) {
-                    if (at[k] < 0 || a > best[k] || (a != a && best[k] == best[k])) { best[k] = a; at[k] = i * kw + j; }
+                    if (inside && (at[k] < 0 || a > best[k] || (a != a && best[k] == best[k]))) { best[k] = a; at[k] = i * kw + j; }
                 } else {
                     sum[k] += a;
                 }

@@ -266,3 +266,37 @@ def test_a_backward_call_with_other_window_arguments_says_which():
     y, am = dmath.nn.pool2d(x, (C, 8, 7), 3, 2, ceil_mode=True)
     with pytest.raises(dmath.ShapeError, match="same kernel, stride, padding and ceil_mode as the forward"):
         dmath.nn.pool2d_backward(y, am, (C, 8, 7), 3, 2)
+
+
+@pytest.mark.parametrize("ceil_mode", [False, True])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_a_window_of_minus_infinity_routes_its_gradient_to_a_pixel_not_the_padding(channels_last, ceil_mode):
+    """Only the image's pixels can be a window's maximum: with every value -inf, each window's gradient
+    goes to its first pixel (PyTorch's rule); the padding tap at (0, 0) took it, and it was lost."""
+    n, c, h, w = 2, 8, 3, 3
+    x = np.full((n, c * h * w), -np.inf)
+    x[1] = values((1, c * h * w), 51)[0]                  # the second sample ordinary, for contrast
+
+    def rows(a, hh, ww):
+        a4 = a.reshape(n, c, hh, ww)
+        return a4.transpose(0, 2, 3, 1).reshape(n, -1) if channels_last else a4.reshape(n, -1)
+    y, am = dmath.nn.pool2d(make(rows(x, h, w), dmath.RowBlock(), "float64"), (c, h, w), 2, 2, 1,
+                            channels_last=channels_last, ceil_mode=ceil_mode)
+    ho = y.shape[1] // c
+    side = int(round(ho ** 0.5))
+    dy = np.ones((n, c * ho))
+    dx = dmath.nn.pool2d_backward(make(dy, dmath.RowBlock(), "float64"), am, (c, h, w), 2, 2, 1,
+                                  channels_last=channels_last, ceil_mode=ceil_mode).to_numpy()
+    if channels_last:
+        dx = dx.reshape(n, h, w, c).transpose(0, 3, 1, 2).reshape(n, -1)
+    # every output's gradient reaches the input, in both samples
+    np.testing.assert_allclose(dx.sum(axis=1), dy.sum(axis=1))
+    # the all -inf sample: each window's first pixel (kernel 2, stride 2, padding 1 on 3x3: the windows
+    # start at rows -1, 1 (and 3 in ceil mode, past the image: none here), first pixels at 0 and 1)
+    first = np.zeros((h, w))
+    for oy in range(side):
+        for ox in range(side):
+            r, q = max(oy * 2 - 1, 0), max(ox * 2 - 1, 0)
+            first[r, q] += 1
+    np.testing.assert_array_equal(dx[0].reshape(c, h, w), np.broadcast_to(first, (c, h, w)))
+    assert np.all(np.isneginf(y.to_numpy()[0]))
