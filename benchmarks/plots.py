@@ -134,7 +134,9 @@ def _scaling_rows(paths):
         if r.get("parallel", "auto") != "auto" or r.get("bucket_mb") is not None:
             continue
         peers = r.get("peers") if isinstance(r.get("peers"), dict) else {}
-        figure = lambda name: (peers.get(name) if isinstance(peers.get(name), dict) else {}).get("images_per_s")  # noqa: E731
+        def figure(name, peers=peers):
+            entry = peers.get(name)
+            return entry.get("images_per_s") if isinstance(entry, dict) else None
         ddp = "ddp_" if r["workers"] > 1 else ""
         rates = {"dnn": r.get("dnn_images_per_s"), "torch": r.get("torch_images_per_s") or figure(ddp + "eager"),
                  "compile": figure(ddp + "compile")}

@@ -37,7 +37,8 @@ import zoo_bench                                # noqa: E402
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--net", default="alexnet", choices=list(NETS) + list(zoo_bench.NETS),
-                    help="a network of cnn_bench.py or of zoo_bench.py (these with each GPU's own BatchNorm statistics)")
+                    help="a network of cnn_bench.py or of zoo_bench.py (these with each GPU's own BatchNorm "
+                         "statistics)")
     ap.add_argument("--batch", type=int, default=256)
     ap.add_argument("--dtype", default="float16", choices=["float32", "float16"])
     ap.add_argument("--steps", type=int, default=4)

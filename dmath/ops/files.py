@@ -29,8 +29,8 @@ over it is not: the mapping keeps the old file); each command that reads the
 matrix first checks the size, and one that shrank raises `FileChanged` on
 that worker (the job ends with the reason) instead of SIGBUS.
 """
-import math
 import errno
+import math
 import os
 import socket
 import stat

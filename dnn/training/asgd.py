@@ -383,7 +383,8 @@ class GroupsMetrics:
         """(read(), the extra (1, 1) matrices' values), as Metrics.read_with (a read each here: the
         groups' sums are on different workers)."""
         extra = list(extra)
-        return self.read(), [v for k in range(0, len(extra), MAX_READ) for v in get_elements(extra[k:k + MAX_READ], (0, 0))]
+        values = [v for k in range(0, len(extra), MAX_READ) for v in get_elements(extra[k:k + MAX_READ], (0, 0))]
+        return self.read(), values
 
     def reset(self):
         for r in self.replicas:

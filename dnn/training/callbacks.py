@@ -345,6 +345,7 @@ class TerminateOnNaN(Callback):
                 raise ConfigError(f"TerminateOnNaN: {name} must be a positive integer, got {v!r}")
         self.check_every, self.max_skipped = int(check_every), int(max_skipped)
         self.epoch = 0
+        self._values, self._nflags = None, 0     # this epoch's end-of-epoch reads (epoch_end_values)
 
     def on_epoch_begin(self, epoch, logs=None):
         self.epoch = epoch
@@ -363,7 +364,7 @@ class TerminateOnNaN(Callback):
         for w in weights:
             by_group.setdefault(tuple(w.value.layout.members(dmath.num_workers())), []).append(w.value)
         flags = [dmath.nn.all_finite(ms) for ms in by_group.values()]
-        scaler = self.model.loss_scale if self.model is not None else None
+        scaler = self.model.loss_scale
         self._nflags = len(flags)
         return flags + ([scaler.skipped] if scaler is not None else [])
 
@@ -372,7 +373,7 @@ class TerminateOnNaN(Callback):
 
     def on_epoch_end(self, epoch, logs=None):
         where = f"at the end of epoch {epoch}"
-        values, self._values = getattr(self, "_values", None), None
+        values, self._values = self._values, None
         for key in ("loss", "val_loss"):
             value = (logs or {}).get(key)
             if value is not None and not math.isfinite(value):

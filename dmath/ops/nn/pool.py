@@ -422,7 +422,9 @@ __global__ void dm_pool_fwd_vec(const T* x, T* y, T* arg, DM_WIN_ARGS, int per_s
             for (int k = 0; k < V; ++k) {
                 R a = inside ? dm_val(v.v[k]) : (is_max ? neg_inf : (R)0);
                 if (is_max) {
-                    if (inside && (at[k] < 0 || a > best[k] || (a != a && best[k] == best[k]))) { best[k] = a; at[k] = i * kw + j; }
+                    if (inside && (at[k] < 0 || a > best[k] || (a != a && best[k] == best[k]))) {
+                        best[k] = a; at[k] = i * kw + j;
+                    }
                 } else {
                     sum[k] += a;
                 }
