@@ -307,25 +307,11 @@ def designated(dist, locs):
     return locs if dist.partial else locs[:1]
 
 
-@GET.kernel()
-def _get(call):
-    shard = call.inputs[0]
-    i, j = int(call.scalars[0]), int(call.scalars[1])
-    value = 0.0
-    locs = designated(shard.dist, shard.dist.locate(i, j))
-    for r, k, li, lj in locs:
-        if r == call.rank:
-            collectives.device_done()       # polled: asnumpy's own wait blocks where no failure reaches it
-            value += float(backend.current().asnumpy(shard.pieces[k][li, lj]))
-    # only the holders answer: a read of a worker group's matrix waits for that group alone
-    values = gather_objects(call.world, value, sorted({loc[0] for loc in locs}))
-    if call.rank == 0:
-        call.result = float(np.dtype(shard.dtype).type(sum(values)))
-    return []
-
-
-@GET_MANY.kernel()
-def _get_many(call):
+def _elements(call):
+    """On rank 0, the element (scalars i, j) of each input, summed over its designated holders (None
+    elsewhere): each holder waits for its device once and sends its addends of every element (zeros
+    where it holds none) in one message; only the holders answer, so a read of a worker group's
+    matrices waits for that group alone."""
     i, j = int(call.scalars[0]), int(call.scalars[1])
     mine, holders, waited = [], set(), False
     for shard in call.inputs:
@@ -334,16 +320,30 @@ def _get_many(call):
         for r, k, li, lj in locs:
             if r == call.rank:
                 if not waited:
-                    collectives.device_done()       # (once: every input was written by then)
+                    collectives.device_done()   # polled: asnumpy's own wait blocks where no failure reaches it
                     waited = True
                 value += float(backend.current().asnumpy(shard.pieces[k][li, lj]))
         holders.update(loc[0] for loc in locs)
         mine.append(value)
-    # each holder sends its addends of every element (zeros where it holds none), in one message
     answers = gather_objects(call.world, mine, sorted(holders))
-    if call.rank == 0:
-        call.result = [float(np.dtype(shard.dtype).type(sum(a[n] for a in answers)))
-                       for n, shard in enumerate(call.inputs)]
+    if call.rank != 0:
+        return None
+    return [float(np.dtype(shard.dtype).type(sum(a[n] for a in answers))) for n, shard in enumerate(call.inputs)]
+
+
+@GET.kernel()
+def _get(call):
+    values = _elements(call)
+    if values is not None:
+        call.result = values[0]
+    return []
+
+
+@GET_MANY.kernel()
+def _get_many(call):
+    values = _elements(call)
+    if values is not None:
+        call.result = values
     return []
 
 
