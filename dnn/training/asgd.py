@@ -55,8 +55,6 @@ import numbers
 import time
 
 import dmath
-from dmath.ops.movement import get_elements
-from dmath.runtime.protocol import MAX_OPERANDS as MAX_READ
 
 from .callbacks import ModelCheckpoint, read_epoch_end
 from ..errors import ConfigError
@@ -64,7 +62,7 @@ from ..graph.execute import backward, forward
 from ..graph.node import Variable
 from ..layers.base import Context
 from ..losses import correct_count
-from .programs import Metrics, Program
+from .programs import Metrics, Program, read_elements
 from .progress import ProgressBar
 
 #: the workers that hold the parameter store
@@ -382,9 +380,7 @@ class GroupsMetrics:
     def read_with(self, extra):
         """(read(), the extra (1, 1) matrices' values), as Metrics.read_with (a read each here: the
         groups' sums are on different workers)."""
-        extra = list(extra)
-        values = [v for k in range(0, len(extra), MAX_READ) for v in get_elements(extra[k:k + MAX_READ], (0, 0))]
-        return self.read(), values
+        return self.read(), read_elements(list(extra))
 
     def reset(self):
         for r in self.replicas:

@@ -35,6 +35,11 @@ from .. import parallel
 from .buckets import Buckets
 
 
+def read_elements(matrices):
+    """The (0, 0) element of each of `matrices` (floats), one command per 255 of them."""
+    return [v for k in range(0, len(matrices), MAX_READ) for v in get_elements(matrices[k:k + MAX_READ], (0, 0))]
+
+
 class Metrics:
     """(1, 1) float64 accumulators of the summed loss and correct count, on the workers.
 
@@ -82,8 +87,7 @@ class Metrics:
         255 matrices one reads)."""
         names = list(self._acc)
         accs = [m for name in names for m in self._acc[name].values()]
-        mats = accs + list(extra)
-        values = [v for k in range(0, len(mats), MAX_READ) for v in get_elements(mats[k:k + MAX_READ], (0, 0))]
+        values = read_elements(accs + list(extra))
         k = len(accs) // len(names)
         sums = {name: sum(values[i * k:(i + 1) * k]) for i, name in enumerate(names)}
         return sums, values[len(accs):]
