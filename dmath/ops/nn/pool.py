@@ -160,26 +160,21 @@ def _max_taps(x, g, y, arg):
     # routes its gradient to its first pixel, not to the padding), as the CUDA kernels decide
     xp = backend.current().xp
     xpad = padded(images(x, g), g, -np.inf, x.dtype)
-    rows_in = [(np.arange(g.out_h) * g.sh + i - g.ph >= 0) & (np.arange(g.out_h) * g.sh + i - g.ph < g.height)
-               for i in range(g.kh)]
-    cols_in = [(np.arange(g.out_w) * g.sw + j - g.pw >= 0) & (np.arange(g.out_w) * g.sw + j - g.pw < g.width)
-               for j in range(g.kw)]
+    oy, ox = np.arange(g.out_h) * g.sh - g.ph, np.arange(g.out_w) * g.sw - g.pw     # each window's first tap
     taken = np.zeros((g.out_h, g.out_w), dtype=bool)        # a position chosen yet (per window)
     for i in range(g.kh):
         for j in range(g.kw):
-            inside = rows_in[i][:, None] & cols_in[j][None, :]
+            inside = ((oy + i >= 0) & (oy + i < g.height))[:, None] & ((ox + j >= 0) & (ox + j < g.width))[None, :]
             if not inside.any():
                 continue
             slab = tap(xpad, g, i, j)
             if not taken.any() and inside.all():            # the first tap, inside every window
                 y[...] = slab
                 arg.fill(i * g.kw + j)
-            elif taken.all() and inside.all():              # every window has a position: the usual pass
-                better = (slab > y) | (xp.isnan(slab) & ~xp.isnan(y))
-                xp.copyto(y, slab, where=better)
-                xp.copyto(arg, i * g.kw + j, where=better)
             else:
-                better = xp.asarray(inside) & (xp.asarray(~taken) | (slab > y) | (xp.isnan(slab) & ~xp.isnan(y)))
+                better = (slab > y) | (xp.isnan(slab) & ~xp.isnan(y))
+                if not (taken.all() and inside.all()):      # (the usual pass needs no masks)
+                    better = xp.asarray(inside) & (xp.asarray(~taken) | better)
                 xp.copyto(y, slab, where=better)
                 xp.copyto(arg, i * g.kw + j, where=better)
             taken |= inside
