@@ -156,7 +156,7 @@ class Pool2D(Layer):
 
     def forward(self, x, ctx):
         # (ceil mode is the pool kernels' own: a padded copy of the batch, -inf at the bottom and
-        # right, cost GoogLeNet four fills and six copies of its largest activations a step)
+        # right, cost GoogLeNet four fills and eight copies of its largest activations a step)
         t = self._template
         return PoolFn(t.kernel, t.stride, t.padding, t.mode, t.ceil_mode).apply(x)
 
