@@ -21,6 +21,7 @@ from .ops.files import from_file
 from .groups import current_group, on_group
 from .ops.gemm import explain_gemm, gemm
 from .ops.buckets import sum_partials
+from .ops.cast import astype_many
 from .layout import Block2D, BlockCyclic, ColBlock, Layout, Partial, Replicated, RowBlock, Tiles
 from .matrix import Matrix, eye, from_numpy, full, ones, zeros
 from .ops import elementwise as _elementwise

@@ -71,13 +71,17 @@ def _drop(nodes):
         node.value = None
 
 
-def forward(outputs, order=None, releases=None):
+def forward(outputs, order=None, releases=None, given=()):
     """Evaluate `outputs` (and everything before them); `order` may be a cached topological order.
 
     releases: None, or the graph's `Releases`: each value no backward step reads is dropped as soon
-    as its last consumer has run."""
+    as its last consumer has run. given: ids of function nodes whose values the caller has set
+    (a training step's weight casts, made together in one command): they are not computed again."""
     for i, node in enumerate(order if order is not None else topological_order(outputs)):
-        if node.fn is None:
+        if node.id in given:
+            if node.value is None:
+                raise GraphError(f"{node.name} was to be given a value before evaluation, and has none")
+        elif node.fn is None:
             if node.value is None:
                 kind = "fed (Placeholder.feed)" if isinstance(node, Placeholder) else "given"
                 raise GraphError(f"{node.name} has no value: it must be {kind} before evaluation")

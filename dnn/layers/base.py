@@ -102,6 +102,10 @@ class Context:
             node = self._casts[id(var)] = Cast(self.dtype).apply(var)
         return node
 
+    def casts(self):
+        """The cast nodes made so far (one per weight read in another precision)."""
+        return list(self._casts.values())
+
     def read_node(self, var):
         """The node through which the graph read the variable `var`: its cast (mixed precision), if
         the graph made one, else `var`. A training step takes each weight's gradient there, in the

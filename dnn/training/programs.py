@@ -170,6 +170,12 @@ class Program:
         # a max pool after a relu-fused convolution applies the relu's gradient mask (one pass fewer)
         fold_relu_masks(self.order, keep=[self.loss, self.pred] + self.output_nodes)
         self.params = model.params
+        # the weights' casts (mixed precision) made together at the start of a step: one command and,
+        # on a GPU, one kernel per table of weights, where a cast each was a launch per weight
+        in_order = {node.id for node in self.order}
+        self.casts = [node for node in ctx.casts() if node.id in in_order]
+        self.cast_ids = frozenset(node.id for node in self.casts)
+        self.cast_dtype = ctx.dtype
         # gradients are taken where the graph reads each weight: at its cast in mixed precision, so that
         # a float16 gradient is converted once, by the move to the weight's layout (to_layout_of)
         self.grad_at = [ctx.read_node(p) for p in self.params]
@@ -206,7 +212,11 @@ class Program:
         self.inputs.feed(feed.batch_x(self.x, self.training, model.seed))
         if self.y is not None:
             feed.batch_y(self.y, self.one_hot)
-        forward([], self.order, self.releases)
+        if self.casts:
+            values = dmath.astype_many([node.inputs[0].value for node in self.casts], self.cast_dtype)
+            for node, value in zip(self.casts, values):
+                node.value = value
+        forward([], self.order, self.releases, self.cast_ids)
         if self.training:
             self._update()
         if self.loss is not None:

@@ -1,0 +1,136 @@
+"""Many matrices converted to one dtype in few commands (`astype_many`).
+
+A mixed-precision training step reads every float32 master weight through a
+float16 copy made at the start of the step: GoogLeNet's 174 weights were 174
+`astype` commands and 174 GPU kernels of a few microseconds each, so the
+copies cost more in launches than in bytes. Here one command per group of
+workers (and chunk of protocol.MAX_OPERANDS operands) converts them all, and
+its GPU kernel converts a whole table of arrays per launch (the table kernels
+of dmath.nn's optimizer updates). The values are exactly `astype`'s: one
+rounding from the source dtype to the target (round to nearest even).
+"""
+from typing import NamedTuple
+
+from ..errors import DMathError, LayoutError
+from ..gpu import launcher as cuda
+from ..runtime import define, protocol
+from .base import dispatch, dist_of, is_matrix, new_meta
+from .nn import rows
+
+
+class CastManyArgs(NamedTuple):
+    """Static argument of `cast_many`: the dtype every output has."""
+    dtype: str
+
+
+CAST_MANY = define("cast_many", CastManyArgs)
+#: the most matrices one command converts: its inputs and outputs together name at most
+#: protocol.MAX_OPERANDS handles
+CHUNK = protocol.MAX_OPERANDS // 2
+_FLOATS = ("float16", "float32", "float64")
+
+
+def astype_many(matrices, dtype):
+    """[m.astype(dtype) for m in matrices], in one command per group of workers and chunk of
+    CHUNK matrices (a GPU converts a table of arrays per kernel launch). Each result has its
+    matrix's shape and layout. The matrices must not be Partial (a sum of addends: remap it to a
+    plain layout first); dtype is 'float16', 'float32' or 'float64'."""
+    mats = list(matrices)
+    for i, m in enumerate(mats):
+        if not is_matrix(m):
+            raise DMathError(f"astype_many: matrices[{i}] must be a dmath.Matrix, got {type(m).__name__}")
+        if m.layout.partial:
+            raise LayoutError(f"astype_many: matrices[{i}] is Partial (a sum of addends): remap it to a "
+                              "plain layout first")
+    static = CAST_MANY.static(dtype=_target(dtype))
+    by_group = {}
+    for i, m in enumerate(mats):
+        by_group.setdefault(tuple(dist_of(m).group), []).append(i)
+    out = [None] * len(mats)
+    for members in by_group.values():
+        for lo in range(0, len(members), CHUNK):
+            part = members[lo:lo + CHUNK]
+            metas = [new_meta(mats[i].layout, mats[i].shape, static.dtype) for i in part]
+            for i, r in zip(part, dispatch("cast_many", [mats[i] for i in part], metas, static=static)[0]):
+                out[i] = r
+    return out
+
+
+def _target(dtype):
+    name = getattr(dtype, "name", None) or (dtype if isinstance(dtype, str) else getattr(dtype, "__name__", None))
+    if name not in _FLOATS:
+        raise DMathError(f"astype_many: dtype must be 'float16', 'float32' or 'float64', got {dtype!r}")
+    return name
+
+
+@CAST_MANY.kernel(capturable=True)
+def _cast_many(call):
+    """Each input's pieces converted into its output's (the CPU path, and a GPU's strided pieces)."""
+    shards = []
+    for k, src in enumerate(call.inputs):
+        outs = rows.new_output(call, k)
+        for o, p in zip(outs, src.pieces):
+            o[...] = p
+        shards.append(rows.shard(call, k, outs))
+    return shards
+
+
+# ---- the GPU kernel: a table of (source, destination, length) per launch -----------------------------
+_SOURCE = cuda.TABLE_STRUCT + r"""
+// one rounding from S to D, as astype rounds (a half widens exactly; double narrows to half directly)
+template <typename S, typename D> __device__ __forceinline__ D dm_convert(S v) { return (D)v; }
+template <> __device__ __forceinline__ float dm_convert<half, float>(half v) { return __half2float(v); }
+template <> __device__ __forceinline__ double dm_convert<half, double>(half v) { return (double)__half2float(v); }
+template <> __device__ __forceinline__ half dm_convert<float, half>(float v) { return __float2half(v); }
+template <> __device__ __forceinline__ half dm_convert<double, half>(double v) { return __double2half(v); }
+
+template <typename S, typename D>
+__global__ void dm_cast_many(const DmTable tab, int count) {
+    const int y = blockIdx.y;
+    if (y >= count) return;
+    const S* s = reinterpret_cast<const S*>(tab.w[3 * y]);
+    D* d = reinterpret_cast<D*>(tab.w[3 * y + 1]);
+    const long long n = (long long)tab.w[3 * y + 2];
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        d[i] = dm_convert<S, D>(s[i]);
+}
+"""
+#: (source, destination) dtypes of the table kernel
+_PAIRS = [(s, d) for s in _FLOATS for d in _FLOATS if s != d]
+_NAMES = [f"dm_cast_many<{cuda.C_TYPES[s]}, {cuda.C_TYPES[d]}>" for s, d in _PAIRS]
+#: the most blocks a launch gives one array (each thread strides over the rest)
+_BLOCKS = 64
+_LAUNCHERS = {}
+
+
+def _launcher(name):
+    run = _LAUNCHERS.get(name)
+    if run is None:
+        run = _LAUNCHERS[name] = cuda.Launcher(cuda.function(_SOURCE, name, _NAMES), "ti")
+    return run
+
+
+@CAST_MANY.kernel(backend="gpu", capturable=True)
+def _cast_many_cuda(call):
+    """cast_many on a GPU: contiguous pieces by (source, destination) dtype, a launch per table of them;
+    other pieces (strided, or of one dtype on both sides) are copied by the array module."""
+    target = call.entry.static.dtype
+    tables, shards = {}, []
+    for k, src in enumerate(call.inputs):
+        outs = rows.new_output(call, k)
+        for o, p in zip(outs, src.pieces):
+            key = (str(p.dtype), target)
+            if key in _PAIRS and p.flags.c_contiguous and o.flags.c_contiguous:
+                if p.size:
+                    tables.setdefault(key, []).append([p.data.ptr, o.data.ptr, p.size])
+            else:
+                o[...] = p
+        shards.append(rows.shard(call, k, outs))
+    for (s, d), entries in tables.items():
+        run = _launcher(f"dm_cast_many<{cuda.C_TYPES[s]}, {cuda.C_TYPES[d]}>")
+        for lo, hi in cuda.table_chunks(len(entries), 3):
+            part = entries[lo:hi]
+            most = max(e[-1] for e in part)
+            run.rows(min(_BLOCKS, -(-most // run.threads)), len(part), [w for e in part for w in e], len(part))
+    return shards
