@@ -482,13 +482,16 @@ def _batchnorm_gpu(call, x, stats, rm, rv, res):
     if training:
         count = (x.shape[0] if local else src.dist.shape[0]) * (x.shape[1] // channels)
         shift = rm.reshape(-1)                  # the same on every worker: one all-reduce
-        sums = norm_cuda.channel_sums(3, x2, shift)
+        fin = norm_cuda.finalizes(gamma.dtype, rm.dtype, stats.dtype, acc)
+        alone = _alone(local, src.dist)
+        # the finalize kernel adds up the sums kernel's partial rows where no all-reduce comes between
+        sums = norm_cuda.channel_sums(3, x2, shift, reduce=not (fin and alone))
         if local:                               # this worker's rows only: no all-reduce, its own update
             unbias = _local_unbias(count)
-        else:
+        elif not alone:
             rows.sum_over_batch(call, src.dist, sums.reshape(-1))
         run_m, run_v = (t.reshape(-1) for t in (terms if local else (rm, rv)))
-        if norm_cuda.finalizes(gamma.dtype, rm.dtype, stats.dtype, acc):
+        if fin:
             consts = norm_cuda.finalize_forward(sums, shift, gamma, beta, run_m, run_v, stats, acc, count,
                                                 momentum, unbias, eps)
         else:
@@ -506,6 +509,12 @@ def _batchnorm_gpu(call, x, stats, rm, rv, res):
     if local:
         _terms_done(call, terms)
     return _forward_shards(call, out, stats, training, terms)
+
+
+def _alone(local, dist):
+    """Whether a worker's channel sums are complete without an all-reduce: each worker's own statistics
+    (local), or a batch on one worker or replicated on its members (rows.sum_over_batch's rule)."""
+    return local or dist.replicated or len(dist.group) == 1
 
 
 def _affine(stats, gamma, beta):
@@ -606,16 +615,18 @@ def _batchnorm_backward_gpu(call, dy, x, stats, second):
     first = call.entry.static.offset            # a window's first channel (0: none)
     acc = norm_cuda.acc_dtype(x.dtype)
     also = None if second is None else second.reshape(-1, wide)      # dY = dy + also, added as read
-    sums = norm_cuda.channel_sums(2, x2, stats[0], dy2, y2, first, relu_from, also)
     local = call.entry.static.local
-    if not local:
+    fin = norm_cuda.finalizes(g.dtype, stats.dtype, stats.dtype, acc)
+    alone = _alone(local, src.dist)
+    sums = norm_cuda.channel_sums(2, x2, stats[0], dy2, y2, first, relu_from, also, reduce=not (fin and alone))
+    if not alone:
         rows.sum_over_batch(call, src.dist, sums.reshape(-1))
     count = (x.shape[0] if local else src.dist.shape[0]) * (x.shape[1] // channels)
     (dx,) = rows.new_output(call, 0)
     (dg,) = rows.new_output(call, 1)
     (db,) = rows.new_output(call, 2)
     dr = rows.new_output(call, 3)[0] if call.entry.static.residual else None
-    if norm_cuda.finalizes(g.dtype, stats.dtype, stats.dtype, acc):
+    if fin:
         mean, a, b, c0 = norm_cuda.finalize_backward(sums, stats, g, dg.reshape(-1), db.reshape(-1), acc,
                                                      count, training)
     else:

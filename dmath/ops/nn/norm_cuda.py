@@ -181,19 +181,52 @@ __global__ void __launch_bounds__(256) dm_bn_sums(const T* __restrict__ x, const
     }
 }
 
+// channel c's two sums from `parts` partial rows of [2][C] doubles (the blocks' rows of dm_bn_sums; 1 when
+// they were added up already, or all-reduced over the workers). A block of (DM_FIN_X, DM_FIN_Y) threads
+// takes DM_FIN_X channels: row ty adds the partial rows ty, ty + DM_FIN_Y, ..., then the block's first row
+// adds the rows' sums in order (the same sums at every run). Returns whether this thread goes on (the
+// first row, a channel of the batch): the others have done their part.
+#define DM_FIN_X 32
+#define DM_FIN_Y 32
+__device__ __forceinline__ bool dm_bn_partials(const double* __restrict__ s, int C, int parts, int& c,
+        double& s0, double& s1) {
+    __shared__ double sh0[DM_FIN_Y][DM_FIN_X], sh1[DM_FIN_Y][DM_FIN_X];
+    c = blockIdx.x * DM_FIN_X + threadIdx.x;
+    double a = 0.0, b = 0.0;
+    if (c < C) {
+        for (int g = threadIdx.y; g < parts; g += DM_FIN_Y) {
+            a += s[(long long)g * 2 * C + c];
+            b += s[(long long)g * 2 * C + C + c];
+        }
+    }
+    sh0[threadIdx.y][threadIdx.x] = a;
+    sh1[threadIdx.y][threadIdx.x] = b;
+    __syncthreads();
+    if (threadIdx.y != 0 || c >= C) return false;
+    s0 = sh0[0][threadIdx.x];
+    s1 = sh1[0][threadIdx.x];
+    for (int r = 1; r < DM_FIN_Y; ++r) {
+        s0 += sh0[r][threadIdx.x];
+        s1 += sh1[r][threadIdx.x];
+    }
+    return true;
+}
+
 // every per-channel quantity of a training forward from the (all-reduced) sums s = [S1; S2] around the
-// shift k: mean, inv = 1/sqrt(var + eps), the running statistics in place, and the normalisation's
-// mean, scale = inv * gamma (inv rounded as stats hold it) and shift = beta in the elementwise kernel's type
+// shift k (`parts` partial rows of them): mean, inv = 1/sqrt(var + eps), the running statistics in place,
+// and the normalisation's mean, scale = inv * gamma (inv rounded as stats hold it) and shift = beta in the
+// elementwise kernel's type
 template <typename G, typename R, typename S, typename A>
 __global__ void dm_bn_finalize_fwd(const double* __restrict__ s, const R* k,
         const G* __restrict__ gamma, const G* __restrict__ beta, R* rm, R* rv, S* stats,
         A* mean_a, A* scale_a, A* shift_a, double inv_count, double momentum, double unbias,
-        double eps, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    double off = s[c] * inv_count;
+        double eps, int C, int parts) {
+    int c;
+    double s0, s1;
+    if (!dm_bn_partials(s, C, parts, c, s0, s1)) return;
+    double off = s0 * inv_count;
     double mean = (double)k[c] + off;
-    double var = s[C + c] * inv_count - off * off;
+    double var = s1 * inv_count - off * off;
     if (var < 0) var = 0;
     rm[c] = (R)((1.0 - momentum) * (double)rm[c] + momentum * mean);
     rv[c] = (R)((1.0 - momentum) * (double)rv[c] + (momentum * unbias) * var);
@@ -210,11 +243,12 @@ __global__ void dm_bn_finalize_fwd(const double* __restrict__ s, const R* k,
 template <typename G, typename S, typename A>
 __global__ void dm_bn_finalize_bwd(const double* __restrict__ s, const S* __restrict__ stats,
         const G* __restrict__ gamma, G* dgamma, G* dbeta, A* mean_a, A* a_out, A* b_out, A* c_out,
-        double inv_count, int training, int C) {
-    int c = blockIdx.x * blockDim.x + threadIdx.x;
-    if (c >= C) return;
-    double r = (double)stats[C + c];
-    double db = s[c], dg = s[C + c] * r;
+        double inv_count, int training, int C, int parts) {
+    int c;
+    double db, dg;
+    if (!dm_bn_partials(s, C, parts, c, db, dg)) return;
+    const double r = (double)stats[C + c];
+    dg *= r;
     double a = (double)dm_val(gamma[c]) * r;
     dgamma[c] = dm_cast<G>(dg);
     dbeta[c] = dm_cast<G>(db);
@@ -306,6 +340,9 @@ _SUM_BLOCKS_PER_SM = 2
 _STATS_BLOCKS_PER_SM_WIDE = 4
 #: blocks of the elementwise kernels per multiprocessor (each thread walks a few rows)
 _EW_BLOCKS_PER_SM = 32
+#: a finalize kernel's block: channels, and threads adding up one channel's partial rows (the kernels'
+#: DM_FIN_X and DM_FIN_Y)
+_FIN_X, _FIN_Y = 32, 32
 
 
 def _ctype(dtype):
@@ -408,8 +445,10 @@ def _mask_args(x2, y2, relu_from):
     return 2, _ctype(gamma.dtype), (stats, gamma, beta)
 
 
-def channel_sums(mode, x2, mean, dy2=None, y2=None, off=0, relu_from=None, also=None):
-    """Per-channel sums (double, shape (2, C)) of the (M, C) batch x2 (see the module docstring).
+def channel_sums(mode, x2, mean, dy2=None, y2=None, off=0, relu_from=None, also=None, reduce=True):
+    """Per-channel sums (double, shape (2, C)) of the (M, C) batch x2 (see the module docstring);
+    reduce=False: the kernel's partial sums, (parts, 2, C), that the finalize kernels add up
+    themselves (a launch fewer where no all-reduce comes between).
     mode 3: [sum (x - mean), sum (x - mean)^2] around a shift given as `mean` (one pass for both
     statistics); mode 2: [sum g, sum g (x - mean)], g = dy2 (masked by y2 > 0 when y2 is given, or
     where the forward's relu cut when relu_from = (stats, gamma, beta) is: recomputed from x2, with
@@ -420,7 +459,7 @@ def channel_sums(mode, x2, mean, dy2=None, y2=None, off=0, relu_from=None, also=
     xp = backend.current().xp
     M, C = x2.shape
     if M == 0 or C == 0:
-        return xp.zeros((2, C), dtype=np.float64)
+        return xp.zeros((2, C) if reduce else (1, 2, C), dtype=np.float64)
     ld = dy2.shape[1] if dy2 is not None else C
     v = _width(C, x2, dy2, y2, also, ld=ld, off=off)
     per_sm = _STATS_BLOCKS_PER_SM_WIDE if mode == 3 and x2.dtype.itemsize >= 4 else _SUM_BLOCKS_PER_SM
@@ -431,6 +470,8 @@ def channel_sums(mode, x2, mean, dy2=None, y2=None, off=0, relu_from=None, also=
     fn(grid, block, (x2, dy2 if dy2 is not None else x2, y2 if y2 is not None else x2,
                      mean.astype(acc_dtype(x2.dtype), copy=False), *extra, partial, np.int64(M), np.int32(C),
                      np.int64(ld), np.int32(off), *_second(dy2, also)))
+    if not reduce:
+        return partial
     return partial.sum(axis=0) if grid[1] > 1 else partial[0]
 
 
@@ -440,27 +481,41 @@ def finalizes(gamma, running, stats, acc):
 
 
 def finalize_forward(sums, shift, gamma, beta, rm, rv, stats, acc, count, momentum, unbias, eps):
-    """From the all-reduced sums around `shift` (rm's values): the running statistics rm, rv updated in
-    place, stats = [mean; 1/sqrt(var + eps)], and (mean, scale, shift) of `normalize` in `acc`."""
+    """From the all-reduced sums around `shift` (rm's values; (2, C), or channel_sums' partial sums
+    (parts, 2, C)): the running statistics rm, rv updated in place, stats = [mean; 1/sqrt(var + eps)],
+    and (mean, scale, shift) of `normalize` in `acc`."""
     xp = backend.current().xp
-    C = sums.shape[1]
+    C, parts = sums.shape[-1], _parts(sums)
     consts = xp.empty((3, C), dtype=acc)
     fn = _fn(f"dm_bn_finalize_fwd<{_ctype(gamma.dtype)}, {_ctype(rm.dtype)}, {_ctype(stats.dtype)}, {_ctype(acc)}>")
-    launcher.launch(fn, C, (sums, shift, gamma, beta, rm, rv, stats, consts[0], consts[1], consts[2],
+    fn(*_finalize_grid(C), (sums, shift, gamma, beta, rm, rv, stats, consts[0], consts[1], consts[2],
                             np.float64(1.0 / count), np.float64(momentum), np.float64(unbias),
-                            np.float64(eps), np.int32(C)))
+                            np.float64(eps), np.int32(C), np.int32(parts)))
     return consts
+
+
+def _parts(sums):
+    """The partial rows of a (2, C) or (parts, 2, C) array of sums (contiguous, as the kernels read it)."""
+    if not sums.flags.c_contiguous or sums.shape[-2] != 2:
+        raise ValueError(f"the finalize kernels read contiguous (parts, 2, C) sums, got {sums.shape}")
+    return 1 if sums.ndim == 2 else sums.shape[0]
+
+
+def _finalize_grid(C):
+    """(grid, block) of a finalize kernel: _FIN_X channels a block, _FIN_Y threads adding each one's rows."""
+    return (-(-C // _FIN_X),), (_FIN_X, _FIN_Y)
 
 
 def finalize_backward(sums, stats, gamma, dgamma, dbeta, acc, count, training):
     """dgamma, dbeta (written) and (mean, a, b, c0) of `input_gradient` in `acc` from the all-reduced
-    sums [sum g; sum g (x - mean)] and stats = [mean; 1/sqrt(var + eps)]."""
+    sums [sum g; sum g (x - mean)] ((2, C), or channel_sums' partial sums (parts, 2, C)) and
+    stats = [mean; 1/sqrt(var + eps)]."""
     xp = backend.current().xp
-    C = sums.shape[1]
+    C, parts = sums.shape[-1], _parts(sums)
     consts = xp.empty((4, C), dtype=acc)
     fn = _fn(f"dm_bn_finalize_bwd<{_ctype(gamma.dtype)}, {_ctype(stats.dtype)}, {_ctype(acc)}>")
-    launcher.launch(fn, C, (sums, stats, gamma, dgamma, dbeta, consts[0], consts[1], consts[2], consts[3],
-                            np.float64(1.0 / count), np.int32(bool(training)), np.int32(C)))
+    fn(*_finalize_grid(C), (sums, stats, gamma, dgamma, dbeta, consts[0], consts[1], consts[2], consts[3],
+                            np.float64(1.0 / count), np.int32(bool(training)), np.int32(C), np.int32(parts)))
     return consts
 
 
