@@ -120,6 +120,21 @@ def _sigmoid(xp, out, a):
     return xp.multiply(xp.tanh(0.5 * a) + 1.0, 0.5, out=out)
 
 
+def _sum_n(xp, out, *ops):
+    """The sum of three or four operands left to right, as the CUDA expression adds them: in the
+    result's dtype (float32 for float16, rounded once at the end)."""
+    if out.dtype == np.float16:
+        acc = xp.add(ops[0], ops[1], dtype=np.float32)
+        for o in ops[2:]:
+            acc = xp.add(acc, o, dtype=np.float32)
+        out[...] = acc
+        return out
+    xp.add(ops[0], ops[1], out=out)
+    for o in ops[2:]:
+        xp.add(out, o, out=out)
+    return out
+
+
 def _where(xp, out, c, a, b):
     return backend.current().where(out, c, a, b)
 
@@ -130,6 +145,11 @@ _MAX = "(isnan(a) || isnan(b)) ? dm_nan<C>() : fmax(a, b)"
 _MIN = "(isnan(a) || isnan(b)) ? dm_nan<C>() : fmin(a, b)"
 add = function("add", ("a", "b"), _ufunc("add"), "a + b elementwise.", partial="linear", cuda="a + b",
                operator="+")
+# the terms of add_n, one pass for three or four of them (not exported: add_n is their public face)
+_add3 = function("add3", ("a", "b", "c"), _sum_n, "a + b + c elementwise.", partial="linear", cuda="a + b + c",
+                 operator="add_n")
+_add4 = function("add4", ("a", "b", "c", "d"), _sum_n, "a + b + c + d elementwise.", partial="linear",
+                 cuda="a + b + c + d", operator="add_n")
 sub = function("sub", ("a", "b"), _ufunc("subtract"), "a - b elementwise.", partial="linear", cuda="a - b",
                operator="-")
 mul = function("mul", ("a", "b"), _ufunc("multiply"), "a * b elementwise.", partial="scale", cuda="a * b",
@@ -176,6 +196,33 @@ logical_or = function("logical_or", ("a", "b"), _ufunc("logical_or"), "1 where a
                       cuda="a != (C)0 || b != (C)0")
 logical_not = function("logical_not", ("m",), _ufunc("logical_not"), "1 where m is zero, else 0.",
                        cuda="m == (C)0")
+
+
+def add_n(matrices):
+    """The elementwise sum of the matrices of a list (one shape, or row and column vectors broadcast as
+    `+` broadcasts them), left to right: one pass over up to four of them, and one more per three more,
+    where a chain of `+` made a pass (and a new matrix) per operand. A float16 pass adds in float32
+    and rounds once. The result takes the layout `+` gives; a list of one matrix gives its copy."""
+    mats = list(matrices)
+    if not mats:
+        raise DMathError("add_n needs at least one matrix, got an empty list")
+    for i, m in enumerate(mats):
+        if not is_matrix(m):
+            raise DMathError(f"add_n: matrices[{i}] must be a dmath.Matrix, got {type(m).__name__}")
+    if len(mats) == 1:
+        return mats[0].copy()
+    total, rest = _terms(mats[:4]), mats[4:]
+    while rest:
+        total, rest = _terms([total] + rest[:3]), rest[3:]
+    return total
+
+
+def _terms(mats):
+    """The sum of two to four matrices in one pass."""
+    return {2: add, 3: _add3, 4: _add4}[len(mats)](*mats)
+
+
+PUBLIC.append("add_n")
 
 
 # ---- the op unit -------------------------------------------------------------------------------

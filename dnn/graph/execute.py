@@ -154,8 +154,10 @@ def backward(loss, wrt, seed=None, order=None, ready=None, releases=None):
                 _drop(releases.backward[j])
             continue
         # an intermediate gradient leaves `grads` as it is used: the function holds the only reference
-        gxs = node.fn.backward([x.value for x in node.inputs], node.value,
-                               grads[node.id] if node.id in targets else grads.pop(node.id), needs)
+        gy = _settled(grads, node, node.id in targets)
+        if node.id not in targets:
+            del grads[node.id]
+        gxs = node.fn.backward([x.value for x in node.inputs], node.value, gy, needs)
         if releases is not None:
             node.fn.drop_saved()
             _drop(releases.backward[j])
@@ -170,17 +172,18 @@ def backward(loss, wrt, seed=None, order=None, ready=None, releases=None):
             prev = grads.get(x.id)
             if prev is None:
                 grads[x.id] = gx
-            elif x.fn is not None and x.fn.takes_gradient_terms and x.id not in targets \
-                    and not isinstance(prev, GradientTerms):
-                grads[x.id] = GradientTerms(prev, gx)   # added by x's backward as it reads them
+            elif isinstance(prev, _Terms):
+                prev.append(gx)
             else:
-                grads[x.id] = _total(prev) + gx
+                # added when x's gradient is read: by x's backward as its kernels read them (two terms
+                # to a function that takes_gradient_terms), or by one pass of dmath.add_n
+                grads[x.id] = _Terms([prev, gx])
         if ready is not None:
             for x in node.inputs:
                 if x.id in waiting:
                     waiting[x.id] -= 1
                     if waiting[x.id] == 0 and x.id in grads and x.id in index:
-                        g = ready(index[x.id], grads[x.id])
+                        g = ready(index[x.id], _settled(grads, x, True))
                         if g is not None:
                             grads[x.id] = g
                         elif x.fn is None or not any(i.id in needed for i in x.inputs):
@@ -188,12 +191,27 @@ def backward(loss, wrt, seed=None, order=None, ready=None, releases=None):
                         else:
                             raise GraphError(f"backward's ready hook took the gradient of {x.name}, which "
                                              "passes a gradient on to its inputs")
-    return [grads.get(n.id) for n in wrt]
+    return [_settled(grads, n, True) if n.id in grads else None for n in wrt]
 
 
-def _total(g):
-    """A gradient as one matrix (GradientTerms summed)."""
-    return g.first + g.second if isinstance(g, GradientTerms) else g
+class _Terms(list):
+    """The contributions of several consumers to one node's gradient, kept apart until it is read, so
+    that they are added in one pass (an Inception module's input: four terms, one pass where a chain
+    of sums made three)."""
+
+
+def _settled(grads, node, whole):
+    """node's gradient as its reader takes it (stored back in grads): several terms summed by
+    dmath.add_n, or two of them as GradientTerms to a function that takes_gradient_terms (its kernels
+    add them as they read them) unless `whole` (a target's gradient is one matrix)."""
+    g = grads[node.id]
+    if isinstance(g, _Terms):
+        if len(g) == 2 and not whole and node.fn is not None and node.fn.takes_gradient_terms:
+            g = GradientTerms(g[0], g[1])
+        else:
+            g = dmath.add_n(g)
+        grads[node.id] = g
+    return g
 
 
 def plain_layout(m):

@@ -69,7 +69,7 @@ def test_elementwise_kernels_compile_in_both_loops():
     from dmath.ops.elementwise import FUNCTIONS
     from dmath.ops import elementwise_cuda as ew
     for dtype in ("float16", "float32", "float64"):
-        for arity in (1, 2):
+        for arity in (1, 2, 3, 4):
             full = ((dtype, "full"),) * arity
             text, names = ew.module_source(full, dtype)
             result, log, lowered = _compile(launcher.PREAMBLE + text, names)
@@ -84,10 +84,13 @@ def test_elementwise_kernels_compile_in_both_loops():
 
 
 def test_table_kernels_compile():
-    """The kernels over a table of arrays (dmath.nn's many-parameter updates and the all-finite test):
+    """The kernels over a table of arrays (dmath.nn's many-parameter updates, the all-finite test and
+    dmath.astype_many):
     every instantiation, with the DmTable argument."""
+    from dmath.ops import cast
     from dmath.ops.nn import update
-    for source, names in ((update._MANY_SOURCE, update._MANY_NAMES), (update._FINITE_SOURCE, update._FINITE_INSTANCES)):
+    for source, names in ((update._MANY_SOURCE, update._MANY_NAMES), (update._FINITE_SOURCE, update._FINITE_INSTANCES),
+                          (cast._SOURCE, cast._NAMES)):
         assert launcher.TABLE_STRUCT in source
         result, log, lowered = _compile(launcher.PREAMBLE + source, names)
         assert result == 0, log

@@ -62,6 +62,25 @@ def test_gradients_of_a_matmul_graph_against_numpy():
     np.testing.assert_allclose(gw.to_numpy(), 2 * xa.T @ (xa @ wa), rtol=1e-12)
 
 
+@pytest.mark.parametrize("consumers", [2, 3, 4, 6])
+def test_a_node_read_by_several_consumers_gets_the_sum_of_their_gradients(consumers):
+    """The terms are kept apart and added in one pass per four (dmath.add_n) when the node is read:
+    by its own backward (h) and as a target's gradient (x)."""
+    rng = np.random.default_rng(consumers)
+    xa = rng.normal(size=(5, 4))
+    x = G.var("x", (5, 4), init=xa, dtype="float64")
+    h = G.tanh(x)
+    scales = [1.0 + k for k in range(consumers)]
+    # h feeds every consumer; x feeds h and, once more, the loss directly
+    loss = G.sum(G.sum([G.pow(h, 2) * s if k % 2 else G.sigmoid(h) * s for k, s in enumerate(scales)])) \
+        + G.sum(x * 3.0)
+    (gx,) = G.gradients(loss, [x])
+    th = np.tanh(xa)
+    sig = 1.0 / (1.0 + np.exp(-th))
+    gh = sum(2.0 * th * s if k % 2 else sig * (1.0 - sig) * s for k, s in enumerate(scales))
+    np.testing.assert_allclose(gx.to_numpy(), gh * (1.0 - th ** 2) + 3.0, rtol=1e-12)
+
+
 def test_placeholder_is_fed_and_checked():
     p = G.placeholder((2, 3), dtype="float32", name="p")
     y = G.sum(p * 2.0)
