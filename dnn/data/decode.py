@@ -47,6 +47,8 @@ except ImportError:           # (optional: Pillow decodes every file then)
 #: tuned, the GPU), 'nvimgcodec' the GPU (its fallback on the host as 'auto')
 DECODERS = ("auto", "pillow", "simplejpeg", "nvimgcodec")
 _JPEG = b"\xff\xd8"
+#: JPEG colour spaces (simplejpeg's names) that Pillow converts to RGB: see decode_rgb
+_PILLOW_COLORSPACES = ("CMYK", "YCCK")
 _EOI = b"\xff\xd9"
 
 
@@ -62,14 +64,17 @@ def decode_rgb(path, decoder="auto"):
     once (a blocking open waited for a writer forever and held up the batch).
 
     Both use libjpeg-turbo's default (accurate) DCT and upsampling, so they give the same pixels;
-    simplejpeg skips Pillow's per-image overhead. A JPEG it refuses (CMYK, or damaged: its strict
-    mode raises at a truncation) goes to Pillow, which decides."""
+    simplejpeg skips Pillow's per-image overhead. A CMYK (or YCCK) JPEG goes to Pillow: simplejpeg
+    converts it to RGB by another formula (a grey level off in nearly every pixel), so the decoder
+    chosen would change the image. A JPEG simplejpeg refuses (damaged: its strict mode raises at a
+    truncation) goes to Pillow too, which decides."""
     data = read_regular(path, IMAGE_FILE_BYTES)
     if not data:
         raise ValueError(f"{path}: an empty file")
     if simplejpeg is not None and decoder != "pillow" and data[:2] == _JPEG:
         try:
-            return simplejpeg.decode_jpeg(data, colorspace="RGB")
+            if simplejpeg.decode_jpeg_header(data)[2] not in _PILLOW_COLORSPACES:
+                return simplejpeg.decode_jpeg(data, colorspace="RGB")
         except ValueError:
             pass
     img = augment.pillow().open(io.BytesIO(data))

@@ -210,9 +210,25 @@ def test_cuda_resize_kernel_equals_numpy():
     assert not np.all(ref == ref[0])
 
 
+@pytest.fixture(scope="module")
+def colour_root(tmp_path_factory):
+    """The folder with a greyscale JPEG and a CMYK JPEG among its RGB ones."""
+    r = make_folder(tmp_path_factory.mktemp("colours"), per_class=8, seed=2)
+    a = np.asarray(Image.open(r / "ant" / "img01.jpg").convert("RGB"))
+    Image.fromarray(a).convert("L").save(r / "bee" / "img01g.jpg", quality=90)
+    Image.fromarray(a).convert("CMYK").save(r / "cow" / "img01c.jpg", quality=90)
+    return r
+
+
 @pytest.mark.skipif(decode.simplejpeg is None, reason="simplejpeg is not installed")
-def test_simplejpeg_and_pillow_decode_the_same_pixels(root, bad_root):
-    for r, train in ((root, True), (root, False), (bad_root, False)):
+def test_simplejpeg_and_pillow_decode_the_same_pixels(root, bad_root, colour_root):
+    """Every decoder gives Pillow's pixels: a CMYK JPEG, which simplejpeg converts to RGB by another
+    formula (a grey level off), is Pillow's whatever the decoder."""
+    cmyk = colour_root / "cow" / "img01c.jpg"
+    want = np.asarray(Image.open(cmyk).convert("RGB"))
+    for decoder in ("auto", "simplejpeg", "pillow"):
+        np.testing.assert_array_equal(np.asarray(decode.decode_rgb(str(cmyk), decoder)), want)
+    for r, train in ((root, True), (root, False), (bad_root, False), (colour_root, True)):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             a, _ = batch(dnn.data.ImageFolder(r, image_size=10, train=train, decoder="pillow"), 24, train, key=(2,))
