@@ -41,7 +41,14 @@ lock on PATH.lock (flock, released by the kernel if the process dies),
 re-reads the file, adds its entries and replaces the file atomically
 (temporary file in the same directory, fsync, os.replace, fsync of the
 directory), so concurrent writers of different entries all end up in it
-and a reader never sees half a file. A non-regular PATH (a symlink, a
+and a reader never sees half a file. A choice never waits for the lock:
+`put` writes at once when the lock is free, else keeps the entry pending
+(in memory, used at once by this process) for its next write, which takes
+every pending entry in one rewrite; what is still pending at exit is
+written then (`flush_all`: Python's exit handlers, and a worker's shutdown),
+waiting at most LOCK_TIMEOUT_S. Each choice had waited for the lock: with
+seven processes of three jobs tuning on one host (each write a rewrite and
+two fsyncs), a test's choices queued past its 120 s limit. A non-regular PATH (a symlink, a
 device, a directory) or a file that is not a dmath tuning cache is never
 replaced.
 
@@ -54,6 +61,7 @@ need a collective inside the kernels (a deadlock wherever workers' caches
 or shard shapes differ), and splitting the shapes among workers needs them
 known before the first step runs; parallel tuning needs neither.
 """
+import atexit
 import errno
 import hashlib
 import json
@@ -65,6 +73,7 @@ import stat
 import tempfile
 import time
 import warnings
+import weakref
 
 from . import settings
 from .errors import DMathError
@@ -130,10 +139,12 @@ class TuneCache:
         self.path = path
         self._entries = {}
         self._local = {}            # what this process stored but could not write: kept when the file is re-read
+        self._pending = {}          # entries to write at the next chance (the lock was busy): name -> entry
         self._seen = None           # the (inode, size, mtime) of the file as last read; None: never read
         # why this process writes the file no more (its lock was held past LOCK_TIMEOUT_S: every later
         # choice would wait as long again), or None
         self.unwritable = None
+        _ALL.add(self)
 
     # ---- reading ----------------------------------------------------------------------------
     def _signature(self):
@@ -226,8 +237,10 @@ class TuneCache:
 
     # ---- writing ----------------------------------------------------------------------------
     def put(self, kind, machine, key, value):
-        """Store value for (kind, machine, key), merged into the file under its lock. Returns True
-        when the file was written (False, with a warning, when it could not be)."""
+        """Store value for (kind, machine, key), merged into the file under its lock: at once when the
+        lock is free, else at this process's next write or its exit (never waiting for the lock here).
+        Returns True when the entry was written or is to be (False, with a warning, when this process
+        cannot write the file)."""
         machine, key, value = _plain(machine), _plain(key), _plain(value)
         entry = {"kind": kind, "machine": machine, "key": key, "value": value,
                  "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -236,19 +249,38 @@ class TuneCache:
         self._entries[name] = self._local[name] = entry
         if self.unwritable is not None:
             return False                              # (kept in this process; warned once already)
+        self._pending[name] = entry
+        return self._write_pending(wait=False)
+
+    def flush(self):
+        """Write the pending entries, waiting for the lock at most LOCK_TIMEOUT_S. Returns True when
+        nothing is left pending (False, with a warning, when the file could not be written)."""
+        if not self._pending or self.unwritable is not None:
+            return not self._pending
+        return self._write_pending(wait=True)
+
+    def _write_pending(self, wait):
+        """Merge every pending entry into the file under its lock (a busy lock: left pending, unless
+        `wait`). False when the file cannot be written (why was warned)."""
         try:
             directory = os.path.dirname(os.path.abspath(self.path))
             os.makedirs(directory, mode=0o700, exist_ok=True)
-            with _Lock(self.path + ".lock"):
+            with _Lock(self.path + ".lock", LOCK_TIMEOUT_S if wait else None):
                 entries, replaceable = self._load()
                 if not replaceable:
-                    return False                      # _load said why
-                entries[name] = entry
+                    self._pending.clear()             # _load said why; the entries stay in this process
+                    return False
+                entries.update(self._pending)
                 self._write(directory, entries)
-                self._local.pop(name, None)
+                for name in self._pending:
+                    self._local.pop(name, None)
+                self._pending.clear()
                 self._entries = {**entries, **self._local}
                 self._seen = self._signature()
+        except LockBusy:
+            return True                               # written by a later put, or at exit
         except OSError as exc:
+            self._pending.clear()
             if exc.errno == errno.ETIMEDOUT:
                 self.unwritable = str(exc)
                 _warn(f"tuning cache {self.path} not written: {exc}; this process writes it no more (its choices "
@@ -325,26 +357,34 @@ def _valid(name, entry):
         return False
 
 
+class LockBusy(Exception):
+    """The lock file is held by another process, and the caller would not wait."""
+
+
 class _Lock:
     """An exclusive flock on a lock file (created if missing, never a symlink), waited for at most
-    LOCK_TIMEOUT_S. The file stays: removing it would let two writers lock two different files."""
+    `timeout` seconds (None: not at all, LockBusy when it is held). The file stays: removing it would
+    let two writers lock two different files."""
 
-    def __init__(self, path):
-        self.path = path
+    def __init__(self, path, timeout=None):
+        self.path, self.timeout = path, timeout
         self.fd = None
 
     def __enter__(self):
         import fcntl
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600)
-        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        deadline = time.monotonic() + (self.timeout or 0.0)
         while True:
             try:
                 fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 return self
             except BlockingIOError:
+                if self.timeout is None:
+                    os.close(self.fd)
+                    raise LockBusy(self.path) from None
                 if time.monotonic() > deadline:
                     os.close(self.fd)
-                    raise OSError(errno.ETIMEDOUT, f"lock held for over {LOCK_TIMEOUT_S:g} s", self.path)
+                    raise OSError(errno.ETIMEDOUT, f"lock held for over {self.timeout:g} s", self.path)
                 time.sleep(0.01)
 
     def __exit__(self, *exc):
@@ -353,6 +393,18 @@ class _Lock:
 
 
 _CACHES = {}
+#: every TuneCache of this process (weakly: a dropped cache is gone), for flush_all
+_ALL = weakref.WeakSet()
+
+
+def flush_all():
+    """Write every cache's pending entries (at exit: Python's exit handlers, and a worker's shutdown,
+    which leaves without them), waiting for each file's lock at most LOCK_TIMEOUT_S."""
+    for cache in list(_ALL):
+        cache.flush()
+
+
+atexit.register(flush_all)
 
 
 def shared():

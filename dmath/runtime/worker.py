@@ -4,7 +4,7 @@ import sys
 import time
 import traceback
 
-from .. import settings
+from .. import settings, tuning
 from ..comm import agreement
 from ..comm.control import gather_objects
 from ..comm.heartbeat import Responder
@@ -59,6 +59,7 @@ class Worker:
             responder.stop()
         self._release_graphs()
         dump_profile(self.world.rank)
+        tuning.flush_all()          # (the exit below skips Python's exit handlers)
         _exit_worker(self.world, 0)
 
     def _run(self, kind, sig_id, handles, scalars, frees, extra):

@@ -8,6 +8,7 @@ writers from two processes both end up in the file; DMATH_TUNE's values.
 import json
 import os
 import subprocess
+import tempfile
 import sys
 import textwrap
 import time
@@ -404,27 +405,79 @@ def test_unwritable_location_warns(tmp_path, monkeypatch):
     assert blocker.read_text() == "x"
 
 
-def test_a_lock_held_too_long_costs_one_wait_not_one_per_choice(tmp_path, monkeypatch):
-    """A cache whose lock another process holds past LOCK_TIMEOUT_S (a stopped process, a queue of
-    writers) is written no more by this one: one wait and one warning, then every later choice is
-    kept in memory at once; the file is left as it was."""
-    path = tmp_path / "tune.json"
-    monkeypatch.setattr(tuning, "LOCK_TIMEOUT_S", 0.2)
+def _hold_lock(path):
+    """A process holding the cache's lock until killed."""
     holder = subprocess.Popen([sys.executable, "-c", (
         "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
         "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(60)"), str(path) + ".lock"],
         stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_busy_lock_never_stalls_a_choice_and_the_next_write_takes_everything(tmp_path):
+    """While another process holds the lock, put returns at once and keeps the entry pending (used by
+    this process); the first put after the lock is free writes every pending entry in one rewrite."""
+    path = tmp_path / "tune.json"
+    holder = _hold_lock(path)
     try:
-        assert holder.stdout.readline().strip() == "held"
         cache = tuning.TuneCache(str(path))
+        t0 = time.monotonic()
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")            # no warning: nothing went wrong
+            for k in range(20):
+                assert cache.put("conv", {"gpu": "x"}, {"shape": k}, {"k": k}) is True
+        assert time.monotonic() - t0 < 0.5            # no waits for the lock
+        assert cache.get("conv", {"gpu": "x"}, {"shape": 5}) == {"k": 5}     # used at once here
+        assert not path.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert cache.put("conv", {"gpu": "x"}, {"shape": 20}, {"k": 20}) is True
+    assert len(_entries(str(path))) == 21
+    other = tuning.TuneCache(str(path))
+    assert other.get("conv", {"gpu": "x"}, {"shape": 7}) == {"k": 7}
+
+
+def test_pending_entries_are_written_at_exit():
+    """flush_all (at exit, and at a worker's shutdown) writes what a busy lock left pending."""
+    code = textwrap.dedent("""
+        import fcntl, os, sys
+        from dmath import tuning
+        path = sys.argv[1]
+        fd = os.open(path + ".lock", os.O_RDWR | os.O_CREAT)
+        fcntl.flock(fd, fcntl.LOCK_EX)              # held by this process through another descriptor
+        cache = tuning.TuneCache(path)
+        assert cache.put("conv", {"gpu": "G"}, {"n": 1}, {"name": "p"})
+        assert not os.path.exists(path)
+        os.close(fd)                                # released: the exit handler writes the entry
+    """)
+    with tempfile.TemporaryDirectory() as d:
+        path = os.path.join(d, "tune.json")
+        subprocess.run([sys.executable, "-c", code, path], check=True, timeout=120,
+                       env=dict(os.environ, PYTHONPATH=ROOT))
+        assert tuning.TuneCache(path).get("conv", {"gpu": "G"}, {"n": 1}) == {"name": "p"}
+
+
+def test_a_lock_held_too_long_at_the_final_write_costs_one_wait(tmp_path, monkeypatch):
+    """A cache whose lock another process holds past LOCK_TIMEOUT_S when this one must write (flush,
+    at exit) is written no more by this process: one wait and one warning, its choices kept in
+    memory, every later put returns at once; the file is left as it was."""
+    path = tmp_path / "tune.json"
+    monkeypatch.setattr(tuning, "LOCK_TIMEOUT_S", 0.2)
+    holder = _hold_lock(path)
+    try:
+        cache = tuning.TuneCache(str(path))
+        assert cache.put("conv", {"gpu": "x"}, {"shape": 1}, [1]) is True
         with pytest.warns(tuning.TuneCacheWarning, match="writes it no more"):
-            assert cache.put("conv", {"gpu": "x"}, {"shape": 1}, [1]) is False
+            assert cache.flush() is False
         t0 = time.monotonic()
         with warnings.catch_warnings():
             warnings.simplefilter("error")            # no second warning
             for k in range(20):
                 assert cache.put("conv", {"gpu": "x"}, {"shape": 2 + k}, [k]) is False
-        assert time.monotonic() - t0 < 0.2            # no further waits for the lock
+            assert cache.flush() is True              # (nothing pending: nothing to write)
+        assert time.monotonic() - t0 < 0.2
         assert cache.get("conv", {"gpu": "x"}, {"shape": 5}) == [3]     # kept in this process
         assert not path.exists()
     finally:
