@@ -22,6 +22,7 @@ from .groups import current_group, on_group
 from .ops.gemm import explain_gemm, gemm
 from .ops.buckets import sum_partials
 from .ops.cast import astype_many
+from .ops.elementwise import add_n
 from .layout import Block2D, BlockCyclic, ColBlock, Layout, Partial, Replicated, RowBlock, Tiles
 from .matrix import Matrix, eye, from_numpy, full, ones, zeros
 from .ops import elementwise as _elementwise

@@ -222,8 +222,6 @@ def _terms(mats):
     return {2: add, 3: _add3, 4: _add4}[len(mats)](*mats)
 
 
-PUBLIC.append("add_n")
-
 
 # ---- the op unit -------------------------------------------------------------------------------
 class EwiseArgs(NamedTuple):
