@@ -91,6 +91,17 @@ def as_int(value, what):
     return int(value)
 
 
+def as_list(matrices, what):
+    """`matrices` (a list, tuple or other iterable of matrices) as a list; DMathError for a single
+    Matrix or anything that is not iterable, naming the function `what`."""
+    if is_matrix(matrices):
+        raise DMathError(f"{what}: pass a list of matrices, got one dmath.Matrix")
+    try:
+        return list(matrices)
+    except TypeError:
+        raise DMathError(f"{what}: pass a list of matrices, got {type(matrices).__name__}") from None
+
+
 def is_matrix(x):
     """Whether x is a dmath.Matrix (duck-typed: this layer sits below matrix.py; the class itself is
     recognised first, which is all that a master half's check costs for a Matrix)."""

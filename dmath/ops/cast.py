@@ -14,7 +14,7 @@ from typing import NamedTuple
 from ..errors import DMathError, LayoutError
 from ..gpu import launcher as cuda
 from ..runtime import define, protocol
-from .base import dispatch, dist_of, is_matrix, new_meta
+from .base import as_list, dispatch, dist_of, is_matrix, new_meta
 from .nn import rows
 
 
@@ -35,7 +35,7 @@ def astype_many(matrices, dtype):
     CHUNK matrices (a GPU converts a table of arrays per kernel launch). Each result has its
     matrix's shape and layout. The matrices must not be Partial (a sum of addends: remap it to a
     plain layout first); dtype is 'float16', 'float32' or 'float64'."""
-    mats = list(matrices)
+    mats = as_list(matrices, "astype_many")
     for i, m in enumerate(mats):
         if not is_matrix(m):
             raise DMathError(f"astype_many: matrices[{i}] must be a dmath.Matrix, got {type(m).__name__}")

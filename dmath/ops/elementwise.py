@@ -28,7 +28,7 @@ from ..errors import DMathError, LayoutError, ShapeError
 from ..layout import Replicated, RowBlock, distribution
 from ..layout import indexset as ix
 from ..runtime import Meta, Shard, define, runtime
-from .base import Known, check_scalar, dispatch, dispatch_known, is_matrix, meta
+from .base import Known, as_list, check_scalar, dispatch, dispatch_known, is_matrix, meta
 from .movement import remap, resolve_partial
 
 
@@ -203,7 +203,7 @@ def add_n(matrices):
     `+` broadcasts them), left to right: one pass over up to four of them, and one more per three more,
     where a chain of `+` made a pass (and a new matrix) per operand. A float16 pass adds in float32
     and rounds once. The result takes the layout `+` gives; a list of one matrix gives its copy."""
-    mats = list(matrices)
+    mats = as_list(matrices, "add_n")
     if not mats:
         raise DMathError("add_n needs at least one matrix, got an empty list")
     for i, m in enumerate(mats):

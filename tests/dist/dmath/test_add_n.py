@@ -65,5 +65,8 @@ def test_arguments_are_checked():
         dmath.add_n([])
     with pytest.raises(dmath.DMathError, match=r"matrices\[1\] must be a dmath.Matrix"):
         dmath.add_n([a, 2.0, a])
+    for bad, what in ((None, "NoneType"), (a, "one dmath.Matrix"), (3.0, "float")):
+        with pytest.raises(dmath.DMathError, match=f"add_n: pass a list of matrices, got {what}"):
+            dmath.add_n(bad)
     with pytest.raises(dmath.ShapeError):
         dmath.add_n([a, a, dmath.from_numpy(np.ones((3, 2)))])

@@ -87,6 +87,9 @@ def test_arguments_are_checked():
     (m,) = _matrices(5, 1, "float32")
     with pytest.raises(dmath.DMathError, match=r"matrices\[1\] must be a dmath.Matrix"):
         dmath.astype_many([m, np.zeros((2, 2))], "float16")
+    for bad, what in ((None, "NoneType"), (m, "one dmath.Matrix")):
+        with pytest.raises(dmath.DMathError, match=f"astype_many: pass a list of matrices, got {what}"):
+            dmath.astype_many(bad, "float16")
     with pytest.raises(dmath.DMathError, match="dtype must be"):
         dmath.astype_many([m], "int32")
     partial = dmath.from_numpy(np.ones((2, 3)), layout=dmath.Partial())
