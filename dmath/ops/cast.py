@@ -11,7 +11,8 @@ rounding from the source dtype to the target (round to nearest even).
 """
 from typing import NamedTuple
 
-from ..errors import DMathError, LayoutError
+from ..backend import canonical_dtype
+from ..errors import DMathError, DTypeError, LayoutError
 from ..gpu import launcher as cuda
 from ..runtime import define, protocol
 from .base import as_list, dispatch, dist_of, is_matrix, new_meta
@@ -57,10 +58,11 @@ def astype_many(matrices, dtype):
 
 
 def _target(dtype):
-    name = getattr(dtype, "name", None) or (dtype if isinstance(dtype, str) else getattr(dtype, "__name__", None))
-    if name not in _FLOATS:
-        raise DMathError(f"astype_many: dtype must be 'float16', 'float32' or 'float64', got {dtype!r}")
-    return name
+    """The target dtype's name; DTypeError (a DMathError) naming astype_many for any other."""
+    try:
+        return canonical_dtype(dtype)
+    except DTypeError as exc:
+        raise DTypeError(f"astype_many: {exc}") from None
 
 
 @CAST_MANY.kernel(capturable=True)

@@ -90,8 +90,11 @@ def test_arguments_are_checked():
     for bad, what in ((None, "NoneType"), (m, "one dmath.Matrix")):
         with pytest.raises(dmath.DMathError, match=f"astype_many: pass a list of matrices, got {what}"):
             dmath.astype_many(bad, "float16")
-    with pytest.raises(dmath.DMathError, match="dtype must be"):
+    with pytest.raises(dmath.DTypeError, match="astype_many: dtype int32 is not supported"):
         dmath.astype_many([m], "int32")
+    with pytest.raises(dmath.DTypeError, match="astype_many: unknown dtype"):
+        dmath.astype_many([m], "quarter")
+    assert dmath.astype_many([m], np.float16)[0].dtype == "float16"
     partial = dmath.from_numpy(np.ones((2, 3)), layout=dmath.Partial())
     with pytest.raises(dmath.LayoutError, match="Partial"):
         dmath.astype_many([partial], "float16")
