@@ -30,6 +30,7 @@ matrix first checks the size, and one that shrank raises `FileChanged` on
 that worker (the job ends with the reason) instead of SIGBUS.
 """
 import errno
+import itertools
 import math
 import os
 import socket
@@ -41,11 +42,11 @@ import numpy as np
 
 from .. import memory
 from ..backend import canonical_dtype
-from ..errors import DMathError, DTypeError, LayoutError, ShapeError
+from ..errors import DMathError, DTypeError, LayoutError, PlanError, ShapeError
 from ..layout import RowBlock
 from ..layout import indexset as ix
 from ..memory import kinds
-from ..runtime import define
+from ..runtime import define, runtime
 from ..runtime.shard import Shard
 from ..comm.control import gather_objects
 from .base import as_int, dispatch, new_meta
@@ -256,6 +257,12 @@ def from_file(path, shape=None, dtype=None, *, offset=None, file_dtype=None, lay
     RowBlock or Replicated layout, and memory None or 'host'. A mapped matrix
     is outside the memory limit.
     """
+    if runtime().recorder is not None:
+        # a replay repeats the workers' reads, not the master's check of their reports: a file changed
+        # since would leave the matrix unwritten (uninitialised memory), without a word
+        raise PlanError("from_file cannot be recorded into a plan: the master checks what every worker read "
+                        "(a file changed or cut short), which a replay would skip; read the file outside the "
+                        "record block")
     path = _path(path)
     spec = check_size(_spec(path, shape, offset, file_dtype))
     stored = np.dtype(spec.file_dtype)
@@ -373,14 +380,21 @@ def _verified(attribute):
     return property(lambda shard: (shard.verify(), attribute.__get__(shard))[1], attribute.__set__)
 
 
+#: the versions a mapped shard reports: never the same twice in a process (MappedShard.version)
+_MAPPED_READS = itertools.count(1)
+
+
 class MappedShard(Shard):
     """A shard of a mapped file: its pieces are views of a private mapping, read on use.
 
     It holds the file open; every access to its pieces first checks that the file still holds the
     matrix, since touching a mapped page past the end of a file that shrank kills the process
-    with SIGBUS (no traceback, no report). A rewrite in place that keeps the size is read on use.
+    with SIGBUS (no traceback, no report). A rewrite in place that keeps the size is read on use,
+    so its `version` is never the same twice: the caches keyed on versions (GEMM's operand copies
+    and panels in the replica cache, a batch's read-ahead) never hand back a copy made before the
+    rewrite (a GEMM at 2 workers gave the old contents where to_numpy gave the new).
     """
-    __slots__ = ("file", "spec")
+    __slots__ = ("file", "spec", "_written")
 
     def __init__(self, arrays, dist, dtype, file, spec):
         pieces, home = kinds.store(arrays, "host")
@@ -398,6 +412,15 @@ class MappedShard(Shard):
     # every read of the pieces checks first (the runtime reads `home` of each input of a command)
     pieces = _verified(Shard.pieces)
     home = _verified(Shard.home)
+
+    @property
+    def version(self):
+        """(the writes counted as any shard counts them, a number new at every read)."""
+        return (self._written, next(_MAPPED_READS))
+
+    @version.setter
+    def version(self, value):
+        self._written = value
 
 
 def _open(spec):

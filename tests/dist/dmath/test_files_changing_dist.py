@@ -80,6 +80,36 @@ def test_a_mapped_file_replaced_by_a_rename_keeps_the_mapped_version(tmp_path):
     np.testing.assert_allclose((m * 1.0).sum(axis=0).to_numpy(), a.sum(axis=0, keepdims=True), rtol=1e-6)
 
 
+def test_a_mapped_file_rewritten_in_place_is_read_by_every_operation_after(tmp_path):
+    """A rewrite in place of the same size is seen on use: also by a product that kept a copy of the
+    mapped operand (the replica cache: at 2 workers and more a second X @ M gave the old file)."""
+    path = str(tmp_path / "m.npy")
+    a = values((8, 8), 6)
+    np.save(path, a)
+    m = dmath.from_file(path, mapped=True)                  # RowBlock
+    x = dmath.from_numpy(np.eye(8), layout=dmath.RowBlock())
+    np.testing.assert_allclose((x @ m).to_numpy(), a)
+    m.replicate()                                            # a Replicated copy kept on every worker
+    b = a + 100.0
+    with open(path, "r+b") as f:                             # same size, in place
+        f.seek(os.path.getsize(path) - b.nbytes)
+        f.write(b.tobytes())
+    np.testing.assert_array_equal(m.to_numpy(), b)
+    np.testing.assert_allclose((x @ m).to_numpy(), b)
+    np.testing.assert_allclose((m.T @ x).to_numpy(), b.T)
+
+
+def test_from_file_is_refused_inside_a_record_block(tmp_path):
+    """A replay would repeat the workers' reads without the master's check of their reports (a file
+    changed since left the matrix unwritten, without a word)."""
+    path = str(tmp_path / "r.npy")
+    np.save(path, values((6, 4), 7))
+    with pytest.raises(dmath.PlanError, match="from_file cannot be recorded"):
+        with dmath.record():
+            dmath.from_file(path)
+    np.testing.assert_array_equal(dmath.from_file(path).to_numpy(), values((6, 4), 7))
+
+
 def test_a_file_that_is_not_the_version_the_master_checked_is_refused(tmp_path, monkeypatch):
     """Every worker compares the file it opens with the master's stamp (same host: device, inode,
     size, mtime): here the master's stamp is made stale, as when the file is replaced between the
