@@ -30,7 +30,6 @@ matrix first checks the size, and one that shrank raises `FileChanged` on
 that worker (the job ends with the reason) instead of SIGBUS.
 """
 import errno
-import itertools
 import math
 import os
 import socket
@@ -380,21 +379,17 @@ def _verified(attribute):
     return property(lambda shard: (shard.verify(), attribute.__get__(shard))[1], attribute.__set__)
 
 
-#: the versions a mapped shard reports: never the same twice in a process (MappedShard.version)
-_MAPPED_READS = itertools.count(1)
-
-
 class MappedShard(Shard):
     """A shard of a mapped file: its pieces are views of a private mapping, read on use.
 
     It holds the file open; every access to its pieces first checks that the file still holds the
     matrix, since touching a mapped page past the end of a file that shrank kills the process
     with SIGBUS (no traceback, no report). A rewrite in place that keeps the size is read on use,
-    so its `version` is never the same twice: the caches keyed on versions (GEMM's operand copies
-    and panels in the replica cache, a batch's read-ahead) never hand back a copy made before the
-    rewrite (a GEMM at 2 workers gave the old contents where to_numpy gave the new).
+    so the replica cache keeps no copy of it (`read_on_use`: a GEMM at 2 workers gave the old
+    contents from its kept operand copy where to_numpy gave the new).
     """
-    __slots__ = ("file", "spec", "_written")
+    __slots__ = ("file", "spec")
+    read_on_use = True
 
     def __init__(self, arrays, dist, dtype, file, spec):
         pieces, home = kinds.store(arrays, "host")
@@ -412,15 +407,6 @@ class MappedShard(Shard):
     # every read of the pieces checks first (the runtime reads `home` of each input of a command)
     pieces = _verified(Shard.pieces)
     home = _verified(Shard.home)
-
-    @property
-    def version(self):
-        """(the writes counted as any shard counts them, a number new at every read)."""
-        return (self._written, next(_MAPPED_READS))
-
-    @version.setter
-    def version(self, value):
-        self._written = value
 
 
 def _open(spec):

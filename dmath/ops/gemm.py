@@ -273,17 +273,19 @@ def operand(call, k, need, trans, dtype):
     else:
         # inside a CUDA graph capture the remap is captured with the product and nothing is cached:
         # a cached copy would be read at its captured address on every launch, long after x changed
-        capturing = memory.capturing()
+        # (a mapped file is read on use: a kept copy would miss a rewrite in place)
+        keep = not memory.capturing() and not x.read_on_use
         key = (handle, x.version, raw_layout, dtype)
-        pieces = None if capturing else replicas.cache.lookup(key)
+        pieces = replicas.cache.lookup(key) if keep else None
         if pieces is None:
             pieces = _remap.run(call.world, call.entry.cache.setdefault(("operand", k), {}), x.pieces,
                                 x.dist, target, x.dtype, dtype)
-            if not capturing:
+            if keep:
                 replicas.cache.store(key, pieces, summa.global_bytes(x.dist.shape, dtype))
     if trans:
         pieces = [p.T for p in pieces]
-    return pieces, (handle, x.version, raw_layout, dtype)
+    # the key of the operand's panels in the replica cache (summa), None where none may be kept
+    return pieces, (None if x.read_on_use else (handle, x.version, raw_layout, dtype))
 
 
 #: the entry.cache keys of the operands' decisions (made once, not per product)
@@ -476,6 +478,8 @@ def _replicate(call):
     """
     layout, wait = call.entry.static.layout, call.entry.static.wait
     x, handle = call.inputs[0], call.handles[0]
+    if x.read_on_use:
+        return []           # a mapped file is read on use: a kept copy would miss a rewrite in place
     key = (handle, x.version, layout, x.dtype)
     if replicas.cache.peek(key):
         return []

@@ -153,8 +153,9 @@ def _panels(call, mine, key, kind, ranks, shapes, dtype, nbytes, transposed, mem
     """
     if len(ranks) == 1 or len(mine) == len(shapes):
         return [mine[t] for t in range(len(shapes))], [collectives.Pending() for _ in shapes]
-    ckey = (key[0], key[1], (kind, key[2], ranks), dtype)
-    cached = replicas.cache.lookup(ckey)
+    # (key None: an operand of which no copy may be kept, a mapped file read on use)
+    ckey = None if key is None else (key[0], key[1], (kind, key[2], ranks), dtype)
+    cached = None if ckey is None else replicas.cache.lookup(ckey)
     if cached is not None:
         return cached, [collectives.Pending() for _ in shapes]
     group = call.world.group(tuple(sorted(set(members or ranks))))
@@ -173,7 +174,8 @@ def _panels(call, mine, key, kind, ranks, shapes, dtype, nbytes, transposed, mem
     waits = [collectives.bcast_start(group, buf, group.index(ranks[t])) for t, buf in enumerate(bufs)]
     bufs = [buf.T if transposed else buf for buf in bufs]
     # the cache entry is complete only when every broadcast has arrived
-    replicas.cache.store(ckey, bufs, nbytes, pending=lambda ws=list(waits): [w.wait() for w in ws])
+    if ckey is not None:
+        replicas.cache.store(ckey, bufs, nbytes, pending=lambda ws=list(waits): [w.wait() for w in ws])
     return bufs, waits
 
 

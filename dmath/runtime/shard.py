@@ -20,6 +20,9 @@ class Shard:
         (`settle`).
     """
     __slots__ = ("_pieces", "dist", "dtype", "version", "memory", "home", "pending")
+    #: whether the pieces are read from their source at each use (a mapped file rewritten in place is
+    #: seen), so that no cache may keep a copy of them under the version (the replica cache)
+    read_on_use = False
 
     def __init__(self, pieces, dist, dtype, memory=None, home=None):
         self._pieces = pieces
