@@ -247,6 +247,21 @@ def test_assign_numpy_inside_the_block_raises():
     np.testing.assert_allclose(x.to_numpy(), values(SHAPE, 14), rtol=1e-12)
 
 
+def test_stream_draws_inside_the_block_raise():
+    """A draw's stream is fixed in its command: every replay would repeat the same values."""
+    before = dmath.random.get_state()
+    for draw in (lambda: dmath.random.rand((4, 3)), lambda: dmath.random.randn((4, 3)),
+                 lambda: dmath.random.permutation(5)):
+        with pytest.raises(dmath.PlanError, match="cannot be recorded"):
+            with dmath.record():
+                draw()
+    assert dmath.random.get_state() == before           # nothing drawn
+    with dmath.record() as plan:                         # an explicit key names its order: recorded
+        order = dmath.random.permutation(6, key=(3, 1))
+    plan.replay()
+    np.testing.assert_array_equal(dmath.random.permutation(6, key=(3, 1)).to_numpy(), order.to_numpy())
+
+
 def test_assign_of_a_matrix_is_recorded():
     x = make(values(SHAPE, 16), dmath.RowBlock(), "float64")
     buf = dmath.zeros(SHAPE, "float32", dmath.Block2D())
