@@ -30,6 +30,14 @@ def require(m, what):
     return m
 
 
+def flag(value, what):
+    """`value` as a bool, which must be True or False (a string such as 'no' is truthy: taken as True, it
+    trained a batch norm that was asked not to, and read an NCHW batch as channels-last)."""
+    if not isinstance(value, (bool, np.bool_)):
+        raise DMathError(f"{what} must be True or False, got {value!r}")
+    return bool(value)
+
+
 def real(value, what):
     """`value` as a float, which must be a finite real number (bool is not)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real) or not math.isfinite(value):

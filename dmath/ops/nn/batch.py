@@ -115,6 +115,7 @@ def take_rows(source, order, position, out, one_hot=False):
     (RowBlock or Replicated); each worker writes its own rows. one_hot:
     source is (N, 1) class labels and out (B, K) gets their one-hot rows.
     """
+    one_hot = args.flag(one_hot, "take_rows: one_hot")
     args.require(out, "take_rows: out")
     out._check_writable("take_rows")        # a slice or transpose is a copy: the batch would be lost
     if not (type(out.layout) is RowBlock or out.layout.replicated):
@@ -134,7 +135,7 @@ def take_rows(source, order, position, out, one_hot=False):
     elif source.shape[1] != out.shape[1]:
         raise ShapeError(f"take_rows: source rows have {source.shape[1]} values, out rows {out.shape[1]}")
     position = args.counter_matrix(position, group, "take_rows: position")
-    dispatch("nn_take_rows", [out, source, order, position], [0], static=TAKE_ROWS.static(one_hot=bool(one_hot)))
+    dispatch("nn_take_rows", [out, source, order, position], [0], static=TAKE_ROWS.static(one_hot=one_hot))
     return out
 
 
@@ -448,7 +449,7 @@ def transform_images(x, image_shape, shift=0, flip=False, scale=1.0, mean=0.0, s
     shift = integer(shift, "transform_images: shift", 0)
     if shift >= min(h, w):
         raise ShapeError(f"transform_images: shift {shift} must be smaller than the image ({h}x{w})")
-    t = TRANSFORM_IMAGES.static(image=(c, h, w), shift=shift, flip=bool(flip),
+    t = TRANSFORM_IMAGES.static(image=(c, h, w), shift=shift, flip=args.flag(flip, "transform_images: flip"),
                                 scale=args.real(scale, "transform_images: scale"),
                                 mean=_per_channel(mean, c, "mean"), std=_per_channel(std, c, "std", positive=True))
     inputs = [x]

@@ -116,7 +116,7 @@ def conv2d(x, w, b, image_shape, stride=(1, 1), padding=(0, 0), dilation=(1, 1),
         raise DMathError(f"conv2d: activation must be None or 'relu', got {activation!r}")
     out = new_meta(x.layout, (x.shape[0], k * g.out_h * g.out_w), x.dtype)
     static = CONV2D.static(geometry=g, has_bias=b is not None, groups=groups, activation=activation or "",
-                           channels_last=bool(channels_last))
+                           channels_last=args.flag(channels_last, "conv2d: channels_last"))
     return dispatch("nn_conv2d", inputs, [out], static=static)[0][0]
 
 
@@ -141,8 +141,9 @@ def conv2d_backward(dy, x, w, image_shape, kernel_hw, stride=(1, 1), padding=(0,
     dy = args.like(dy, x, "conv2d_backward: dy")
     inputs = [dy, x, args.replicated(w, args.group_of(x), "conv2d_backward: w")]
     sums = args.sum_layout(x)
-    static = CONV2D_BACKWARD.static(geometry=g, need_dx=bool(need_dx), groups=groups,
-                                    channels_last=bool(channels_last), need_db=bool(need_db), need_dw=bool(need_dw))
+    flags = {name: args.flag(v, f"conv2d_backward: {name}") for name, v in
+             (("need_dx", need_dx), ("need_db", need_db), ("need_dw", need_dw), ("channels_last", channels_last))}
+    static = CONV2D_BACKWARD.static(geometry=g, groups=groups, **flags)
     metas = (new_meta(x.layout, x.shape, x.dtype), new_meta(sums, w.shape, w.dtype), new_meta(sums, (1, k), w.dtype))
     places = _output_index(static)
     outs = [m for m, at in zip(metas, places) if at is not None]

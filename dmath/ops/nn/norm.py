@@ -120,7 +120,7 @@ def batchnorm(x, gamma, beta, running_mean, running_var, image_shape=None, train
     """
     x = args.rows(x, "batchnorm: x")
     channels, pixels = _channels_of(x, image_shape, "batchnorm")
-    training = bool(training)
+    training = args.flag(training, "batchnorm: training")
     for m, what in ((gamma, "gamma"), (beta, "beta"), (running_mean, "running_mean"),
                     (running_var, "running_var")):
         args.require(m, f"batchnorm: {what}")

@@ -58,8 +58,10 @@ def _pool_args(op, image, kernel, stride, padding, mode, channels_last, what, af
     if after_relu and mode != "max":
         raise DMathError(f"{what}: after_relu applies to max pooling only (an average pool's gradient reaches "
                          f"every pixel of its window, so it cannot carry the relu's mask)")
-    return op.static(geometry=window.pool_geometry(image, kernel, stride, padding, what, bool(ceil_mode)), mode=mode,
-                     channels_last=bool(channels_last), after_relu=bool(after_relu))
+    ceil_mode = args.flag(ceil_mode, f"{what}: ceil_mode")
+    return op.static(geometry=window.pool_geometry(image, kernel, stride, padding, what, ceil_mode), mode=mode,
+                     channels_last=args.flag(channels_last, f"{what}: channels_last"),
+                     after_relu=args.flag(after_relu, f"{what}: after_relu"))
 
 
 def _argmax_dtype(dtype, taps):

@@ -39,7 +39,7 @@ from ...layout import Replicated, RowBlock, distribution
 from ...runtime import define, protocol, runtime
 from ...runtime.registry import collectives_in_graphs
 from ...gpu import launcher as cuda
-from . import rows
+from . import args, rows
 from ..elementwise import minimum
 from ..base import dispatch, dist_of, is_matrix, new_meta
 
@@ -160,12 +160,21 @@ def _step_scalars(scalars, group):
 
 def _run(rule, hyper, param, grad, state, scalars):
     """Dispatch nn_update: scalars is [(name, value, checks)] in the kernel's order."""
+    _once([param] + list(state))
     grad = _grad(grad, _param(param))
     device, host, has = _step_scalars(scalars, tuple(dist_of(param).group))
     outputs = [0] + [2 + k for k in range(len(state))]
     static = UPDATE.static(rule=rule, hyper=hyper, step_scalars=has)
     dispatch("nn_update", [param, grad] + list(state) + device, outputs, static=static, scalars=host)
     return param
+
+
+def _once(written):
+    """DMathError unless every matrix an update writes in place (parameters, states) is a different one:
+    the same matrix as exp_avg and exp_avg_sq, or as a parameter and its momentum buffer, was written
+    twice by one step (the one state lost, without a word)."""
+    if len({id(m) for m in written}) != len(written):
+        raise DMathError("a parameter or state matrix appears twice: each is updated in place once a step")
 
 
 def many_chunks(count, nstate, ndevice):
@@ -183,9 +192,7 @@ def _run_many(rule, hyper, params, grads, states, scalars):
     if len(params) != len(grads) or len(params) != len(states):
         raise DMathError(f"{len(params)} parameters, {len(grads)} gradients and {len(states)} states: one "
                          "of each per parameter")
-    written = [m for p, st in zip(params, states) for m in [p] + list(st)]
-    if len({id(m) for m in written}) != len(written):
-        raise DMathError("a parameter or state matrix appears twice: each is updated in place once a step")
+    _once([m for p, st in zip(params, states) for m in [p] + list(st)])
     groups = {}
     for p, g, st in zip(params, grads, states):
         groups.setdefault(tuple(dist_of(_param(p)).group), []).append((p, _grad(g, p), st))
@@ -234,9 +241,10 @@ def sgd_update(param, grad, lr, momentum_buffer=None, *, momentum=0.0, nesterov=
 
 def _sgd_hyper(momentum, nesterov, weight_decay):
     momentum = _unit(momentum, "momentum")
+    nesterov = args.flag(nesterov, "nesterov")
     if nesterov and not momentum:
         raise DMathError("nesterov momentum needs momentum > 0")
-    return momentum, bool(nesterov), _non_negative(weight_decay, "weight_decay")
+    return momentum, args.flag(nesterov, "nesterov"), _non_negative(weight_decay, "weight_decay")
 
 
 def _sgd_scalars(lr, gate, grad_scale):
