@@ -222,7 +222,6 @@ def _terms(mats):
     return {2: add, 3: _add3, 4: _add4}[len(mats)](*mats)
 
 
-
 # ---- the op unit -------------------------------------------------------------------------------
 class EwiseArgs(NamedTuple):
     """Static arguments of `ewise`."""

@@ -36,8 +36,8 @@ def adaptive_windows(size, out):
 def _static(image_shape, out_hw, channels_last, backward, features, what):
     image = window.image(image_shape, features, what)
     oh, ow = window.pair(out_hw, f"{what}: output size", 1)
-    return ADAPTIVE.static(image=image, out_hw=(oh, ow), channels_last=args.flag(channels_last, f"{what}: channels_last"),
-                           backward=backward)
+    last = args.flag(channels_last, f"{what}: channels_last")
+    return ADAPTIVE.static(image=image, out_hw=(oh, ow), channels_last=last, backward=backward)
 
 
 def adaptive_avg_pool(x, image_shape, out_hw, channels_last=False):

@@ -103,8 +103,8 @@ def _pad_args(image_shape, pads, value, channels_last, features, what, crop=Fals
     # +-inf pads a max pool's input (torchvision's ceil mode); anything else must be finite
     infinite = isinstance(value, numbers.Real) and not isinstance(value, bool) and math.isinf(value)
     value = float(value) if infinite else args.real(value, f"{what}: value")
-    return PAD.static(image=image, pads=pads, value=value, channels_last=args.flag(channels_last, f"{what}: channels_last"),
-                      crop=crop)
+    last = args.flag(channels_last, f"{what}: channels_last")
+    return PAD.static(image=image, pads=pads, value=value, channels_last=last, crop=crop)
 
 
 def padded_shape(image_shape, pads):

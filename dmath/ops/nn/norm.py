@@ -513,8 +513,8 @@ def _batchnorm_gpu(call, x, stats, rm, rv, res):
 
 def _alone(local, dist):
     """Whether a worker's channel sums are complete without an all-reduce: each worker's own statistics
-    (local), or a batch on one worker or replicated on its members (rows.sum_over_batch's rule)."""
-    return local or dist.replicated or len(dist.group) == 1
+    (local), or a batch every member holds whole (rows.whole_on_each)."""
+    return local or rows.whole_on_each(dist)
 
 
 def _affine(stats, gamma, beta):

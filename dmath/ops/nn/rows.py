@@ -65,12 +65,18 @@ def nothing_here(call):
             for k, o in enumerate(call.entry.outputs)]
 
 
+def whole_on_each(dist):
+    """Whether every member of `dist` holds all of it (Replicated, or a group of one worker): sums over
+    its rows are then complete on each member, with no communication."""
+    return dist.replicated or len(dist.group) == 1
+
+
 def sum_over_batch(call, dist, buf):
     """Sum the 1-D contiguous `buf` over the members of the batch distribution `dist`, in place.
 
-    Only a RowBlock batch is split over its members; a Replicated batch holds
-    every sample on each member, whose sums are therefore already complete.
-    Whether to communicate depends on the layout alone, the same on every rank.
+    Only a batch split over several members needs it (whole_on_each: a Replicated batch holds every
+    sample on each member, whose sums are therefore already complete). Whether to communicate
+    depends on the layout alone, the same on every rank.
     """
-    if not dist.replicated:
+    if not whole_on_each(dist):
         collectives.allreduce(call.world.group(dist.group), buf, "sum")

@@ -706,7 +706,7 @@ def _update_many_cuda(call):
 # ---- all finite -------------------------------------------------------------------------------------
 def _whole_on_each(dists):
     """True when every member holds all of every input (Replicated, or a group of one worker)."""
-    return all(d.replicated or len(d.group) == 1 for d in dists)
+    return all(rows.whole_on_each(d) for d in dists)
 
 
 def _finite_capturable(entry):
