@@ -5,12 +5,11 @@ Each call draws from a new stream (the master counts calls since the last
 """
 import numbers
 
-from .errors import DMathError, PlanError, ShapeError
+from .errors import DMathError, ShapeError
 from .layout import Replicated
 from .matrix import Matrix
 from .ops import creation
 from .ops.base import dispatch, new_meta
-from .runtime import runtime
 
 _state = {"seed": 0, "stream": 0}
 
@@ -45,25 +44,15 @@ def set_state(state):
     _state["stream"] = int(stream)
 
 
-def _not_recording(fn):
-    """PlanError inside a dmath.record() block: the stream a draw takes is fixed in the command, so
-    every replay would draw the very same values again, which a program that records a step of a
-    simulation would take for new ones."""
-    if runtime().recorder is not None:
-        raise PlanError(f"dmath.random.{fn} cannot be recorded into a plan: a replay would draw the same values "
-                        f"again (the stream is fixed when the draw is recorded); draw outside the record block, "
-                        f"or pass permutation an explicit key")
-
-
 def rand(shape, dtype="float32", layout=None, memory=None):
-    """Uniform [0, 1) values (outside dmath.record() blocks: a replay would repeat the draw)."""
-    _not_recording("rand")
+    """Uniform [0, 1) values. Recorded in a dmath.record() block, the draw keeps its stream: every
+    replay draws the same values again (a replay runs the same sequence)."""
     return creation.random("uniform", shape, dtype, layout, memory, _state)
 
 
 def randn(shape, dtype="float32", layout=None, memory=None):
-    """Standard normal values (outside dmath.record() blocks: a replay would repeat the draw)."""
-    _not_recording("randn")
+    """Standard normal values. Recorded in a dmath.record() block, the draw keeps its stream: every
+    replay draws the same values again (a replay runs the same sequence)."""
     return creation.random("normal", shape, dtype, layout, memory, _state)
 
 
@@ -72,8 +61,8 @@ def permutation(n, key=None, out=None, layout=None):
 
     key: a tuple of non-negative integers that alone decides the order (the
     same for any layout, worker count and backend); None: the next stream
-    of this module's seed (outside dmath.record() blocks: a replay would
-    repeat the order; an explicit key records); (): the identity. out: an existing (1, n) float64
+    of this module's seed (recorded in a dmath.record() block, every
+    replay repeats that stream's order); (): the identity. out: an existing (1, n) float64
     matrix to overwrite in place instead (a recorded plan reading it stays
     valid). Every worker computes the permutation itself: nothing but the
     key travels.
@@ -97,7 +86,6 @@ def permutation(n, key=None, out=None, layout=None):
     elif layout is not None:
         new_meta(layout, (1, int(n)), "float64")      # a layout that does not fit raises here
     if key is None:
-        _not_recording("permutation (key=None: the next stream)")
         _state["stream"] += 1
         key = (_state["seed"], _state["stream"])
     if out is None:
