@@ -389,38 +389,113 @@ __global__ void dm_pool_bwd_2d(const T* dy, const A* arg, T* dx, DM_WIN_ARGS, in
 // (16 bytes for float16 x 8). One value per thread left these kernels bound by their integer
 // arithmetic, ten times slower than their memory traffic. The comparisons and the order of the sums
 // are those of the kernels above, value by value, so the results are the same bits.
+// K (and S, backward) > 0: the window's size (and stride) compiled in, 3x3 and 2x2 being nearly every
+// network's pools: the loops unroll and every tap's load is issued before the first comparison waits
+// for one (with runtime bounds a thread waited on its loads one after the other: pooling ran at a
+// third of the memory's bandwidth). K = 0: any window, read from the arguments.
 template <typename T, int V> struct alignas(sizeof(T) * V) Vec { T v[V]; };
 
-template <typename T, int V>
-__global__ void dm_pool_fwd_vec(const T* x, T* y, T* arg, DM_WIN_ARGS, int per_sample, float icv, float iwo,
-                                int is_max, int after_relu) {
-    DM_WIN;
+// Float16 max pooling, two channels an instruction: the data's bits as half2 pairs, compared by
+// PTX's per-half masks (0xFFFF where true; sm_53 on) and selected by bit operations. Converting
+// each value to float to compare it made the float16 kernels instruction bound (2 TB/s where
+// float32 ran at 3.2). The comparisons are the float path's, so the results are the same bits.
+__device__ __forceinline__ unsigned h2_gtu(unsigned a, unsigned b) {
+    unsigned d; asm("set.gtu.u32.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
+__device__ __forceinline__ unsigned h2_nan(unsigned a) {
+    unsigned d; asm("set.nan.u32.f16x2 %0, %1, %1;" : "=r"(d) : "r"(a)); return d; }
+__device__ __forceinline__ unsigned h2_le(unsigned a, unsigned b) {
+    unsigned d; asm("set.le.u32.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
+__device__ __forceinline__ unsigned h2_eq(unsigned a, unsigned b) {
+    unsigned d; asm("set.eq.u32.f16x2 %0, %1, %2;" : "=r"(d) : "r"(a), "r"(b)); return d; }
+__device__ __forceinline__ unsigned h2_pick(unsigned m, unsigned a, unsigned b) { return (a & m) | (b & ~m); }
+// a window position (an exact small integer) as the half bits of both halves
+__device__ __forceinline__ unsigned h2_index(int i) {
+    unsigned s = __half_as_ushort(__int2half_rn(i)); return s | (s << 16); }
+#define DM_H2_MINUS_ONE 0xBC00BC00u
+
+// The max pool of one window for V float16 channels (sizeof(T) == 2): the float path's rule, pair by
+// pair. A tap updates where it is the window's first image pixel, or greater, or the first NaN (a
+// NaN maximum stays); an empty window gives 0 and -1, as the float path.
+template <typename T, int V, int K>
+__device__ __forceinline__ void pool_max_h2(const T* __restrict__ src, T* __restrict__ y, T* __restrict__ arg,
+                                            long long o, int y0, int x0, int H, int W, int C, int kh, int kw,
+                                            int after_relu) {
+    constexpr int P = V * (int)sizeof(T) / 4;
+    typedef Vec<unsigned, P> Words;
+    const int KH = K ? K : kh, KW = K ? K : kw;
+    unsigned best[P], at[P];
+#pragma unroll
+    for (int p = 0; p < P; ++p) { best[p] = 0u; at[p] = DM_H2_MINUS_ONE; }
+    bool taken = false;
+#pragma unroll
+    for (int i = 0; i < KH; ++i) {
+        const int yy = y0 + i;
+        const bool row_in = yy >= 0 && yy < H;
+#pragma unroll
+        for (int j = 0; j < KW; ++j) {
+            const int xx = x0 + j;
+            if (row_in && xx >= 0 && xx < W) {
+                const Words w = *reinterpret_cast<const Words*>(src + (long long)(yy * W + xx) * C);
+                const unsigned force = taken ? 0u : ~0u, tap = h2_index(i * KW + j);
+#pragma unroll
+                for (int p = 0; p < P; ++p) {
+                    const unsigned up = (h2_gtu(w.v[p], best[p]) & ~h2_nan(best[p])) | force;
+                    best[p] = h2_pick(up, w.v[p], best[p]);
+                    at[p] = h2_pick(up, tap, at[p]);
+                }
+                taken = true;
+            }
+        }
+    }
+    Words out, pos;
+#pragma unroll
+    for (int p = 0; p < P; ++p) {
+        out.v[p] = best[p];
+        pos.v[p] = after_relu ? h2_pick(h2_le(best[p], 0u), DM_H2_MINUS_ONE, at[p]) : at[p];
+    }
+    *reinterpret_cast<Words*>(y + o) = out;
+    *reinterpret_cast<Words*>(arg + o) = pos;
+}
+
+template <typename T, int V, int K>
+__global__ void dm_pool_fwd_vec(const T* __restrict__ x, T* __restrict__ y, T* __restrict__ arg, DM_WIN_ARGS,
+                                int per_sample, float icv, float iwo, int is_max, int after_relu) {
     typedef typename Acc<T>::type R;
     int t = blockIdx.x * blockDim.x + threadIdx.x;      // (output pixel, channel group) within a sample
     if (t >= per_sample) return;
     long long n = blockIdx.y;
     const int groups = C / V;
+    const int KH = K ? K : kh, KW = K ? K : kw;
     int q = dm_div(t, groups, icv);
     int oy = dm_div(q, Wo, iwo), ox = q - oy * Wo;
+    const int y0 = oy * sh - ph, x0 = ox * sw - pw;
     const T* src = x + n * H * W * C + (t - q * groups) * V;
+    if (sizeof(T) == 2 && is_max) {
+        pool_max_h2<T, V, K>(src, y, arg, n * (long long)per_sample * V + (long long)t * V, y0, x0, H, W, C, kh, kw,
+                             after_relu);
+        return;
+    }
     const R neg_inf = (R)__longlong_as_double(0xfff0000000000000ULL);
     R best[V], sum[V];
     int at[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) { best[k] = 0; sum[k] = 0; at[k] = -1; }
-    for (int i = 0; i < kh; ++i) {
-        int yy = oy * sh - ph + i;
-        for (int j = 0; j < kw; ++j) {
-            int xx = ox * sw - pw + j;
+#pragma unroll
+    for (int i = 0; i < KH; ++i) {
+        const int yy = y0 + i;
+        const bool row_in = yy >= 0 && yy < H;
+#pragma unroll
+        for (int j = 0; j < KW; ++j) {
+            const int xx = x0 + j;
             Vec<T, V> v;
-            bool inside = yy >= 0 && yy < H && xx >= 0 && xx < W;
+            const bool inside = row_in && xx >= 0 && xx < W;
             if (inside) v = *reinterpret_cast<const Vec<T, V>*>(src + (long long)(yy * W + xx) * C);
 #pragma unroll
             for (int k = 0; k < V; ++k) {
                 R a = inside ? dm_val(v.v[k]) : (is_max ? neg_inf : (R)0);
                 if (is_max) {
                     if (inside && (at[k] < 0 || a > best[k] || (a != a && best[k] == best[k]))) {
-                        best[k] = a; at[k] = i * kw + j;
+                        best[k] = a; at[k] = i * KW + j;
                     }
                 } else {
                     sum[k] += a;
@@ -436,7 +511,7 @@ __global__ void dm_pool_fwd_vec(const T* x, T* y, T* arg, DM_WIN_ARGS, int per_s
             out.v[k] = dm_cast<T>((double)best[k]);
             pos.v[k] = dm_cast<T>((double)at[k]);
         } else {
-            out.v[k] = dm_cast<T>((double)(sum[k] / (R)(kh * kw)));
+            out.v[k] = dm_cast<T>((double)(sum[k] / (R)(KH * KW)));
         }
     }
     long long o = n * (long long)per_sample * V + (long long)t * V;
@@ -444,49 +519,104 @@ __global__ void dm_pool_fwd_vec(const T* x, T* y, T* arg, DM_WIN_ARGS, int per_s
     if (is_max) *reinterpret_cast<Vec<T, V>*>(arg + o) = pos;
 }
 
+// one covering output's contribution to a backward thread's V sums
 template <typename T, int V>
-__global__ void dm_pool_bwd_vec(const T* dy, const T* arg, T* dx, DM_WIN_ARGS, int per_sample, float icv, float iw,
-                                float ish, float isw, int is_max) {
+__device__ __forceinline__ void pool_bwd_add(const T* __restrict__ dy, const T* __restrict__ arg, long long at,
+                                             int tap, int is_max, typename Acc<T>::type* acc) {
+    if (sizeof(T) == 2 && is_max) {
+        // float16: a pair's positions compared as half bits, the gradient masked by bits (a
+        // masked-out value adds +0, which leaves every sum as it was: a sum starting at +0 is never -0)
+        constexpr int P = V * (int)sizeof(T) / 4;
+        typedef Vec<unsigned, P> Words;
+        const Words d = *reinterpret_cast<const Words*>(dy + at), a = *reinterpret_cast<const Words*>(arg + at);
+        const unsigned want = h2_index(tap);
+#pragma unroll
+        for (int p = 0; p < P; ++p) {
+            const unsigned m = d.v[p] & h2_eq(a.v[p], want);
+            const float2 f = __half22float2(*reinterpret_cast<const __half2*>(&m));
+            acc[2 * p] += f.x;
+            acc[2 * p + 1] += f.y;
+        }
+        return;
+    }
+    Vec<T, V> d = *reinterpret_cast<const Vec<T, V>*>(dy + at);
+    if (is_max) {
+        Vec<T, V> a = *reinterpret_cast<const Vec<T, V>*>(arg + at);
+#pragma unroll
+        for (int k = 0; k < V; ++k) if ((int)dm_val(a.v[k]) == tap) acc[k] += dm_val(d.v[k]);
+    } else {
+#pragma unroll
+        for (int k = 0; k < V; ++k) acc[k] += dm_val(d.v[k]);
+    }
+}
+
+template <typename T, int V, int K, int S>
+__global__ void dm_pool_bwd_vec(const T* __restrict__ dy, const T* __restrict__ arg, T* __restrict__ dx,
+                                DM_WIN_ARGS, int per_sample, float icv, float iw, float ish, float isw, int is_max) {
     DM_WIN;
     typedef typename Acc<T>::type R;
     int t = blockIdx.x * blockDim.x + threadIdx.x;      // (input pixel, channel group) within a sample
     if (t >= per_sample) return;
     long long n = blockIdx.y;
     const int groups = C / V;
+    const int KH = K ? K : kh, KW = K ? K : kw;
     int q = dm_div(t, groups, icv);
     int yy = dm_div(q, W, iw), xx = q - yy * W;
     int ys = yy + ph, xs = xx + pw;
     int oy0, oy1, ox0, ox1;
-    covering(g, ys, xs, Recip{ish, isw, 1}, oy0, oy1, ox0, ox1);
+    constexpr int SC = S ? S : 1;   // (the general instance's S is 0 and unused)
+    if (K) {    // constant divisors: the compiler's shifts and multiplies
+        oy0 = ys - K + 1 > 0 ? (ys - K + SC) / SC : 0; oy1 = min(ys / SC, Ho - 1);
+        ox0 = xs - K + 1 > 0 ? (xs - K + SC) / SC : 0; ox1 = min(xs / SC, Wo - 1);
+    } else {
+        covering(g, ys, xs, Recip{ish, isw, 1}, oy0, oy1, ox0, ox1);
+    }
     long long base = n * Ho * Wo * C + (t - q * groups) * V;
     R acc[V];
 #pragma unroll
     for (int k = 0; k < V; ++k) acc[k] = 0;
-    for (int oy = oy0; oy <= oy1; ++oy) {
-        const int tap_y = (ys - oy * sh) * kw + xs;
-        for (int ox = ox0; ox <= ox1; ++ox) {
-            const long long at = base + (long long)(oy * Wo + ox) * C;
-            Vec<T, V> d = *reinterpret_cast<const Vec<T, V>*>(dy + at);
-            if (is_max) {
-                Vec<T, V> a = *reinterpret_cast<const Vec<T, V>*>(arg + at);
-                const int tap = tap_y - ox * sw;
+    if (K) {
+        // at most ceil(K / S) covering outputs a direction: fixed trip counts, predicated, in the
+        // (oy, ox) order of the loops below (the same sums, bit for bit)
+        constexpr int CK = K ? (K + SC - 1) / SC : 1;
 #pragma unroll
-                for (int k = 0; k < V; ++k) if ((int)dm_val(a.v[k]) == tap) acc[k] += dm_val(d.v[k]);
-            } else {
+        for (int a = 0; a < CK; ++a) {
+            const int oy = oy0 + a;
+            if (oy <= oy1) {
+                const int tap_y = (ys - oy * SC) * KW + xs;
 #pragma unroll
-                for (int k = 0; k < V; ++k) acc[k] += dm_val(d.v[k]);
+                for (int b = 0; b < CK; ++b) {
+                    const int ox = ox0 + b;
+                    if (ox <= ox1)
+                        pool_bwd_add<T, V>(dy, arg, base + (long long)(oy * Wo + ox) * C, tap_y - ox * SC, is_max, acc);
+                }
             }
+        }
+    } else {
+        for (int oy = oy0; oy <= oy1; ++oy) {
+            const int tap_y = (ys - oy * sh) * kw + xs;
+            for (int ox = ox0; ox <= ox1; ++ox)
+                pool_bwd_add<T, V>(dy, arg, base + (long long)(oy * Wo + ox) * C, tap_y - ox * sw, is_max, acc);
         }
     }
     Vec<T, V> out;
 #pragma unroll
-    for (int k = 0; k < V; ++k) out.v[k] = dm_cast<T>((double)(is_max ? acc[k] : acc[k] / (R)(kh * kw)));
+    for (int k = 0; k < V; ++k) out.v[k] = dm_cast<T>((double)(is_max ? acc[k] : acc[k] / (R)(KH * KW)));
     *reinterpret_cast<Vec<T, V>*>(dx + n * (long long)per_sample * V + (long long)t * V) = out;
 }
 """
+#: the windows (kh = kw = K) and strides (sh = sw = S) compiled into the vector kernels; 0: any
+_FWD_WINDOWS = (0, 2, 3)
+_BWD_WINDOWS = ((0, 0), (3, 1), (3, 2), (2, 2))
+#: take the compiled-in windows where they apply (False: always the general instance; for
+#: benchmarks/probes/pool_kernels.py, which times both in one run)
+COMPILED_WINDOWS = True
 _INSTANCES = ([f"dm_pool_{d}<{t}, {a}>" for d in ("fwd", "bwd", "bwd_2d") for t in cuda.C_TYPES.values()
                for a in cuda.C_TYPES.values()]
-              + [f"dm_pool_{d}_vec<{t}, {v}>" for d in ("fwd", "bwd") for t in cuda.C_TYPES.values() for v in (2, 4, 8)])
+              + [f"dm_pool_fwd_vec<{t}, {v}, {k}>" for t in cuda.C_TYPES.values() for v in (2, 4, 8)
+                 for k in _FWD_WINDOWS]
+              + [f"dm_pool_bwd_vec<{t}, {v}, {k}, {s}>" for t in cuda.C_TYPES.values() for v in (2, 4, 8)
+                 for k, s in _BWD_WINDOWS])
 #: the 2-D backward kernel's limits: a sample's values below 2**24 (dm_div), samples within a grid's y
 _DIV_EXACT, _GRID_Y = 1 << 24, 65535
 
@@ -506,8 +636,20 @@ def _vector_width(arrays, channels, per_sample, n):
     return 0
 
 
-def _vector_kernel(direction, dtype, v):
-    return cuda.function(_CUDA_SOURCE, f"dm_pool_{direction}_vec<{cuda.C_TYPES[str(dtype)]}, {v}>", _INSTANCES)
+def _compiled_window(g, backward):
+    """The vector kernel's compiled-in window for geometry g: (K,) forward, (K, S) backward; zeros for
+    a window of another shape, which the general instance reads from its arguments."""
+    if not COMPILED_WINDOWS:
+        return (0, 0) if backward else (0,)
+    if backward:
+        pair = (g.kh, g.sh) if g.kh == g.kw and g.sh == g.sw else (0, 0)
+        return pair if pair in _BWD_WINDOWS else (0, 0)
+    return (g.kh,) if g.kh == g.kw and g.kh in _FWD_WINDOWS else (0,)
+
+
+def _vector_kernel(direction, dtype, v, window=(0,)):
+    params = ", ".join(str(k) for k in (cuda.C_TYPES[str(dtype)], v) + tuple(window))
+    return cuda.function(_CUDA_SOURCE, f"dm_pool_{direction}_vec<{params}>", _INSTANCES)
 
 
 def _cuda_kernel(direction, dtype, arg_dtype):
@@ -520,55 +662,31 @@ def _win(g):
                                        g.ph, g.pw))
 
 
-@POOL2D.kernel(backend="gpu", capturable=True)
-def _pool2d_cuda(call):
-    """nn_pool2d as one CUDA kernel: each output reads its window once."""
-    import cupy
-    g, mode = call.entry.static.geometry, call.entry.static.mode
-    x = rows.local(call.inputs[0])
-    if x is None:
-        return rows.nothing_here(call)
-    x = cupy.ascontiguousarray(x)
-    (out,) = rows.new_output(call, 0)
-    is_max = mode == "max"
-    am = rows.new_output(call, 1)[0] if is_max else out        # a dummy of a valid type for average
-    static = call.entry.static
+def forward_cuda(x, out, am, g, is_max, channels_last, after_relu=False):
+    """The GPU pool of the contiguous rows x into out (and am, argmax; for average a dummy of out's
+    type): the channels-last vector kernel where it applies, else one thread per output."""
     n = out.shape[0]
-    v = _vector_width((x, out, am), g.channels, g.out_h * g.out_w * g.channels, n) if static.channels_last else 0
+    v = _vector_width((x, out, am), g.channels, g.out_h * g.out_w * g.channels, n) if channels_last else 0
     if v:
         per_sample = g.out_h * g.out_w * g.channels // v
-        fn = _vector_kernel("fwd", x.dtype, v)
+        fn = _vector_kernel("fwd", x.dtype, v, _compiled_window(g, backward=False))
         recips = tuple(np.float32(1.0 / d) for d in (g.channels // v, g.out_w))
         fn(((per_sample + 255) // 256, n), (256,), (x, out, am) + _win(g) + (np.int32(per_sample),) + recips
-           + (np.int32(is_max), np.int32(static.after_relu)))
+           + (np.int32(is_max), np.int32(after_relu)))
     else:
         fn = _cuda_kernel("fwd", x.dtype, am.dtype)
         cuda.launch(fn, out.size, (x, out, am) + _win(g) + (np.int64(out.size), np.int32(is_max),
-                                                             np.int32(static.channels_last),
-                                                             np.int32(static.after_relu)))
-    shards = [rows.shard(call, 0, [out])]
-    if is_max:
-        shards.append(rows.shard(call, 1, [am]))
-    return shards
+                                                             np.int32(channels_last), np.int32(after_relu)))
 
 
-@POOL2D_BACKWARD.kernel(backend="gpu", capturable=True)
-def _pool2d_backward_cuda(call):
-    """nn_pool2d_backward as one CUDA kernel: each input pixel gathers from the windows covering it."""
-    import cupy
-    g, mode = call.entry.static.geometry, call.entry.static.mode
-    dy = rows.local(call.inputs[0])
-    if dy is None:
-        return rows.nothing_here(call)
-    dy = cupy.ascontiguousarray(dy)
-    is_max = mode == "max"
-    am = cupy.ascontiguousarray(rows.local(call.inputs[1])) if is_max else dy
-    (dx,) = rows.new_output(call, 0)
-    nhwc = np.int32(call.entry.static.channels_last)
+def backward_cuda(dy, am, dx, g, is_max, channels_last):
+    """The GPU pool's input gradient dx from the contiguous dy (and am, argmax; for average dy again):
+    each input pixel gathers from the windows covering it (no atomics: the same sums every run)."""
     n, per_sample = dx.shape
-    v = _vector_width((dy, am, dx), g.channels, per_sample, n) if nhwc else 0
+    nhwc = np.int32(channels_last)
+    v = _vector_width((dy, am, dx), g.channels, per_sample, n) if channels_last else 0
     if v:
-        fn = _vector_kernel("bwd", dy.dtype, v)
+        fn = _vector_kernel("bwd", dy.dtype, v, _compiled_window(g, backward=True))
         recips = tuple(np.float32(1.0 / d) for d in (g.channels // v, g.width, g.sh, g.sw))
         fn(((per_sample // v + 255) // 256, n), (256,),
            (dy, am, dx) + _win(g) + (np.int32(per_sample // v),) + recips + (np.int32(is_max),))
@@ -580,4 +698,38 @@ def _pool2d_backward_cuda(call):
     else:
         fn = _cuda_kernel("bwd", dy.dtype, am.dtype)
         cuda.launch(fn, dx.size, (dy, am, dx) + _win(g) + (np.int64(dx.size), np.int32(is_max), nhwc))
+
+
+@POOL2D.kernel(backend="gpu", capturable=True)
+def _pool2d_cuda(call):
+    """nn_pool2d as one CUDA kernel: each output reads its window once."""
+    import cupy
+    static = call.entry.static
+    x = rows.local(call.inputs[0])
+    if x is None:
+        return rows.nothing_here(call)
+    (out,) = rows.new_output(call, 0)
+    is_max = static.mode == "max"
+    am = rows.new_output(call, 1)[0] if is_max else out        # a dummy of a valid type for average
+    forward_cuda(cupy.ascontiguousarray(x), out, am, static.geometry, is_max, static.channels_last,
+                 static.after_relu)
+    shards = [rows.shard(call, 0, [out])]
+    if is_max:
+        shards.append(rows.shard(call, 1, [am]))
+    return shards
+
+
+@POOL2D_BACKWARD.kernel(backend="gpu", capturable=True)
+def _pool2d_backward_cuda(call):
+    """nn_pool2d_backward as one CUDA kernel (backward_cuda)."""
+    import cupy
+    static = call.entry.static
+    dy = rows.local(call.inputs[0])
+    if dy is None:
+        return rows.nothing_here(call)
+    dy = cupy.ascontiguousarray(dy)
+    is_max = static.mode == "max"
+    am = cupy.ascontiguousarray(rows.local(call.inputs[1])) if is_max else dy
+    (dx,) = rows.new_output(call, 0)
+    backward_cuda(dy, am, dx, static.geometry, is_max, static.channels_last)
     return [rows.shard(call, 0, [dx])]

@@ -143,30 +143,82 @@ def test_pool2d_channels_last_forward_and_backward(name, geom, mode):
     np.testing.assert_allclose(dx.to_numpy(), last(dx0.to_numpy(), C, H, W), rtol=1e-12, atol=1e-12)
 
 
-@pytest.mark.parametrize("after_relu", [False, True])
-@pytest.mark.parametrize("mode", ["max", "average"])
-@pytest.mark.parametrize("channels", [16, 12, 6])
-@pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
-def test_pool2d_channels_last_is_bitwise_the_nchw_pool(dtype, channels, mode, after_relu):
-    """Channel counts that a GPU's vector kernels take 8, 4 or 2 at a time (or one at a time): the
-    same bits as the NCHW kernels, forward, argmax and backward (padding and overlapping windows)."""
-    if after_relu and mode == "average":
-        pytest.skip("after_relu is for max pooling")
-    c, h, w, n = channels, 9, 7, 5
-    kernel, stride, padding = (3, 3), (2, 2), (1, 1)
+#: (kernel, stride, padding, ceil_mode) of the bitwise comparisons: the windows the GPU's vector kernels
+#: compile in (3x3 at stride 1 and 2, 2x2 at stride 2; GoogLeNet's ceil-mode pool), a 3x3 window at a
+#: stride only the forward compiles in, and windows of any shape (read from the arguments)
+BITWISE_POOLS = {"3x3_s2_pad1": ((3, 3), (2, 2), (1, 1), False), "3x3_s1_pad1": ((3, 3), (1, 1), (1, 1), False),
+                 "3x3_s2_ceil": ((3, 3), (2, 2), (0, 0), True), "2x2_s2": ((2, 2), (2, 2), (0, 0), False),
+                 "3x3_s3": ((3, 3), (3, 3), (0, 0), False), "3x2_s21_pad1": ((3, 2), (2, 1), (1, 1), False)}
+
+
+def _bitwise_cases():
+    """(dtype, channels, mode, after_relu, geometry): every dtype, vector width and mode over the two
+    windows of Inception modules and ResNet's stem, one width for the other windows."""
+    for geom in BITWISE_POOLS:
+        ceil_mode = BITWISE_POOLS[geom][3]
+        for dtype in ("float64", "float32", "float16"):
+            for channels in ((16, 12, 6) if geom in ("3x3_s2_pad1", "3x3_s1_pad1") else (16,)):
+                for mode, after_relu in (("max", False), ("max", True), ("average", False)):
+                    if not (ceil_mode and mode == "average"):
+                        yield pytest.param(dtype, channels, mode, after_relu, geom,
+                                           id=f"{geom}-{dtype}-{channels}-{mode}{'-after_relu' if after_relu else ''}")
+
+
+@pytest.mark.parametrize("dtype, channels, mode, after_relu, geom", list(_bitwise_cases()))
+def test_pool2d_channels_last_is_bitwise_the_nchw_pool(dtype, channels, mode, after_relu, geom):
+    """Channel counts that a GPU's vector kernels take 8, 4 or 2 at a time (or one at a time), over
+    windows they compile in and windows they read from their arguments: the same bits as the NCHW
+    kernels, forward, argmax and backward (padding and overlapping windows)."""
+    kernel, stride, padding, ceil_mode = BITWISE_POOLS[geom]
+    c, h, w, n = channels, 10, 7, 5      # 10 rows: a ceil-mode pool has a window more than a floor one
     x = values((n, c * h * w), 21)
     lay = dmath.RowBlock()
-    y0, am0 = dmath.nn.pool2d(make(x, lay, dtype), (c, h, w), kernel, stride, padding, mode, after_relu=after_relu)
+    y0, am0 = dmath.nn.pool2d(make(x, lay, dtype), (c, h, w), kernel, stride, padding, mode, after_relu=after_relu,
+                              ceil_mode=ceil_mode)
     y, am = dmath.nn.pool2d(make(last(x, c, h, w), lay, dtype), (c, h, w), kernel, stride, padding, mode,
-                            channels_last=True, after_relu=after_relu)
-    ho, wo = 5, 4
+                            channels_last=True, after_relu=after_relu, ceil_mode=ceil_mode)
+    ho = (h + 2 * padding[0] - kernel[0] + (stride[0] - 1 if ceil_mode else 0)) // stride[0] + 1
+    wo = (w + 2 * padding[1] - kernel[1]) // stride[1] + 1
+    assert y0.shape == (n, c * ho * wo)
     np.testing.assert_array_equal(y.to_numpy(), last(y0.to_numpy(), c, ho, wo))
     if mode == "max":
         np.testing.assert_array_equal(am.to_numpy(), last(am0.to_numpy(), c, ho, wo))
     dy = values((n, c * ho * wo), 22)
-    dx0 = dmath.nn.pool2d_backward(make(dy, lay, dtype), am0, (c, h, w), kernel, stride, padding, mode)
+    dx0 = dmath.nn.pool2d_backward(make(dy, lay, dtype), am0, (c, h, w), kernel, stride, padding, mode,
+                                   ceil_mode=ceil_mode)
     dx = dmath.nn.pool2d_backward(make(last(dy, c, ho, wo), lay, dtype), am, (c, h, w), kernel, stride, padding,
-                                  mode, channels_last=True)
+                                  mode, channels_last=True, ceil_mode=ceil_mode)
+    np.testing.assert_array_equal(dx.to_numpy(), last(dx0.to_numpy(), c, h, w))
+
+
+@pytest.mark.parametrize("after_relu", [False, True])
+@pytest.mark.parametrize("geom", ["3x3_s1_pad1", "3x3_s2_ceil", "3x2_s21_pad1"])
+def test_pool2d_channels_last_float16_ties_nan_and_signed_zeros(geom, after_relu):
+    """Ties (the first maximum wins), -0 against +0, -inf windows and NaN (the first NaN wins and
+    stays) in float16: the channels-last kernels (on a GPU, the half-pair comparisons) give the NCHW
+    kernels' values, signs of zero, positions and gradients."""
+    kernel, stride, padding, ceil_mode = BITWISE_POOLS[geom]
+    c, h, w, n = 16, 10, 7, 3
+    pick = np.random.default_rng(5).integers(0, 7, (n, c * h * w))
+    x = np.array([-np.inf, -1.0, -0.0, 0.0, 1.0, 2.0, np.nan])[pick]
+    lay = dmath.RowBlock()
+    y0, am0 = dmath.nn.pool2d(make(x, lay, "float16"), (c, h, w), kernel, stride, padding, "max",
+                              after_relu=after_relu, ceil_mode=ceil_mode)
+    y, am = dmath.nn.pool2d(make(last(x, c, h, w), lay, "float16"), (c, h, w), kernel, stride, padding, "max",
+                            channels_last=True, after_relu=after_relu, ceil_mode=ceil_mode)
+    got, want = y.to_numpy(), y0.to_numpy()
+    ho = (h + 2 * padding[0] - kernel[0] + (stride[0] - 1 if ceil_mode else 0)) // stride[0] + 1
+    wo = (w + 2 * padding[1] - kernel[1]) // stride[1] + 1
+    want = last(want, c, ho, wo)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+    assert np.isnan(want).any() and (want == 0).any(), "the case has NaN and zero maxima"
+    np.testing.assert_array_equal(am.to_numpy(), last(am0.to_numpy(), c, ho, wo))
+    dy = values((n, c * ho * wo), 23)
+    dx0 = dmath.nn.pool2d_backward(make(dy, lay, "float16"), am0, (c, h, w), kernel, stride, padding, "max",
+                                   ceil_mode=ceil_mode)
+    dx = dmath.nn.pool2d_backward(make(last(dy, c, ho, wo), lay, "float16"), am, (c, h, w), kernel, stride,
+                                  padding, "max", channels_last=True, ceil_mode=ceil_mode)
     np.testing.assert_array_equal(dx.to_numpy(), last(dx0.to_numpy(), c, h, w))
 
 
