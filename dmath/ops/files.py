@@ -39,7 +39,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import memory
+from .. import backend, memory
 from ..backend import canonical_dtype
 from ..errors import DMathError, DTypeError, LayoutError, PlanError, ShapeError
 from ..layout import RowBlock
@@ -488,7 +488,12 @@ def _read_piece(f, spec, piece, out):
                     part[...] = band
                 if check:
                     _check_range(band, part, spec, a, columns)
-                out[k:k + n].set(part)       # synchronous: the staging rows are refilled next
+                # CuPy copies from pinned memory asynchronously on the current stream: the staging
+                # rows are refilled by the next band, so the host waits for the copy first (a
+                # block-cyclic piece's bands overwrote rows still being copied: wrong values)
+                gpu = backend.current()
+                gpu.copy_to_device(out[k:k + n], part)
+                gpu.passed(gpu.mark())
             k += n
 
 

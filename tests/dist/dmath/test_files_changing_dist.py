@@ -193,6 +193,19 @@ def test_long_double_files_need_an_explicit_dtype_whose_range_holds_them(tmp_pat
     _usable()
 
 
+def test_a_converting_read_of_many_bands_gives_every_row():
+    """A float64 file read as float32 passes through one staging buffer band by band; a row-cyclic
+    layout makes every row a band. On a GPU each band's copy to the device is asynchronous, and the
+    next band refilled the staging rows before the copy had read them (rows of later bands in
+    earlier places, found at 2 GPUs): every row must be the file's."""
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "rows.npy")
+        a = values((3001, 24), 8)
+        np.save(path, a)
+        got = dmath.from_file(path, dtype="float32", layout=dmath.BlockCyclic(block=(1, 24))).to_numpy()
+        np.testing.assert_array_equal(got, a.astype(np.float32))
+
+
 @pytest.mark.parametrize("lay", LAYOUTS, ids=lambda lay: type(lay).__name__)
 def test_a_value_beyond_the_dtypes_range_is_refused_not_read_as_inf(tmp_path, lay):
     """Converting as they are read, the workers refuse a finite value the matrix's dtype cannot hold
