@@ -59,7 +59,11 @@ process wrote meanwhile is taken. Waiting for one worker to tune while the
 others idle would save no wall time (each worker has its own GPU), would
 need a collective inside the kernels (a deadlock wherever workers' caches
 or shard shapes differ), and splitting the shapes among workers needs them
-known before the first step runs; parallel tuning needs neither.
+known before the first step runs; parallel tuning needs neither. A process
+keeps the first value it stored or read for a key for its lifetime: two
+workers timing the same shape may choose differently, and a worker that
+then read the other's choice for a second model would compute other bits
+than for its first (found at 2 GPUs: two identical models, 1 ulp apart).
 """
 import atexit
 import errno
@@ -138,7 +142,11 @@ class TuneCache:
     def __init__(self, path):
         self.path = path
         self._entries = {}
-        self._local = {}            # what this process stored but could not write: kept when the file is re-read
+        # every entry this process stored or used: a process keeps its choice for a key for its
+        # lifetime, whatever another process writes for that key later (the workers of a job tune
+        # the same shapes at once: a model built after another one must make the first one's
+        # choices, or the two compute different bits), and what it could not write stays in use
+        self._mine = {}
         self._pending = {}          # entries to write at the next chance (the lock was busy): name -> entry
         self._seen = None           # the (inode, size, mtime) of the file as last read; None: never read
         # why this process writes the file no more (its lock was held past LOCK_TIMEOUT_S: every later
@@ -158,7 +166,7 @@ class TuneCache:
         sig = self._signature()
         if sig != self._seen:
             self._seen = sig
-            self._entries = {**self._load()[0], **self._local}
+            self._entries = {**self._load()[0], **self._mine}
 
     def _load(self):
         """(entries, replaceable) of the file now: entries that passed every check (each warning
@@ -228,6 +236,7 @@ class TuneCache:
         if entry["kind"] != kind or entry["machine"] != machine or entry["key"] != key:
             _warn(f"tuning cache {self.path}: the entry for {kind} {key} was stored for other fields: ignored")
             return None
+        self._mine.setdefault(digest(kind, machine, key), entry)
         return entry["value"]
 
     def count(self):
@@ -246,7 +255,7 @@ class TuneCache:
                  "written": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                  "by": f"{socket.gethostname()}:{os.getpid()}"}
         name = digest(kind, machine, key)
-        self._entries[name] = self._local[name] = entry
+        self._entries[name] = self._mine[name] = entry
         if self.unwritable is not None:
             return False                              # (kept in this process; warned once already)
         self._pending[name] = entry
@@ -272,10 +281,8 @@ class TuneCache:
                     return False
                 entries.update(self._pending)
                 self._write(directory, entries)
-                for name in self._pending:
-                    self._local.pop(name, None)
                 self._pending.clear()
-                self._entries = {**entries, **self._local}
+                self._entries = {**entries, **self._mine}
                 self._seen = self._signature()
         except LockBusy:
             return True                               # written by a later put, or at exit

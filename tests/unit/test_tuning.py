@@ -214,6 +214,22 @@ def test_second_process_reads_what_the_first_wrote(path):
     assert second == {"choice": "plan-x", "source": "cache", "tuned": []}
 
 
+def test_a_process_keeps_its_choice_when_another_writes_one_for_the_same_key(path):
+    """Two workers of a job time the same shape at once and may choose differently; each keeps its
+    own choice (stored or first read) for the rest of its life, so that a second model it builds
+    computes the first one's bits, while a process that never chose reads the file's latest."""
+    mine, other = tuning.TuneCache(path), tuning.TuneCache(path)
+    assert mine.put("conv", MACHINE, KEY, {"name": "plan-a"})
+    assert other.get("conv", MACHINE, KEY) == {"name": "plan-a"}      # read, and so kept by `other` too
+    third = tuning.TuneCache(path)
+    assert third.put("conv", MACHINE, KEY, {"name": "plan-c"})          # a third process's later choice
+    assert mine.get("conv", MACHINE, KEY) == {"name": "plan-a"}
+    assert other.get("conv", MACHINE, KEY) == {"name": "plan-a"}
+    assert tuning.TuneCache(path).get("conv", MACHINE, KEY) == {"name": "plan-c"}
+    assert mine.get("conv", MACHINE, dict(KEY, n=999)) is None          # other keys: the file as it is
+    assert len(_entries(path)) == 1
+
+
 _WRITER = textwrap.dedent("""
     import sys
     from dmath import tuning
@@ -381,6 +397,7 @@ def test_non_regular_file_is_not_read_or_replaced(path, tmp_path, kind):
         FakeTuner().decide()
         os.replace(path, target)
         os.symlink(target, path)
+        tuning._CACHES.clear()              # a new process (this one keeps the choice it made)
     else:
         os.mkfifo(path)
     t = FakeTuner()
