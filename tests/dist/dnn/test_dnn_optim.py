@@ -9,6 +9,7 @@ from dnn import optim
 from dnn.graph.node import Variable
 from dnn.optim import schedules
 from dnn import layers as L
+from _cases import runs_may_differ
 
 SHAPE = (5, 3)
 
@@ -281,7 +282,9 @@ def test_optimizer_assignment_takes_names_and_refuses_others():
 def test_foreach_steps_give_the_one_command_per_parameter_weights(make, dtype):
     """foreach (the default: the parameters of a dtype in few commands, dmath.nn.sgd_update_many) gives
     the weights of one command per parameter, bit for bit, over a few steps of a small CNN (float16:
-    float32 master weights, float16 gradients, loss scaling and its gate)."""
+    float32 master weights, float16 gradients, loss scaling and its gate). On GPUs the two runs' convolutions
+    may differ in their last bits (runs_may_differ), so there at a tolerance; the update kernels alone are
+    compared bit for bit in tests/dist/dmath/test_nn_update_many.py."""
     rng = np.random.default_rng(3)
     x, y = rng.normal(size=(16, 1, 8, 8)), rng.integers(0, 4, 16)
     weights = []
@@ -295,7 +298,10 @@ def test_foreach_steps_give_the_one_command_per_parameter_weights(make, dtype):
         m.fit(x, y, batch_size=8, epochs=2, shuffle=False, verbose=0)
         weights.append(m.get_weights())
     for a, b in zip(*weights):
-        np.testing.assert_array_equal(a, b)
+        if runs_may_differ():           # (a GPU's convolution plans may sum in another order each run)
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6 * max(float(np.abs(a).max()), 1.0))
+        else:
+            np.testing.assert_array_equal(a, b)
 
 
 class _Returns(schedules.Schedule):
