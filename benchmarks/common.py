@@ -19,6 +19,19 @@ def median_time(fn, reps, warmup=2):
     return statistics.median(times)
 
 
+def device_ms(cp, fn, repeats):
+    """Mean milliseconds of fn() on the GPU over `repeats` runs after one warm-up, between two CuPy
+    events on the current stream (fn enqueues work and returns; no host synchronisation inside)."""
+    fn()
+    start, stop = cp.cuda.Event(), cp.cuda.Event()
+    start.record()
+    for _ in range(repeats):
+        fn()
+    stop.record()
+    stop.synchronize()
+    return cp.cuda.get_elapsed_time(start, stop) / repeats
+
+
 def environment(dmath):
     return {"workers": dmath.num_workers(), "device": dmath.device(), "python": platform.python_version(),
             "machine": platform.machine(), "node": platform.node(),

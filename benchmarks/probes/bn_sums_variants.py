@@ -18,27 +18,18 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, os.path.dirname(HERE))
 
 import numpy as np  # noqa: E402
 
 import dmath  # noqa: E402
+from common import device_ms  # noqa: E402
 from dmath.ops.nn import norm_cuda  # noqa: E402
 
 #: (rows = images x pixels, channels) of ResNet-50's BatchNorms at batch 256
 SHAPES = [(256 * 112 * 112, 64), (256 * 56 * 56, 64), (256 * 56 * 56, 256), (256 * 28 * 28, 512),
           (256 * 14 * 14, 1024), (256 * 7 * 7, 2048)]
 U_LINE = "constexpr int U = MODE == 3 ? 4 : 2;"
-
-
-def timed(cp, fn, repeats):
-    fn()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(repeats):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) / repeats
 
 
 def main():
@@ -58,7 +49,7 @@ def main():
             dy = cp.random.standard_normal((m, c), dtype=np.float32).astype(dtype)
             mean = cp.zeros(c, np.float32)
             nbytes = x.nbytes
-            copy_ms = timed(cp, lambda: cp.copyto(dy, x), args.repeats)
+            copy_ms = device_ms(cp, lambda: cp.copyto(dy, x), args.repeats)
             dy = cp.random.standard_normal((m, c), dtype=np.float32).astype(dtype)
             row = {"dtype": dtype, "rows": m, "channels": c, "mb": nbytes / 1e6,
                    "copy_tb_s": 2 * nbytes / copy_ms / 1e9, "variants": {}}
@@ -72,11 +63,11 @@ def main():
                     if want is None:
                         want = got
                     ok = bool(cp.allclose(got, want, rtol=1e-12, atol=1e-9 * float(abs(want).max())))
-                    ms = timed(cp, lambda: norm_cuda.channel_sums(3, x, mean), args.repeats)
+                    ms = device_ms(cp, lambda: norm_cuda.channel_sums(3, x, mean), args.repeats)
                     row["variants"][f"U{u}_b{blocks}"] = {"ms": ms, "tb_s": nbytes / ms / 1e9, "agrees": ok}
             norm_cuda.SOURCE = base_source
             norm_cuda._SUM_BLOCKS_PER_SM, norm_cuda._STATS_BLOCKS_PER_SM_WIDE = base_blocks
-            ms = timed(cp, lambda: norm_cuda.channel_sums(2, x, mean, dy, x), args.repeats)
+            ms = device_ms(cp, lambda: norm_cuda.channel_sums(2, x, mean, dy, x), args.repeats)
             row["backward_sums_tb_s"] = 3 * nbytes / ms / 1e9
             best = max(row["variants"], key=lambda k: row["variants"][k]["tb_s"])
             print(f"{dtype} ({m}, {c}) {nbytes / 1e6:.0f} MB: copy {row['copy_tb_s']:.2f} TB/s, backward sums "

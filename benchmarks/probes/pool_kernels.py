@@ -19,8 +19,10 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
+sys.path.insert(0, os.path.dirname(HERE))
 
 import dmath  # noqa: E402
+from common import device_ms  # noqa: E402
 from dmath.ops.nn import pool  # noqa: E402
 from dmath.planning.conv import pool_geometry  # noqa: E402
 
@@ -43,17 +45,6 @@ POOLS = [
     ("inception_v3", 2, 1280, 8, 3, 1, 1, False, "average"),
     ("resnet50", 1, 64, 112, 3, 2, 1, False, "max"),
 ]
-
-
-def timed(cp, fn, repeats):
-    fn()
-    start, stop = cp.cuda.Event(), cp.cuda.Event()
-    start.record()
-    for _ in range(repeats):
-        fn()
-    stop.record()
-    stop.synchronize()
-    return cp.cuda.get_elapsed_time(start, stop) / repeats
 
 
 def dmath_pool(cp, x, dy, g, n, is_max, dtype):
@@ -119,8 +110,8 @@ def main():
             for variant, compiled in (("compiled", True), ("general", False)):
                 pool.COMPILED_WINDOWS = compiled
                 fwd, bwd, outs = dmath_pool(cp, x, dy, g, n, is_max, dtype)
-                row[f"{variant}_fwd_ms"] = timed(cp, fwd, args.repeats)
-                row[f"{variant}_bwd_ms"] = timed(cp, bwd, args.repeats)
+                row[f"{variant}_fwd_ms"] = device_ms(cp, fwd, args.repeats)
+                row[f"{variant}_bwd_ms"] = device_ms(cp, bwd, args.repeats)
                 outputs[variant] = [o.copy() for o in outs]
             pool.COMPILED_WINDOWS = True
             row["same_bits"] = all(bool(cp.array_equal(a.view("u1"), b.view("u1")))
