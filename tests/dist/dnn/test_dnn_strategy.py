@@ -197,7 +197,7 @@ def test_a_cached_value_is_checked_before_it_is_adopted(value, why):
 @pytest.mark.parametrize("value", [{"choice": "data", "ms": "garbage"}, {"choice": "data", "ms": {"data": "fast"}},
                                    {"choice": ["data"], "ms": {}}, {"choice": "data", "ms": [1, 2]}],
                          ids=["ms-str", "ms-value-str", "choice-list", "ms-list"])
-def test_a_cached_value_of_the_wrong_shape_is_timed_again(cache, value):
+def test_a_cached_value_of_the_wrong_shape_is_timed_again(cache, value, monkeypatch):
     """A cache entry whose value was edited (its digest still matches: it does not cover the value) is
     a miss with a TuneCacheWarning: the candidates are timed again and the entry rewritten. It killed
     the fit with an AttributeError, ValueError or TypeError."""
@@ -212,6 +212,8 @@ def test_a_cached_value_of_the_wrong_shape_is_timed_again(cache, value):
     with open(cache.path + ".new", "w") as f:
         json.dump(doc, f)
     os.replace(cache.path + ".new", cache.path)
+    fresh = tuning.TuneCache(cache.path)     # a new process (this one keeps the choice it made)
+    monkeypatch.setattr(tuning, "shared", lambda: fresh)
     m = _model()
     with pytest.warns(tuning.TuneCacheWarning, match="dnn_parallel.*ignored"):
         m.fit(x, y, batch_size=8, epochs=1, verbose=0)
