@@ -1,4 +1,5 @@
 """Master-side checks and choices shared by dmath.linalg's functions (no kernels here)."""
+import contextlib
 import functools
 import threading
 
@@ -36,6 +37,19 @@ def entry(fn):
         finally:
             _calls.depth -= 1
     return call
+
+
+@contextlib.contextmanager
+def user_code():
+    """Run the user's code given to a linalg function (cg's operator and callback) as a call of its
+    own: a linalg call made there checks its inputs as any top-level call (inside cg it skipped the
+    NaN/inf check, and solve(A with inf) returned finite garbage)."""
+    saved = getattr(_calls, "depth", 0)
+    _calls.depth = 0
+    try:
+        yield
+    finally:
+        _calls.depth = saved
 
 
 def matrix(A, fn, what="A"):

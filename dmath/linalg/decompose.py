@@ -72,7 +72,13 @@ def cholesky(A, lower=True, *, block=None, layout=None):
     checks.layout(layout, "cholesky")
     nb = checks.block(block, A.shape[0])
     L = _cholesky_work(A, nb, "cholesky")
-    return _out(L if lower else L.T, layout)
+    if lower:
+        return _out(L, layout)
+    U = L.T
+    # a transpose is marked as derived (in-place writes refused: they would not reach L), but L is
+    # this call's own and dropped here: U is the user's matrix, writable as the lower factor is
+    U._derived = None
+    return _out(U, layout)
 
 
 # ---- triangular solves ------------------------------------------------------------------------
@@ -187,7 +193,8 @@ def solve(A, B, assume_a="gen", *, block=None, layout=None):
 
     assume_a='gen': LU with partial pivoting (B's rows permuted and the
     forward substitution done inside the factorization), then the back
-    substitution; 'pos': Cholesky, then two triangular solves. Raises
+    substitution; 'pos': Cholesky of A's lower triangle (the upper is not
+    read; SciPy's solve reads the upper), then two triangular solves. Raises
     LinAlgError for a singular A (naming the zero pivot) or, with 'pos', for
     an A that is not positive definite (naming the leading minor)."""
     fn = "solve"

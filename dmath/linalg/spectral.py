@@ -271,11 +271,14 @@ def eigsh(A, k=6, which="LM", *, tol=None, maxiter=None, seed=0, layout=None):
     tol = float(np.finfo(dtype).eps ** 0.75) if tol is None else float(tol)
     if not tol > 0:
         raise DMathError(f"{fn}: tol must be positive, got {tol!r}")
+    seed = as_int(seed, "seed")
+    if seed < 0:
+        raise DMathError(f"{fn}: seed must be a non-negative integer (NumPy's generators take no other), got {seed}")
     rows = RowBlock(tuple(range(checks.workers())))
     X = A if A.layout == rows.resolved(checks.workers()) and A.dtype == dtype else movement.remap(A, rows, dtype)
     made, (w, converged) = dispatch(
         "linalg_lanczos", [X], [new_meta(rows, (n, k), dtype)],
-        static=LANCZOS.static(k=k, which=which, steps=steps, tol=tol, seed=as_int(seed, "seed")))
+        static=LANCZOS.static(k=k, which=which, steps=steps, tol=tol, seed=seed))
     if w is None:
         raise LinAlgError(f"{fn}: the Lanczos recurrence met NaN or inf: does A hold them?")
     if not converged:
@@ -332,6 +335,11 @@ def _lanczos(call):
     V[:, 0] = start_vector(0)
     alphas, betas = [], []
     converged, theta, S, m = False, None, None, 0
+    # A's scale as the recurrence sees it (|alpha| and beta are entries of T, whose norm is at most
+    # A's): an invariant subspace is a beta negligible against it. A floor of 1 made every step of a
+    # matrix of norm below eps look invariant: restarts from random vectors, a diagonal T, and
+    # "converged" Ritz pairs that were not eigenpairs
+    scale_a = np.finfo(np.float64).tiny
     for j in range(steps):
         collectives.allgatherv(group, xp.ascontiguousarray(V[:, j]), full, sizes)
         w = A @ full
@@ -342,6 +350,7 @@ def _lanczos(call):
             coef += be.asnumpy(h).astype(np.float64)
         alphas.append(coef[j])
         beta = float(be.asnumpy(allsum(xp.reshape(w @ w, (1,))))[0]) ** 0.5
+        scale_a = max(scale_a, abs(coef[j]), beta)
         m = j + 1
         if not (np.isfinite(coef).all() and np.isfinite(beta)):
             # NaN or inf in A (the same numbers on every worker: all stop here)
@@ -357,7 +366,7 @@ def _lanczos(call):
                 break
         if m == steps:
             break
-        if beta <= np.finfo(dtype).eps * max(np.abs(theta).max(), 1.0):
+        if beta <= np.finfo(dtype).eps * max(np.abs(theta).max(), scale_a):
             # an invariant subspace: continue from a new direction (T splits into blocks)
             V[:, j + 1] = start_vector(j + 1)
             betas.append(0.0)

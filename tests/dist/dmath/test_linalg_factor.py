@@ -82,6 +82,20 @@ def test_cholesky_reads_lower_triangle_only():
     np.testing.assert_allclose(L, np.linalg.cholesky(S), rtol=1e-12, atol=1e-12)
 
 
+def test_the_upper_cholesky_factor_is_a_writable_matrix():
+    """U = L^T was returned as a transpose, which refused in-place writes naming an 'A.T' the user
+    never wrote; it is the user's own matrix, as the lower factor is."""
+    n = 9
+    S = _spd(n, 4)
+    for layout_ in (None, dmath.RowBlock()):
+        U = la.cholesky(dmath.from_numpy(S, dtype="float64"), lower=False, block=4, layout=layout_)
+        U *= 2.0
+        U[0, 0] = 1.0
+        want = 2.0 * np.linalg.cholesky(S).T
+        want[0, 0] = 1.0
+        np.testing.assert_allclose(U.to_numpy(), want, rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("order", [1, 6, 9, 17])
 def test_cholesky_not_positive_definite_names_the_minor(order):
     n = 17

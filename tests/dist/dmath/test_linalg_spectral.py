@@ -116,6 +116,31 @@ def test_eigsh_not_converged_raises():
         la.eigsh(dmath.from_numpy(S, dtype="float64"), k=3, maxiter=4, tol=1e-14)
 
 
+@pytest.mark.parametrize("scale", [1.0, 1e-17, 1e-20, 1e15])
+@pytest.mark.parametrize("which", ["LM", "LA", "SA"])
+def test_eigsh_of_a_matrix_of_any_scale(which, scale):
+    """A matrix whose norm is below eps was taken for an invariant subspace at every step (the test
+    compared beta with eps * max(|theta|, 1)): "converged" pairs 84-99% off. Eigenpairs scale with A."""
+    S = _sym(40, 12) * scale
+    w, V = la.eigsh(dmath.from_numpy(S, dtype="float64"), k=3, which=which)
+    ref = np.linalg.eigvalsh(S)
+    want = {"LA": ref[-3:], "SA": ref[:3], "LM": np.sort(ref[np.argsort(np.abs(ref))[-3:]])}[which]
+    np.testing.assert_allclose(w, want, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
+    v = V.to_numpy()
+    assert np.abs(S @ v - v * w).max() < 1e-8 * np.abs(ref).max()
+
+
+def test_eigsh_refuses_a_negative_seed_on_the_master():
+    """NumPy's generators take no negative seed: it killed a worker (and the runtime) before. The
+    refusal leaves the runtime usable, and any non-negative seed gives the eigenvalues."""
+    S = _sym(10, 3)
+    A = dmath.from_numpy(S, dtype="float64")
+    with pytest.raises(dmath.DMathError, match="seed must be a non-negative integer"):
+        la.eigsh(A, k=2, seed=-1)
+    w, _ = la.eigsh(A, k=2, which="LA", seed=2**40)
+    np.testing.assert_allclose(w, np.linalg.eigvalsh(S)[-2:], rtol=1e-10)
+
+
 @pytest.mark.parametrize("shape", [(50, 30), (30, 50)], ids=["tall", "wide"])
 @pytest.mark.parametrize("dtype", ["float64", "float32"])
 def test_svds(shape, dtype):
@@ -162,6 +187,69 @@ def test_cg_maxiter_and_indefinite():
     assert info == 2
     with pytest.raises(dmath.LinAlgError, match="not positive definite"):
         la.cg(dmath.from_numpy(-S, dtype="float64"), b)
+
+
+def test_cg_promotes_to_the_operands_result_type():
+    """A float64 A with a float32 b ran in float32 and called a float32 residual converged at
+    tol=1e-12: x is float64 (NumPy's result type, as solve's), and solves to float64 accuracy."""
+    n = 30
+    S, bv = _spd(n, 14), np.random.default_rng(15).standard_normal((n, 1))
+    x, info = la.cg(dmath.from_numpy(S, dtype="float64"), dmath.from_numpy(bv, dtype="float32"), tol=1e-12)
+    assert info == 0 and x.dtype == np.float64
+    want = np.linalg.solve(S, bv.astype(np.float32).astype(np.float64))
+    np.testing.assert_allclose(x.to_numpy(), want, rtol=1e-9, atol=1e-9 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("scale", [1e-170, 1e-300, 1e170, 1e300])
+def test_cg_with_a_right_hand_side_of_extreme_size(scale):
+    """||b||^2 underflowed: x = 0 came back "converged". The solve is linear in b: x scales with it."""
+    n = 20
+    S, bv = _spd(n, 16), np.random.default_rng(17).standard_normal((n, 1))
+    seen = []
+    x, info = la.cg(dmath.from_numpy(S, dtype="float64"), dmath.from_numpy(bv * scale, dtype="float64"),
+                    tol=1e-10, callback=lambda xk: seen.append(float(abs(xk).max())))
+    want = np.linalg.solve(S, bv) * scale
+    assert info == 0
+    np.testing.assert_allclose(x.to_numpy(), want, rtol=1e-8, atol=1e-8 * np.abs(want).max())
+    assert seen and 0.1 < seen[-1] / np.abs(want).max() < 10     # the callback sees the user's x
+
+
+def test_cg_sums_a_partial_right_hand_side():
+    n = 16
+    S, bv = _spd(n, 18), np.random.default_rng(19).standard_normal((n, 1))
+    b = make(bv, layout("partial", (n, 1), P), "float64")
+    x, info = la.cg(dmath.from_numpy(S, dtype="float64"), b, tol=1e-12)
+    assert info == 0
+    np.testing.assert_allclose(x.to_numpy(), np.linalg.solve(S, bv), rtol=1e-9, atol=1e-10)
+
+
+def test_cg_checks_maxiter():
+    b = dmath.from_numpy(np.ones((4, 1)))
+    for bad in (0, -3):
+        with pytest.raises(dmath.DMathError, match="maxiter must be a positive integer"):
+            la.cg(dmath.from_numpy(_spd(4, 1)), b, maxiter=bad)
+
+
+def test_linalg_calls_inside_cgs_operator_and_callback_check_their_inputs():
+    """The operator and the callback are the user's code: a linalg call there checks for NaN/inf as
+    at top level (inside cg, solve(A holding inf) returned finite garbage)."""
+    n = 6
+    S = _spd(n, 20)
+    bad = S.copy()
+    bad[2, 3] = np.inf
+    B = dmath.from_numpy(bad)
+    b = dmath.from_numpy(np.ones((n, 1)))
+    A = dmath.from_numpy(S)
+
+    def operator(p):
+        la.solve(B, p)
+        return A @ p
+    with pytest.raises(dmath.LinAlgError, match="NaN or inf"):
+        la.cg(operator, b)
+    with pytest.raises(dmath.LinAlgError, match="NaN or inf"):
+        la.cg(A, b, callback=lambda xk: la.inv(B))
+    x, info = la.cg(A, b, tol=1e-12)                  # the runtime goes on
+    assert info == 0
 
 
 @pytest.mark.parametrize("ord", [None, "fro", "nuc", 1, -1, 2, -2, np.inf, -np.inf])
