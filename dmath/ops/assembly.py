@@ -37,7 +37,7 @@ from ..runtime import Shard, define, runtime
 from ..runtime.registry import collectives_in_graphs
 from .base import as_int, check_scalar, dispatch, is_matrix, new_meta
 from .creation import zeros
-from .data import from_numpy
+from .data import check_exact_integer_scalar, from_numpy
 from .movement import _parse_key, remap
 
 
@@ -116,6 +116,7 @@ def setitem(m, key, value):
             write(m, from_numpy(value.reshape(h, w), dtype=m.dtype), (Rect((0, 0), (r0, c0), (h, w)),))
         return
     if isinstance(value, (numbers.Real, np.floating, np.integer)) and not isinstance(value, (bool, np.bool_)):
+        check_exact_integer_scalar(value, m.dtype, "M[...] = value")     # as an integer array's values are
         fill(m, (r0, c0), (h, w), check_scalar(value, "the value"))
         return
     raise DMathError(f"M[...] = value needs a dmath.Matrix, a numpy array or a real scalar, "
@@ -280,11 +281,17 @@ def pad(m, pad_width, mode="constant", constant_values=0, layout=None):
     out = zeros(shape, m.dtype, result_layout(m.layout) if layout is None else layout)
     write(out, m, (Rect((0, 0), (t, left), m.shape),))
     if mode == "constant":
-        for (r0, h), v in (((0, t), cv[0, 0]), ((t + mrows, b), cv[0, 1])):
-            if v:
+        # `out` starts as +0.0: a fill is skipped only where it would write +0.0 over +0.0 (a zero
+        # column constant over nonzero row constants sets the corners, as NumPy's; -0.0 keeps its sign)
+        def plus_zero(v):
+            return v == 0 and not np.signbit(v)
+        rows = (((0, t), cv[0, 0]), ((t + mrows, b), cv[0, 1]))
+        for (r0, h), v in rows:
+            if h and not plus_zero(v):
                 fill(out, (r0, 0), (h, shape[1]), float(v))
+        corners_zero = all(plus_zero(v) for (_, h), v in rows if h)
         for (c0, w), v in (((0, left), cv[1, 0]), ((left + ncols, right), cv[1, 1])):
-            if v:
+            if w and not (plus_zero(v) and corners_zero):
                 fill(out, (0, c0), (shape[0], w), float(v))
         return out
     # rows from m into the middle columns, then whole columns of `out` from its own middle columns

@@ -76,6 +76,21 @@ def assign(m, value):
 _EXACT = {"float16": 2 ** 11, "float32": 2 ** 24, "float64": 2 ** 53}
 
 
+def check_exact_integer_scalar(v, dtype, what):
+    """DTypeError when the integer scalar v is not exact in `dtype` (2049 in float16), as for
+    integer arrays; floats are rounded as NumPy rounds them (nothing to check)."""
+    if isinstance(v, (bool, np.bool_)) or not isinstance(v, (int, np.integer)):
+        return
+    v = int(v)
+    if abs(v) <= _EXACT[np.dtype(dtype).name]:
+        return
+    with np.errstate(all="ignore"):
+        got = float(np.array(float(v) if abs(v) < 2 ** 1023 else np.inf).astype(dtype))
+    if not (math.isfinite(got) and got == v):
+        raise DTypeError(f"{what}: the integer {v} is not exact in {dtype} (it would become {got!r}); pass "
+                         f"float({v}) if rounding is what you want")
+
+
 def _check_exact_integers(a, dtype, what):
     """DTypeError when integer array `a` holds values that `dtype` rounds (int64 past 2**53 in
     float64, say): a conversion that changes values is the user's to ask for (a.astype(float))."""

@@ -115,6 +115,20 @@ def test_pad_every_layout(k, case):
     np.testing.assert_allclose(out.to_numpy(), e, **tol(dtype))
 
 
+@pytest.mark.parametrize("constants", [((5, 5), (0, 0)), ((5, -0.0), (-0.0, 7)), ((np.nan, np.inf), (-0.0, 7)),
+                                       ((-0.0, -0.0), (0, 0)), ((0, 0), (0, 0))])
+@pytest.mark.parametrize("name", ["row", "bc23", "rep"])
+def test_pad_constants_zero_and_signed_zero_as_numpy(name, constants):
+    """A zero column constant over nonzero row constants was skipped (the corners kept the row's
+    value, NumPy's are the column's), and a -0.0 constant came out +0.0: bit for bit NumPy's now."""
+    xv = values((4, 3), 41)
+    m = make(xv, layout(name, (4, 3), P), "float64")
+    got = dmath.pad(m, 1, constant_values=constants).to_numpy()
+    want = np.pad(xv, 1, constant_values=constants)
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
+
+
 def test_pad_layout_request_and_zero_width():
     xv = values((6, 5), 40)
     m = make(xv, dmath.RowBlock(), "float64")

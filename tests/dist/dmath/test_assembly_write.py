@@ -203,3 +203,22 @@ def test_write_zero_dimensional_array_is_a_scalar():
     e = np.zeros((3, 4), "float32")
     e[1:, 2:] = 1.5
     np.testing.assert_array_equal(m.to_numpy(), e)
+
+
+@pytest.mark.parametrize("dtype, exact, rounded", [("float16", 2048, 2049), ("float32", 2 ** 24, 2 ** 24 + 1),
+                                                   ("float64", 2 ** 53, 2 ** 53 + 1)])
+def test_an_integer_scalar_the_dtype_cannot_hold_is_refused_as_an_array_is(dtype, exact, rounded):
+    """M[0:1, 0:1] = np.array([[2049]]) was refused on a float16 M while M[0, 0] = 2049 stored 2048:
+    an integer scalar is checked as an integer array's values are; floats round as NumPy's."""
+    m = dmath.zeros((3, 3), dtype=dtype)
+    with pytest.raises(dmath.DTypeError, match=f"integer {rounded} is not exact in {dtype}"):
+        m[0, 0] = rounded
+    with pytest.raises(dmath.DTypeError, match=f"not exact in {dtype}"):
+        m[0:1, 0:1] = np.array([[rounded]])
+    with pytest.raises(dmath.DTypeError, match=f"integer {-rounded} is not exact"):
+        m[1, :] = np.int64(-rounded)
+    m[0, 0], m[1, 1], m[2, 2] = exact, float(rounded), np.int64(-exact)
+    got = m.to_numpy()
+    assert got[0, 0] == exact and got[2, 2] == -exact
+    assert got[1, 1] == np.array(float(rounded)).astype(dtype)           # a float rounds
+    assert (got[[0, 1, 2], [1, 2, 0]] == 0).all()
