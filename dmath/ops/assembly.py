@@ -37,7 +37,7 @@ from ..runtime import Shard, define, runtime
 from ..runtime.registry import collectives_in_graphs
 from .base import as_int, check_scalar, dispatch, is_matrix, new_meta
 from .creation import zeros
-from .data import check_exact_integer_scalar, from_numpy
+from .data import PARTIAL_ZERO, check_exact_integer_scalar, from_numpy
 from .movement import _parse_key, remap
 
 
@@ -448,7 +448,7 @@ def _fill(call):
     member's addend, zeros in the others')."""
     target = call.inputs[0]
     dist = target.dist
-    value = 0.0 if dist.partial and call.rank != dist.group[0] else call.scalars[0]
+    value = PARTIAL_ZERO if dist.partial and call.rank != dist.group[0] else call.scalars[0]
     _fill_pieces(target, call.entry.static.offset, call.entry.static.shape, value, call.rank)
     return [target]
 

@@ -76,6 +76,11 @@ def assign(m, value):
 _EXACT = {"float16": 2 ** 11, "float32": 2 ** 24, "float64": 2 ** 53}
 
 
+#: the other addends of a Partial matrix whose value one member holds: -0.0, IEEE's additive identity
+#: (x + -0.0 is x for every x, -0.0 included; +0.0 turned a -0.0 of the value into +0.0)
+PARTIAL_ZERO = -0.0
+
+
 def check_exact_integer_scalar(v, dtype, what):
     """DTypeError when the integer scalar v is not exact in `dtype` (2049 in float16), as for
     integer arrays; floats are rounded as NumPy rounds them (nothing to check)."""
@@ -230,7 +235,7 @@ def _scatter(call):
     if blocks is None:
         blocks = [compute_empty(kind, p.shape, dtype) for p in dist.pieces[call.rank]]
         for b in blocks:
-            b.fill(0)
+            b.fill(PARTIAL_ZERO)
     return [new_shard(blocks, dist, dtype, kind)]
 
 
@@ -244,7 +249,7 @@ def _scatter_into(call):
     blocks = _host_blocks(call, target.dist, target.dtype)
     for k, a in enumerate(target.pieces):
         if blocks is None:
-            a.fill(0)
+            a.fill(PARTIAL_ZERO)
         else:
             a[...] = be.asarray(blocks[k])
     return [target]
@@ -288,9 +293,11 @@ def _gather(call):
     own = kinds.host_arrays(shard) if 0 in who else None
     collectives.wait_host(requests, nbytes)
     parts = ([] if own is None else list(zip(dist.pieces[0], own))) + incoming
-    for p, block in parts:
-        if dist.partial:
+    for k, (p, block) in enumerate(parts):
+        if dist.partial and k:
             out += block
+        elif dist.partial:
+            out[...] = block        # the first addend as it is: 0.0 + -0.0 would lose a lone addend's sign
         else:
             _put_block(out, p, block)
     call.result = out.astype(dtype, copy=False)

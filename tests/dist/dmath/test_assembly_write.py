@@ -222,3 +222,24 @@ def test_an_integer_scalar_the_dtype_cannot_hold_is_refused_as_an_array_is(dtype
     assert got[0, 0] == exact and got[2, 2] == -exact
     assert got[1, 1] == np.array(float(rounded)).astype(dtype)           # a float rounds
     assert (got[[0, 1, 2], [1, 2, 0]] == 0).all()
+
+
+@pytest.mark.parametrize("group", [None, "last"])
+def test_a_partial_matrix_keeps_the_sign_of_zero(group):
+    """A Partial matrix's value is the sum of its members' addends; the members that do not hold the
+    value hold -0.0 (x + -0.0 is x for every x), so -0.0 survives from_numpy, a window fill and
+    to_numpy at any worker count (+0.0 addends, and a gather that started from +0.0, made it +0.0)."""
+    lay = dmath.Partial() if group is None else dmath.Partial(group=(P - 1,))
+    x = values((4, 5), 42)
+    x[0, :] = -0.0
+    x[1, 1] = 0.0
+    m = dmath.from_numpy(x, layout=lay)
+    got = m.to_numpy()
+    np.testing.assert_array_equal(got, x)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(x))
+    m[2, 2] = -0.0
+    m[3, 0:2] = 0.0
+    x[2, 2], x[3, 0:2] = -0.0, 0.0
+    got = m.to_numpy()
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(x))
+    np.testing.assert_array_equal(got, x)
