@@ -69,7 +69,7 @@ def dispatch_known(known, op, inputs, metas, outputs, static, scalars):
     `scalars`: floats already. Pooled, no payload."""
     rt = runtime()
     handles = list(map(_handle_of, inputs))       # (no comprehension frame: Python < 3.12)
-    if known.rt is rt:
+    if known.rt is rt and known.entry.sig_id is not None:     # (None: the runtime dropped the signature)
         handles, result = rt.call_entry(known.entry, handles, scalars)
     else:
         handles, result = rt.call(op, handles, metas, outputs, static, scalars)

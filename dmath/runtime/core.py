@@ -39,6 +39,7 @@ class Runtime(Dispatch, Handles, Failures, Execution, Worker, Shutdown):
         self.table = {}            # handle -> Shard
         self.entries = {}          # signature id -> Entry
         self.signatures = {}       # master: signature -> its Entry (entries[entry.sig_id])
+        self.next_sig_id = 1       # master: the next signature ID (never reused: dropped ones included)
         self.next_handle = 1       # master: the next handle number to hand out (see _free_run)
         self.handle_end = protocol.HANDLE_MAX + 1   # master: ... while it stays below this
         self._free_runs = None     # master: the free runs of numbers left from the last scan

@@ -29,7 +29,7 @@ from threading import get_ident as _get_ident
 
 from ..comm import agreement
 from ..comm.control import gather_objects
-from ..errors import OutOfMemoryError, PlanError
+from ..errors import DMathError, OutOfMemoryError, PlanError
 from . import oom, protocol
 from .entry import Entry
 from .shard import Meta
@@ -40,6 +40,13 @@ from .shard import Meta
 BATCH_MAX = 16
 BATCH_AGE_S = 500e-6
 BATCH_SHARE_S = 50e-6
+#: Bounded signatures. Past this many registered signatures the master drops the least recently
+#: used quarter (none of a defined plan's, none while a block records), on every rank with the next
+#: commands' frees (protocol.SIGNATURE_DROP). Signatures that carry data (the rows of a take_rows,
+#: the corner of a window write in a loop over rows) are each used once: without a bound the
+#: master's table and every worker's kernels' caches grew by each of them for the life of the job
+#: (5 MB per permutation of 100,000 rows). A dropped signature used again is registered again.
+MAX_SIGNATURES = 16384
 
 
 def configure(values):
@@ -100,14 +107,21 @@ class Dispatch:
         if self.poisoned and not self.poisoned.isdisjoint(in_handles):
             raise OutOfMemoryError(f"{op}: an operand was never computed: the operation that made it ran "
                                    f"out of memory and was undone")
+        if entry is not None and entry.sig_id is None:
+            # a dropped signature (kept by a master half's cached plan, `Known`): registered again
+            signature = (entry.op, entry.static, entry.inputs, entry.outputs)
+            entry = self.signatures.get(signature)
         if entry is None:
             # first use: what the command makes and overwrites, worked out here once (its Entry keeps
             # it); registered below, after the ledger has admitted it
+            if len(self.signatures) >= MAX_SIGNATURES and recorder is None:
+                self._drop_signatures()
             new_outs = tuple(m for m in outputs if type(m) is Meta)
             in_place = tuple(m for m in outputs if type(m) is not Meta)
             sig_id = None
         else:
             new_outs, in_place, sig_id = entry.new_outputs, entry.in_place, entry.sig_id
+            entry.used = self.commands
         n_new = len(new_outs)
         if n_new:
             # past the memory limit this raises OutOfMemoryError here, before anything is sent
@@ -131,12 +145,17 @@ class Dispatch:
         careful = self.ledger.low < 0 and not in_place
         try:
             if entry is None:
-                sig_id = len(self.signatures) + 1
+                sig_id = self.next_sig_id
+                if sig_id >= protocol.SIGNATURE_DROP:
+                    raise DMathError(f"{op}: this job has registered {sig_id - 1:,} command signatures, the most "
+                                     f"the protocol numbers")
                 message, total = protocol.encode(protocol.REGISTER | protocol.CAREFUL if careful
                                                  else protocol.REGISTER, sig_id,
                                                  in_handles + out_handles, scalars, frees, signature)
                 # registered once its message exists: a command that cannot be encoded registers nothing
                 entry = self.entries[sig_id] = self.signatures[signature] = Entry(signature, self.nworkers, sig_id)
+                entry.used = self.commands
+                self.next_sig_id = sig_id + 1
             else:
                 message, total = protocol.encode_numbers(protocol.EXEC_CAREFUL if careful else protocol.EXEC,
                                                          sig_id, in_handles + out_handles, scalars, frees)
@@ -194,6 +213,18 @@ class Dispatch:
             recorder.command(sig_id, tuple(zip(in_handles, in_metas)), out_handles, out_handles_new, scalars,
                              frees, result is not None)
         return out_handles, result
+
+    def _drop_signatures(self):
+        """Drop the least recently used quarter of the registered signatures, but none that a
+        defined plan replays (see MAX_SIGNATURES): here at once, on every rank (the master's share
+        included) with the next commands' frees."""
+        pinned = {step.sig_id for replayer in self.programs.values() for step in replayer.program.steps}
+        unpinned = sorted((e for e in self.signatures.values() if e.sig_id not in pinned), key=lambda e: e.used)
+        for entry in unpinned[:max(1, len(self.signatures) // 4)]:
+            del self.signatures[(entry.op, entry.static, entry.inputs, entry.outputs)]
+            self.ledger.forget(entry.sig_id)
+            self.pending_frees.append(-(protocol.SIGNATURE_DROP + entry.sig_id))
+            entry.sig_id = None
 
     def _not_sent(self, new_handles, frees):
         """Undo what `_command` did before its message could not be encoded (or its new signature

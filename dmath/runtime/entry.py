@@ -14,10 +14,12 @@ class Entry:
     not on every command). local: its commands never communicate (registry.py),
     so the master may queue them; share_s: master, the seconds its own share of
     the last such command took (infinite until one has run, and for commands
-    that are not local: never queued).
+    that are not local: never queued). The master drops the least recently
+    used signatures past dispatch.MAX_SIGNATURES; a dropped Entry has sig_id
+    None, and a command of it registers the signature again.
     """
     __slots__ = ("op", "static", "inputs", "outputs", "in_dists", "out_dists", "kernel", "capture_rule", "cache",
-                 "sig_id", "new_outputs", "in_place", "doing", "local_rule", "local", "share_s")
+                 "sig_id", "new_outputs", "in_place", "doing", "local_rule", "local", "share_s", "used")
 
     def __init__(self, signature, nworkers, sig_id=None):
         self.op, self.static, self.inputs, self.outputs = signature
@@ -33,6 +35,7 @@ class Entry:
         self.local_rule = local_rule(self.op, backend.current().name)
         self.local = is_local(self)
         self.share_s = _NEVER
+        self.used = 0           # master: the command count at its last use (the least recently used go first)
 
 
 

@@ -4,6 +4,7 @@ import time
 from .. import memory
 from ..comm import counters
 from ..memory import replicas
+from . import protocol
 from .entry import Call
 from .graphs import Replayer
 from .streams import traffic_mark
@@ -66,13 +67,24 @@ class Execution:
     def _free(self, handles):
         table, cache = self.table, replicas.cache
         for h in handles:
-            if h < 0:                       # -k drops plan k (protocol.py)
-                self.programs.pop(-h, None)
+            if h < 0:
+                if -h >= protocol.SIGNATURE_DROP:       # a signature the master dropped (protocol.py)
+                    self._drop_entry(-h - protocol.SIGNATURE_DROP)
+                else:                                   # -k drops plan k
+                    self.programs.pop(-h, None)
                 continue
             s = table.pop(h, None)
             if s is not None and s.pending is not None:
                 s.settle()              # its buffers go back to the pool: the side stream must be done
             cache.drop(h)
+
+    def _drop_entry(self, sig_id):
+        """Forget a dropped signature and what its kernels cached (staging buffers, plans): the device
+        first finishes its queued work, which may still read those buffers."""
+        entry = self.entries.pop(sig_id, None)
+        if entry is not None and entry.cache:
+            self.backend.synchronize_all()
+            entry.cache.clear()
 
     def _define(self, plan_id, program):
         self.programs[plan_id] = Replayer(self, program)

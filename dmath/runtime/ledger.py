@@ -137,6 +137,10 @@ class Ledger:
         """Whether commands are careful now: some worker's live matrices are past its mark (or 'always')."""
         return self.low < 0
 
+    def forget(self, sig_id):
+        """Drop what admit kept for a signature the master dropped."""
+        self._by_sig.pop(sig_id, None)
+
     def admit(self, op, sig_id, metas):
         """The per-worker bytes of each new matrix of a command; raises OutOfMemoryError if one does not fit."""
         entry = self._by_sig.get(sig_id)      # (None, a signature not yet registered, is never a key)

@@ -20,7 +20,8 @@ Recorded plans: a DEFINE message (its `sig_id` field holds the plan ID)
 carries a whole program, the recorded steps each encoded as an EXEC message
 and the frees after the last step as FREE messages, concatenated; a REPLAY
 message is the header alone (12 bytes, plus any pending frees). A negative
-entry -k among the frees drops plan k.
+entry -k among the frees drops plan k; -(SIGNATURE_DROP + s) drops the
+registered signature s (dispatch.py, "Bounded signatures").
 
 OOM_CHECK (the header alone) asks every worker whether it is out of the last
 command after a refused allocation (oom.py).
@@ -57,6 +58,9 @@ HEADER = struct.Struct("<BBBBII")   # kind, n_handles, n_scalars, n_frees, sig_i
 #: is one byte of the header
 MAX_OPERANDS = 255
 MAX_FREES = MAX_OPERANDS
+#: among the frees, -(SIGNATURE_DROP + s) drops signature s, -k (k below it) plan k; signature IDs
+#: stay below it (int32 on the wire)
+SIGNATURE_DROP = 2 ** 30
 #: the largest handle number (int32 on the wire, where a negative free -k drops plan k)
 HANDLE_MAX = 2 ** 31 - 1
 

@@ -206,3 +206,40 @@ def test_a_matrix_collected_in_another_thread_is_released_by_the_owner():
     x = dmath.full((3, 4), 5.0)                  # the owner's next command takes the release over
     assert not rt.released_elsewhere and h not in rt.ledger.live
     np.testing.assert_array_equal((x + 1.0).to_numpy(), np.full((3, 4), 6.0))
+
+
+def test_signatures_past_the_bound_are_dropped_everywhere_and_registered_again(monkeypatch):
+    """Signatures that carry data (each row's window write in a loop, each take_rows permutation) are
+    used once each; past dispatch.MAX_SIGNATURES the master drops the least recently used quarter on
+    every rank, except those a defined plan replays. Values stay right throughout: a plan recorded
+    before replays after the drops, a GEMM and an elementwise product whose master halves keep their
+    Entry (`Known`) register it again, and the workers' tables stay bounded."""
+    from dmath.runtime import dispatch as dispatch_module
+    bound = 48
+    monkeypatch.setattr(dispatch_module, "MAX_SIGNATURES", bound)
+    rt = runtime()
+    n = 23
+    a, b = np.arange(n * 4.0).reshape(n, 4), np.linspace(-1.0, 1.0, 16).reshape(4, 4)
+    A, B = dmath.from_numpy(a), dmath.from_numpy(b, layout=dmath.Replicated())
+    with dmath.record() as plan:
+        C = (A @ B) * 3.0
+    m = dmath.zeros((n, 4))
+    want = np.zeros((n, 4))
+    for i in range(6 * bound):
+        r = (7 * i) % n
+        m[r:r + 1, i % 4] = float(i)                    # a new signature for most (r, column) corners
+        want[r, i % 4] = float(i)
+        if i % 37 == 0:
+            D = A @ B                                   # the GEMM's and the product's cached Entries
+            np.testing.assert_allclose((D * 2.0).to_numpy(), 2.0 * (a @ b), rtol=1e-12)
+        if i % 53 == 0:
+            perm = np.random.default_rng(i).permutation(n)
+            np.testing.assert_array_equal(dmath.take_rows(A, perm).to_numpy(), a[perm])
+        assert len(rt.signatures) <= bound
+    np.testing.assert_array_equal(m.to_numpy(), want)
+    A.assign(a + 1.0)
+    plan.replay()
+    np.testing.assert_allclose(C.to_numpy(), 3.0 * ((a + 1.0) @ b), rtol=1e-12)
+    counts = [s["signatures"] for s in dmath.stats()]
+    assert max(counts) <= bound + 1, counts             # (+1: the stats command's own, if new)
+    assert rt.next_sig_id - 1 > 4 * bound               # (many more were registered and dropped)
