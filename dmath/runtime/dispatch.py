@@ -41,11 +41,12 @@ BATCH_MAX = 16
 BATCH_AGE_S = 500e-6
 BATCH_SHARE_S = 50e-6
 #: Bounded signatures. Past this many registered signatures the master drops the least recently
-#: used quarter (none of a defined plan's, none while a block records), on every rank with the next
-#: commands' frees (protocol.SIGNATURE_DROP). Signatures that carry data (the rows of a take_rows,
-#: the corner of a window write in a loop over rows) are each used once: without a bound the
-#: master's table and every worker's kernels' caches grew by each of them for the life of the job
-#: (5 MB per permutation of 100,000 rows). A dropped signature used again is registered again.
+#: used, down to three quarters of it (none of a defined plan's, none while a block records), on
+#: every rank with the next commands' frees (protocol.SIGNATURE_DROP). Signatures that carry data
+#: (the rows of a take_rows, the corner of a window write in a loop over rows) are each used once:
+#: without a bound the master's table and every worker's kernels' caches grew by each of them for
+#: the life of the job (5 MB per permutation of 100,000 rows). A dropped signature used again is
+#: registered again.
 MAX_SIGNATURES = 16384
 
 
@@ -215,12 +216,12 @@ class Dispatch:
         return out_handles, result
 
     def _drop_signatures(self):
-        """Drop the least recently used quarter of the registered signatures, but none that a
-        defined plan replays (see MAX_SIGNATURES): here at once, on every rank (the master's share
-        included) with the next commands' frees."""
+        """Drop the least recently used signatures down to three quarters of MAX_SIGNATURES, but none
+        that a defined plan replays: here at once, on every rank (the master's share included) with
+        the next commands' frees."""
         pinned = {step.sig_id for replayer in self.programs.values() for step in replayer.program.steps}
         unpinned = sorted((e for e in self.signatures.values() if e.sig_id not in pinned), key=lambda e: e.used)
-        for entry in unpinned[:max(1, len(self.signatures) // 4)]:
+        for entry in unpinned[:max(1, len(self.signatures) - 3 * MAX_SIGNATURES // 4)]:
             del self.signatures[(entry.op, entry.static, entry.inputs, entry.outputs)]
             self.ledger.forget(entry.sig_id)
             self.pending_frees.append(-(protocol.SIGNATURE_DROP + entry.sig_id))
