@@ -528,8 +528,14 @@ def _checked_metrics(model, resume, metrics, path):
     return {"loss": np.array(loss), "correct": np.array(correct), "samples": np.array(int(samples), dtype=np.int64)}
 
 
+#: the largest training count a file may hold: epochs and batches feed the data order's keys, which
+#: are exact integers below 2**53 (a count of 10**30 loaded, then failed inside fit)
+_COUNT_MAX = 2 ** 53 - 1
+
+
 def _count(d, key, path):
     v = d.get(key)
-    if isinstance(v, bool) or not isinstance(v, int) or v < 0:
-        raise ModelFileError(f"{path!r}: the header's training {key!r} must be a non-negative integer, got {v!r}")
+    if isinstance(v, bool) or not isinstance(v, int) or not 0 <= v <= _COUNT_MAX:
+        raise ModelFileError(f"{path!r}: the header's training {key!r} must be an integer in [0, 2**53), "
+                             f"got {v!r}")
     return v

@@ -270,6 +270,9 @@ CORRUPT_CSV = {
     "negative_label": (b"1,2,-1\n", "not a non-negative integer"),
     "fractional_label": (b"1,2,3\n1,2,0.5\n", "line 2: label 0.5"),
     "binary": (b"\xff\xfe\x00garbage", "not a text file"),
+    # a quoted field across a line break was read as one number ("2<newline>3" as 23)
+    "quoted_line_break": (b'1,"2\n3",4\n5,6,7\n', "line 1 has an unterminated quote"),
+    "unterminated_quote": (b'1,2,3\n4,"5,6\n', "line 2 has an unterminated quote"),
 }
 
 

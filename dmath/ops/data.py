@@ -43,7 +43,7 @@ def from_numpy(array, layout=None, dtype=None, memory=None):
                          f"(e.g. 'float64', which rounds it) or a.astype(np.float64)")
     dtype = canonical_dtype(dtype if dtype is not None else
                             (a.dtype if a.dtype.name in ("float16", "float32", "float64") else "float64"))
-    _check_exact_integers(a, dtype, "from_numpy")
+    check_exact_integers(a, dtype, "from_numpy")
     out = new_meta(layout, a.shape, dtype)
     return create(out, "scatter", memory, payload=np.ascontiguousarray(a, dtype=dtype))
 
@@ -67,7 +67,7 @@ def assign(m, value):
         raise ShapeError(f"assign: the array has shape {value.shape}, this matrix {m.shape}")
     if value.dtype.kind not in "iuf":
         raise DTypeError(f"assign needs a real numeric array, got dtype {value.dtype}")
-    _check_exact_integers(value, m.dtype, "assign")
+    check_exact_integers(value, m.dtype, "assign")
     dispatch("scatter_into", [m], [0], payload=np.ascontiguousarray(value, dtype=m.dtype))
     return m
 
@@ -96,7 +96,7 @@ def check_exact_integer_scalar(v, dtype, what):
                          f"float({v}) if rounding is what you want")
 
 
-def _check_exact_integers(a, dtype, what):
+def check_exact_integers(a, dtype, what):
     """DTypeError when integer array `a` holds values that `dtype` rounds (int64 past 2**53 in
     float64, say): a conversion that changes values is the user's to ask for (a.astype(float))."""
     if a.dtype.kind not in "iu" or a.size == 0:

@@ -41,7 +41,7 @@ import numpy as np
 
 from .. import backend, memory
 from ..backend import canonical_dtype
-from ..errors import DMathError, DTypeError, LayoutError, PlanError, ShapeError
+from ..errors import DMathError, DTypeError, LayoutError, OutOfMemoryError, PlanError, ShapeError
 from ..layout import RowBlock
 from ..layout import indexset as ix
 from ..memory import kinds
@@ -326,6 +326,13 @@ def _raise_problems(problems):
     if changed:
         raise DMathError("from_file: the file changed while the workers read it; nothing was made:\n"
                          + "\n".join(f"  worker {rank}: {text}" for rank, text in changed))
+    unmapped = [(rank, text) for rank, (what, text) in bad if what == "map"]
+    if unmapped:
+        raise OutOfMemoryError("from_file: the file could not be mapped (a copy-on-write mapping counts "
+                               "against the memory the kernel lets a process commit: a file larger than "
+                               "that is refused under Linux's default overcommit rule); read it with "
+                               "mapped=False in a distributed layout, or map a smaller file; nothing was "
+                               "made:\n" + "\n".join(f"  worker {rank}: {text}" for rank, text in unmapped))
     raise DMathError("from_file: the file holds values beyond the range of the matrix's dtype (they would "
                      "read as inf); pass a wider dtype=; nothing was made:\n"
                      + "\n".join(f"  worker {rank}: {text}" for rank, (_, text) in bad))
@@ -338,6 +345,10 @@ class FileChanged(DMathError):
 
 class OutOfRange(DMathError):
     """A finite value of the file lies beyond the range of the matrix's dtype (it would read as inf)."""
+
+
+class MapRefused(DMathError):
+    """The operating system refused to map the file (ENOMEM: more than the process may commit)."""
 
 
 def _may_overflow(stored, dtype):
@@ -513,9 +524,16 @@ def _from_file(call):
             problem = ("changed", str(exc))
         except OutOfRange as exc:
             problem = ("range", str(exc))
+        except MapRefused as exc:
+            problem = ("map", str(exc))
     if shard is None:       # no pieces here, or a problem that the master raises (dropping the matrix)
         kind = "host" if mapped else kind
-        shard = new_shard([compute_empty(kind, p.shape, dtype) for p in pieces], dist, dtype, kind)
+        if mapped and problem is not None:
+            # placeholders the master drops at once: a file too large to map is too large to allocate
+            arrays = [np.broadcast_to(np.zeros((), dtype), p.shape) for p in pieces]
+        else:
+            arrays = [compute_empty(kind, p.shape, dtype) for p in pieces]
+        shard = new_shard(arrays, dist, dtype, kind)
     call.result = gather_objects(call.world, problem)
     return [shard]
 
@@ -529,7 +547,12 @@ def _read(spec, mapped, pieces, dist, dtype, kind):
             src = np.zeros((spec.rows, spec.cols), dtype=spec.file_dtype)
         else:
             # MAP_PRIVATE (copy-on-write): a write stays in this process and never reaches the file
-            src = np.memmap(f, dtype=spec.file_dtype, mode="c", offset=spec.offset, shape=(spec.rows, spec.cols))
+            try:
+                src = np.memmap(f, dtype=spec.file_dtype, mode="c", offset=spec.offset,
+                                shape=(spec.rows, spec.cols))
+            except OSError as exc:      # a worker that raised here killed the runtime
+                f.close()
+                raise MapRefused(f"{spec.path}: {exc}") from exc
         # views of the mapping: nothing is read until a kernel touches the rows
         arrays = [src[ix.selection(p.rows), ix.selection(p.cols)] for p in pieces]
         return MappedShard(arrays, dist, dtype, f, spec)

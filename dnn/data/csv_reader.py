@@ -56,6 +56,12 @@ def parse_csv(text, what="CSV data", label_column=None, delimiter=",", header="a
     rows = [(k + 1, line) for k, line in enumerate(text.splitlines()) if line.strip()]
     if not rows:
         raise DataError(f"{what}: no data")
+    for lineno, line in rows:
+        # a line of an odd number of quotes opens a field it does not close: NumPy's reader then joined
+        # it to the next line ("2<newline>3" read as the number 23): no numeric field spans lines
+        if line.count('"') % 2:
+            raise DataError(f"{what}: line {lineno} has an unterminated quote (a quoted field may not span "
+                            f"lines)")
     names = None
     if header == "auto":
         header = _auto_header(rows[0], delimiter, what)

@@ -223,13 +223,13 @@ class Dataset:
             raise DataError(f"{directory}: MNIST labels must be a 1-D uint8 array of digits")
         if images.endswith(".gz"):
             pixels = read_idx(images)
-            if pixels.ndim != 3 or pixels.dtype != np.uint8 or pixels.shape[0] != labels.size:
+            if pixels.ndim != 3 or pixels.dtype != np.uint8 or pixels.shape != (labels.size, 28, 28):
                 raise DataError(f"{images}: expected {labels.size} uint8 images of 28x28, the file holds "
                                 f"{pixels.dtype} of shape {pixels.shape}")
             return cls(pixels[:, None], labels.astype(np.int64), placement=placement, augment=augment,
                        scale=1 / 255)
         shape, offset = _idx_header(images, np.dtype(">u1"))
-        if len(shape) != 3 or shape[0] != labels.size:
+        if tuple(shape) != (labels.size, 28, 28):
             raise DataError(f"{images}: expected {labels.size} images of 28x28, the header says {shape}")
         placement = _check_placement(placement, allow_mapped=False)
         n, features = shape[0], shape[1] * shape[2]

@@ -38,6 +38,9 @@ def checked_path(path, what):
         p = None
     if not isinstance(p, str):
         raise ConfigError(f"{what}: the path must be a str or os.PathLike (of a str), got {path!r}")
+    if not p or "\0" in p:
+        # (the system's calls take no NUL: open() raised a bare ValueError naming nothing)
+        raise ConfigError(f"{what}: the path must be a non-empty str without NUL characters, got {p!r}")
     return p
 
 
@@ -146,6 +149,11 @@ def write_target(path):
     """The path a write to `path` must replace: a symlink is followed to its (final) target, which
     must be a regular file or not exist yet. A rename over anything else (a device such as
     /dev/null, a FIFO, a socket, a directory) would replace it with a regular file; NotRegularFile."""
+    if path.endswith(os.sep) or (os.altsep and path.endswith(os.altsep)):
+        # realpath drops the slash: "d/ck.dnn/" wrote the file d/ck.dnn, which no read of the path
+        # given could open
+        raise NotRegularFile(f"{path} ends with a path separator, so it names a directory: only a regular "
+                             f"file or a new path is written")
     real = os.path.realpath(path)
     try:
         st = os.stat(real)

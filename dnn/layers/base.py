@@ -14,6 +14,9 @@ import math
 
 import numpy as np
 
+from dmath.errors import DTypeError
+from dmath.ops.data import check_exact_integers
+
 from ..errors import ConfigError, ShapeError
 from ..graph.node import Variable
 from ..ops import Cast
@@ -46,10 +49,15 @@ class Weight:
             raise ShapeError(f"weight {self.name}: expected shape {self.public_shape}, got {a.shape}")
         if a.dtype.kind not in "biuf":
             raise ConfigError(f"weight {self.name}: expected real numbers, got dtype {a.dtype}")
-        if self.minimum is not None and a.size and bool((a < self.minimum).any()):
+        if self.minimum is not None and a.size and not bool((a >= self.minimum).all()):
+            # (not a < minimum: NaN compares false both ways, and a NaN running variance passed)
             raise ConfigError(f"weight {self.name}: values must be at least {self.minimum:g}, got "
-                              f"{float(a.min()):g}")
+                              f"{float(a[~(a >= self.minimum)].reshape(-1)[0]):g}")
         mine = np.dtype(self.value.dtype)
+        try:
+            check_exact_integers(a, mine, f"weight {self.name}")     # (2**53 + 1 into float32 rounded)
+        except DTypeError as exc:
+            raise ConfigError(str(exc)) from exc
         if a.size and a.dtype.kind == "f" and np.finfo(a.dtype).max > np.finfo(mine).max:
             # a finite value past the weight's dtype would become inf on the write, silently (a float64
             # file's 1e300 loaded into a float32 model); the array's own NaN and inf are its values

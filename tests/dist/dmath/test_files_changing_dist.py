@@ -99,6 +99,25 @@ def test_a_mapped_file_rewritten_in_place_is_read_by_every_operation_after(tmp_p
     np.testing.assert_allclose((m.T @ x).to_numpy(), b.T)
 
 
+def test_a_file_the_system_refuses_to_map_raises_and_the_runtime_goes_on(tmp_path, monkeypatch):
+    """A copy-on-write mapping of a file larger than the memory a process may commit is refused by
+    the kernel (ENOMEM, Linux's default overcommit rule): the worker's OSError killed the runtime.
+    Here the master's own mapping is refused (a worker's report takes the same path)."""
+    path = str(tmp_path / "big.npy")
+    a = values((40, 6), 11)
+    np.save(path, a)
+
+    def refuse(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+    with monkeypatch.context() as patch:
+        patch.setattr(np, "memmap", refuse)
+        with pytest.raises(dmath.OutOfMemoryError,
+                           match=r"(?s)could not be mapped.*mapped=False.*worker 0: .*big\.npy"):
+            dmath.from_file(path, mapped=True)
+    np.testing.assert_array_equal(dmath.from_file(path, mapped=True).to_numpy(), a)
+    _usable()
+
+
 def test_from_file_is_refused_inside_a_record_block(tmp_path):
     """A replay would repeat the workers' reads without the master's check of their reports (a file
     changed since left the matrix unwritten, without a word)."""

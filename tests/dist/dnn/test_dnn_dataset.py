@@ -185,13 +185,17 @@ def test_mnist_idx_files_read_by_the_workers(tmp_path):
     with pytest.raises(dnn.data.DataError):
         dnn.data.Dataset.from_mnist(str(tmp_path / "plain"), split="test")
     # gzipped files are checked as plain ones are: 3-D uint8 images (a flat or float file was taken)
-    for wrong in (images.reshape(30, 784), images.astype(np.float64)):
+    for wrong in (images.reshape(30, 784), images.astype(np.float64), images.reshape(30, 14, 56)):
         tmp = tmp_path / "tmp.idx"
         dnn.data.write_idx(str(tmp), wrong)
         with gzip.open(str(tmp_path / "gz" / "t10k-images-idx3-ubyte.gz"), "wb") as f:
             f.write(tmp.read_bytes())
         with pytest.raises(dnn.data.DataError, match="uint8 images of 28x28"):
             dnn.data.Dataset.from_mnist(str(tmp_path / "gz"), split="test")
+    # the images' size is checked too (14x56 images were taken, then refused by a 28x28 model in fit)
+    dnn.data.write_idx(str(tmp_path / "plain" / "t10k-images-idx3-ubyte"), images.reshape(30, 14, 56))
+    with pytest.raises(dnn.data.DataError, match="images of 28x28, the header says"):
+        dnn.data.Dataset.from_mnist(str(tmp_path / "plain"), split="test")
 
 
 def test_bad_data_raises_before_anything_is_sent():

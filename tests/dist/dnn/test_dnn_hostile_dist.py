@@ -63,6 +63,19 @@ def test_save_refuses_a_fifo_and_leaves_it_in_place(tmp_path):
         _small().save(str(tmp_path))         # a directory
 
 
+def test_paths_with_a_trailing_separator_or_a_nul_are_refused_in_words(tmp_path):
+    """save("d/ck.dnn/") wrote the file d/ck.dnn (realpath drops the slash), which no load of that path
+    opened; a path with NUL raised a bare ValueError from open() in save, load, read_csv and read_idx."""
+    with pytest.raises(dnn.ModelFileError, match="ends with a path separator"):
+        _small().save(str(tmp_path / "ck.dnn") + os.sep)
+    assert not os.path.exists(tmp_path / "ck.dnn")
+    for call in (lambda p: _small().save(p), dnn.load, dnn.data.read_csv, dnn.data.read_idx):
+        with pytest.raises(dnn.ConfigError, match="without NUL characters"):
+            call(str(tmp_path / "a\0b"))
+        with pytest.raises(dnn.ConfigError, match="non-empty"):
+            call("")
+
+
 def test_save_refuses_a_symlink_to_a_device_and_keeps_both(tmp_path):
     link = tmp_path / "null.dnn"
     os.symlink("/dev/null", link)

@@ -296,6 +296,20 @@ def test_file_describing_an_impossible_model_raises_before_allocating(tmp_path):
         dnn.load(bad)
 
 
+@pytest.mark.parametrize("count", [2 ** 53, 10 ** 30])
+def test_a_training_count_past_the_data_orders_keys_is_refused_at_load(tmp_path, count):
+    """epochs_trained = 10**30 loaded, then fit failed deep inside dmath (the data order's keys are
+    integers below 2**53): refused by the loader, naming the field."""
+    m = _small()
+    m.save(tmp_path / "m.dnn")
+
+    def edit(header):
+        header["training"]["epochs_trained"] = count
+    bad = _crafted(tmp_path / "m.dnn", tmp_path / "bad.dnn", {}, edit)
+    with pytest.raises(dnn.ModelFileError, match=r"'epochs_trained' must be an integer in \[0, 2\*\*53\)"):
+        dnn.load(bad)
+
+
 def test_step_checkpoint_resumes_inside_the_epoch(tmp_path):
     x, y = _blobs(96)
     ref = _small(dropout=0.2)
@@ -544,9 +558,11 @@ def test_a_weight_beyond_the_models_dtype_is_refused(tmp_path):
     assert any(float(np.abs(w).max()) == 1e300 for w in m.get_weights())
 
 
-def test_a_negative_running_variance_is_refused_by_every_loader(tmp_path):
-    """A BatchNorm's running variance below 0 loaded from a file (or a state dict) made every
-    prediction NaN ((var + eps) ** -0.5); refused, and nothing of the model changes."""
+@pytest.mark.parametrize("bad_value", [-0.5, np.nan])
+def test_a_negative_running_variance_is_refused_by_every_loader(tmp_path, bad_value):
+    """A BatchNorm's running variance below 0 (or NaN, which passed the check: NaN < 0 is false)
+    loaded from a file (or a state dict) made every prediction NaN ((var + eps) ** -0.5); refused,
+    and nothing of the model changes."""
     def bn_model():
         dmath.random.seed(3)
         return dnn.Sequential([L.Input(6), L.Dense(8), L.BatchNorm(), L.Activation("relu"), L.Dense(3),
@@ -557,7 +573,7 @@ def test_a_negative_running_variance_is_refused_by_every_loader(tmp_path):
     m.save(tmp_path / "m.dnn")
     bn = next(layer for layer in m.layers if isinstance(layer, L.BatchNorm))
     var = bn.running_var.numpy().copy()
-    var[2] = -0.5
+    var[2] = bad_value
     bad = _crafted(tmp_path / "m.dnn", tmp_path / "bad.dnn", {f"weights/{bn.running_var.name}": var})
     other = bn_model()
     before = _model_state(other)
@@ -569,7 +585,7 @@ def test_a_negative_running_variance_is_refused_by_every_loader(tmp_path):
     sd = m.state_dict()
     key = next(k for k in sd if k.endswith("running_var"))
     sd[key] = var
-    with pytest.raises(dnn.ConfigError, match="at least 0"):
+    with pytest.raises((dnn.ConfigError, dnn.ShapeError), match="at least 0|holds NaN"):
         other.load_state_dict(sd)
     _assert_same_state(_model_state(other), before)
     with pytest.raises(dnn.ConfigError, match="at least 0"):
@@ -577,6 +593,23 @@ def test_a_negative_running_variance_is_refused_by_every_loader(tmp_path):
     var[2] = 0.0                                    # a variance of 0 is a variance
     sd[key] = var
     other.load_state_dict(sd)
+
+
+def test_integer_weights_the_dtype_cannot_hold_are_refused():
+    """An integer array is taken as weights only where each value is exact in the weight's dtype (as
+    dmath.from_numpy's rule): 2**24 + 1 into a float32 model was rounded silently."""
+    dmath.random.seed(4)
+    m = dnn.Sequential([L.Input(3), L.Dense(2), L.Output("softmax")], dtype="float32")
+    before = _model_state(m)
+    sd = m.state_dict()
+    key = next(k for k in sd if k.endswith("weight"))
+    sd[key] = np.full(sd[key].shape, 2 ** 24 + 1, dtype=np.int64)
+    with pytest.raises(dnn.ConfigError, match=r"not exact in float32 \(the first: 16777217"):
+        m.load_state_dict(sd)
+    _assert_same_state(_model_state(m), before)
+    sd[key] = np.full(sd[key].shape, 2 ** 24, dtype=np.int64)       # exact: taken
+    m.load_state_dict(sd)
+    assert (m.state_dict()[key] == 2.0 ** 24).all()
 
 
 def test_a_refused_file_changes_nothing_in_the_model(tmp_path):
