@@ -110,6 +110,10 @@ class Model(Training):
         name = "model" if name is None else name
         if not isinstance(name, str):
             raise ConfigError(f"name must be a string, got {name!r}")
+        try:
+            name.encode("utf-8")        # (a lone surrogate loaded from a file, then summary() crashed)
+        except UnicodeEncodeError as exc:
+            raise ConfigError(f"name must be text that UTF-8 encodes, got {name!r}") from exc
         self.name, self.seed, self.record = name, int(seed), record
         if channels_last not in (None, True, False):
             raise ConfigError(f"channels_last must be None (on GPUs with cuDNN), True or False, got {channels_last!r}")

@@ -76,6 +76,13 @@ def test_paths_with_a_trailing_separator_or_a_nul_are_refused_in_words(tmp_path)
             call("")
 
 
+def test_a_model_name_that_is_not_text_is_refused():
+    """A lone surrogate as the model's name (valid JSON in a file) loaded, then summary() raised
+    UnicodeEncodeError; refused where the model is made, so a file holding one does not load."""
+    with pytest.raises(dnn.ConfigError, match="UTF-8"):
+        dnn.Sequential([L.Input(3), L.Dense(2), L.Output("softmax")], name="\ud800")
+
+
 def test_save_refuses_a_symlink_to_a_device_and_keeps_both(tmp_path):
     link = tmp_path / "null.dnn"
     os.symlink("/dev/null", link)
