@@ -158,8 +158,9 @@ def _slice_of(sub, s):
 
 
 def _row_moves(src, dst, rows):
-    """take_rows: target row i is source row rows[i]; columns map to themselves."""
-    rows = np.asarray(rows, dtype=np.int64)
+    """take_rows: target row i is source row rows[i] (a sequence, or int64 little-endian bytes);
+    columns map to themselves."""
+    rows = np.frombuffer(rows, dtype="<i8") if isinstance(rows, bytes) else np.asarray(rows, dtype=np.int64)
     out = []
     for d, dpieces in enumerate(dst.pieces):
         for k, dp in enumerate(dpieces):
@@ -222,9 +223,9 @@ def _diag_put(k, vertical):
 
 @functools.lru_cache(maxsize=256)
 def gather_plan(src, dst, kind, arg):
-    """The `Move`s of a gather: kind 'rows' (arg: the source row of every target row, a tuple),
-    'diag_get' (arg: k) or 'diag_put' (arg: (k, whether the vector is a column)). `src` is not
-    Partial (the master sums it first)."""
+    """The `Move`s of a gather: kind 'rows' (arg: the source row of every target row, as int64
+    little-endian bytes or a sequence), 'diag_get' (arg: k) or 'diag_put' (arg: (k, whether the
+    vector is a column)). `src` is not Partial (the master sums it first)."""
     if kind == "rows":
         moves = _row_moves(src, dst, arg)
     elif kind == "diag_get":

@@ -40,6 +40,7 @@ class Runtime(Dispatch, Handles, Failures, Execution, Worker, Shutdown):
         self.entries = {}          # signature id -> Entry
         self.signatures = {}       # master: signature -> its Entry (entries[entry.sig_id])
         self.next_sig_id = 1       # master: the next signature ID (never reused: dropped ones included)
+        self.signature_bytes = 0   # master: the registration messages' bytes of the signatures kept
         self.next_handle = 1       # master: the next handle number to hand out (see _free_run)
         self.handle_end = protocol.HANDLE_MAX + 1   # master: ... while it stays below this
         self._free_runs = None     # master: the free runs of numbers left from the last scan

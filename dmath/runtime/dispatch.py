@@ -48,6 +48,9 @@ BATCH_SHARE_S = 50e-6
 #: the life of the job (5 MB per permutation of 100,000 rows). A dropped signature used again is
 #: registered again.
 MAX_SIGNATURES = 16384
+#: ... and past this many bytes of their registration messages (the signatures pickled: a take_rows
+#: of 100,000 rows is 800 kB), so that a few large signatures cannot hold what many small ones may
+MAX_SIGNATURE_BYTES = 64 << 20
 
 
 def configure(values):
@@ -115,7 +118,8 @@ class Dispatch:
         if entry is None:
             # first use: what the command makes and overwrites, worked out here once (its Entry keeps
             # it); registered below, after the ledger has admitted it
-            if len(self.signatures) >= MAX_SIGNATURES and recorder is None:
+            if (len(self.signatures) >= MAX_SIGNATURES or self.signature_bytes >= MAX_SIGNATURE_BYTES) \
+                    and recorder is None:
                 self._drop_signatures()
             new_outs = tuple(m for m in outputs if type(m) is Meta)
             in_place = tuple(m for m in outputs if type(m) is not Meta)
@@ -155,7 +159,8 @@ class Dispatch:
                                                  in_handles + out_handles, scalars, frees, signature)
                 # registered once its message exists: a command that cannot be encoded registers nothing
                 entry = self.entries[sig_id] = self.signatures[signature] = Entry(signature, self.nworkers, sig_id)
-                entry.used = self.commands
+                entry.used, entry.nbytes = self.commands, total
+                self.signature_bytes += total
                 self.next_sig_id = sig_id + 1
             else:
                 message, total = protocol.encode_numbers(protocol.EXEC_CAREFUL if careful else protocol.EXEC,
@@ -216,13 +221,17 @@ class Dispatch:
         return out_handles, result
 
     def _drop_signatures(self):
-        """Drop the least recently used signatures down to three quarters of MAX_SIGNATURES, but none
-        that a defined plan replays: here at once, on every rank (the master's share included) with
-        the next commands' frees."""
+        """Drop the least recently used signatures down to three quarters of MAX_SIGNATURES and of
+        MAX_SIGNATURE_BYTES, but none that a defined plan replays: here at once, on every rank (the
+        master's share included) with the next commands' frees."""
         pinned = {step.sig_id for replayer in self.programs.values() for step in replayer.program.steps}
         unpinned = sorted((e for e in self.signatures.values() if e.sig_id not in pinned), key=lambda e: e.used)
-        for entry in unpinned[:max(1, len(self.signatures) - 3 * MAX_SIGNATURES // 4)]:
+        keep, keep_bytes = 3 * MAX_SIGNATURES // 4, 3 * MAX_SIGNATURE_BYTES // 4
+        for entry in unpinned:
+            if len(self.signatures) <= keep and self.signature_bytes <= keep_bytes:
+                break
             del self.signatures[(entry.op, entry.static, entry.inputs, entry.outputs)]
+            self.signature_bytes -= entry.nbytes
             self.ledger.forget(entry.sig_id)
             self.pending_frees.append(-(protocol.SIGNATURE_DROP + entry.sig_id))
             entry.sig_id = None

@@ -19,7 +19,8 @@ class Entry:
     None, and a command of it registers the signature again.
     """
     __slots__ = ("op", "static", "inputs", "outputs", "in_dists", "out_dists", "kernel", "capture_rule", "cache",
-                 "sig_id", "new_outputs", "in_place", "doing", "local_rule", "local", "share_s", "used")
+                 "sig_id", "new_outputs", "in_place", "doing", "local_rule", "local", "share_s", "used",
+                 "nbytes")
 
     def __init__(self, signature, nworkers, sig_id=None):
         self.op, self.static, self.inputs, self.outputs = signature
@@ -36,6 +37,7 @@ class Entry:
         self.local = is_local(self)
         self.share_s = _NEVER
         self.used = 0           # master: the command count at its last use (the least recently used go first)
+        self.nbytes = 0         # master: the size of its registration message (the signature, pickled)
 
 
 

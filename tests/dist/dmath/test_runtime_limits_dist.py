@@ -14,6 +14,12 @@ from dmath.runtime.handles import _runs_outside
 MANY = 300          # more matrices than one command may name
 
 
+def _unpinned(rt):
+    """The master's signatures that no defined plan replays (those the bound may drop)."""
+    pinned = {step.sig_id for replayer in rt.programs.values() for step in replayer.program.steps}
+    return [e for e in rt.signatures.values() if e.sig_id not in pinned]
+
+
 def _many(bad_at=None, bad=np.nan):
     """MANY small matrices of mixed layouts and dtypes; the one at `bad_at` holds `bad`."""
     layouts = [dmath.Replicated, dmath.RowBlock, dmath.ColBlock]
@@ -235,11 +241,31 @@ def test_signatures_past_the_bound_are_dropped_everywhere_and_registered_again(m
         if i % 53 == 0:
             perm = np.random.default_rng(i).permutation(n)
             np.testing.assert_array_equal(dmath.take_rows(A, perm).to_numpy(), a[perm])
-        assert len(rt.signatures) <= bound
+        assert len(_unpinned(rt)) <= bound              # (plans of earlier tests still alive keep theirs)
     np.testing.assert_array_equal(m.to_numpy(), want)
     A.assign(a + 1.0)
     plan.replay()
     np.testing.assert_allclose(C.to_numpy(), 3.0 * ((a + 1.0) @ b), rtol=1e-12)
+    pinned = len(rt.signatures) - len(_unpinned(rt))
     counts = [s["signatures"] for s in dmath.stats()]
-    assert max(counts) <= bound + 1, counts             # (+1: the stats command's own, if new)
+    assert max(counts) <= bound + 1 + pinned, counts    # (+1: the stats command's own, if new)
     assert rt.next_sig_id - 1 > 4 * bound               # (many more were registered and dropped)
+
+
+def test_large_signatures_are_bounded_by_their_bytes(monkeypatch):
+    """A take_rows signature holds its row list (8 bytes a row): past dispatch.MAX_SIGNATURE_BYTES of
+    registration messages the least recently used go, whatever their count."""
+    from dmath.runtime import dispatch as dispatch_module
+    budget = 400_000
+    monkeypatch.setattr(dispatch_module, "MAX_SIGNATURE_BYTES", budget)
+    rt = runtime()
+    n = 6000                                            # 48 kB of rows a permutation
+    a = np.arange(n * 3.0).reshape(n, 3)
+    A = dmath.from_numpy(a)
+    rng = np.random.default_rng(8)
+    for _ in range(25):
+        perm = rng.permutation(n)
+        np.testing.assert_array_equal(dmath.take_rows(A, perm).to_numpy(), a[perm])
+        # (one registration may pass the budget before the next drops; live plans keep theirs)
+        assert sum(e.nbytes for e in _unpinned(rt)) <= budget + 60_000
+    assert rt.signature_bytes == sum(e.nbytes for e in rt.signatures.values())
