@@ -101,8 +101,8 @@ def main():
             dy = cp.random.standard_normal((n, g.out_h * g.out_w * c), dtype="float32").astype(dtype)
             item = x.dtype.itemsize
             out_bytes = n * g.out_h * g.out_w * c * item
-            fwd_bytes = x.nbytes + out_bytes * (2 if is_max else 1)
-            bwd_bytes = x.nbytes + out_bytes * (2 if is_max else 1)
+            # forward reads x and writes y (and argmax); backward reads dy (and argmax) and writes dx
+            fwd_bytes = bwd_bytes = x.nbytes + out_bytes * (2 if is_max else 1)
             row = {"dtype": dtype, "net": net, "per_step": per_step, "channels": c, "size": hw, "kernel": k,
                    "stride": s, "padding": p, "ceil_mode": ceil_mode, "mode": mode,
                    "fwd_mb": fwd_bytes / 1e6, "bwd_mb": bwd_bytes / 1e6}

@@ -83,7 +83,8 @@ class Dispatch:
 
     def call_entry(self, entry, in_handles, scalars=()):
         """`call` of a registered signature by its Entry (`entry_of`), for a master half that keeps it
-        beside its cached planning: no signature is built or looked up. Pooled, no payload."""
+        beside its cached planning: no signature is built or looked up. Pooled, no payload. The entry
+        must still be registered (sig_id not None: a dropped one goes by `call`, as dispatch_known does)."""
         return self._command(None, entry, in_handles, scalars, None, True)
 
     def entry_of(self, op, in_metas, outputs=(), static=()):
@@ -111,10 +112,6 @@ class Dispatch:
         if self.poisoned and not self.poisoned.isdisjoint(in_handles):
             raise OutOfMemoryError(f"{op}: an operand was never computed: the operation that made it ran "
                                    f"out of memory and was undone")
-        if entry is not None and entry.sig_id is None:
-            # a dropped signature (kept by a master half's cached plan, `Known`): registered again
-            signature = (entry.op, entry.static, entry.inputs, entry.outputs)
-            entry = self.signatures.get(signature)
         if entry is None:
             # first use: what the command makes and overwrites, worked out here once (its Entry keeps
             # it); registered below, after the ledger has admitted it

@@ -66,10 +66,14 @@ class Execution:
 
     def _free(self, handles):
         table, cache = self.table, replicas.cache
+        dropped = None
         for h in handles:
             if h < 0:
                 if -h >= protocol.SIGNATURE_DROP:       # a signature the master dropped (protocol.py)
-                    self._drop_entry(-h - protocol.SIGNATURE_DROP)
+                    entry = self.entries.pop(-h - protocol.SIGNATURE_DROP, None)
+                    if entry is not None and entry.cache:
+                        dropped = dropped or []
+                        dropped.append(entry)
                 else:                                   # -k drops plan k
                     self.programs.pop(-h, None)
                 continue
@@ -77,14 +81,12 @@ class Execution:
             if s is not None and s.pending is not None:
                 s.settle()              # its buffers go back to the pool: the side stream must be done
             cache.drop(h)
-
-    def _drop_entry(self, sig_id):
-        """Forget a dropped signature and what its kernels cached (staging buffers, plans): the device
-        first finishes its queued work, which may still read those buffers."""
-        entry = self.entries.pop(sig_id, None)
-        if entry is not None and entry.cache:
+        if dropped:
+            # what the dropped signatures' kernels cached (staging buffers, plans) goes now: the device
+            # first finishes its queued work, which may still read those buffers (once per message)
             self.backend.synchronize_all()
-            entry.cache.clear()
+            for entry in dropped:
+                entry.cache.clear()
 
     def _define(self, plan_id, program):
         self.programs[plan_id] = Replayer(self, program)

@@ -48,20 +48,16 @@ def _pool_args(op, image, kernel, stride, padding, mode, channels_last, what, af
     """`op`'s checked static arguments."""
     if mode not in _POOL_MODES:
         raise DMathError(f"{what}: mode must be 'max' or 'average', got {mode!r}")
-    if not isinstance(ceil_mode, (bool, np.bool_)):
-        raise DMathError(f"{what}: ceil_mode must be True or False, got {ceil_mode!r}")
+    ceil_mode = args.flag(ceil_mode, f"{what}: ceil_mode")
+    after_relu = args.flag(after_relu, f"{what}: after_relu")
     if ceil_mode and mode != "max":
         raise DMathError(f"{what}: ceil_mode applies to max pooling (an average's divisor at the edge is "
                          f"PyTorch's own rule, not implemented here)")
-    if not isinstance(after_relu, (bool, np.bool_)):
-        raise DMathError(f"{what}: after_relu must be True or False, got {after_relu!r}")
     if after_relu and mode != "max":
         raise DMathError(f"{what}: after_relu applies to max pooling only (an average pool's gradient reaches "
                          f"every pixel of its window, so it cannot carry the relu's mask)")
-    ceil_mode = args.flag(ceil_mode, f"{what}: ceil_mode")
     return op.static(geometry=window.pool_geometry(image, kernel, stride, padding, what, ceil_mode), mode=mode,
-                     channels_last=args.flag(channels_last, f"{what}: channels_last"),
-                     after_relu=args.flag(after_relu, f"{what}: after_relu"))
+                     channels_last=args.flag(channels_last, f"{what}: channels_last"), after_relu=after_relu)
 
 
 def _argmax_dtype(dtype, taps):

@@ -244,7 +244,7 @@ def _sgd_hyper(momentum, nesterov, weight_decay):
     nesterov = args.flag(nesterov, "nesterov")
     if nesterov and not momentum:
         raise DMathError("nesterov momentum needs momentum > 0")
-    return momentum, args.flag(nesterov, "nesterov"), _non_negative(weight_decay, "weight_decay")
+    return momentum, nesterov, _non_negative(weight_decay, "weight_decay")
 
 
 def _sgd_scalars(lr, gate, grad_scale):
