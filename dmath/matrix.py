@@ -186,12 +186,13 @@ class Matrix:
         return movement.transpose(self)
 
     def __getitem__(self, key):
-        """M[i, j]: the element (a float); M[r0:r1, c0:c1] (or a row, a column): a new matrix."""
+        """M[i, j]: the element (a float); M[r0:r1, c0:c1] (or a row, a column): a new matrix. An
+        ellipsis stands for the full slices the other indices leave, as in NumPy (M[..., j])."""
         return movement.getitem(self, key)
 
     def __setitem__(self, key, value):
         """M[r0:r1, c0:c1] = X (rows and columns as slices with step 1, or integers, as NumPy's
-        indices): write in place. X: a dmath.Matrix of the window's shape (any layout; converted
+        indices; M[...] is the whole matrix): write in place. X: a dmath.Matrix of the window's shape (any layout; converted
         to M's dtype), a numpy array (scattered from the master) or a scalar. Only the pieces of M
         that meet the window change; each worker receives only the part of X that lands in them.
         See dmath.ops.assembly."""

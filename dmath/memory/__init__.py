@@ -13,6 +13,8 @@ registers (so this layer never imports the ones above it). Before
 import numbers
 import os
 
+import numpy as np
+
 from .. import backend
 from ..comm import collectives
 from ..errors import DMathError, RuntimeStateError
@@ -21,7 +23,7 @@ from .kinds import KINDS
 from .pool import size_class
 
 __all__ = ["stats", "peak", "set_limit", "limit", "set_careful", "careful", "check_careful", "CAREFUL_MODES",
-           "clear", "available", "KINDS", "install", "empty", "zeros", "host_empty",
+           "clear", "available", "KINDS", "install", "empty", "zeros", "fill", "host_empty",
            "keep_for_capture", "local_stats", "reset_local_stats", "set_local_limit", "release_cached",
            "block_bytes", "size_class", "kinds", "replicas", "free_bytes", "capacity", "host_available"]
 
@@ -41,6 +43,17 @@ def zeros(shape, dtype):
     """A zero-filled array of the current backend from the pool."""
     a = pool.current().empty(shape, dtype)
     a.fill(0)
+    return a
+
+
+def fill(a, value):
+    """a[...] = value (a an array or a view of either backend), keeping the sign of a zero: CuPy
+    fills a contiguous array with a zero by a memset, so -0.0 came out +0.0 there (a Partial matrix's
+    -0.0 addends, pad's -0.0 constants). A negative zero is given its sign afterwards; np.copysign
+    reaches CuPy's kernel through __array_ufunc__, so one call serves both backends."""
+    a[...] = value
+    if value == 0 and a.dtype.kind in "fc" and np.signbit(value):
+        np.copysign(a, value, out=a)
     return a
 
 

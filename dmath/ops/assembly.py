@@ -439,7 +439,7 @@ def _fill_pieces(shard, offset, shape, value, rank):
         rows, cols = ix.intersect(p.rows, win[0]), ix.intersect(p.cols, win[1])
         if rows and cols:
             for (pr, pc), _ in _segment(k, p, rows, cols).views:
-                execute.view(piece, pr, pc)[...] = value
+                memory.fill(execute.view(piece, pr, pc), value)
 
 
 @FILL.kernel(capturable=True)

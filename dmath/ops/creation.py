@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import backend
+from .. import backend, memory
 from ..errors import DMathError
 from ..layout import indexset as ix
 from ..memory import kinds
@@ -78,6 +78,11 @@ def _out(call):
     return dist, dtype, dist.pieces[call.rank], kinds.from_code(call.scalars[-1])
 
 
+#: the other addends of a Partial matrix whose value one member holds: -0.0, IEEE's additive identity
+#: (x + -0.0 is x for every x, -0.0 included; +0.0 turned a -0.0 of the value into +0.0)
+PARTIAL_ZERO = -0.0
+
+
 def holds_value(dist, rank):
     """False on the members of a Partial layout other than the first: their addends are zero.
 
@@ -90,7 +95,7 @@ def holds_value(dist, rank):
 def _filled(pieces, dtype, kind, value):
     arrays = [compute_empty(kind, p.shape, dtype) for p in pieces]
     for a in arrays:
-        a.fill(value)
+        memory.fill(a, value)
     return arrays
 
 
@@ -98,7 +103,7 @@ def _filled(pieces, dtype, kind, value):
 def _fill(call):
     """scalars = (value, memory kind)."""
     dist, dtype, pieces, kind = _out(call)
-    value = call.scalars[0] if holds_value(dist, call.rank) else 0.0
+    value = call.scalars[0] if holds_value(dist, call.rank) else PARTIAL_ZERO
     return [new_shard(_filled(pieces, dtype, kind, value), dist, dtype, kind)]
 
 
@@ -111,7 +116,7 @@ def _eye(call):
     xp = backend.current().xp
     dist, dtype, pieces, kind = _out(call)
     if not holds_value(dist, call.rank):
-        return [new_shard(_filled(pieces, dtype, kind, 0.0), dist, dtype, kind)]
+        return [new_shard(_filled(pieces, dtype, kind, PARTIAL_ZERO), dist, dtype, kind)]
     arrays = []
     for p in pieces:
         r, c = _grid(xp, p)

@@ -12,7 +12,7 @@ from ..layout import indexset as ix
 from ..memory import kinds
 from ..runtime import define
 from .base import dispatch, is_matrix, new_meta
-from .creation import holds_value
+from .creation import PARTIAL_ZERO, holds_value
 from .movement import remap_into
 from .storage import check_kind, compute_empty, create, new_shard
 
@@ -74,11 +74,6 @@ def assign(m, value):
 
 #: the largest magnitude below which every integer is exact in each dtype (2 ** mantissa bits)
 _EXACT = {"float16": 2 ** 11, "float32": 2 ** 24, "float64": 2 ** 53}
-
-
-#: the other addends of a Partial matrix whose value one member holds: -0.0, IEEE's additive identity
-#: (x + -0.0 is x for every x, -0.0 included; +0.0 turned a -0.0 of the value into +0.0)
-PARTIAL_ZERO = -0.0
 
 
 def check_exact_integer_scalar(v, dtype, what):
@@ -235,7 +230,7 @@ def _scatter(call):
     if blocks is None:
         blocks = [compute_empty(kind, p.shape, dtype) for p in dist.pieces[call.rank]]
         for b in blocks:
-            b.fill(PARTIAL_ZERO)
+            memory.fill(b, PARTIAL_ZERO)
     return [new_shard(blocks, dist, dtype, kind)]
 
 
@@ -249,7 +244,7 @@ def _scatter_into(call):
     blocks = _host_blocks(call, target.dist, target.dtype)
     for k, a in enumerate(target.pieces):
         if blocks is None:
-            a.fill(PARTIAL_ZERO)
+            memory.fill(a, PARTIAL_ZERO)
         else:
             a[...] = be.asarray(blocks[k])
     return [target]

@@ -166,8 +166,16 @@ def _parse_axis_key(k, n, what):
 
 
 def _parse_key(key, shape):
-    if not isinstance(key, tuple):
-        key = (key, slice(None))
+    """(rows, cols) of M[key], as NumPy reads a 2-D index: one index is the rows', and an ellipsis
+    stands for as many full slices as the other indices leave (M[...] is the whole matrix)."""
+    key = key if isinstance(key, tuple) else (key,)
+    at = [i for i, k in enumerate(key) if k is Ellipsis]
+    if len(at) > 1:
+        raise ShapeError(f"an index can have only one ellipsis ('...'), got {len(at)}")
+    if at and len(key) <= 3:
+        key = key[:at[0]] + (slice(None),) * (3 - len(key)) + key[at[0] + 1:]
+    if len(key) == 1:
+        key = key + (slice(None),)
     if len(key) != 2:
         raise ShapeError(f"a Matrix takes two indices (rows, cols), got {len(key)}")
     return _parse_axis_key(key[0], shape[0], "row"), _parse_axis_key(key[1], shape[1], "column")

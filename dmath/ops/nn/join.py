@@ -17,6 +17,7 @@ import math
 import numbers
 from typing import NamedTuple
 
+from ... import memory
 from ...errors import DMathError, ShapeError
 from ...planning import conv as window
 from ...runtime import define
@@ -191,6 +192,6 @@ def _pad(call):
         _images4(out, st.image, st.channels_last)[...] = _inner(_images4(x, big, st.channels_last), st)
     else:
         o = _images4(out, big, st.channels_last)
-        o.fill(st.value)
+        memory.fill(o, st.value)
         _inner(o, st)[...] = _images4(x, st.image, st.channels_last)
     return [rows.shard(call, 0, [out])]

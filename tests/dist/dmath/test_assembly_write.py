@@ -56,7 +56,18 @@ def test_write_index_forms(name):
     m[3:100, 6:] = 0.5                       # bounds clipped as NumPy's slices
     e[3:100, 6:] = 0.5
     m[:] = m                                 # itself, whole
+    m[..., 5] = 1.25                         # an ellipsis: as many full slices as the indices leave
+    e[..., 5] = 1.25
+    m[2, ...] = -3.0
+    e[2, ...] = -3.0
+    m[1, ..., 0] = 8.0
+    e[1, ..., 0] = 8.0
+    np.testing.assert_allclose(m[..., 1:3].to_numpy(), e[..., 1:3], rtol=1e-12)
+    assert m[3, ..., 4] == e[3, 4]
+    m[...] = m + 0.0
     np.testing.assert_allclose(m.to_numpy(), e, rtol=1e-12)
+    with pytest.raises(dmath.DMathError, match="one ellipsis"):
+        m[..., ...] = 1.0
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -243,3 +254,23 @@ def test_a_partial_matrix_keeps_the_sign_of_zero(group):
     got = m.to_numpy()
     np.testing.assert_array_equal(np.signbit(got), np.signbit(x))
     np.testing.assert_array_equal(got, x)
+
+
+@pytest.mark.parametrize("name", ["partial", "row", "rep"])
+@pytest.mark.parametrize("dtype", ["float16", "float64"])
+def test_a_negative_zero_fill_keeps_its_sign(name, dtype):
+    """dmath.full(-0.0) and a whole-row fill of -0.0 give -0.0 in every layout. On GPUs CuPy fills a
+    contiguous array with a zero by a memset, which wrote +0.0 (pad's -0.0 rows and a Partial matrix's
+    -0.0 addends came out +0.0 on 2 H200s); and full() gave a Partial matrix's other members +0.0
+    addends, so -0.0 + 0.0 read back +0.0 from 2 workers on."""
+    lay = {"partial": dmath.Partial(), "row": dmath.RowBlock(), "rep": dmath.Replicated()}[name]
+    m = dmath.full((5, 4), -0.0, dtype=dtype, layout=lay)
+    got = m.to_numpy()
+    assert got.dtype == np.dtype(dtype) and np.all(got == 0) and np.all(np.signbit(got))
+    m[...] = 1.5
+    m[1:3, :] = -0.0
+    want = np.full((5, 4), 1.5, dtype)
+    want[1:3] = -0.0
+    got = m.to_numpy()
+    np.testing.assert_array_equal(got, want)
+    np.testing.assert_array_equal(np.signbit(got), np.signbit(want))
