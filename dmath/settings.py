@@ -153,6 +153,10 @@ VARIABLES = (
     Variable("DMATH_TUNE_BUDGET_MS", "300", "'fast' tuning: the milliseconds one shape's candidates may take "
              "(building them included) before the fastest timed so far is kept; smaller starts sooner",
              "a finite number of milliseconds > 0", _number(above=True), 300.0, "tune_budget_ms"),
+    Variable("DMATH_TUNE_AMORTIZE", "1000", "'fast' tuning of an expensive shape: past its first candidates, "
+             "more are timed (up to 16) while the time spent on the shape stays below this many runs of its "
+             "fastest plan so far (when that outlasts DMATH_TUNE_BUDGET_MS); 0: the first few only",
+             "a whole number of runs >= 0", _count, 1000, "tune_amortize"),
     # read where they are used (dmath.tuning's cache path: empty means none, unlike the others;
     # dnn/data when it downloads, before or without init): listed here for the table only
     Variable("DMATH_TUNE_CACHE", "~/.cache/dmath/tune.json", "the tuning cache file (a directory: "

@@ -90,6 +90,13 @@ FAST_CANDIDATES = 4
 #: after at least one candidate was timed: about 0.3 s a shape times the heuristics' first four
 #: (where cuDNN compiles an engine at run time, its building is most of that); a network of 70
 #: convolution shapes then spends some 18 s of its first step choosing
+#: 'fast' times up to this many candidates of an expensive shape: one whose fastest plan so far, run
+#: DMATH_TUNE_AMORTIZE times (as a training run would in its first minutes), outlasts the budget. It
+#: keeps timing while the time spent stays below those runs: the tuning is paid back by the runs if
+#: the next plan is faster. cuDNN's heuristics ranked an sm80 kernel first for one of GoogLeNet's
+#: batch-256 convolutions (0.68 ms a call on an H200, a step's largest convolution) while batch 1024's
+#: choice of the same layer was a Hopper kernel
+MORE_CANDIDATES = 16
 #: the file format's name and version (a file with other ones is foreign)
 FORMAT, VERSION = "dmath-tune-cache", 1
 #: a cache file larger than this is not read (a cache of a few thousand shapes is a few MB)
@@ -452,27 +459,47 @@ def decide(kind, machine, key, adopt, tune):
     return choice, how
 
 
-def timed(candidates, measure, how, few=None, budget_s=None):
+def timed(candidates, measure, how, few=None, budget_s=None, runs=None):
     """[(candidate, ms)] for the candidates `measure` timed, in their order (the heuristics').
 
     measure(candidate) returns milliseconds, or None when the candidate
     cannot run. 'full' measures every candidate; 'fast' stops after `few`
     (FAST_CANDIDATES) were timed or once `budget_s` (DMATH_TUNE_BUDGET_MS) of
-    wall time went by, whichever comes first, but only after one was timed.
-    `candidates` may be a generator that builds each one as it is asked
-    for: the building counts against the budget.
+    wall time went by, whichever comes first, but only after one was timed;
+    an expensive shape gets more (see more_wanted). `candidates` may be a
+    generator that builds each one as it is asked for: the building counts
+    against the budget.
     """
     few = FAST_CANDIDATES if few is None else few
     budget_s = settings.current.tune_budget_ms / 1000.0 if budget_s is None else budget_s
+    runs = settings.value("DMATH_TUNE_AMORTIZE") if runs is None else runs
     start = time.perf_counter()
     out = []
     for c in candidates:
         ms = measure(c)
         if ms is not None:
             out.append((c, float(ms)))
-        if how == "fast" and out and (len(out) >= few or time.perf_counter() - start >= budget_s):
+        if how == "fast" and out and not more_wanted(out, time.perf_counter() - start, few, budget_s, runs):
             break
     return out
+
+
+def more_wanted(timed_so_far, elapsed_s, few, budget_s, runs):
+    """Whether 'fast' times another candidate after `timed_so_far` [(candidate, ms)] took `elapsed_s`:
+    the first `few` within `budget_s`; for an expensive shape, whose fastest plan so far run `runs`
+    times outlasts budget_s, up to MORE_CANDIDATES within the time of those runs."""
+    allowance_s = runs * min(ms for _, ms in timed_so_far) / 1000.0
+    if allowance_s > budget_s:
+        return len(timed_so_far) < max(few, MORE_CANDIDATES) and elapsed_s < allowance_s
+    return len(timed_so_far) < few and elapsed_s < budget_s
+
+
+def candidates_wanted(how):
+    """How many candidates a tuner that lists them up front (cuBLASLt's heuristics) asks for in `how`
+    ('fast': the first few, and more for an expensive shape; see timed), or None for every one."""
+    if how == "fast":
+        return max(FAST_CANDIDATES, MORE_CANDIDATES) if settings.value("DMATH_TUNE_AMORTIZE") else FAST_CANDIDATES
+    return None
 
 
 def gpu_fingerprint(**libraries):

@@ -232,10 +232,11 @@ class Matmul:
 
     def _tune(self, how, a_ptr, b_ptr, out_ptr, stream_ptr):
         """(heuristic, value to cache): 'off' keeps the heuristic's first; 'fast' times its first few
-        (dmath.tuning.timed), 'full' up to FULL_CANDIDATES; the fastest is kept."""
+        (more for an expensive product: dmath.tuning.timed), 'full' up to FULL_CANDIDATES; the fastest
+        is kept."""
         if how == "off":
             return self._heuristic, None
-        count = tuning.FAST_CANDIDATES if how == "fast" else FULL_CANDIDATES
+        count = tuning.candidates_wanted(how) or FULL_CANDIDATES
         candidates = self._heuristics(count)
         timed = tuning.timed(candidates, lambda h: self._time(h, a_ptr, b_ptr, out_ptr, stream_ptr), how)
         if not timed:

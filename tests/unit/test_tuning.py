@@ -509,10 +509,10 @@ def test_timed_fast_stops_after_few():
     def measure(c):
         asked.append(c)
         return None if c % 3 == 0 else float(c)      # every third candidate cannot run
-    out = tuning.timed(iter(range(20)), measure, "fast", few=3)
+    out = tuning.timed(iter(range(20)), measure, "fast", few=3, runs=0)
     assert out == [(1, 1.0), (2, 2.0), (4, 4.0)] and asked == [0, 1, 2, 3, 4]
     asked.clear()
-    assert len(tuning.timed(range(20), measure, "full", few=3)) == 13 and len(asked) == 20
+    assert len(tuning.timed(range(20), measure, "full", few=3, runs=0)) == 13 and len(asked) == 20
 
 
 def test_timed_fast_budget_after_one(monkeypatch):
@@ -522,6 +522,26 @@ def test_timed_fast_budget_after_one(monkeypatch):
     assert out == [(2, 1.0)]                          # over budget from the start: stops once one was timed
     out = tuning.timed(range(10), lambda c: 1.0, "fast", few=5, budget_s=25)
     assert [c for c, _ in out] == [0, 1, 2]
+
+
+def test_timed_fast_times_more_of_an_expensive_shape(monkeypatch):
+    """A shape whose fastest plan, run `runs` times, outlasts the budget is timed past the first few (up
+    to MORE_CANDIDATES) while the time spent stays below those runs; a cheap one stops at the few."""
+    clock = iter(range(0, 10000))                     # every reading of the clock: 1 s later
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: next(clock))
+    ms = {c: 2.0 if c < 4 else 1.0 for c in range(40)}
+    # 1000 runs of 2 ms: 2 s > the 0.5 s budget, so more candidates while under 2 s (then 1 ms: 1 s)
+    out = tuning.timed(range(40), ms.get, "fast", few=1, budget_s=0.5, runs=1000)
+    assert [c for c, _ in out] == [0, 1]              # the second reading (2 s) reaches the allowance
+    out = tuning.timed(range(40), ms.get, "fast", few=1, budget_s=0.5, runs=10_000)
+    assert [c for c, _ in out] == list(range(10))     # 10 runs of 1 ms... 20 s at 2 ms: stops at 10 s, 1 ms
+    monkeypatch.setattr(tuning.time, "perf_counter", lambda: 0.0)
+    out = tuning.timed(range(40), ms.get, "fast", few=2, budget_s=0.5, runs=10_000)
+    assert len(out) == tuning.MORE_CANDIDATES        # no time passes: capped by the count
+    out = tuning.timed(range(40), ms.get, "fast", few=2, budget_s=0.5, runs=100)
+    assert len(out) == 2                              # 100 runs of 2 ms fit the budget: the first few only
+    out = tuning.timed(range(40), ms.get, "fast", few=2, budget_s=0.5, runs=0)
+    assert len(out) == 2
 
 
 def test_init_refuses_a_bad_mode_before_starting():

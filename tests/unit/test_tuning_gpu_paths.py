@@ -49,6 +49,9 @@ def device(monkeypatch, tmp_path):
     monkeypatch.setattr(backend, "current", lambda: be)
     monkeypatch.setenv("DMATH_TUNE_CACHE", str(tmp_path / "tune.json"))
     monkeypatch.delenv("DMATH_TUNE", raising=False)
+    # the fakes' plans take milliseconds, which makes every shape expensive: the first-few rule here,
+    # the expensive shapes' rule in the tests that set it
+    monkeypatch.setenv("DMATH_TUNE_AMORTIZE", "0")
     tuning._CACHES.clear()
     yield clock
     tuning._CACHES.clear()
@@ -180,6 +183,16 @@ def test_cudnn_fast_times_the_first_few_then_reads_the_cache(device, monkeypatch
     assert plan.source == "cache" and plan.choice["name"] == "p4"
     assert lib.builds == ["p4"] and lib.runs == ["p4", "p4"]            # checked once, then the call
     assert plan.choice["ms"] == pytest.approx(2.05) and plan.why.startswith("cached: ")
+
+
+def test_cudnn_fast_times_more_plans_of_an_expensive_shape(device, monkeypatch):
+    """1000 runs of the fastest plan so far (2 ms: 2 s) outlast the budget: 'fast' goes on past the
+    first four, and p5 (1.5 ms, sixth to build) is chosen."""
+    monkeypatch.setenv("DMATH_TUNE_AMORTIZE", "1000")
+    lib = fake_cudnn(monkeypatch, device, _plans())
+    cudnn.conv(KEY, PTRS)
+    assert [n for n in dict.fromkeys(lib.runs)] == ["p0", "p2", "p4", "p6", "p5", "p7"]
+    assert cudnn._plans[KEY].choice["name"] == "p5" and cudnn._plans[KEY].source == "fast"
 
 
 def test_cudnn_cached_plan_that_no_longer_builds_is_retuned(device, monkeypatch):
@@ -336,6 +349,7 @@ def _algo_of(matmul):
 
 
 def test_cublaslt_fast_times_the_first_few_then_reads_the_cache(lt, monkeypatch):
+    monkeypatch.setenv("DMATH_TUNE_AMORTIZE", "0")                    # the first few only
     mm = cublaslt.matmul(_args())
     assert _algo_of(mm) == 1 and not mm.settled                       # the heuristic's first until settled
     mm.settle(10, 20, 30, 7)
@@ -350,6 +364,23 @@ def test_cublaslt_fast_times_the_first_few_then_reads_the_cache(lt, monkeypatch)
     again = cublaslt.matmul(_args())
     again.settle(10, 20, 30, 7)
     assert again.source == "cache" and _algo_of(again) == 2 and lt.runs == [] and lt.checked[-1] == 2
+
+
+def test_cublaslt_fast_times_more_candidates_of_an_expensive_product(lt, monkeypatch):
+    """The fake's algorithms take 1 ms and more: 1000 runs of the fastest outlast the 300 ms budget, so
+    'fast' asks for MORE_CANDIDATES and times past the first four (the fake's clock does not advance)."""
+    monkeypatch.setenv("DMATH_TUNE_AMORTIZE", "1000")
+    mm = cublaslt.matmul(_args())
+    mm.settle(10, 20, 30, 7)
+    assert lt.asked[-1] == tuning.MORE_CANDIDATES
+    assert sorted(set(lt.runs)) == [1, 2, 3, 4, 5, 6] and _algo_of(mm) == 6 and mm.ms == pytest.approx(0.1)
+    monkeypatch.setenv("DMATH_TUNE_AMORTIZE", "50")                   # 50 runs of 1 ms: within the budget
+    tuning._CACHES.clear()
+    monkeypatch.setenv("DMATH_TUNE_CACHE", "")
+    lt.runs.clear()
+    cheap = cublaslt.matmul(_args(m=1024, n=1024, k=512))
+    cheap.settle(10, 20, 30, 7)
+    assert sorted(set(lt.runs)) == [1, 2, 3, 4] and _algo_of(cheap) == 2
 
 
 def test_cublaslt_cached_algorithm_refused_is_retuned(lt, monkeypatch):
