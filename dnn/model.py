@@ -369,8 +369,11 @@ class Model(Training):
         feed.start_epoch(None, 0)
         metrics = self.eval_metrics
         metrics.reset()
+        key = None          # (worked out once a call: it reads every layer's configuration)
         for size in self._batches(feed.n, batch_size):
-            self._program("eval", size, feed).run()
+            prog = self._program("eval", size, feed, key)
+            prog.run()
+            key = prog.key
             metrics.samples += size
         loss, acc = metrics.read()
         out = {"loss": loss}
@@ -396,9 +399,11 @@ class Model(Training):
         feed = self._feed(ds, reading=True)
         feed.start_epoch(None, 0)
         out = [[] for _ in self.graph.outputs]
+        key = None
         for size in self._batches(feed.n, batch_size):
-            prog = self._program("predict", size, feed)
+            prog = self._program("predict", size, feed, key)
             prog.run()
+            key = prog.key
             for parts, node in zip(out, prog.output_nodes):
                 parts.append(node.value.to_numpy())
         return self._one_or_list([np.concatenate(parts).reshape(self._predicted_shape(feed.n, s))

@@ -313,12 +313,10 @@ class Layer:
     def set_state(self, arrays):
         """Restore `get_state`'s arrays (missing names keep their values)."""
 
-    def step_settings(self):
-        """What of this layer a recorded training step bakes in besides its weights and whether it is
-        frozen (part of the step's key: a change records the step anew at the next fit)."""
-        return ()
-
     def get_config(self):
+        """The layer's settings as JSON (from_config rebuilds the layer). It holds every setting the
+        layer's nodes compute with: it is part of every recorded step's key (Model._settings), so a
+        setting changed between calls records the steps anew."""
         config = {"class": type(self).__name__, "name": self.name}
         if not self.trainable:
             config["trainable"] = False

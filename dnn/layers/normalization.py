@@ -108,9 +108,6 @@ class BatchNorm(Layer):
         if "num_batches_tracked" in checked:
             self.batches_tracked = checked["num_batches_tracked"]
 
-    def step_settings(self):
-        return (self.synchronized,)
-
     def get_config(self):
         return {**super().get_config(), "momentum": self.momentum, "eps": self.eps,
                 "synchronized": self.synchronized}

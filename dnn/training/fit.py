@@ -2,6 +2,7 @@
 model's cache of recorded programs (one per batch size and mode, dnn.training.programs): a step is
 recorded as a dmath plan the first time and replayed after that, each batch written into the same
 input matrices. `Sequential` inherits it."""
+import json
 import numbers
 import time
 import weakref
@@ -24,22 +25,31 @@ class Training:
     """The fit loop and the recorded programs of a model (a mixin of `Model`)."""
 
     def _program_key(self, kind):
-        """What a recorded step of `kind` has baked in besides the weights and data: for training the
-        optimizer object (its state and step matrices), its hyper-parameters (momentum, betas, eps,
-        weight decay: constants of its update commands), the loss and loss scale, which layers are
-        frozen and the layers' `step_settings` (a BatchNorm's synchronization); for evaluation
-        the loss. The learning rate and its schedule are left out: the lr is a (1, 1) matrix
-        written before each step, so changing them re-records nothing. The key holds the objects
-        themselves (compared by identity), so none is freed while a step recorded with it lives."""
+        """What a recorded step of `kind` has baked in besides the weights and data. Every kind: the
+        model's settings (`_settings`: every layer's configuration, the loss weights) and the layers'
+        strategies; training adds the optimizer object (its state and step matrices), its
+        hyper-parameters (momentum, betas, eps, weight decay: constants of its update commands),
+        the loss, loss scale and gradient buckets; evaluation adds the loss. The learning rate and
+        its schedule are left out: the lr is a (1, 1) matrix written before each step, so changing
+        them re-records nothing. The key holds the objects themselves (compared by identity), so
+        none is freed while a step recorded with it lives."""
         if kind == "train":
             hyper = {k: v for k, v in self.optimizer.get_config().items() if k not in ("lr", "schedule")}
-            frozen = tuple(not layer.trainable for layer in self.layers)
-            settings = tuple(layer.step_settings() for layer in self.layers)
-            return (self.optimizer, repr(sorted(hyper.items())), self.loss, self.loss_scale, frozen, settings,
+            return (self.optimizer, repr(sorted(hyper.items())), self.loss, self.loss_scale, self._settings(),
                     self.bucket_mb, self.gradient_sum_dtype, self._strategies())
         # every kind reads the weights where their layouts put them: a strategy changed (parallel='auto'
         # timed at fit's first steps) moved them to new matrices
-        return ((self.loss,) if kind == "eval" else ()) + (self._strategies(),)
+        return ((self.loss,) if kind == "eval" else ()) + (self._settings(), self._strategies())
+
+    def _settings(self):
+        """The model's settings a recorded step computes with, derived whole rather than listed: every
+        layer's get_config() (an activation, a dropout rate or seed, a batch norm's eps, momentum and
+        synchronization, a frozen layer), the loss weights, the image-row order and folds, and the seed
+        (of the augmentation's draws). Any of
+        them changed between calls on the same Dataset records its steps anew (a replay would compute
+        with the old values, silently)."""
+        configs = tuple(json.dumps(layer.get_config(), sort_keys=True, default=repr) for layer in self.layers)
+        return configs, tuple(self.loss_weights), self.channels_last, self.fuse, self.seed
 
     def _strategies(self):
         return tuple(layer.strategy for layer in self.layers)

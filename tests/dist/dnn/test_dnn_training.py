@@ -74,6 +74,61 @@ def test_learning_rate_changes_keep_the_recorded_step():
     _same_weights(m, ref)
 
 
+# ---- 2b. layer and model settings changed between calls on one Dataset ------------------------------
+def _settings_model():
+    a = dnn.Input((4,))
+    h = L.Dense(5, activation="tanh", name="h")(a)
+    o1 = L.Dense(3, activation="softmax", name="o1")(L.Dropout(0.5, name="dr")(L.BatchNorm(name="bn")(h)))
+    o2 = L.Dense(3, activation="softmax", name="o2")(h)
+    m = dnn.Model(a, [o1, o2], optimizer=dnn.optim.SGD(lr=0.1), dtype="float64", seed=1)
+    rng = np.random.default_rng(3)
+    m.set_weights([rng.standard_normal(w.shape) * 0.5 if w.ndim > 1 else np.ones_like(w) for w in m.get_weights()])
+    return m
+
+
+def _layer(m, name):
+    return next(layer for layer in m.layers if layer.name == name)
+
+
+SETTINGS = {
+    "loss_weights": lambda m: setattr(m, "loss_weights", (1.0, 0.25)),
+    "batchnorm_eps": lambda m: setattr(_layer(m, "bn"), "eps", 1.0),
+    "batchnorm_momentum": lambda m: setattr(_layer(m, "bn"), "momentum", 0.9),
+    "dropout_p": lambda m: setattr(_layer(m, "dr"), "p", 0.0),
+    "dropout_seed": lambda m: setattr(_layer(m, "dr"), "seed", 12345),
+    "dense_activation": lambda m: setattr(_layer(m, "h"), "activation", "relu"),
+}
+
+
+def _calls_after(change, same_dataset):
+    """fit, evaluate and predict on Datasets, `change` applied, then fit, evaluate and predict again on
+    the same Datasets or new ones: (the second round's loss, evaluation, predictions, weights)."""
+    x, y = _data(16)
+    ds, xs = dnn.data.Dataset(x, y), dnn.data.Dataset(x)
+    m = _settings_model()
+    m.fit(ds, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    m.evaluate(ds)
+    m.predict(xs)
+    change(m)
+    if not same_dataset:
+        ds, xs = dnn.data.Dataset(x, y), dnn.data.Dataset(x)
+    loss = m.fit(ds, batch_size=8, epochs=1, shuffle=False, verbose=0).history["loss"]
+    return loss, m.evaluate(ds), m.predict(xs), m.get_weights()
+
+
+@pytest.mark.parametrize("setting", sorted(SETTINGS))
+def test_settings_changed_between_calls_on_one_dataset_take_effect(setting):
+    """A layer's setting or the loss weights changed after a fit were ignored by fit, evaluate and
+    predict on the same Dataset (the steps recorded with the old values replayed), and honoured on a
+    new one (a hostile-use probe): every layer's configuration is part of the recorded steps' key."""
+    same, fresh = _calls_after(SETTINGS[setting], True), _calls_after(SETTINGS[setting], False)
+    assert same[0] == fresh[0] and same[1] == fresh[1]
+    for a, b in zip(same[2] + same[3], fresh[2] + fresh[3]):
+        np.testing.assert_array_equal(a, b)
+    unchanged = _calls_after(lambda m: None, True)
+    assert same[:2] != unchanged[:2]    # (the change alters the second fit's loss or the evaluation)
+
+
 # ---- 5. EarlyStopping's patience -------------------------------------------------------------------
 @pytest.mark.parametrize("patience", [0, 1, 2])
 def test_early_stopping_stops_after_patience_epochs_without_improvement(patience):
