@@ -128,7 +128,7 @@ class Model(Training):
         for layer in layers:    # before any layer is named or built: a refusal leaves them as they were
             layer.check_param_dtype(self.param_dtype, self.dtype)
         self.loss = losses.get(loss)
-        self.loss_weights = _loss_weights(loss_weights, len(self.graph.outputs))
+        self.loss_weights = loss_weights
         self.optimizer = optim.get(optimizer if optimizer is not None else optim.SGD())
         if self.dtype == "float16":
             self.loss_scale = loss_scale if loss_scale is not None else optim.DynamicLossScale()
@@ -168,6 +168,18 @@ class Model(Training):
         #: {batch size: what parallel='auto' timed and chose} (explain_parallel() prints it)
         self.parallel_report = {}
         self._trials = {}         # batch size -> its dnn.training.strategy.Trial
+
+    @property
+    def loss_weights(self):
+        """One weight per output (a tuple of floats): the training and evaluation loss is the weighted
+        sum of the outputs' losses. Set as the constructor's argument (None: 1 each), checked alike:
+        one finite number >= 0 per output (an assignment of too few silently dropped an output's loss,
+        a negative one trained it away from its targets). A change takes effect at the next call."""
+        return self._loss_weights
+
+    @loss_weights.setter
+    def loss_weights(self, value):
+        self._loss_weights = _loss_weights(value, len(self.graph.outputs))
 
     #: see `bucket_mb`
     _bucket_mb = 25.0
@@ -581,6 +593,8 @@ def _loss_weights(weights, n):
     """One finite non-negative float per output (None: 1 each)."""
     if weights is None:
         return (1.0,) * n
+    if isinstance(weights, (str, bytes)):       # (a str of two digits passed as two weights)
+        raise ConfigError(f"loss_weights must be a list of one number per output, got {weights!r}")
     try:
         weights = [float(w) for w in weights]
     except (TypeError, ValueError) as exc:

@@ -487,6 +487,26 @@ def test_graph_model_errors():
     assert m.predict([np.zeros((4, 3)), np.zeros((4, 2))]).shape == (4, 2)
 
 
+def test_loss_weights_assigned_are_checked_as_the_constructors():
+    """model.loss_weights = ... was taken as given (a hostile-use probe): one weight for two outputs
+    dropped the second output's loss, silently, a negative weight or NaN was trained with, and None
+    raised a bare TypeError. It is checked as the constructor's argument, and the model unchanged."""
+    x, y = _blobs(6, 3, 2)
+    a = dnn.Input(3)
+    m = dnn.Model(a, [L.Dense(2, activation="softmax")(a), L.Dense(2, activation="softmax")(a)], dtype="float64")
+    for bad in [(1.0,), (1.0, 0.0, 5.0), (1.0, float("nan")), (1.0, -1.0), (1.0, float("inf")), "12", 0.5]:
+        with pytest.raises(dnn.ConfigError, match="loss_weights"):
+            m.loss_weights = bad
+        assert m.loss_weights == (1.0, 1.0)
+    both = m.evaluate(x, y)["loss"]
+    m.loss_weights = np.array([1, 0])
+    assert m.loss_weights == (1.0, 0.0)
+    first = m.evaluate(x, y)["loss"]
+    m.loss_weights = None                       # as the constructor's: 1 each
+    assert m.loss_weights == (1.0, 1.0) and m.evaluate(x, y)["loss"] == both
+    assert first < both
+
+
 # ---- everything Sequential has, on a graph -----------------------------------------------------------
 def _residual(dtype="float32", record=True, parallel="data"):
     inp = dnn.Input(6)
