@@ -14,13 +14,20 @@ import numpy as np
 
 import dmath
 
-from .errors import ConfigError
+from dmath.errors import DTypeError
+from dmath.ops.data import check_exact_integers
+
+from .errors import ConfigError, ShapeError
 
 
 class Initializer:
-    """Base: `init(shape, dtype, layout, fans=None)` returns a new dmath.Matrix."""
+    """Base: `init(shape, dtype, layout, fans=None)` returns a new dmath.Matrix.
 
-    def __call__(self, shape, dtype="float32", layout=None, fans=None):
+    public_shape: the parameter's shape as get_weights gives it, where the stored matrix's `shape`
+    differs (a Conv2D kernel (K, C, kh, kw) stored (K, C*kh*kw), a bias (n,) stored (1, n)); name:
+    the parameter's, for messages. FromArray checks its values against both."""
+
+    def __call__(self, shape, dtype="float32", layout=None, fans=None, public_shape=None, name="parameter"):
         fan_in, fan_out = fans if fans is not None else shape
         return self.make(tuple(shape), dtype, layout, max(int(fan_in), 1), max(int(fan_out), 1))
 
@@ -121,7 +128,11 @@ class HeNormal(GlorotUniform):
 
 
 class FromArray(Initializer):
-    """Given values (a numpy array of the parameter's shape).
+    """Given values (a numpy array of the parameter's shape, as get_weights gives it: a Dense kernel
+    (in, out), a Conv2D kernel (K, C, kh, kw), a bias (n,)). Another shape is refused (ShapeError),
+    even of as many values (a PyTorch Linear weight (out, in) was reshaped into a scrambled
+    kernel), as are values the parameter's dtype cannot hold (1e300 in a float32 model became inf):
+    `check_values`, set_weights' check.
 
     Its config holds the array's shape, not its values (a model file holds
     the trained weights): rebuilt from a config alone (`shape=`), it gives
@@ -136,8 +147,16 @@ class FromArray(Initializer):
                 raise ConfigError(f"FromArray: give an array, or the shape of one, got shape {shape!r}") from exc
             if any(d < 0 for d in shape):
                 raise ConfigError(f"FromArray: the shape must be non-negative, got {shape}")
+            self.given = False      # zeros standing in for a file's values: only their number counts
             array = np.zeros(shape)
+        else:
+            self.given = True
         self.array = np.asarray(array)
+
+    def __call__(self, shape, dtype="float32", layout=None, fans=None, public_shape=None, name="parameter"):
+        if self.given:
+            check_values(self.array, tuple(public_shape or shape), dtype, f"{name}: initial values")
+        return super().__call__(shape, dtype, layout, fans)
 
     def make(self, shape, dtype, layout, fan_in, fan_out):
         a = self.array.reshape(shape) if self.array.size == shape[0] * shape[1] else None
@@ -148,6 +167,33 @@ class FromArray(Initializer):
     def get_config(self):
         return {"name": "array", "shape": list(self.array.shape)}
 
+    def __repr__(self):
+        return f"FromArray({self.array!r})" if self.given else f"FromArray(shape={self.array.shape})"
+
+
+def check_values(array, shape, dtype, what):
+    """`array` as values of a parameter of `shape` and `dtype` (a numpy array of that shape and real
+    numbers the dtype holds; its own NaN and infinities are its values), else ShapeError or
+    ConfigError naming `what`. set_weights, model files and FromArray check with it."""
+    a = np.asarray(array)
+    if a.shape != tuple(shape):
+        raise ShapeError(f"{what}: expected shape {tuple(shape)}, got {a.shape}")
+    if a.dtype.kind not in "biuf":
+        raise ConfigError(f"{what}: expected real numbers, got dtype {a.dtype}")
+    mine = np.dtype(dtype)
+    try:
+        check_exact_integers(a, mine, what)     # (2**53 + 1 into float32 rounded)
+    except DTypeError as exc:
+        raise ConfigError(str(exc)) from exc
+    if a.size and a.dtype.kind == "f" and np.finfo(a.dtype).max > np.finfo(mine).max:
+        # a finite value past the parameter's dtype would become inf on the write, silently (a float64
+        # file's 1e300 loaded into a float32 model); the array's own NaN and inf are its values
+        finite = np.abs(a[np.isfinite(a)])
+        top = float(np.finfo(mine).max)
+        if finite.size and float(finite.max()) > top:
+            raise ConfigError(f"{what}: holds {float(finite.max()):g}, past the largest {mine} ({top:g}) of the "
+                              f"parameter")
+    return a
 
 def _real(v, what):
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or not math.isfinite(v):

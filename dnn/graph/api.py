@@ -33,12 +33,12 @@ def _require_runtime():
 
 def var(name, shape, init=0.0, dtype="float32", layout=None):
     """A trainable variable of `shape`, filled by `init` (a number, an initializer name or object,
-    or a numpy array). Parameters are Replicated by default (data parallelism)."""
+    or a numpy array of that shape, whose values the dtype holds). Parameters are Replicated by default (data parallelism)."""
     _require_runtime()
     from .. import initializers
     shape = check_shape(shape, f"var {name!r}: shape")
     value = initializers.get(init)(shape, dtype=canonical_dtype(dtype),
-                                   layout=layout if layout is not None else dmath.Replicated())
+                                   layout=layout if layout is not None else dmath.Replicated(), name=f"var {name!r}")
     return Variable(value, name=name)
 
 

@@ -14,9 +14,6 @@ import math
 
 import numpy as np
 
-from dmath.errors import DTypeError
-from dmath.ops.data import check_exact_integers
-
 from ..errors import ConfigError, ShapeError
 from ..graph.node import Variable
 from ..ops import Cast
@@ -43,29 +40,14 @@ class Weight:
         return self.value.to_numpy().reshape(self.public_shape)
 
     def checked(self, array):
-        """`array` as this weight's values (a numpy array of its public shape and real numbers)."""
-        a = np.asarray(array)
-        if a.shape != self.public_shape:
-            raise ShapeError(f"weight {self.name}: expected shape {self.public_shape}, got {a.shape}")
-        if a.dtype.kind not in "biuf":
-            raise ConfigError(f"weight {self.name}: expected real numbers, got dtype {a.dtype}")
+        """`array` as this weight's values (a numpy array of its public shape and real numbers its
+        dtype holds: initializers.check_values, FromArray's check too)."""
+        from .. import initializers
+        a = initializers.check_values(array, self.public_shape, self.value.dtype, f"weight {self.name}")
         if self.minimum is not None and a.size and not bool((a >= self.minimum).all()):
             # (not a < minimum: NaN compares false both ways, and a NaN running variance passed)
             raise ConfigError(f"weight {self.name}: values must be at least {self.minimum:g}, got "
                               f"{float(a[~(a >= self.minimum)].reshape(-1)[0]):g}")
-        mine = np.dtype(self.value.dtype)
-        try:
-            check_exact_integers(a, mine, f"weight {self.name}")     # (2**53 + 1 into float32 rounded)
-        except DTypeError as exc:
-            raise ConfigError(str(exc)) from exc
-        if a.size and a.dtype.kind == "f" and np.finfo(a.dtype).max > np.finfo(mine).max:
-            # a finite value past the weight's dtype would become inf on the write, silently (a float64
-            # file's 1e300 loaded into a float32 model); the array's own NaN and inf are its values
-            finite = np.abs(a[np.isfinite(a)])
-            top = float(np.finfo(mine).max)
-            if finite.size and float(finite.max()) > top:
-                raise ConfigError(f"weight {self.name}: holds {float(finite.max()):g}, past the largest {mine} "
-                                  f"({top:g}) of the weight")
         return a
 
     def write(self, array):
@@ -189,7 +171,11 @@ class Layer:
             return self.output_shape(sample_shape)
         out = self.output_shape(tuple(sample_shape))
         self.input_shape = tuple(sample_shape)
-        self._create(self.input_shape, param_dtype)
+        try:
+            self._create(self.input_shape, param_dtype)
+        except BaseException:
+            self.weights = []           # (a refused initial value: the build may be tried again)
+            raise
         self.param_dtype = np.dtype(param_dtype).name
         self.built = True
         return out
@@ -228,8 +214,10 @@ class Layer:
             self._dry.append((f"{self.name}/{name}", tuple(public_shape or shape)))
             return None
         from .. import initializers
-        value = initializers.get(init)(shape, dtype=dtype, layout=layout, fans=fans)
-        w = Weight(f"{self.name}/{name}", value, public_shape or shape, trainable, minimum)
+        full = f"{self.name}/{name}"
+        value = initializers.get(init)(shape, dtype=dtype, layout=layout, fans=fans, public_shape=public_shape,
+                                       name=f"weight {full}")
+        w = Weight(full, value, public_shape or shape, trainable, minimum)
         self.weights.append(w)
         return w
 

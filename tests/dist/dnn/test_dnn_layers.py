@@ -1,5 +1,7 @@
 """Layers: forward and backward against NumPy references and, when it is installed, PyTorch;
 parameters, initializers, train versus eval mode, configs."""
+import re
+
 import numpy as np
 import pytest
 
@@ -151,6 +153,41 @@ def test_initializers(init, check):
     w = layer.get_weights()[0]
     assert check(w, 200, 300)
     assert len(np.unique(w)) > 1000 or np.all(w == w.flat[0])
+
+
+def test_array_initializers_take_the_parameters_shape_and_values_its_dtype_holds():
+    """An initial array of another shape was reshaped when it had as many values (a PyTorch Linear
+    weight (out, in) for a Dense kernel (in, out) gave a scrambled kernel; a flat array, a Conv2D kernel
+    of another order and a graph variable's transposed array passed too), and 1e300 became inf in a
+    float32 layer (a hostile-use probe): refused as set_weights refuses them, the shapes named."""
+    w = np.arange(6.0).reshape(2, 3)
+    for bad in (w.T, w.reshape(-1)):
+        d = L.Dense(3, kernel_init=bad, name="d")
+        with pytest.raises(dnn.ShapeError, match=re.escape(f"d/kernel: initial values: expected shape (2, 3), "
+                                                           f"got {bad.shape}")):
+            d.build((2,), "float64")
+        assert not d.built and d.weights == []
+    d = L.Dense(3, kernel_init=w, bias_init=np.array([1.0, 2.0, 3.0]), name="d")
+    d.build((2,), "float64")
+    np.testing.assert_array_equal(d.get_weights()[0], w)
+    np.testing.assert_array_equal(d.get_weights()[1], [1, 2, 3])
+    with pytest.raises(dnn.ShapeError, match=r"bias: initial values: expected shape \(3,\), got \(1, 3\)"):
+        L.Dense(3, bias_init=np.ones((1, 3))).build((2,), "float64")
+    k = np.arange(12.0).reshape(3, 2, 1, 2)          # (K, C, kh, kw)
+    with pytest.raises(dnn.ShapeError, match=r"expected shape \(3, 2, 1, 2\), got \(2, 3, 2, 1\)"):
+        L.Conv2D(3, (1, 2), kernel_init=k.transpose(1, 0, 3, 2)).build((2, 4, 4), "float64")
+    conv = L.Conv2D(3, (1, 2), kernel_init=k)
+    conv.build((2, 4, 4), "float64")
+    np.testing.assert_array_equal(conv.get_weights()[0], k)
+    with pytest.raises(dnn.ShapeError, match=r"var 'v': initial values: expected shape \(2, 3\), got \(3, 2\)"):
+        G.var("v", (2, 3), init=w.T, dtype="float64")
+    np.testing.assert_array_equal(G.var("v", (2, 3), init=w, dtype="float64").value.to_numpy(), w)
+    with pytest.raises(dnn.ConfigError, match="past the largest float32"):
+        L.Dense(1, kernel_init=np.array([[1e300], [1.0]])).build((2,), "float32")
+    with pytest.raises(dnn.ConfigError, match="real numbers"):
+        L.Dense(1, kernel_init=np.array([["a"], ["b"]])).build((2,), "float32")
+    with pytest.raises(dnn.ConfigError, match="past the largest float32"):
+        G.var("v", (1, 1), init=np.array([[-1e39]]), dtype="float32")
 
 
 def test_initial_weights_do_not_depend_on_the_layout():
