@@ -149,10 +149,17 @@ class Optimizer:
         gate: None, or a (1, 1) matrix, 0 to skip this step (mixed-precision overflow).
         grad_scale: None, or a (1, 1) matrix the gradients are divided by (the loss scale).
         Rules with a fused kernel (`fused_update`) read each gradient, parameter and state once;
-        the others run as elementwise commands.
+        the others run as elementwise commands. A parameter listed twice is refused (ConfigError),
+        by every rule: AdaGrad and RMSProp applied two updates to it.
         """
         if len(params) != len(grads):
             raise GraphError(f"{len(params)} parameters but {len(grads)} gradients")
+        seen = set()
+        for p in params:
+            if id(p.value) in seen:
+                raise ConfigError(f"the parameter {p.name!r} appears twice among the parameters of one step: each "
+                                  f"is updated in place once a step (list it once)")
+            seen.add(id(p.value))
         by_dtype = {}
         for p in params:
             if p.dtype not in by_dtype:

@@ -419,3 +419,24 @@ def test_every_optimizer_takes_foreach(kind):
         assert opt.foreach is f and optim.get(opt.get_config()).foreach is f
     with pytest.raises(dnn.ConfigError, match="foreach"):
         kind(foreach="yes")
+
+
+@pytest.mark.parametrize("kind", [optim.SGD, optim.Adam, optim.RMSProp, optim.AdaGrad])
+def test_a_parameter_listed_twice_is_refused_by_every_optimizer(kind):
+    """minimize(x ** 2, [x, x]) stepped x twice with AdaGrad and RMSProp (a hostile-use probe; SGD and
+    Adam refused it in their fused kernel): one check for every rule, before anything is updated, and
+    the same Variable listed once still steps."""
+    from dnn import graph as G
+    x = G.var("x", (1, 1), init=5.0, dtype="float64")
+    opt = kind(lr=0.1)
+    with pytest.raises(dnn.ConfigError, match="'x' appears twice"):
+        opt.minimize(G.pow(x, 2), [x, x])
+    assert x.value.to_numpy().item() == 5.0 and opt.iterations == 0
+    with pytest.raises(dnn.ConfigError, match="appears twice"):          # two Variables of one matrix
+        opt.step([x, Variable(x.value, name="y")], [dmath.ones((1, 1), dtype="float64")] * 2)
+    assert x.value.to_numpy().item() == 5.0
+    opt.minimize(G.pow(x, 2), [x])
+    once = x.value.to_numpy().item()
+    y = G.var("y", (1, 1), init=5.0, dtype="float64")
+    kind(lr=0.1).minimize(G.pow(y, 2), [y])
+    assert once == y.value.to_numpy().item() < 5.0
