@@ -44,6 +44,10 @@ store's worker: the master computes its own group's steps in between, and
 the store is a single worker (a parameter server), whose link carries
 every gradient and every refresh.
 
+Frozen layers (trainable=False) are read, not trained: each group reads its
+own copy of their weights, written from the model's at every epoch's start;
+the store holds none of them, so they are neither updated nor exchanged.
+
 Not supported asynchronously (ConfigError): float16 (its loss scale is one
 shared state), BatchNorm and other layers with non-trained buffers,
 model-parallel layers, step checkpoints and resuming inside an epoch.
@@ -310,7 +314,11 @@ class Replica:
         self.model, self.index, self.group, self.ngroups = model, index, group, ngroups
         lay = dmath.Replicated(group)
         self.vars = [Variable(p.value.remap(lay), name=f"group{index}/{p.name}") for p in model.params]
-        self.context = ReplicaContext(model.dtype, {id(p): v for p, v in zip(model.params, self.vars)})
+        # the frozen layers' weights: read by the group's steps, never trained (no gradient is taken)
+        frozen = [w.var for layer in model.layers if not layer.trainable for w in layer.weights]
+        self.frozen = [(p, Variable(p.value.remap(lay), name=f"group{index}/{p.name}")) for p in frozen]
+        self.context = ReplicaContext(model.dtype, {id(p): v for p, v in
+                                                    list(zip(model.params, self.vars)) + self.frozen})
         self.feed = dataset.feed(group)
         self.metrics = Metrics(group)
         self.one = dmath.ones((1, 1), dtype=model.dtype, layout=lay)      # the loss gradient's seed
@@ -324,6 +332,11 @@ class Replica:
         if s is None:
             s = self.steps[batch] = GradientStep(self, batch)
         return s
+
+    def pull_frozen(self):
+        """The model's frozen weights into this replica's copies (in place: recorded steps read them)."""
+        for p, mine in self.frozen:
+            mine.value.assign(p.value)
 
     def refresh(self, store):
         """Recordable: the store's weights and version into this replica (a broadcast from worker 0)."""
@@ -412,6 +425,8 @@ class AsyncTrainer:
         a function returning the validation metrics."""
         model, B, store = self.model, self.batch_size, self.store
         store.pull(model)
+        for r in self.replicas:
+            r.pull_frozen()
         self.schedule.invalidate()
         key = model.shuffle_key(epoch) if shuffle else None
         for r in self.replicas:

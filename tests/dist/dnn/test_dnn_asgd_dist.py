@@ -69,6 +69,42 @@ def test_k0_equals_synchronous_fit(blobs, groups, opt):
         np.testing.assert_allclose(b, a, rtol=1e-9, atol=1e-12)
 
 
+@pytest.mark.parametrize("groups", sorted({1, P}))
+def test_frozen_layers_are_read_not_trained_asynchronously(blobs, groups):
+    """A frozen layer made fit(asynchronous=True) raise a bare KeyError (a hostile-use probe: the
+    groups' graphs looked its weights up among the trained ones). Each group reads a copy of them:
+    they stay as they were, and the other layers train as the synchronous fit trains them (k = 0);
+    with staleness too, and a frozen layer's new weights between fits are read."""
+    x, y = blobs
+
+    def make():
+        m = mlp(optimizer=dnn.optim.SGD(lr=0.1, momentum=0.9, weight_decay=1e-3))
+        m.layers[2].trainable = False         # the first Dense
+        return m
+    sync, asy = make(), make()
+    frozen = asy.layers[2].get_weights()
+    sync.fit(x, y, batch_size=16, epochs=2, verbose=0)
+    ha = asy.fit(x, y, batch_size=16, epochs=2, verbose=0, asynchronous=True, max_staleness=0, groups=groups)
+    for a, b in zip(frozen, asy.layers[2].get_weights()):
+        np.testing.assert_array_equal(b, a)
+    for a, b in zip(sync.get_weights(), asy.get_weights()):
+        np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-12)
+    assert ha["max_staleness"] == [0.0, 0.0]
+    new = [w * 0.5 for w in frozen]
+    sync.layers[2].set_weights(new)
+    asy.layers[2].set_weights(new)
+    sync.fit(x, y, batch_size=16, epochs=1, verbose=0)
+    asy.fit(x, y, batch_size=16, epochs=1, verbose=0, asynchronous=True, max_staleness=0, groups=groups)
+    for a, b in zip(sync.get_weights(), asy.get_weights()):
+        np.testing.assert_allclose(b, a, rtol=1e-10, atol=1e-12)
+    before = asy.get_weights()
+    asy.fit(x, y, batch_size=16, epochs=1, verbose=0, asynchronous=True, groups=groups)     # k = G - 1
+    after = asy.get_weights()
+    for a, b in zip(new, after[:2]):
+        np.testing.assert_array_equal(b, a)
+    assert all(np.abs(a - b).max() > 0 for a, b in zip(before[2:], after[2:]))
+
+
 def simulate(w, b, x, y, batch, groups, k, epochs, lr, seed=0):
     """NumPy ASGD of a softmax regression under dnn.training.asgd.Schedule: each gradient on its group's replica."""
     n = len(x)
