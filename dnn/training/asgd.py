@@ -60,7 +60,7 @@ import time
 
 import dmath
 
-from .callbacks import ModelCheckpoint, read_epoch_end
+from .callbacks import ModelCheckpoint, call as call_hooks, read_epoch_end
 from ..errors import ConfigError
 from ..graph.execute import backward, forward
 from ..graph.node import Variable
@@ -453,8 +453,7 @@ class AsyncTrainer:
                     pending.append(step)
                     metrics.samples += sizes[t]
                     bar.update(metrics.samples, metrics.read)
-                    for cb in hooks:
-                        cb.on_batch_end(t)
+                    call_hooks(hooks, "on_batch_end", t)
             store.push(model)
         except BaseException:
             # the model keeps the store's latest weights; a broken runtime refuses, and the error says why

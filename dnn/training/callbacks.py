@@ -1,14 +1,20 @@
 """Callbacks of Model.fit, and the History it returns.
 
-A callback's hooks get the epoch's logs: {'loss', 'accuracy', 'val_loss',
-'val_accuracy', 'samples_per_s'} as far as they apply. Per-batch hooks get
-no values: reading the loss costs a gather from the workers, so the model
-reads it once per epoch (and when the progress bar redraws).
+Every hook gets a logs dict, as Keras passes one: on_epoch_end the epoch's
+{'loss', 'accuracy', 'val_loss', 'val_accuracy', 'samples_per_s'} as far as
+they apply, on_train_end the last epoch's, the others an empty dict.
+Per-batch hooks get no values: reading the loss costs a gather from the
+workers, so the model reads it once per epoch (and when the progress bar
+redraws). A hook written without the logs argument (`def on_batch_end(self,
+batch)`, `LambdaCallback(on_batch_end=lambda batch: ...)`) is called
+without it.
 """
+import inspect
 import math
 import numbers
 import os
 import string
+import weakref
 
 import dmath
 
@@ -47,6 +53,40 @@ class Callback:
 
     def epoch_end_values(self, values):
         """The values (floats) of this epoch's `epoch_end_reads` matrices, just before on_epoch_end."""
+
+
+def call(callbacks, hook, *args, logs=None):
+    """Call the method `hook` of every callback with `args` and `logs` (a dict; None: {}), or with
+    `args` alone where the hook takes no more (see the module's docstring)."""
+    logs = {} if logs is None else logs
+    for cb in callbacks:
+        fn = getattr(cb, hook)
+        if _takes_logs(fn, len(args)):
+            fn(*args, logs)
+        else:
+            fn(*args)
+
+
+#: function -> {positional arguments given: whether it takes the logs after them}, read once per
+#: function (a signature costs microseconds, and on_batch_end runs every step)
+_TAKES_LOGS = weakref.WeakKeyDictionary()
+
+
+def _takes_logs(fn, nargs):
+    target, nargs = (fn.__func__, nargs + 1) if inspect.ismethod(fn) else (fn, nargs)
+    try:
+        known = _TAKES_LOGS.setdefault(target, {})
+    except TypeError:           # (a callable that takes no weak reference: its signature is read each time)
+        known = {}
+    if nargs not in known:
+        try:
+            inspect.signature(target).bind(*range(nargs + 1))
+            known[nargs] = True
+        except TypeError:
+            known[nargs] = False
+        except ValueError:      # (no signature to read: given the logs, as Keras gives them)
+            known[nargs] = True
+    return known[nargs]
 
 
 def read_epoch_end(metrics, hooks):
@@ -156,7 +196,9 @@ class PlotHistory(Callback):
 
 
 class LambdaCallback(Callback):
-    """A callback from functions: on_epoch_end=lambda epoch, logs: ..., and so on."""
+    """A callback from functions, as Keras': on_epoch_end=lambda epoch, logs: ...,
+    on_batch_end=lambda batch, logs: ..., on_train_begin=lambda logs: ..., and so on; a function
+    may leave the logs out (on_batch_end=lambda batch: ...)."""
 
     def __init__(self, on_train_begin=None, on_epoch_begin=None, on_batch_end=None, on_epoch_end=None,
                  on_train_end=None):

@@ -221,23 +221,20 @@ class Training:
 
     def _fit_epochs(self, train, val, batch_size, shuffle, first, last, verbose, hooks, history, options):
         """fit's training, once everything is checked: epochs first..last-1, synchronous or not."""
-        for cb in hooks:
-            cb.on_train_begin()
+        cbs.call(hooks, "on_train_begin")
         if options is not None:
             return self._fit_async(train, val, batch_size, shuffle, first, last, verbose, hooks, history, *options)
         feed = self._feed(train)
         resume = self._take_resume(first, batch_size, feed.n)
+        logs = None
         for epoch in range(first, last):
-            for cb in hooks:
-                cb.on_epoch_begin(epoch)
+            cbs.call(hooks, "on_epoch_begin", epoch)
             logs = self._train_epoch(feed, batch_size, shuffle, epoch, last, verbose, hooks, val,
                                      resume if epoch == first else None)
-            for cb in hooks:
-                cb.on_epoch_end(epoch, logs)
+            cbs.call(hooks, "on_epoch_end", epoch, logs=logs)
             if self.stop_training:
                 break
-        for cb in hooks:
-            cb.on_train_end()
+        cbs.call(hooks, "on_train_end", logs=logs)      # (the last epoch's logs, as Keras)
         return history
 
     def _log_names(self, validation, asynchronous):
@@ -257,20 +254,18 @@ class Training:
         evaluate = (lambda: self._evaluate(val, EVAL_BATCH)) if val is not None else None
         # callbacks reading the running metrics (TerminateOnNaN, the bar) read every group's
         synchronous, self.train_metrics = self.train_metrics, trainer.metrics
+        logs = None
         try:
             for epoch in range(first, last):
-                for cb in hooks:
-                    cb.on_epoch_begin(epoch)
+                cbs.call(hooks, "on_epoch_begin", epoch)
                 logs = trainer.train_epoch(epoch, last, shuffle, verbose, hooks, evaluate)
-                for cb in hooks:
-                    cb.on_epoch_end(epoch, logs)
+                cbs.call(hooks, "on_epoch_end", epoch, logs=logs)
                 if self.stop_training:
                     break
         finally:
             self.train_metrics = synchronous
             trainer.close()
-        for cb in hooks:
-            cb.on_train_end()
+        cbs.call(hooks, "on_train_end", logs=logs)
         return history
 
     def shuffle_key(self, epoch):
@@ -331,8 +326,7 @@ class Training:
             metrics.samples = done
             self.position = (epoch, b + 1, batch_size, n)
             bar.update(done, metrics.read)
-            for cb in hooks:
-                cb.on_batch_end(b)
+            cbs.call(hooks, "on_batch_end", b)
         self.position = None
         if trial is not None:
             trial.end_epoch()

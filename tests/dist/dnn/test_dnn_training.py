@@ -129,6 +129,45 @@ def test_settings_changed_between_calls_on_one_dataset_take_effect(setting):
     assert same[:2] != unchanged[:2]    # (the change alters the second fit's loss or the evaluation)
 
 
+# ---- 4b. every hook gets logs -------------------------------------------------------------------------
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_callbacks_get_logs_at_every_hook_and_may_leave_them_out(asynchronous):
+    """LambdaCallback(on_batch_end=lambda batch, logs: ...) and on_train_begin=lambda logs: ...
+    (Keras' signatures, the docstring's) raised a bare TypeError (a hostile-use probe): fit passed no
+    logs to on_train_begin, on_epoch_begin, on_batch_end and on_train_end. Every hook gets a dict (the
+    epoch's logs at its end and the last epoch's at the train's end, else empty), and a hook written
+    without logs is called without them."""
+    x, y = _data(32)
+    seen, short = [], []
+    keras = dnn.callbacks.LambdaCallback(
+        on_train_begin=lambda logs: seen.append(("train_begin", logs)),
+        on_epoch_begin=lambda epoch, logs: seen.append(("epoch_begin", epoch, logs)),
+        on_batch_end=lambda batch, logs: seen.append(("batch_end", batch, logs)),
+        on_epoch_end=lambda epoch, logs: seen.append(("epoch_end", epoch, logs)),
+        on_train_end=lambda logs: seen.append(("train_end", logs)))
+    brief = dnn.callbacks.LambdaCallback(on_train_begin=lambda: short.append("train_begin"),
+                                         on_batch_end=lambda batch: short.append(batch),
+                                         on_epoch_end=lambda epoch: short.append(("epoch_end", epoch)))
+
+    class Old(dnn.callbacks.Callback):
+        def on_epoch_begin(self, epoch):
+            short.append(("epoch_begin", epoch))
+
+        def on_train_end(self, logs=None):
+            short.append(("train_end", sorted(logs)))
+
+    m = dnn.Sequential([L.Input(4), L.Dense(3), L.Output("softmax")], dtype="float64")
+    hist = m.fit(x, y, batch_size=16, epochs=2, verbose=0, callbacks=[keras, brief, Old()],
+                 asynchronous=asynchronous)
+    epoch_logs = [{k: v[e] for k, v in hist.history.items()} for e in range(2)]
+    assert seen == [("train_begin", {}),
+                    ("epoch_begin", 0, {}), ("batch_end", 0, {}), ("batch_end", 1, {}), ("epoch_end", 0, epoch_logs[0]),
+                    ("epoch_begin", 1, {}), ("batch_end", 0, {}), ("batch_end", 1, {}), ("epoch_end", 1, epoch_logs[1]),
+                    ("train_end", epoch_logs[1])]
+    assert short == ["train_begin", ("epoch_begin", 0), 0, 1, ("epoch_end", 0), ("epoch_begin", 1), 0, 1,
+                     ("epoch_end", 1), ("train_end", sorted(epoch_logs[1]))]
+
+
 # ---- 5. EarlyStopping's patience -------------------------------------------------------------------
 @pytest.mark.parametrize("patience", [0, 1, 2])
 def test_early_stopping_stops_after_patience_epochs_without_improvement(patience):
