@@ -27,7 +27,7 @@ import dmath
 
 from . import losses, optim, serialization, state_dict
 from .data import Dataset
-from .data.dataset import as_dataset
+from .data.dataset import as_dataset, rectangular
 from .errors import ConfigError, NotSupportedError, ShapeError
 from .functional import Graph, SymbolicTensor, call_layer, graph_from_config
 from .graph.node import canonical_dtype
@@ -281,6 +281,14 @@ class Model(Training):
         for layer, arrays in zip(self.layers, checked):
             layer.write_checked(arrays)
 
+    def __call__(self, *args, **kwargs):
+        """Refused (NotSupportedError): a model is not a layer, so it cannot be nested in another
+        model by calling it on symbolic tensors (Keras' nesting); the error says what to do instead."""
+        raise NotSupportedError(
+            f"a {type(self).__name__} cannot be called on tensors: models do not nest. Call its layers on the "
+            f"tensors instead (they keep their weights), e.g. t = layer(t) for each layer of model.layers "
+            f"after its Input, or build the whole network as one dnn.Model; model.predict(x) runs it on data")
+
     def __reduce_ex__(self, protocol):
         raise NotSupportedError(f"a {type(self).__name__} holds dmath matrices, which cannot be pickled: "
                                 f"save it with model.save(path) and read it back with dnn.load(path)")
@@ -302,6 +310,8 @@ class Model(Training):
             raise ConfigError(f"{what}: pass numpy arrays or a dnn.data.Dataset; batches are made on the workers")
         if not joined:
             x = self._side_by_side(x, what)
+        if not isinstance(x, Dataset):
+            x = rectangular(x, what)
         if len(self.graph.inputs) == 1:
             self._check_sample_shape(x, what)
         _check_range(x, self.dtype, what)
@@ -325,7 +335,7 @@ class Model(Training):
         if not isinstance(x, (list, tuple)) or len(x) != len(self.graph.inputs):
             raise ConfigError(f"{what}: this model has {len(self.graph.inputs)} inputs: pass a list of as many "
                               f"arrays (or a Dataset whose samples hold the inputs side by side)")
-        arrays = [np.asarray(a) for a in x]
+        arrays = [rectangular(a, f"{what}[{i}]") for i, a in enumerate(x)]
         n = {len(a) if a.ndim else -1 for a in arrays}
         if len(n) != 1 or -1 in n:
             raise ShapeError(f"{what}: the inputs' arrays must hold the same number of samples, got shapes "
@@ -400,6 +410,8 @@ class Model(Training):
         if x is None:
             raise ConfigError("predict: x must be numpy samples or a dnn.data.Dataset, got None")
         x = self._side_by_side(x, "predict")
+        if not isinstance(x, (Dataset, dmath.Matrix)):
+            x = rectangular(x, "predict")
         if not isinstance(x, Dataset) and np.ndim(x) and len(x) == 0:
             features = math.prod(np.shape(x)[1:]) if np.ndim(x) > 1 else None
             if features != self.features:

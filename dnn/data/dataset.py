@@ -395,10 +395,22 @@ def _ensure_runtime():
         dmath.init()
 
 
+def rectangular(a, what):
+    """`a` (an array or nested sequences) as a numpy array; DataError naming `what` when it is ragged
+    (samples of several lengths: NumPy's own ValueError spoke of an inhomogeneous shape)."""
+    if isinstance(a, np.ndarray):
+        return a
+    try:
+        return np.asarray(a)
+    except ValueError as exc:
+        raise DataError(f"{what} must be a rectangular array (every sample of one shape), got nested sequences "
+                        f"of several lengths ({exc})") from None
+
+
 def _samples(x):
     if isinstance(x, dmath.Matrix):
         raise ConfigError("Dataset: pass the samples as a numpy array (or use Dataset.from_npy)")
-    x = np.asarray(x)
+    x = rectangular(x, "Dataset: x")
     if x.ndim < 1 or len(x) == 0:
         raise DataError(f"Dataset: x must hold at least one sample, got shape {x.shape}")
     if x.ndim == 1:
@@ -476,7 +488,7 @@ def _targets(y, n):
         return None, None, None
     if isinstance(y, dmath.Matrix):
         raise ConfigError("Dataset: pass the targets as a numpy array")
-    y = np.asarray(y)
+    y = rectangular(y, "Dataset: y")
     if y.ndim == 0 or len(y) != n:
         raise ShapeError(f"{0 if y.ndim == 0 else len(y)} targets for {n} samples")
     if y.dtype.kind not in "iufb":

@@ -487,6 +487,40 @@ def test_graph_model_errors():
     assert m.predict([np.zeros((4, 3)), np.zeros((4, 2))]).shape == (4, 2)
 
 
+def test_a_model_called_on_tensors_and_ragged_data_raise_dnn_errors():
+    """A Model called on a symbolic tensor (nesting) raised Python's "'Model' object is not callable"
+    and a ragged list NumPy's "inhomogeneous shape" ValueError (a hostile-use probe): dnn errors that
+    say what to do. The advice works: the inner model's layers called on the outer tensors keep
+    their weights."""
+    a = dnn.Input(4)
+    inner = dnn.Sequential([L.Input(4), L.Dense(3, name="d1"), L.Activation("tanh"), L.Dense(2, name="d2")],
+                           loss="mse", dtype="float64")
+    b = dnn.Input(4)
+    with pytest.raises(dnn.NotSupportedError, match="cannot be called on tensors: models do not nest"):
+        inner(b)
+    t = b
+    for layer in inner.layers[1:]:
+        t = layer(t)
+    outer = dnn.Model(b, L.Dense(1, name="d3")(t), loss="mse", dtype="float64")
+    x = np.random.default_rng(0).normal(size=(5, 4))
+    for w, v in zip(outer.get_weights()[:4], inner.get_weights()):
+        np.testing.assert_array_equal(w, v)
+    np.testing.assert_allclose(outer.predict(x), inner.predict(x) @ outer.get_weights()[4] + outer.get_weights()[5],
+                               rtol=1e-12)
+    m = dnn.Model(a, L.Dense(2, activation="softmax")(a), dtype="float64")
+    ragged = [[1, 2, 3, 4], [1, 2]]
+    for call in (lambda: m.fit(ragged, [0, 1], verbose=0), lambda: m.evaluate(ragged, [0, 1]),
+                 lambda: m.predict(ragged), lambda: m.fit(np.ones((2, 4)), [[0, 1], [1]], verbose=0),
+                 lambda: dnn.data.Dataset(ragged, [0, 1])):
+        with pytest.raises(dnn.data.DataError, match="must be a rectangular array"):
+            call()
+    c, d = dnn.Input(4), dnn.Input(4)
+    two = dnn.Model([c, d], L.Dense(2, activation="softmax")(L.Concatenate()([c, d])), dtype="float64")
+    with pytest.raises(dnn.data.DataError, match=r"x\[1\] must be a rectangular array"):
+        two.fit([np.ones((2, 4)), ragged], [0, 1], verbose=0)
+    assert m.evaluate(np.ones((2, 4)), [0, 1])["loss"] > 0      # (the runtime is usable)
+
+
 def test_loss_weights_assigned_are_checked_as_the_constructors():
     """model.loss_weights = ... was taken as given (a hostile-use probe): one weight for two outputs
     dropped the second output's loss, silently, a negative weight or NaN was trained with, and None
