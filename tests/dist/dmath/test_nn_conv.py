@@ -7,7 +7,7 @@ import pytest
 
 import dmath
 import _nn_ref as ref
-from _cases import make, values
+from _cases import make, runs_may_differ, values
 
 P = dmath.num_workers()
 LAYOUTS = ref.batch_layouts(P)
@@ -150,13 +150,16 @@ def test_need_dx_false_and_layouts_agree():
 @pytest.mark.parametrize("name", ["row", "rep"])
 def test_gradients_not_wanted_are_not_made(name, wanted):
     """need_dx / need_dw / need_db False (a first layer, a frozen layer, a convolution without a bias):
-    those gradients come back None, the others as when all are made."""
+    those gradients come back None, the others as when all are made (bit for bit where two runs give
+    the same bits; on GPUs a cuDNN plan may sum in another order each run: seen at 1 H200, 1 ulp)."""
     need_dx, need_dw, need_db = wanted
     *_, got, _, _ = _backward(name, "stride2_pad1", seed=55, need_dx=need_dx, need_dw=need_dw, need_db=need_db)
     *_, full, _, _ = _backward(name, "stride2_pad1", seed=55)
     for want, g, f in zip(wanted, got, full):
         assert (g is None) == (not want)
-        if want:
+        if want and runs_may_differ():
+            np.testing.assert_allclose(g.to_numpy(), f.to_numpy(), rtol=1e-13, atol=1e-13)
+        elif want:
             np.testing.assert_array_equal(g.to_numpy(), f.to_numpy())
 
 
