@@ -30,7 +30,7 @@ def check(kind):
     """`kind` validated (None: the default of the current backend)."""
     if kind is None:
         return default()
-    if kind not in KINDS:
+    if not isinstance(kind, str) or kind not in KINDS:     # (an array's `in` raised NumPy's ValueError)
         raise DMathError(f"memory must be one of {', '.join(repr(k) for k in KINDS)} (or None for the "
                          f"default), got {kind!r}")
     return kind

@@ -249,7 +249,8 @@ def apply(fn, *operands, inplace=False):
     # operation costs a dictionary lookup before its command is sent
     metas = tuple(metas)
     p = plan(fn, metas, inplace, runtime().nworkers)
-    if p.scales_partial and not _scale_is_finite(FUNCTIONS[fn], operands[1:]):
+    if p.scales_partial and not (_scale_is_finite if inplace else _scale_keeps_addends)(FUNCTIONS[fn],
+                                                                                           operands[1:]):
         return _summed_first(fn, operands, inplace)
     if p.aligned:       # every operand already where the result needs it (the usual case)
         if p.scalars:
@@ -287,16 +288,22 @@ class Plan(NamedTuple):
     scalars: int          # how many operands are scalars
     in_metas: tuple       # the Metas of the matrix operands (the command's inputs when aligned)
     known: Known          # the command's Entry once sent (when aligned: the plan determines the command)
-    scales_partial: bool  # a Partial operand stays Partial, each addend scaled ('scale'): exact only
-    #                       while the scale is finite (`_scale_is_finite`)
+    scales_partial: bool  # a Partial operand stays Partial, each addend scaled ('scale'): a new matrix
+    #                       only while the factor's magnitude is at most 1 (`_scale_keeps_addends`),
+    #                       in place while it is finite (`_scale_is_finite`)
 
 
-def _partial_stays(f, metas, lay, shape):
+def _partial_stays(f, metas, lay, shape, inplace):
     """Whether a Partial result of layout `lay` is right for function f: only for functions linear
     in the addends; a scalar term is not (every member would add it: P times in the sum)."""
     mats = [m for m in metas if m is not None]
     if f.partial == "linear":
-        return len(mats) == len(metas) and all(m.layout == lay and m.shape == shape for m in mats)
+        alike = len(mats) == len(metas) and all(m.layout == lay and m.shape == shape for m in mats)
+        # a new matrix: one operand (negation) only. Two Partial matrices added addend by addend
+        # overflow where an addend does, though the total may not (1e308 and -1e308 on two workers:
+        # 0 + 0 made NaN); summed first, the result is the same at every worker count. In place
+        # (M += N on a Partial M) the addends are what is written: added one by one, as documented
+        return alike and (inplace or len(mats) == 1)
     if f.partial == "scale":
         return len(mats) == 1 and metas[0] is not None
     return False
@@ -327,7 +334,7 @@ def plan(fn, metas, inplace, nworkers):
     primary = 0 if inplace else next((k for k, m in enumerate(metas) if m is not None and m.shape == shape),
                                      None)
     lay = metas[primary].layout if primary is not None else RowBlock()
-    if lay.partial and not _partial_stays(f, metas, lay, shape):
+    if lay.partial and not _partial_stays(f, metas, lay, shape, inplace):
         if inplace:
             raise LayoutError(f"in-place {fn} on a Partial matrix is not linear in its addends; "
                               f"remap it first (M = M.remap(dmath.RowBlock()))")
@@ -381,20 +388,26 @@ def holding_piece(pieces, p, kind):
 
 
 def _scale_is_finite(f, scalars):
-    """Whether 'scale' function f by `scalars` multiplies by a finite factor (f(1, s) finite): only then
-    is it exact on a Partial matrix's addends. Scaling by inf or dividing by 0 turns the zero addends
-    into NaN, where the sum's value is +-inf."""
-    for v in scalars:
-        v = float(v)
-        if v - v != 0.0 or v == 0.0:       # inf, NaN or 0: ask f what factor that is
-            with np.errstate(all="ignore"):
-                if not np.isfinite(f.compute(np, None, 1.0, v)):
-                    return False
-    return True
+    """Whether 'scale' function f by `scalars` multiplies by a finite factor (f(1, s) finite): the rule
+    for a Partial matrix scaled in place (its addends are what is written). Scaling by inf or
+    dividing by 0 turns the zero addends into NaN, where the sum's value is +-inf."""
+    with np.errstate(all="ignore"):
+        return all(np.isfinite(f.compute(np, None, 1.0, float(v))) for v in scalars)
+
+
+def _scale_keeps_addends(f, scalars):
+    """Whether 'scale' function f by `scalars` may scale a Partial matrix's addends one by one: when
+    its factor f(1, s) has a magnitude of at most 1. A larger factor overflows an addend where the
+    total may not (addends 1e308 and -1e308 times 10 made inf - inf = NaN, the value 0 * 10); an
+    infinite one, or a division by 0, turns the zero addends into NaN. A factor up to 1 cannot
+    overflow, and its rounding of each addend is within the error of the addends' sum itself."""
+    with np.errstate(all="ignore"):
+        return all(np.abs(f.compute(np, None, 1.0, float(v))) <= 1.0 for v in scalars)   # (abs: dmath's here)
 
 
 def _summed_first(fn, operands, inplace):
-    """`apply` of 'scale' function fn whose factor is not finite: the Partial operand summed first."""
+    """`apply` of 'scale' function fn whose factor may not scale the addends: the Partial operand
+    summed first."""
     if inplace:
         raise LayoutError(f"in-place {fn} of a Partial matrix by {operands[1]!r} is not exact on its addends "
                           f"(zero addends become NaN); remap it first (M = M.remap(dmath.RowBlock()))")

@@ -14,7 +14,7 @@ from ..layout.indexset import split_even
 from ..runtime import Shard, define, protocol, runtime
 from ..runtime.registry import collectives_in_graphs
 from .base import as_int, check_scalar, dispatch, is_matrix, new_meta
-from .creation import zeros
+from .creation import PARTIAL_ZERO, zeros
 
 
 class RemapArgs(NamedTuple):
@@ -323,7 +323,7 @@ def _elements(call):
     i, j = int(call.scalars[0]), int(call.scalars[1])
     mine, holders, waited = [], set(), False
     for shard in call.inputs:
-        value = 0.0
+        value = -0.0            # IEEE's additive identity: a stored -0.0 reads back -0.0 (+0.0 lost its sign)
         locs = designated(shard.dist, shard.dist.locate(i, j))
         for r, k, li, lj in locs:
             if r == call.rank:
@@ -336,7 +336,8 @@ def _elements(call):
     answers = gather_objects(call.world, mine, sorted(holders))
     if call.rank != 0:
         return None
-    return [float(np.dtype(shard.dtype).type(sum(a[n] for a in answers))) for n, shard in enumerate(call.inputs)]
+    return [float(np.dtype(shard.dtype).type(sum((a[n] for a in answers), -0.0)))
+            for n, shard in enumerate(call.inputs)]
 
 
 @GET.kernel()
@@ -362,7 +363,7 @@ def _set(call):
     locs = shard.dist.locate(i, j)
     for n, (r, k, li, lj) in enumerate(locs):
         if r == call.rank:
-            # a Partial matrix: the first addend takes the value, the others zero
-            shard.pieces[k][li, lj] = 0.0 if (shard.dist.partial and n > 0) else v
+            # a Partial matrix: the first addend takes the value, the others -0.0 (x + -0.0 is x)
+            shard.pieces[k][li, lj] = PARTIAL_ZERO if (shard.dist.partial and n > 0) else v
     shard.version += 1
     return [shard]

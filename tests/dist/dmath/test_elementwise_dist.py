@@ -209,12 +209,14 @@ def test_inplace_ops(i):
 
 @pytest.mark.parametrize("name", ["partial", "partial_g"] if P > 1 else ["partial"])
 def test_linear_ops_on_partial(name):
-    """Ops that keep a Partial matrix Partial must still give the right value."""
+    """Ops on Partial matrices give the right value; a new matrix stays Partial only where an addend
+    cannot overflow alone (negation, a factor of magnitude at most 1), in place the addends are
+    written one by one."""
     lay = layout(name, SHAPE, P)
     x, y = values(SHAPE, 22), values(SHAPE, 23)
     a, b = make(x, lay, "float64"), make(y, lay, "float64")
-    s = a + b
-    assert s.layout.partial
+    assert not (a + b).layout.partial and not (a * 2.0).layout.partial
+    assert (-a).layout.partial and (a / 4.0).layout.partial and (a * -0.5).layout.partial
     check_cases([
         ("a+b", lambda: a + b, x + y), ("a-b", lambda: a - b, x - y), ("-a", lambda: -a, -x),
         ("a*2", lambda: a * 2.0, x * 2), ("a/4", lambda: a / 4.0, x / 4),
@@ -249,12 +251,34 @@ def test_partial_scaled_by_a_non_finite_factor_is_summed_first(name):
     for label, got, want in cases:
         assert not got.layout.partial or label == "a/inf", label
         np.testing.assert_array_equal(got.to_numpy(), want, err_msg=label)
-    assert (a * 2.0).layout.partial and (a / 4.0).layout.partial
+    assert not (a * 2.0).layout.partial and (a / 4.0).layout.partial
     with pytest.raises(dmath.LayoutError, match="not exact on its addends"):
         a *= np.inf
     with pytest.raises(dmath.LayoutError, match="not exact on its addends"):
         a /= 0.0
     np.testing.assert_array_equal(a.to_numpy(), x)      # refused before anything was written
+
+
+@pytest.mark.parametrize("dtype", ["float64", "float16"])
+def test_partial_addends_that_cancel_do_not_overflow(dtype):
+    """Column sums of a RowBlock matrix come out Partial; rows of +big and -big sum to 0 on any worker
+    count. Scaled by more than 1, or added to another Partial, addend by addend, that gave
+    inf - inf = NaN from 2 workers on (a hostile-use probe); now such operands are summed first."""
+    big = float(np.finfo(dtype).max)
+    x = np.zeros((P, 3))             # one row a worker: the addends +big, -big, ... (0 for an odd last)
+    x[0:P - P % 2:2, :2], x[1:P - P % 2:2, :2] = big, -big
+    x[:, 2] = 1.0
+    a = make(x, dmath.RowBlock(), dtype)
+    s = a.sum(axis=0)
+    want = x.sum(axis=0, keepdims=True)
+    with np.errstate(all="ignore"):
+        for label, got, w in [("s*10", s * 10.0, want * 10), ("s/0.5", s / 0.5, want / 0.5), ("s+s", s + s, 2 * want),
+                              ("-s-s", -s - s, -2 * want), ("s-s", s - s, 0 * want),
+                              ("mean*4", a.mean(axis=0) * 4.0, want / len(x) * 4)]:
+            np.testing.assert_allclose(got.to_numpy().astype(np.float64), w, rtol=1e-3, atol=0, err_msg=label)
+    # through GEMM: a ColBlock row times RowBlock ones lands Partial, one addend a worker
+    g = make(x[:, :1].T.copy(), dmath.ColBlock(), dtype) @ make(np.ones((P, 1)), dmath.RowBlock(), dtype)
+    np.testing.assert_array_equal((g * 2.0).to_numpy(), np.zeros((1, 1)))
 
 
 def test_where_takes_the_dtype_of_its_values():

@@ -223,6 +223,9 @@ def test_get_set(name, dtype):
         assert isinstance(g, float) and g == v
     m.set((1, 1), np.float32(0.25))
     want[1, 1] = 0.25
+    m.set((2, 3), -0.0)             # a negative zero reads back with its sign (get summed from +0.0)
+    want[2, 3] = -0.0
+    assert np.signbit(m.get((2, 3))) and np.signbit(m[2, 3])
     np.testing.assert_array_equal(m.to_numpy(), want)
     # every stored copy was written: remapping reads each worker's own copy
     np.testing.assert_array_equal(m.remap(dmath.RowBlock()).to_numpy(), want)

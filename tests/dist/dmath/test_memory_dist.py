@@ -66,6 +66,10 @@ def test_bad_memory_kind_is_refused_on_the_master():
     m = dmath.ones((3, 3))
     with pytest.raises(dmath.DMathError, match="memory must be one of"):
         m.to_memory("HOST")
+    with pytest.raises(dmath.DMathError, match="memory must be one of"):     # (NumPy's ValueError before)
+        m.to_memory(np.zeros(2))
+    with pytest.raises(dmath.DMathError, match="memory must be one of"):
+        dmath.zeros((2, 2), memory=np.zeros(2))
     assert m.memory == _default_kind() and m.sum() == 9.0
 
 
