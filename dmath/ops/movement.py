@@ -363,7 +363,8 @@ def _set(call):
     locs = shard.dist.locate(i, j)
     for n, (r, k, li, lj) in enumerate(locs):
         if r == call.rank:
-            # a Partial matrix: the first addend takes the value, the others -0.0 (x + -0.0 is x)
-            shard.pieces[k][li, lj] = PARTIAL_ZERO if (shard.dist.partial and n > 0) else v
+            # a Partial matrix: the first addend takes the value, the others -0.0 (x + -0.0 is x);
+            # memory.fill keeps a zero's sign on GPUs (CuPy writes an element's 0 by a memset)
+            memory.fill(shard.pieces[k][li:li + 1, lj:lj + 1], PARTIAL_ZERO if (shard.dist.partial and n > 0) else v)
     shard.version += 1
     return [shard]
