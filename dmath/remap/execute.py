@@ -51,8 +51,12 @@ def unpack(seg, block, piece, accumulate):
 
 
 def new_pieces(dist, rank, dtype, zero):
-    alloc = memory.zeros if zero else memory.empty
-    return [alloc(shape, dtype) for shape in dist.shard_shapes(rank)]
+    """This rank's new pieces of `dist`; zero: filled with -0.0, the identity of the sums a Partial
+    source's addends are added into and of a Partial target's other addends (+0.0 turned a -0.0
+    value into +0.0)."""
+    if zero:
+        return [memory.fill(memory.empty(shape, dtype), -0.0) for shape in dist.shard_shapes(rank)]
+    return [memory.empty(shape, dtype) for shape in dist.shard_shapes(rank)]
 
 
 def prepared_steps(cache, src, dst, offset, rank):

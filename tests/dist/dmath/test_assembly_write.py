@@ -248,6 +248,8 @@ def test_a_partial_matrix_keeps_the_sign_of_zero(group):
     got = m.to_numpy()
     np.testing.assert_array_equal(got, x)
     np.testing.assert_array_equal(np.signbit(got), np.signbit(x))
+    for target in (dmath.RowBlock(), dmath.Replicated(), dmath.BlockCyclic((1, 2))):   # summed by a remap
+        np.testing.assert_array_equal(np.signbit(m.remap(target).to_numpy()), np.signbit(x), err_msg=str(target))
     m[2, 2] = -0.0
     m[3, 0:2] = 0.0
     x[2, 2], x[3, 0:2] = -0.0, 0.0

@@ -120,11 +120,13 @@ def test_remap_dtype_change(shape, d1, d2):
 
 @pytest.mark.parametrize("name", NAMES)
 def test_remap_through_partial_sums_addends(name):
-    """A Partial matrix whose addends overlap (a sum of two Partial matrices) remaps to its value."""
+    """A Partial matrix whose addends overlap (a Partial matrix added in place to another: a new sum
+    of two is summed first) remaps to its value."""
     lay = layout(name, SHAPE, P)
     x, y = values(SHAPE, seed=3), values(SHAPE, seed=4)
     part = dmath.Partial(group=[P - 1] + list(range(P - 1)))
-    s = make(x, part, "float64") + make(y, part, "float64")
+    s = make(x, part, "float64")
+    s += make(y, part, "float64")
     assert s.layout.partial
     out = s.remap(lay)
     np.testing.assert_allclose(out.to_numpy(), x + y, **tol("float64"))
