@@ -76,6 +76,14 @@ def _write_image(job):
     Image.fromarray(img).save(path, quality=90)
 
 
+def jpeg_files(root):
+    """Every JPEG file under root (any depth), sorted: the probes' way of listing a folder."""
+    out = []
+    for d, _, names in os.walk(root):
+        out += [os.path.join(d, n) for n in names if n.lower().endswith((".jpg", ".jpeg"))]
+    return sorted(out)
+
+
 def make_folder(root, images):
     """`images` synthetic JPEG files in CLASSES class folders under root (kept for the next run)."""
     marker = os.path.join(root, f".complete_{images}")

@@ -47,12 +47,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-
-def _files(root):
-    out = []
-    for d, _, names in os.walk(root):
-        out += [os.path.join(d, n) for n in sorted(names) if n.lower().endswith((".jpg", ".jpeg"))]
-    return sorted(out)
+from image_folder_bench import jpeg_files  # noqa: E402
 
 
 class Background:
@@ -110,7 +105,7 @@ def main():
     os.makedirs(a.outdir, exist_ok=True)
     import image_folder_bench
     image_folder_bench.make_folder(a.root, a.images)
-    files = _files(a.root)[:a.images]
+    files = jpeg_files(a.root)[:a.images]
     blobs = [open(f, "rb").read() for f in files]
 
     import dmath

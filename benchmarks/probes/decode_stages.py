@@ -30,14 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
-
-def _files(root):
-    out = []
-    for d in sorted(os.listdir(root)):
-        p = os.path.join(root, d)
-        if os.path.isdir(p):
-            out += [os.path.join(p, f) for f in sorted(os.listdir(p)) if f.endswith(".jpg")]
-    return out
+from image_folder_bench import jpeg_files  # noqa: E402
 
 
 def _read(path):
@@ -54,7 +47,7 @@ def main():
     a = ap.parse_args()
     import image_folder_bench
     image_folder_bench.make_folder(a.root, a.images)
-    files = _files(a.root)[:a.images]
+    files = jpeg_files(a.root)[:a.images]
     import dmath
     from dmath.gpu import nvimgcodec
     from dnn.data import augment

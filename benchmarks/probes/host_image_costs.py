@@ -29,15 +29,6 @@ import image_folder_bench  # noqa: E402
 from dnn.data import augment  # noqa: E402
 
 
-def _files(root):
-    out = []
-    for d in sorted(os.listdir(root)):
-        p = os.path.join(root, d)
-        if os.path.isdir(p):
-            out += [os.path.join(p, f) for f in sorted(os.listdir(p)) if f.endswith(".jpg")]
-    return out
-
-
 def per_image_ms(fn, items, repeats):
     """Best over `repeats` passes of the thread CPU milliseconds per item of fn(item)."""
     best = float("inf")
@@ -58,7 +49,7 @@ def main():
     args = ap.parse_args()
     os.makedirs(args.outdir, exist_ok=True)
     root = image_folder_bench.make_folder(args.root or os.path.join(args.outdir, "folder"), args.images)
-    paths = _files(root)[:args.images]
+    paths = image_folder_bench.jpeg_files(root)[:args.images]
     import simplejpeg
     from PIL import Image
 
