@@ -358,11 +358,20 @@ class Model(Training):
 
         Training has a cursor of its own (reading=False), and evaluate and predict another: an
         evaluation of the training set from a callback in the middle of an epoch leaves the epoch's
-        order and position as they were."""
+        order and position as they were. A feed made before the dataset's settings changed (augment,
+        scale, mean, std: Dataset._feed_settings) is replaced, with its recorded steps."""
         feeds = self._feeds.get(ds)
         if feeds is None:
             feeds = self._feeds[ds] = {}
         feed = feeds.get(reading)
+        settings = ds._feed_settings()
+        if feed is not None and feed.settings != settings:
+            # the dataset's augment, scale, mean or std changed since (its recorded steps bake them in:
+            # they kept the old values, silently, where a new model took the new ones): a new feed
+            for prog in feed.programs.values():
+                if prog.plan is not None:
+                    prog.plan.close()
+            feed = None
         if feed is None:
             feed = feeds[reading] = ds.feed()
         return feed

@@ -108,6 +108,11 @@ class Dataset:
         augment: an Augment applied to training batches.
         scale, mean, std: every batch (training and evaluation) becomes
             (scale * x - mean) / std, mean and std per channel (or one value).
+
+    augment, scale, mean and std are attributes that may be changed later
+    (checked as in the constructor): a model's next fit, evaluate or predict
+    call takes the dataset's batches with the new values, as a new model
+    would (a fit running when they change keeps the values it started with).
     """
 
     def __init__(self, x, y=None, *, sample_shape=None, dtype=None, placement="auto", augment=None,
@@ -246,27 +251,84 @@ class Dataset:
 
     # ---- views --------------------------------------------------------------------------------
     def _init(self, store, lo, hi, sample_shape, augment, scale, mean, std):
-        if augment is not None and not isinstance(augment, Augment):
-            raise ConfigError(f"Dataset: augment must be a dnn.data.Augment, got {augment!r}")
         self._store, self.lo, self.hi = store, lo, hi
         self.sample_shape = tuple(int(v) for v in sample_shape)
-        self.augment = augment if augment is not None and augment.active else None
+        self.augment, self.scale, self.mean, self.std = augment, scale, mean, std
+
+    # The settings below may be changed after models used the dataset (e.g. a corrected
+    # normalisation, augmentation switched on for later epochs): a model's next fit, evaluate or
+    # predict call on it takes batches with the new values (Model._feed compares `_feed_settings`).
+    @property
+    def augment(self):
+        """The Augment of training batches, or None."""
+        return self._augment
+
+    @augment.setter
+    def augment(self, augment):
+        self._augment = self._checked_augment(augment)
+
+    @property
+    def scale(self):
+        """Every batch becomes (scale * x - mean) / std."""
+        return self._scale
+
+    @scale.setter
+    def scale(self, scale):
         if not isinstance(scale, numbers.Real) or isinstance(scale, bool) or not math.isfinite(scale):
             raise ConfigError(f"Dataset: scale must be a finite number, got {scale!r}")
-        self.scale = float(scale)
-        self.mean, self.std = _per_channel(mean, "mean"), _per_channel(std, "std")
-        if min(self.std) <= 0:
+        self._scale = float(scale)
+
+    @property
+    def mean(self):
+        """Per channel (a tuple of one value, or one per channel)."""
+        return self._mean
+
+    @mean.setter
+    def mean(self, mean):
+        self._mean = self._channel_values(mean, "mean")
+
+    @property
+    def std(self):
+        """Per channel (a tuple of one value, or one per channel), positive."""
+        return self._std
+
+    @std.setter
+    def std(self, std):
+        vals = self._channel_values(std, "std")
+        if min(vals) <= 0:
             raise ConfigError(f"Dataset: std must be positive, got {std!r}")
+        self._std = vals
+
+    def _channel_values(self, value, what):
+        vals = _per_channel(value, what)
+        channels = self.image_shape[0]
+        if len(vals) not in (1, channels):
+            raise ConfigError(f"Dataset: {what} has {len(vals)} values for {channels} channels")
+        return vals
+
+    def _checked_augment(self, augment):
+        """`augment` if it is an active Augment that fits the samples, None if inactive; else ConfigError."""
+        if augment is None:
+            return None
+        if not isinstance(augment, Augment):
+            raise ConfigError(f"Dataset: augment must be a dnn.data.Augment, got {augment!r}")
+        if not augment.active:
+            return None
+        if len(self.sample_shape) != 3:
+            raise ConfigError(f"Dataset: augment needs image samples (C, H, W), got {self.sample_shape}")
         image = self.image_shape
-        for vals, what in ((self.mean, "mean"), (self.std, "std")):
-            if len(vals) not in (1, image[0]):
-                raise ConfigError(f"Dataset: {what} has {len(vals)} values for {image[0]} channels")
-        if self.augment is not None:
-            if len(self.sample_shape) != 3:
-                raise ConfigError(f"Dataset: augment needs image samples (C, H, W), got {self.sample_shape}")
-            if self.augment.shift >= min(image[1], image[2]):
-                raise ConfigError(f"Dataset: augment shift {self.augment.shift} does not fit {image[1]}x{image[2]} "
-                                  f"images")
+        if augment.shift >= min(image[1], image[2]):
+            raise ConfigError(f"Dataset: augment shift {augment.shift} does not fit {image[1]}x{image[2]} images")
+        return augment
+
+    def _feed_settings(self):
+        """What a Feed copies from this dataset, and its recorded steps compute with: ((shift, flip)
+        of the augmentation or None, scale, mean, std), values rather than objects (an Augment
+        changed in place counts). A model's Feed made under other settings is made anew (Model._feed):
+        a replay would take batches with the old values, silently."""
+        augment = Augment(self._augment.shift, self._augment.flip) if self._augment is not None else None
+        augment = self._checked_augment(augment)            # (its fields may have been changed in place)
+        return ((augment.shift, augment.flip) if augment else None, self.scale, self.mean, self.std)
 
     def split(self, fraction):
         """(first, last): the last `fraction` of the samples (in their stored order) becomes a second
@@ -341,16 +403,21 @@ class Feed:
     reads them on the device and advances position and drawn in place, so
     a replayed step takes the next batch without a message. A Feed keeps
     the dataset's matrices, not the Dataset object: a model holds its feeds
-    weakly by dataset, and they go when the dataset does. group: the
+    weakly by dataset, and they go when the dataset does; it copies the
+    dataset's settings (augment, scale, mean, std: `settings`), and a model
+    makes a new feed when they changed since. group: the
     workers that take batches through this feed (None: all); its matrices
     are Replicated there only, so its commands involve no other worker.
     """
 
     def __init__(self, dataset, group=None):
         self.store, self.lo, self.n = dataset._store, dataset.lo, len(dataset)
-        self.image_shape, self.augment = dataset.image_shape, dataset.augment
-        self.scale, self.mean, self.std = dataset.scale, dataset.mean, dataset.std
-        self.normalizes = dataset.normalizes
+        self.image_shape = dataset.image_shape
+        #: the dataset's settings when this feed was made (Dataset._feed_settings): its steps use these
+        self.settings = dataset._feed_settings()
+        augment, self.scale, self.mean, self.std = self.settings[:4]
+        self.augment = Augment(*augment) if augment else None
+        self.normalizes = self.scale != 1.0 or any(self.mean) or any(s != 1.0 for s in self.std)
         rep = dmath.Replicated(group)
         self.order = dmath.zeros((1, self.n), dtype="float64", layout=rep)
         self.position = dmath.zeros((1, 1), dtype="float64", layout=rep)

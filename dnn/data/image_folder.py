@@ -391,6 +391,12 @@ class ImageFolder(Dataset):
         """Values per sample: 3 x height x width."""
         return 3 * self.image_size[0] * self.image_size[1]
 
+    def _feed_settings(self):
+        """Dataset._feed_settings and what an ImageFeed copies (the transform, pixel statistics,
+        threads and places): a model makes a new feed when any of them changed."""
+        return super()._feed_settings() + (self.train, self.image_size, tuple(self.pixel_mean),
+                                           tuple(self.pixel_std), self.threads, tuple(self.places))
+
     def feed(self, group=None):
         """A new ImageFeed: a model's cursor whose batches the workers decode (see Dataset.feed)."""
         return ImageFeed(self, group)

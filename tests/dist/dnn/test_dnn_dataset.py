@@ -332,3 +332,65 @@ def test_dataset_paths_that_are_not_paths_raise_config_errors(bad):
         dnn.data.Dataset.from_npy(bad, np.zeros(2, np.int64))
     with pytest.raises(dnn.ConfigError, match="must be a str or os.PathLike"):
         dnn.data.Dataset.from_mnist(bad)
+
+
+def _identity(dtype="float64"):
+    """Predicts its flat (1, 3, 3) samples as they come in (after the Dataset's transform)."""
+    m = dnn.Sequential([L.Input((1, 3, 3)), L.Flatten(), L.Dense(9, use_bias=False), L.Output("linear")],
+                       loss="mse", optimizer=dnn.optim.SGD(lr=0.1), dtype=dtype)
+    m.set_weights([np.eye(9)])
+    return m
+
+
+def test_dataset_settings_changed_after_a_model_used_it_take_effect():
+    """A hostile-use probe: after ds.scale = 2 (or augment, mean, std) a model that had used ds kept
+    predicting and training with the old values (its Feed copied them, its recorded steps baked them
+    in), while a new model took the new ones. Every change now gives what a new Dataset with those
+    settings gives, bit for bit."""
+    x = np.arange(36, dtype=np.float64).reshape(4, 1, 3, 3) + 1
+    ds = dnn.data.Dataset(x, x.reshape(4, 9))
+    m = _identity()
+    np.testing.assert_array_equal(m.predict(ds), x.reshape(4, 9))
+    m.evaluate(ds)
+    ds.scale = 2.0
+    np.testing.assert_array_equal(m.predict(ds), 2 * x.reshape(4, 9))
+    ds.mean, ds.std = 1.0, 4.0
+    np.testing.assert_array_equal(m.predict(ds), (2 * x.reshape(4, 9) - 1) / 4)
+    fresh = dnn.data.Dataset(x, x.reshape(4, 9), scale=2.0, mean=1.0, std=4.0)
+    assert m.evaluate(ds) == _identity().evaluate(fresh)
+    # augmentation switched on after a first fit: the next fit augments as a new model on a new
+    # Dataset does at the same epoch (the draws depend on the seed and the epoch)
+    ds = dnn.data.Dataset(x, np.ones((4, 1)))
+
+    def lin():
+        return dnn.Sequential([L.Input((1, 3, 3)), L.Flatten(), L.Dense(1, use_bias=False, kernel_init="zeros"),
+                               L.Output("linear")], loss="mse", optimizer=dnn.optim.SGD(lr=0.01), dtype="float64")
+    used = lin()
+    used.fit(ds, batch_size=2, epochs=1, verbose=0)
+    ds.augment = dnn.data.Augment(shift=1, flip=True)
+    used.set_weights([np.zeros((9, 1))])
+    used.fit(ds, batch_size=2, epochs=1, verbose=0)
+    new = lin()
+    new.fit(dnn.data.Dataset(x, np.ones((4, 1)), augment=dnn.data.Augment(shift=1, flip=True)), batch_size=2,
+            epochs=2, initial_epoch=1, verbose=0)
+    np.testing.assert_array_equal(used.get_weights()[0], new.get_weights()[0])
+    redo = lin()
+    redo.fit(dnn.data.Dataset(x, np.ones((4, 1))), batch_size=2, epochs=2, initial_epoch=1, verbose=0)
+    assert not np.array_equal(used.get_weights()[0], redo.get_weights()[0])      # (it did augment)
+    ds.augment.flip = False                                   # an Augment changed in place counts too
+    used.set_weights([np.zeros((9, 1))])
+    used.fit(ds, batch_size=2, epochs=1, verbose=0)
+    new = lin()
+    new.fit(dnn.data.Dataset(x, np.ones((4, 1)), augment=dnn.data.Augment(shift=1)), batch_size=2, epochs=3,
+            initial_epoch=2, verbose=0)
+    np.testing.assert_array_equal(used.get_weights()[0], new.get_weights()[0])
+    # the settings are checked as the constructor checks them
+    for name, value, match in (("scale", "2", "scale must be a finite number"), ("std", 0.0, "std must be positive"),
+                               ("mean", (1.0, 2.0), "2 values for 1 channels"),
+                               ("augment", dnn.data.Augment(shift=3), "does not fit 3x3"),
+                               ("augment", 2, "must be a dnn.data.Augment")):
+        with pytest.raises(dnn.ConfigError, match=match):
+            setattr(ds, name, value)
+    flat = dnn.data.Dataset(x.reshape(4, 9))
+    with pytest.raises(dnn.ConfigError, match="image samples"):
+        flat.augment = dnn.data.Augment(flip=True)
