@@ -591,23 +591,36 @@ def load(path):
 
 
 def _check_range(x, dtype, what):
-    """Refuse numpy samples that the model's dtype turns into infinity: float16 above 65504, float32
-    above 3.4e38 (float64 samples of 1e39 gave a float32 model NaN predictions and losses, silently)."""
-    if isinstance(x, Dataset):
-        return
-    a = np.asarray(x)
-    if a.dtype.kind not in "iuf" or not a.size:
-        return
+    """Refuse samples that the model's dtype turns into infinity: float16 above 65504, float32
+    above 3.4e38 (float64 samples of 1e39 gave a float32 model NaN predictions and losses, silently).
+
+    numpy samples are scanned here (unless their dtype holds nothing beyond the model's range); a
+    Dataset's values were looked at once, as they were placed from arrays, or by a reduction on the
+    workers where they keep them in memory (Dataset._largest_magnitude). The values of a
+    Dataset.from_npy with placement='mapped' are not checked (that would read the whole file
+    again on every worker): a value beyond the model's range there gives an infinite loss, which
+    fit's TerminateOnNaN stops at.
+    """
     top = float(np.finfo(dtype).max)
-    wide = np.finfo(a.dtype).max if a.dtype.kind == "f" else max(abs(np.iinfo(a.dtype).min), np.iinfo(a.dtype).max)
-    if float(wide) <= top:
-        return                                  # (no value of the samples' type can pass it: no scan)
-    biggest = float(np.nanmax(np.abs(a)))
-    if biggest > top:
-        wider = {"float16": "dtype='float32'", "float32": "dtype='float64'"}.get(dtype, "a wider dtype")
-        raise ConfigError(f"{what}: a {dtype} model needs inputs within +-{top:g}; the largest magnitude "
-                          f"here is {biggest:g}, which becomes infinity. Normalise the inputs (or "
-                          f"Dataset(..., scale=...)), or use {wider}")
+    if isinstance(x, Dataset):
+        biggest = x._largest_magnitude(dtype)
+        if biggest is None or biggest <= top:
+            return
+    else:
+        a = np.asarray(x)
+        if a.dtype.kind not in "iuf" or not a.size:
+            return
+        wide = np.finfo(a.dtype).max if a.dtype.kind == "f" else max(abs(np.iinfo(a.dtype).min), np.iinfo(a.dtype).max)
+        if float(wide) <= top:
+            return                                  # (no value of the samples' type can pass it: no scan)
+        biggest = float(np.nanmax(np.abs(a)))
+        if biggest <= top:
+            return
+    wider = {"float16": "dtype='float32'", "float32": "dtype='float64'"}.get(dtype, "a wider dtype")
+    # (a Dataset's scale= is no cure: batches become the model's dtype before it applies)
+    raise ConfigError(f"{what}: a {dtype} model needs inputs within +-{top:g}; the largest magnitude "
+                      f"here is {biggest:g}, which becomes infinity. Normalise the inputs before they are "
+                      f"placed (a Dataset's scale= applies after the conversion), or use {wider}")
 
 
 def _loss_weights(weights, n):

@@ -44,6 +44,8 @@ PLACEMENTS = ("auto", "device", "host", "mapped")
 DEVICE_SHARE = 0.5
 #: float16 stores every integer up to this exactly (pixel values, small counts)
 _F16_EXACT = 2048
+#: the largest float16 (no model's dtype is narrower: samples stored so need no range check)
+_F16_MAX = float(np.finfo(np.float16).max)
 #: float32 stores every integer up to this exactly (class labels)
 _F32_EXACT = 2 ** 24
 
@@ -87,10 +89,28 @@ def _per_channel(value, what):
 
 
 class _Store:
-    """The placed matrices shared by a dataset and its views (split)."""
+    """The placed matrices shared by a dataset and its views (split).
 
-    def __init__(self, x, y, y_kind, label_range, placement):
+    magnitudes: the largest magnitude of each stored sample (numpy float64, (N,)), for the
+    models' range check (Dataset._largest_magnitude); worked out once, when known: from the host
+    arrays as they are placed, or by a reduction where the workers keep the samples in memory.
+    """
+
+    def __init__(self, x, y, y_kind, label_range, placement, magnitudes=None):
         self.x, self.y, self.y_kind, self.label_range, self.placement = x, y, y_kind, label_range, placement
+        self.magnitudes = magnitudes
+
+    def row_magnitudes(self):
+        """`magnitudes`, reduced on the workers at the first call where they hold the samples in device
+        memory (or in memory on the CPU backend); None for a mapped file (every worker would read the
+        whole file once more) and for samples the workers make per batch (ImageFolder)."""
+        x = self.x
+        if self.magnitudes is None and self.placement != "mapped" and isinstance(x, dmath.Matrix) \
+                and (x.memory == "device" or dmath.device() == "cpu"):
+            hi = x.max(axis=1).to_numpy().astype(np.float64).ravel()
+            lo = x.min(axis=1).to_numpy().astype(np.float64).ravel()
+            self.magnitudes = np.maximum(hi, -lo)
+        return self.magnitudes
 
 
 class Dataset:
@@ -136,7 +156,11 @@ class Dataset:
                                 f"the first at index {big[0]}: store them as float32 (dtype=) or scale them")
         kind = _memory_kind(placement, flat.shape[0] * flat.shape[1] * np.dtype(dtype).itemsize)
         xm = dmath.from_numpy(flat, layout=dmath.Replicated(), dtype=dtype, memory=kind)
-        self._init(_Store(xm, *_place_targets(targets), "device" if kind is None else "host"),
+        # each sample's largest magnitude, while the values are at hand (the models' range check)
+        magnitudes = None
+        if np.finfo(dtype).max > _F16_MAX:
+            magnitudes = np.maximum(flat.max(axis=1).astype(np.float64), -flat.min(axis=1).astype(np.float64))
+        self._init(_Store(xm, *_place_targets(targets), "device" if kind is None else "host", magnitudes),
                    0, len(x), sample_shape, augment, scale, mean, std)
 
     # ---- other sources ------------------------------------------------------------------------
@@ -378,6 +402,17 @@ class Dataset:
     @property
     def label_range(self):
         return self._store.label_range
+
+    def _largest_magnitude(self, dtype):
+        """The largest magnitude of this dataset's samples (rows lo..hi-1), for a model of `dtype`
+        (batches become that dtype before scale, mean and std apply: a value beyond its range
+        becomes infinity). None without a look when the stored dtype holds nothing beyond `dtype`'s
+        range, or when the values are not known (`_Store.row_magnitudes`: a mapped file)."""
+        x = self._store.x
+        if not isinstance(x, dmath.Matrix) or np.finfo(x.dtype).max <= np.finfo(dtype).max:
+            return None
+        rows = self._store.row_magnitudes()
+        return None if rows is None else float(rows[self.lo:self.hi].max())
 
     @property
     def normalizes(self):

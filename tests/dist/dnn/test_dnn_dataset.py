@@ -394,3 +394,42 @@ def test_dataset_settings_changed_after_a_model_used_it_take_effect():
     flat = dnn.data.Dataset(x.reshape(4, 9))
     with pytest.raises(dnn.ConfigError, match="image samples"):
         flat.augment = dnn.data.Augment(flip=True)
+
+
+def test_dataset_values_beyond_the_models_dtype_are_refused(tmp_path):
+    """A hostile-use probe: numpy samples beyond float16's range were refused for a float16 model,
+    the same values in a Dataset gave NaN predictions and losses (a float32 model with float64
+    samples of 1e39 likewise). A Dataset's values are checked too: those placed from arrays as they
+    were placed, a file's on the device once; only the rows of the dataset (a split view) count."""
+    x = np.array([[1.0, 2.0], [3.0, -4.0], [0.5, -7e4]], dtype=np.float32)
+    y = np.array([0, 1, 1])
+
+    def model(dtype):
+        return dnn.Sequential([L.Input((2,)), L.Dense(2), L.Output("softmax")], loss="cross_entropy",
+                              optimizer=dnn.optim.SGD(lr=0.1), dtype=dtype)
+    m = model("float16")
+    before = m.get_weights()
+    ds = dnn.data.Dataset(x, y)
+    for call in (lambda: m.predict(ds), lambda: m.evaluate(ds), lambda: m.fit(ds, verbose=0),
+                 lambda: m.fit(x[:2], y[:2], validation_data=ds, verbose=0)):
+        with pytest.raises(dnn.ConfigError, match=r"float16 model needs inputs within \+-65504; the largest "
+                                                  r"magnitude here is 70000"):
+            call()
+    for a, b in zip(before, m.get_weights()):
+        np.testing.assert_array_equal(a, b)
+    first, last = ds.split(1 / 3)
+    assert np.isfinite(m.predict(first)).all()                # its rows hold no such value
+    with pytest.raises(dnn.ConfigError, match="float16 model"):
+        m.predict(last)
+    assert np.isfinite(model("float32").predict(ds)).all()
+    big = np.array([[1e39, 1.0], [2.0, 3.0]])
+    with pytest.raises(dnn.ConfigError, match=r"float32 model needs inputs within .*use dtype='float64'"):
+        model("float32").predict(dnn.data.Dataset(big))
+    assert np.isfinite(model("float64").predict(dnn.data.Dataset(big))).all()
+    # a file the workers read into device memory: reduced there once
+    np.save(tmp_path / "x.npy", x)
+    on_device = dnn.data.Dataset.from_npy(tmp_path / "x.npy", y, placement="device")
+    with pytest.raises(dnn.ConfigError, match="the largest magnitude here is 70000"):
+        m.evaluate(on_device)
+    np.save(tmp_path / "small.npy", x[:2])
+    assert np.isfinite(m.predict(dnn.data.Dataset.from_npy(tmp_path / "small.npy", placement="device"))).all()
