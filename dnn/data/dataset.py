@@ -620,7 +620,8 @@ def _place_targets(targets):
         # its range, cross_entropy refuses negative ones)
         dtype = "float32" if max(-label_range[0], label_range[1]) < _F32_EXACT else "float64"
     else:
-        dtype = "float64" if rows.dtype == np.float64 else "float32"
+        # (by name: a big-endian '>f8' is not == np.float64, and its rows were stored as float32)
+        dtype = "float64" if rows.dtype.name == "float64" else "float32"
     return dmath.from_numpy(rows, layout=dmath.Replicated(), dtype=dtype), kind, label_range
 
 

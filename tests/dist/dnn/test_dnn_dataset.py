@@ -433,3 +433,15 @@ def test_dataset_values_beyond_the_models_dtype_are_refused(tmp_path):
         m.evaluate(on_device)
     np.save(tmp_path / "small.npy", x[:2])
     assert np.isfinite(m.predict(dnn.data.Dataset.from_npy(tmp_path / "small.npy", placement="device"))).all()
+
+
+def test_big_endian_float64_targets_stay_float64():
+    """A hostile-use probe: '>f8' target rows were stored as float32 (`rows.dtype == np.float64` is
+    False for them), so a float64 model trained against rounded targets."""
+    x, t = np.zeros((3, 1)), np.array([[1 + 2 ** -30], [np.pi], [1e-3 + 1e-12]])
+    ds = dnn.data.Dataset(x, t.astype(">f8"))
+    assert ds.y.dtype == "float64"
+    np.testing.assert_array_equal(ds.y.to_numpy(), t)
+    m = dnn.Sequential([L.Input((1,)), L.Dense(1, use_bias=False, kernel_init="zeros"), L.Output("linear")],
+                       loss="mse", optimizer=dnn.optim.SGD(lr=0.1), dtype="float64")
+    assert m.evaluate(x, t.astype(">f8"))["loss"] == m.evaluate(x, t)["loss"]
