@@ -123,7 +123,9 @@ class Dataset:
         dtype: what the samples are stored as (default: x's float dtype;
             integers that float16 holds exactly, such as uint8 pixels, as
             float16; other integers as float32). Batches are converted to
-            the model's dtype on the device.
+            the model's dtype on the device. Long double samples need it
+            given (DataError otherwise, as Dataset.from_npy), and long
+            double target rows must be converted (float64 rounds them).
         placement: 'auto', 'device', 'host' (see the module docstring).
         augment: an Augment applied to training batches.
         scale, mean, std: every batch (training and evaluation) becomes
@@ -535,6 +537,11 @@ def _storage_dtype(x, dtype):
             raise ConfigError(f"Dataset: {exc}") from exc
     if x.dtype.name in dmath.DTYPES:
         return x.dtype.name
+    if x.dtype.kind == "f":
+        # (as Dataset.from_npy: float32 rounded them, silently, even for a float64 model)
+        raise DataError(f"Dataset: the samples are {x.dtype.name} (long double), wider than any dmath dtype: "
+                        f"pass dtype= to a Dataset ('float64' rounds them; a value beyond its range is refused) "
+                        f"or convert them (x.astype(np.float64))")
     if x.dtype.kind in "iu" and (x.size == 0 or (x.min() >= -_F16_EXACT and x.max() <= _F16_EXACT)):
         return "float16"
     return "float32"
@@ -604,6 +611,10 @@ def _targets(y, n):
         lo, hi = (int(labels.min()), int(labels.max())) if n else (0, 0)
         return labels[:, None], "labels", (lo, hi)
     rows = y.reshape(n, -1)
+    if rows.dtype.kind == "f" and rows.dtype.name not in dmath.DTYPES:
+        # (they were stored as float32, silently; whole-number labels above are exact as int64)
+        raise DataError(f"Dataset: the targets are {rows.dtype.name} (long double), wider than any dmath dtype: "
+                        f"convert them (y.astype(np.float64) rounds them)")
     if rows.dtype.kind == "f" and not np.isfinite(rows).all():
         bad = np.flatnonzero(~np.isfinite(rows).all(axis=1))
         raise DataError(f"Dataset: {bad.size} target row(s) hold NaN or infinity, the first at index {bad[0]}")

@@ -445,3 +445,25 @@ def test_big_endian_float64_targets_stay_float64():
     m = dnn.Sequential([L.Input((1,)), L.Dense(1, use_bias=False, kernel_init="zeros"), L.Output("linear")],
                        loss="mse", optimizer=dnn.optim.SGD(lr=0.1), dtype="float64")
     assert m.evaluate(x, t.astype(">f8"))["loss"] == m.evaluate(x, t)["loss"]
+
+
+def test_long_double_arrays_are_refused_as_from_npy_refuses_them():
+    """A hostile-use probe: long double samples and target rows given as arrays were stored as
+    float32, silently (even for a float64 model), where Dataset.from_npy refuses the same values."""
+    if np.finfo(np.longdouble).nmant <= np.finfo(np.float64).nmant:
+        pytest.skip("long double is float64 on this platform")
+    x = np.array([[1 + 2 ** -30], [3.0000001]], dtype=np.longdouble)
+    m = dnn.Sequential([L.Input((1,)), L.Dense(1, use_bias=False), L.Output("linear")], loss="mse",
+                       optimizer=dnn.optim.SGD(lr=0.1), dtype="float64")
+    m.set_weights([np.ones((1, 1))])
+    for call in (lambda: dnn.data.Dataset(x), lambda: m.predict(x), lambda: m.fit(x, np.ones((2, 1)), verbose=0)):
+        with pytest.raises(dnn.data.DataError, match=r"samples are float\d+ \(long double\).*pass dtype="):
+            call()
+    wide = dnn.data.Dataset(x, dtype="float64")               # asked for: rounded to float64, not float32
+    np.testing.assert_array_equal(m.predict(wide), x.astype(np.float64))
+    t = np.array([[1 + 2 ** -30], [np.pi]], dtype=np.longdouble)
+    for call in (lambda: dnn.data.Dataset(np.zeros((2, 1)), t), lambda: m.evaluate(x.astype(np.float64), t)):
+        with pytest.raises(dnn.data.DataError, match=r"targets are float\d+ \(long double\).*astype\(np.float64\)"):
+            call()
+    labels = dnn.data.Dataset(np.zeros((2, 1)), np.array([0, 1], dtype=np.longdouble))   # whole numbers: exact
+    assert labels.y_kind == "labels"
