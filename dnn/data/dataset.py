@@ -358,11 +358,13 @@ class Dataset:
 
     def split(self, fraction):
         """(first, last): the last `fraction` of the samples (in their stored order) becomes a second
-        dataset, as Keras's validation_split; both share the placed matrices, nothing is copied.
-        The second never augments."""
+        dataset, as Keras's validation_split: the first holds floor(n * (1 - fraction)) samples
+        (Keras's split_at; the second the other n - split_at: 1 of 5 at 0.1), and either one empty
+        is a ConfigError. Both share the placed matrices, nothing is copied. The second never augments."""
         if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) or not 0 < fraction < 1:
             raise ConfigError(f"validation_split must be a number in (0, 1), got {fraction!r}")
-        cut = self.hi - int(round(len(self) * float(fraction)))
+        # Keras's own expression, in floating point as there (round(n * fraction) held out 0 of 5 at 0.1)
+        cut = self.lo + int(math.floor(len(self) * (1.0 - float(fraction))))
         if cut <= self.lo or cut >= self.hi:
             raise ConfigError(f"validation_split={fraction} leaves no samples on one side of {len(self)}")
         first, last = (Dataset.__new__(Dataset) for _ in range(2))

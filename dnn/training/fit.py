@@ -143,7 +143,8 @@ class Training:
         batch on the workers: the master
         sends no sample bytes. validation_data: (x, y) arrays or a Dataset;
         validation_split: the last fraction of x (before shuffling) held out
-        instead, as Keras. epochs: how many epochs to run, continuing the
+        instead, as Keras (training keeps the first floor(N * (1 -
+        validation_split)) samples: Dataset.split). epochs: how many epochs to run, continuing the
         epoch count of earlier fit calls; with initial_epoch=k (Keras) the
         epochs k .. epochs - 1 run instead (resuming a saved run).
         callbacks: dnn.callbacks.Callback objects. verbose: 0 silent, 1

@@ -467,3 +467,33 @@ def test_long_double_arrays_are_refused_as_from_npy_refuses_them():
             call()
     labels = dnn.data.Dataset(np.zeros((2, 1)), np.array([0, 1], dtype=np.longdouble))   # whole numbers: exact
     assert labels.y_kind == "labels"
+
+
+@pytest.mark.parametrize("n, fraction", [(10, 0.25), (6, 0.25), (14, 0.25), (5, 0.1), (1000, 0.0005), (10, 0.3),
+                                         (7, 0.5), (3, 0.34), (100, 0.07), (2, 0.5)])
+def test_split_holds_out_what_keras_validation_split_does(n, fraction):
+    """A hostile-use probe: "as Keras" held out round(n * fraction) (banker's rounding: 0 of 5 at 0.1,
+    where Keras holds out 1); Keras's fit keeps split_at = int(n * (1.0 - validation_split)) samples."""
+    import math
+    split_at = int(math.floor(n * (1.0 - fraction)))
+    ds = dnn.data.Dataset(np.arange(2 * n, dtype=np.float64).reshape(n, 2), np.arange(n) % 2)
+    first, last = ds.split(fraction)
+    assert (len(first), len(last)) == (split_at, n - split_at)
+    np.testing.assert_array_equal(_identity_rows(last), np.arange(2 * n).reshape(n, 2)[split_at:])
+
+
+def _identity_rows(ds):
+    m = dnn.Sequential([L.Input((2,)), L.Dense(2, use_bias=False), L.Output("linear")], loss="mse",
+                       optimizer=dnn.optim.SGD(lr=0.1), dtype="float64")
+    m.set_weights([np.eye(2)])
+    return m.predict(ds)
+
+
+def test_validation_split_refuses_an_empty_side_as_keras():
+    x, y = np.arange(10.0).reshape(5, 2), np.array([0, 1, 0, 1, 1])
+    for n, fraction in ((1, 0.5), (3, 0.9), (4, 1e-17)):        # split_at 0, 0 and 4 == n (1 - 1e-17 == 1.0)
+        with pytest.raises(dnn.ConfigError, match="leaves no samples"):
+            dnn.data.Dataset(np.zeros((n, 2)), np.zeros(n, dtype=int)).split(fraction)
+    model = _model(features=2)
+    hist = model.fit(x, y, batch_size=4, epochs=1, validation_split=0.1, shuffle=False, verbose=0).history
+    assert hist["val_loss"][0] == model.evaluate(x[4:], y[4:])["loss"]
