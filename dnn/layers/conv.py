@@ -8,7 +8,7 @@ from ..errors import ConfigError, ShapeError
 from ..ops import Conv2D as ConvFn, Pool2D as PoolFn, activation as make_activation
 from ..ops.conv import window_errors
 from ..ops.join import pad
-from .base import Layer
+from .base import Checked, Layer
 from .core import _check_activation, _init_config
 
 
@@ -34,6 +34,8 @@ class Conv2D(Layer):
     """
     image_rows = "channels_last"
 
+    activation = Checked(_check_activation)
+
     def __init__(self, filters, kernel, stride=1, padding=0, dilation=1, activation=None, use_bias=True,
                  kernel_init="glorot_uniform", bias_init="zeros", parallel="data", groups=1, name=None):
         super().__init__(name, parallel)
@@ -50,7 +52,7 @@ class Conv2D(Layer):
             raise ShapeError(f"Conv2D: groups={self.groups} must divide the kernels (filters={self.filters})")
         self.padding_spec = padding
         self.padding = self._padding(padding)
-        self.activation = _check_activation(activation)
+        self.activation = activation
         self.use_bias = bool(use_bias)
         self.kernel_init, self.bias_init = kernel_init, bias_init
 

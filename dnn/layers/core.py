@@ -10,7 +10,7 @@ from ..graph.node import int_tuple
 from ..ops import Dropout as DropoutFn, Reshape as ReshapeFn, activation as make_activation, linear
 from ..ops.activation import ACTIVATIONS
 from ..ops.dropout import new_counter
-from .base import Layer
+from .base import Checked, Layer
 
 
 def _sample_shape(shape):
@@ -39,9 +39,30 @@ def counter_value(array, what, limit):
 
 
 def _check_activation(name):
-    if name is not None and name not in ACTIVATIONS:
-        raise ConfigError(f"unknown activation {name!r}; expected one of {sorted(ACTIVATIONS)}")
+    if name is not None and (not isinstance(name, str) or name not in ACTIVATIONS):
+        raise ConfigError(f"unknown activation {name!r}; expected one of {sorted(ACTIVATIONS)} or None")
     return name
+
+
+def _check_function(name):
+    """An Activation layer's function: one of ACTIVATIONS (None is not a function)."""
+    if name is None:
+        raise ConfigError("Activation needs a function name")
+    return _check_activation(name)
+
+
+def _dropout_rate(p):
+    if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p < 1:
+        raise ConfigError(f"Dropout: p must be in [0, 1), got {p!r}")
+    return float(p)
+
+
+def _dropout_seed(seed):
+    # (below 2**53: the seed travels as a float64 scalar, exact only that far)
+    if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
+                             or not 0 <= seed < 2 ** 53):
+        raise ConfigError(f"Dropout: seed must be an integer in [0, 2**53) or None, got {seed!r}")
+    return seed
 
 
 class Input(Layer):
@@ -78,13 +99,15 @@ class Dense(Layer):
 
     strategies = par.STRATEGIES
 
+    activation = Checked(_check_activation)
+
     def __init__(self, units, activation=None, use_bias=True, kernel_init="glorot_uniform", bias_init="zeros",
                  parallel="data", name=None):
         super().__init__(name, parallel)
         if isinstance(units, bool) or not isinstance(units, numbers.Integral) or units < 1:
             raise ConfigError(f"Dense: units must be a positive integer, got {units!r}")
         self.units = int(units)
-        self.activation = _check_activation(activation)
+        self.activation = activation
         self.use_bias = bool(use_bias)
         self.kernel_init, self.bias_init = kernel_init, bias_init
 
@@ -129,11 +152,11 @@ class Dense(Layer):
 class Activation(Layer):
     """An elementwise or row-wise activation: 'sigmoid', 'tanh', 'relu', 'softmax', 'log_softmax', 'linear'."""
 
+    activation = Checked(_check_function)
+
     def __init__(self, activation, name=None):
         super().__init__(name)
-        if activation is None:
-            raise ConfigError("Activation needs a function name")
-        self.activation = _check_activation(activation)
+        self.activation = activation
 
     @property
     def image_rows(self):
@@ -165,15 +188,12 @@ class Dropout(Layer):
     The masks depend only on (seed, step, element index): the same at any worker count.
     """
 
+    p = Checked(_dropout_rate)
+    seed = Checked(_dropout_seed)
+
     def __init__(self, p=0.5, seed=None, name=None):
         super().__init__(name)
-        if isinstance(p, bool) or not isinstance(p, numbers.Real) or not 0 <= p < 1:
-            raise ConfigError(f"Dropout: p must be in [0, 1), got {p!r}")
-        # (below 2**53: the seed travels as a float64 scalar, exact only that far)
-        if seed is not None and (isinstance(seed, bool) or not isinstance(seed, numbers.Integral)
-                                 or not 0 <= seed < 2 ** 53):
-            raise ConfigError(f"Dropout: seed must be an integer in [0, 2**53) or None, got {seed!r}")
-        self.p, self.seed = float(p), seed
+        self.p, self.seed = p, seed
         self.counter = None      # the (1, 1) matrix of mask steps drawn, shared by every graph of this layer
 
     def forward(self, x, ctx):

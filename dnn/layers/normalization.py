@@ -8,8 +8,20 @@ import dmath
 from ..errors import ConfigError
 from ..ops import BatchNorm as BatchNormFn
 from ..ops.normalization import check_training_batch
-from .base import Layer
+from .base import Checked, Layer
 from .core import counter_value
+
+
+def _momentum(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 <= value <= 1:
+        raise ConfigError(f"BatchNorm: momentum must be in [0, 1], got {value!r}")
+    return float(value)
+
+
+def _eps(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not value > 0 or value == float("inf"):
+        raise ConfigError(f"BatchNorm: eps must be positive and finite, got {value!r}")
+    return float(value)
 
 
 class BatchNorm(Layer):
@@ -33,14 +45,13 @@ class BatchNorm(Layer):
     #: concatenation (dnn.functional.concat_branches: an Inception module's branches)
     writes_slices = True
 
+    momentum = Checked(_momentum)
+    eps = Checked(_eps)
+
     def __init__(self, momentum=0.1, eps=1e-5, synchronized=True, name=None):
         super().__init__(name)
         self.synchronized = synchronized
-        if isinstance(momentum, bool) or not isinstance(momentum, numbers.Real) or not 0 <= momentum <= 1:
-            raise ConfigError(f"BatchNorm: momentum must be in [0, 1], got {momentum!r}")
-        if isinstance(eps, bool) or not isinstance(eps, numbers.Real) or not eps > 0:
-            raise ConfigError(f"BatchNorm: eps must be positive, got {eps!r}")
-        self.momentum, self.eps = float(momentum), float(eps)
+        self.momentum, self.eps = momentum, eps
         #: training steps that updated the running statistics (PyTorch's num_batches_tracked)
         self.batches_tracked = 0
 

@@ -225,3 +225,27 @@ def test_the_activation_table_is_built_from_the_definitions():
         assert type(activation.activation(name)) is cls
     with pytest.raises(ConfigError, match="log_softmax"):
         activation.activation("swish")
+
+
+@pytest.mark.parametrize("make, attr, bad, good", [
+    (lambda L: L.BatchNorm(), "eps", [-1.0, 0.0, float("inf"), "1e-3", True], 1e-3),
+    (lambda L: L.BatchNorm(), "momentum", [-0.1, 1.5, float("nan"), None], 0.01),
+    (lambda L: L.Dropout(0.2), "p", [1.0, -0.5, "0.1"], 0.3),
+    (lambda L: L.Dropout(0.2), "seed", [-1, 2 ** 53, 1.5, True], 7),
+    (lambda L: L.Dense(3), "activation", ["nope", ["relu"], 3], "tanh"),
+    (lambda L: L.Conv2D(4, 3), "activation", ["Relu", {}], "relu"),
+    (lambda L: L.Activation("relu"), "activation", [None, "nope"], "sigmoid"),
+])
+def test_layer_settings_are_checked_when_assigned_as_when_constructed(make, attr, bad, good):
+    """A setting assigned between fits is checked as the constructor checks it (a plain attribute took
+    BatchNorm's eps = -1 or Dropout's p = 2 as given); a refused value leaves the old one, a good one
+    is what get_config() reports (the recorded steps are keyed on it)."""
+    from dnn import layers as L
+    layer = make(L)
+    before = getattr(layer, attr)
+    for value in bad:
+        with pytest.raises(ConfigError):
+            setattr(layer, attr, value)
+        assert getattr(layer, attr) == before
+    setattr(layer, attr, good)
+    assert getattr(layer, attr) == good and layer.get_config()[attr] == good
