@@ -206,6 +206,19 @@ def raw(name):
     return os.environ.get(BY_NAME[name].name)
 
 
+#: variables a rank may set alone: they change what that rank reports (stack dumps, profiles), never
+#: what the ranks do together; every other one must have the same value on every rank (agreed())
+PER_RANK = ("DMATH_WATCHDOG_S", "DMATH_PROFILE", "DMATH_CPROFILE")
+
+
+def differing(every):
+    """The names of the variables whose values differ among `every` rank's Settings (a list), but for
+    PER_RANK's: a pure function of the values."""
+    first = vars(every[0])
+    return [v.name for v in VARIABLES if v.attr and v.name not in PER_RANK
+            and any(vars(other)[v.attr] != first[v.attr] for other in every[1:])]
+
+
 def load():
     """Read and check every variable now (`dmath.init()`), and make the result `current`."""
     global current

@@ -522,3 +522,40 @@ def test_a_bad_setting_is_refused_at_init_on_every_rank(tmp_path, name, value, e
     assert rc != 0 and "STARTED" not in out, f"stdout:\n{out}\nstderr:\n{err}"
     assert out.count(f"REFUSED SettingError: {name} must be {expected}, got {value!r}\n") == WORKERS, out
     assert seconds < PROMPT_S
+
+
+RANK_SETTING = """
+    import os
+    import sys
+    rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0"
+    if rank == "1":
+        os.environ[{name!r}] = {value!r}         # one rank alone (Open MPI without -x on another host)
+    import dmath
+    try:
+        dmath.init(device="cpu")
+    except dmath.DMathError as exc:
+        sys.stdout.write(f"REFUSED {{type(exc).__name__}}: {{exc}}\\n")
+        sys.stdout.flush()
+        raise
+    print("STARTED", flush=True)
+"""
+
+
+@pytest.mark.parametrize("name, value, says", [
+    # a replica cache of another size on one rank: its keep/evict decision differed, the ranks entered
+    # different collectives and the job hung (found by a hostile-use probe)
+    ("DMATH_REPLICA_CACHE_BYTES", "1000", "DMATH_REPLICA_CACHE_BYTES differ between ranks"),
+    # a bad value on one rank raised there alone; the others waited in init() for ever
+    ("DMATH_SPIN_BYTES_PER_S", "0", "on rank 1: DMATH_SPIN_BYTES_PER_S must be"),
+])
+def test_a_setting_of_one_rank_alone_is_refused_on_every_rank(tmp_path, name, value, says):
+    rc, out, err, seconds = run_job(tmp_path, RANK_SETTING.format(name=name, value=value))
+    assert rc != 0 and "STARTED" not in out, f"stdout:\n{out}\nstderr:\n{err}"
+    assert out.count("REFUSED SettingError: ") == WORKERS and out.count(says) == WORKERS, out
+    assert seconds < PROMPT_S
+
+
+def test_a_per_rank_diagnostic_setting_may_differ(tmp_path):
+    """DMATH_WATCHDOG_S changes what one rank reports, never what the ranks do together."""
+    rc, out, err, _ = run_job(tmp_path, RANK_SETTING.format(name="DMATH_WATCHDOG_S", value="600"))
+    assert rc == 0 and "STARTED" in out, f"stdout:\n{out}\nstderr:\n{err}"

@@ -44,11 +44,11 @@ def init(device=None):
             raise RuntimeStateError(f"dmath is already running on device {_runtime.backend.name!r}; "
                                     f"init(device={device!r}) cannot change it")
         return _runtime
-    values = settings.load()     # checked on every rank before any of them starts serving
+    world = World()
+    values = _agreed_settings(world)     # checked on every rank before any of them starts serving
     dispatch.configure(values)
     execute.configure(values)
     replicas.cache.budget = values.replica_cache_bytes
-    world = World()
     watchdog = values.watchdog_s
     if watchdog > 0:
         # hang diagnosis: every rank prints its Python stack every `watchdog` seconds
@@ -72,6 +72,36 @@ def init(device=None):
     if world.is_mpi:
         install_excepthook(rt)
     return rt
+
+
+def _agreed_settings(world):
+    """settings.load() on every rank, the same values on every rank, or a SettingError on every rank.
+
+    A bad value on one rank raised there alone and left the others waiting in init() forever; a
+    value that differed between ranks (Open MPI passes a variable to other hosts only with -x) made
+    their decisions differ (the replica cache's keep or evict: one rank skipped a collective the
+    others entered), a hang. Found by a hostile-use probe at 3 workers."""
+    try:
+        values, error = settings.load(), None
+    except settings.SettingError as exc:
+        values, error = None, str(exc)
+    if not world.is_mpi:
+        if error:
+            raise settings.SettingError(error)
+        return values
+    every = world.ctl.allgather((error, values))        # (small objects, in memory; once, at init)
+    bad = [(r, e) for r, (e, _) in enumerate(every) if e]
+    if bad and len(bad) == len(every) and len({e for _, e in bad}) == 1:
+        raise settings.SettingError(error)              # the same bad value everywhere: said as it is
+    if bad:
+        more = f" (and on {len(bad) - 1} other ranks)" if len(bad) > 1 else ""
+        raise settings.SettingError(f"on rank {bad[0][0]}: {bad[0][1]}{more}")
+    names = settings.differing([v for _, v in every])
+    if names:
+        raise settings.SettingError(f"{', '.join(names)} differ between ranks: every rank must see the same "
+                                    f"dmath settings (only {', '.join(settings.PER_RANK)} may differ); with "
+                                    f"Open MPI pass each one to every host (mpiexec -x NAME)")
+    return values
 
 
 def finalize():
