@@ -716,3 +716,31 @@ def test_loader_writes_batches_into_dmath_matrices():
     loader = data.DataLoader(x, onehot, batch_size=4, target=(xm, ym))
     for _, yb in loader:
         np.testing.assert_array_equal(ym.to_numpy(), yb)
+
+
+def _first_channel(x, streams, xp):
+    """A batch_transform that returns one channel of three (for the test below)."""
+    return x[:, :1]
+
+
+def _halved(x, streams, xp):
+    return x * 0.5
+
+
+def test_a_batch_transform_must_return_the_batchs_shape():
+    """An ImageFolder batch_transform's result of another shape is refused (DataError on the worker,
+    a WorkerError on the master), not broadcast: x[:, :1] was copied into all three channels and fit
+    trained on it without a word (a hostile-use probe). The batch's own shape is taken."""
+    import json
+    from dnn.data.decode import FolderSource
+
+    def source(fn):
+        return FolderSource(json.dumps({
+            "root": "/nonexistent", "files": ["a/x.jpg"], "labels": [0], "image_size": [4, 4], "resize_size": 5,
+            "crop_scale": [0.08, 1.0], "crop_ratio": [0.75, 1.333], "flip": True, "on_error": "skip",
+            "batch_transform": f"{__name__}:{fn.__name__}"}).encode())
+    x = np.ones((2, 3, 4, 4), np.float32)
+    with pytest.raises(DataError, match=r"shape \(2, 1, 4, 4\).*batch's shape \(2, 3, 4, 4\)"):
+        source(_first_channel).finish(x, np.arange(2), np)
+    source(_halved).finish(x, np.arange(2), np)
+    np.testing.assert_array_equal(x, np.full_like(x, 0.5))

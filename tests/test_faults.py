@@ -137,6 +137,12 @@ def test_master_interrupted_inside_a_command_refuses_to_go_on(tmp_path):
 
 def test_a_second_master_thread_is_refused_and_the_runtime_goes_on(tmp_path):
     rc, out, err, _ = run_job(tmp_path, FAULT_JOB.format(body="""
+    def _refused(fn):
+        try:
+            fn()
+        except dmath.RuntimeStateError as e:
+            return str(e)
+        return "NOT REFUSED"
     seen = []
     def other():
         try:
@@ -149,6 +155,12 @@ def test_a_second_master_thread_is_refused_and_the_runtime_goes_on(tmp_path):
         a.sum()                          # the main thread keeps working meanwhile
         t.join()
     assert len(seen) == 3 and "thread that called dmath.init()" in seen[0] and "helper" in seen[0], seen
+    # finalize too: another thread's shutdown crossed the owner's command (a hostile-use probe)
+    t = threading.Thread(target=lambda: seen.append(_refused(dmath.finalize)), name="closer")
+    t.start()
+    a.sum()
+    t.join()
+    assert "thread that called dmath.init()" in seen[-1] and "closer" in seen[-1], seen
     assert (a * 3.0).sum() == 72.0
     print("THREADS_OK", flush=True)
     """))

@@ -11,7 +11,7 @@ from typing import NamedTuple
 
 from .. import backend, memory
 from ..comm.control import gather_objects
-from ..errors import OutOfMemoryError
+from ..errors import OutOfMemoryError, PlanError
 from ..gpu import cudnn
 from ..memory import kinds, replicas
 from ..runtime import Shard, define, is_initialized, runtime
@@ -108,6 +108,11 @@ class _Commands:
 
     @staticmethod
     def set_limit(nbytes):
+        if runtime().recorder is not None:
+            # a replay would set the workers' limit again, the master's account not (a hostile-use
+            # probe: the limit lifted after the block came back on the workers at every replay)
+            raise PlanError("dmath.memory.set_limit cannot be recorded into a plan: a replay would set the "
+                            "workers' limit again behind the master's back; set it outside the record block")
         dispatch("memory_set_limit", scalars=(-1 if nbytes is None else nbytes,))
         runtime().ledger.set_limit(nbytes)
 

@@ -3,6 +3,7 @@ exit hooks) and `finalize`."""
 import atexit
 import os
 import sys
+import threading
 
 from .. import backend, memory, settings
 from ..comm import World, set_progress_hook
@@ -108,8 +109,16 @@ def finalize():
     """Shut the workers down (also runs at exit). After a worker failure the job exits non-zero.
 
     Nothing in a process forked from the master after init(): its exit must not end the master's
-    workers (`_forked`)."""
+    workers (`_forked`). Only the thread that called init() may finalize while it runs (another
+    thread's shutdown crossed that thread's command: a reduction summed the drain's answer, a
+    TypeError reported as a worker failure, and the job could exit 0; a hostile-use probe); at exit,
+    once that thread has ended, any thread may."""
     if _runtime is not None and not _runtime.closed and _runtime.world.rank == 0:
+        owner = next((t for t in threading.enumerate() if t.ident == _runtime.owner), None)
+        if owner is not None and owner is not threading.current_thread():
+            raise RuntimeStateError(f"dmath.finalize() must come from the thread that called dmath.init() "
+                                    f"(thread {owner.name!r}, still running); this is thread "
+                                    f"{threading.current_thread().name!r}")
         _runtime.shutdown()
 
 

@@ -230,6 +230,12 @@ class FolderSource:
         def apply(x, streams, xp):
             y = user(x, streams, xp)
             if y is not None and y is not x:
+                # the batch's own shape only: a (n, h, w, 1) result broadcast silently over the three
+                # channels (a hostile-use probe); its dtype converts as an assignment does
+                if getattr(y, "shape", None) != x.shape:
+                    raise DataError(f"ImageFolder: batch_transform returned an array of shape "
+                                    f"{getattr(y, 'shape', type(y).__name__)}; it must return None (x changed "
+                                    f"in place) or an array of the batch's shape {x.shape}")
                 x[...] = y
         return apply
 

@@ -200,6 +200,18 @@ def test_input_freed_inside_the_block_raises_on_replay():
     np.testing.assert_allclose(x.to_numpy(), values(SHAPE, 11) + 1.0, rtol=1e-12)
 
 
+def test_a_memory_limit_is_not_recorded():
+    """set_limit inside a record block is refused: a replay set the workers' limit again behind the
+    master's account (a limit lifted after the block came back at every replay; a hostile-use probe)."""
+    x = make(values(SHAPE, 13), dmath.RowBlock(), "float64")
+    with pytest.raises(dmath.PlanError, match="set_limit cannot be recorded"):
+        with dmath.record():
+            y = x * 2.0
+            dmath.memory.set_limit(1 << 30)
+    assert dmath.memory.limit() is None
+    np.testing.assert_allclose(y.to_numpy(), 2 * values(SHAPE, 13), rtol=1e-12)
+
+
 def test_nested_record_raises():
     x = make(values(SHAPE, 12), dmath.RowBlock(), "float64")
     with pytest.raises(dmath.PlanError, match="nested"):
