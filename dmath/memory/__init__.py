@@ -132,14 +132,15 @@ def host_available():
         return 0
 
 
-def free_bytes():
-    """Bytes this worker's kernels could still allocate: free device memory (GPU) or available host
-    memory (CPU), plus the pool's cached blocks, which it reuses first."""
+def free_bytes(ranks_on_host=1):
+    """Bytes this worker's kernels could still allocate: free device memory (GPU) or its share of the
+    available host memory (CPU: shared by the `ranks_on_host` ranks of this machine, as capacity()
+    shares it), plus the pool's cached blocks, which it reuses first."""
     be = backend.current()
     if be.is_gpu:
         free, _ = be.xp.cuda.runtime.memGetInfo()
     else:
-        free = host_available()
+        free = host_available() // max(1, ranks_on_host)
     return int(free) + int(local_stats()["cached"])
 
 
@@ -281,8 +282,9 @@ def careful():
 def available():
     """Bytes a new matrix could take on each worker, a list indexed by rank.
 
-    The memory the kernels compute in (free device memory on a GPU, free
-    physical memory on the CPU backend) plus the pool's cached blocks, capped
+    The memory the kernels compute in (free device memory on a GPU, on the
+    CPU backend the worker's share of the machine's free physical memory, as
+    the master's account gives it) plus the pool's cached blocks, capped
     by the memory limit less the live matrices when a limit is set. A
     snapshot: other processes on the machine may take memory meanwhile.
     """

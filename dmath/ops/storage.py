@@ -95,7 +95,7 @@ def _device_free(call):
 
 @AVAILABLE.kernel()
 def _available(call):
-    call.result = gather_objects(call.world, memory.free_bytes())
+    call.result = gather_objects(call.world, memory.free_bytes(call.world.local_size))
     return []
 
 

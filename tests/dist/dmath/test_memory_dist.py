@@ -299,3 +299,20 @@ def test_repeating_a_sequence_makes_no_new_allocations():
     st = dmath.memory.stats()
     assert [d["new_allocs"] for d in st] == [0] * P, st
     assert all(d["reused_allocs"] > 0 for d in st), st
+
+
+def test_available_is_each_workers_share():
+    """memory.available() per worker: on the CPU backend its share of the machine's free memory (the
+    job's ranks share this machine), as the master's account counts it; a probe saw each of 3
+    workers offered the whole machine's. A limit caps it."""
+    free = dmath.memory.available()
+    assert len(free) == P and all(isinstance(f, int) and f >= 0 for f in free)
+    if _default_kind() == "host":
+        share = dmath.memory.host_available() // P
+        cached = [s["cached"] for s in dmath.memory.stats()]
+        assert all(f <= share + c + (share >> 4) for f, c in zip(free, cached)), (free, share, cached)
+    dmath.memory.set_limit(64 << 20)
+    try:
+        assert all(f <= 64 << 20 for f in dmath.memory.available())
+    finally:
+        dmath.memory.set_limit(None)
