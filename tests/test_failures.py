@@ -559,3 +559,58 @@ def test_a_per_rank_diagnostic_setting_may_differ(tmp_path):
     """DMATH_WATCHDOG_S changes what one rank reports, never what the ranks do together."""
     rc, out, err, _ = run_job(tmp_path, RANK_SETTING.format(name="DMATH_WATCHDOG_S", value="600"))
     assert rc == 0 and "STARTED" in out, f"stdout:\n{out}\nstderr:\n{err}"
+
+
+SLEEPY_SOURCE = """
+import os
+import time
+
+import numpy as np
+
+
+def _rank():
+    return os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")
+
+
+class Source:
+    '''A host_source whose factory or sample() blocks on one worker, as the description says.'''
+
+    def __init__(self, description):
+        self.where = description.decode()
+        self.labels = np.arange(16) % 3
+        if self.where == "factory" and _rank() == "1":
+            time.sleep(1000)
+
+    def sample(self, index, stream, random, seed, out):
+        if self.where == "sample" and _rank() == "1":
+            time.sleep(1000)
+        out[...] = index
+"""
+
+
+@pytest.mark.parametrize("where", ["factory", "sample"])
+def test_a_user_function_that_blocks_on_a_worker_ends_the_job(tmp_path, where):
+    """A source's factory or sample() that never returns hung the job for good: the heartbeat thread
+    kept answering the master's pings (a hostile-use probe). Past DMATH_TIMEOUT_S the worker fails,
+    and the master reports a WorkerError naming it."""
+    (tmp_path / "sleepy_source.py").write_text(SLEEPY_SOURCE)
+    rc, out, err, seconds = run_job(tmp_path, f"""
+        import numpy as np
+        import dmath
+        from dmath.ops import host_batches as hb
+        dmath.init(device="cpu")
+        try:
+            src = hb.host_source("sleepy_source:Source", {where!r}.encode(), 16)
+            order = dmath.from_numpy(np.arange(16.0).reshape(1, -1), layout=dmath.Replicated())
+            pos = dmath.zeros((1, 1), dtype="float64", layout=dmath.Replicated())
+            out = dmath.zeros((8, 48), layout=dmath.RowBlock())
+            hb.host_batch(src, order, pos, out, image=(3, 4, 4), random=False, mean=(0, 0, 0), std=(1, 1, 1),
+                          places=("host",))
+            out.to_numpy()
+            print("NOT REPORTED", flush=True)
+        except dmath.WorkerError as e:
+            print("REPORTED", e.rank, "did not finish within DMATH_TIMEOUT_S" in str(e), flush=True)
+            raise
+    """, DMATH_TIMEOUT_S="4")
+    assert "REPORTED 1 True" in out and rc != 0, f"stdout:\n{out}\nstderr:\n{err}"
+    assert seconds < PROMPT_S

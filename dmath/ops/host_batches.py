@@ -88,6 +88,21 @@ class SourceArgs(NamedTuple):
 HOST_SOURCE = define("host_source", SourceArgs)
 
 
+def deadline_s():
+    """Seconds a worker waits for the user's code on its host threads (a source's factory, its
+    sample() calls): DMATH_TIMEOUT_S, or None for no limit. The heartbeat answers the master's pings
+    from a thread of its own, so a user function that blocks (a sleep, a read that never returns)
+    hung the job for good (a hostile-use probe); past the deadline the worker fails instead, and
+    the master reports it as WorkerError."""
+    t = settings.current.timeout_s
+    return t if 0 < t < float("inf") else None
+
+
+def _stuck(what):
+    return DMathError(f"{what} did not finish within DMATH_TIMEOUT_S = {settings.current.timeout_s:g} s on this "
+                      f"worker: does a user function block (a sleep, a read that never returns)?")
+
+
 def resolve(ref):
     """The object an importable reference "module:qualified.name" names (imported on first use)."""
     module, _, name = ref.partition(":")
@@ -122,6 +137,27 @@ def host_source(factory, description, n):
     return dispatch("host_source", [], [out], static=HOST_SOURCE.static(factory=factory), payload=payload)[0][0]
 
 
+def _built(factory, description):
+    """factory(description), waited for at most deadline_s() (on a thread of its own: this one must
+    be able to give up)."""
+    box = []
+
+    def build():
+        try:
+            box.append((True, factory(description)))
+        except BaseException as exc:        # noqa: BLE001 - raised on the worker's thread below
+            box.append((False, exc))
+    th = threading.Thread(target=build, name="dmath-source-factory", daemon=True)
+    th.start()
+    th.join(deadline_s())
+    if not box:
+        raise _stuck("host_source: the source's factory")
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
+
+
 @HOST_SOURCE.kernel()
 def _host_source(call):
     dist, dtype = rows.out_dist(call, 0)
@@ -132,7 +168,7 @@ def _host_source(call):
     collectives.wait_host(collectives.bcast_host_start(group, size), size.nbytes)
     data = call.payload if call.rank == 0 else np.empty(int(size[0]), dtype=np.uint8)
     collectives.wait_host(collectives.bcast_host_start(group, data), data.nbytes)
-    source = resolve(call.entry.static.factory)(data.tobytes())
+    source = _built(resolve(call.entry.static.factory), data.tobytes())
     labels = np.asarray(source.labels, dtype=np.float32).reshape(-1, 1)
     if labels.shape != tuple(dist.shape):
         raise DMathError(f"host_source: the source has {labels.shape[0]} labels, the master announced "
@@ -401,7 +437,9 @@ class Pipeline:
         with self.pool_lock:
             pool = self._executor()
             tasks = [pool.submit(fn, i) for i in range(n)]
-        futures.wait(tasks)
+        _, late = futures.wait(tasks, timeout=deadline_s())
+        if late:
+            raise _stuck(f"{len(late)} of {n} samples of a batch (the source's sample() calls)")
         for task in tasks:
             task.result()
 
@@ -472,7 +510,9 @@ class Pipeline:
         staged, ahead = None, True
         if self.ahead:
             th, guess = self.ahead[0][:2]
-            th.join()
+            th.join(deadline_s())
+            if th.is_alive():
+                raise _stuck("the host stage of a batch read ahead (the source's sample() calls)")
             self.ahead.popleft()
             if guess.key == key:
                 staged = guess
