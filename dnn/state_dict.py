@@ -75,7 +75,8 @@ def load_state_dict(model, mapping):
     plan = [(layer, _entries(layer)) for layer in model.layers]
     expected = [key for _, entries in plan for key, _, _ in entries]
     missing = [k for k in expected if k not in mapping]
-    unexpected = sorted(set(mapping) - set(expected))
+    # (ordered by their text: keys of mixed types, 7 and 'zzz', raised TypeError in the sort)
+    unexpected = sorted(set(mapping) - set(expected), key=repr)
     if missing or unexpected:
         raise ConfigError("load_state_dict: the names do not match the model's"
                           + (f"; missing keys: {missing}" if missing else "")

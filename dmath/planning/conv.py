@@ -16,24 +16,33 @@ import numpy as np
 from ..errors import ShapeError
 
 
-def integer(value, what, low):
-    """`value` as an int, which must be at least `low` (bool is not an integer here)."""
+#: the largest stride: the kernels index with C longs, and a stride of 10**18 passed the checks and
+#: overflowed im2col's strided view on a worker (a hostile-use probe); any stride past the padded
+#: image gives the same single window
+MAX_STRIDE = 2 ** 31 - 1
+
+
+def integer(value, what, low, high=None):
+    """`value` as an int, which must be at least `low` (and at most `high`; bool is not an integer
+    here)."""
     if isinstance(value, (bool, np.bool_)) or not isinstance(value, (numbers.Integral, np.integer)):
         raise ShapeError(f"{what} must be an integer, got {value!r}")
     if value < low:
         raise ShapeError(f"{what} must be at least {low}, got {value}")
+    if high is not None and value > high:
+        raise ShapeError(f"{what} must be at most {high}, got {value}")
     return int(value)
 
 
-def pair(value, what, low):
-    """An int or a pair of ints, each at least `low`, as an (h, w) pair."""
+def pair(value, what, low, high=None):
+    """An int or a pair of ints, each at least `low` (and at most `high`), as an (h, w) pair."""
     if isinstance(value, (numbers.Integral, np.integer)) and not isinstance(value, (bool, np.bool_)):
         value = (value, value)
     try:
         a, b = value
     except (TypeError, ValueError) as exc:
         raise ShapeError(f"{what} must be an integer or a pair of integers, got {value!r}") from exc
-    return (integer(a, what, low), integer(b, what, low))
+    return (integer(a, what, low, high), integer(b, what, low, high))
 
 
 def image(image_shape, features, what):
@@ -93,7 +102,7 @@ def geometry(image_shape, kernel_hw, stride, padding, dilation, what):
     dilation an int or an (h, w) pair; ShapeError unless the (dilated) kernel fits the padded image
     (an output of at least 1x1, see output_length)."""
     c, h, w = image(image_shape, None, what)
-    (kh, kw), (sh, sw) = pair(kernel_hw, f"{what}: kernel", 1), pair(stride, f"{what}: stride", 1)
+    (kh, kw), (sh, sw) = pair(kernel_hw, f"{what}: kernel", 1), pair(stride, f"{what}: stride", 1, MAX_STRIDE)
     (ph, pw), (dh, dw) = pair(padding, f"{what}: padding", 0), pair(dilation, f"{what}: dilation", 1)
     g = Geometry(c, h, w, kh, kw, sh, sw, ph, pw, dh, dw)
     if g.out_h < 1 or g.out_w < 1:
@@ -106,7 +115,7 @@ def pool_window(kernel, stride, padding, what):
     """(kernel, stride, padding) of a pooling window as checked pairs; stride None means the kernel
     (non-overlapping windows)."""
     kernel = pair(kernel, f"{what}: kernel", 1)
-    stride = pair(kernel if stride is None else stride, f"{what}: stride", 1)
+    stride = pair(kernel if stride is None else stride, f"{what}: stride", 1, MAX_STRIDE)
     padding = pair(padding, f"{what}: padding", 0)
     if 2 * padding[0] > kernel[0] or 2 * padding[1] > kernel[1]:
         # as PyTorch: a window that reads only padding has no value to pool

@@ -45,7 +45,7 @@ class Conv2D(Layer):
         with window_errors():
             self.groups = window.integer(groups, "Conv2D: groups", 1)
             self.kernel_hw = window.pair(kernel, "Conv2D: kernel", 1)
-            self.stride = window.pair(stride, "Conv2D: stride", 1)
+            self.stride = window.pair(stride, "Conv2D: stride", 1, window.MAX_STRIDE)
             self.dilation = window.pair(dilation, "Conv2D: dilation", 1)
         if self.filters % self.groups:
             # the input channels are checked alike when the layer sees its input (output_shape)

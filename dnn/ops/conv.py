@@ -51,7 +51,7 @@ class Conv2D(Function):
     def __init__(self, kernel_hw, stride=(1, 1), padding=(0, 0), dilation=(1, 1), groups=1, activation=None):
         with window_errors():
             self.kernel_hw = window.pair(kernel_hw, "conv2d: kernel", 1)
-            self.stride = window.pair(stride, "conv2d: stride", 1)
+            self.stride = window.pair(stride, "conv2d: stride", 1, window.MAX_STRIDE)
             self.padding = window.pair(padding, "conv2d: padding", 0)
             self.dilation = window.pair(dilation, "conv2d: dilation", 1)
             self.groups = window.integer(groups, "conv2d: groups", 1)

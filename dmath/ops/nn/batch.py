@@ -113,7 +113,11 @@ def take_rows(source, order, position, out, one_hot=False):
     every replay. Keep position + batch <= M and the row numbers below N:
     they are not checked on the device. out (B, F) in a row layout
     (RowBlock or Replicated); each worker writes its own rows. one_hot:
-    source is (N, 1) class labels and out (B, K) gets their one-hot rows.
+    source is (N, 1) class labels and out (B, K) gets their one-hot rows;
+    the labels are not checked on the device either: each must be an integer
+    in 0 .. K - 1 (-1 made the last class's row, 2.5 class 2's, and one of K
+    or more failed the worker); check them once where they are made
+    (dmath.nn.one_hot and dnn's fit refuse such labels).
     """
     one_hot = args.flag(one_hot, "take_rows: one_hot")
     args.require(out, "take_rows: out")

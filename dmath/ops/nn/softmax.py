@@ -131,6 +131,10 @@ def _softmax_cross_entropy(call):
     (probs,) = rows.new_output(call, 1)
     z = log_softmax_rows(x, rows.compute_dtype(x.dtype))
     probs[...] = xp.exp(z)
+    # 0 * log 0 is 0: a class whose probability underflowed to 0 adds nothing where its label is 0.
+    # The product 0 * -inf made the loss NaN for finite logits (1e308 and -1e308 in a row; a hostile-
+    # use probe); a NaN logit still gives NaN
+    xp.copyto(z, 0, where=(z == -xp.inf) & (t == 0))
     z *= t
     loss[...] = -z.sum(dtype=loss.dtype)
     rows.sum_over_batch(call, call.inputs[0].dist, loss.reshape(-1))

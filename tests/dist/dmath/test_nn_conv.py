@@ -40,6 +40,17 @@ def test_output_shape():
     assert dmath.nn.conv2d_output_shape((1, 7, 9), (3, 2), 4, (2, 1), (1, 0), (1, 3)) == (4, 4, 6)
     with pytest.raises(dmath.ShapeError):
         dmath.nn.conv2d_output_shape((1, 4, 4), 5, 8)
+    # a stride past the kernels' index range is refused on the master (10**18 overflowed im2col's view
+    # on a worker and ended the runtime: a hostile-use probe); any stride past the image is one window
+    assert dmath.nn.conv2d_output_shape((1, 7, 9), 3, 2, 2 ** 31 - 1) == (2, 1, 1)
+    x = dmath.from_numpy(np.ones((2, 1 * 7 * 9)), layout=dmath.RowBlock())
+    w = dmath.from_numpy(np.ones((2, 9)), layout=dmath.Replicated())
+    for bad in (2 ** 31, 10 ** 18, (1, 10 ** 18)):
+        with pytest.raises(dmath.ShapeError, match="stride must be at most 2147483647"):
+            dmath.nn.conv2d_output_shape((1, 7, 9), 3, 2, bad)
+        with pytest.raises(dmath.ShapeError, match="stride must be at most"):
+            dmath.nn.pool2d(x, (1, 7, 9), 2, stride=bad, mode="average")
+    assert dmath.nn.pool2d(x, (1, 7, 9), 2, stride=3, mode="average")[0].shape == (2, 2 * 3)
 
 
 @pytest.mark.parametrize("geom", list(GEOMETRIES))

@@ -38,6 +38,24 @@ def test_softmax_large_logits_do_not_overflow():
         np.testing.assert_allclose(y, [[1, 0, 0], [0.5, 0.5, 0]], atol=1e-3)
 
 
+@pytest.mark.parametrize("dtype", ["float64", "float32"])
+def test_cross_entropy_of_logits_whose_spread_overflows(dtype):
+    """Finite logits whose log-softmax underflows to -inf where the label is 0 add nothing (0 log 0 = 0):
+    1e308 and -1e308 in a row made the loss NaN (0 * -inf; a hostile-use probe). A label on such a
+    class gives inf, as PyTorch's; a NaN logit still gives NaN."""
+    big = float(np.finfo(dtype).max)
+    x = np.array([[big, -big, 0.0], [0.0, 1.0, 2.0]])
+    t = np.array([[1.0, 0.0, 0.0], [0.0, 0.0, 1.0]])
+    loss, _ = dmath.nn.softmax_cross_entropy(dmath.from_numpy(x, dtype=dtype), dmath.from_numpy(t, dtype=dtype))
+    np.testing.assert_allclose(loss.to_numpy()[0, 0], ref.cross_entropy(x[1:], t[1:]) / 2, rtol=1e-6)
+    t[0] = [0.0, 1.0, 0.0]
+    loss, _ = dmath.nn.softmax_cross_entropy(dmath.from_numpy(x, dtype=dtype), dmath.from_numpy(t, dtype=dtype))
+    assert loss.to_numpy()[0, 0] == np.inf
+    x[1, 0] = np.nan
+    loss, _ = dmath.nn.softmax_cross_entropy(dmath.from_numpy(x, dtype=dtype), dmath.from_numpy(t, dtype=dtype))
+    assert np.isnan(loss.to_numpy()[0, 0])
+
+
 @pytest.mark.parametrize("dtype", ["float64", "float32", "float16"])
 @pytest.mark.parametrize("name", list(LAYOUTS))
 def test_cross_entropy_forward(name, dtype):

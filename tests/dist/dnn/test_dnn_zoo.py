@@ -379,6 +379,8 @@ def test_load_state_dict_refuses_a_mismatch_and_changes_nothing():
     extra = dict(other, **{"layer5.0.conv1.weight": np.zeros(1)})
     with pytest.raises(dnn.ConfigError, match="unexpected keys"):
         model.load_state_dict(extra)
+    with pytest.raises(dnn.ConfigError, match=r"unexpected keys: \['zzz', 7\]"):    # (a bare TypeError before)
+        model.load_state_dict({**other, "zzz": np.zeros(1), 7: np.zeros(1)})
     wrong = dict(other, **{"fc.weight": np.zeros((512, 4))})
     with pytest.raises(dnn.ShapeError, match="fc.weight"):
         model.load_state_dict(wrong)
