@@ -507,38 +507,34 @@ def test_refusals_in_queued_commands(tmp_path):
     ("DMATH_CPROFILE", "/nonexistent/p", "a path prefix in a folder that exists and is writable"),
 ])
 def test_a_bad_setting_is_refused_at_init_on_every_rank(tmp_path, name, value, expected):
-    rc, out, err, seconds = run_job(tmp_path, """
-        import sys
-        import dmath
-        try:
-            dmath.init(device="cpu")
-        except dmath.DMathError as exc:
-            # one write per rank: the three ranks share the pipe
-            sys.stdout.write(f"REFUSED {type(exc).__name__}: {exc}\\n")
-            sys.stdout.flush()
-            raise
-        print("STARTED", flush=True)
-    """, **{name: value})
+    rc, out, err, seconds = run_job(tmp_path, INIT_JOB.format(prelude=""), **{name: value})
     assert rc != 0 and "STARTED" not in out, f"stdout:\n{out}\nstderr:\n{err}"
     assert out.count(f"REFUSED SettingError: {name} must be {expected}, got {value!r}\n") == WORKERS, out
     assert seconds < PROMPT_S
 
 
-RANK_SETTING = """
+#: a job that starts dmath and says whether init() refused: `prelude` runs first on every rank
+INIT_JOB = """
     import os
     import sys
-    rank = os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK") or "0"
-    if rank == "1":
-        os.environ[{name!r}] = {value!r}         # one rank alone (Open MPI without -x on another host)
+    {prelude}
     import dmath
     try:
         dmath.init(device="cpu")
     except dmath.DMathError as exc:
+        # one write per rank: the three ranks share the pipe
         sys.stdout.write(f"REFUSED {{type(exc).__name__}}: {{exc}}\\n")
         sys.stdout.flush()
         raise
     print("STARTED", flush=True)
 """
+
+
+def rank_setting(name, value):
+    """INIT_JOB with `name` set to `value` on rank 1 alone (Open MPI without -x on another host)."""
+    return INIT_JOB.format(prelude=f"""
+    if (os.environ.get("PMI_RANK") or os.environ.get("OMPI_COMM_WORLD_RANK")) == "1":
+        os.environ[{name!r}] = {value!r}""")
 
 
 @pytest.mark.parametrize("name, value, says", [
@@ -549,7 +545,7 @@ RANK_SETTING = """
     ("DMATH_SPIN_BYTES_PER_S", "0", "on rank 1: DMATH_SPIN_BYTES_PER_S must be"),
 ])
 def test_a_setting_of_one_rank_alone_is_refused_on_every_rank(tmp_path, name, value, says):
-    rc, out, err, seconds = run_job(tmp_path, RANK_SETTING.format(name=name, value=value))
+    rc, out, err, seconds = run_job(tmp_path, rank_setting(name, value))
     assert rc != 0 and "STARTED" not in out, f"stdout:\n{out}\nstderr:\n{err}"
     assert out.count("REFUSED SettingError: ") == WORKERS and out.count(says) == WORKERS, out
     assert seconds < PROMPT_S
@@ -557,7 +553,7 @@ def test_a_setting_of_one_rank_alone_is_refused_on_every_rank(tmp_path, name, va
 
 def test_a_per_rank_diagnostic_setting_may_differ(tmp_path):
     """DMATH_WATCHDOG_S changes what one rank reports, never what the ranks do together."""
-    rc, out, err, _ = run_job(tmp_path, RANK_SETTING.format(name="DMATH_WATCHDOG_S", value="600"))
+    rc, out, err, _ = run_job(tmp_path, rank_setting("DMATH_WATCHDOG_S", "600"))
     assert rc == 0 and "STARTED" in out, f"stdout:\n{out}\nstderr:\n{err}"
 
 
