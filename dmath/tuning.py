@@ -90,6 +90,7 @@ FAST_CANDIDATES = 4
 #: after at least one candidate was timed: about 0.3 s a shape times the heuristics' first four
 #: (where cuDNN compiles an engine at run time, its building is most of that); a network of 70
 #: convolution shapes then spends some 18 s of its first step choosing
+
 #: 'fast' times up to this many candidates of an expensive shape: one whose fastest plan so far, run
 #: DMATH_TUNE_AMORTIZE times (as a training run would in its first minutes), outlasts the budget. It
 #: keeps timing while the time spent stays below those runs: the tuning is paid back by the runs if

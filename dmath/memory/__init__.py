@@ -49,10 +49,10 @@ def zeros(shape, dtype):
 def fill(a, value):
     """a[...] = value (a an array or a view of either backend), keeping the sign of a zero: CuPy
     fills a contiguous array with a zero by a memset, so -0.0 came out +0.0 there (a Partial matrix's
-    -0.0 addends, pad's -0.0 constants). A negative zero is given its sign afterwards; np.copysign
-    reaches CuPy's kernel through __array_ufunc__, so one call serves both backends."""
+    -0.0 addends, pad's -0.0 constants). There a negative zero is given its sign by a second pass
+    (np.copysign reaches CuPy's kernel through __array_ufunc__); NumPy's fill keeps it in one."""
     a[...] = value
-    if value == 0 and a.dtype.kind in "fc" and np.signbit(value):
+    if value == 0 and not isinstance(a, np.ndarray) and a.dtype.kind in "fc" and np.signbit(value):
         np.copysign(a, value, out=a)
     return a
 

@@ -249,8 +249,7 @@ def apply(fn, *operands, inplace=False):
     # operation costs a dictionary lookup before its command is sent
     metas = tuple(metas)
     p = plan(fn, metas, inplace, runtime().nworkers)
-    if p.scales_partial and not (_scale_is_finite if inplace else _scale_keeps_addends)(FUNCTIONS[fn],
-                                                                                           operands[1:]):
+    if p.scales_partial and not _addends_may_scale(FUNCTIONS[fn], operands[1:], inplace):
         return _summed_first(fn, operands, inplace)
     if p.aligned:       # every operand already where the result needs it (the usual case)
         if p.scalars:
@@ -288,9 +287,8 @@ class Plan(NamedTuple):
     scalars: int          # how many operands are scalars
     in_metas: tuple       # the Metas of the matrix operands (the command's inputs when aligned)
     known: Known          # the command's Entry once sent (when aligned: the plan determines the command)
-    scales_partial: bool  # a Partial operand stays Partial, each addend scaled ('scale'): a new matrix
-    #                       only while the factor's magnitude is at most 1 (`_scale_keeps_addends`),
-    #                       in place while it is finite (`_scale_is_finite`)
+    scales_partial: bool  # a Partial operand stays Partial, each addend scaled ('scale'), where
+    #                       `_addends_may_scale` allows
 
 
 def _partial_stays(f, metas, lay, shape, inplace):
@@ -387,27 +385,22 @@ def holding_piece(pieces, p, kind):
     return None
 
 
-def _scale_is_finite(f, scalars):
-    """Whether 'scale' function f by `scalars` multiplies by a finite factor (f(1, s) finite): the rule
-    for a Partial matrix scaled in place (its addends are what is written). Scaling by inf or
-    dividing by 0 turns the zero addends into NaN, where the sum's value is +-inf."""
+def _addends_may_scale(f, scalars, inplace):
+    """Whether 'scale' function f by `scalars` may scale a Partial matrix's addends one by one, by its
+    factor f(1, s). An infinite factor, or a division by 0, turns the zero addends into NaN where the
+    sum's value is +-inf: never. A new matrix: only a factor of magnitude at most 1, which cannot
+    overflow an addend and rounds each within the error of the addends' sum itself (addends 1e308
+    and -1e308 times 10 made inf - inf = NaN, the value 0 * 10). In place the addends are what is
+    written: any finite factor."""
     with np.errstate(all="ignore"):
-        return all(np.isfinite(f.compute(np, None, 1.0, float(v))) for v in scalars)
-
-
-def _scale_keeps_addends(f, scalars):
-    """Whether 'scale' function f by `scalars` may scale a Partial matrix's addends one by one: when
-    its factor f(1, s) has a magnitude of at most 1. A larger factor overflows an addend where the
-    total may not (addends 1e308 and -1e308 times 10 made inf - inf = NaN, the value 0 * 10); an
-    infinite one, or a division by 0, turns the zero addends into NaN. A factor up to 1 cannot
-    overflow, and its rounding of each addend is within the error of the addends' sum itself."""
-    with np.errstate(all="ignore"):
-        return all(np.abs(f.compute(np, None, 1.0, float(v))) <= 1.0 for v in scalars)   # (abs: dmath's here)
+        factors = [f.compute(np, None, 1.0, float(v)) for v in scalars]
+    # (np.abs: `abs` is dmath's function in this module)
+    return all(np.isfinite(x) if inplace else np.abs(x) <= 1.0 for x in factors)
 
 
 def _summed_first(fn, operands, inplace):
-    """`apply` of 'scale' function fn whose factor may not scale the addends: the Partial operand
-    summed first."""
+    """`apply` of 'scale' function fn whose factor may not scale the addends (`_addends_may_scale`): the
+    Partial operand summed first."""
     if inplace:
         raise LayoutError(f"in-place {fn} of a Partial matrix by {operands[1]!r} is not exact on its addends "
                           f"(zero addends become NaN); remap it first (M = M.remap(dmath.RowBlock()))")

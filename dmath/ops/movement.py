@@ -365,6 +365,7 @@ def _set(call):
         if r == call.rank:
             # a Partial matrix: the first addend takes the value, the others -0.0 (x + -0.0 is x);
             # memory.fill keeps a zero's sign on GPUs (CuPy writes an element's 0 by a memset)
-            memory.fill(shard.pieces[k][li:li + 1, lj:lj + 1], PARTIAL_ZERO if (shard.dist.partial and n > 0) else v)
+            value = PARTIAL_ZERO if (shard.dist.partial and n > 0) else v
+            memory.fill(shard.pieces[k][li:li + 1, lj:lj + 1], value)
     shard.version += 1
     return [shard]

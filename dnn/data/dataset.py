@@ -352,8 +352,7 @@ class Dataset:
         of the augmentation or None, scale, mean, std), values rather than objects (an Augment
         changed in place counts). A model's Feed made under other settings is made anew (Model._feed):
         a replay would take batches with the old values, silently."""
-        augment = Augment(self._augment.shift, self._augment.flip) if self._augment is not None else None
-        augment = self._checked_augment(augment)            # (its fields may have been changed in place)
+        augment = self._checked_augment(self._augment)      # (its fields may have been changed in place)
         return ((augment.shift, augment.flip) if augment else None, self.scale, self.mean, self.std)
 
     def split(self, fraction):

@@ -45,9 +45,8 @@ class Training:
         """The model's settings a recorded step computes with, derived whole rather than listed: every
         layer's get_config() (an activation, a dropout rate or seed, a batch norm's eps, momentum and
         synchronization, a frozen layer), the loss weights, the image-row order and folds, and the seed
-        (of the augmentation's draws). Any of
-        them changed between calls on the same Dataset records its steps anew (a replay would compute
-        with the old values, silently)."""
+        (of the augmentation's draws). Any of them changed between calls on the same Dataset records
+        its steps anew (a replay would compute with the old values, silently)."""
         configs = tuple(json.dumps(layer.get_config(), sort_keys=True, default=repr) for layer in self.layers)
         return configs, tuple(self.loss_weights), self.channels_last, self.fuse, self.seed
 
