@@ -27,12 +27,13 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import memory
+from .. import backend, memory
 from ..comm import collectives
 from ..errors import DMathError, DTypeError, LayoutError
 from ..layout import Replicated
 from ..runtime import Shard, define, protocol, runtime
 from ..runtime.registry import collectives_in_graphs
+from . import cast
 from .base import dispatch, is_matrix, new_meta
 
 #: every part of the buffer starts at a multiple of this many bytes
@@ -126,11 +127,16 @@ def _sum_partials(call):
     sizes = [math.prod(d.shape) for d in dists]
     starts, total = offsets(sizes, np.dtype(dtype).itemsize)
     buf = memory.empty((max(total, 1),), dtype)
-    for shard, start, n, d, stop in zip(call.inputs, starts, sizes, dists, starts[1:] + [total]):
-        # a Partial shard holds its whole addend as one piece (converted on the copy)
-        buf[start:start + n].reshape(d.shape)[...] = shard.pieces[0]
-        if stop > start + n:    # the alignment gap: zeros, not whatever the pool held (a sum of
-            buf[start + n:stop] = 0     # leftover bits can overflow, and NumPy warns)
+    # a Partial shard holds its whole addend as one piece (converted on the copy); the alignment gap
+    # after it: zeros, not whatever the pool held (a sum of leftover bits can overflow, and NumPy warns)
+    parts = list(zip((shard.pieces[0] for shard in call.inputs), starts, starts[1:] + [total]))
+    if backend.current().is_gpu:
+        cast.pack(parts, buf)           # a table kernel: a launch per source dtype, not two per addend
+    else:
+        for src, start, stop in parts:
+            buf[start:start + src.size].reshape(src.shape)[...] = src
+            if stop > start + src.size:
+                buf[start + src.size:stop] = 0
     comm = call.world.group(group)
     pending = None
     if call.entry.static.background:

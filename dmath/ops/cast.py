@@ -78,14 +78,15 @@ def _cast_many(call):
 
 
 # ---- the GPU kernel: a table of (source, destination, length) per launch -----------------------------
-_SOURCE = cuda.TABLE_STRUCT + r"""
+_CONVERT = r"""
 // one rounding from S to D, as astype rounds (a half widens exactly; double narrows to half directly)
 template <typename S, typename D> __device__ __forceinline__ D dm_convert(S v) { return (D)v; }
 template <> __device__ __forceinline__ float dm_convert<half, float>(half v) { return __half2float(v); }
 template <> __device__ __forceinline__ double dm_convert<half, double>(half v) { return (double)__half2float(v); }
 template <> __device__ __forceinline__ half dm_convert<float, half>(float v) { return __float2half(v); }
 template <> __device__ __forceinline__ half dm_convert<double, half>(double v) { return __double2half(v); }
-
+"""
+_SOURCE = cuda.TABLE_STRUCT + _CONVERT + r"""
 template <typename S, typename D>
 __global__ void dm_cast_many(const DmTable tab, int count) {
     const int y = blockIdx.y;
@@ -111,6 +112,50 @@ def _launcher(name):
     if run is None:
         run = _LAUNCHERS[name] = cuda.Launcher(cuda.function(_SOURCE, name, _NAMES), "ti")
     return run
+
+
+# ---- packing many arrays into one buffer (dmath.sum_partials' bucket) in one launch per dtype pair ------
+_PACK_SOURCE = cuda.TABLE_STRUCT + _CONVERT + r"""
+template <typename S, typename D>
+__global__ void dm_pack_many(const DmTable tab, int count) {
+    const int y = blockIdx.y;
+    if (y >= count) return;
+    const S* s = reinterpret_cast<const S*>(tab.w[4 * y]);
+    D* d = reinterpret_cast<D*>(tab.w[4 * y + 1]);
+    const long long n = (long long)tab.w[4 * y + 2], stop = (long long)tab.w[4 * y + 3];
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < stop;
+         i += (long long)gridDim.x * blockDim.x)
+        d[i] = i < n ? dm_convert<S, D>(s[i]) : dm_convert<float, D>(0.0f);
+}
+"""
+_PACK_PAIRS = [(s, d) for s in _FLOATS for d in _FLOATS]
+_PACK_NAMES = [f"dm_pack_many<{cuda.C_TYPES[s]}, {cuda.C_TYPES[d]}>" for s, d in _PACK_PAIRS]
+
+
+def pack(parts, buf):
+    """Copy each (source array, start, stop) of `parts` into buf[start:stop] on a GPU, converted to
+    buf's dtype, the part after the source's elements zeroed (an alignment gap): one launch per table
+    of parts of a source dtype, where a copy and a fill each were a launch. A source that is not
+    contiguous, or of a dtype the kernel lacks, is copied by the array module."""
+    target = str(buf.dtype)
+    tables = {}
+    for src, start, stop in parts:
+        key = (str(src.dtype), target)
+        if key in _PACK_PAIRS and src.flags.c_contiguous and stop > start:
+            tables.setdefault(key, []).append([src.data.ptr, buf[start:].data.ptr, src.size, stop - start])
+        else:
+            buf[start:start + src.size].reshape(src.shape)[...] = src
+            if stop > start + src.size:
+                buf[start + src.size:stop] = 0
+    for (s, d), entries in tables.items():
+        name = f"dm_pack_many<{cuda.C_TYPES[s]}, {cuda.C_TYPES[d]}>"
+        run = _LAUNCHERS.get(name)
+        if run is None:
+            run = _LAUNCHERS[name] = cuda.Launcher(cuda.function(_PACK_SOURCE, name, _PACK_NAMES), "ti")
+        for lo, hi in cuda.table_chunks(len(entries), 4):
+            part = entries[lo:hi]
+            most = max(e[-1] for e in part)
+            run.rows(min(_BLOCKS, -(-most // run.threads)), len(part), [w for e in part for w in e], len(part))
 
 
 @CAST_MANY.kernel(backend="gpu", capturable=True)

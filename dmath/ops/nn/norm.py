@@ -385,10 +385,15 @@ def _running_terms(call, rm, rv):
     return tm, tv
 
 
+def _share(call):
+    """1 / the batch's workers: a worker's part of the average of the workers' running statistics."""
+    return 1.0 / len(call.entry.in_dists[0].group)
+
+
 def _terms_done(call, terms):
     """The updated copies as Partial terms: each divided by the group's size, so that their sum over
     the workers is the average of the workers' updates."""
-    share = 1.0 / len(call.entry.in_dists[0].group)
+    share = _share(call)
     for t in terms:
         t *= share
 
@@ -477,12 +482,14 @@ def _batchnorm_gpu(call, x, stats, rm, rv, res):
     res2 = None if res is None else res.reshape(-1, channels)
     acc = norm_cuda.acc_dtype(x.dtype)
     local = call.entry.static.local
-    terms = _running_terms(call, rm, rv) if local else None
+    fin = training and norm_cuda.finalizes(gamma.dtype, rm.dtype, stats.dtype, acc)
+    terms = None
+    if local:   # the finalize kernel writes the terms itself (no copies of rm, rv and no scaling pass)
+        terms = (rows.new_output(call, 2)[0], rows.new_output(call, 3)[0]) if fin else _running_terms(call, rm, rv)
     consts = None                               # (mean, scale, shift) of the normalisation
     if training:
         count = (x.shape[0] if local else src.dist.shape[0]) * (x.shape[1] // channels)
         shift = rm.reshape(-1)                  # the same on every worker: one all-reduce
-        fin = norm_cuda.finalizes(gamma.dtype, rm.dtype, stats.dtype, acc)
         alone = _alone(local, src.dist)
         # the finalize kernel adds up the sums kernel's partial rows where no all-reduce comes between
         sums = norm_cuda.channel_sums(3, x2, shift, reduce=not (fin and alone))
@@ -490,11 +497,13 @@ def _batchnorm_gpu(call, x, stats, rm, rv, res):
             unbias = _local_unbias(count)
         elif not alone:
             rows.sum_over_batch(call, src.dist, sums.reshape(-1))
-        run_m, run_v = (t.reshape(-1) for t in (terms if local else (rm, rv)))
         if fin:
-            consts = norm_cuda.finalize_forward(sums, shift, gamma, beta, run_m, run_v, stats, acc, count,
-                                                momentum, unbias, eps)
+            consts = norm_cuda.finalize_forward(sums, shift, gamma, beta, rm.reshape(-1), rv.reshape(-1), stats, acc,
+                                                count, momentum, unbias, eps,
+                                                into=None if terms is None else tuple(t.reshape(-1) for t in terms),
+                                                share=_share(call) if local else 1.0)
         else:
+            run_m, run_v = (t.reshape(-1) for t in (terms if local else (rm, rv)))
             offset = sums[0] * (1.0 / count)
             mean = shift.astype(xp.float64) + offset
             var = xp.maximum(sums[1] * (1.0 / count) - offset * offset, 0.0)
@@ -506,7 +515,7 @@ def _batchnorm_gpu(call, x, stats, rm, rv, res):
         stats[1] = 1.0 / xp.sqrt(var + eps)
         consts = _affine(stats, gamma, beta)
     norm_cuda.normalize(x2, out2, *consts, relu, res2, first)
-    if local:
+    if local and not fin:
         _terms_done(call, terms)
     return _forward_shards(call, out, stats, training, terms)
 

@@ -213,23 +213,25 @@ __device__ __forceinline__ bool dm_bn_partials(const double* __restrict__ s, int
 }
 
 // every per-channel quantity of a training forward from the (all-reduced) sums s = [S1; S2] around the
-// shift k (`parts` partial rows of them): mean, inv = 1/sqrt(var + eps), the running statistics in place,
-// and the normalisation's mean, scale = inv * gamma (inv rounded as stats hold it) and shift = beta in the
-// elementwise kernel's type
+// shift k (`parts` partial rows of them; k is the running mean): mean, inv = 1/sqrt(var + eps), the
+// updated running statistics times `share` written to rm, rv (k and rv_in in place and share 1, or a
+// worker's Partial terms of them: share 1 / workers, one rounding), and the normalisation's mean,
+// scale = inv * gamma (inv rounded as stats hold it) and shift = beta in the elementwise kernel's type
 template <typename G, typename R, typename S, typename A>
-__global__ void dm_bn_finalize_fwd(const double* __restrict__ s, const R* k,
+__global__ void dm_bn_finalize_fwd(const double* __restrict__ s, const R* k, const R* rv_in,
         const G* __restrict__ gamma, const G* __restrict__ beta, R* rm, R* rv, S* stats,
         A* mean_a, A* scale_a, A* shift_a, double inv_count, double momentum, double unbias,
-        double eps, int C, int parts) {
+        double eps, double share, int C, int parts) {
     int c;
     double s0, s1;
     if (!dm_bn_partials(s, C, parts, c, s0, s1)) return;
     double off = s0 * inv_count;
-    double mean = (double)k[c] + off;
+    const double old_m = (double)k[c], old_v = (double)rv_in[c];
+    double mean = old_m + off;
     double var = s1 * inv_count - off * off;
     if (var < 0) var = 0;
-    rm[c] = (R)((1.0 - momentum) * (double)rm[c] + momentum * mean);
-    rv[c] = (R)((1.0 - momentum) * (double)rv[c] + (momentum * unbias) * var);
+    rm[c] = (R)(share * ((1.0 - momentum) * old_m + momentum * mean));
+    rv[c] = (R)(share * ((1.0 - momentum) * old_v + (momentum * unbias) * var));
     double inv = 1.0 / sqrt(var + eps);
     stats[c] = (S)mean;
     stats[C + c] = (S)inv;
@@ -480,17 +482,21 @@ def finalizes(gamma, running, stats, acc):
     return (np.dtype(gamma).name, np.dtype(running).name, np.dtype(stats).name, np.dtype(acc).name) in _FINAL
 
 
-def finalize_forward(sums, shift, gamma, beta, rm, rv, stats, acc, count, momentum, unbias, eps):
+def finalize_forward(sums, shift, gamma, beta, rm, rv, stats, acc, count, momentum, unbias, eps, into=None,
+                     share=1.0):
     """From the all-reduced sums around `shift` (rm's values; (2, C), or channel_sums' partial sums
     (parts, 2, C)): the running statistics rm, rv updated in place, stats = [mean; 1/sqrt(var + eps)],
-    and (mean, scale, shift) of `normalize` in `acc`."""
+    and (mean, scale, shift) of `normalize` in `acc`. into: (tm, tv), arrays like rm and rv that get
+    the updated statistics times `share` instead (a worker's Partial terms of them: rm and rv are
+    read only; one rounding, where an update then a scaling would round twice)."""
     xp = backend.current().xp
     C, parts = sums.shape[-1], _parts(sums)
     consts = xp.empty((3, C), dtype=acc)
+    tm, tv = (rm, rv) if into is None else into
     fn = _fn(f"dm_bn_finalize_fwd<{_ctype(gamma.dtype)}, {_ctype(rm.dtype)}, {_ctype(stats.dtype)}, {_ctype(acc)}>")
-    fn(*_finalize_grid(C), (sums, shift, gamma, beta, rm, rv, stats, consts[0], consts[1], consts[2],
+    fn(*_finalize_grid(C), (sums, shift, rv, gamma, beta, tm, tv, stats, consts[0], consts[1], consts[2],
                             np.float64(1.0 / count), np.float64(momentum), np.float64(unbias),
-                            np.float64(eps), np.int32(C), np.int32(parts)))
+                            np.float64(eps), np.float64(share), np.int32(C), np.int32(parts)))
     return consts
 
 
