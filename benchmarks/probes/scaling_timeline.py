@@ -14,9 +14,8 @@ so the timeline is GPU 0's. Run it at P = 1 with the per-GPU batch
 The summary (OUTDIR/scaling_timeline_<net>_P<P>_b<batch>.json), per step:
 the span of the epoch's kernels, the time some compute kernel ran, the time
 some NCCL kernel ran, the NCCL time not hidden by compute (`nccl_exposed`),
-the idle time; each NCCL kernel of the middle step with its start and
-length relative to the step's first kernel and the part of it that compute
-overlapped; the compute kernels' total by name (compare with P = 1 for the
+the idle time; NCCL's kernels a step and the part of their time that
+compute overlapped; the compute kernels' total by name (compare with P = 1 for the
 slow-down of kernels that share the GPU with NCCL's).
 """
 import argparse
@@ -43,24 +42,6 @@ def is_nccl(e):
     return "nccl" in e["name"].lower()
 
 
-def steps_of(kernels, n):
-    """The epoch's kernels split into n steps at the n - 1 longest gaps between kernels (a replayed
-    step starts after the previous one's last kernel; its own kernels follow one another closely)."""
-    ks = sorted(kernels, key=lambda e: e["ts"])
-    ends, gaps = [], []
-    end = None
-    for i, e in enumerate(ks):
-        if end is not None:
-            gaps.append((e["ts"] - end, i))
-        end = e["ts"] + e["dur"] if end is None else max(end, e["ts"] + e["dur"])
-    cuts = sorted(i for _, i in sorted(gaps, reverse=True)[:n - 1])
-    out, prev = [], 0
-    for c in cuts + [len(ks)]:
-        out.append(ks[prev:c])
-        prev = c
-    return out
-
-
 def summarise(trace, steps):
     """Per-step figures of a Chrome trace (torch.profiler's export) of `steps` training steps."""
     events = [e for e in trace.get("traceEvents", []) if e.get("ph") == "X" and "dur" in e]
@@ -78,24 +59,13 @@ def summarise(trace, steps):
            "span_ms": per(span), "busy_ms": per(busy), "compute_ms": per(comp_ms), "nccl_ms": per(comm_ms),
            "nccl_exposed_ms": per(busy - comp_ms), "idle_ms": per(span - busy),
            "compute_kernel_sum_ms": per(sum(e["dur"] for e in comp) / 1e3)}
-    split = steps_of(kernels, steps)
-    out["step_spans_ms"] = [round((s[-1]["ts"] + s[-1]["dur"] - s[0]["ts"]) / 1e3, 3) for s in split if s]
-    mid = split[len(split) // 2]
-    if mid:
-        s0 = mid[0]["ts"]
-        s_end = max(e["ts"] + e["dur"] for e in mid)
-        mid_comp = iv([e for e in mid if not is_nccl(e)])
-        last_comp = max(e for _, e in mid_comp) if mid_comp else s0
-        out["middle_step"] = {
-            "span_ms": round((s_end - s0) / 1e3, 3),
-            "after_last_nccl_ms": round((s_end - max([e["ts"] + e["dur"] for e in mid if is_nccl(e)] or [s_end]))
-                                        / 1e3, 3),
-            "last_compute_end_ms": round((last_comp - s0) / 1e3, 3),
-            "nccl": [{"name": e["name"][:60], "start_ms": round((e["ts"] - s0) / 1e3, 3),
-                      "ms": round(e["dur"] / 1e3, 3),
-                      "overlapped_ms": round(intersect_ms([(e["ts"], e["ts"] + e["dur"])], mid_comp), 3),
-                      "stream": e.get("args", {}).get("stream")}
-                     for e in sorted(mid, key=lambda e: e["ts"]) if is_nccl(e)]}
+    # each all-reduce against the compute that ran beside it (NCCL's kernels of the whole epoch)
+    comp_iv = iv(comp)
+    overlapped = intersect_ms(iv(comm), comp_iv) if comm else 0.0
+    out["nccl_kernels_per_step"] = len(comm) / steps
+    out["nccl_overlapped_ms"] = per(overlapped)
+    out["nccl_kernels"] = [{"name": k, "per_step": v / steps}
+                           for k, v in collections.Counter(e["name"][:60] for e in comm).most_common(8)]
     by_name = collections.defaultdict(lambda: [0.0, 0])
     for e in comp:
         b = by_name[e["name"][:90]]
@@ -157,7 +127,7 @@ def main():
     print(f"{a.net} P={p} b{a.batch}: {res['images_per_s']:.0f} img/s, {res['wall_ms_per_step']:.2f} ms a step; "
           + ", ".join(f"{k} {res.get(k)}" for k in ("span_ms", "busy_ms", "compute_ms", "nccl_ms", "nccl_exposed_ms",
                                                    "idle_ms", "compute_kernel_sum_ms", "kernels_per_step")))
-    print(json.dumps(res.get("middle_step"), indent=None)[:3000])
+    print(f"  NCCL kernels a step {res.get('nccl_kernels_per_step')}, overlapped by compute {res.get('nccl_overlapped_ms')} ms")
     dmath.finalize()
 
 
