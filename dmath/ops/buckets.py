@@ -69,7 +69,10 @@ def sum_partials(matrices, dtype=None, background=False):
     which must then agree); it may not be narrower than an input's (addends
     rounded or overflowing where their sum does not: `remap` sums narrowing
     cases first). Returns one new matrix per input, `Replicated` over the
-    same workers, equal to `m.remap(Replicated(group), dtype=dtype)`; more
+    same workers, the value of `m.remap(Replicated(group), dtype=dtype)` up
+    to the order of the additions (an all-reduce adds in NCCL's or MPI's
+    order, the remap in its exchange's; addends that cancel may round
+    differently), the same on every worker; more
     than PER_COMMAND matrices take one all-reduce per PER_COMMAND.
     background: run the all-reduce on the communication stream (see the
     module docstring); the results are complete for every later command.
