@@ -119,7 +119,8 @@ def _epoch_end_reads(cb):
 
 
 class History(Callback):
-    """What fit returns: `history[key]` lists the value of each epoch; `epoch` the epoch indices."""
+    """What fit returns: `history[key]` lists the value of each epoch; `epoch` the epoch indices. It
+    reads as a mapping of the metric names (iteration, len, keys, items, `in`), as `history.history`."""
 
     def __init__(self):
         self.history = {}
@@ -135,6 +136,22 @@ class History(Callback):
 
     def __contains__(self, key):
         return key in self.history
+
+    def __iter__(self):
+        # the metric names, as iterating `history` gives them (without this, Python's fallback
+        # iteration called __getitem__(0, 1, ...) and `list(h)` raised KeyError: 0)
+        return iter(self.history)
+
+    def __len__(self):
+        return len(self.history)
+
+    def keys(self):
+        """The metric names ('loss', 'accuracy', 'val_loss', ...)."""
+        return self.history.keys()
+
+    def items(self):
+        """(metric name, per-epoch values) pairs."""
+        return self.history.items()
 
     def __repr__(self):
         return f"History({self.history})"

@@ -20,6 +20,18 @@ def _history(epochs=3):
     return h
 
 
+def test_history_iterates_and_maps_its_metric_names():
+    """History reads as a mapping of metric names (Keras users write `for k in h.history`; `list(h)`
+    had fallen back to h[0], a KeyError)."""
+    h = _history(2)
+    names = ["loss", "accuracy", "val_loss", "val_accuracy", "samples_per_s"]
+    assert list(h) == names and sorted(h) == sorted(names) and len(h) == 5
+    assert list(h.keys()) == names and dict(h.items()) == h.history
+    assert h["loss"] == [1.0, 0.5] and "val_loss" in h and "nope" not in h
+    with pytest.raises(KeyError):
+        h["nope"]
+
+
 def test_history_plot_draws_each_curve(tmp_path):
     fig = _history().plot(tmp_path / "curves.png")
     (loss, acc) = fig.axes
