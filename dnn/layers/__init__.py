@@ -11,17 +11,37 @@ from .core import Activation, Dense, Dropout, Flatten, Input, Output, Reshape
 from .merge import AdaptiveAvgPool2D, Add, Concatenate, GlobalAvgPool2D, ZeroPadding2D
 from .normalization import BatchNorm
 
-KINDS = {c.__name__: c for c in (Input, Dense, Activation, Conv2D, Pool2D, Dropout, Flatten, Reshape,
-                                 BatchNorm, Output, Add, Concatenate, GlobalAvgPool2D, AdaptiveAvgPool2D,
-                                 ZeroPadding2D)}
+#: the library's layer classes by name (model files name them); `register` adds the user's own
+BUILT_IN = {c.__name__: c for c in (Input, Dense, Activation, Conv2D, Pool2D, Dropout, Flatten, Reshape,
+                                    BatchNorm, Output, Add, Concatenate, GlobalAvgPool2D, AdaptiveAvgPool2D,
+                                    ZeroPadding2D)}
+KINDS = dict(BUILT_IN)
+
+
+def register(cls):
+    """Make a Layer subclass of your own loadable: dnn.load and from_config rebuild it by its class
+    name from get_config() (a decorator: `@dnn.layers.register`; returns the class).
+
+    A model that uses an unregistered layer trains and saves as any other; loading its file needs the
+    class registered in the loading program (model files hold settings, never code). A name of the
+    library's layers cannot be taken; registering another class under a name registered before
+    replaces it (a class defined again, as in a notebook)."""
+    if not (isinstance(cls, type) and issubclass(cls, Layer)) or cls is Layer:
+        raise ConfigError(f"register takes a subclass of dnn.layers.Layer, got {cls!r}")
+    name = cls.__name__
+    if name in BUILT_IN and BUILT_IN[name] is not cls:
+        raise ConfigError(f"register: {name!r} is the name of a dnn layer; give your layer class another name")
+    KINDS[name] = cls
+    return cls
 
 
 def from_config(config):
-    """A new layer from its get_config() dict."""
+    """A new layer from its get_config() dict (a library layer, or one of yours given to `register`)."""
     args = dict(config)
     kind = args.pop("class", None)
     if kind not in KINDS:
-        raise ConfigError(f"unknown layer class {kind!r}; expected one of {sorted(KINDS)}")
+        raise ConfigError(f"unknown layer class {kind!r}; expected one of {sorted(KINDS)} (a layer of your "
+                          "own: dnn.layers.register(YourLayer) before loading)")
     trainable = args.pop("trainable", True)
     try:
         layer = KINDS[kind](**args)
@@ -34,4 +54,4 @@ def from_config(config):
 __all__ = ["Layer", "Context", "Weight", "Input", "Dense", "Activation", "Conv2D", "Pool2D", "Dropout",
            "Flatten", "Reshape", "BatchNorm", "Output", "Add", "Concatenate", "GlobalAvgPool2D", "AdaptiveAvgPool2D",
            "ZeroPadding2D",
-           "from_config"]
+           "from_config", "register"]
