@@ -251,7 +251,9 @@ class Matrix:
 
     # ---- reductions ---------------------------------------------------------
     def sum(self, axis=None):
-        """Sum over everything (a float) or along axis 0 / 1 (a (1, n) / (m, 1) Matrix)."""
+        """Sum over everything (a float, accumulated in float64; a worker's sum that overflows where
+        the total does not is added without the overflow) or along axis 0 / 1 (a (1, n) / (m, 1)
+        Matrix; of a Partial matrix, each addend's, see docs/ARCHITECTURE.md)."""
         return reductions.reduce(self, "sum", axis)
 
     def mean(self, axis=None):

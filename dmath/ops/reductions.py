@@ -9,6 +9,7 @@ in float32, and float16 Partial sums over several workers are summed in
 float32 before they are rounded (one member then holds each sum), so the
 result does not depend on the worker count.
 """
+import math
 from typing import NamedTuple, Optional
 
 import numpy as np
@@ -84,6 +85,8 @@ def reduce(m, op, axis):
     return dispatch("reduce_axis", [m], [new_meta(out_layout, shape, m.dtype)], static=args)[0][0]
 
 _IDENTITY = {"sum": 0.0, "max": -np.inf, "min": np.inf}
+#: the sum's starting part in reduce_all (0.0: the sum of nothing, and the sign of zero as before)
+_IDENTITY_PART = (0.0, 0)
 
 
 def _acc_dtype(dtype):
@@ -180,6 +183,46 @@ def _combine(op, values):
     return float(np.max(values) if op == "max" else np.min(values))
 
 
+def _piece_sum(xp, a):
+    """A piece's sum as (s, e), the sum being s * 2**e: (its float64 sum, 0), or, where that sum
+    overflowed although every element is finite (a Partial matrix's addend of 1e308s whose partner
+    holds -1e308s), the sum of the elements scaled by 2**-e (exact: a power of two), e the exponent
+    of the largest magnitude, so that the master can add the workers' sums without the overflow."""
+    with np.errstate(over="ignore"):      # (an overflow is handled below, not warned about)
+        v = float(a.sum(dtype=np.float64))
+    if math.isfinite(v):
+        return v, 0
+    big = float(xp.abs(a).max())
+    if not math.isfinite(big):
+        return v, 0                 # an inf or NaN in the data: the IEEE sum is the answer
+    e = math.frexp(big)[1]
+    return float((a.astype(np.float64) * math.ldexp(1.0, -e)).sum()), e
+
+
+def _total(parts):
+    """The sum of the (s, e) parts of `_piece_sum` (pure): the plain sum where no part was scaled and
+    that sum is finite, or where an inf or NaN is in the data (the IEEE sum is then the answer); else
+    the parts added after scaling to the largest one's exponent (each term at most 1 in magnitude),
+    so that the sum overflows only where the total itself does."""
+    finite = all(math.isfinite(s) for s, _ in parts)
+    if not any(e for _, e in parts):
+        plain = _combine("sum", [s for s, _ in parts])
+        if math.isfinite(plain) or not finite:
+            return plain
+    elif not finite:            # the scaled parts as the values they stand for (an overflow: +-inf)
+        return _combine("sum", [_ldexp(s, e) for s, e in parts])
+    scale = max((math.frexp(s)[1] + e for s, e in parts if s), default=0)
+    return _ldexp(sum(math.ldexp(s, e - scale) for s, e in parts), scale)
+
+
+def _ldexp(s, e):
+    """s * 2**e as a float: +-inf where it overflows (math.ldexp raises there)."""
+    try:
+        return math.ldexp(s, e)
+    except OverflowError:
+        return math.copysign(math.inf, s)
+
+
 @REDUCE_ALL.kernel()
 def _reduce_all(call):
     """`op` (sum, max, min, sumsq) over everything; the master gets a float.
@@ -197,20 +240,20 @@ def _reduce_all(call):
     contributors = sorted(dist.group[:1] if dist.replicated else dist.group)
     contributes = call.rank in contributors
     value = _IDENTITY["sum" if op == "sumsq" else op]
-    if contributes:
+    if op == "sum":             # (s, e) parts, added by the master without an overflow the total lacks
+        value = [_piece_sum(xp, a) for a in src.pieces if a.size] if contributes else []
+    elif contributes:
         for a in src.pieces:
             if a.size == 0:
                 continue
-            if op == "sum":
-                v = float(a.sum(dtype=np.float64))
-            elif op == "sumsq":
+            if op == "sumsq":
                 v = float(xp.square(a.astype(np.float64)).sum())
             else:
                 v = float(a.max() if op == "max" else a.min())
             value = _combine(op, (value, v))
     values = gather_objects(call.world, value, contributors)
     if call.rank == 0:
-        value = _combine(op, values)
+        value = _total([_IDENTITY_PART] + [p for ps in values for p in ps]) if op == "sum" else _combine(op, values)
         if finish == "mean":
             size = dist.shape[0] * dist.shape[1]
             value = value / size if size else float("nan")

@@ -138,3 +138,25 @@ def test_max_min_along_a_present_axis_of_an_empty_matrix(kind, op):
     for shape, axis in [((3, 0), 1), ((0, 4), 0), ((0, 0), 0), ((0, 0), None)]:
         with pytest.raises(dmath.ShapeError, match="no value"):
             getattr(dmath.zeros(shape, layout=make()), op)(axis=axis)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+def test_sum_of_everything_has_no_overflow_its_value_lacks(dtype):
+    """sum() and mean() are the value's at every worker count: a Partial product whose addends are huge
+    and cancel (its value is 0; each worker's float64 sum of its addend overflowed, so 2+ workers gave
+    NaN, found by a hostile-use probe), and terms whose running sum overflows where the total does not.
+    An overflowing total is inf and an inf in the data gives the IEEE answer, as before."""
+    big = 2e38 if dtype == "float32" else 1e308
+    A = dmath.from_numpy(np.array([[big, -big]], dtype), layout=dmath.ColBlock())
+    C = A @ dmath.from_numpy(np.ones((2, 3), dtype), layout=dmath.RowBlock())
+    assert C.layout.partial == (P > 1)
+    np.testing.assert_array_equal(C.to_numpy(), np.zeros((1, 3), dtype))
+    assert C.sum() == 0.0 and C.mean() == 0.0
+    if dtype == "float64":
+        X = dmath.from_numpy(np.array([[1e308, 1e308, -1e308, 2.0]]), layout=dmath.ColBlock())
+        assert X.sum() == 1e308 and X.mean() == 0.25e308
+        assert dmath.from_numpy(np.array([[1e308, 1e308]]), layout=dmath.ColBlock()).sum() == np.inf
+        assert dmath.from_numpy(np.array([[-1e308, -1e308, 5.0]]), layout=dmath.RowBlock()).sum() == -np.inf
+        assert np.isnan(dmath.from_numpy(np.array([[np.inf, -np.inf, 1e308, 1e308]]),
+                                         layout=dmath.ColBlock()).sum())
+        assert dmath.from_numpy(np.array([[1.0, 2.0], [3.0, 4.0]]), layout=dmath.BlockCyclic((1, 1))).sum() == 10.0
