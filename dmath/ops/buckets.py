@@ -27,7 +27,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from .. import backend, memory
+from .. import memory
 from ..comm import collectives
 from ..errors import DMathError, DTypeError, LayoutError
 from ..layout import Replicated
@@ -132,14 +132,8 @@ def _sum_partials(call):
     buf = memory.empty((max(total, 1),), dtype)
     # a Partial shard holds its whole addend as one piece (converted on the copy); the alignment gap
     # after it: zeros, not whatever the pool held (a sum of leftover bits can overflow, and NumPy warns)
-    parts = list(zip((shard.pieces[0] for shard in call.inputs), starts, starts[1:] + [total]))
-    if backend.current().is_gpu:
-        cast.pack(parts, buf)           # a table kernel: a launch per source dtype, not two per addend
-    else:
-        for src, start, stop in parts:
-            buf[start:start + src.size].reshape(src.shape)[...] = src
-            if stop > start + src.size:
-                buf[start + src.size:stop] = 0
+    # (on a GPU a table kernel: a launch per source dtype, not two per addend)
+    cast.pack(list(zip((shard.pieces[0] for shard in call.inputs), starts, starts[1:] + [total])), buf)
     comm = call.world.group(group)
     pending = None
     if call.entry.static.background:

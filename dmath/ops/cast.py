@@ -11,6 +11,7 @@ rounding from the source dtype to the target (round to nearest even).
 """
 from typing import NamedTuple
 
+from .. import backend
 from ..backend import canonical_dtype
 from ..errors import DMathError, DTypeError, LayoutError
 from ..gpu import launcher as cuda
@@ -107,11 +108,19 @@ _BLOCKS = 64
 _LAUNCHERS = {}
 
 
-def _launcher(name):
-    run = _LAUNCHERS.get(name)
-    if run is None:
-        run = _LAUNCHERS[name] = cuda.Launcher(cuda.function(_SOURCE, name, _NAMES), "ti")
-    return run
+def _run_tables(kernel, source, names, tables):
+    """Launch `kernel`<S, D> of `source` (whose instances are `names`) once per DmTable of each (S, D)
+    pair's entries in `tables`; an entry's words are its arguments, the last one the element count
+    that sizes the grid."""
+    for (s, d), entries in tables.items():
+        name = f"{kernel}<{cuda.C_TYPES[s]}, {cuda.C_TYPES[d]}>"
+        run = _LAUNCHERS.get(name)
+        if run is None:
+            run = _LAUNCHERS[name] = cuda.Launcher(cuda.function(source, name, names), "ti")
+        for lo, hi in cuda.table_chunks(len(entries), len(entries[0])):
+            part = entries[lo:hi]
+            most = max(e[-1] for e in part)
+            run.rows(min(_BLOCKS, -(-most // run.threads)), len(part), [w for e in part for w in e], len(part))
 
 
 # ---- packing many arrays into one buffer (dmath.sum_partials' bucket) in one launch per dtype pair ------
@@ -133,29 +142,21 @@ _PACK_NAMES = [f"dm_pack_many<{cuda.C_TYPES[s]}, {cuda.C_TYPES[d]}>" for s, d in
 
 
 def pack(parts, buf):
-    """Copy each (source array, start, stop) of `parts` into buf[start:stop] on a GPU, converted to
-    buf's dtype, the part after the source's elements zeroed (an alignment gap): one launch per table
-    of parts of a source dtype, where a copy and a fill each were a launch. A source that is not
-    contiguous, or of a dtype the kernel lacks, is copied by the array module."""
-    target = str(buf.dtype)
+    """Copy each (source array, start, stop) of `parts` into buf[start:stop], converted to buf's dtype,
+    the part after the source's elements zeroed (an alignment gap). On a GPU one launch per table of
+    parts of a source dtype, where a copy and a fill each were a launch; a source that is not
+    contiguous, of a dtype the kernel lacks, or on the CPU is copied by the array module."""
+    gpu, target = backend.current().is_gpu, str(buf.dtype)
     tables = {}
     for src, start, stop in parts:
         key = (str(src.dtype), target)
-        if key in _PACK_PAIRS and src.flags.c_contiguous and stop > start:
+        if gpu and key in _PACK_PAIRS and src.flags.c_contiguous and stop > start:
             tables.setdefault(key, []).append([src.data.ptr, buf[start:].data.ptr, src.size, stop - start])
         else:
             buf[start:start + src.size].reshape(src.shape)[...] = src
             if stop > start + src.size:
                 buf[start + src.size:stop] = 0
-    for (s, d), entries in tables.items():
-        name = f"dm_pack_many<{cuda.C_TYPES[s]}, {cuda.C_TYPES[d]}>"
-        run = _LAUNCHERS.get(name)
-        if run is None:
-            run = _LAUNCHERS[name] = cuda.Launcher(cuda.function(_PACK_SOURCE, name, _PACK_NAMES), "ti")
-        for lo, hi in cuda.table_chunks(len(entries), 4):
-            part = entries[lo:hi]
-            most = max(e[-1] for e in part)
-            run.rows(min(_BLOCKS, -(-most // run.threads)), len(part), [w for e in part for w in e], len(part))
+    _run_tables("dm_pack_many", _PACK_SOURCE, _PACK_NAMES, tables)
 
 
 @CAST_MANY.kernel(backend="gpu", capturable=True)
@@ -174,10 +175,5 @@ def _cast_many_cuda(call):
             else:
                 o[...] = p
         shards.append(rows.shard(call, k, outs))
-    for (s, d), entries in tables.items():
-        run = _launcher(f"dm_cast_many<{cuda.C_TYPES[s]}, {cuda.C_TYPES[d]}>")
-        for lo, hi in cuda.table_chunks(len(entries), 3):
-            part = entries[lo:hi]
-            most = max(e[-1] for e in part)
-            run.rows(min(_BLOCKS, -(-most // run.threads)), len(part), [w for e in part for w in e], len(part))
+    _run_tables("dm_cast_many", _SOURCE, _NAMES, tables)
     return shards
