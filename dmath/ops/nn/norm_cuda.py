@@ -14,11 +14,18 @@ row's channels and TY rows at a time; each thread owns V adjacent channels
 (V x the element size = 16 bytes when C and the addresses allow: one
 vector load per row, so a warp reads whole 128-byte lines) and walks down
 the rows with a grid stride, keeping its channels' constants in registers
-(no index arithmetic per element beyond one multiply-add).
+(no index arithmetic per element beyond one multiply-add). The elementwise
+passes load DM_EW_ROWS rows before writing any and start _EW_BLOCKS_PER_SM
+blocks a multiprocessor, so a thread walks many rows with its loads in
+flight and fetches its channels' constants once: with one row per thread
+and 32 blocks a multiprocessor a small layer's pass waited on latency
+(GoogLeNet's 57 layers at batch 256 on an H200, benchmarks/probes/
+bn_small_batch.py: normalise 1.23 -> 0.98 ms, dx 2.03 -> 1.53 ms).
 
 - `channel_sums`: per thread, sums in double over its rows; the block adds
-  its TY partial sums in shared memory and writes one row of partial sums
-  per block (grid rows sized to fill the GPU); one reduction adds those
+  its TY partial sums in shared memory as a tree (row 0 adding them one
+  after another cost a narrow layer 10-17 us a launch at any batch) and
+  writes one row of partial sums per block (grid rows sized to fill the GPU); one reduction adds those
   (deterministic: no atomics, the same bits every run). The statistics
   take one pass: the sums of (x - k) and (x - k)^2 around a shift k every
   worker holds alike (the running mean), summed over the workers by one
@@ -53,6 +60,8 @@ from ... import backend, memory
 from ...gpu import launcher
 
 SOURCE = r"""
+// rows an elementwise kernel (normalize, dx) loads before it writes any: loads in flight per thread
+#define DM_EW_ROWS 4
 template <typename T, int V> struct __align__(sizeof(T) * V) dm_vec { T v[V]; };
 
 template <typename T, int V>
@@ -172,12 +181,20 @@ __global__ void __launch_bounds__(256) dm_bn_sums(const T* __restrict__ x, const
 #pragma unroll
     for (int v = 0; v < V; ++v) { sm[(2 * v) * 256 + t] = s0[v]; sm[(2 * v + 1) * 256 + t] = s1[v]; }
     __syncthreads();
-    if (ty == 0 && active) {
-        for (int k = 0; k < 2 * V; ++k) {
-            double acc = 0.0;
-            for (int j = 0; j < TY; ++j) acc += sm[k * 256 + j * TX + tx];
-            partial[((long long)blockIdx.y * 2 + (k & 1)) * C + c0 + (k >> 1)] = acc;
+    // the block's TY rows added as a tree (TY is a power of two; a fixed order: the same bits every run).
+    // Row 0 adding the rows one after another took 2 V TY dependent shared-memory adds: with few channels
+    // (TY 64 or 128) some 10-17 us a launch whatever the batch, most of a small layer's sums
+    for (int h = TY / 2; h > 0; h >>= 1) {
+        if (ty < h) {
+#pragma unroll
+            for (int k = 0; k < 2 * V; ++k) sm[k * 256 + t] += sm[k * 256 + t + h * TX];
         }
+        __syncthreads();
+    }
+    if (ty == 0 && active) {
+#pragma unroll
+        for (int k = 0; k < 2 * V; ++k)
+            partial[((long long)blockIdx.y * 2 + (k & 1)) * C + c0 + (k >> 1)] = sm[k * 256 + tx];
     }
 }
 
@@ -260,6 +277,24 @@ __global__ void dm_bn_finalize_bwd(const double* __restrict__ s, const S* __rest
     c_out[c] = (A)(training ? -a * db * inv_count : 0.0);
 }
 
+// one row of dm_bn_normalize: channels c0.. of row r
+template <typename T, int V, bool RELU, bool RES>
+__device__ __forceinline__ void dm_bn_normalize_row(const dm_vec<T, V>& xv, const dm_vec<T, V>& rv, T* __restrict__ y,
+        const typename Acc<T>::type (&m)[V], const typename Acc<T>::type (&s)[V],
+        const typename Acc<T>::type (&b)[V], long long r, long long ld, int off, int c0) {
+    typedef typename Acc<T>::type A;
+    dm_vec<T, V> out;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+        A val = dm_bn_affine<A>(dm_val(xv.v[v]), m[v], s[v], b[v]);
+        if (RES) val += dm_val(rv.v[v]);
+        if (RELU && val < 0) val = 0;
+        out.v[v] = dm_cast<T>(val);
+    }
+    // y: channels off.. of rows of ld (a concatenation's slice; ld = C, off = 0 for a batch of its own)
+    *reinterpret_cast<dm_vec<T, V>*>(y + r * ld + off + c0) = out;
+}
+
 template <typename T, int V, bool RELU, bool RES>
 __global__ void __launch_bounds__(256) dm_bn_normalize(const T* __restrict__ x, const T* __restrict__ res,
         T* __restrict__ y, const typename Acc<T>::type* __restrict__ mean,
@@ -272,20 +307,47 @@ __global__ void __launch_bounds__(256) dm_bn_normalize(const T* __restrict__ x, 
 #pragma unroll
     for (int v = 0; v < V; ++v) { m[v] = mean[c0 + v]; s[v] = scale[c0 + v]; b[v] = shift[c0 + v]; }
     const long long step = (long long)gridDim.y * blockDim.y;
-    for (long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y; r < M; r += step) {
-        const long long i = r * C + c0;
-        dm_vec<T, V> xv = dm_load<T, V>(x, i), rv, out;
-        if (RES) rv = dm_load<T, V>(res, i);
+    long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y;
+    // DM_EW_ROWS rows loaded before any is written: loads in flight, as dm_bn_sums keeps them
+    for (; r + (DM_EW_ROWS - 1) * step < M; r += DM_EW_ROWS * step) {
+        dm_vec<T, V> xv[DM_EW_ROWS], rv[DM_EW_ROWS];
 #pragma unroll
-        for (int v = 0; v < V; ++v) {
-            A val = dm_bn_affine<A>(dm_val(xv.v[v]), m[v], s[v], b[v]);
-            if (RES) val += dm_val(rv.v[v]);
-            if (RELU && val < 0) val = 0;
-            out.v[v] = dm_cast<T>(val);
+        for (int u = 0; u < DM_EW_ROWS; ++u) {
+            xv[u] = dm_load<T, V>(x, (r + u * step) * C + c0);
+            if (RES) rv[u] = dm_load<T, V>(res, (r + u * step) * C + c0);
         }
-        // y: channels off.. of rows of ld (a concatenation's slice; ld = C, off = 0 for a batch of its own)
-        *reinterpret_cast<dm_vec<T, V>*>(y + r * ld + off + c0) = out;
+#pragma unroll
+        for (int u = 0; u < DM_EW_ROWS; ++u)
+            dm_bn_normalize_row<T, V, RELU, RES>(xv[u], rv[u], y, m, s, b, r + u * step, ld, off, c0);
     }
+    for (; r < M; r += step) {
+        dm_vec<T, V> xv = dm_load<T, V>(x, r * C + c0), rv;
+        if (RES) rv = dm_load<T, V>(res, r * C + c0);
+        dm_bn_normalize_row<T, V, RELU, RES>(xv, rv, y, m, s, b, r, ld, off, c0);
+    }
+}
+
+// one row of dm_bn_dx (g: dy, or dy + dy2, as read)
+template <typename T, int V, int MASK, bool DR>
+__device__ __forceinline__ void dm_bn_dx_row(const dm_vec<T, V>& gv, const dm_vec<T, V>& xv, const dm_vec<T, V>& yv,
+        T* __restrict__ dx, T* __restrict__ dr, const typename Acc<T>::type (&m)[V],
+        const typename Acc<T>::type (&av)[V], const typename Acc<T>::type (&bv)[V],
+        const typename Acc<T>::type (&cv)[V], const typename Acc<T>::type (&ms)[V],
+        const typename Acc<T>::type (&mb)[V], long long i) {
+    typedef typename Acc<T>::type A;
+    dm_vec<T, V> out, rout;
+#pragma unroll
+    for (int v = 0; v < V; ++v) {
+        A g = dm_val(gv.v[v]);
+        const A xa = dm_val(xv.v[v]);
+        const bool masked = (MASK == 1 && !(dm_val(yv.v[v]) > 0)) ||
+                            (MASK == 2 && !dm_bn_on<A>(xa, m[v], ms[v], mb[v]));
+        if (masked) g = 0;
+        if (DR) rout.v[v] = masked ? dm_cast<T>(0.0) : gv.v[v];   // the residual's gradient, exactly
+        out.v[v] = dm_cast<T>(av[v] * g + bv[v] * (xa - m[v]) + cv[v]);
+    }
+    *reinterpret_cast<dm_vec<T, V>*>(dx + i) = out;
+    if (DR) *reinterpret_cast<dm_vec<T, V>*>(dr + i) = rout;
 }
 
 // dx = a g + b (x - mean) + c0; g = dy masked by y > 0 (MASK 1) or where the forward's relu cut (MASK 2,
@@ -303,26 +365,33 @@ __global__ void __launch_bounds__(256) dm_bn_dx(const T* __restrict__ dy, const 
     if (c0 >= C) return;
     A m[V], av[V], bv[V], cv[V], ms[V], mb[V];
 #pragma unroll
-    for (int v = 0; v < V; ++v) { m[v] = mean[c0 + v]; av[v] = a[c0 + v]; bv[v] = b[c0 + v]; cv[v] = c0v[c0 + v]; }
+    for (int v = 0; v < V; ++v) {
+        m[v] = mean[c0 + v]; av[v] = a[c0 + v]; bv[v] = b[c0 + v]; cv[v] = c0v[c0 + v]; ms[v] = 0; mb[v] = 0;
+    }
     if (MASK == 2) dm_bn_mask_consts<G, A, V>(stats, gamma, beta, C, c0, ms, mb);
     const long long step = (long long)gridDim.y * blockDim.y;
-    for (long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y; r < M; r += step) {
-        const long long i = r * C + c0, j = r * ld + off + c0;     // dy and y: channels off.. of rows of ld
-        dm_vec<T, V> gv = dm_load<T, V>(dy, j), xv = dm_load<T, V>(x, i), yv, out, rout;
+    long long r = (long long)blockIdx.y * blockDim.y + threadIdx.y;
+    // DM_EW_ROWS rows loaded before any is written (loads in flight); dy and y: channels off.. of rows of ld
+    for (; r + (DM_EW_ROWS - 1) * step < M; r += DM_EW_ROWS * step) {
+        dm_vec<T, V> gv[DM_EW_ROWS], xv[DM_EW_ROWS], yv[DM_EW_ROWS];
+#pragma unroll
+        for (int u = 0; u < DM_EW_ROWS; ++u) {
+            const long long i = (r + u * step) * C + c0, j = (r + u * step) * ld + off + c0;
+            gv[u] = dm_load<T, V>(dy, j);
+            xv[u] = dm_load<T, V>(x, i);
+            if (two) gv[u] = dm_vadd<T, V>(gv[u], dm_load<T, V>(dy2, j));
+            if (MASK == 1) yv[u] = dm_load<T, V>(y, j);
+        }
+#pragma unroll
+        for (int u = 0; u < DM_EW_ROWS; ++u)
+            dm_bn_dx_row<T, V, MASK, DR>(gv[u], xv[u], yv[u], dx, dr, m, av, bv, cv, ms, mb, (r + u * step) * C + c0);
+    }
+    for (; r < M; r += step) {
+        const long long i = r * C + c0, j = r * ld + off + c0;
+        dm_vec<T, V> gv = dm_load<T, V>(dy, j), xv = dm_load<T, V>(x, i), yv;
         if (two) gv = dm_vadd<T, V>(gv, dm_load<T, V>(dy2, j));
         if (MASK == 1) yv = dm_load<T, V>(y, j);
-#pragma unroll
-        for (int v = 0; v < V; ++v) {
-            A g = dm_val(gv.v[v]);
-            const A xa = dm_val(xv.v[v]);
-            const bool masked = (MASK == 1 && !(dm_val(yv.v[v]) > 0)) ||
-                                (MASK == 2 && !dm_bn_on<A>(xa, m[v], ms[v], mb[v]));
-            if (masked) g = 0;
-            if (DR) rout.v[v] = masked ? dm_cast<T>(0.0) : gv.v[v];   // the residual's gradient, exactly
-            out.v[v] = dm_cast<T>(av[v] * g + bv[v] * (xa - m[v]) + cv[v]);
-        }
-        *reinterpret_cast<dm_vec<T, V>*>(dx + i) = out;
-        if (DR) *reinterpret_cast<dm_vec<T, V>*>(dr + i) = rout;
+        dm_bn_dx_row<T, V, MASK, DR>(gv, xv, yv, dx, dr, m, av, bv, cv, ms, mb, i);
     }
 }
 """
@@ -340,8 +409,10 @@ _SUM_BLOCKS_PER_SM = 2
 #: at 2.9-3.0 TB/s instead of 2.6-2.7 on an H100 (benchmarks/probes/bn_sums_variants.py); float16 was
 #: fastest at 2
 _STATS_BLOCKS_PER_SM_WIDE = 4
-#: blocks of the elementwise kernels per multiprocessor (each thread walks a few rows)
-_EW_BLOCKS_PER_SM = 32
+#: blocks of the elementwise kernels per multiprocessor: few, each thread walking many rows DM_EW_ROWS at a
+#: time (benchmarks/probes/bn_small_batch.py: 4 blocks and 4 rows beat 32 blocks and 1 row at batches 64,
+#: 256 and 1024 on an H200: GoogLeNet's BatchNorm passes 5.67 -> 4.62 ms at 256 with the sums' tree)
+_EW_BLOCKS_PER_SM = 4
 #: a finalize kernel's block: channels, and threads adding up one channel's partial rows (the kernels'
 #: DM_FIN_X and DM_FIN_Y)
 _FIN_X, _FIN_Y = 32, 32
