@@ -424,6 +424,22 @@ class Pending:
         self.keep = None
 
 
+def then(pending, fn):
+    """Run fn() once the transfer of `pending` is done: on a GPU on the side stream right behind it,
+    so that the Pending covers fn's work too (its waiter waits for both) and the compute stream waits
+    for neither; elsewhere (the CPU, a transfer already done) now. Returns `pending`."""
+    if pending.reqs is not None:
+        pending.wait()
+    if pending.event is None:
+        fn()
+        return pending
+    side = backend.current().side_stream()
+    with side:
+        fn()
+    pending.event = side.record()
+    return pending
+
+
 def side_begin():
     """Order the side stream after the work queued so far on the compute stream (GPU)."""
     be = backend.current()

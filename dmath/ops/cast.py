@@ -159,6 +159,21 @@ def pack(parts, buf):
     _run_tables("dm_pack_many", _PACK_SOURCE, _PACK_NAMES, tables)
 
 
+def copy_many(pairs):
+    """dst[...] = src for each (source, destination) array pair of `pairs` (same shape; the destination's
+    dtype: converted on the way): on a GPU one launch per table of contiguous pairs of a dtype pair,
+    other pairs (strided, or on the CPU) by the array module."""
+    gpu, tables = backend.current().is_gpu, {}
+    for src, dst in pairs:
+        key = (str(src.dtype), str(dst.dtype))
+        if gpu and key in _PACK_PAIRS and src.flags.c_contiguous and dst.flags.c_contiguous:
+            if src.size:
+                tables.setdefault(key, []).append([src.data.ptr, dst.data.ptr, src.size, src.size])
+        else:
+            dst[...] = src
+    _run_tables("dm_pack_many", _PACK_SOURCE, _PACK_NAMES, tables)
+
+
 @CAST_MANY.kernel(backend="gpu", capturable=True)
 def _cast_many_cuda(call):
     """cast_many on a GPU: contiguous pieces by (source, destination) dtype, a launch per table of them;

@@ -238,15 +238,15 @@ class Program:
                 node.value = None
 
     def _sum_running_terms(self):
-        """[(target, sum)]: the forward's running-statistics terms (batch norms with each worker's own
-        statistics, all in the model's weight dtype) summed over the workers by one all-reduce in the
-        background, so that it runs beside the backward pass; the step assigns the sums once the
-        backward pass is issued."""
+        """The forward's running-statistics terms (batch norms with each worker's own statistics, all in
+        the model's weight dtype) summed over the workers by one all-reduce in the background, written
+        straight into the running statistics (on a GPU the all-reduce and the copies run on the
+        communication stream beside the backward pass; the next step's forward waits for them). An
+        assign of each sum after the backward pass cost a launch per statistic at the step's end
+        (GoogLeNet: 114 a step, 0.2 ms on 4 H200s)."""
         pairs = [pair for node in self.order if node.fn is not None for pair in node.fn.running_terms()]
-        if not pairs:
-            return []
-        sums = dmath.sum_partials([t for t, _ in pairs], background=True)
-        return [(target, s) for (_, target), s in zip(pairs, sums)]
+        if pairs:
+            dmath.sum_partials([t for t, _ in pairs], background=True, out=[target for _, target in pairs])
 
     def _update(self):
         model, params = self.model, self.params
@@ -258,12 +258,10 @@ class Program:
         # DDP's buckets do, with the buckets known in advance
         buckets = Buckets([p.value for p in params], cap=int(model.bucket_mb * (1 << 20)),
                           half=model.gradient_sum_dtype == "float16")
-        running = self._sum_running_terms()
+        self._sum_running_terms()
         grads = buckets.gradients(backward(self.loss, self.grad_at, seed=seed, order=self.order,
                                            releases=self.releases, ready=buckets.ready))
         self.buckets = buckets.summed
-        for target, total in running:
-            target.assign(total)
         if scaler is None:
             model.optimizer.apply(params, grads)
             return

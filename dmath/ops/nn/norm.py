@@ -68,9 +68,10 @@ class BatchNormSaved(NamedTuple):
     were the batch's statistics (True) or the running ones (False).
     running: None (the running statistics were updated in place), or with
     each worker's own statistics the pair (mean terms, var terms) of (1, C)
-    Partial matrices whose sums are the new running_mean and running_var:
-    `running_mean.assign(sum)` (dmath.sum_partials sums both pairs of every
-    batch norm of a step in one all-reduce). rows: with each worker's own
+    Partial matrices whose sums are the new running_mean and running_var
+    (dmath.sum_partials(terms, out=[running_mean, running_var, ...]) sums
+    both pairs of every batch norm of a step in one all-reduce and writes
+    them in place). rows: with each worker's own
     statistics, the batch's layout (backward must see the same rows on the
     same workers), else None.
     """

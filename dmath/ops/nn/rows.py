@@ -71,6 +71,19 @@ def whole_on_each(dist):
     return dist.replicated or len(dist.group) == 1
 
 
+def sum_over_batch_start(call, dist, buf, then):
+    """sum_over_batch in the background, followed by then(buf): on a GPU both run on the
+    communication stream and the returned Pending (for the shards that hold buf) makes their next
+    reader wait, so the compute stream does not wait for the slowest worker here; elsewhere (the CPU,
+    a batch whole on each member) both run now and None is returned."""
+    if whole_on_each(dist):
+        then(buf)
+        return None
+    pending = collectives.then(collectives.allreduce_start(call.world.group(dist.group), buf, "sum"),
+                               lambda: then(buf))
+    return pending if pending.event is not None else None
+
+
 def sum_over_batch(call, dist, buf):
     """Sum the 1-D contiguous `buf` over the members of the batch distribution `dist`, in place.
 

@@ -137,9 +137,17 @@ def _softmax_cross_entropy(call):
     xp.copyto(z, 0, where=(z == -xp.inf) & (t == 0))
     z *= t
     loss[...] = -z.sum(dtype=loss.dtype)
-    rows.sum_over_batch(call, call.inputs[0].dist, loss.reshape(-1))
-    loss *= call.scalars[0]
-    return [rows.shard(call, 0, [loss]), rows.shard(call, 1, [probs])]
+    # summed over the batch's workers in the background (a GPU's communication stream): the backward
+    # pass, which reads probs and never the loss, need not wait here for the slowest worker
+    scale = call.scalars[0]
+
+    def mean(total):
+        total *= scale
+    pending = rows.sum_over_batch_start(call, call.inputs[0].dist, loss.reshape(-1), mean)
+    out = rows.shard(call, 0, [loss])
+    if pending is not None:
+        out.pending = [pending]
+    return [out, rows.shard(call, 1, [probs])]
 
 
 @SOFTMAX_CROSS_ENTROPY_BACKWARD.kernel(capturable=True)

@@ -147,3 +147,78 @@ def test_the_same_workers_in_another_order_and_a_bad_background():
     got = dmath.sum_partials([a, rev])
     np.testing.assert_allclose(got[0].to_numpy(), want_a, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(got[1].to_numpy(), u @ v, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float64"])
+@pytest.mark.parametrize("background", [False, True])
+def test_sums_written_into_given_matrices(dtype, background):
+    # out=: the sums land in the given Replicated matrices, in place (their handles and layouts kept),
+    # bit for bit the sums sum_partials returns
+    pairs = [_partial_product(s, dtype=dtype, seed=i) for i, s in enumerate(SHAPES)]
+    ms = [m for m, _ in pairs]
+    want = [s.to_numpy() for s in dmath.sum_partials(ms)]
+    targets = [dmath.full(m.shape, -7.0, dtype=dtype, layout=dmath.Replicated()) for m in ms]
+    handles = [t._handle for t in targets]
+    got = dmath.sum_partials(ms, background=background, out=targets)
+    assert [g._handle for g in got] == handles
+    for t, w in zip(targets, want):
+        assert t.layout == dmath.Replicated(tuple(range(P))) and t.dtype == dtype
+        np.testing.assert_array_equal(t.to_numpy(), w)
+    # a later command reads them (waiting for a background sum and its copies)
+    np.testing.assert_allclose(sum(float(t.sum()) for t in targets), sum(w.sum() for w in want), rtol=1e-6)
+
+
+def test_sums_into_given_matrices_recorded_and_replayed():
+    # a training step's running statistics: the sums written in place inside a recorded plan, read by
+    # the next replay's commands
+    m1, w1 = _partial_product((5, 3), seed=1)
+    m2, w2 = _partial_product((2, 9), seed=2)
+    r1 = dmath.zeros((5, 3), dtype="float64", layout=dmath.Replicated())
+    r2 = dmath.zeros((2, 9), dtype="float64", layout=dmath.Replicated())
+    seen = dmath.zeros((1, 1), dtype="float64", layout=dmath.Replicated())
+    with dmath.record() as plan:
+        seen.assign(r1.sum(axis=0).sum(axis=1))       # reads the sums of the run before
+        dmath.sum_partials([m1, m2], background=True, out=[r1, r2])
+    assert seen.to_numpy()[0, 0] == 0.0               # (recording ran the commands once)
+    for _ in range(3):
+        r2.assign(dmath.zeros((2, 9), dtype="float64", layout=dmath.Replicated()))
+        plan.replay()
+        np.testing.assert_allclose(r1.to_numpy(), w1, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(r2.to_numpy(), w2, rtol=1e-12, atol=1e-12)
+        np.testing.assert_allclose(seen.to_numpy()[0, 0], w1.sum(), rtol=1e-10, atol=1e-10)
+    plan.close()
+
+
+def test_more_matrices_into_than_one_command_carries():
+    from dmath.ops.buckets import PER_COMMAND_INTO
+    n = 2 * PER_COMMAND_INTO + 5
+    pairs = [_partial_product((1, 1 + i % 3), k=4, seed=i) for i in range(n)]
+    targets = [dmath.zeros(m.shape, dtype="float64", layout=dmath.Replicated()) for m, _ in pairs]
+    dmath.sum_partials([m for m, _ in pairs], background=True, out=targets)
+    for (_, want), t in zip(pairs, targets):
+        np.testing.assert_allclose(t.to_numpy(), want, rtol=1e-12, atol=1e-12)
+
+
+def test_bad_targets_are_refused_and_change_nothing():
+    m, want = _partial_product((2, 3))
+    good = dmath.zeros((2, 3), dtype="float64", layout=dmath.Replicated())
+    cases = [
+        ([good, good], "list of 1"),
+        (good, "list of 1"),
+        ([np.zeros((2, 3))], "list of 1"),
+        ([dmath.zeros((3, 2), dtype="float64", layout=dmath.Replicated())], "shape"),
+        ([dmath.zeros((2, 3), dtype="float32", layout=dmath.Replicated())], "float32"),
+        ([dmath.zeros((2, 3), dtype="float64", layout=dmath.RowBlock())], "Replicated over"),
+    ]
+    for out, match in cases:
+        with pytest.raises(dmath.DMathError, match=match):
+            dmath.sum_partials([m], out=out)
+    if P > 1:
+        with pytest.raises(dmath.LayoutError, match="Replicated over"):
+            dmath.sum_partials([m], out=[dmath.zeros((2, 3), dtype="float64", layout=dmath.Replicated((0,)))])
+        m2, _ = _partial_product((2, 3), seed=3)
+        with pytest.raises(dmath.DMathError, match="twice"):
+            dmath.sum_partials([m, m2], out=[good, good])
+    np.testing.assert_array_equal(good.to_numpy(), np.zeros((2, 3)))
+    dmath.sum_partials([m], out=[good])
+    np.testing.assert_allclose(good.to_numpy(), want, rtol=1e-12, atol=1e-12)
