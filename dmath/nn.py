@@ -15,11 +15,11 @@ Parameters (kernels, biases, gamma, beta) are replicated over the batch's
 workers before dispatch; the kernels then run on each worker's own samples.
 
 Sums over the batch:
-- weight gradients of conv2d_backward come out Partial over the batch's
-  workers for a RowBlock batch (each worker's sum over its samples: no
-  communication until the caller remaps them to Replicated, typically all
-  layers at once), and Replicated for a Replicated batch (every member
-  already holds the complete sum);
+- weight gradients of conv2d_backward and dense_backward come out Partial
+  over the batch's workers for a RowBlock batch (each worker's sum over its
+  samples, rounded to the weights' dtype: no communication until the caller
+  remaps them to Replicated, typically all layers at once), and Replicated
+  for a Replicated batch (every member already holds the complete sum);
 - batch-norm statistics and gradients and the cross-entropy loss are
   all-reduced inside the kernel, so they equal the one-worker result.
 
@@ -32,6 +32,7 @@ dmath/planning/conv.py.
 """
 from .ops.nn.batch import take_rows, transform_images
 from .ops.nn.conv import conv2d, conv2d_backward, conv2d_output_shape, explain_conv2d
+from .ops.nn.dense import dense_backward
 from .ops.nn.dropout import dropout
 from .ops.nn.adaptive import adaptive_avg_pool, adaptive_avg_pool_backward
 from .ops.nn.join import concat_features, crop_images, pad_images, split_features
@@ -45,7 +46,7 @@ from .ops.nn.update import adam_update, adam_update_many, all_finite, sgd_update
 __all__ = ["sgd_update", "adam_update", "sgd_update_many", "adam_update_many", "all_finite", "take_rows",
            "transform_images", "explain_conv2d",
            "softmax", "log_softmax", "softmax_cross_entropy", "softmax_cross_entropy_backward",
-           "conv2d", "conv2d_output_shape", "conv2d_backward", "pool2d", "pool2d_backward",
+           "conv2d", "conv2d_output_shape", "conv2d_backward", "dense_backward", "pool2d", "pool2d_backward",
            "batchnorm", "batchnorm_backward", "BatchNormSaved", "dropout", "argmax_rows", "one_hot",
            "to_channels_last", "to_channels_first", "concat_features", "split_features", "pad_images",
            "crop_images", "adaptive_avg_pool", "adaptive_avg_pool_backward"]

@@ -2,9 +2,13 @@
 
 Everything goes through dmath.gemm, which is correct for any layouts. With
 the batch x in row blocks and W replicated (data parallelism) the forward
-product and dx stay in row blocks, and dW = x^T dy comes out Partial: each
-worker's sum over its own samples, with no communication. The optimizer
-all-reduces it (a remap to the parameter's layout) before the update. With
+product and dx stay in row blocks, and the dense layer's backward is
+dmath.nn.dense_backward: dW = x^T dy and db come out Partial, each worker's
+sum over its own samples rounded to W's dtype (a convolution's weight
+gradients alike), with no communication; the step's gradient buckets sum
+them. (A float16 gemm sums the workers' addends in float32 before its
+rounding: an exchange in the middle of the backward pass where every worker
+waited for the slowest, and then the bucket summed the result again.) With
 W in column blocks (model parallelism) dmath moves the activations instead.
 """
 import dmath
@@ -54,11 +58,24 @@ class Linear(Function):
 
     def backward(self, xs, y, gy, needs):
         x, w = xs[0], xs[1]
+        if _data_parallel(x, w, gy):
+            grads = dmath.nn.dense_backward(gy, x, w, need_dx=needs[0], need_dw=needs[1],
+                                            need_db=len(xs) == 3 and needs[2])
+            return grads[:len(xs)]
         gx = dmath.gemm(gy, w, trans_b=True) if needs[0] else None
         gw = dmath.gemm(x, gy, trans_a=True) if needs[1] else None
         if len(xs) == 2:
             return gx, gw
         return gx, gw, (gy.sum(axis=0) if needs[2] else None)
+
+
+def _data_parallel(x, w, gy):
+    """Whether a dense layer's backward is dmath.nn.dense_backward's case: the batch in a row layout,
+    its gradient in the same, the kernel replicated over the batch's workers, one dtype."""
+    p = dmath.num_workers()
+    rows = isinstance(x.layout, dmath.RowBlock) or x.layout.replicated
+    return (rows and gy.layout == x.layout and w.layout.replicated
+            and set(x.layout.members(p)) <= set(w.layout.members(p)) and x.dtype == w.dtype == gy.dtype)
 
 
 def matmul(a, b):

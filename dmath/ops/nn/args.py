@@ -103,3 +103,11 @@ def group_of(x):
 def sum_layout(x):
     """The layout of a sum over the batch `x`'s samples computed without communication."""
     return Replicated(group_of(x)) if x.layout.replicated else Partial(group_of(x))
+
+
+def gradient_places(st):
+    """(dX, dW, dB)'s places among a backward command's outputs, None for one not made (a pure
+    function of its static need_dx, need_dw, need_db): they come in that order, each only where
+    its flag asks for it."""
+    flags = (st.need_dx, st.need_dw, st.need_db)
+    return tuple(sum(flags[:i]) if flags[i] else None for i in range(3))

@@ -52,13 +52,6 @@ class Conv2dBackwardArgs(NamedTuple):
     need_dw: bool = True  # the weight gradient is wanted (not for a frozen layer)
 
 
-def _output_index(st):
-    """(dX, dW, dB)'s places among nn_conv2d_backward's outputs, None for one not made (a pure function):
-    they come in that order, each only where its need_ flag asks for it."""
-    flags = (st.need_dx, st.need_dw, st.need_db)
-    return tuple(sum(flags[:i]) if flags[i] else None for i in range(3))
-
-
 CONV2D = define("nn_conv2d", Conv2dArgs)
 CONV2D_BACKWARD = define("nn_conv2d_backward", Conv2dBackwardArgs)
 EXPLAIN_CONV = define("nn_explain_conv")
@@ -145,7 +138,7 @@ def conv2d_backward(dy, x, w, image_shape, kernel_hw, stride=(1, 1), padding=(0,
              (("need_dx", need_dx), ("need_db", need_db), ("need_dw", need_dw), ("channels_last", channels_last))}
     static = CONV2D_BACKWARD.static(geometry=g, groups=groups, **flags)
     metas = (new_meta(x.layout, x.shape, x.dtype), new_meta(sums, w.shape, w.dtype), new_meta(sums, (1, k), w.dtype))
-    places = _output_index(static)
+    places = args.gradient_places(static)
     outs = [m for m, at in zip(metas, places) if at is not None]
     if not outs:                    # nothing wanted: no command
         return None, None, None
@@ -227,7 +220,7 @@ def _conv2d(call):
 
 @CONV2D_BACKWARD.kernel(capturable=True)
 def _conv2d_backward(call):
-    """Inputs dY, X, W; outputs [dX,] [dW,] [db] (`_output_index`).
+    """Inputs dY, X, W; outputs [dX,] [dW,] [db] (`args.gradient_places`).
 
     With dY_k (K, n*Ho*Wo) the output gradient in GEMM order, per group:
     dW = dY_k @ im2col(X)^T, db = row sums of dY_k (both over this worker's
@@ -246,7 +239,7 @@ def _conv2d_backward(call):
         x, dy = channels_first(x, g.channels, g.height, g.width), channels_first(dy, k, g.out_h, g.out_w)
     # (n, K, L) -> (K, n*L): one copy, the layout both GEMMs read
     dy_k = xp.ascontiguousarray(dy.reshape(n, k, length).transpose(1, 0, 2), dtype=x.dtype).reshape(k, n * length)
-    _, at_dw, at_db = _output_index(st)
+    _, at_dw, at_db = args.gradient_places(st)
     bands = _bands(g, groups, k)
     shards = []
     if at_dw is not None:
@@ -483,7 +476,7 @@ def _conv2d_backward_cudnn(call):
     if x is None or x.shape[0] == 0 or not cudnn.available():
         return generic("nn_conv2d_backward")(call)
     dtype, cl = x.dtype, st.channels_last
-    _, at_dw, at_db = _output_index(st)
+    _, at_dw, at_db = args.gradient_places(st)
     if at_dw is not None and call.entry.outputs[at_dw].dtype != dtype and rows.compute_dtype(dtype) != dtype:
         # cuDNN writes the weight gradient in the data's dtype: float16 data with wider weights would get
         # a half-precision dW (inf past 65504) where the generic kernel accumulates and stores in float32
