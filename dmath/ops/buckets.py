@@ -91,8 +91,9 @@ def sum_partials(matrices, dtype=None, background=False, out=None):
     ms = list(matrices) if isinstance(matrices, (list, tuple)) else None
     if not ms or not all(is_matrix(m) for m in ms):
         raise DMathError(f"sum_partials takes a non-empty list of dmath matrices, got {matrices!r}")
-    if not isinstance(background, bool):
+    if not isinstance(background, (bool, np.bool_)):
         raise DMathError(f"sum_partials: background must be True or False, got {background!r}")
+    background = bool(background)
     rt = runtime()
     group = None
     for i, m in enumerate(ms):
@@ -141,6 +142,7 @@ def _targets(out, ms, group, dtype, nworkers):
     if len({t._handle for t in targets}) != len(targets):
         raise DMathError("sum_partials: out names one matrix twice; each sum needs a matrix of its own")
     for i, (t, m) in enumerate(zip(targets, ms)):
+        t._check_writable(f"sum_partials into out[{i}]")     # a slice or transpose is a copy: the sums would be lost
         if not t.layout.replicated or sorted(t.layout.members(nworkers)) != sorted(group):
             raise LayoutError(f"sum_partials: out[{i}] is in {t.layout!r}; the sums are Replicated over the "
                               f"inputs' workers {group}")

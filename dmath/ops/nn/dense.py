@@ -42,6 +42,10 @@ def dense_backward(dy, x, w, need_dx=True, need_dw=True, need_db=True):
     worker's addend over its own samples, accumulated in float32 for
     float16 data and rounded once: no communication), Replicated for a
     Replicated batch. A gradient not asked for is None and costs nothing.
+    In float16 an addend may overflow where the whole sum would not (rows
+    that cancel only across workers): an inf that a loss scale's finiteness
+    check turns into a skipped step, as for conv2d_backward's gradients and
+    PyTorch's float16 gradients under DDP.
     """
     x = args.rows(x, "dense_backward: x")
     args.require(dy, "dense_backward: dy")

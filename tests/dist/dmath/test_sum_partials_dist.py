@@ -219,6 +219,14 @@ def test_bad_targets_are_refused_and_change_nothing():
         m2, _ = _partial_product((2, 3), seed=3)
         with pytest.raises(dmath.DMathError, match="twice"):
             dmath.sum_partials([m, m2], out=[good, good])
+    # a transpose or a slice is a copy: the sums written there would leave the matrix unchanged
+    square = dmath.zeros((3, 2), dtype="float64", layout=dmath.Replicated())
+    with pytest.raises(dmath.NotSupportedError, match="copy"):
+        dmath.sum_partials([m], out=[square.T])
+    wide = dmath.zeros((4, 3), dtype="float64", layout=dmath.Replicated())
+    with pytest.raises(dmath.NotSupportedError, match="copy"):
+        dmath.sum_partials([m], out=[wide[0:2, :]])
+    np.testing.assert_array_equal(wide.to_numpy(), np.zeros((4, 3)))
     np.testing.assert_array_equal(good.to_numpy(), np.zeros((2, 3)))
     dmath.sum_partials([m], out=[good])
     np.testing.assert_allclose(good.to_numpy(), want, rtol=1e-12, atol=1e-12)
