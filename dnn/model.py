@@ -201,8 +201,10 @@ class Model(Training):
     def gradient_sum_dtype(self):
         """The dtype data-parallel float16 gradients are summed over the workers in: 'float16' (the
         default of float16 models: half the bytes; an overflowing sum is skipped by the loss scale's
-        check, as an overflowing backward pass is) or 'float32' (the weights' dtype). Models of other
-        dtypes sum in their weights' dtype."""
+        check, as an overflowing backward pass is) or 'float32' (the weights' dtype). Either way each
+        worker's gradient over its own samples is rounded to float16 first (as PyTorch's float16
+        gradients under DDP), so float16 training differs by the worker count at float16's precision.
+        Models of other dtypes sum in their weights' dtype."""
         if self.dtype != "float16":
             return self.param_dtype
         return self._gradient_sum_dtype
