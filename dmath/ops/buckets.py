@@ -29,7 +29,7 @@ import numpy as np
 
 from .. import memory
 from ..comm import collectives
-from ..errors import DMathError, DTypeError, LayoutError
+from ..errors import DMathError, DTypeError, LayoutError, ShapeError
 from ..layout import Replicated
 from ..runtime import Shard, define, protocol, runtime
 from ..runtime.registry import collectives_in_graphs
@@ -147,7 +147,7 @@ def _targets(out, ms, group, dtype, nworkers):
             raise LayoutError(f"sum_partials: out[{i}] is in {t.layout!r}; the sums are Replicated over the "
                               f"inputs' workers {group}")
         if t.shape != m.shape:
-            raise DMathError(f"sum_partials: out[{i}] has shape {t.shape}, its input {m.shape}")
+            raise ShapeError(f"sum_partials: out[{i}] has shape {t.shape}, its input {m.shape}")
         if np.dtype(t.dtype) != np.dtype(dtype):
             raise DTypeError(f"sum_partials: out[{i}] is {t.dtype}, the sums are {dtype}")
     return targets
@@ -164,14 +164,14 @@ def _sum_partials(call):
     """Pack this worker's addends into one buffer in the output dtype, all-reduce it over the group,
     and return each sum as a view of its part (into: copied into the given matrices instead)."""
     into = call.entry.static.into
-    n = len(call.inputs) // 2 if into else len(call.inputs)
+    count = len(call.inputs) // 2 if into else len(call.inputs)
     # into: the second half of the inputs are the targets (the command's outputs, written in place)
-    dists = call.entry.in_dists[n:] if into else call.entry.out_dists
-    dtype = (call.entry.inputs[n] if into else call.entry.outputs[0]).dtype
+    dists = call.entry.in_dists[count:] if into else call.entry.out_dists
+    dtype = (call.entry.inputs[count] if into else call.entry.outputs[0]).dtype
     group = call.entry.in_dists[0].group
-    addends = call.inputs[:n]
+    addends, targets = call.inputs[:count], call.inputs[count:]
     if call.rank not in group:
-        return list(call.inputs[n:]) if into else [Shard([], d, dtype) for d in dists]
+        return list(targets) if into else [Shard([], d, dtype) for d in dists]
     sizes = [math.prod(d.shape) for d in dists]
     starts, total = offsets(sizes, np.dtype(dtype).itemsize)
     buf = memory.empty((max(total, 1),), dtype)
@@ -186,7 +186,7 @@ def _sum_partials(call):
     else:
         collectives.allreduce(comm, buf[:total])
     if into:
-        return _write_into(call.inputs[n:], buf, starts, sizes, pending)
+        return _write_into(targets, buf, starts, sizes, pending)
     outs = []
     for start, n, d in zip(starts, sizes, dists):
         s = Shard([buf[start:start + n].reshape(d.shape)], d, dtype)
