@@ -85,20 +85,28 @@ def main():
     ap.add_argument("--batchnorm", default="local", choices=["local", "sync"])
     ap.add_argument("--bucket-mb", type=float, default=None)
     ap.add_argument("--steps-per-epoch", type=int, default=8)
+    ap.add_argument("--dense-gemm", action="store_true",
+                    help="dense layers' gradients by dmath.gemm as before dmath.nn.dense_backward (an A/B of it)")
     a = ap.parse_args()
     import numpy as np
     import torch                                          # the recorder (CUPTI) only
     import dmath
     import dnn
+    import cnn_bench
     import zoo_bench
     dmath.init(device="gpu")
     p = dmath.num_workers()
-    shape = zoo_bench.NETS[a.net][0]
+    if a.dense_gemm:
+        dnn.ops.dense._data_parallel = lambda *_: False
+    shape = cnn_bench.NETS[a.net][0] if a.net in cnn_bench.NETS else zoo_bench.NETS[a.net][0]
     rng = np.random.default_rng(0)
     n = a.batch * a.steps_per_epoch
     data = dnn.data.Dataset(rng.random((n,) + shape, dtype=np.float32), rng.integers(0, zoo_bench.CLASSES, n))
     dmath.random.seed(0)
-    model = zoo_bench.dnn_model(a.net, a.dtype, shape, "all", a.batchnorm)
+    if a.net in cnn_bench.NETS:         # AlexNet and the small nets: Dense layers data parallel
+        model = cnn_bench.dnn_model(a.net, a.dtype, "data")
+    else:
+        model = zoo_bench.dnn_model(a.net, a.dtype, shape, "all", a.batchnorm)
     if a.bucket_mb is not None:
         model.bucket_mb = a.bucket_mb
     for _ in range(2):
@@ -111,14 +119,14 @@ def main():
         wall = time.perf_counter() - t
     os.makedirs(a.outdir, exist_ok=True)
     stem = os.path.join(a.outdir, f"scaling_timeline_{a.net}_P{p}_b{a.batch}"
-                        + ("" if a.bucket_mb is None else f"_bucket{a.bucket_mb:g}"))
+                        + ("" if a.bucket_mb is None else f"_bucket{a.bucket_mb:g}") + ("_densegemm" if a.dense_gemm else ""))
     prof.export_chrome_trace(stem + ".trace.json")
     with open(stem + ".trace.json") as fh:
         trace = json.load(fh)
     with gzip.open(stem + ".trace.json.gz", "wt") as fh:
         json.dump(trace, fh)
     os.remove(stem + ".trace.json")
-    res = {"net": a.net, "workers": p, "global_batch": a.batch, "dtype": a.dtype, "batchnorm": a.batchnorm,
+    res = {"net": a.net, "workers": p, "dense_gemm": a.dense_gemm, "global_batch": a.batch, "dtype": a.dtype, "batchnorm": a.batchnorm,
            "bucket_mb": model.bucket_mb, "gpu_name": torch.cuda.get_device_name(),
            "wall_ms_per_step": 1e3 * wall / a.steps_per_epoch, "images_per_s": n / wall,
            **summarise(trace, a.steps_per_epoch)}

@@ -47,8 +47,34 @@ MAX_BLOCKS = 1 << 16
 #: handed to one launch (3,072 bytes; a kernel's arguments may take 4 KB), so that one kernel works on
 #: a whole list of arrays (every parameter of a model) where a launch per array cost more than its work
 TABLE_WORDS = 384
-#: the C declaration of that argument's type, for the kernels that take one
-TABLE_STRUCT = "struct DmTable { unsigned long long w[%d]; };\n" % TABLE_WORDS
+#: the C declaration of that argument's type, and the lookup of a block's array, for the kernels that take
+#: one. `Launcher.table` appends to each entry its first block (the entries' blocks in order, gridDim.x in
+#: all): a block finds its array by a binary search of those words (the same for all its threads) and
+#: strides over that array with the array's blocks only, so that a large array gets blocks in proportion to
+#: its size and a small one no idle blocks (a grid of (blocks, arrays) gave each array the largest one's
+#: blocks, or, capped, left AlexNet's 38 M-element weight to 128 blocks: a step's optimizer at a fifth of
+#: the memory bandwidth)
+TABLE_STRUCT = "struct DmTable { unsigned long long w[%d]; };\n" % TABLE_WORDS + r"""
+// the entry of this block in a table of `count` entries of `words` words, the last one the entry's first
+// block; *lb: the block's index within its entry, *nb: the entry's blocks
+__device__ __forceinline__ int dm_table_entry(const DmTable& tab, int count, int words, long long* lb,
+                                              long long* nb) {
+    const long long b = blockIdx.x;
+    int lo = 0, hi = count - 1;
+    while (lo < hi) {
+        const int mid = (lo + hi + 1) >> 1;
+        if ((long long)tab.w[words * mid + words - 1] <= b) lo = mid; else hi = mid - 1;
+    }
+    const long long first = (long long)tab.w[words * lo + words - 1];
+    const long long next = lo + 1 < count ? (long long)tab.w[words * (lo + 1) + words - 1] : (long long)gridDim.x;
+    *lb = b - first;
+    *nb = next - first;
+    return lo;
+}
+"""
+#: about the elements a thread of a table kernel is given: an array of n elements gets
+#: ceil(n / (threads * TABLE_PER_THREAD)) blocks (at least one)
+TABLE_PER_THREAD = 8
 
 
 def table_chunks(count, words_per_array):
@@ -56,6 +82,32 @@ def table_chunks(count, words_per_array):
     DmTable (a pure rule)."""
     per = TABLE_WORDS // words_per_array
     return [(lo, min(lo + per, count)) for lo in range(0, count, per)]
+
+
+def table_blocks(sizes, threads, per_thread=TABLE_PER_THREAD, limit=None):
+    """(first block of each array, blocks in all) of one table launch over arrays of `sizes` elements (a
+    pure rule): an array gets ceil(n / (threads * per_thread)) blocks, at least one; where the sum passes
+    `limit` (MAX_BLOCKS), the largest arrays' shares are cut to the largest equal cap that fits (each
+    block strides over its array, so any share covers it)."""
+    limit = MAX_BLOCKS if limit is None else limit
+    if len(sizes) > limit:
+        raise ValueError(f"a table launch of {len(sizes)} arrays needs more than {limit} blocks")
+    per = threads * per_thread
+    want = [max(1, -(-int(n) // per)) for n in sizes]
+    if sum(want) > limit:
+        lo, hi = 1, max(want)
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if sum(min(w, mid) for w in want) <= limit:
+                lo = mid
+            else:
+                hi = mid - 1
+        want = [min(w, lo) for w in want]
+    firsts, at = [], 0
+    for w in want:
+        firsts.append(at)
+        at += w
+    return firsts, at
 
 
 class Launcher:
@@ -112,3 +164,16 @@ class Launcher:
                 slot.value = value
         self._launch(self.ptr, max(1, min(blocks, MAX_BLOCKS)), rows, 1, self.threads, 1, 1, 0, self._stream().ptr,
                      self.argv_ptr, 0)
+
+    def table(self, entries, *values):
+        """Run a table kernel over the arrays of `entries` (each a list of words, its last the array's
+        element count), one launch per DmTable of them: the kernel's arguments are the table (each entry's
+        words and then its first block, `table_blocks`), the entries' count, then `values`. Nothing for
+        no entries."""
+        if not entries:
+            return
+        words = len(entries[0]) + 1
+        for lo, hi in table_chunks(len(entries), words):
+            part = entries[lo:hi]
+            firsts, total = table_blocks([e[-1] for e in part], self.threads)
+            self.rows(total, 1, [w for e, first in zip(part, firsts) for w in (*e, first)], len(part), *values)

@@ -90,50 +90,43 @@ template <> __device__ __forceinline__ half dm_convert<double, half>(double v) {
 _SOURCE = cuda.TABLE_STRUCT + _CONVERT + r"""
 template <typename S, typename D>
 __global__ void dm_cast_many(const DmTable tab, int count) {
-    const int y = blockIdx.y;
-    if (y >= count) return;
-    const S* s = reinterpret_cast<const S*>(tab.w[3 * y]);
-    D* d = reinterpret_cast<D*>(tab.w[3 * y + 1]);
-    const long long n = (long long)tab.w[3 * y + 2];
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x)
+    long long lb, nb;
+    const int y = dm_table_entry(tab, count, 4, &lb, &nb);
+    const S* s = reinterpret_cast<const S*>(tab.w[4 * y]);
+    D* d = reinterpret_cast<D*>(tab.w[4 * y + 1]);
+    const long long n = (long long)tab.w[4 * y + 2];
+    for (long long i = lb * blockDim.x + threadIdx.x; i < n; i += nb * blockDim.x)
         d[i] = dm_convert<S, D>(s[i]);
 }
 """
 #: (source, destination) dtypes of the table kernel
 _PAIRS = [(s, d) for s in _FLOATS for d in _FLOATS if s != d]
 _NAMES = [f"dm_cast_many<{cuda.C_TYPES[s]}, {cuda.C_TYPES[d]}>" for s, d in _PAIRS]
-#: the most blocks a launch gives one array (each thread strides over the rest)
-_BLOCKS = 64
 _LAUNCHERS = {}
 
 
 def _run_tables(kernel, source, names, tables):
     """Launch `kernel`<S, D> of `source` (whose instances are `names`) once per DmTable of each (S, D)
     pair's entries in `tables`; an entry's words are its arguments, the last one the element count
-    that sizes the grid."""
+    that sizes its share of the grid (`Launcher.table`)."""
     for (s, d), entries in tables.items():
         name = f"{kernel}<{cuda.C_TYPES[s]}, {cuda.C_TYPES[d]}>"
         run = _LAUNCHERS.get(name)
         if run is None:
             run = _LAUNCHERS[name] = cuda.Launcher(cuda.function(source, name, names), "ti")
-        for lo, hi in cuda.table_chunks(len(entries), len(entries[0])):
-            part = entries[lo:hi]
-            most = max(e[-1] for e in part)
-            run.rows(min(_BLOCKS, -(-most // run.threads)), len(part), [w for e in part for w in e], len(part))
+        run.table(entries)
 
 
 # ---- packing many arrays into one buffer (dmath.sum_partials' bucket) in one launch per dtype pair ------
 _PACK_SOURCE = cuda.TABLE_STRUCT + _CONVERT + r"""
 template <typename S, typename D>
 __global__ void dm_pack_many(const DmTable tab, int count) {
-    const int y = blockIdx.y;
-    if (y >= count) return;
-    const S* s = reinterpret_cast<const S*>(tab.w[4 * y]);
-    D* d = reinterpret_cast<D*>(tab.w[4 * y + 1]);
-    const long long n = (long long)tab.w[4 * y + 2], stop = (long long)tab.w[4 * y + 3];
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < stop;
-         i += (long long)gridDim.x * blockDim.x)
+    long long lb, nb;
+    const int y = dm_table_entry(tab, count, 5, &lb, &nb);
+    const S* s = reinterpret_cast<const S*>(tab.w[5 * y]);
+    D* d = reinterpret_cast<D*>(tab.w[5 * y + 1]);
+    const long long n = (long long)tab.w[5 * y + 2], stop = (long long)tab.w[5 * y + 3];
+    for (long long i = lb * blockDim.x + threadIdx.x; i < stop; i += nb * blockDim.x)
         d[i] = i < n ? dm_convert<S, D>(s[i]) : dm_convert<float, D>(0.0f);
 }
 """

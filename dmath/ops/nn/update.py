@@ -561,8 +561,8 @@ def _update_cuda(call):
 
 # ---- the GPU kernels of many parameters: a table of arrays per launch ------------------------------------
 # The same arithmetic as the elementwise kernels above, in the same order and types (a parameter comes out
-# bit for bit as nn_update makes it), over a DmTable of (param, grad, state..., length) per array: grid
-# (blocks, arrays), row y steps array y. Built for float and double parameters with a gradient of their
+# bit for bit as nn_update makes it), over a DmTable of (param, grad, state..., length, first block) per
+# array: a block steps the array dm_table_entry gives it, with that array's blocks. Built for float and double parameters with a gradient of their
 # type (or half for float parameters), a float32 gate and loss scale, and the other step scalars in the
 # parameter's type: what dnn's optimizers hand over; other pieces take the elementwise kernels.
 _MANY_SOURCE = cuda.TABLE_STRUCT + r"""
@@ -581,15 +581,15 @@ __global__ void dm_sgd_many(const DmTable tab, int count, const float* gate, int
         double scale_h, int scale_on_device, int has_scale, double wd, const P* lr_d, double lr_h, int lr_on_device,
         double momentum) {
     typedef typename Acc<P>::type A;
-    const int y = blockIdx.y;
-    if (y >= count || (has_gate && gate[0] == 0)) return;
-    const int W = MOM ? 4 : 3;
+    if (has_gate && gate[0] == 0) return;
+    const int W = MOM ? 5 : 4;
+    long long lb, nb;
+    const int y = dm_table_entry(tab, count, W, &lb, &nb);
     P* p = reinterpret_cast<P*>(tab.w[W * y]);
     const G* g = reinterpret_cast<const G*>(tab.w[W * y + 1]);
     P* v = reinterpret_cast<P*>(tab.w[W * y + 2]);      // (MOM: the momentum buffer)
-    const long long n = (long long)tab.w[W * y + W - 1];
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
+    const long long n = (long long)tab.w[W * y + W - 2];
+    for (long long i = lb * blockDim.x + threadIdx.x; i < n; i += nb * blockDim.x) {
         const A p_ = (A)p[i];
         const A g_ = dm_grad_in<A, G>(g[i], p_, has_scale, scale_d, scale_h, scale_on_device, wd);
         A lr_ = (A)(lr_on_device ? (double)lr_d[0] : lr_h);
@@ -608,15 +608,15 @@ __global__ void dm_adam_many(const DmTable tab, int count, const float* gate, in
         double scale_h, int scale_on_device, int has_scale, double wd, const P* ds_d, double ds_h, int ds_on_device,
         const P* st_d, double st_h, int st_on_device, double b1, double b2, double eps) {
     typedef typename Acc<P>::type A;
-    const int y = blockIdx.y;
-    if (y >= count || (has_gate && gate[0] == 0)) return;
-    P* p = reinterpret_cast<P*>(tab.w[5 * y]);
-    const G* g = reinterpret_cast<const G*>(tab.w[5 * y + 1]);
-    P* m = reinterpret_cast<P*>(tab.w[5 * y + 2]);
-    P* v = reinterpret_cast<P*>(tab.w[5 * y + 3]);
-    const long long n = (long long)tab.w[5 * y + 4];
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
+    if (has_gate && gate[0] == 0) return;
+    long long lb, nb;
+    const int y = dm_table_entry(tab, count, 6, &lb, &nb);
+    P* p = reinterpret_cast<P*>(tab.w[6 * y]);
+    const G* g = reinterpret_cast<const G*>(tab.w[6 * y + 1]);
+    P* m = reinterpret_cast<P*>(tab.w[6 * y + 2]);
+    P* v = reinterpret_cast<P*>(tab.w[6 * y + 3]);
+    const long long n = (long long)tab.w[6 * y + 4];
+    for (long long i = lb * blockDim.x + threadIdx.x; i < n; i += nb * blockDim.x) {
         const A p_ = (A)p[i];
         const A g_ = dm_grad_in<A, G>(g[i], p_, has_scale, scale_d, scale_h, scale_on_device, wd);
         A m_ = (A)m[i] * (A)b1 + g_ * (A)(1.0 - b1);
@@ -637,8 +637,6 @@ _MANY_NAMES = [f"dm_sgd_many<{cuda.C_TYPES[p]}, {cuda.C_TYPES[g]}, {mom}>"
     [f"dm_adam_many<{cuda.C_TYPES[p]}, {cuda.C_TYPES[g]}>" for p, g in _MANY_TYPES]
 #: the kernels' argument kinds after the table: count, gate, the loss scale, weight decay, then the rule's
 _MANY_KINDS = {"sgd": "tipipdiid" + "pdid", "adam": "tipipdiid" + "pdipdiddd"}
-#: the most blocks a launch gives one array (each thread strides over the rest)
-_MANY_BLOCKS = 128
 _MANY_LAUNCHERS = {}
 
 
@@ -695,11 +693,7 @@ def _update_many_cuda(call):
             run = _many_launcher(f"dm_adam_many<{types}>", rule)
             extra = _device_args(scal["denom_scale"], dummy) + _device_args(scal["step_size"], dummy) + \
                 (float(hyper[0]), float(hyper[1]), float(hyper[2]))
-        for lo, hi in cuda.table_chunks(len(entries), len(entries[0])):
-            part = entries[lo:hi]
-            most = max(e[-1] for e in part)
-            run.rows(min(_MANY_BLOCKS, -(-most // run.threads)), len(part), [w for e in part for w in e],
-                     len(part), *common, *extra)
+        run.table(entries, *common, *extra)
     return _in_place_many(call)
 
 
@@ -744,22 +738,19 @@ def _mark_host(pieces, bad):
 
 
 _FINITE_SOURCE = cuda.TABLE_STRUCT + r"""
-// table: (address, length) of each array of T; grid (blocks, arrays): row y reads array y
+// table: (address, length, first block) of each array of T (dm_table_entry)
 template <typename T>
 __global__ void dm_nonfinite_many(const DmTable tab, int count, float* bad) {
-    const int y = blockIdx.y;
-    if (y >= count) return;
-    const T* x = reinterpret_cast<const T*>(tab.w[2 * y]);
-    const long long n = (long long)tab.w[2 * y + 1];
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
+    long long lb, nb;
+    const int y = dm_table_entry(tab, count, 3, &lb, &nb);
+    const T* x = reinterpret_cast<const T*>(tab.w[3 * y]);
+    const long long n = (long long)tab.w[3 * y + 1];
+    for (long long i = lb * blockDim.x + threadIdx.x; i < n; i += nb * blockDim.x) {
         if (!isfinite(dm_val(x[i]))) { bad[0] = 1.0f; return; }   // every writer writes the same value
     }
 }
 """
 _FINITE_INSTANCES = [f"dm_nonfinite_many<{t}>" for t in cuda.C_TYPES.values()]
-#: blocks per array of one launch (each thread strides over the rest of its array)
-_FINITE_BLOCKS = 64
 _FINITE_LAUNCHERS = {}
 
 
@@ -777,11 +768,7 @@ def _mark_device(pieces, bad):
             name = f"dm_nonfinite_many<{cuda.C_TYPES[dtype]}>"
             run = _FINITE_LAUNCHERS[dtype] = cuda.Launcher(cuda.function(_FINITE_SOURCE, name, _FINITE_INSTANCES),
                                                            "tip")
-        for lo, hi in cuda.table_chunks(len(arrays), 2):
-            part = arrays[lo:hi]
-            words = [w for x in part for w in (x.data.ptr, x.size)]
-            most = max(x.size for x in part)
-            run.rows(min(_FINITE_BLOCKS, -(-most // run.threads)), len(part), words, len(part), bad.data.ptr)
+        run.table([[x.data.ptr, x.size] for x in arrays], bad.data.ptr)
 
 
 ALL_FINITE.kernel(capturable=_finite_capturable)(_finite_kernel(_mark_host))

@@ -98,3 +98,20 @@ def test_arguments_are_checked():
     partial = dmath.from_numpy(np.ones((2, 3)), layout=dmath.Partial())
     with pytest.raises(dmath.LayoutError, match="Partial"):
         dmath.astype_many([partial], "float16")
+
+
+def test_large_arrays_beside_small_ones():
+    """On a GPU each array of a table launch gets blocks in proportion to its size: large and small
+    arrays side by side convert element for element, the large ones' last elements included, and a
+    non-finite value at the very end of a large gradient is found by all_finite."""
+    rng = np.random.default_rng(4)
+    shapes = [(2, 2), (1031, 1021), (1, 1), (257, 2053)]
+    mats = [dmath.from_numpy(rng.normal(size=s).astype("float32"), layout=lay)
+            for s, lay in zip(shapes, [dmath.Replicated(), dmath.RowBlock()] * 2)]
+    for got, m in zip(dmath.astype_many(mats, "float16"), mats):
+        np.testing.assert_array_equal(_bits(got.to_numpy()), _bits(m.to_numpy().astype("float16")))
+    assert dmath.nn.all_finite(mats).to_numpy()[0, 0] == 1.0
+    last = rng.normal(size=shapes[1]).astype("float32")
+    last[-1, -1] = np.inf
+    mats[1] = dmath.from_numpy(last, layout=mats[1].layout)
+    assert dmath.nn.all_finite(mats).to_numpy()[0, 0] == 0.0

@@ -166,3 +166,40 @@ def test_gpu_tables_take_the_models_dtypes_and_the_rest_runs_per_piece(monkeypat
             dmath.nn.sgd_update(item[0], item[1], lr, item[2], momentum=0.9)
         for a, b in zip(mats, alone):
             np.testing.assert_array_equal(a[0].to_numpy(), b[0].to_numpy())
+
+
+@pytest.mark.parametrize("grad_dtype", ["float32", "float16"])
+def test_large_parameters_beside_small_ones_step_as_alone(grad_dtype):
+    """On a GPU a table launch gives each array blocks in proportion to its size (a million-element
+    weight hundreds of blocks, a bias one): every element of large parameters beside small ones, up to
+    a large one's last, is stepped bit for bit as sgd_update and adam_update step each alone."""
+    rng = np.random.default_rng(9)
+    shapes = [(3, 5), (1031, 1021), (1, 1), (257, 2053), (2, 3)]
+    lays = [dmath.Replicated(), dmath.RowBlock()]
+
+    def mats(nstate):
+        out = []
+        for k, shape in enumerate(shapes):
+            a = [rng.normal(size=shape) for _ in range(2 + nstate)]
+            a[-1] = np.abs(a[-1])
+            lay = lays[k % 2]
+            out.append([dmath.from_numpy(a[0].astype("float32"), layout=lay),
+                        dmath.from_numpy(a[1].astype(grad_dtype), layout=lay)] +
+                       [dmath.from_numpy(x.astype("float32"), layout=lay) for x in a[2:]])
+        return out
+    sgd = mats(1)
+    alone = _copies(sgd)
+    dmath.nn.sgd_update_many([m[0] for m in sgd], [m[1] for m in sgd], 0.05, [m[2] for m in sgd], momentum=0.9)
+    for item in alone:
+        dmath.nn.sgd_update(item[0], item[1], 0.05, item[2], momentum=0.9)
+    adam = mats(2)
+    adam_alone = _copies(adam)
+    dmath.nn.adam_update_many(*([m[j] for m in adam] for j in range(4)), 0.01, 1.0, grad_scale=4.0)
+    for item in adam_alone:
+        dmath.nn.adam_update(*item, 0.01, 1.0, grad_scale=4.0)
+    for got, want, states in ((sgd, alone, (0, 2)), (adam, adam_alone, (0, 2, 3))):
+        for k, (a, b) in enumerate(zip(got, want)):
+            for j in states:
+                x, y = a[j].to_numpy(), b[j].to_numpy()
+                np.testing.assert_array_equal(x, y, err_msg=f"parameter {k}, operand {j}")
+                assert not np.array_equal(x, a[1].to_numpy())

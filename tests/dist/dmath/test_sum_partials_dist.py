@@ -230,3 +230,17 @@ def test_bad_targets_are_refused_and_change_nothing():
     np.testing.assert_array_equal(good.to_numpy(), np.zeros((2, 3)))
     dmath.sum_partials([m], out=[good])
     np.testing.assert_allclose(good.to_numpy(), want, rtol=1e-12, atol=1e-12)
+
+
+def test_large_sums_beside_small_ones_into_given_matrices():
+    """On a GPU the bucket's packing and the copies into out= targets are table launches whose arrays
+    get blocks in proportion to their sizes: a large sum beside small ones is bit for bit the returned
+    sum, up to its last element."""
+    shapes = [(2, 3), (611, 1707), (1, 1)]
+    ms = [_partial_product(s, dtype="float32", seed=20 + i)[0] for i, s in enumerate(shapes)]
+    want = [s.to_numpy() for s in dmath.sum_partials(ms)]
+    targets = [dmath.zeros(m.shape, dtype="float32", layout=dmath.Replicated()) for m in ms]
+    dmath.sum_partials(ms, out=targets)
+    for t, w in zip(targets, want):
+        np.testing.assert_array_equal(t.to_numpy(), w)
+    assert np.count_nonzero(want[1]) > want[1].size // 2
