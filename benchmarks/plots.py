@@ -160,48 +160,48 @@ def _scaling_rows(paths):
 
 
 def scaling(paths, out):
-    """Images/s against GPUs: a row of panels per network, a panel per (dtype, global batch); dnn, PyTorch
-    (eager at 1 GPU, DDP beyond), its torch.compile'd peer dashed where measured, and the linear line
-    from dnn's 1-GPU rate. The legend gives each side's efficiency at the most GPUs (rate / (P x 1 GPU))."""
+    """Images/s against GPUs: a panel per measured (network, global batch, dtype), four to a row; dnn,
+    PyTorch (eager at 1 GPU, DDP beyond), its torch.compile'd peer dashed where measured, and the linear
+    line from dnn's 1-GPU rate. The legend gives each side's efficiency at the most GPUs (rate / (P x 1 GPU))."""
     cases = _scaling_rows(paths)
     if not cases:
         raise SystemExit("scaling: no cnn_bench or zoo_bench rows in " + " ".join(paths))
     plt = pyplot()
-    nets = sorted({c[0] for c in cases})
-    combos = sorted({c[1:] for c in cases}, key=lambda bd: (bd[1] != "float32", bd[0], bd[2]))
+    keys = sorted(cases, key=lambda k: (k[0], k[2] != "float32", k[1], k[3]))
     counts = sorted({p for pts in cases.values() for p in pts})
-    fig, axes = plt.subplots(len(nets), len(combos), figsize=(3.3 * len(combos), 2.7 * len(nets)), squeeze=False)
+    ncols = min(4, len(keys))
+    nrows = -(-len(keys) // ncols)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(3.3 * ncols, 2.7 * nrows), squeeze=False)
     styles = (("dnn", "dnn", "-o"), ("torch", "PyTorch", "-.s"), ("compile", "torch.compile", "--^"))
-    for i, net in enumerate(nets):
-        for j, (batch, dtype, bn) in enumerate(combos):
-            ax = axes[i][j]
-            pts = cases.get((net, batch, dtype, bn), {})
-            ax.set_title(f"{net} b{batch} {dtype}" + (", local BN" if bn == "local" else ""), fontsize=9)
-            ax.set_xticks(counts)
-            ax.set_xlim(counts[0] - 0.2, counts[-1] + 0.2)
-            ax.grid(alpha=0.3)
-            if not pts:
-                ax.text(0.5, 0.5, "not measured", ha="center", va="center", transform=ax.transAxes, fontsize=8)
+    for k, (net, batch, dtype, bn) in enumerate(keys):
+        ax = axes[k // ncols][k % ncols]
+        pts = cases[(net, batch, dtype, bn)]
+        ax.set_title(f"{net} b{batch} {dtype}" + (", local BN" if bn == "local" else ""), fontsize=9)
+        ax.set_xticks(counts)
+        ax.set_xlim(counts[0] - 0.2, counts[-1] + 0.2)
+        ax.grid(alpha=0.3)
+        top = 0
+        for who, label, style in styles:
+            ps = [p for p in counts if p in pts and who in pts[p]]
+            if not ps:
                 continue
-            top = 0
-            for who, label, style in styles:
-                ps = [p for p in counts if p in pts and who in pts[p]]
-                if not ps:
-                    continue
-                rates = [pts[p][who] for p in ps]
-                top = max(top, *rates)
-                if ps[0] == 1 and len(ps) > 1:
-                    label += f" (eff. {rates[-1] / (ps[-1] * rates[0]):.2f} at {ps[-1]})"
-                ax.plot(ps, rates, style, color=COLORS.get(dtype) if who == "dnn" else None, label=label)
-            base = pts.get(1, {}).get("dnn")
-            if base:
-                ax.plot(counts, [p * base for p in counts], color="black", lw=0.8, ls=":", label="linear (dnn)")
-                top = max(top, counts[-1] * base)
-            ax.set_ylim(0, 1.12 * top)
-            ax.legend(fontsize=6, loc="best")
-        axes[i][0].set_ylabel("images/s")
-    for ax in axes[-1]:
-        ax.set_xlabel("GPUs")
+            rates = [pts[p][who] for p in ps]
+            top = max(top, *rates)
+            if ps[0] == 1 and len(ps) > 1:
+                label += f" (eff. {rates[-1] / (ps[-1] * rates[0]):.2f} at {ps[-1]})"
+            ax.plot(ps, rates, style, color=COLORS.get(dtype) if who == "dnn" else None, label=label)
+        base = pts.get(1, {}).get("dnn")
+        if base:
+            ax.plot(counts, [p * base for p in counts], color="black", lw=0.8, ls=":", label="linear (dnn)")
+            top = max(top, counts[-1] * base)
+        ax.set_ylim(0, 1.12 * top)
+        ax.legend(fontsize=6, loc="best")
+        if k % ncols == 0:
+            ax.set_ylabel("images/s")
+        if k // ncols == nrows - 1 or k + ncols >= len(keys):
+            ax.set_xlabel("GPUs")
+    for k in range(len(keys), nrows * ncols):
+        axes[k // ncols][k % ncols].axis("off")
     _save(fig, out)
 
 
