@@ -50,6 +50,27 @@ TIMED_RUNS = 3
 #: smallest workspace is chosen (a kept workspace is held for good, a larger one through its call; a
 #: few percent of one kernel's time is not worth hundreds of MB of every GPU's memory)
 NEAR_FASTEST = 1.05
+#: a plan whose workspace is at least LEAN_BYTES smaller than that choice's and whose time is within
+#: LEAN_SLOWER of the fastest is taken instead: a workspace above DMATH_CUDNN_WORKSPACE_KEEP is
+#: allocated for its call, so it adds to the step's peak memory where it runs (AlexNet's second
+#: convolution's fastest weight gradient on an H200 needs 571 MB at batch 256 and 2.26 GB at 1024,
+#: against 8.5 MB for a plan 1.22x and 1.26x slower: the step's peak was above PyTorch's)
+LEAN_BYTES = 256 << 20
+LEAN_SLOWER = 1.3
+
+
+def pick(timed):
+    """(the chosen plan, why) of timed [(plan, workspace bytes, ms)] (a pure rule): the smallest workspace
+    among the plans within NEAR_FASTEST of the fastest; then, where plans within LEAN_SLOWER of the
+    fastest need at least LEAN_BYTES less workspace than that, the fastest of them."""
+    fastest = min(ms for _, _, ms in timed)
+    near = [t for t in timed if t[2] <= fastest * NEAR_FASTEST]
+    choice = min(near, key=lambda t: (t[1], t[2]))
+    lean = [t for t in timed if t[2] <= fastest * LEAN_SLOWER and t[1] <= choice[1] - LEAN_BYTES]
+    if lean:
+        return min(lean, key=lambda t: (t[2], t[1]))[0], \
+            f"the fastest plan within {LEAN_SLOWER:g}x of the fastest that spares {LEAN_BYTES >> 20} MiB of workspace"
+    return choice[0], f"smallest workspace within {NEAR_FASTEST:g}x of the fastest"
 
 
 class Refused(Exception):
@@ -302,12 +323,10 @@ class ConvPlan:
             raise Refused(f"no cuDNN plan for {self.key} ran within the {budget:,} bytes the worker can spare: "
                           f"{[c.get('error') for c in self.candidates]}")
         best = min(timed, key=lambda cm: cm[1])[0]
-        fast = [c for c, ms in timed if ms <= best["ms"] * NEAR_FASTEST]
-        choice = min(fast, key=lambda c: (c["workspace"], c["ms"]))
+        choice, rule = pick([(c, c["workspace"], ms) for c, ms in timed])
         lean = "" if choice is best else (f"; the fastest ({best['ms']:.3f} ms) needs a workspace of "
                                           f"{best['workspace']:,} bytes")
-        self.why = (f"smallest workspace within {NEAR_FASTEST:g}x of the fastest of {len(timed)} timed plan(s) "
-                    f"of {len(self.names)} (DMATH_TUNE={how})" + lean)
+        self.why = f"{rule} of {len(timed)} timed plan(s) of {len(self.names)} (DMATH_TUNE={how})" + lean
         value = {"name": choice["name"], "workspace": choice["workspace"], "ms": choice["ms"], "why": self.why,
                  "timed": [[c["name"], ms, c["workspace"]] for c, ms in timed]}
         return choice, value

@@ -452,3 +452,24 @@ def test_pad_choice_timed_cached_and_off(device, monkeypatch):
     refuse["padded"] = False
     calls.clear()
     assert nn_conv._pad_choice(KEY, plain, padded) == (True, None, None) and calls == ["padded"]
+
+
+def test_cudnn_pick_trades_a_large_workspace_for_a_little_time():
+    MB = 1 << 20
+    # AlexNet's conv2 weight gradient, float32, one H200 (ms, workspace): batch 1024 and 256
+    timed = [("a", 8.5 * MB, 3.264), ("b", 3.4 * MB, 5.01), ("c", 2259 * MB, 2.596), ("d", 3452 * MB, 2.999),
+             ("e", 0, 7.388)]
+    choice, why = cudnn.pick(timed)
+    assert choice == "a" and "spares 256 MiB" in why
+    assert cudnn.pick([("a", 8.5 * MB, 0.842), ("c", 571 * MB, 0.689), ("d", 864 * MB, 0.818)])[0] == "a"
+    # its conv1 (3 -> 64) at batch 1024: the lean plans are too slow for what they spare
+    assert cudnn.pick([("w", 1554 * MB, 3.36), ("x", 1547 * MB, 3.76), ("z", 0, 7.70)])[0] == "w"
+    # within NEAR_FASTEST the smallest workspace, as before, where no plan spares LEAN_BYTES
+    choice, why = cudnn.pick([("p2", 500, 2.0), ("p4", 100, 2.05), ("p6", 0, 2.5)])
+    assert choice == "p4" and why.startswith("smallest workspace within 1.05x")
+    # a lean plan past LEAN_SLOWER is not taken; of several lean ones the fastest
+    assert cudnn.pick([("big", 2048 * MB, 1.0), ("slow", 0, 1.35)])[0] == "big"
+    assert cudnn.pick([("big", 2048 * MB, 1.0), ("l1", 10 * MB, 1.2), ("l2", 0, 1.1)])[0] == "l2"
+    # sparing less than LEAN_BYTES keeps the faster plan
+    assert cudnn.pick([("big", 300 * MB, 1.0), ("small", 100 * MB, 1.1)])[0] == "big"
+    assert cudnn.pick([("only", 4096 * MB, 1.0)])[0] == "only"
