@@ -52,19 +52,32 @@ two fsyncs), a test's choices queued past its 120 s limit. A non-regular PATH (a
 device, a directory) or a file that is not a dmath tuning cache is never
 replaced.
 
-The workers of a job each tune the shapes they lack, on their own GPU and
-at the same time, and each merges its choices into the file; before tuning
-a shape a worker re-reads the file if it changed, so a choice another
-process wrote meanwhile is taken. Waiting for one worker to tune while the
-others idle would save no wall time (each worker has its own GPU), would
-need a collective inside the kernels (a deadlock wherever workers' caches
-or shard shapes differ), and splitting the shapes among workers needs them
-known before the first step runs; parallel tuning needs neither. A process
-keeps the first value it stored or read for a key for its lifetime: two
-workers timing the same shape may choose differently, and a worker that
-then read the other's choice for a second model would compute other bits
-than for its first (found at 2 GPUs: a ResNet-18 trained twice the same way
-ended with weights past the GPU tolerance apart).
+One process tunes a shape, the others read its choice. In 'fast', a
+process about to tune an uncached key first takes that key's claim: an
+exclusive flock on PATH.claims/<digest>.lock, held while it tunes. The
+workers of a job meet the same new shapes at the same moment (the same
+command on every worker); the first to take the claim tunes, and the
+others mark the key waited for (PATH.claims/<digest>.wait) and wait for the
+claim. The holder stores its choice and, seeing the mark, writes the file
+at once (waiting for its lock, at most LOCK_TIMEOUT_S) before it lets go;
+the others then read the choice from the file (checked as any entry is,
+then by the caller's adopt) and use it. So every
+worker runs the same plans from the first step, where each had timed its
+own and chosen differently (the data-parallel step then waited for the
+slowest worker's plans at every step of a cold run). No collective is
+involved, so workers whose shapes or caches differ never wait for each
+other: a claim only serialises processes tuning the very same key, a
+waiter holds no claim while it waits, and claims nest in one order only
+(the channel padding's choice around its convolutions'). A claim held
+past CLAIM_WAIT_S (a process stopped while tuning) is passed over and the
+waiter tunes on its own; one whose holder died is released by the kernel.
+Claims need a writable cache directory; without one each process tunes on
+its own, as with DMATH_TUNE=full (which times everything everywhere) and
+with no cache file. A process keeps the first value it stored or read for
+a key for its lifetime: a worker that read another's later choice for a
+second model would compute other bits than for its first (found at 2 GPUs:
+a ResNet-18 trained twice the same way ended with weights past the GPU
+tolerance apart).
 """
 import atexit
 import errno
@@ -104,6 +117,8 @@ FORMAT, VERSION = "dmath-tune-cache", 1
 MAX_BYTES = 64 << 20
 #: seconds a writer waits for the lock before it gives up writing (with a warning)
 LOCK_TIMEOUT_S = 30.0
+#: seconds a process waits for another one's claim on a key before it tunes the key itself
+CLAIM_WAIT_S = 300.0
 
 
 class TuneCacheWarning(UserWarning):
@@ -247,6 +262,19 @@ class TuneCache:
             return None
         self._mine.setdefault(digest(kind, machine, key), entry)
         return entry["value"]
+
+    # ---- one process tunes a key, the others read its choice ------------------------------------
+    def claims_dir(self):
+        return self.path + ".claims"
+
+    def claim(self, kind, machine, key):
+        """A context manager holding the claim on (kind, machine, key) (see the module docstring),
+        waiting while another process holds it, at most CLAIM_WAIT_S. Its `value` is the choice the
+        file holds once the claim is taken (another process's, stored while this one waited), or
+        None: then tune, `put`, and call `done()`, which writes the file at once when another
+        process waits for the choice. Never raises for the file system: without a claim the
+        caller tunes alone."""
+        return _Claim(self, kind, _plain(machine), _plain(key))
 
     def count(self):
         """How many entries the file holds that passed the checks (any machine's)."""
@@ -408,6 +436,46 @@ class _Lock:
         return False
 
 
+class _Claim:
+    """TuneCache.claim's context manager: an flock on CLAIMS/<digest>.lock; a process that finds it held
+    creates CLAIMS/<digest>.wait before it waits, so the holder knows to write the file at once."""
+
+    def __init__(self, cache, kind, machine, key):
+        self.cache, self.kind, self.machine, self.key = cache, kind, machine, key
+        stem = os.path.join(cache.claims_dir(), digest(kind, machine, key))
+        self.lock_path, self.wait_path = stem + ".lock", stem + ".wait"
+        self.lock, self.value = None, None
+
+    def __enter__(self):
+        try:
+            os.makedirs(self.cache.claims_dir(), mode=0o700, exist_ok=True)
+            try:
+                self.lock = _Lock(self.lock_path).__enter__()
+            except LockBusy:
+                # another process is tuning this key: say so, and wait for its choice
+                os.close(os.open(self.wait_path, os.O_WRONLY | os.O_CREAT | getattr(os, "O_NOFOLLOW", 0), 0o600))
+                self.lock = _Lock(self.lock_path, CLAIM_WAIT_S).__enter__()
+        except OSError:
+            self.lock = None            # no claims here, or one held past CLAIM_WAIT_S: tune alone
+        self.value = self.cache.get(self.kind, self.machine, self.key)
+        return self
+
+    def done(self):
+        """After a put: write the file now if another process waits for this choice."""
+        if self.lock is None:
+            return
+        try:
+            os.unlink(self.wait_path)
+        except OSError:
+            return                      # nobody waits: the entry is written as put writes it
+        self.cache.flush()
+
+    def __exit__(self, *exc):
+        if self.lock is not None:
+            self.lock.__exit__(*exc)
+        return False
+
+
 _CACHES = {}
 #: every TuneCache of this process (weakly: a dropped cache is gone), for flush_all
 _ALL = weakref.WeakSet()
@@ -444,7 +512,9 @@ def decide(kind, machine, key, adopt, tune):
     tune(mode) makes the choice ('off': the heuristics' first, 'fast': a
     few timed, 'full': all timed) and returns (choice, value to cache or
     None). Returns (choice, source) with source 'cache', 'off', 'fast' or
-    'full'.
+    'full'. In 'fast' an uncached key is tuned under its claim: a process
+    that finds another one tuning it waits and takes that one's choice
+    (source 'cache'; the module docstring says how).
     """
     how = mode()
     cache = shared() if how != "off" else None
@@ -454,6 +524,19 @@ def decide(kind, machine, key, adopt, tune):
             choice = adopt(value)
             if choice is not None:
                 return choice, "cache"
+        # nobody's yet: tune it here, unless another process is tuning it now (then its choice,
+        # adopted after the claim is let go: the other waiters' adopting runs at the same time)
+        with cache.claim(kind, machine, key) as claim:
+            found = claim.value if claim.value is not None and claim.value != value else None
+            if found is None:
+                choice, value = tune(how)
+                if value is not None:
+                    cache.put(kind, machine, key, value)
+                    claim.done()
+                return choice, how
+        choice = adopt(found)
+        if choice is not None:
+            return choice, "cache"
     choice, value = tune(how)
     if cache is not None and value is not None:
         cache.put(kind, machine, key, value)

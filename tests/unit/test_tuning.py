@@ -560,3 +560,112 @@ def test_info_reports_the_settings(path, monkeypatch):
     assert info.report()["tuning"]["mode"].startswith("invalid: DMATH_TUNE must be")
     monkeypatch.setenv("DMATH_TUNE_CACHE", "")
     assert info.report()["tuning"]["cache"].startswith("off")
+
+
+# ---- one process tunes a key, the others wait for its choice ------------------------------------
+_SLOW_TUNER = textwrap.dedent("""
+    import json, sys, time
+    from dmath import tuning
+    calls = []
+    def adopt(value):
+        return value["name"]
+    def tune(how):
+        calls.append(how)
+        time.sleep(float(sys.argv[2]))
+        return sys.argv[1], {"name": sys.argv[1]}
+    t0 = time.monotonic()
+    choice, source = tuning.decide("conv", {"gpu": "G"}, {"n": 1}, adopt, tune)
+    print(json.dumps({"choice": choice, "source": source, "tuned": calls, "s": time.monotonic() - t0}))
+""")
+
+
+def _slow_tuners(path, names, seconds, **env):
+    procs = [subprocess.Popen([sys.executable, "-c", _SLOW_TUNER, name, str(seconds)], stdout=subprocess.PIPE,
+                              text=True, env=dict(os.environ, PYTHONPATH=ROOT, DMATH_TUNE_CACHE=path, **env))
+             for name in names]
+    outs = [p.communicate(timeout=120)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * len(procs)
+    return [json.loads(o.strip().splitlines()[-1]) for o in outs]
+
+
+def test_one_process_tunes_a_new_key_and_the_others_take_its_choice(path):
+    """The workers of a job meet a new shape at once: one tunes it (its claim), the others wait and
+    take its choice from the file, so all run the same plan (each had timed and chosen its own)."""
+    results = _slow_tuners(path, ["plan-a", "plan-b", "plan-c"], 1.5)
+    tuned = [r for r in results if r["tuned"]]
+    assert len(tuned) == 1 and tuned[0]["source"] == "fast"
+    assert {r["choice"] for r in results} == {tuned[0]["choice"]}
+    assert sorted(r["source"] for r in results) == ["cache", "cache", "fast"]
+    assert len(_entries(path)) == 1
+    assert [f for f in os.listdir(path + ".claims") if not f.endswith(".lock")] == []    # no wait mark left
+
+
+def test_full_mode_and_no_cache_take_no_claims(path, tmp_path):
+    results = _slow_tuners(path, ["plan-a", "plan-b"], 0.3, DMATH_TUNE="full")
+    assert all(r["tuned"] == ["full"] and r["source"] == "full" for r in results)
+    assert not os.path.exists(path + ".claims")
+    results = _slow_tuners("", ["plan-a", "plan-b"], 0.3)
+    assert all(r["tuned"] == ["fast"] for r in results)
+
+
+def _hold_claim(path, key_digest, seconds):
+    """A process holding a key's claim for `seconds`, then exiting without a choice (as one that died)."""
+    os.makedirs(path + ".claims", exist_ok=True)
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); print('held', flush=True); time.sleep(float(sys.argv[2]))"),
+        os.path.join(path + ".claims", key_digest + ".lock"), str(seconds)], stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "held"
+    return holder
+
+
+def test_a_claim_whose_holder_ends_without_a_choice_is_taken_and_the_key_tuned(path):
+    holder = _hold_claim(path, tuning.digest("conv", MACHINE, KEY), 0.8)
+    try:
+        t0 = time.monotonic()
+        t = FakeTuner()
+        assert t.decide() == (("built", "plan-b"), "fast")
+        assert time.monotonic() - t0 > 0.5 and t.tuned == ["fast"]
+        assert os.path.exists(os.path.join(path + ".claims", tuning.digest("conv", MACHINE, KEY) + ".wait")) is False
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_a_claim_held_past_the_wait_is_passed_over(path, monkeypatch):
+    monkeypatch.setattr(tuning, "CLAIM_WAIT_S", 0.3)
+    holder = _hold_claim(path, tuning.digest("conv", MACHINE, KEY), 60)
+    try:
+        t0 = time.monotonic()
+        t = FakeTuner()
+        assert t.decide() == (("built", "plan-b"), "fast")
+        assert 0.25 < time.monotonic() - t0 < 10 and t.tuned == ["fast"]
+        assert tuning.TuneCache(path).get("conv", MACHINE, KEY) == {"name": "plan-b", "ms": 1.25,
+                                                                     "candidates": [["plan-a", 2.0], ["plan-b", 1.25]]}
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_claims_without_a_writable_directory_tune_alone(path):
+    with open(path + ".claims", "w") as f:      # a file where the claims' directory would be
+        f.write("x")
+    t = FakeTuner()
+    assert t.decide() == (("built", "plan-b"), "fast")
+    assert t.tuned == ["fast"] and len(_entries(path)) == 1
+
+
+def test_a_waiter_that_cannot_use_the_choice_tunes_its_own(path, monkeypatch):
+    """The choice read after the claim does not build here (adopt refuses it): tuned as if none."""
+    name = tuning.digest("conv", MACHINE, KEY)
+    holder = _hold_claim(path, name, 0.5)
+    tuning.TuneCache(path).put("conv", MACHINE, KEY, {"name": "plan-elsewhere"})
+    try:
+        t = FakeTuner(builds=False)
+        # the value is in the file before the claim is asked: adopt refuses it once, the claim is waited
+        # for, the file holds the same value: tuned here, and written
+        assert t.decide() == (("built", "plan-b"), "fast")
+        assert t.tuned == ["fast"] and t.adopted == [{"name": "plan-elsewhere"}]
+    finally:
+        holder.kill()
+        holder.wait()
