@@ -287,8 +287,14 @@ def load_model(path):
     try:
         check_weight_shapes(header["model"], arrays, path)
         model = Model.from_config(header["model"], optimizer=optim.get(header.get("optimizer")))
-    except (ConfigError, KeyError, TypeError, ValueError) as exc:
+    except ConfigError as exc:
         raise ModelFileError(f"{os.fspath(path)!r}: the model described in the file cannot be built: {exc}") from exc
+    except KeyError as exc:
+        raise ModelFileError(f"{os.fspath(path)!r}: the model described in the file lacks the field "
+                             f"{exc.args[0]!r}") from exc
+    except (TypeError, ValueError) as exc:
+        raise ModelFileError(f"{os.fspath(path)!r}: the model described in the file is malformed "
+                             f"({type(exc).__name__}: {exc})") from exc
     load_state(model, header, arrays, path)
     random_state = (header.get("training") or {}).get("random")
     if random_state is not None:
@@ -329,9 +335,15 @@ def load_state(model, header, arrays, path):
         raise ModelFileError(f"{path!r}: the file's weights {found} do not match the model's "
                              f"{[k for k, _ in expected]}")
     for key, shape in expected:
-        if tuple(arrays[key].shape) != tuple(shape):
-            raise ModelFileError(f"{path!r}: weight {key!r} has shape {tuple(arrays[key].shape)} in the file, "
+        a = arrays[key]
+        if tuple(a.shape) != tuple(shape):
+            raise ModelFileError(f"{path!r}: weight {key!r} has shape {tuple(a.shape)} in the file, "
                                  f"the model expects {tuple(shape)}")
+        # a NaN or an infinity is no weight a model can use (a diverged run's, or a damaged file's):
+        # refused as load_state_dict refuses it, before predict or fit turns it into NaN outputs
+        if a.size and a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise ModelFileError(f"{path!r}: weight {key!r} holds NaN or infinity "
+                                 f"({int(np.count_nonzero(~np.isfinite(a)))} of {a.size} values)")
     _check_accounted_for(model, header, arrays, path)
     weights, i = [], 0
     for layer in model.layers:        # the weights' own checks (a value past the dtype, a floor)

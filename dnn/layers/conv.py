@@ -53,7 +53,9 @@ class Conv2D(Layer):
         self.padding_spec = padding
         self.padding = self._padding(padding)
         self.activation = activation
-        self.use_bias = bool(use_bias)
+        if not isinstance(use_bias, bool):     # (a string such as "False", from a file too, read as True)
+            raise ConfigError(f"Conv2D: use_bias must be True or False, got {use_bias!r}")
+        self.use_bias = use_bias
         self.kernel_init, self.bias_init = kernel_init, bias_init
 
     def _padding(self, padding):

@@ -108,7 +108,9 @@ class Dense(Layer):
             raise ConfigError(f"Dense: units must be a positive integer, got {units!r}")
         self.units = int(units)
         self.activation = activation
-        self.use_bias = bool(use_bias)
+        if not isinstance(use_bias, bool):     # (a string such as "False", from a file too, read as True)
+            raise ConfigError(f"Dense: use_bias must be True or False, got {use_bias!r}")
+        self.use_bias = use_bias
         self.kernel_init, self.bias_init = kernel_init, bias_init
 
     def output_shape(self, sample_shape):

@@ -216,3 +216,47 @@ def test_a_dropout_seed_past_two_to_the_53_is_refused_at_construction():
     with pytest.raises(dnn.ConfigError, match=r"seed must be an integer in \[0, 2\*\*53\)"):
         L.Dropout(0.5, seed=2 ** 53)
     assert L.Dropout(0.5, seed=2 ** 53 - 1).seed == 2 ** 53 - 1
+
+
+# ---- model files with NaN or infinite weights (a hostile-use probe of session 34) -------------------
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_a_model_file_holding_nan_or_inf_weights_is_refused_and_changes_nothing(tmp_path, bad):
+    model = _small()
+    good = model.get_weights()
+    broken = [w.copy() for w in good]
+    broken[-1].flat[-1] = bad                  # the last weight's last value
+    model.set_weights(broken)                  # (set_weights takes them: an explicit write in memory)
+    path = str(tmp_path / "diverged.dnn")
+    model.save(path)
+    with pytest.raises(dnn.ModelFileError, match="holds NaN or infinity"):
+        dnn.load(path)
+    other = _small()
+    before = other.get_weights()
+    with pytest.raises(dnn.ModelFileError, match="holds NaN or infinity"):
+        other.load_weights(path)
+    for w, b in zip(other.get_weights(), before):
+        np.testing.assert_array_equal(w, b)
+
+
+def test_use_bias_takes_booleans_only():
+    for layer in (lambda v: L.Dense(3, use_bias=v), lambda v: L.Conv2D(2, 3, use_bias=v)):
+        for v in ("yes", "False", 1, None):
+            with pytest.raises(dnn.ConfigError, match="use_bias must be True or False"):
+                layer(v)
+        assert layer(False).use_bias is False
+
+
+@pytest.mark.parametrize("damage,words", [
+    (lambda m: m.pop("dtype"), "lacks the field 'dtype'"),
+    (lambda m: m["layers"].__setitem__(1, 7), "the model described in the file is malformed"),
+    (lambda m: m["layers"][1].__setitem__("use_bias", "yes"), "use_bias must be True or False"),
+])
+def test_a_damaged_model_description_is_refused_in_words(tmp_path, damage, words):
+    from dnn import serialization
+    path = str(tmp_path / "m.dnn")
+    _small().save(path)
+    header, arrays = serialization.read_file(path)
+    damage(header["model"])
+    serialization.write_file(path, header, list(arrays.items()))
+    with pytest.raises(dnn.ModelFileError, match=words):
+        dnn.load(path)
