@@ -187,14 +187,16 @@ def test_tuples_read_back_equal(path):
 
 
 # ---- a second process -------------------------------------------------------------------------
+# a process choosing for one key: its tune picks argv[1], after sleeping argv[2] seconds (if given)
 _CHILD = textwrap.dedent("""
-    import json, sys
+    import json, sys, time
     from dmath import tuning
     calls = []
     def adopt(value):
         return value["name"]
     def tune(how):
         calls.append(how)
+        time.sleep(float(sys.argv[2]) if len(sys.argv) > 2 else 0.0)
         return sys.argv[1], {"name": sys.argv[1]}
     choice, source = tuning.decide("conv", {"gpu": "G"}, {"n": 1}, adopt, tune)
     print(json.dumps({"choice": choice, "source": source, "tuned": calls}))
@@ -563,24 +565,8 @@ def test_info_reports_the_settings(path, monkeypatch):
 
 
 # ---- one process tunes a key, the others wait for its choice ------------------------------------
-_SLOW_TUNER = textwrap.dedent("""
-    import json, sys, time
-    from dmath import tuning
-    calls = []
-    def adopt(value):
-        return value["name"]
-    def tune(how):
-        calls.append(how)
-        time.sleep(float(sys.argv[2]))
-        return sys.argv[1], {"name": sys.argv[1]}
-    t0 = time.monotonic()
-    choice, source = tuning.decide("conv", {"gpu": "G"}, {"n": 1}, adopt, tune)
-    print(json.dumps({"choice": choice, "source": source, "tuned": calls, "s": time.monotonic() - t0}))
-""")
-
-
 def _slow_tuners(path, names, seconds, **env):
-    procs = [subprocess.Popen([sys.executable, "-c", _SLOW_TUNER, name, str(seconds)], stdout=subprocess.PIPE,
+    procs = [subprocess.Popen([sys.executable, "-c", _CHILD, name, str(seconds)], stdout=subprocess.PIPE,
                               text=True, env=dict(os.environ, PYTHONPATH=ROOT, DMATH_TUNE_CACHE=path, **env))
              for name in names]
     outs = [p.communicate(timeout=120)[0] for p in procs]
