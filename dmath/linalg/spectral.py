@@ -24,6 +24,7 @@ is on every worker's host (the same numbers everywhere, so every worker
 stops at the same step). The basis grows until the k wanted Ritz pairs
 have residuals below tol (no restart: memory n x steps).
 """
+import math
 from typing import NamedTuple
 
 import numpy as np
@@ -332,6 +333,17 @@ def _lanczos(call):
         nrm = float(be.asnumpy(allsum(xp.reshape(v @ v, (1,))))[0]) ** 0.5
         return v / nrm
 
+    # the recurrence runs on A * 2**-e, e the exponent of A's largest magnitude over the group (an
+    # exact scaling), its eigenvalues scaled back at the end: the squares of w under- or overflowed
+    # for a matrix of norm near 1e-154 or 1e154 (float32: 1e-19, 1e19), and a beta of 0 returned the
+    # Ritz values of random vectors as converged eigenvalues, an inf a false "NaN or inf" error. A
+    # small A scales the vector before the product (no underflow in it), a large one the product
+    top = xp.reshape(xp.abs(A).max().astype(np.float64), (1,)) if A.size else xp.zeros(1, np.float64)
+    collectives.allreduce(group, top, "max")
+    amax = float(be.asnumpy(top)[0])
+    e = math.frexp(amax)[1] if math.isfinite(amax) and amax > 0 else 0     # (NaN or inf: caught below)
+    before = math.ldexp(1.0, -e) if e < 0 else 1.0
+    after = math.ldexp(1.0, -e) if e > 0 else 1.0
     V[:, 0] = start_vector(0)
     alphas, betas = [], []
     converged, theta, S, m = False, None, None, 0
@@ -342,7 +354,9 @@ def _lanczos(call):
     scale_a = np.finfo(np.float64).tiny
     for j in range(steps):
         collectives.allgatherv(group, xp.ascontiguousarray(V[:, j]), full, sizes)
-        w = A @ full
+        w = A @ (full * before) if before != 1.0 else A @ full
+        if after != 1.0:
+            w *= after
         coef = np.zeros(j + 1)
         for _ in range(2):          # classical Gram-Schmidt twice: orthogonal to working precision
             h = allsum(V[:, :j + 1].T @ w)
@@ -376,7 +390,7 @@ def _lanczos(call):
     idx = _wanted(theta, k, which)
     Y = memory.empty((mine, k), dtype)
     blas.gemm(V[:, :m], xp.asarray(S[:, idx].astype(dtype)), Y, 1.0, 0.0)
-    call.result = (theta[idx].copy(), converged)
+    call.result = (np.ldexp(theta[idx], e), converged)
     return [Shard([Y], call.entry.out_dists[0], x.dtype)]
 
 

@@ -215,6 +215,39 @@ def _total(parts):
     return _ldexp(sum(math.ldexp(s, e - scale) for s, e in parts), scale)
 
 
+#: a piece's plain float64 sum of squares at least this large lost nothing that matters to underflow
+#: (a square below 2**-1074 is under 2**-174 of it); below it, or past float64, the piece is scaled
+_SUMSQ_FLOOR = 2.0 ** -900
+
+
+def _piece_sumsq(xp, a):
+    """A piece's sum of squares as (s, e), the sum being s * 2**e (e even): its plain float64 sum,
+    or, where that under- or overflowed with every element finite, the sum of the squares of the
+    elements scaled by 2**-k (exact), k the exponent of the largest magnitude, and e = 2k (LAPACK's
+    scaled sum of squares: a Frobenius norm of 1e-300s is not 0, one of 1e300s not inf)."""
+    with np.errstate(over="ignore", under="ignore"):
+        v = float(xp.square(a.astype(np.float64)).sum())
+    if _SUMSQ_FLOOR <= v < math.inf or v == 0.0 and not bool(xp.any(a)):
+        return v, 0
+    big = float(xp.abs(a).max())
+    if not math.isfinite(big) or big == 0.0:
+        return v, 0                 # an inf or NaN in the data: the IEEE result is the answer
+    k = math.frexp(big)[1]
+    scaled = a.astype(np.float64) * math.ldexp(1.0, -k)
+    return float(xp.square(scaled).sum()), 2 * k
+
+
+def _root_sum_squares(parts):
+    """sqrt of the total of `_piece_sumsq`'s (s, e) parts (pure): the parts added at the largest
+    exponent (each term then at most the count of its elements), the root taken before scaling back,
+    so that the norm overflows only where it is itself past float64."""
+    if not all(math.isfinite(s) for s, _ in parts):
+        return float(np.sqrt(sum(s for s, _ in parts)))      # inf or NaN in the data
+    top = max((e for s, e in parts if s), default=0)
+    total = sum(math.ldexp(s, e - top) for s, e in parts if s)
+    return _ldexp(math.sqrt(total), top // 2)
+
+
 def _ldexp(s, e):
     """s * 2**e as a float: +-inf where it overflows (math.ldexp raises there)."""
     try:
@@ -242,22 +275,28 @@ def _reduce_all(call):
     value = _IDENTITY["sum" if op == "sumsq" else op]
     if op == "sum":             # (s, e) parts, added by the master without an overflow the total lacks
         value = [_piece_sum(xp, a) for a in src.pieces if a.size] if contributes else []
+    elif op == "sumsq":         # (s, e) parts alike, scaled where the squares under- or overflow
+        value = [_piece_sumsq(xp, a) for a in src.pieces if a.size] if contributes else []
     elif contributes:
         for a in src.pieces:
             if a.size == 0:
                 continue
-            if op == "sumsq":
-                v = float(xp.square(a.astype(np.float64)).sum())
-            else:
-                v = float(a.max() if op == "max" else a.min())
+            v = float(a.max() if op == "max" else a.min())
             value = _combine(op, (value, v))
     values = gather_objects(call.world, value, contributors)
     if call.rank == 0:
-        value = _total([_IDENTITY_PART] + [p for ps in values for p in ps]) if op == "sum" else _combine(op, values)
+        if op == "sum":
+            value = _total([_IDENTITY_PART] + [p for ps in values for p in ps])
+        elif op == "sumsq":
+            parts = [p for ps in values for p in ps]
+            value = _root_sum_squares(parts) if finish == "sqrt" else \
+                _total([_IDENTITY_PART] + parts)
+        else:
+            value = _combine(op, values)
         if finish == "mean":
             size = dist.shape[0] * dist.shape[1]
             value = value / size if size else float("nan")
-        elif finish == "sqrt":
+        elif finish == "sqrt" and op != "sumsq":
             value = float(np.sqrt(value))
         call.result = value
     return []

@@ -116,11 +116,13 @@ def test_eigsh_not_converged_raises():
         la.eigsh(dmath.from_numpy(S, dtype="float64"), k=3, maxiter=4, tol=1e-14)
 
 
-@pytest.mark.parametrize("scale", [1.0, 1e-17, 1e-20, 1e15])
+@pytest.mark.parametrize("scale", [1.0, 1e-17, 1e-20, 1e15, 1e-300, 1e-160, 1e160, 1e300])
 @pytest.mark.parametrize("which", ["LM", "LA", "SA"])
 def test_eigsh_of_a_matrix_of_any_scale(which, scale):
     """A matrix whose norm is below eps was taken for an invariant subspace at every step (the test
-    compared beta with eps * max(|theta|, 1)): "converged" pairs 84-99% off. Eigenpairs scale with A."""
+    compared beta with eps * max(|theta|, 1)): "converged" pairs 84-99% off. Eigenpairs scale with A.
+    Past 1e+-154 the squares of the recurrence's vectors under- or overflowed: a beta of 0 returned
+    random Ritz values as converged (1e-300), an inf a false "NaN or inf" error (1e300)."""
     S = _sym(40, 12) * scale
     w, V = la.eigsh(dmath.from_numpy(S, dtype="float64"), k=3, which=which)
     ref = np.linalg.eigvalsh(S)
@@ -128,6 +130,14 @@ def test_eigsh_of_a_matrix_of_any_scale(which, scale):
     np.testing.assert_allclose(w, want, rtol=1e-9, atol=1e-9 * np.abs(ref).max())
     v = V.to_numpy()
     assert np.abs(S @ v - v * w).max() < 1e-8 * np.abs(ref).max()
+
+
+@pytest.mark.parametrize("scale", [1e-30, 1e-20, 1e20, 1e30])
+def test_eigsh_float32_of_a_small_or_large_norm(scale):
+    S = (_spd(24, 5) * scale).astype(np.float32)
+    w, _ = la.eigsh(dmath.from_numpy(S), k=2, which="LA")
+    ref = np.linalg.eigvalsh(S.astype(np.float64))
+    np.testing.assert_allclose(w, ref[-2:], rtol=1e-4)
 
 
 def test_eigsh_refuses_a_negative_seed_on_the_master():
@@ -258,3 +268,18 @@ def test_norm(ord, name):
     G = np.random.default_rng(11).standard_normal((13, 9))
     A = make(G, layout(name, G.shape, P), "float64")
     np.testing.assert_allclose(la.norm(A, ord), np.linalg.norm(G, ord), rtol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [1e-300, 1e-160, 1e160, 1e300])
+@pytest.mark.parametrize("name", ["col_uneven", "bc23", "rep", "partial"])
+def test_frobenius_norm_neither_underflows_nor_overflows(scale, name):
+    """Summed as plain squares, the Frobenius norm of 1e-300s was 0 and of 1e300s inf, below the
+    2-norm that svdvals gives (NumPy's norm does the same); now scaled where the squares leave float64."""
+    G = np.random.default_rng(12).standard_normal((13, 9))
+    A = make(G * scale, layout(name, G.shape, P), "float64")
+    want = np.linalg.norm(G) * scale
+    np.testing.assert_allclose(la.norm(A, "fro"), want, rtol=1e-13)
+    np.testing.assert_allclose(A.norm(), want, rtol=1e-13)
+    assert la.norm(A, "fro") >= la.norm(A, 2)
+    assert la.norm(make(np.full((3, 2), 1.5e308), layout(name, (3, 2), P), "float64"), "fro") == np.inf
+    assert la.norm(make(np.zeros((3, 2)), layout(name, (3, 2), P), "float64"), "fro") == 0.0
