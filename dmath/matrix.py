@@ -105,6 +105,37 @@ class Matrix:
         raise NotSupportedError(f"a dmath.Matrix {self.shape} is not iterable (each row would be a command): "
                                 f"call M.to_numpy() and iterate over that, or slice rows with M[r0:r1]")
 
+    # comparisons: NumPy's compare elements, Python's default compared identity (A == B False for equal
+    # values, silently); neither is taken for the other here
+    __hash__ = object.__hash__      # (a matrix stays usable in sets and as a key: by identity)
+
+    def _comparison(self, symbol, name):
+        raise NotSupportedError(f"A {symbol} B on dmath matrices: for the element-wise comparison (a 0/1 matrix) "
+                                f"call dmath.{name}(A, B); for identity use `A is B`; to compare values, "
+                                f"gather them (A.to_numpy()) or reduce: dmath.{name}(A, B).min()")
+
+    def __eq__(self, other):
+        self._comparison("==", "equal")
+
+    def __ne__(self, other):
+        self._comparison("!=", "not_equal")
+
+    def __lt__(self, other):
+        self._comparison("<", "less")
+
+    def __le__(self, other):
+        self._comparison("<=", "less_equal")
+
+    def __gt__(self, other):
+        self._comparison(">", "greater")
+
+    def __ge__(self, other):
+        self._comparison(">=", "greater_equal")
+
+    def __bool__(self):
+        raise NotSupportedError(f"the truth value of a dmath.Matrix {self.shape} is ambiguous (as a NumPy "
+                                f"array's): test `M is None`, M.size, or a reduction such as M.max() > 0")
+
     def _check_writable(self, what):
         if self._derived is not None:
             raise NotSupportedError(

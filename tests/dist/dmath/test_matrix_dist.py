@@ -367,3 +367,24 @@ def test_reshape_checks_its_layout_before_sending_anything():
             M.reshape(6, 2, layout=bad)
         assert _commands() - before == idle, "reshape sent commands before refusing its layout"
     np.testing.assert_array_equal(M.reshape(6, 2).to_numpy(), np.arange(12.0).reshape(6, 2))
+
+
+def test_comparisons_and_truth_say_what_to_call():
+    """A == B compared identity (False for equal values, silently) and bool(M) was len(M) > 0: both
+    now refuse, naming the element-wise function, as NumPy refuses the truth of an array; matrices
+    stay usable in sets and dicts and by identity (found by a report-only hostile-use probe)."""
+    A = dmath.from_numpy(np.arange(6.0).reshape(2, 3), layout=dmath.RowBlock())
+    B = dmath.from_numpy(np.arange(6.0).reshape(2, 3), layout=dmath.RowBlock())
+    for op, name in ((lambda: A == B, "dmath.equal"), (lambda: A != B, "dmath.not_equal"),
+                     (lambda: A < B, "dmath.less"), (lambda: A <= 1.0, "dmath.less_equal"),
+                     (lambda: A > 0.0, "dmath.greater"), (lambda: A >= B, "dmath.greater_equal")):
+        with pytest.raises(dmath.NotSupportedError, match=name):
+            op()
+    with pytest.raises(dmath.NotSupportedError, match="truth value"):
+        bool(A)
+    with pytest.raises(dmath.NotSupportedError, match="truth value"):
+        if dmath.zeros((0, 3)):
+            pass
+    assert A in {A, B} and len({A, B}) == 2 and {A: 1}[A] == 1 and A in [A] and A is not B
+    np.testing.assert_array_equal(dmath.equal(A, B).to_numpy(), np.ones((2, 3)))
+    assert float((A + 1).sum()) == 21.0                  # the runtime goes on
