@@ -10,7 +10,7 @@ kernel is the same memory in both orders). PyTorch stores channels-last weights 
 that order instead. This probe asks the cheaper question first: for each convolution of the net
 wider than 1x1 (the shapes one training step ran), every cuDNN plan of the same graph with the
 filter tensor described in KCRS strides (the weights as they are, no copy) against the KRSC one
-dmath builds, and the copy itself (one GPU; each side's best plan, DMATH_TUNE=full's timing).
+dmath builds, and the copy itself (one GPU; each side's best of the heuristics' first 8 plans).
 
 OUTDIR/conv_filter_layout_<net>_b<batch>_<dtype>.json: per shape the best KRSC plan (ms,
 workspace), the copy's ms, the best KCRS plan or why cuDNN refused it, and the sums a step.
@@ -26,10 +26,16 @@ sys.path.insert(0, os.path.dirname(HERE))
 sys.path.insert(0, os.path.dirname(os.path.dirname(HERE)))
 
 
+#: plans timed per shape and filter order, and the seconds allowed for them (building included)
+PLANS, BUDGET_S = 8, 3.0
+
+
 def best(plan, ptrs, budget):
-    """(ms, workspace, plans timed) of the fastest plan of `plan` on these buffers, every plan timed."""
+    """(ms, workspace, plans timed) of the fastest of the heuristics' first PLANS plans of `plan` on these
+    buffers (within BUDGET_S: runtime-compiled engines take long to build)."""
     from dmath import tuning
-    timed = tuning.timed(plan._fitting(budget), lambda c: plan._time(c, ptrs), "full")
+    timed = tuning.timed(plan._fitting(budget), lambda c: plan._time(c, ptrs), "fast", few=PLANS,
+                         budget_s=BUDGET_S, runs=0)
     if not timed:
         return None, None, 0
     c, ms = min(timed, key=lambda cm: cm[1])
