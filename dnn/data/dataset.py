@@ -500,11 +500,21 @@ def _ensure_runtime():
         dmath.init()
 
 
+def _array_like(a, what):
+    """DataError naming what is expected for inputs NumPy would turn into a 0-d object array (a
+    generator, a dict, None): 'at least one sample, got shape ()' did not say what to pass."""
+    iterator = hasattr(a, "__next__") and not hasattr(a, "__len__")
+    if a is None or isinstance(a, (dict, set)) or iterator:
+        raise DataError(f"{what} must be a numpy array (or a list of samples, or a dnn.data.Dataset), got "
+                        f"{type(a).__name__}" + (": materialise it first (np.stack(list(it)))" if iterator else ""))
+
+
 def rectangular(a, what):
     """`a` (an array or nested sequences) as a numpy array; DataError naming `what` when it is ragged
     (samples of several lengths: NumPy's own ValueError spoke of an inhomogeneous shape)."""
     if isinstance(a, np.ndarray):
         return a
+    _array_like(a, what)
     try:
         return np.asarray(a)
     except ValueError as exc:

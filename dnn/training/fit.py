@@ -311,7 +311,12 @@ class Training:
         # after the trial: one made now may adopt strategies (a cached choice, the only candidate), which
         # are part of the key; a key taken before would file this epoch's program under the old
         # strategies and the next epoch would record it again
-        key = self._program_key("train")     # (a change of the optimizer takes effect at the next epoch)
+        key = self._program_key("train")
+        # a callback's on_batch_end may change the optimizer (momentum, betas, weight decay, the
+        # optimizer itself) or a layer's settings: a step recorded before would replay the old ones
+        # silently, or read momentum buffers its optimizer freed, so the key is taken again after such
+        # hooks (only where some callback has one: the key reads the optimizer's config)
+        rekey = any(type(cb).on_batch_end is not cbs.Callback.on_batch_end for cb in hooks)
         for b in range(skip, len(sizes)):
             size = sizes[b]
             if trial is not None:
@@ -327,6 +332,8 @@ class Training:
             self.position = (epoch, b + 1, batch_size, n)
             bar.update(done, metrics.read)
             cbs.call(hooks, "on_batch_end", b)
+            if rekey and trial is None:
+                key = self._program_key("train")
         self.position = None
         if trial is not None:
             trial.end_epoch()
@@ -347,6 +354,9 @@ class Training:
 
 def _with_nan_guard(callbacks, terminate_on_nan):
     """The user's callbacks, plus a TerminateOnNaN when asked and none is there."""
+    if isinstance(callbacks, cbs.Callback):
+        raise ConfigError(f"callbacks must be a list of dnn.callbacks.Callback objects, got one "
+                          f"{type(callbacks).__name__}: pass callbacks=[it]")
     callbacks = list(callbacks or [])
     if terminate_on_nan and not any(isinstance(cb, cbs.TerminateOnNaN) for cb in callbacks):
         callbacks.append(cbs.TerminateOnNaN())

@@ -442,3 +442,71 @@ def test_a_parameter_listed_twice_is_refused_by_every_optimizer(kind):
     y = G.var("y", (1, 1), init=5.0, dtype="float64")
     kind(lr=0.1).minimize(G.pow(y, 2), [y])
     assert once == y.value.to_numpy().item() < 5.0
+
+
+# ---- optimizer settings changed by a callback in the middle of an epoch (a hostile-use probe) -------
+def _mid_epoch_model(opt):
+    dmath.random.seed(5)
+    return dnn.Sequential([L.Input(4), L.Dense(6, activation="relu"), L.Dense(3), L.Output("softmax")],
+                          dtype="float64", optimizer=opt)
+
+
+def _mid_epoch_data():
+    rng = np.random.default_rng(2)
+    return rng.normal(size=(16, 4)), rng.integers(0, 3, 16)
+
+
+class _AtBatch(dnn.callbacks.Callback):
+    def __init__(self, batch, change):
+        self.batch, self.change = batch, change
+
+    def on_batch_end(self, batch, logs=None):
+        if batch == self.batch:
+            self.change(self.model)
+
+
+@pytest.mark.parametrize("opt,change", [
+    (lambda: optim.SGD(lr=0.1, momentum=0.9), lambda m: setattr(m.optimizer, "momentum", 0.0)),
+    (lambda: optim.SGD(lr=0.1), lambda m: setattr(m.optimizer, "momentum", 0.9)),
+    (lambda: optim.SGD(lr=0.1), lambda m: setattr(m.optimizer, "weight_decay", 0.5)),
+    (lambda: optim.Adam(lr=0.05), lambda m: setattr(m.optimizer, "eps", 0.1)),
+])
+def test_an_optimizer_setting_changed_mid_epoch_applies_from_the_next_step(opt, change):
+    """The epoch's recorded step baked momentum, weight decay, betas and eps in: a change from a callback
+    was ignored until the next epoch (lowering momentum replayed a step reading freed buffers: a
+    PlanError). It applies from the next step now: the same weights as two fits, changed in between."""
+    x, y = _mid_epoch_data()
+    model = _mid_epoch_model(opt())
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[_AtBatch(1, change)])
+    ref = _mid_epoch_model(opt())
+    ref.fit(x[:8], y[:8], batch_size=4, epochs=1, shuffle=False, verbose=0)
+    change(ref)
+    ref.fit(x[8:], y[8:], batch_size=4, epochs=1, shuffle=False, verbose=0)
+    for a, b in zip(model.get_weights(), ref.get_weights()):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-14)
+
+
+def test_an_optimizer_replaced_mid_epoch_steps_from_the_next_batch():
+    x, y = _mid_epoch_data()
+    model = _mid_epoch_model(optim.SGD(lr=0.5))
+    seen = {}
+
+    def swap(m):
+        seen["weights"] = m.get_weights()
+        m.optimizer = optim.SGD(lr=1e-300)            # (the old one would move them by 0.5 x gradient)
+    model.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[_AtBatch(1, swap)])
+    for a, b in zip(model.get_weights(), seen["weights"]):
+        np.testing.assert_allclose(a, b, rtol=1e-15, atol=1e-200)
+    assert model.optimizer.iterations == 2
+
+
+def test_callbacks_given_as_one_object_and_inputs_that_are_not_arrays_are_refused_in_words():
+    x, y = _mid_epoch_data()
+    model = _mid_epoch_model(optim.SGD(lr=0.1))
+    with pytest.raises(dnn.ConfigError, match="a list of dnn.callbacks.Callback objects, got one EarlyStopping"):
+        model.fit(x, y, epochs=1, verbose=0, callbacks=dnn.callbacks.EarlyStopping())
+    with pytest.raises(dnn.DNNError, match="must be a numpy array .*got generator: materialise it"):
+        model.predict(r for r in x)
+    with pytest.raises(dnn.DNNError, match="must be a numpy array .*got NoneType"):
+        model.fit(None, y, epochs=1, verbose=0)
+    model.fit(x, y, epochs=1, verbose=0)                 # the runtime goes on
