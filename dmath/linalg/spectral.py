@@ -354,7 +354,9 @@ def _lanczos(call):
     scale_a = np.finfo(np.float64).tiny
     for j in range(steps):
         collectives.allgatherv(group, xp.ascontiguousarray(V[:, j]), full, sizes)
-        w = A @ (full * before) if before != 1.0 else A @ full
+        if before != 1.0:
+            full *= before          # (the gathered vector's buffer: refilled at every step)
+        w = A @ full
         if after != 1.0:
             w *= after
         coef = np.zeros(j + 1)

@@ -287,16 +287,12 @@ def _reduce_all(call):
     if call.rank == 0:
         if op == "sum":
             value = _total([_IDENTITY_PART] + [p for ps in values for p in ps])
-        elif op == "sumsq":
-            parts = [p for ps in values for p in ps]
-            value = _root_sum_squares(parts) if finish == "sqrt" else \
-                _total([_IDENTITY_PART] + parts)
+        elif op == "sumsq":             # (asked with finish 'sqrt' only: the Frobenius norm)
+            value = _root_sum_squares([p for ps in values for p in ps])
         else:
             value = _combine(op, values)
         if finish == "mean":
             size = dist.shape[0] * dist.shape[1]
             value = value / size if size else float("nan")
-        elif finish == "sqrt" and op != "sumsq":
-            value = float(np.sqrt(value))
         call.result = value
     return []

@@ -378,10 +378,10 @@ def to_layout_of(g, p, keep_dtype=False, background=False, dtype=None):
 
 
 def setting(name, check):
-    """A hyper-parameter that may change between fits, or from a callback's on_batch_end during one (the
-    recorded step is rebuilt for the next step: its key holds it): every assignment, the constructor's included, stores check(optimizer, value), so a later
-    one is checked as the constructor's argument; the value lives in `_<name>` (state_names may
-    follow it)."""
+    """A hyper-parameter that may change between fits, or from a callback's on_batch_end during one
+    (the recorded step is rebuilt for the next step: its key holds it): every assignment, the
+    constructor's included, stores check(optimizer, value), so a later one is checked as the
+    constructor's argument; the value lives in `_<name>` (state_names may follow it)."""
     attr = "_" + name
     return property(lambda self: getattr(self, attr), lambda self, value: setattr(self, attr, check(self, value)))
 

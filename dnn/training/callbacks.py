@@ -27,6 +27,10 @@ class Callback:
 
     model = None
     params = None
+    #: whether on_batch_end may change a setting a recorded step computes with (the optimizer or its
+    #: hyper-parameters, a layer's configuration): fit then checks them after the hook, at every step
+    #: (False for the library's callbacks that only read or save)
+    changes_settings = True
 
     def on_train_begin(self, logs=None):
         pass
@@ -275,6 +279,8 @@ class ModelCheckpoint(Callback):
     save_best_only: per epoch only, save when `monitor` improved.
     """
 
+    changes_settings = False
+
     def __init__(self, path, monitor="val_loss", save_best_only=False, every=1, unit="epoch", keep=None):
         if unit not in ("epoch", "step"):
             raise ConfigError(f"ModelCheckpoint: unit must be 'epoch' or 'step', got {unit!r}")
@@ -397,6 +403,8 @@ class TerminateOnNaN(Callback):
     raises, so that a script does not go on with a broken model. Pass
     `fit(..., terminate_on_nan=False)` to train without it.
     """
+
+    changes_settings = False
 
     def __init__(self, check_every=50, max_skipped=30):
         for name, v in (("check_every", check_every), ("max_skipped", max_skipped)):

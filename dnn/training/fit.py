@@ -315,8 +315,9 @@ class Training:
         # a callback's on_batch_end may change the optimizer (momentum, betas, weight decay, the
         # optimizer itself) or a layer's settings: a step recorded before would replay the old ones
         # silently, or read momentum buffers its optimizer freed, so the key is taken again after such
-        # hooks (only where some callback has one: the key reads the optimizer's config)
-        rekey = any(type(cb).on_batch_end is not cbs.Callback.on_batch_end for cb in hooks)
+        # hooks (only where some callback may change them: the key reads every layer's config)
+        rekey = any(cb.changes_settings and type(cb).on_batch_end is not cbs.Callback.on_batch_end
+                    for cb in hooks)
         for b in range(skip, len(sizes)):
             size = sizes[b]
             if trial is not None:

@@ -562,9 +562,10 @@ def _update_cuda(call):
 # ---- the GPU kernels of many parameters: a table of arrays per launch ------------------------------------
 # The same arithmetic as the elementwise kernels above, in the same order and types (a parameter comes out
 # bit for bit as nn_update makes it), over a DmTable of (param, grad, state..., length, first block) per
-# array: a block steps the array dm_table_entry gives it, with that array's blocks. Built for float and double parameters with a gradient of their
-# type (or half for float parameters), a float32 gate and loss scale, and the other step scalars in the
-# parameter's type: what dnn's optimizers hand over; other pieces take the elementwise kernels.
+# array: a block steps the array dm_table_entry gives it, with that array's blocks. Built for float and
+# double parameters with a gradient of their type (or half for float parameters), a float32 gate and loss
+# scale, and the other step scalars in the parameter's type: what dnn's optimizers hand over; other pieces
+# take the elementwise kernels.
 _MANY_SOURCE = cuda.TABLE_STRUCT + r"""
 // the gradient a rule reads: g / scale (+ wd p), as the elementwise kernels compute it
 template <typename A, typename G>

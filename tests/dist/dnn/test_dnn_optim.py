@@ -510,3 +510,19 @@ def test_callbacks_given_as_one_object_and_inputs_that_are_not_arrays_are_refuse
     with pytest.raises(dnn.DNNError, match="must be a numpy array .*got NoneType"):
         model.fit(None, y, epochs=1, verbose=0)
     model.fit(x, y, epochs=1, verbose=0)                 # the runtime goes on
+
+
+def test_the_settings_are_read_again_after_each_step_only_where_a_callback_may_change_them(monkeypatch):
+    """The key reads every layer's config: fit takes it once an epoch unless a callback with an
+    on_batch_end that may change settings is there (the default TerminateOnNaN and a step
+    ModelCheckpoint only read or save)."""
+    x, y = _mid_epoch_data()
+    model = _mid_epoch_model(optim.SGD(lr=0.1))
+    calls = []
+    plain = type(model)._program_key
+    monkeypatch.setattr(type(model), "_program_key", lambda self, kind: calls.append(kind) or plain(self, kind))
+    model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0)
+    quiet = calls.count("train")
+    calls.clear()
+    model.fit(x, y, batch_size=2, epochs=1, shuffle=False, verbose=0, callbacks=[_AtBatch(-1, None)])
+    assert calls.count("train") >= quiet + 8 and quiet < 8       # 8 steps: once after each
