@@ -174,3 +174,49 @@ def test_bad_timeout_setting_is_refused_on_every_rank(tmp_path):
     assert rc != 0 and "STARTED" not in out
     assert "DMATH_TIMEOUT_S must be a number of seconds" in err
     assert seconds < PROMPT_S
+
+
+
+CRASH_JOB = """
+    import ctypes, os, time
+    import dmath
+    from dmath.runtime import kernel
+    from dmath.ops.base import dispatch
+    from dmath.comm.control import gather_objects
+
+    @kernel("test_pids")
+    def _pids(call):
+        call.result = gather_objects(call.world, os.getpid())
+        return []
+
+    @kernel("test_native_crash")
+    def _native_crash(call):
+        if call.rank == 1:
+            ctypes.string_at(0)          # a read of address 0 in native code: SIGSEGV, as a crashing library
+        return []
+
+    dmath.init(device="cpu")
+    print("PIDS", *dispatch("test_pids")[1], flush=True)
+    a = dmath.ones((6, 4), layout=dmath.ColBlock())
+    print("SIGNAL_AT", time.monotonic(), flush=True)
+    try:
+        dispatch("test_native_crash")
+        a.sum()
+        print("NO ERROR RAISED", flush=True)
+    except dmath.WorkerError as e:
+        print(f"CAUGHT rank={e.rank}", flush=True)
+"""
+
+
+def test_a_crash_in_native_code_prints_the_rank_s_python_stack(tmp_path):
+    """A worker killed by SIGSEGV inside a kernel (as cuDNN, NCCL or the driver would crash): the job ends
+    non-zero within the bound, and the dead rank's stderr names the Python call that was running
+    (faulthandler, which dmath.init enables), not only mpiexec's "exited on signal 11"."""
+    rc, out, err, _ = run_job(tmp_path, CRASH_JOB, DMATH_TIMEOUT_S=str(TIMEOUT_S))
+    ended = time.monotonic()
+    assert rc != 0, f"the job exited 0 after a worker's crash\n{out}\n{err}"
+    assert "NO ERROR RAISED" not in out
+    assert "Segmentation fault" in err and "_native_crash" in err, f"stdout:\n{out}\nstderr:\n{err}"
+    seconds = _seconds_after_signal(out, ended)
+    assert seconds is not None and seconds < PROMPT_S / 3 + TIMEOUT_S, f"{seconds} s from the crash to the end"
+    assert _left_over(_pids(out)) == [], "processes of the job are still running"

@@ -1,6 +1,7 @@
 """Starting and ending the process's runtime: `init` (settings, world, backend, pool, heartbeat,
 exit hooks) and `finalize`."""
 import atexit
+import faulthandler
 import os
 import sys
 import threading
@@ -50,10 +51,10 @@ def init(device=None):
     dispatch.configure(values)
     execute.configure(values)
     replicas.cache.budget = values.replica_cache_bytes
+    _enable_crash_stacks()
     watchdog = values.watchdog_s
     if watchdog > 0:
         # hang diagnosis: every rank prints its Python stack every `watchdog` seconds
-        import faulthandler
         faulthandler.dump_traceback_later(watchdog, repeat=True)
     be = backend.select(device, world.local_rank)
     memory.install()       # the pool (on a GPU: CuPy's allocators) serves every allocation from here on
@@ -73,6 +74,19 @@ def init(device=None):
     if world.is_mpi:
         install_excepthook(rt)
     return rt
+
+
+def _enable_crash_stacks():
+    """A crash in native code (cuDNN, NCCL, the driver: SIGSEGV, SIGFPE, SIGABRT, SIGBUS) prints every
+    thread's Python stack on this rank's stderr before the process dies, so the job's log says which
+    call was running; without it a dead rank left only mpiexec's "exited on signal 11". A handler the
+    program installed itself is left as it is."""
+    if faulthandler.is_enabled():
+        return
+    try:
+        faulthandler.enable(all_threads=True)
+    except (RuntimeError, ValueError, OSError, AttributeError):
+        pass        # no usable stderr (closed or replaced by an object without a file descriptor)
 
 
 def _agreed_settings(world):
