@@ -490,7 +490,7 @@ class Model(Training):
                  f"Loss: {self.loss.name}   Optimizer: {type(self.optimizer).__name__} "
                  f"(lr {self.optimizer.current_lr():g})"
                  + ("   Loss scaling: dynamic" if self.loss_scale is not None else "")
-                 + (f"   Loss weights: {list(self.loss_weights)}" if len(self.loss_weights) > 1 else "")]
+                 + (f"   Loss weights: {list(self.loss_weights)}" if self.loss_weights != (1.0,) else "")]
         out = "\n".join(text)
         if print_fn is not None:
             print_fn(out)

@@ -163,7 +163,9 @@ class Program:
                 loss, pred, ref = model.loss.head(z, self.targets, hd.act)
                 if self.pred is None:           # accuracy: the first output's
                     self.pred, self.accuracy_reference = pred, ref
-                parts.append(loss if weight == 1.0 or len(heads) == 1 else Affine(weight).apply(loss))
+                # a single output's weight scales its loss (and so the step) as each of several does:
+                # skipping it there trained loss_weights=[0] or [3] as [1], silently
+                parts.append(loss if weight == 1.0 else Affine(weight).apply(loss))
             self.loss = parts[0] if len(parts) == 1 else add_n(*parts)
         # training and evaluate need the loss head (the output activation is fused into it), predict the output
         self.order = topological_order([self.loss, self.pred] if with_targets else self.output_nodes)
