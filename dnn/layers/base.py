@@ -137,6 +137,12 @@ class Layer:
     #: 'any' (elementwise: as they come); 'channels_last' (convolution, pooling: channels-last
     #: when the model runs so)
     image_rows = "nchw"
+    #: True for a layer whose every call updates state it keeps (a BatchNorm's running statistics):
+    #: a model runs such a layer's calls in the order they were written (dnn.functional)
+    updates_on_call = False
+    #: how many times the weights moved to new matrices (`move_weights`); part of every recorded step's
+    #: key with the strategy, so that no step replays reading matrices the move freed
+    moves = 0
 
     def __init__(self, name=None, parallel="data"):
         if name is not None and not isinstance(name, str):

@@ -53,3 +53,73 @@ def test_a_single_outputs_loss_weight_scales_its_loss_and_its_step():
     assert m.evaluate(xs, ys)["loss"] == pytest.approx(3 * ev, rel=1e-12)
     m.fit(xs, ys, batch_size=8, epochs=1, shuffle=False, verbose=0)
     np.testing.assert_allclose(m.get_weights()[0] - k0, 3 * step, rtol=1e-10)
+
+
+# ---- a BatchNorm called twice: running statistics in call order ------------------------------------
+def _stats(a, axes):
+    """(mean, unbiased variance) per channel over `axes`."""
+    n = np.prod([a.shape[i] for i in axes])
+    return a.mean(axis=axes), a.var(axis=axes) * n / (n - 1)
+
+
+def _torch_order(calls, m=0.1, mean0=0.0, var0=1.0):
+    """The running statistics after the calls' (mean, unbiased variance), one after the other."""
+    rm, rv = mean0, var0
+    for mean, var in calls:
+        rm, rv = (1 - m) * rm + m * mean, (1 - m) * rv + m * var
+    return rm, rv
+
+
+@pytest.mark.parametrize("join", ["add", "add_reversed", "concat_reversed"])
+@pytest.mark.parametrize("fuse", [True, "relu", False])
+def test_a_batchnorm_called_twice_updates_its_running_statistics_in_call_order(fuse, join):
+    """Folded into the Add it fed (a residual tail) or the Concatenate (in place), the first call ran
+    at the join, after the second; unfolded, the walk from the loss ran first the call the join read
+    first. Either way the running mean was off by 1e-3 from PyTorch's. Every call now runs in the order
+    written, and a BatchNorm called more than once is never folded into a join."""
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(8, 2, 3, 3))
+    y = rng.integers(0, 3, 8)
+    inp = dnn.Input((2, 3, 3))
+    bn = L.BatchNorm()
+    a = bn(inp)                                                                 # call 1
+    b = bn(L.Conv2D(2, 1, kernel_init="ones", use_bias=False)(inp))            # call 2
+    joined = {"add": lambda: L.Add()([a, b]), "add_reversed": lambda: L.Add()([b, a]),
+              "concat_reversed": lambda: L.Concatenate()([b, a])}[join]()
+    out = L.Dense(3, activation="softmax")(L.Flatten()(joined))
+    m = dnn.Model(inp, out, dtype="float64", fuse=fuse)
+    m.fit(x, y, batch_size=8, epochs=1, shuffle=False, verbose=0)
+    t2 = np.repeat(x.sum(axis=1, keepdims=True), 2, axis=1)     # the ones 1x1 convolution's output
+    rm, rv = _torch_order([_stats(x, (0, 2, 3)), _stats(t2, (0, 2, 3))])
+    np.testing.assert_allclose(bn.get_weights()[2], rm, rtol=1e-12, atol=1e-15)
+    np.testing.assert_allclose(bn.get_weights()[3], rv, rtol=1e-12)
+    assert bn.batches_tracked == 1
+
+
+def test_a_batchnorm_of_each_workers_statistics_called_twice_trains_at_every_worker_count():
+    """BatchNorm(synchronized=False) called twice summed its running statistics' terms into one matrix
+    twice (a DMathError from sum_partials at 2 or more workers, then the job ended). The calls update
+    them in call order, each by the average of the workers' own statistics (PyTorch under DDP)."""
+    rng = np.random.default_rng(0)
+    xs, ys = rng.normal(size=(12, 4)), rng.integers(0, 3, 12)     # 12 rows: even row blocks at P = 1..4
+    dmath.random.seed(1)
+    x = dnn.Input(4)
+    bn = L.BatchNorm(synchronized=False)
+    dense = L.Dense(4)
+    h = bn(dense(bn(x)))
+    m = dnn.Model(x, L.Dense(3, activation="softmax")(h), dtype="float64")
+    k, bias = dense.get_weights()
+    m.fit(xs, ys, batch_size=12, epochs=1, shuffle=False, verbose=0)
+    calls = [[], []]
+    for rows in np.split(xs, P):                  # each worker's own rows, statistics and normalisation
+        mean, var = _stats(rows, (0,))
+        calls[0].append((mean, var))
+        biased = rows.var(axis=0)
+        h = (rows - mean) / np.sqrt(biased + 1e-5) @ k + bias
+        calls[1].append(_stats(h, (0,)))
+    averaged = [tuple(np.mean([s[i] for s in per_worker], axis=0) for i in range(2)) for per_worker in calls]
+    rm, rv = _torch_order(averaged)
+    np.testing.assert_allclose(bn.get_weights()[2], rm, rtol=1e-10, atol=1e-13)
+    np.testing.assert_allclose(bn.get_weights()[3], rv, rtol=1e-10)
+    # the layer called once beside it still takes its sums straight into its statistics
+    assert np.isfinite(m.evaluate(xs, ys)["loss"])
