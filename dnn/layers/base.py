@@ -57,7 +57,7 @@ class Weight:
         overwrite(m, a.reshape(m.shape))
 
     def relayout(self, layout):
-        """Move the weight to another layout (a new matrix)."""
+        """Move the weight to another layout (a new matrix): through `Layer.move_weights`, which counts it."""
         if self.trainable:
             self.var.value = self.var.value.remap(layout)
         else:
@@ -262,8 +262,19 @@ class Layer:
         return "data"
 
     def adopt(self, strategy):
-        """Take `strategy` (one of `strategies`): the weights move to its layouts."""
+        """Take `strategy` (one of `strategies`): the weights move to its layouts (`move_weights`)."""
         self.strategy = strategy
+
+    def move_weights(self, weights, layout):
+        """Move `weights` (some of this layer's) to `layout`: new matrices. The count `moves` goes up,
+        so every step recorded with the old matrices is recorded again: parallel='auto' timing
+        data -> model -> data ends on the strategy it started from, and a key of strategies alone
+        matched, replaying an evaluation that read the freed matrices (a PlanError)."""
+        weights = list(weights)
+        for w in weights:
+            w.relayout(layout)
+        if weights:
+            self.moves += 1
 
     # ---- graph building ----------------------------------------------------------
     def forward(self, x, ctx):

@@ -123,3 +123,70 @@ def test_a_batchnorm_of_each_workers_statistics_called_twice_trains_at_every_wor
     np.testing.assert_allclose(bn.get_weights()[3], rv, rtol=1e-10)
     # the layer called once beside it still takes its sums straight into its statistics
     assert np.isfinite(m.evaluate(xs, ys)["loss"])
+
+
+# ---- a recorded evaluation outlives its layer's weights -------------------------------------------
+def _auto_model(parallel="auto", dense=None):
+    inp = dnn.Input(64)
+    dense = dense or L.Dense(64, activation="tanh", parallel=parallel)
+    return dnn.Model(inp, L.Dense(4, activation="softmax")(dense(inp)), dtype="float64"), dense
+
+
+def _sets():
+    rng = np.random.default_rng(0)
+    return (dnn.data.Dataset(rng.normal(size=(8, 64)), rng.integers(0, 4, 8)),
+            dnn.data.Dataset(rng.normal(size=(16, 64)), rng.integers(0, 4, 16)))
+
+
+def test_steps_recorded_before_a_layers_weights_moved_are_recorded_again():
+    """A strategy change data -> model -> data (parallel='auto' timing) moved the weights to new
+    matrices and back to the strategy the key held: evaluate and predict on a Dataset replayed their
+    recording, which read the freed matrices (PlanError). The key counts the moves; also for a model
+    that shares the layer (its recorded predict outlived the other model's move)."""
+    _, val = _sets()
+    dmath.random.seed(2)
+    m, dense = _auto_model(parallel="data")
+    other, _ = _auto_model(dense=dense)
+    ev, pred, shared = m.evaluate(val), m.predict(val), other.predict(val)
+    moves = dense.moves
+    kernel = dense.kernel.value
+    dense.adopt("model")
+    dense.adopt("data")
+    assert dense.kernel.value is not kernel and dense.moves == moves + 2
+    assert m.evaluate(val) == pytest.approx(ev, rel=1e-12)
+    np.testing.assert_allclose(m.predict(val), pred, rtol=1e-12)
+    np.testing.assert_allclose(other.predict(val), shared, rtol=1e-12)
+
+
+@pytest.fixture()
+def timing_ends_on_data(tmp_path, monkeypatch):
+    """A private tuning cache (nothing cached: every candidate is timed) and a timing whose choice is
+    'data', the candidate it started from, so the weights go data -> model -> data."""
+    own = tuning.TuneCache(str(tmp_path / "tune.json"))
+    monkeypatch.setattr(tuning, "shared", lambda: own)
+    monkeypatch.setattr(tuning, "mode", lambda: "fast")
+    monkeypatch.setattr(strategy, "fastest", lambda ms: "data")
+
+
+def test_an_evaluation_recorded_while_fit_times_the_strategies_replays_after_the_timing(timing_ends_on_data):
+    train, val = _sets()
+    dmath.random.seed(3)
+    m, dense = _auto_model()
+    other, _ = _auto_model(dense=dense)     # a second model on the same layer, its predict recorded meanwhile
+    m.fit(train, batch_size=8, epochs=1, verbose=0)
+    during, shared = m.evaluate(val), other.predict(val)
+    m.fit(train, batch_size=8, epochs=2 * (strategy.WARM + strategy.TIMED) + 2, verbose=0)
+    report = m.parallel_report[8]
+    assert report["chosen"] == "data" and dense.strategy == "data"
+    if P > 1:
+        assert report["how"] == "measured" and dense.moves >= 2
+    after = m.evaluate(val)                 # (a PlanError: the replay read the freed matrices)
+    assert after != during                  # trained since
+    copies = []
+    for model in (m, other):                # the oracle: new models given the trained weights
+        fresh, _ = _auto_model(parallel="data")
+        fresh.set_weights(model.get_weights())
+        copies.append(fresh)
+    assert after == pytest.approx(copies[0].evaluate(val), rel=1e-12)
+    np.testing.assert_allclose(other.predict(val), copies[1].predict(val), rtol=1e-12)
+    assert not np.allclose(other.predict(val), shared)     # the shared layer trained since
