@@ -175,6 +175,10 @@ class Layer:
     @name.setter
     def name(self, value):
         self._name = value
+        self.auto_named = False
+
+    #: whether a model gave the name (its kind and a number, counted per model: dnn.Model)
+    auto_named = False
 
     @property
     def named(self):
@@ -205,6 +209,14 @@ class Layer:
         self.param_dtype = np.dtype(param_dtype).name
         self.built = True
         return out
+
+    def unbuild(self):
+        """Forget a build (the weights go with their matrices): a model whose constructor failed after
+        it built this layer leaves it as it found it, for a model of any dtype or shape."""
+        self.weights = []
+        self.input_shape = None
+        self.param_dtype = None
+        self.built = False
 
     def check_param_dtype(self, param_dtype, model_dtype=None):
         """ConfigError when an earlier build (another model's) made the layer's weights in another

@@ -190,3 +190,63 @@ def test_an_evaluation_recorded_while_fit_times_the_strategies_replays_after_the
     assert after == pytest.approx(copies[0].evaluate(val), rel=1e-12)
     np.testing.assert_allclose(other.predict(val), copies[1].predict(val), rtol=1e-12)
     assert not np.allclose(other.predict(val), shared)     # the shared layer trained since
+
+
+# ---- a refused constructor changes nothing ------------------------------------------------------------
+def _untouched(*layers):
+    return all(not layer.built and not layer.named and layer.param_dtype is None for layer in layers)
+
+
+def test_a_refused_model_names_and_builds_nothing():
+    """Output widths, a shared layer's input shape and a failing build were found after the layers were
+    named and built in the refused model's dtype; the next, correct model was then refused ('has float64
+    weights'). Every check now runs first, and what a failing build did is undone."""
+    x = dnn.Input(4)
+    d = L.Dense(3)
+    h = d(x)
+    o2 = L.Dense(5)(h)
+    with pytest.raises(dnn.ConfigError, match=r"same number of values; got outputs of shapes \[\(3,\), \(5,\)\]"):
+        dnn.Model(x, [h, o2], loss="mse", dtype="float64")
+    assert _untouched(d, o2.layer, x.layer)
+    m = dnn.Model(x, h, loss="mse", dtype="float32")
+    assert d.name == "dense_1" and d.param_dtype == "float32"
+    # a layer built for (4,) now given samples of (3,)
+    z = dnn.Input(3)
+    fresh = L.Dense(3)
+    with pytest.raises(dnn.ShapeError, match=r"dense_1 was built for samples of shape \(4,\), now given \(3,\)"):
+        dnn.Model(z, L.Add()([fresh(z), d(z)]), loss="mse", dtype="float32")
+    assert _untouched(fresh, z.layer)
+    # a new layer called on two shapes
+    twice = L.Dense(3)
+    with pytest.raises(dnn.ShapeError, match=r"called on samples of shape \(4,\) and of shape \(3,\)"):
+        dnn.Model(x, L.Add()([twice(x), twice(L.Dense(3)(x))]), loss="mse", dtype="float64")
+    assert _untouched(twice)
+    # a build that fails (initial values of the wrong shape) after others were built: undone
+    first, bad = L.Dense(3), L.Dense(2, kernel_init=FromArray(np.ones((5, 2))))
+    with pytest.raises(dnn.ShapeError, match="expected shape"):
+        dnn.Model(x, bad(first(x)), loss="mse", dtype="float64")
+    assert _untouched(first, bad)
+    assert dnn.Model(x, L.Dense(2)(first(x)), loss="mse", dtype="float32").layers[1] is first
+    assert first.name == "dense_1" and first.param_dtype == "float32"
+    assert m.predict(np.zeros((2, 4), np.float32)).shape == (2, 3)
+
+
+# ---- layers of two models combined ----------------------------------------------------------------------
+def test_layers_named_by_two_models_combined_are_refused_naming_them_and_the_cure():
+    a = dnn.Input(4)
+    m1 = dnn.Model(a, L.Dense(3)(a), loss="mse")
+    b = dnn.Input(4)
+    m2 = dnn.Model(b, L.Dense(3)(b), loss="mse")
+    x = dnn.Input(4)
+    with pytest.raises(dnn.ConfigError, match=r"'dense_1' names 2 layers \(Dense, Dense\)\. Layers named "
+                                              r"automatically by separate models .*name="):
+        dnn.Model(x, L.Add()([m1.layers[1](x), m2.layers[1](x)]), loss="mse")
+    assert not x.layer.named and m1.layers[1].name == m2.layers[1].name == "dense_1"
+    with pytest.raises(dnn.ConfigError, match=r"'twin' names 2 layers \(Dense, Dense\)\. Give the layers names"):
+        dnn.Model(x, L.Add()([L.Dense(3, name="twin")(x), L.Dense(3, name="twin")(x)]), loss="mse")
+    left, right = L.Dense(3, name="left"), L.Dense(3, name="right")
+    m3 = dnn.Model(a, left(a), loss="mse")
+    m4 = dnn.Model(b, right(b), loss="mse")
+    both = dnn.Model(x, L.Add()([left(x), right(x)]), loss="mse")
+    v = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
+    np.testing.assert_allclose(both.predict(v), m3.predict(v) + m4.predict(v), rtol=1e-5, atol=1e-6)
