@@ -372,7 +372,9 @@ class Model(Training):
             if math.prod(a.shape[1:]) != math.prod(shape):
                 raise ShapeError(f"{what}: an input of samples {shape} got an array of shape {a.shape}")
             _check_shape(tuple(a.shape[1:]), tuple(shape), what)
-        return np.concatenate([a.reshape(len(a), -1) for a in arrays], axis=1)
+        # (each width named: reshape(n, -1) cannot infer one for n = 0 samples, and empty inputs
+        # take the single-input model's way)
+        return np.concatenate([a.reshape(len(a), math.prod(a.shape[1:])) for a in arrays], axis=1)
 
     def _check_sample_shape(self, x, what):
         """Samples of an image (or any multi-dimensional) input must have its shape or be flat rows:

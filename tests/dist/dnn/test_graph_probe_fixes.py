@@ -231,6 +231,24 @@ def test_a_refused_model_names_and_builds_nothing():
     assert m.predict(np.zeros((2, 4), np.float32)).shape == (2, 3)
 
 
+# ---- several inputs given no samples ---------------------------------------------------------------
+def test_a_model_of_several_inputs_predicts_no_samples_as_one_input_does():
+    """A list of empty arrays raised NumPy's 'cannot reshape array of size 0' from joining them."""
+    a, b = dnn.Input(4), dnn.Input(3)
+    m = dnn.Model([a, b], L.Dense(2)(L.Concatenate()([a, b])), loss="mse")
+    got = m.predict([np.zeros((0, 4)), np.zeros((0, 3))])
+    assert got.shape == (0, 2) and got.dtype == np.float32
+    c = dnn.Input(7)
+    one = dnn.Model(c, L.Dense(2)(c), loss="mse")
+    assert one.predict(np.zeros((0, 7))).shape == (0, 2)
+    with pytest.raises(DataError, match="at least one sample") as single:
+        one.evaluate(np.zeros((0, 7)), np.zeros((0, 2)))
+    with pytest.raises(type(single.value), match="at least one sample"):
+        m.evaluate([np.zeros((0, 4)), np.zeros((0, 3))], np.zeros((0, 2)))
+    with pytest.raises(dnn.ShapeError, match="same number of samples"):
+        m.predict([np.zeros((0, 4)), np.zeros((1, 3))])
+
+
 # ---- layers of two models combined ----------------------------------------------------------------------
 def test_layers_named_by_two_models_combined_are_refused_naming_them_and_the_cure():
     a = dnn.Input(4)
