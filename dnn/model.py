@@ -295,7 +295,9 @@ class Model(Training):
         return [a for layer in self.layers for a in layer.get_weights()]
 
     def set_weights(self, weights):
-        """Write weights in get_weights' order and shapes (in place: recorded steps stay valid)."""
+        """Write weights in get_weights' order and shapes (in place: recorded steps stay valid). Every
+        array is checked first (shape, numbers the weight's dtype holds, no NaN or infinity, as
+        load_state_dict): a refused one leaves every weight as it was."""
         weights = list(weights)
         expected = sum(len(layer.weights) for layer in self.layers)
         if len(weights) != expected:
@@ -304,7 +306,7 @@ class Model(Training):
         checked, i = [], 0
         for layer in self.layers:
             n = len(layer.weights)
-            checked.append(layer.checked_weights(weights[i:i + n]))
+            checked.append(layer.checked_weights(weights[i:i + n], finite=True))
             i += n
         for layer, arrays in zip(self.layers, checked):
             layer.write_checked(arrays)
@@ -343,6 +345,7 @@ class Model(Training):
         if len(self.graph.inputs) == 1:
             self._check_sample_shape(x, what)
         _check_range(x, self.dtype, what)
+        self._check_not_per_output(x, y, what)
 
         def check(features, kind, width, label_range):
             if features != self.features:
@@ -353,6 +356,20 @@ class Model(Training):
                     raise ConfigError(f"{what}: targets are needed (y, or a Dataset built with y)")
                 self.loss.one_hot(kind, width, label_range, self.outputs)      # raises on a misfit
         return as_dataset(x, y, what, check)
+
+    def _check_not_per_output(self, x, y, what):
+        """ConfigError for targets given as a list of one array per output (Keras' way for several
+        outputs): every output here is trained against the same targets, and such a list read as
+        one array said only '2 targets for 3 samples', or passed with rows of the wrong width."""
+        n_out = len(self.graph.outputs)
+        if n_out == 1 or not isinstance(y, (list, tuple)) or isinstance(x, Dataset) or not np.ndim(x):
+            return
+        if y and all(isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == len(x) for v in y):
+            where = "" if what == "x" else f"{what}: "        # (the training data's y is just 'y')
+            raise ConfigError(f"{where}y is a list of {len(y)} arrays of {len(x)} targets each (one per output?); "
+                              f"this model's {n_out} outputs are all trained against the same targets: pass "
+                              f"one array y with one target per sample (a class label, or a row of "
+                              f"{self.outputs} values)")
 
     def _side_by_side(self, x, what):
         """A model with several inputs reads a list of arrays, one per input (each (N, ...) of its

@@ -39,15 +39,18 @@ class Weight:
     def numpy(self):
         return self.value.to_numpy().reshape(self.public_shape)
 
-    def checked(self, array):
+    def checked(self, array, finite=False):
         """`array` as this weight's values (a numpy array of its public shape and real numbers its
-        dtype holds: initializers.check_values, FromArray's check too)."""
+        dtype holds: initializers.check_values, FromArray's check too); finite: NaN and infinity
+        refused too (set_weights, as load_state_dict; a model file keeps what it saved)."""
         from .. import initializers
         a = initializers.check_values(array, self.public_shape, self.value.dtype, f"weight {self.name}")
         if self.minimum is not None and a.size and not bool((a >= self.minimum).all()):
             # (not a < minimum: NaN compares false both ways, and a NaN running variance passed)
             raise ConfigError(f"weight {self.name}: values must be at least {self.minimum:g}, got "
                               f"{float(a[~(a >= self.minimum)].reshape(-1)[0]):g}")
+        if finite and a.size and a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise ShapeError(f"set_weights: weight {self.name} holds NaN or infinity; weights must be finite")
         return a
 
     def write(self, array):
@@ -327,16 +330,18 @@ class Layer:
         return [w.numpy() for w in self.weights]
 
     def set_weights(self, arrays):
-        """Write `arrays` (get_weights' order and shapes); all are checked before any is written."""
-        self.write_checked(self.checked_weights(arrays))
+        """Write `arrays` (get_weights' order and shapes; finite numbers); all are checked before any
+        is written."""
+        self.write_checked(self.checked_weights(arrays, finite=True))
 
-    def checked_weights(self, arrays):
-        """`arrays` checked against the weights (count, shapes, numbers), ready for write_checked."""
+    def checked_weights(self, arrays, finite=False):
+        """`arrays` checked against the weights (count, shapes, numbers; finite: no NaN or infinity),
+        ready for write_checked."""
         arrays = list(arrays)
         if len(arrays) != len(self.weights):
             raise ShapeError(f"{self.name} has {len(self.weights)} weights "
                              f"({', '.join(w.name for w in self.weights) or 'none'}), got {len(arrays)} arrays")
-        return [w.checked(a) for w, a in zip(self.weights, arrays)]
+        return [w.checked(a, finite) for w, a in zip(self.weights, arrays)]
 
     def write_checked(self, arrays):
         for w, a in zip(self.weights, arrays):

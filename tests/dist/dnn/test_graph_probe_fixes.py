@@ -268,3 +268,50 @@ def test_layers_named_by_two_models_combined_are_refused_naming_them_and_the_cur
     both = dnn.Model(x, L.Add()([left(x), right(x)]), loss="mse")
     v = np.random.default_rng(0).normal(size=(3, 4)).astype(np.float32)
     np.testing.assert_allclose(both.predict(v), m3.predict(v) + m4.predict(v), rtol=1e-5, atol=1e-6)
+
+
+# ---- the minor findings -----------------------------------------------------------------------------
+def test_set_weights_refuses_nan_and_infinity_and_changes_nothing():
+    x = dnn.Input(4)
+    m = dnn.Model(x, L.Dense(2)(L.Dense(3)(x)), loss="mse", dtype="float64")
+    before = m.get_weights()
+    for bad in (np.nan, np.inf, -np.inf):
+        arrays = [w + 1.0 for w in before]
+        arrays[-1] = arrays[-1].copy()
+        arrays[-1][0] = bad                         # the last one: the first ones pass their checks
+        with pytest.raises(dnn.ShapeError, match="dense_2/bias holds NaN or infinity"):
+            m.set_weights(arrays)
+        with pytest.raises(dnn.ShapeError, match="dense_2/bias holds NaN or infinity"):
+            m.layers[2].set_weights(arrays[2:])
+        for w, b in zip(m.get_weights(), before):
+            np.testing.assert_array_equal(w, b)
+    m.set_weights([w + 1.0 for w in before])
+    np.testing.assert_array_equal(m.get_weights()[0], before[0] + 1.0)
+
+
+def test_num_batches_tracked_must_be_a_scalar_as_pytorchs():
+    x = dnn.Input(3)
+    bn = L.BatchNorm(name="bn1")
+    m = dnn.Model(x, L.Dense(2)(bn(x)), loss="mse", dtype="float64")
+    sd = m.state_dict()
+    for bad in (np.array([[5]]), np.array([5])):
+        with pytest.raises(dnn.ShapeError, match=r"bn1.num_batches_tracked must be one non-negative integer of "
+                                                 r"shape \(\)"):
+            m.load_state_dict(dict(sd, **{"bn1.num_batches_tracked": bad}))
+        assert bn.batches_tracked == 0
+    m.load_state_dict(dict(sd, **{"bn1.num_batches_tracked": np.array(5)}))
+    assert bn.batches_tracked == 5
+
+
+def test_targets_given_one_array_per_output_are_refused_in_words():
+    x = dnn.Input(4)
+    h = L.Dense(3)(x)
+    m = dnn.Model(x, [L.Dense(2)(h), L.Dense(2)(h)], loss="mse")
+    xs = np.zeros((3, 4))
+    for count in (2, 3):            # as many as the outputs, and (as many as the samples) a third
+        with pytest.raises(dnn.ConfigError, match=rf"y is a list of {count} arrays of 3 targets each .*2 outputs "
+                                                  rf"are all trained against the same targets: pass one array"):
+            m.fit(xs, [np.zeros((3, 2))] * count, verbose=0)
+    with pytest.raises(dnn.ShapeError, match=r"y holds 2 targets for 3 samples; expected one target per sample"):
+        dnn.Model(x, h, loss="mse").fit(xs, np.zeros((2, 3)), verbose=0)
+    assert np.isfinite(m.fit(xs, np.zeros((3, 2)), verbose=0)["loss"][0])
