@@ -246,11 +246,11 @@ class Program:
         communication stream beside the backward pass; the next step's forward waits for them). An
         assign of each sum after the backward pass cost a launch per statistic at the step's end
         (GoogLeNet: 114 a step, 0.2 ms on 4 H200s)."""
-        calls = {}          # running statistic -> [(its Partial terms, momentum)] per call, in call order
+        calls = {}          # running statistic -> [(its Partial terms, keep)] per call, in call order
         for node in self.order:
             if node.fn is not None:
-                for terms, target in node.fn.running_terms():
-                    calls.setdefault(target, []).append((terms, node.fn.momentum))
+                for terms, target, keep in node.fn.running_terms():
+                    calls.setdefault(target, []).append((terms, keep))
         once = [(t[0][0], target) for target, t in calls.items() if len(t) == 1]
         if once:
             dmath.sum_partials([t for t, _ in once], background=True, out=[target for _, target in once])
@@ -271,9 +271,9 @@ class Program:
         k = 0
         for target in targets:
             r = sums[k]
-            for _, m in shared[target][1:]:
+            for _, keep in shared[target][1:]:
                 k += 1
-                r = (r - target) * (1.0 - m) + sums[k]
+                r = (r - target) * keep + sums[k]
             k += 1
             target.assign(r)
 
