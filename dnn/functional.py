@@ -328,15 +328,43 @@ def build_nodes(model, x, ctx, rows_for):
         if i not in heads:          # an input that is also an output (Model(x, [x, y]))
             z = rows_for(values[i], "nchw")
             heads[i] = Head(z, None, z)
+    _order_calls(graph, values)
     return values, [heads[i] for i in graph.outputs]
+
+
+def _order_calls(graph, values):
+    """Order the nodes of each layer that `updates_on_call` (a BatchNorm: its running statistics) in
+    the order its calls were written: each call's node runs after the previous call's. The graph's
+    order is a walk from the loss, which reached a shared BatchNorm's second call first when it
+    fed the Add's first operand, and updated the running statistics in the wrong order."""
+    last = {}
+    for i, t in enumerate(graph.tensors):
+        if not getattr(t.layer, "updates_on_call", False):
+            continue
+        prev = last.get(id(t.layer))
+        if prev is not None and values[i] is not prev:
+            values[i].after += (prev,)
+        last[id(t.layer)] = values[i]
+
+
+def _calls(graph):
+    """{id(layer): the number of its calls in `graph`}."""
+    counts = {}
+    for t in graph.tensors:
+        counts[id(t.layer)] = counts.get(id(t.layer), 0) + 1
+    return counts
 
 
 def residual_tails(graph):
     """{Add tensor: BatchNorm tensor} of the sums a BatchNorm call can compute in its kernel: an Add of
     two tensors, not a model output, one of which is made by a layer that `adds_residual` (a
     BatchNorm) and read by nothing else (a residual block's tail: bn3(h) + shortcut). The first such
-    addend of each Add; pure (the graph only), so a test checks it without building anything."""
+    addend of each Add; pure (the graph only), so a test checks it without building anything. A
+    layer called more than once is left out: its call would run at the Add's place, after its later
+    calls (the running statistics updated out of call order), or never before them at all when
+    the Add's other operand is one of them."""
     outputs = set(graph.outputs)
+    calls = _calls(graph)
     tails = {}
     for a, t in enumerate(graph.tensors):
         ins = graph.inbound[a]
@@ -344,7 +372,7 @@ def residual_tails(graph):
             continue
         for k in ins:
             if (getattr(graph.tensors[k].layer, "adds_residual", False) and graph.consumers[k] == [a]
-                    and k not in outputs):
+                    and k not in outputs and calls[id(graph.tensors[k].layer)] == 1):
                 tails[a] = k
                 break
     return tails
@@ -354,8 +382,10 @@ def concat_branches(graph):
     """{Concatenate tensor: [(BatchNorm tensor, relu tensor or None) per input]} of the image
     concatenations, not model outputs, whose every input is a layer that `writes_slices` (a
     BatchNorm), or a relu Activation of one, read by nothing else: each batch norm can write its
-    channels of the concatenation in place (an Inception module). Pure, as residual_tails."""
+    channels of the concatenation in place (an Inception module). Pure, as residual_tails; a batch
+    norm called more than once is left out as there (its call would move to the Concatenate's place)."""
     outputs, tensors, consumers = set(graph.outputs), graph.tensors, graph.consumers
+    calls = _calls(graph)
     joins = {}
     for c, t in enumerate(tensors):
         if not isinstance(t.layer, Concatenate) or c in outputs or len(t.shape) != 3:
@@ -365,7 +395,8 @@ def concat_branches(graph):
             relu = None
             if isinstance(tensors[j].layer, Activation) and tensors[j].layer.activation == "relu":
                 relu, j = j, graph.inbound[j][0]
-            if not getattr(tensors[j].layer, "writes_slices", False) or j in outputs or relu in outputs or \
+            if not getattr(tensors[j].layer, "writes_slices", False) or calls[id(tensors[j].layer)] > 1 or \
+                    j in outputs or relu in outputs or \
                     consumers[j] != [relu if relu is not None else c] or (relu is not None and consumers[relu] != [c]):
                 break
             branches.append((j, relu))

@@ -140,20 +140,22 @@ class Model(Training):
         else:
             self.loss_scale = None
         self.layers = layers
-        self._name_layers()
         g = self.graph
-        for i, t in enumerate(g.tensors):
-            t.layer.build(t.shape if not g.inbound[i] else g.sample_shapes(i), self.param_dtype)
-        shapes = [g.tensors[i].shape for i in g.inputs]
-        self.input_shape = shapes[0] if len(shapes) == 1 else shapes
-        self.features = sum(math.prod(s) for s in shapes)     # a batch row: the inputs' samples side by side
+        # every check first (the symbolic shapes hold all it needs): a refused model names and builds
+        # nothing, so the layers it was given serve the next model as they were
         shapes = [g.tensors[i].shape for i in g.outputs]
-        self.output_shape = shapes[0] if len(shapes) == 1 else shapes
         widths = {math.prod(s) for s in shapes}
         if len(widths) > 1:
             raise ConfigError(f"the outputs are trained against the same targets, so they need the same number "
                               f"of values; got outputs of shapes {shapes}")
         self.outputs = widths.pop()      # the target columns
+        self.output_shape = shapes[0] if len(shapes) == 1 else shapes
+        _check_builds(g)
+        _check_names(layers)
+        self._name_and_build()
+        shapes = [g.tensors[i].shape for i in g.inputs]
+        self.input_shape = shapes[0] if len(shapes) == 1 else shapes
+        self.features = sum(math.prod(s) for s in shapes)     # a batch row: the inputs' samples side by side
         self.one = dmath.ones((1, 1), dtype="float32" if self.dtype == "float16" else self.dtype,
                               layout=dmath.Replicated())
         # the ranks the model lives on: every worker, or the group of the dmath.on_group block it was built in
@@ -232,7 +234,32 @@ class Model(Training):
         for layer in self.layers:
             layer.trainable = value
 
+    def _name_and_build(self):
+        """Name the layers that have no name (`_name_layers`) and build each for the samples its
+        calls read, in the model's weight dtype. The checks ran before (`_check_builds`,
+        `_check_names`); should a build still fail (an initializer that refuses its values, memory),
+        what this model named, seeded and built is undone before the error goes on."""
+        named = [layer for layer in self.layers if not layer.named]
+        built = [layer for layer in self.layers if not layer.built]
+        seeded = [layer for layer in self.layers if isinstance(layer, Dropout) and layer.seed is None]
+        g = self.graph
+        try:
+            self._name_layers()
+            for i, t in enumerate(g.tensors):
+                t.layer.build(t.shape if not g.inbound[i] else g.sample_shapes(i), self.param_dtype)
+        except BaseException:
+            for layer in built:
+                layer.unbuild()
+            for layer in named:
+                layer.name = None       # (auto_named goes with it)
+            for layer in seeded:
+                layer.seed = None
+            raise
+
     def _name_layers(self):
+        """Name each layer without a name by its kind and a number ('dense_1'), counted within this
+        model: a model built in a new process gets the same names, which its model files and state
+        dicts are keyed by."""
         counts, taken = {}, {x.name for x in self.layers if x.named}
         for i, layer in enumerate(self.layers):
             if not layer.named:
@@ -243,11 +270,10 @@ class Model(Training):
                     if name not in taken:
                         break
                 layer.name = name
+                layer.auto_named = True
                 taken.add(name)
             if isinstance(layer, Dropout) and layer.seed is None:
                 layer.seed = self.seed * 1000 + i + 1
-        if len(taken) != len(self.layers):
-            raise ConfigError(f"layer names must be unique, got {[x.name for x in self.layers]}")
 
     # ---- parameters ------------------------------------------------------------------
     @property
@@ -269,7 +295,9 @@ class Model(Training):
         return [a for layer in self.layers for a in layer.get_weights()]
 
     def set_weights(self, weights):
-        """Write weights in get_weights' order and shapes (in place: recorded steps stay valid)."""
+        """Write weights in get_weights' order and shapes (in place: recorded steps stay valid). Every
+        array is checked first (shape, numbers the weight's dtype holds, no NaN or infinity, as
+        load_state_dict): a refused one leaves every weight as it was."""
         weights = list(weights)
         expected = sum(len(layer.weights) for layer in self.layers)
         if len(weights) != expected:
@@ -278,7 +306,7 @@ class Model(Training):
         checked, i = [], 0
         for layer in self.layers:
             n = len(layer.weights)
-            checked.append(layer.checked_weights(weights[i:i + n]))
+            checked.append(layer.checked_weights(weights[i:i + n], finite=True))
             i += n
         for layer, arrays in zip(self.layers, checked):
             layer.write_checked(arrays)
@@ -317,6 +345,7 @@ class Model(Training):
         if len(self.graph.inputs) == 1:
             self._check_sample_shape(x, what)
         _check_range(x, self.dtype, what)
+        self._check_not_per_output(x, y, what)
 
         def check(features, kind, width, label_range):
             if features != self.features:
@@ -327,6 +356,20 @@ class Model(Training):
                     raise ConfigError(f"{what}: targets are needed (y, or a Dataset built with y)")
                 self.loss.one_hot(kind, width, label_range, self.outputs)      # raises on a misfit
         return as_dataset(x, y, what, check)
+
+    def _check_not_per_output(self, x, y, what):
+        """ConfigError for targets given as a list of one array per output (Keras' way for several
+        outputs): every output here is trained against the same targets, and such a list read as
+        one array said only '2 targets for 3 samples', or passed with rows of the wrong width."""
+        n_out = len(self.graph.outputs)
+        if n_out == 1 or not isinstance(y, (list, tuple)) or isinstance(x, Dataset) or not np.ndim(x):
+            return
+        if y and all(isinstance(v, np.ndarray) and v.ndim >= 1 and len(v) == len(x) for v in y):
+            where = "" if what == "x" else f"{what}: "        # (the training data's y is just 'y')
+            raise ConfigError(f"{where}y is a list of {len(y)} arrays of {len(x)} targets each (one per output?); "
+                              f"this model's {n_out} outputs are all trained against the same targets: pass "
+                              f"one array y with one target per sample (a class label, or a row of "
+                              f"{self.outputs} values)")
 
     def _side_by_side(self, x, what):
         """A model with several inputs reads a list of arrays, one per input (each (N, ...) of its
@@ -346,7 +389,9 @@ class Model(Training):
             if math.prod(a.shape[1:]) != math.prod(shape):
                 raise ShapeError(f"{what}: an input of samples {shape} got an array of shape {a.shape}")
             _check_shape(tuple(a.shape[1:]), tuple(shape), what)
-        return np.concatenate([a.reshape(len(a), -1) for a in arrays], axis=1)
+        # (each width named: reshape(n, -1) cannot infer one for n = 0 samples, and empty inputs
+        # take the single-input model's way)
+        return np.concatenate([a.reshape(len(a), math.prod(a.shape[1:])) for a in arrays], axis=1)
 
     def _check_sample_shape(self, x, what):
         """Samples of an image (or any multi-dimensional) input must have its shape or be flat rows:
@@ -490,7 +535,7 @@ class Model(Training):
                  f"Loss: {self.loss.name}   Optimizer: {type(self.optimizer).__name__} "
                  f"(lr {self.optimizer.current_lr():g})"
                  + ("   Loss scaling: dynamic" if self.loss_scale is not None else "")
-                 + (f"   Loss weights: {list(self.loss_weights)}" if len(self.loss_weights) > 1 else "")]
+                 + (f"   Loss weights: {list(self.loss_weights)}" if self.loss_weights != (1.0,) else "")]
         out = "\n".join(text)
         if print_fn is not None:
             print_fn(out)
@@ -623,6 +668,47 @@ def _check_range(x, dtype, what):
     raise ConfigError(f"{what}: a {dtype} model needs inputs within +-{top:g}; the largest magnitude "
                       f"here is {biggest:g}, which becomes infinity. Normalise the inputs before they are "
                       f"placed (a Dataset's scale= applies after the conversion), or use {wider}")
+
+
+def _check_builds(graph):
+    """Raise what building the layers of `graph` would (ShapeError), changing nothing: a built layer
+    called on samples of another shape than it was built for, or a new one called on two shapes (a
+    layer's weights fit one input shape)."""
+    planned = {}
+    for i, t in enumerate(graph.tensors):
+        layer = t.layer
+        shape = tuple(t.shape if not graph.inbound[i] else graph.sample_shapes(i))
+        if layer.built:
+            if shape != layer.input_shape:
+                raise ShapeError(f"{layer.name} was built for samples of shape {layer.input_shape}, now given "
+                                 f"{shape}")
+            continue
+        first = planned.setdefault(id(layer), shape)
+        if shape != first:
+            raise ShapeError(f"{layer.name} ({type(layer).__name__}) is called on samples of shape {first} and "
+                             f"of shape {shape}; a layer (its weights) serves one input shape: give the other "
+                             f"call a layer of its own")
+
+
+def _check_names(layers):
+    """ConfigError when two of `layers` have one name (a model's names key its files and state dicts).
+    Layers without a name are named by the model, never so; two layers named by two separate models
+    (each numbers its own: 'dense_1' in both) and then combined collide, and the message says which
+    and what to do."""
+    names = {}
+    for layer in layers:
+        if layer.named:
+            names.setdefault(layer.name, []).append(layer)
+    twice = {name: group for name, group in names.items() if len(group) > 1}
+    if twice:
+        which = "; ".join(f"{name!r} names {len(group)} layers ({', '.join(type(x).__name__ for x in group)})"
+                          for name, group in twice.items())
+        fix = "ive the layers names of their own when you create them (L.Dense(3, name='encoder_out'))"
+        if any(x.auto_named for group in twice.values() for x in group):
+            fix = "Layers named automatically by separate models ('dense_1' in each) collide when combined: g" + fix
+        else:
+            fix = "G" + fix
+        raise ConfigError(f"layer names must be unique within a model: {which}. {fix}")
 
 
 def _loss_weights(weights, n):

@@ -87,9 +87,11 @@ def load_state_dict(model, mapping):
         for key, w, transposed in entries:
             a = _array(mapping[key], key)
             if w is None:
-                if a.size != 1 or a.dtype.kind not in "fiu" or not np.isfinite(a).all() or a.reshape(-1)[0] < 0 \
+                # a scalar, as torchvision's (shape ()): a (1, 1) array is another model's, not this entry
+                if a.shape != () or a.dtype.kind not in "fiu" or not np.isfinite(a).all() or a.reshape(-1)[0] < 0 \
                         or a.reshape(-1)[0] != int(a.reshape(-1)[0]) or a.reshape(-1)[0] >= 2 ** 63:
-                    raise ShapeError(f"load_state_dict: {key} must be one non-negative integer, got {a!r}")
+                    raise ShapeError(f"load_state_dict: {key} must be one non-negative integer of shape () (a "
+                                     f"scalar, as PyTorch's), got {a!r}")
                 tracked = int(a.reshape(-1)[0])
                 continue
             want = w.public_shape[::-1] if transposed else w.public_shape

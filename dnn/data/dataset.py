@@ -610,7 +610,9 @@ def _targets(y, n):
         raise ConfigError("Dataset: pass the targets as a numpy array")
     y = rectangular(y, "Dataset: y")
     if y.ndim == 0 or len(y) != n:
-        raise ShapeError(f"{0 if y.ndim == 0 else len(y)} targets for {n} samples")
+        raise ShapeError(f"Dataset: y holds {0 if y.ndim == 0 else len(y)} targets for {n} samples; expected one "
+                         f"target per sample (a class label or a row of values): y of length {n}, got shape "
+                         f"{y.shape}")
     if y.dtype.kind not in "iufb":
         raise DataError(f"Dataset: targets must be numbers (class labels or target rows), got dtype {y.dtype}")
     # one whole number per sample, (n,) or (n, 1) (Keras' sparse labels), is a class label; whole floats

@@ -1,4 +1,6 @@
 """Running a graph: topological order, forward evaluation, reverse-mode gradients."""
+import itertools
+
 import dmath
 
 from ..errors import GraphError
@@ -6,13 +8,19 @@ from .function import GradientTerms
 from .node import Node, Placeholder
 
 
+def _before(node):
+    """The nodes that must run before `node`: its inputs, then its ordering edges (`Node.after`)."""
+    return itertools.chain(node.inputs, node.after) if node.after else iter(node.inputs)
+
+
 def topological_order(outputs):
-    """Every node the `outputs` depend on, each after all of its inputs (iterative: deep graphs are fine)."""
+    """Every node the `outputs` depend on, each after all of its inputs and of the nodes it is
+    ordered after (`Node.after`); iterative: deep graphs are fine."""
     order, state = [], {}          # state: 1 = on the stack, 2 = done
     for root in outputs:
         if not isinstance(root, Node):
             raise GraphError(f"expected graph nodes, got {type(root).__name__}")
-        stack = [(root, iter(root.inputs))]
+        stack = [(root, _before(root))]
         if state.get(root.id) == 2:
             continue
         state[root.id] = 1
@@ -25,7 +33,7 @@ def topological_order(outputs):
                 order.append(node)
             elif state.get(child.id) is None:
                 state[child.id] = 1
-                stack.append((child, iter(child.inputs)))
+                stack.append((child, _before(child)))
     return order
 
 

@@ -69,9 +69,11 @@ class Function:
         backward has run in a training step, so that nothing holds it until the next step."""
 
     def running_terms(self):
-        """((Partial terms, target matrix), ...) that the training step sums over the workers and
-        assigns to their targets once its forward has run: the running statistics of a batch norm
-        with each worker's own statistics. () for every other function."""
+        """((Partial terms, target matrix, keep), ...) that the training step sums over the workers
+        and assigns to their targets once its forward has run: the running statistics of a batch
+        norm with each worker's own statistics, whose update keeps the share `keep` of the old value
+        (1 - momentum: a second call's update combines with the first's by it). () for every other
+        function."""
         return ()
 
     def apply(self, *inputs, name=None):

@@ -66,6 +66,10 @@ class Node:
         sample_shape: the shape of one row: (cols,) or an image (C, H, W).
         fn: the `Function` that computes it (None for a leaf).
         inputs: the nodes `fn` reads.
+        after: nodes that run before this one although it does not read them (an ordering edge,
+            execute.topological_order's only: no value or gradient flows along it). A layer that
+            updates state of its own at each call (a BatchNorm's running statistics) is called in
+            the order its calls were written, as in PyTorch.
         value: the dmath.Matrix of the last evaluation (None before).
     """
 
@@ -76,6 +80,7 @@ class Node:
         self.dtype = canonical_dtype(dtype)
         self.fn = fn
         self.inputs = tuple(inputs)
+        self.after = ()
         self.id = next(_ids)
         self.name = name or (f"{fn.name}_{self.id}" if fn is not None else f"node_{self.id}")
         if sample_shape is None:

@@ -39,15 +39,18 @@ class Weight:
     def numpy(self):
         return self.value.to_numpy().reshape(self.public_shape)
 
-    def checked(self, array):
+    def checked(self, array, finite=False):
         """`array` as this weight's values (a numpy array of its public shape and real numbers its
-        dtype holds: initializers.check_values, FromArray's check too)."""
+        dtype holds: initializers.check_values, FromArray's check too); finite: NaN and infinity
+        refused too (set_weights, as load_state_dict; a model file keeps what it saved)."""
         from .. import initializers
         a = initializers.check_values(array, self.public_shape, self.value.dtype, f"weight {self.name}")
         if self.minimum is not None and a.size and not bool((a >= self.minimum).all()):
             # (not a < minimum: NaN compares false both ways, and a NaN running variance passed)
             raise ConfigError(f"weight {self.name}: values must be at least {self.minimum:g}, got "
                               f"{float(a[~(a >= self.minimum)].reshape(-1)[0]):g}")
+        if finite and a.size and a.dtype.kind == "f" and not np.isfinite(a).all():
+            raise ShapeError(f"set_weights: weight {self.name} holds NaN or infinity; weights must be finite")
         return a
 
     def write(self, array):
@@ -57,7 +60,7 @@ class Weight:
         overwrite(m, a.reshape(m.shape))
 
     def relayout(self, layout):
-        """Move the weight to another layout (a new matrix)."""
+        """Move the weight to another layout (a new matrix): through `Layer.move_weights`, which counts it."""
         if self.trainable:
             self.var.value = self.var.value.remap(layout)
         else:
@@ -137,6 +140,12 @@ class Layer:
     #: 'any' (elementwise: as they come); 'channels_last' (convolution, pooling: channels-last
     #: when the model runs so)
     image_rows = "nchw"
+    #: True for a layer whose every call updates state it keeps (a BatchNorm's running statistics):
+    #: a model runs such a layer's calls in the order they were written (dnn.functional)
+    updates_on_call = False
+    #: how many times the weights moved to new matrices (`move_weights`); part of every recorded step's
+    #: key with the strategy, so that no step replays reading matrices the move freed
+    moves = 0
 
     def __init__(self, name=None, parallel="data"):
         if name is not None and not isinstance(name, str):
@@ -169,6 +178,10 @@ class Layer:
     @name.setter
     def name(self, value):
         self._name = value
+        self.auto_named = False
+
+    #: whether a model gave the name (its kind and a number, counted per model: dnn.Model)
+    auto_named = False
 
     @property
     def named(self):
@@ -199,6 +212,14 @@ class Layer:
         self.param_dtype = np.dtype(param_dtype).name
         self.built = True
         return out
+
+    def unbuild(self):
+        """Forget a build (the weights go with their matrices): a model whose constructor failed after
+        it built this layer leaves it as it found it, for a model of any dtype or shape."""
+        self.weights = []
+        self.input_shape = None
+        self.param_dtype = None
+        self.built = False
 
     def check_param_dtype(self, param_dtype, model_dtype=None):
         """ConfigError when an earlier build (another model's) made the layer's weights in another
@@ -256,8 +277,19 @@ class Layer:
         return "data"
 
     def adopt(self, strategy):
-        """Take `strategy` (one of `strategies`): the weights move to its layouts."""
+        """Take `strategy` (one of `strategies`): the weights move to its layouts (`move_weights`)."""
         self.strategy = strategy
+
+    def move_weights(self, weights, layout):
+        """Move `weights` (some of this layer's) to `layout`: new matrices. The count `moves` goes up,
+        so every step recorded with the old matrices is recorded again: parallel='auto' timing
+        data -> model -> data ends on the strategy it started from, and a key of strategies alone
+        matched, replaying an evaluation that read the freed matrices (a PlanError)."""
+        weights = list(weights)
+        for w in weights:
+            w.relayout(layout)
+        if weights:
+            self.moves += 1
 
     # ---- graph building ----------------------------------------------------------
     def forward(self, x, ctx):
@@ -298,16 +330,18 @@ class Layer:
         return [w.numpy() for w in self.weights]
 
     def set_weights(self, arrays):
-        """Write `arrays` (get_weights' order and shapes); all are checked before any is written."""
-        self.write_checked(self.checked_weights(arrays))
+        """Write `arrays` (get_weights' order and shapes; finite numbers); all are checked before any
+        is written."""
+        self.write_checked(self.checked_weights(arrays, finite=True))
 
-    def checked_weights(self, arrays):
-        """`arrays` checked against the weights (count, shapes, numbers), ready for write_checked."""
+    def checked_weights(self, arrays, finite=False):
+        """`arrays` checked against the weights (count, shapes, numbers; finite: no NaN or infinity),
+        ready for write_checked."""
         arrays = list(arrays)
         if len(arrays) != len(self.weights):
             raise ShapeError(f"{self.name} has {len(self.weights)} weights "
                              f"({', '.join(w.name for w in self.weights) or 'none'}), got {len(arrays)} arrays")
-        return [w.checked(a) for w, a in zip(self.weights, arrays)]
+        return [w.checked(a, finite) for w, a in zip(self.weights, arrays)]
 
     def write_checked(self, arrays):
         for w, a in zip(self.weights, arrays):

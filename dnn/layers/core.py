@@ -131,9 +131,8 @@ class Dense(Layer):
     def adopt(self, strategy):
         self.strategy = strategy
         layout = par.weight_layout(strategy)
-        for w in self.weights:
-            if type(w.value.layout) is not type(layout):       # (both over all the model's workers)
-                w.relayout(layout)
+        # (both over all the model's workers)
+        self.move_weights([w for w in self.weights if type(w.value.layout) is not type(layout)], layout)
 
     def pre_activation(self, x, ctx):
         """The node x W + b, before the layer's activation (a model's last layer: its activation is

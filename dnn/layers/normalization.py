@@ -44,6 +44,9 @@ class BatchNorm(Layer):
     #: its output, read by a Concatenate alone, may be written straight into its channels of the
     #: concatenation (dnn.functional.concat_branches: an Inception module's branches)
     writes_slices = True
+    #: each call in training updates the running statistics: a model runs its calls in the order they
+    #: were written (dnn.functional's ordering edges), so a shared BatchNorm's statistics are PyTorch's
+    updates_on_call = True
 
     momentum = Checked(_momentum)
     eps = Checked(_eps)

@@ -76,7 +76,7 @@ class ConcatBatchNorm(Function):
 
     def running_terms(self):
         """Every branch's running-statistics terms (see dnn.ops.BatchNorm.running_terms)."""
-        return tuple(pair for bn in self.norms for pair in bn.running_terms())
+        return tuple(entry for bn in self.norms for entry in bn.running_terms())
 
     def drop_saved(self):
         for bn in self.norms:

@@ -76,11 +76,13 @@ class BatchNorm(Function):
 
     def running_terms(self):
         """The Partial terms of the new running statistics a forward with each worker's own statistics
-        made, as ((mean terms, running_mean), (var terms, running_var)); () when it updated them in
-        place (or made none)."""
+        made, as ((mean terms, running_mean, keep), (var terms, running_var, keep)), keep = 1 -
+        momentum, the share of the old value in the update; () when it updated them in place (or made
+        none)."""
         if self.saved is None or self.saved.running is None:
             return ()
-        return tuple(zip(self.saved.running, (self.running_mean, self.running_var)))
+        keep = 1.0 - self.momentum
+        return tuple((t, r, keep) for t, r in zip(self.saved.running, (self.running_mean, self.running_var)))
 
     def _remask(self):
         return self.activation == "relu" and not self.residual

@@ -51,7 +51,9 @@ class Training:
         return configs, tuple(self.loss_weights), self.channels_last, self.fuse, self.seed
 
     def _strategies(self):
-        return tuple(layer.strategy for layer in self.layers)
+        """Each layer's strategy and count of weight moves (`Layer.moves`): a key that changes whenever
+        a layer's weights went to new matrices, even where the strategy came back to what it was."""
+        return tuple((layer.strategy, layer.moves) for layer in self.layers)
 
     @staticmethod
     def _drop_stale(feed, kind, key):

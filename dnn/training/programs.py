@@ -163,7 +163,9 @@ class Program:
                 loss, pred, ref = model.loss.head(z, self.targets, hd.act)
                 if self.pred is None:           # accuracy: the first output's
                     self.pred, self.accuracy_reference = pred, ref
-                parts.append(loss if weight == 1.0 or len(heads) == 1 else Affine(weight).apply(loss))
+                # a single output's weight scales its loss (and so the step) as each of several does:
+                # skipping it there trained loss_weights=[0] or [3] as [1], silently
+                parts.append(loss if weight == 1.0 else Affine(weight).apply(loss))
             self.loss = parts[0] if len(parts) == 1 else add_n(*parts)
         # training and evaluate need the loss head (the output activation is fused into it), predict the output
         self.order = topological_order([self.loss, self.pred] if with_targets else self.output_nodes)
@@ -244,9 +246,36 @@ class Program:
         communication stream beside the backward pass; the next step's forward waits for them). An
         assign of each sum after the backward pass cost a launch per statistic at the step's end
         (GoogLeNet: 114 a step, 0.2 ms on 4 H200s)."""
-        pairs = [pair for node in self.order if node.fn is not None for pair in node.fn.running_terms()]
-        if pairs:
-            dmath.sum_partials([t for t, _ in pairs], background=True, out=[target for _, target in pairs])
+        calls = {}          # running statistic -> [(its Partial terms, keep)] per call, in call order
+        for node in self.order:
+            if node.fn is not None:
+                for terms, target, keep in node.fn.running_terms():
+                    calls.setdefault(target, []).append((terms, keep))
+        once = [(t[0][0], target) for target, t in calls.items() if len(t) == 1]
+        if once:
+            dmath.sum_partials([t for t, _ in once], background=True, out=[target for _, target in once])
+        shared = {target: t for target, t in calls.items() if len(t) > 1}
+        if shared:
+            self._sum_shared_terms(shared)
+
+    @staticmethod
+    def _sum_shared_terms(shared):
+        """The running statistics of batch norms with each worker's own statistics that are called
+        more than once (a shared layer), each updated by its calls in call order. Every call's terms
+        were made from the statistic r0 as the step found it (all forwards run before any sum), and
+        sum to u_k = (1 - m) r0 + m s_k; PyTorch's r_k = (1 - m) r_(k-1) + m s_k is then
+        (1 - m) (r_(k-1) - r0) + u_k, worked out here from the sums of all the terms (one all-reduce)
+        before the statistic is written (a sum_partials writing one matrix twice is refused)."""
+        targets = list(shared)
+        sums = dmath.sum_partials([terms for target in targets for terms, _ in shared[target]])
+        k = 0
+        for target in targets:
+            r = sums[k]
+            for _, keep in shared[target][1:]:
+                k += 1
+                r = (r - target) * keep + sums[k]
+            k += 1
+            target.assign(r)
 
     def _update(self):
         model, params = self.model, self.params

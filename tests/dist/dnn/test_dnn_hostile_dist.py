@@ -14,6 +14,7 @@ import pytest
 import dnn
 from dnn import layers as L
 from dnn.callbacks import ModelCheckpoint
+from dnn.layers.base import overwrite
 
 
 def _small(seed=0):
@@ -34,7 +35,8 @@ def test_save_best_only_never_overwrites_the_best_file_with_a_nan_epoch(tmp_path
     cb.model = model
     cb.on_epoch_end(0, {"loss": 1.0, "val_loss": 0.5})
     good = model.get_weights()
-    model.set_weights([np.full_like(w, np.nan) for w in good])
+    for w in (w for layer in model.layers for w in layer.weights):      # a diverged model's weights (set_weights
+        overwrite(w.value, np.full(w.value.shape, np.nan))                 # refuses NaN: written into the matrices)
     for epoch, value in enumerate([math.nan, math.inf, math.nan], start=1):
         cb.on_epoch_end(epoch, {"loss": value, "val_loss": value})    # before: every NaN epoch saved
     for w, g in zip(dnn.load(path).get_weights(), good):
@@ -225,7 +227,10 @@ def test_a_model_file_holding_nan_or_inf_weights_is_refused_and_changes_nothing(
     good = model.get_weights()
     broken = [w.copy() for w in good]
     broken[-1].flat[-1] = bad                  # the last weight's last value
-    model.set_weights(broken)                  # (set_weights takes them: an explicit write in memory)
+    last = model.layers[-2].weights[-1]
+    assert np.array_equal(last.numpy(), good[-1])
+    # written into the matrix, as a diverged step would (set_weights refuses them, as load_state_dict)
+    overwrite(last.value, broken[-1].reshape(last.value.shape))
     path = str(tmp_path / "diverged.dnn")
     model.save(path)
     with pytest.raises(dnn.ModelFileError, match="holds NaN or infinity"):
