@@ -318,8 +318,7 @@ class Training:
         # optimizer itself) or a layer's settings: a step recorded before would replay the old ones
         # silently, or read momentum buffers its optimizer freed, so the key is taken again after such
         # hooks (only where some callback may change them: the key reads every layer's config)
-        rekey = any(cb.changes_settings and type(cb).on_batch_end is not cbs.Callback.on_batch_end
-                    for cb in hooks)
+        rekey = any(cb.hooks_batch_end() for cb in hooks)
         for b in range(skip, len(sizes)):
             size = sizes[b]
             if trial is not None:

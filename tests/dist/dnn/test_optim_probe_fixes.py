@@ -1,0 +1,77 @@
+"""Regressions of a report-only hostile-use probe of dnn's optimizers, schedules, loss scaling and
+callbacks, at every worker count.
+
+Oracles: the same training run eagerly (record=False) or with a Callback subclass, NumPy in
+float64, torch.optim.Adam (skipped without torch), and the state a refused call found.
+"""
+import numpy as np
+import pytest
+
+import dmath
+import dnn
+from dnn import layers as L
+from dnn.errors import ConfigError
+
+P = dmath.num_workers()
+
+
+def _data(n=16):
+    rng = np.random.default_rng(0)
+    return rng.standard_normal((n, 8)), rng.integers(0, 3, n)
+
+
+def _mlp(optimizer, record=True, dtype="float64", **kw):
+    dmath.random.seed(1)
+    return dnn.Sequential([L.Input((8,)), L.Dense(6), L.Activation("relu"), L.Dense(3), L.Output("softmax")],
+                          dtype=dtype, optimizer=optimizer, record=record, **kw)
+
+
+def _max_diff(ws, vs):
+    return max(float(np.abs(a - b).max()) for a, b in zip(ws, vs))
+
+
+# ---- D1: a LambdaCallback's on_batch_end re-keys the recorded step -------------------------------------
+_CHANGES = {
+    "momentum=0.3": lambda m: setattr(m.optimizer, "momentum", 0.3),
+    "weight_decay=0.5": lambda m: setattr(m.optimizer, "weight_decay", 0.5),
+    "freeze": lambda m: setattr(m.layers[1], "trainable", False),
+    "momentum=0.0": lambda m: setattr(m.optimizer, "momentum", 0.0),
+}
+
+
+def _train_with_change(record, kind, change):
+    x, y = _data()
+    m = _mlp(dnn.optim.SGD(lr=0.1, momentum=0.9), record=record)
+
+    def f(batch, logs=None):
+        if batch == 1:
+            change(m)
+
+    class Sub(dnn.callbacks.Callback):
+        def on_batch_end(self, batch, logs=None):
+            f(batch)
+
+    cb = dnn.callbacks.LambdaCallback(on_batch_end=f) if kind == "lambda" else Sub()
+    m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0, callbacks=[cb])
+    return m.get_weights()
+
+
+@pytest.mark.parametrize("name", list(_CHANGES))
+def test_a_lambda_callbacks_change_applies_from_the_next_step(name):
+    """LambdaCallback(on_batch_end=f) changing momentum, weight decay or a layer's trainable flag was
+    ignored for the rest of the epoch (momentum 0 replayed freed buffers: PlanError), recorded or
+    not: it trains as a Callback subclass doing the same, run eagerly."""
+    change = _CHANGES[name]
+    ref = _train_with_change(False, "subclass", change)
+    untouched = _train_with_change(False, "subclass", lambda m: None)
+    assert _max_diff(ref, untouched) > 1e-6          # the change matters
+    for record, kind in ((True, "subclass"), (True, "lambda"), (False, "lambda")):
+        assert _max_diff(ref, _train_with_change(record, kind, change)) == 0.0
+
+
+def test_hooks_batch_end_sees_instance_hooks():
+    """The rule fit re-keys by: a hook of the subclass or of the instance, unless changes_settings is False."""
+    assert not dnn.callbacks.Callback().hooks_batch_end()
+    assert not dnn.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: None).hooks_batch_end()
+    assert dnn.callbacks.LambdaCallback(on_batch_end=lambda b: None).hooks_batch_end()
+    assert not dnn.callbacks.TerminateOnNaN().hooks_batch_end()
