@@ -19,6 +19,7 @@ by zeros, the learning rate is multiplied by the gate and the state's decay
 factors become 1 where the gate is 0: a skipped step changes nothing, with no
 master-side decision inside the recorded step.
 """
+import contextlib
 import math
 import numbers
 import weakref
@@ -111,6 +112,29 @@ class Optimizer:
             raise ConfigError(f"the schedule {self.schedule!r} of {type(self).__name__} gave the learning rate "
                               f"{lr!r} at step {self.iterations}; expected a finite number >= 0")
         return float(lr)
+
+    # ---- the momentum the update commands use ------------------------------------------
+    #: None, or the momentum a training loop substitutes while it issues update commands
+    #: (asynchronous SGD's staleness rule, dnn.training.asgd): never stored in the checked setting,
+    #: whose rules (SGD's nesterov needs momentum > 0) are the user's, not a correction's
+    _momentum_override = None
+
+    def step_momentum(self):
+        """The momentum the update commands use: the override while one is in force, else `momentum`
+        (0.0 for rules without one)."""
+        if self._momentum_override is not None:
+            return self._momentum_override
+        return getattr(self, "momentum", 0.0)
+
+    @contextlib.contextmanager
+    def momentum_override(self, mu):
+        """Within the block, update commands use the momentum `mu` (a float in [0, 1)) in place of the
+        user's; `momentum`, get_config and checkpoints keep showing the user's."""
+        self._momentum_override = float(mu)
+        try:
+            yield
+        finally:
+            self._momentum_override = None
 
     # ---- the step, in two halves -------------------------------------------------
     def prepare(self, params, lr_scale=1.0):

@@ -47,9 +47,10 @@ class RMSProp(Optimizer):
             avg = dmath.sqrt(s - a * a) + self.eps
         else:
             avg = dmath.sqrt(s) + self.eps
-        if self.momentum:
+        mu = self.step_momentum()       # the user's, or asynchronous SGD's corrected one
+        if mu:
             b = state["momentum_buffer"]
-            b *= h.factor(self.momentum)
+            b *= h.factor(mu)
             b += g / avg
             p -= b * h.lr
         else:

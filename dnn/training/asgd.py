@@ -485,14 +485,10 @@ class AsyncTrainer:
         opt, store = self.model.optimizer, self.store
         # the learning rate of this update (outside the plan): the rule's share of it
         opt.prepare(store.vars, self.rule.lr_scale(staleness))
-        # the corrected momentum is a constant of the store's update commands (recorded once): the
-        # optimizer holds it only while they are issued, so callbacks and checkpoints see the user's
-        mu = getattr(opt, "momentum", None)
-        if mu:
-            opt.momentum = self.rule.momentum(mu)
-        try:
+        # the corrected momentum is a constant of the store's update commands (recorded once): an
+        # override in force only while they are issued, so callbacks and checkpoints see the user's.
+        # It never goes through the checked setting: SGD(momentum=0.5, nesterov=True) corrected to 0
+        # was refused there (nesterov needs momentum > 0); at 0 the rule steps as plain SGD
+        with opt.momentum_override(self.rule.momentum(opt.step_momentum())):
             _run(step, "apply_plan", lambda: store.apply(opt, step), self.model.record)
-        finally:
-            if mu:
-                opt.momentum = mu
         opt.finish()

@@ -75,3 +75,37 @@ def test_hooks_batch_end_sees_instance_hooks():
     assert not dnn.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: None).hooks_batch_end()
     assert dnn.callbacks.LambdaCallback(on_batch_end=lambda b: None).hooks_batch_end()
     assert not dnn.callbacks.TerminateOnNaN().hooks_batch_end()
+
+
+# ---- D8: asynchronous SGD's staleness-corrected momentum with nesterov -----------------------------------
+def _async_fit(nesterov):
+    x, y = _data(24)
+    m = _mlp(dnn.optim.SGD(lr=0.1, momentum=0.5, nesterov=nesterov))
+    m.fit(x, y, batch_size=4, epochs=1, verbose=0, asynchronous=True)
+    return m
+
+
+def test_asynchronous_nesterov_with_a_momentum_corrected_to_zero():
+    """The staleness rule's momentum went through SGD's checked setting: corrected to 0 (3 and 4
+    workers) it raised 'nesterov momentum needs momentum > 0'. It is an internal override now, and a
+    corrected momentum of 0 steps as plain SGD, so nesterov or not then trains alike."""
+    from dnn.training import asgd
+    m = _async_fit(True)
+    assert m.optimizer.momentum == 0.5 and m.optimizer.nesterov          # the user's settings, untouched
+    assert m.optimizer.get_config()["momentum"] == 0.5
+    assert all(np.isfinite(w).all() for w in m.get_weights())
+    rule = asgd.StalenessRule(asgd.STALENESS_RULE, asgd.mean_staleness(P, P - 1, 6), 0.5)
+    plain = _async_fit(False).get_weights()
+    if rule.momentum(0.5) == 0.0:
+        assert _max_diff(m.get_weights(), plain) == 0.0
+    else:       # a momentum left: Nesterov's step differs from the heavy ball's
+        assert _max_diff(m.get_weights(), plain) > 0.0
+
+
+def test_momentum_override_leaves_the_setting_alone():
+    """Optimizer.momentum_override substitutes the update's momentum without the setting's checks."""
+    opt = dnn.optim.SGD(lr=0.1, momentum=0.5, nesterov=True)
+    with opt.momentum_override(0.0):
+        assert opt.step_momentum() == 0.0 and opt._rule() == (0.0, False)
+        assert opt.momentum == 0.5
+    assert opt.step_momentum() == 0.5 and opt._rule() == (0.5, True)
