@@ -130,15 +130,7 @@ class Model(Training):
         self.loss = losses.get(loss)
         self.loss_weights = loss_weights
         self.optimizer = optim.get(optimizer if optimizer is not None else optim.SGD())
-        if self.dtype == "float16":
-            self.loss_scale = loss_scale if loss_scale is not None else optim.DynamicLossScale()
-            if not isinstance(self.loss_scale, optim.DynamicLossScale):
-                raise ConfigError(f"loss_scale must be a dnn.optim.DynamicLossScale, got {loss_scale!r}")
-            self.loss_scale.setup()
-        elif loss_scale is not None:
-            raise ConfigError("loss_scale applies to dtype='float16' only")
-        else:
-            self.loss_scale = None
+        self.loss_scale = loss_scale
         self.layers = layers
         g = self.graph
         # every check first (the symbolic shapes hold all it needs): a refused model names and builds
@@ -422,6 +414,32 @@ class Model(Training):
         if feed is None:
             feed = feeds[reading] = ds.feed()
         return feed
+
+    # ---- the loss scale ------------------------------------------------------------------
+    @property
+    def loss_scale(self):
+        """The dnn.optim.DynamicLossScale of a float16 model's training steps (None for other dtypes).
+        Set as the constructor's argument and checked alike: a float16 model takes a
+        DynamicLossScale, or None for one with the defaults; other dtypes take None only. A new one
+        is set up (its scale matrices made) here, so the next fit starts from its init_scale; a
+        refused value (a number, a scaler on a float32 model) changes nothing."""
+        return self._loss_scale
+
+    @loss_scale.setter
+    def loss_scale(self, value):
+        if self.dtype != "float16":
+            if value is not None:
+                raise ConfigError(f"loss_scale applies to dtype='float16' only (this model is {self.dtype}); "
+                                  f"it takes None, got {value!r}")
+            self._loss_scale = None
+            return
+        if value is None:
+            value = optim.DynamicLossScale()
+        if not isinstance(value, optim.DynamicLossScale):
+            raise ConfigError(f"loss_scale must be a dnn.optim.DynamicLossScale (or None: one with the "
+                              f"defaults), got {value!r}")
+        value.setup()
+        self._loss_scale = value
 
     # ---- the optimizer -------------------------------------------------------------------
     @property

@@ -109,3 +109,74 @@ def test_momentum_override_leaves_the_setting_alone():
         assert opt.step_momentum() == 0.0 and opt._rule() == (0.0, False)
         assert opt.momentum == 0.5
     assert opt.step_momentum() == 0.5 and opt._rule() == (0.5, True)
+
+
+# ---- D2, D3, D4: the loss scale's settings, replacement and range -------------------------------------
+def _f16(loss_scale=None, record=True):
+    return _mlp(dnn.optim.SGD(lr=0.1), record=record, dtype="float16", loss_scale=loss_scale)
+
+
+@pytest.mark.parametrize("record", [True, False])
+def test_loss_scale_settings_changed_between_fits_apply(record):
+    """growth_interval and growth_factor changed between fits were baked in the recorded step (and a
+    growth_interval lowered below the count of good steps already made was never met again): after
+    4 finite steps with growth_interval=1 and growth_factor=4 the scale is 4 * 4**4."""
+    x, y = _data()
+    ls = dnn.optim.DynamicLossScale(init_scale=4.0, growth_interval=1000)
+    m = _f16(ls, record)
+    m.fit(x.astype(np.float32), y, batch_size=4, epochs=1, verbose=0)
+    assert ls.value() == 4.0
+    ls.growth_interval, ls.growth_factor = 1, 4.0
+    m.fit(x.astype(np.float32), y, batch_size=4, epochs=1, verbose=0)
+    assert ls.value() == 4.0 * 4.0 ** 4
+
+
+def test_a_replaced_loss_scale_works_from_the_next_fit():
+    """A DynamicLossScale assigned between fits was never set up: the next fit raised a raw TypeError
+    after the weights moved. It is set up on assignment and trains as one given to the constructor."""
+    x, y = _data()
+    x = x.astype(np.float32)
+    m = _f16()
+    m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    m.loss_scale = dnn.optim.DynamicLossScale(init_scale=8.0, growth_interval=2)
+    m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    ref = _f16()
+    ref.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    ref.loss_scale = None           # a float16 model's None: a scaler with the defaults, replaced next
+    ref.loss_scale = dnn.optim.DynamicLossScale(init_scale=8.0, growth_interval=2)
+    ref.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    assert m.loss_scale.value() == 8.0 * 2 ** 2 == ref.loss_scale.value()
+    assert _max_diff(m.get_weights(), ref.get_weights()) == 0.0
+    assert m.optimizer.iterations == 8
+
+
+@pytest.mark.parametrize("value", [3.0, "dynamic", True])
+def test_a_loss_scale_that_is_not_a_scaler_is_refused_on_assignment(value):
+    """m.loss_scale = 3.0 was accepted and the next fit raised AttributeError; it is refused at once
+    (ConfigError), and the model keeps its scaler."""
+    m = _f16()
+    before = m.loss_scale
+    with pytest.raises(ConfigError, match="DynamicLossScale"):
+        m.loss_scale = value
+    assert m.loss_scale is before
+    f64 = _mlp(dnn.optim.SGD(lr=0.1))
+    with pytest.raises(ConfigError, match="applies to dtype='float16' only"):
+        f64.loss_scale = dnn.optim.DynamicLossScale()
+    assert f64.loss_scale is None
+
+
+@pytest.mark.parametrize("kw", [{"init_scale": 1e39}, {"init_scale": 1e-50}, {"init_scale": 1e-40},
+                                {"init_scale": 0.0}, {"growth_factor": 1.0}, {"backoff_factor": 1.0},
+                                {"growth_interval": 0}, {"growth_interval": 2 ** 24 + 1}, {"growth_interval": 2.0}])
+def test_loss_scale_settings_outside_float32_are_refused(kw):
+    """init_scale=1e39 (inf in float32) and 1e-50 (0) were accepted: every setting is checked at
+    construction and at assignment alike, naming it; a refused assignment changes nothing."""
+    (name, value), = kw.items()
+    with pytest.raises(ConfigError, match=name):
+        dnn.optim.DynamicLossScale(**kw)
+    ls = dnn.optim.DynamicLossScale()
+    before = ls.get_config()
+    with pytest.raises(ConfigError, match=name):
+        setattr(ls, name, value)
+    assert ls.get_config() == before
+    assert dnn.optim.DynamicLossScale(init_scale=float(np.finfo(np.float32).max)).init_scale > 3e38
