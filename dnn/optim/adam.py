@@ -4,7 +4,7 @@ import numpy as np
 import dmath
 
 from ..errors import ConfigError
-from .base import Optimizer, _positive, _unit
+from .base import Optimizer, _positive, _unit, setting
 
 
 class Adam(Optimizer):
@@ -31,12 +31,12 @@ class Adam(Optimizer):
 
     def __init__(self, lr=0.001, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.0, schedule=None, foreach=True):
         super().__init__(lr, weight_decay, schedule, foreach)
-        try:
-            b1, b2 = betas
-        except (TypeError, ValueError) as exc:
-            raise ConfigError(f"betas must be a pair of numbers in [0, 1), got {betas!r}") from exc
-        self.betas = (_unit(b1, "beta1"), _unit(b2, "beta2"))
-        self.eps = _positive(eps, "eps")
+        self.betas = betas
+        self.eps = eps
+
+    # may change between fits, checked as the constructor's arguments
+    betas = setting("betas", lambda opt, value: _betas(value))
+    eps = setting("eps", lambda opt, value: _positive(value, "eps"))
 
     def _hyper(self):
         return {"betas": list(self.betas), "eps": self.eps, "foreach": self.foreach}
@@ -67,3 +67,12 @@ class Adam(Optimizer):
         dmath.nn.adam_update_many(params, grads, [st["exp_avg"] for st in states], [st["exp_avg_sq"] for st in states],
                                   h.step_size, h.inv_sqrt_bc2, beta1=b1, beta2=b2, eps=self.eps,
                                   weight_decay=self.weight_decay, grad_scale=h.grad_scale, gate=h.gate)
+
+
+def _betas(betas):
+    """Adam's (beta1, beta2): a pair of numbers in [0, 1), as a tuple of floats."""
+    try:
+        b1, b2 = betas
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"betas must be a pair of numbers in [0, 1), got {betas!r}") from exc
+    return _unit(b1, "beta1"), _unit(b2, "beta2")

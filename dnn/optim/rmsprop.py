@@ -18,12 +18,14 @@ class RMSProp(Optimizer):
     def __init__(self, lr=0.01, alpha=0.99, eps=1e-8, momentum=0.0, centered=False, weight_decay=0.0,
                  schedule=None, foreach=True):
         super().__init__(lr, weight_decay, schedule, foreach)
-        self.alpha = _unit(alpha, "alpha")
-        self.eps = _positive(eps, "eps")
+        self.alpha = alpha
+        self.eps = eps
         self.momentum = momentum
         self.centered = centered
 
     # may change between fits, checked as the constructor's arguments; the state follows (state_names)
+    alpha = setting("alpha", lambda opt, value: _unit(value, "alpha"))
+    eps = setting("eps", lambda opt, value: _positive(value, "eps"))
     momentum = setting("momentum", lambda opt, value: _unit(value, "momentum"))
     centered = setting("centered", lambda opt, value: _bool(value, "centered"))
 

@@ -180,3 +180,49 @@ def test_loss_scale_settings_outside_float32_are_refused(kw):
         setattr(ls, name, value)
     assert ls.get_config() == before
     assert dnn.optim.DynamicLossScale(init_scale=float(np.finfo(np.float32).max)).init_scale > 3e38
+
+
+# ---- D5: hyper-parameters assigned after construction are checked as the constructor's -------------------
+_REFUSED = [
+    (lambda: dnn.optim.RMSProp(), "eps", -1, "eps"),
+    (lambda: dnn.optim.RMSProp(), "alpha", 2.0, "alpha"),
+    (lambda: dnn.optim.AdaGrad(), "eps", -1, "eps"),
+    (lambda: dnn.optim.AdaGrad(), "initial_accumulator_value", -0.5, "initial_accumulator_value"),
+    (lambda: dnn.optim.SGD(), "foreach", "no", "foreach"),
+    (lambda: dnn.optim.SGD(), "weight_decay", -1.0, "weight_decay"),
+    (lambda: dnn.optim.SGD(), "schedule", 0.5, "schedule"),
+    (lambda: dnn.optim.Adam(), "betas", (0.9, 1.0), "beta2"),
+    (lambda: dnn.optim.Adam(), "eps", 0.0, "eps"),
+    (lambda: dnn.optim.schedules.StepDecay(10), "gamma", 5, "gamma"),
+    (lambda: dnn.optim.schedules.StepDecay(10), "step_size", 0, "step_size"),
+    (lambda: dnn.optim.schedules.ExponentialDecay(0.9), "gamma", 0.0, "gamma"),
+    (lambda: dnn.optim.schedules.CosineAnnealing(5), "min_lr", float("nan"), "min_lr"),
+    (lambda: dnn.optim.schedules.Warmup(3), "start_factor", 2.0, "start_factor"),
+    (lambda: dnn.optim.schedules.Warmup(3), "then", 5, "then"),
+]
+
+
+@pytest.mark.parametrize("make, name, value, says", _REFUSED, ids=[f"{r[1]}={r[2]!r}" for r in _REFUSED])
+def test_assigned_hyper_parameters_are_checked_as_the_constructors(make, name, value, says):
+    """RMSProp(eps=-1, alpha=2), AdaGrad(eps=-1), SGD.foreach='no', StepDecay.gamma=5 were refused
+    by the constructors but taken by an assignment and trained with: each assignment is refused
+    (ConfigError naming the attribute and its range) and leaves the object as it was."""
+    obj = make()
+    before = obj.get_config()
+    with pytest.raises(ConfigError, match=says):
+        setattr(obj, name, value)
+    assert obj.get_config() == before
+
+
+def test_an_assigned_hyper_parameter_within_range_trains():
+    """An accepted assignment trains as the constructor's argument does (the oracle)."""
+    x, y = _data()
+    runs = []
+    for assign in (False, True):
+        opt = dnn.optim.RMSProp(lr=0.01) if assign else dnn.optim.RMSProp(lr=0.01, alpha=0.5, eps=1e-3)
+        if assign:
+            opt.alpha, opt.eps = 0.5, 1e-3
+        m = _mlp(opt)
+        m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+        runs.append(m.get_weights())
+    assert _max_diff(*runs) == 0.0
