@@ -226,3 +226,46 @@ def test_an_assigned_hyper_parameter_within_range_trains():
         m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
         runs.append(m.get_weights())
     assert _max_diff(*runs) == 0.0
+
+
+# ---- D6: layer.parallel assigned after construction ---------------------------------------------------
+def test_an_assigned_parallel_strategy_is_applied_and_saved(tmp_path):
+    """dense.parallel = 'model' after a fit was stored but not applied (the layer stayed data parallel
+    while get_config and the saved file said 'model'). The weights move now and training goes on
+    from where it was (its momentum buffers follow), as the model that never changed (the oracle)."""
+    from dnn import parallel as par
+    x, y = _data()
+    runs = []
+    for change in (False, True):
+        m = _mlp(dnn.optim.SGD(lr=0.1, momentum=0.9))
+        m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+        if change:
+            m.layers[1].parallel = "model"
+            dense = m.layers[1]
+            assert dense.strategy == "model" and dense.get_config()["parallel"] == "model"
+            assert type(dense.kernel.value.layout) is type(par.weight_layout("model"))
+        m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+        runs.append(m)
+    np.testing.assert_allclose(np.concatenate([w.ravel() for w in runs[1].get_weights()]),
+                               np.concatenate([w.ravel() for w in runs[0].get_weights()]), rtol=1e-12, atol=1e-13)
+    runs[1].save(tmp_path / "m.dnn")
+    back = dnn.load(tmp_path / "m.dnn")
+    assert back.layers[1].strategy == "model"
+    assert _max_diff(back.get_weights(), runs[1].get_weights()) == 0.0
+    # and back to data parallelism, or to the cost model's choice
+    runs[1].layers[1].parallel = "data"
+    assert type(runs[1].layers[1].kernel.value.layout) is type(par.weight_layout("data"))
+    runs[1].layers[1].parallel = "auto"
+    runs[1].fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    assert runs[1].layers[1].strategy in ("data", "model")
+
+
+@pytest.mark.parametrize("layer, value", [(lambda: L.Dense(3), "bogus"), (lambda: L.Dense(3), None),
+                                          (lambda: L.Conv2D(2, 3), "model")])
+def test_a_parallel_strategy_the_constructor_refuses_is_refused_on_assignment(layer, value):
+    """'bogus' and None were accepted (save succeeded, dnn.load failed), and Conv2D.parallel = 'model'
+    though its constructor refuses it: ConfigError, the layer unchanged."""
+    lay = layer()
+    with pytest.raises(ConfigError, match="parallel must be one of"):
+        lay.parallel = value
+    assert lay.parallel == "data" and lay.strategy == "data"
