@@ -105,7 +105,40 @@ class Warmup(Schedule):
         return self.then(step - self.steps, base_lr) if self.then is not None else base_lr
 
 
-_KINDS = {c.__name__: c for c in (Constant, StepDecay, ExponentialDecay, CosineAnnealing, Warmup)}
+#: the library's schedule classes by name (model files name them); `register` adds the user's own
+BUILT_IN = {c.__name__: c for c in (Constant, StepDecay, ExponentialDecay, CosineAnnealing, Warmup)}
+_KINDS = dict(BUILT_IN)
+
+
+def register(cls):
+    """Make a Schedule subclass of your own loadable, as `dnn.layers.register` does for layers:
+    dnn.load rebuilds it by its class name from get_config() (its arguments by name; a decorator:
+    `@dnn.optim.schedules.register`; returns the class). Model files hold settings, never code, so the
+    loading program registers the class too. Saving a model whose schedule is not registered is
+    refused (`check_saveable`): the file could not be loaded. A name of the library's schedules cannot
+    be taken; registering another class under a name registered before replaces it."""
+    if not (isinstance(cls, type) and issubclass(cls, Schedule)) or cls is Schedule:
+        raise ConfigError(f"register takes a subclass of dnn.optim.schedules.Schedule, got {cls!r}")
+    name = cls.__name__
+    if name in BUILT_IN and BUILT_IN[name] is not cls:
+        raise ConfigError(f"register: {name!r} is the name of a dnn schedule; give your schedule class another name")
+    _KINDS[name] = cls
+    return cls
+
+
+def check_saveable(schedule):
+    """Raise ConfigError unless `get` can rebuild `schedule` (None, or one whose class, and every
+    schedule it holds (Warmup's `then`), is the library's or registered under its name): save checks
+    before it writes, so that no file is written that dnn.load refuses."""
+    if schedule is None:
+        return
+    cls = type(schedule)
+    if _KINDS.get(cls.__name__) is not cls:
+        raise ConfigError(f"the schedule class {cls.__name__} is not registered, so a saved model could not be "
+                          f"loaded: decorate it with @dnn.optim.schedules.register (in the loading program too)")
+    for value in vars(schedule).values():
+        if isinstance(value, Schedule):
+            check_saveable(value)
 
 
 def get(config):
@@ -113,10 +146,11 @@ def get(config):
     if config is None or isinstance(config, Schedule):
         return config
     if not isinstance(config, dict) or config.get("name") not in _KINDS:
-        raise ConfigError(f"unknown schedule {config!r}; expected one of {sorted(_KINDS)}")
-    args = {k: v for k, v in config.items() if k != "name"}
-    if isinstance(args.get("then"), dict):
-        args["then"] = get(args["then"])
+        raise ConfigError(f"unknown schedule {config!r}; expected one of {sorted(_KINDS)} (a schedule of your "
+                          f"own: dnn.optim.schedules.register(YourSchedule) before loading)")
+    # a schedule inside (Warmup's `then`, or a registered one's) is rebuilt from its own config
+    args = {k: get(v) if isinstance(v, dict) and v.get("name") in _KINDS else v
+            for k, v in config.items() if k != "name"}
     try:
         return _KINDS[config["name"]](**args)
     except TypeError as exc:        # a missing or unknown argument

@@ -315,6 +315,9 @@ class ModelCheckpoint(Callback):
         known = (self.params or {}).get("metrics")
         if known is None:           # not started by fit: nothing to check against
             return
+        # a schedule no file could load back: refused before the first step, not at the first save
+        from ..optim import schedules
+        schedules.check_saveable(self.model.optimizer.schedule)
         missing = [f for f in self.fields if f not in ("epoch", "batch", "step") and f not in known]
         if missing:
             raise ConfigError(f"ModelCheckpoint: path {os.fspath(self.path)!r} names "

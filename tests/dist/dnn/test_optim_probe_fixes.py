@@ -269,3 +269,57 @@ def test_a_parallel_strategy_the_constructor_refuses_is_refused_on_assignment(la
     with pytest.raises(ConfigError, match="parallel must be one of"):
         lay.parallel = value
     assert lay.parallel == "data" and lay.strategy == "data"
+
+
+# ---- D7: schedules of the user's own -------------------------------------------------------------------
+class InvTUnregistered(dnn.optim.schedules.Schedule):
+    """base_lr / (1 + k * step): a user's schedule never registered."""
+
+    def __init__(self, k=1.0):
+        self.k = k
+
+    def __call__(self, step, base_lr):
+        return base_lr / (1.0 + self.k * step)
+
+
+@dnn.optim.schedules.register
+class InvTRegistered(InvTUnregistered):
+    """The same schedule, registered."""
+
+
+def test_an_unregistered_schedule_is_refused_by_save_and_checkpoints(tmp_path):
+    """save and ModelCheckpoint wrote files that dnn.load refused ('unknown schedule InvT'): save
+    refuses naming the class and the cure, and writes nothing; a ModelCheckpoint refuses before the
+    first step; directly and inside Warmup's `then` alike."""
+    x, y = _data()
+    for schedule in (InvTUnregistered(2.0), dnn.optim.schedules.Warmup(2, then=InvTUnregistered())):
+        m = _mlp(dnn.optim.SGD(lr=0.1, schedule=schedule))
+        with pytest.raises(ConfigError, match="InvTUnregistered is not registered.*register"):
+            m.save(tmp_path / "m.dnn")
+        assert not (tmp_path / "m.dnn").exists()
+        before = m.get_weights()
+        with pytest.raises(ConfigError, match="InvTUnregistered is not registered"):
+            m.fit(x, y, batch_size=4, epochs=1, verbose=0,
+                  callbacks=[dnn.callbacks.ModelCheckpoint(str(tmp_path / "c_{epoch}.dnn"), monitor="loss")])
+        assert _max_diff(before, m.get_weights()) == 0.0 and m.optimizer.iterations == 0
+        m.fit(x, y, batch_size=4, epochs=1, verbose=0)          # training without a file is fine
+    with pytest.raises(ConfigError, match="name of a dnn schedule"):
+        dnn.optim.schedules.register(type("StepDecay", (dnn.optim.schedules.Schedule,), {}))
+
+
+def test_a_registered_schedule_saves_and_loads(tmp_path):
+    """A registered schedule's model saves, loads with the schedule rebuilt (also inside a Warmup),
+    and resumes as the run that never stopped (the oracle)."""
+    x, y = _data()
+    sched = lambda: dnn.optim.schedules.Warmup(2, then=InvTRegistered(0.5))      # noqa: E731
+    full = _mlp(dnn.optim.SGD(lr=0.1, schedule=sched()))
+    full.fit(x, y, batch_size=4, epochs=2, shuffle=False, verbose=0)
+    half = _mlp(dnn.optim.SGD(lr=0.1, schedule=sched()))
+    half.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    half.save(tmp_path / "m.dnn")
+    back = dnn.load(tmp_path / "m.dnn")
+    then = back.optimizer.schedule.then
+    assert type(then) is InvTRegistered and then.k == 0.5
+    back.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)      # the second epoch
+    assert back.optimizer.iterations == full.optimizer.iterations == 8
+    assert _max_diff(back.get_weights(), full.get_weights()) == 0.0
