@@ -323,3 +323,32 @@ def test_a_registered_schedule_saves_and_loads(tmp_path):
     back.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)      # the second epoch
     assert back.optimizer.iterations == full.optimizer.iterations == 8
     assert _max_diff(back.get_weights(), full.get_weights()) == 0.0
+
+
+# ---- D10: Adam's bias correction after betas change -----------------------------------------------------
+def test_adam_with_betas_changed_between_fits_matches_torch():
+    """dnn kept a running product of the betas (0.9^4 * 0.5^4 after a change at step 4) where
+    torch.optim.Adam corrects with the current betas to the power of the step count (0.5^8): the
+    weights differed by 1.3e-2. Oracle: torch.optim.Adam on the same network, batches and betas."""
+    torch = pytest.importorskip("torch")
+    x, y = _data()
+    m = _mlp(dnn.optim.Adam(lr=0.01))
+    w0 = m.get_weights()
+    m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+    m.optimizer.betas = (0.5, 0.9)
+    m.fit(x, y, batch_size=4, epochs=1, shuffle=False, verbose=0)
+
+    ts = [torch.tensor(w, dtype=torch.float64, requires_grad=True) for w in w0]
+    opt = torch.optim.Adam(ts, lr=0.01, betas=(0.9, 0.999), eps=1e-8)
+    for epoch in range(2):
+        if epoch == 1:
+            opt.param_groups[0]["betas"] = (0.5, 0.9)
+        for k in range(0, 16, 4):
+            xb, yb = torch.tensor(x[k:k + 4]), torch.tensor(y[k:k + 4], dtype=torch.long)
+            h = torch.relu(xb @ ts[0] + ts[1])
+            loss = torch.nn.functional.cross_entropy(h @ ts[2] + ts[3], yb)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    for got, want in zip(m.get_weights(), ts):
+        np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-9, atol=1e-11)
