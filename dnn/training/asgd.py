@@ -438,6 +438,9 @@ class AsyncTrainer:
         bar = ProgressBar(epoch, epochs, self.n, verbose)
         start = time.perf_counter()
         pending = collections.deque()
+        # the model's own weights hold the epoch's start until store.push: a callback's get_weights,
+        # set_weights, evaluate or save in between is refused (Model._refuse_mid_async)
+        model._in_async_epoch = True
         try:
             for event in self.schedule.epoch(len(sizes)):
                 kind, g = event[0], event[1]
@@ -454,8 +457,10 @@ class AsyncTrainer:
                     metrics.samples += sizes[t]
                     bar.update(metrics.samples, metrics.read)
                     call_hooks(hooks, "on_batch_end", t)
+            model._in_async_epoch = False
             store.push(model)
         except BaseException:
+            model._in_async_epoch = False
             # the model keeps the store's latest weights; a broken runtime refuses, and the error says why
             with contextlib.suppress(dmath.DMathError):
                 store.push(model)

@@ -352,3 +352,27 @@ def test_adam_with_betas_changed_between_fits_matches_torch():
             opt.step()
     for got, want in zip(m.get_weights(), ts):
         np.testing.assert_allclose(got, want.detach().numpy(), rtol=1e-9, atol=1e-11)
+
+
+# ---- D9: weights read or written inside an asynchronous epoch --------------------------------------------
+@pytest.mark.parametrize("call", ["get_weights", "set_weights", "save", "evaluate"])
+def test_weights_inside_an_asynchronous_epoch_are_refused(call, tmp_path):
+    """Inside an asynchronous epoch get_weights, evaluate and save read the epoch's start and
+    set_weights was lost at its end, silently: each is refused (ConfigError) from on_batch_end; the
+    model then holds the store's weights and answers again, and on_epoch_end reads the final ones."""
+    x, y = _data(24)
+    m = _mlp(dnn.optim.SGD(lr=0.1))
+    w0 = m.get_weights()
+    calls = {"get_weights": lambda: m.get_weights(), "set_weights": lambda: m.set_weights(w0),
+             "save": lambda: m.save(tmp_path / "m.dnn"), "evaluate": lambda: m.evaluate(x, y)}
+    cb = dnn.callbacks.LambdaCallback(on_batch_end=lambda b: calls[call]())
+    with pytest.raises(ConfigError, match=f"{call} was called inside an asynchronous epoch"):
+        m.fit(x, y, batch_size=4, epochs=1, verbose=0, asynchronous=True, callbacks=[cb])
+    assert not (tmp_path / "m.dnn").exists()
+    # the refusal came at the first step's hook, before the store applied any update: the model
+    # answers again (the flag is down) with the store's weights, the start's
+    assert _max_diff(m.get_weights(), w0) == 0.0
+    seen = []
+    end = dnn.callbacks.LambdaCallback(on_epoch_end=lambda e, logs: seen.append(m.get_weights()))
+    m.fit(x, y, batch_size=4, epochs=1, verbose=0, asynchronous=True, callbacks=[end])
+    assert _max_diff(seen[0], m.get_weights()) == 0.0
