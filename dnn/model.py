@@ -130,15 +130,7 @@ class Model(Training):
         self.loss = losses.get(loss)
         self.loss_weights = loss_weights
         self.optimizer = optim.get(optimizer if optimizer is not None else optim.SGD())
-        if self.dtype == "float16":
-            self.loss_scale = loss_scale if loss_scale is not None else optim.DynamicLossScale()
-            if not isinstance(self.loss_scale, optim.DynamicLossScale):
-                raise ConfigError(f"loss_scale must be a dnn.optim.DynamicLossScale, got {loss_scale!r}")
-            self.loss_scale.setup()
-        elif loss_scale is not None:
-            raise ConfigError("loss_scale applies to dtype='float16' only")
-        else:
-            self.loss_scale = None
+        self.loss_scale = loss_scale
         self.layers = layers
         g = self.graph
         # every check first (the symbolic shapes hold all it needs): a refused model names and builds
@@ -289,15 +281,31 @@ class Model(Training):
         """The number of parameters fit trains (those of layers that are not frozen)."""
         return sum(layer.count_params() for layer in self.layers if layer.trainable)
 
+    #: True while an asynchronous epoch's steps run (dnn.training.asgd): see `_refuse_mid_async`
+    _in_async_epoch = False
+
+    def _refuse_mid_async(self, what):
+        """Refuse `what` (a weight read or write, an evaluation, a save) from a callback inside an
+        asynchronous epoch: the weights then live in the parameter store and the groups' copies, and
+        the model's own matrices hold the epoch's start. A read gave those silently and a write was
+        lost when the epoch ended (the store's weights overwrite the model's); at the epoch's end
+        (on_epoch_end) the model holds the store's weights again."""
+        if self._in_async_epoch:
+            raise ConfigError(f"{what} was called inside an asynchronous epoch (from a callback's on_batch_end?): "
+                              f"the model's weights are the parameter store's only at the epoch's end. Call it "
+                              f"from on_epoch_end, or train with asynchronous=False")
+
     def get_weights(self):
         """Every weight as a numpy array, layer by layer (kernel, then bias; BatchNorm: gamma, beta,
         running mean, running variance)."""
+        self._refuse_mid_async("get_weights")
         return [a for layer in self.layers for a in layer.get_weights()]
 
     def set_weights(self, weights):
         """Write weights in get_weights' order and shapes (in place: recorded steps stay valid). Every
         array is checked first (shape, numbers the weight's dtype holds, no NaN or infinity, as
         load_state_dict): a refused one leaves every weight as it was."""
+        self._refuse_mid_async("set_weights")
         weights = list(weights)
         expected = sum(len(layer.weights) for layer in self.layers)
         if len(weights) != expected:
@@ -326,11 +334,13 @@ class Model(Training):
     def state_dict(self):
         """{PyTorch name: numpy array} of every weight and buffer, keyed by the layers' names as
         PyTorch's modules ('conv1.weight', 'layer1.0.bn1.running_mean', 'fc.bias'; dnn.state_dict)."""
+        self._refuse_mid_async("state_dict")
         return state_dict.state_dict(self)
 
     def load_state_dict(self, mapping):
         """Write a PyTorch-named mapping of arrays (e.g. a torchvision model's state_dict()) into the
         weights, in place; a missing or unexpected key or a shape mismatch raises and changes nothing."""
+        self._refuse_mid_async("load_state_dict")
         state_dict.load_state_dict(self, mapping)
 
     # ---- data ---------------------------------------------------------------------------
@@ -423,6 +433,32 @@ class Model(Training):
             feed = feeds[reading] = ds.feed()
         return feed
 
+    # ---- the loss scale ------------------------------------------------------------------
+    @property
+    def loss_scale(self):
+        """The dnn.optim.DynamicLossScale of a float16 model's training steps (None for other dtypes).
+        Set as the constructor's argument and checked alike: a float16 model takes a
+        DynamicLossScale, or None for one with the defaults; other dtypes take None only. A new one
+        is set up (its scale matrices made) here, so the next fit starts from its init_scale; a
+        refused value (a number, a scaler on a float32 model) changes nothing."""
+        return self._loss_scale
+
+    @loss_scale.setter
+    def loss_scale(self, value):
+        if self.dtype != "float16":
+            if value is not None:
+                raise ConfigError(f"loss_scale applies to dtype='float16' only (this model is {self.dtype}); "
+                                  f"it takes None, got {value!r}")
+            self._loss_scale = None
+            return
+        if value is None:
+            value = optim.DynamicLossScale()
+        if not isinstance(value, optim.DynamicLossScale):
+            raise ConfigError(f"loss_scale must be a dnn.optim.DynamicLossScale (or None: one with the "
+                              f"defaults), got {value!r}")
+        value.setup()
+        self._loss_scale = value
+
     # ---- the optimizer -------------------------------------------------------------------
     @property
     def optimizer(self):
@@ -439,6 +475,7 @@ class Model(Training):
     def evaluate(self, x, y=None, batch_size=None):
         """{'loss': mean loss, 'accuracy': fraction correct (classification losses)} over x:
         a dnn.data.Dataset, or numpy samples with their targets y."""
+        self._refuse_mid_async("evaluate")
         batch_size = EVAL_BATCH if batch_size is None else _positive_int(batch_size, "batch_size")
         return self._evaluate(self._dataset(x, y), batch_size)
 
@@ -462,6 +499,7 @@ class Model(Training):
     def predict(self, x, batch_size=None):
         """The network's outputs (after the output activation) for x (numpy samples or a Dataset),
         a numpy array (N, outputs); a list of arrays, one per output, for a model with several."""
+        self._refuse_mid_async("predict")
         batch_size = EVAL_BATCH if batch_size is None else _positive_int(batch_size, "batch_size")
         if x is None:
             raise ConfigError("predict: x must be numpy samples or a dnn.data.Dataset, got None")
@@ -575,6 +613,7 @@ class Model(Training):
         arrays, the optimizer's state and clock, the loss scale, the epoch (and the batch, when called
         inside an epoch, e.g. by a callback), the layers' random counters and dmath's random streams.
         dnn.load resumes it at any worker count: fit(..., initial_epoch=k) continues as if never stopped."""
+        self._refuse_mid_async("save")
         serialization.save_model(self, path)
 
     def load_weights(self, path):

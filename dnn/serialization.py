@@ -256,6 +256,9 @@ def _read_array(f, start, e, path):
 def save_model(model, path):
     """Write `model` (architecture, weights, optimizer and loss-scale state) to `path`."""
     path = model_path(path)          # before any weight is gathered
+    # a schedule that dnn.load could not rebuild is refused before anything is written
+    from .optim import schedules
+    schedules.check_saveable(model.optimizer.schedule)
     arrays = [(f"weights/{w.name}", w.numpy()) for layer in model.layers for w in layer.weights]
     # the state of every parameter that has one, frozen layers' too (a frozen layer keeps its momentum
     # for when it is trained again), named in the header: positions alone shift when a layer is frozen

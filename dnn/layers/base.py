@@ -151,23 +151,44 @@ class Layer:
         if name is not None and not isinstance(name, str):
             raise ConfigError(f"{type(self).__name__}: name must be a string or None, got {name!r}")
         self._name = name
-        if parallel != "auto" and parallel not in self.strategies:
-            # every layer takes 'auto' (the cost model's choice: `decide`, here always 'data')
-            accepted = tuple(dict.fromkeys(self.strategies + ("auto",)))
-            why = (" (model parallelism is a Dense layer's: a convolution's weights are small beside its "
-                   "activations, so it stays data parallel)" if parallel == "model" else "")
-            raise ConfigError(f"{type(self).__name__}: parallel must be one of {accepted}, got {parallel!r}{why}")
-        self.parallel = parallel          # as asked
-        self.strategy = parallel if parallel != "auto" else None   # as decided
         self.weights = []
         self.input_shape = None
         self.built = False
+        self.parallel = parallel          # as asked (checked); `strategy`: as decided
         #: the dtype of the weights, as the first build made them (None before)
         self.param_dtype = None
         #: False freezes the layer: fit leaves its weights as they are (a BatchNorm then normalises
         #: with its running statistics, which stay fixed too)
         self.trainable = True
         self._dry = None          # a list while weight_shapes runs _create without allocating
+
+    @property
+    def parallel(self):
+        """The parallel strategy asked for: one of `strategies` or 'auto' (the cost model's choice,
+        timed by fit). Assigned after construction it is checked by the constructor's rule and
+        takes effect at once: a built layer's weights move to the new strategy's layouts (`adopt`:
+        the recorded steps, keyed on the strategy and the count of moves, are recorded again), and
+        'auto' is decided again at the next step. An assignment that was only stored left the layer
+        running its old strategy while get_config and the saved file said the new one."""
+        return self._parallel
+
+    @parallel.setter
+    def parallel(self, value):
+        if not isinstance(value, str) or (value != "auto" and value not in self.strategies):
+            # every layer takes 'auto' (the cost model's choice: `decide`, here always 'data')
+            accepted = tuple(dict.fromkeys(self.strategies + ("auto",)))
+            why = (" (model parallelism is a Dense layer's: a convolution's weights are small beside its "
+                   "activations, so it stays data parallel)" if value == "model" else "")
+            raise ConfigError(f"{type(self).__name__}: parallel must be one of {accepted}, got {value!r}{why}")
+        if getattr(self, "_parallel", None) == value:
+            return              # (the same request: an 'auto' already decided stays decided)
+        self._parallel = value
+        if value == "auto":
+            self.strategy = None        # decided at the next step (the weights stay until then)
+        elif self.built:
+            self.adopt(value)           # the weights move now
+        else:
+            self.strategy = value       # the build makes them in its layouts
 
     @property
     def name(self):

@@ -1,7 +1,7 @@
 """AdaGrad (Duchi et al.), PyTorch's form."""
 import dmath
 
-from .base import Optimizer, _non_negative, _positive
+from .base import Optimizer, _non_negative, _positive, setting
 
 
 class AdaGrad(Optimizer):
@@ -18,8 +18,14 @@ class AdaGrad(Optimizer):
     def __init__(self, lr=0.01, eps=1e-10, initial_accumulator_value=0.0, weight_decay=0.0, schedule=None,
                  foreach=True):
         super().__init__(lr, weight_decay, schedule, foreach)
-        self.eps = _positive(eps, "eps")
-        self.initial_accumulator_value = _non_negative(initial_accumulator_value, "initial_accumulator_value")
+        self.eps = eps
+        self.initial_accumulator_value = initial_accumulator_value
+
+    # may change between fits, checked as the constructor's arguments (an accumulator's initial value
+    # applies to parameters that have no state yet)
+    eps = setting("eps", lambda opt, value: _positive(value, "eps"))
+    initial_accumulator_value = setting("initial_accumulator_value",
+                                        lambda opt, value: _non_negative(value, "initial_accumulator_value"))
 
     def _hyper(self):
         return {"eps": self.eps, "initial_accumulator_value": self.initial_accumulator_value,

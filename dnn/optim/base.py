@@ -19,6 +19,7 @@ by zeros, the learning rate is multiplied by the gate and the state's decay
 factors become 1 where the gate is 0: a skipped step changes nothing, with no
 master-side decision inside the recorded step.
 """
+import contextlib
 import math
 import numbers
 import weakref
@@ -31,6 +32,15 @@ from ..errors import ConfigError, GraphError
 from ..graph.execute import plain_layout
 from ..graph.node import Variable
 from . import schedules as _schedules
+
+
+def setting(name, check):
+    """A hyper-parameter that may change between fits, or from a callback's on_batch_end during one
+    (the recorded step is rebuilt for the next step: its key holds it): every assignment, the
+    constructor's included, stores check(optimizer, value), so a later one is checked as the
+    constructor's argument; the value lives in `_<name>` (state_names may follow it)."""
+    attr = "_" + name
+    return property(lambda self: getattr(self, attr), lambda self, value: setattr(self, attr, check(self, value)))
 
 
 class StepScalars:
@@ -73,10 +83,8 @@ class Optimizer:
 
     def __init__(self, lr, weight_decay=0.0, schedule=None, foreach=True):
         self.lr = _positive(lr, "lr")
-        self.foreach = _bool(foreach, "foreach")
-        self.weight_decay = _non_negative(weight_decay, "weight_decay")
-        if schedule is not None and not isinstance(schedule, _schedules.Schedule):
-            raise ConfigError(f"schedule must be a dnn.optim.schedules schedule, got {schedule!r}")
+        self.foreach = foreach
+        self.weight_decay = weight_decay
         self.schedule = schedule
         self.iterations = 0            # steps taken (the schedule's clock)
         # param Variable -> {name: Matrix}, held weakly: the state of a model's parameters goes with
@@ -84,6 +92,13 @@ class Optimizer:
         self._state = weakref.WeakKeyDictionary()
         self._scalars = {}             # dtype -> {'lr': Matrix, ...}: per-step (1, 1) matrices
         self._lr_written = {}          # dtype -> the learning rate value in the 'lr' matrix
+
+    # may change between fits (or from a callback), checked as the constructor's arguments: a value
+    # the constructor refuses (foreach='no', weight_decay=-1) was taken by an assignment and trained
+    # with. (lr is checked where it is read, current_lr: 0 is a rate there, a warm-up's first steps.)
+    weight_decay = setting("weight_decay", lambda opt, value: _non_negative(value, "weight_decay"))
+    foreach = setting("foreach", lambda opt, value: _bool(value, "foreach"))
+    schedule = setting("schedule", lambda opt, value: _schedule(value))
 
     # ---- configuration --------------------------------------------------------
     def get_config(self):
@@ -111,6 +126,29 @@ class Optimizer:
             raise ConfigError(f"the schedule {self.schedule!r} of {type(self).__name__} gave the learning rate "
                               f"{lr!r} at step {self.iterations}; expected a finite number >= 0")
         return float(lr)
+
+    # ---- the momentum the update commands use ------------------------------------------
+    #: None, or the momentum a training loop substitutes while it issues update commands
+    #: (asynchronous SGD's staleness rule, dnn.training.asgd): never stored in the checked setting,
+    #: whose rules (SGD's nesterov needs momentum > 0) are the user's, not a correction's
+    _momentum_override = None
+
+    def step_momentum(self):
+        """The momentum the update commands use: the override while one is in force, else `momentum`
+        (0.0 for rules without one)."""
+        if self._momentum_override is not None:
+            return self._momentum_override
+        return getattr(self, "momentum", 0.0)
+
+    @contextlib.contextmanager
+    def momentum_override(self, mu):
+        """Within the block, update commands use the momentum `mu` (a float in [0, 1)) in place of the
+        user's; `momentum`, get_config and checkpoints keep showing the user's."""
+        self._momentum_override = float(mu)
+        try:
+            yield
+        finally:
+            self._momentum_override = None
 
     # ---- the step, in two halves -------------------------------------------------
     def prepare(self, params, lr_scale=1.0):
@@ -377,13 +415,11 @@ def to_layout_of(g, p, keep_dtype=False, background=False, dtype=None):
     return g.remap(p.layout, dtype=p.dtype if dtype is None else dtype, background=background)
 
 
-def setting(name, check):
-    """A hyper-parameter that may change between fits, or from a callback's on_batch_end during one
-    (the recorded step is rebuilt for the next step: its key holds it): every assignment, the
-    constructor's included, stores check(optimizer, value), so a later one is checked as the
-    constructor's argument; the value lives in `_<name>` (state_names may follow it)."""
-    attr = "_" + name
-    return property(lambda self: getattr(self, attr), lambda self, value: setattr(self, attr, check(self, value)))
+def _schedule(v):
+    """None or a dnn.optim.schedules schedule."""
+    if v is not None and not isinstance(v, _schedules.Schedule):
+        raise ConfigError(f"schedule must be a dnn.optim.schedules schedule, got {v!r}")
+    return v
 
 
 def _shown(a):

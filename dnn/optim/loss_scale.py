@@ -10,24 +10,78 @@ doubles it after `growth_interval` finite steps in a row (PyTorch's
 GradScaler policy). All of it runs on the workers, so it records and replays
 with the rest of the step.
 """
+import math
+import numbers
+
+import numpy as np
+
 import dmath
 
 from ..errors import ConfigError
-from .base import _positive
+
+#: the float32 range a scale is held in: the smallest normal value up to the largest finite one (a
+#: value past it was inf in the scale matrix, one below underflowed to 0 or lost its precision)
+_F32 = np.finfo(np.float32)
+#: the float32 step counter counts whole steps exactly up to 2**24
+_MAX_INTERVAL = 2 ** 24
+
+
+def _init_scale(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+            or not float(_F32.tiny) <= value <= float(_F32.max):
+        raise ConfigError(f"init_scale must be a finite positive number a float32 holds (from "
+                          f"{float(_F32.tiny):g} to {float(_F32.max):g}), got {value!r}")
+    return float(value)
+
+
+def _growth_factor(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value) \
+            or not value > 1:
+        raise ConfigError(f"growth_factor must be a finite number > 1, got {value!r}")
+    return float(value)
+
+
+def _backoff_factor(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real) or not 0 < value < 1:
+        raise ConfigError(f"backoff_factor must be a number in (0, 1), got {value!r}")
+    return float(value)
+
+
+def _growth_interval(value):
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= _MAX_INTERVAL:
+        raise ConfigError(f"growth_interval must be a whole number of steps from 1 to 2**24 (the float32 "
+                          f"step counter's exact range), got {value!r}")
+    return int(value)
+
+
+def _checked(name, check):
+    """A setting checked by `check` at every assignment, the constructor's included, kept in `_<name>`:
+    a value assigned between fits obeys the constructor's rules (it is part of the training step's
+    key, so the next step is recorded with it)."""
+    attr = "_" + name
+    return property(lambda self: getattr(self, attr), lambda self, value: setattr(self, attr, check(value)),
+                    doc=f"{name}, checked as the constructor's argument")
 
 
 class DynamicLossScale:
-    """The loss scale and its update rule; `scale` and `good_steps` are (1, 1) float32 matrices."""
+    """The loss scale and its update rule; `scale` and `good_steps` are (1, 1) float32 matrices.
+
+    Args: init_scale=2**15 (a positive float32: 1.2e-38 to 3.4e38), growth_factor=2.0 (> 1),
+    backoff_factor=0.5 (in (0, 1)), growth_interval=2000 (1 to 2**24 steps). Each may be assigned
+    later, checked alike; a change takes effect at the next training step (init_scale: only
+    before the scaler's first use, when its scale is made).
+    """
+
+    init_scale = _checked("init_scale", _init_scale)
+    growth_factor = _checked("growth_factor", _growth_factor)
+    backoff_factor = _checked("backoff_factor", _backoff_factor)
+    growth_interval = _checked("growth_interval", _growth_interval)
 
     def __init__(self, init_scale=2.0 ** 15, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
-        init_scale, growth_factor, backoff_factor = (_positive(v, what) for v, what in (
-            (init_scale, "init_scale"), (growth_factor, "growth_factor"), (backoff_factor, "backoff_factor")))
-        if not init_scale > 0 or not growth_factor > 1 or not 0 < backoff_factor < 1:
-            raise ConfigError("loss scaling needs init_scale > 0, growth_factor > 1 and 0 < backoff_factor < 1")
-        if isinstance(growth_interval, bool) or not isinstance(growth_interval, int) or growth_interval < 1:
-            raise ConfigError(f"growth_interval must be a positive integer, got {growth_interval!r}")
-        self.init_scale, self.growth_factor = float(init_scale), float(growth_factor)
-        self.backoff_factor, self.growth_interval = float(backoff_factor), growth_interval
+        # every argument checked before any is stored: a refused call leaves nothing half made
+        checked = (_init_scale(init_scale), _growth_factor(growth_factor), _backoff_factor(backoff_factor),
+                   _growth_interval(growth_interval))
+        self.init_scale, self.growth_factor, self.backoff_factor, self.growth_interval = checked
         self.scale = None
         self.good_steps = None
         self.skipped = None     # steps skipped in a row (not saved: a resumed run counts afresh)
@@ -56,7 +110,9 @@ class DynamicLossScale:
         good = self.good_steps
         good += 1.0
         good *= ok                                        # an overflow restarts the count
-        grow = dmath.equal(good, float(self.growth_interval))   # 1 when the count is reached
+        # 1 when the count is reached; >= rather than ==: a growth_interval lowered between fits below
+        # the count already made (1000 -> 1 after 4 good steps) would never be met again
+        grow = dmath.greater_equal(good, float(self.growth_interval))
         factor = ok * (grow * (self.growth_factor - 1.0) + 1.0) + (1.0 - ok) * self.backoff_factor
         self.scale *= factor
         good *= 1.0 - grow

@@ -18,12 +18,14 @@ class RMSProp(Optimizer):
     def __init__(self, lr=0.01, alpha=0.99, eps=1e-8, momentum=0.0, centered=False, weight_decay=0.0,
                  schedule=None, foreach=True):
         super().__init__(lr, weight_decay, schedule, foreach)
-        self.alpha = _unit(alpha, "alpha")
-        self.eps = _positive(eps, "eps")
+        self.alpha = alpha
+        self.eps = eps
         self.momentum = momentum
         self.centered = centered
 
     # may change between fits, checked as the constructor's arguments; the state follows (state_names)
+    alpha = setting("alpha", lambda opt, value: _unit(value, "alpha"))
+    eps = setting("eps", lambda opt, value: _positive(value, "eps"))
     momentum = setting("momentum", lambda opt, value: _unit(value, "momentum"))
     centered = setting("centered", lambda opt, value: _bool(value, "centered"))
 
@@ -47,9 +49,10 @@ class RMSProp(Optimizer):
             avg = dmath.sqrt(s - a * a) + self.eps
         else:
             avg = dmath.sqrt(s) + self.eps
-        if self.momentum:
+        mu = self.step_momentum()       # the user's, or asynchronous SGD's corrected one
+        if mu:
             b = state["momentum_buffer"]
-            b *= h.factor(self.momentum)
+            b *= h.factor(mu)
             b += g / avg
             p -= b * h.lr
         else:

@@ -14,7 +14,18 @@ from ..errors import ConfigError
 
 
 class Schedule:
-    """Base: `__call__(step, base_lr) -> lr`; `get_config()` is JSON-able and `get` rebuilds it."""
+    """Base: `__call__(step, base_lr) -> lr`; `get_config()` is JSON-able and `get` rebuilds it.
+
+    `_checks` maps a setting's name to the function that checks it (returning the value to store):
+    every assignment runs it, the constructor's and a later one's alike, so `gamma = 5` set after
+    construction is refused as `StepDecay(10, gamma=5)` is (it trained with a growing rate)."""
+
+    #: {attribute name: check(value) -> the value stored}, run at every assignment
+    _checks = {}
+
+    def __setattr__(self, name, value):
+        check = self._checks.get(name)
+        super().__setattr__(name, check(value) if check is not None else value)
 
     def __call__(self, step, base_lr):
         raise NotImplementedError
@@ -37,9 +48,11 @@ class Constant(Schedule):
 class StepDecay(Schedule):
     """base_lr * gamma ** (step // step_size) (PyTorch's StepLR, counted in steps)."""
 
+    _checks = {"step_size": lambda v: _count(v, "step_size"), "gamma": lambda v: _factor(v, "gamma")}
+
     def __init__(self, step_size, gamma=0.1):
-        self.step_size = _count(step_size, "step_size")
-        self.gamma = _factor(gamma, "gamma")
+        self.step_size = step_size
+        self.gamma = gamma
 
     def __call__(self, step, base_lr):
         return base_lr * self.gamma ** (step // self.step_size)
@@ -48,8 +61,10 @@ class StepDecay(Schedule):
 class ExponentialDecay(Schedule):
     """base_lr * gamma ** step."""
 
+    _checks = {"gamma": lambda v: _factor(v, "gamma")}
+
     def __init__(self, gamma):
-        self.gamma = _factor(gamma, "gamma")
+        self.gamma = gamma
 
     def __call__(self, step, base_lr):
         return base_lr * self.gamma ** step
@@ -58,13 +73,11 @@ class ExponentialDecay(Schedule):
 class CosineAnnealing(Schedule):
     """From base_lr down to min_lr along half a cosine over total_steps, then min_lr."""
 
+    _checks = {"total_steps": lambda v: _count(v, "total_steps"), "min_lr": lambda v: _min_lr(v)}
+
     def __init__(self, total_steps, min_lr=0.0):
-        self.total_steps = _count(total_steps, "total_steps")
-        # `not min_lr >= 0` also refuses NaN (NaN < 0 is False); an infinite floor gives inf or NaN rates
-        if isinstance(min_lr, bool) or not isinstance(min_lr, numbers.Real) or not min_lr >= 0 \
-                or not math.isfinite(min_lr):
-            raise ConfigError(f"min_lr must be a finite non-negative number, got {min_lr!r}")
-        self.min_lr = float(min_lr)
+        self.total_steps = total_steps
+        self.min_lr = min_lr
 
     def __call__(self, step, base_lr):
         t = min(step, self.total_steps) / self.total_steps
@@ -78,14 +91,12 @@ class Warmup(Schedule):
     the last warm-up step reaches base_lr.
     """
 
+    _checks = {"steps": lambda v: _count(v, "warm-up steps"), "start_factor": lambda v: _start_factor(v),
+               "then": lambda v: _then(v)}
+
     def __init__(self, steps, start_factor=0.0, then=None):
-        self.steps = _count(steps, "warm-up steps")
-        if isinstance(start_factor, bool) or not isinstance(start_factor, numbers.Real) \
-                or not 0 <= start_factor <= 1:
-            raise ConfigError(f"start_factor must be in [0, 1], got {start_factor!r}")
-        self.start_factor = float(start_factor)
-        if then is not None and not isinstance(then, Schedule):
-            raise ConfigError(f"then must be a schedule, got {then!r}")
+        self.steps = steps
+        self.start_factor = start_factor
         self.then = then
 
     def __call__(self, step, base_lr):
@@ -94,7 +105,40 @@ class Warmup(Schedule):
         return self.then(step - self.steps, base_lr) if self.then is not None else base_lr
 
 
-_KINDS = {c.__name__: c for c in (Constant, StepDecay, ExponentialDecay, CosineAnnealing, Warmup)}
+#: the library's schedule classes by name (model files name them); `register` adds the user's own
+BUILT_IN = {c.__name__: c for c in (Constant, StepDecay, ExponentialDecay, CosineAnnealing, Warmup)}
+_KINDS = dict(BUILT_IN)
+
+
+def register(cls):
+    """Make a Schedule subclass of your own loadable, as `dnn.layers.register` does for layers:
+    dnn.load rebuilds it by its class name from get_config() (its arguments by name; a decorator:
+    `@dnn.optim.schedules.register`; returns the class). Model files hold settings, never code, so the
+    loading program registers the class too. Saving a model whose schedule is not registered is
+    refused (`check_saveable`): the file could not be loaded. A name of the library's schedules cannot
+    be taken; registering another class under a name registered before replaces it."""
+    if not (isinstance(cls, type) and issubclass(cls, Schedule)) or cls is Schedule:
+        raise ConfigError(f"register takes a subclass of dnn.optim.schedules.Schedule, got {cls!r}")
+    name = cls.__name__
+    if name in BUILT_IN and BUILT_IN[name] is not cls:
+        raise ConfigError(f"register: {name!r} is the name of a dnn schedule; give your schedule class another name")
+    _KINDS[name] = cls
+    return cls
+
+
+def check_saveable(schedule):
+    """Raise ConfigError unless `get` can rebuild `schedule` (None, or one whose class, and every
+    schedule it holds (Warmup's `then`), is the library's or registered under its name): save checks
+    before it writes, so that no file is written that dnn.load refuses."""
+    if schedule is None:
+        return
+    cls = type(schedule)
+    if _KINDS.get(cls.__name__) is not cls:
+        raise ConfigError(f"the schedule class {cls.__name__} is not registered, so a saved model could not be "
+                          f"loaded: decorate it with @dnn.optim.schedules.register (in the loading program too)")
+    for value in vars(schedule).values():
+        if isinstance(value, Schedule):
+            check_saveable(value)
 
 
 def get(config):
@@ -102,10 +146,11 @@ def get(config):
     if config is None or isinstance(config, Schedule):
         return config
     if not isinstance(config, dict) or config.get("name") not in _KINDS:
-        raise ConfigError(f"unknown schedule {config!r}; expected one of {sorted(_KINDS)}")
-    args = {k: v for k, v in config.items() if k != "name"}
-    if isinstance(args.get("then"), dict):
-        args["then"] = get(args["then"])
+        raise ConfigError(f"unknown schedule {config!r}; expected one of {sorted(_KINDS)} (a schedule of your "
+                          f"own: dnn.optim.schedules.register(YourSchedule) before loading)")
+    # a schedule inside (Warmup's `then`, or a registered one's) is rebuilt from its own config
+    args = {k: get(v) if isinstance(v, dict) and v.get("name") in _KINDS else v
+            for k, v in config.items() if k != "name"}
     try:
         return _KINDS[config["name"]](**args)
     except TypeError as exc:        # a missing or unknown argument
@@ -122,3 +167,22 @@ def _factor(v, what):
     if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 < v <= 1:
         raise ConfigError(f"{what} must be in (0, 1], got {v!r}")
     return float(v)
+
+
+def _min_lr(v):
+    # `not v >= 0` also refuses NaN (NaN < 0 is False); an infinite floor gives inf or NaN rates
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v >= 0 or not math.isfinite(v):
+        raise ConfigError(f"min_lr must be a finite non-negative number, got {v!r}")
+    return float(v)
+
+
+def _start_factor(v):
+    if isinstance(v, bool) or not isinstance(v, numbers.Real) or not 0 <= v <= 1:
+        raise ConfigError(f"start_factor must be in [0, 1], got {v!r}")
+    return float(v)
+
+
+def _then(v):
+    if v is not None and not isinstance(v, Schedule):
+        raise ConfigError(f"then must be a schedule, got {v!r}")
+    return v

@@ -49,14 +49,23 @@ class SGD(Optimizer):
     def _hyper(self):
         return {"momentum": self.momentum, "nesterov": self.nesterov, "foreach": self.foreach}
 
+    def _rule(self):
+        """(momentum, nesterov) of the update commands: the step's momentum (step_momentum: the user's,
+        or asynchronous SGD's corrected one); a momentum of 0 steps as plain SGD, nesterov or not
+        (Nesterov's d = g + mu v is g at mu = 0)."""
+        mu = self.step_momentum()
+        return mu, self.nesterov and mu > 0
+
     def fused_update(self, p, g, state, h):
-        dmath.nn.sgd_update(p, g, h.lr, state.get("momentum_buffer"), momentum=self.momentum,
-                            nesterov=self.nesterov, weight_decay=self.weight_decay,
+        mu, nesterov = self._rule()
+        dmath.nn.sgd_update(p, g, h.lr, state.get("momentum_buffer") if mu else None, momentum=mu,
+                            nesterov=nesterov, weight_decay=self.weight_decay,
                             grad_scale=h.grad_scale, gate=h.gate)
 
     def fused_update_many(self, params, grads, states, h):
         if not self.foreach:
             return super().fused_update_many(params, grads, states, h)
-        dmath.nn.sgd_update_many(params, grads, h.lr, [st["momentum_buffer"] for st in states] if self.momentum
-                                 else None, momentum=self.momentum, nesterov=self.nesterov,
+        mu, nesterov = self._rule()
+        dmath.nn.sgd_update_many(params, grads, h.lr, [st["momentum_buffer"] for st in states] if mu
+                                 else None, momentum=mu, nesterov=nesterov,
                                  weight_decay=self.weight_decay, grad_scale=h.grad_scale, gate=h.gate)

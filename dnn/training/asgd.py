@@ -438,6 +438,9 @@ class AsyncTrainer:
         bar = ProgressBar(epoch, epochs, self.n, verbose)
         start = time.perf_counter()
         pending = collections.deque()
+        # the model's own weights hold the epoch's start until store.push: a callback's get_weights,
+        # set_weights, evaluate or save in between is refused (Model._refuse_mid_async)
+        model._in_async_epoch = True
         try:
             for event in self.schedule.epoch(len(sizes)):
                 kind, g = event[0], event[1]
@@ -454,8 +457,10 @@ class AsyncTrainer:
                     metrics.samples += sizes[t]
                     bar.update(metrics.samples, metrics.read)
                     call_hooks(hooks, "on_batch_end", t)
+            model._in_async_epoch = False
             store.push(model)
         except BaseException:
+            model._in_async_epoch = False
             # the model keeps the store's latest weights; a broken runtime refuses, and the error says why
             with contextlib.suppress(dmath.DMathError):
                 store.push(model)
@@ -485,14 +490,10 @@ class AsyncTrainer:
         opt, store = self.model.optimizer, self.store
         # the learning rate of this update (outside the plan): the rule's share of it
         opt.prepare(store.vars, self.rule.lr_scale(staleness))
-        # the corrected momentum is a constant of the store's update commands (recorded once): the
-        # optimizer holds it only while they are issued, so callbacks and checkpoints see the user's
-        mu = getattr(opt, "momentum", None)
-        if mu:
-            opt.momentum = self.rule.momentum(mu)
-        try:
+        # the corrected momentum is a constant of the store's update commands (recorded once): an
+        # override in force only while they are issued, so callbacks and checkpoints see the user's.
+        # It never goes through the checked setting: SGD(momentum=0.5, nesterov=True) corrected to 0
+        # was refused there (nesterov needs momentum > 0); at 0 the rule steps as plain SGD
+        with opt.momentum_override(self.rule.momentum(opt.step_momentum())):
             _run(step, "apply_plan", lambda: store.apply(opt, step), self.model.record)
-        finally:
-            if mu:
-                opt.momentum = mu
         opt.finish()

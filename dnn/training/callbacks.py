@@ -32,6 +32,17 @@ class Callback:
     #: (False for the library's callbacks that only read or save)
     changes_settings = True
 
+    def hooks_batch_end(self):
+        """Whether this callback's on_batch_end may change a setting a recorded step computes with:
+        fit takes the step's key again after it at every step. True when `changes_settings` and an
+        on_batch_end other than the base class's no-op runs, whether written in a subclass or
+        stored on the instance (LambdaCallback(on_batch_end=f)): looking at the class alone missed
+        the latter, and a momentum or a freeze set from f was ignored for the rest of the epoch."""
+        if not self.changes_settings:
+            return False
+        hook = getattr(self, "on_batch_end")
+        return getattr(hook, "__func__", hook) is not Callback.on_batch_end
+
     def on_train_begin(self, logs=None):
         pass
 
@@ -304,6 +315,9 @@ class ModelCheckpoint(Callback):
         known = (self.params or {}).get("metrics")
         if known is None:           # not started by fit: nothing to check against
             return
+        # a schedule no file could load back: refused before the first step, not at the first save
+        from ..optim import schedules
+        schedules.check_saveable(self.model.optimizer.schedule)
         missing = [f for f in self.fields if f not in ("epoch", "batch", "step") and f not in known]
         if missing:
             raise ConfigError(f"ModelCheckpoint: path {os.fspath(self.path)!r} names "

@@ -29,13 +29,15 @@ class Training:
         model's settings (`_settings`: every layer's configuration, the loss weights) and the layers'
         strategies; training adds the optimizer object (its state and step matrices), its
         hyper-parameters (momentum, betas, eps, weight decay: constants of its update commands),
-        the loss, loss scale and gradient buckets; evaluation adds the loss. The learning rate and
-        its schedule are left out: the lr is a (1, 1) matrix written before each step, so changing
-        them re-records nothing. The key holds the objects themselves (compared by identity), so
+        the loss, the loss scale (the object, and its growth and backoff settings: constants of its
+        update commands) and gradient buckets; evaluation adds the loss. The learning rate and its
+        schedule are left out: the lr is a (1, 1) matrix written before each step, so changing them
+        re-records nothing. The key holds the objects themselves (compared by identity), so
         none is freed while a step recorded with it lives."""
         if kind == "train":
             hyper = {k: v for k, v in self.optimizer.get_config().items() if k not in ("lr", "schedule")}
-            return (self.optimizer, repr(sorted(hyper.items())), self.loss, self.loss_scale, self._settings(),
+            scaling = None if self.loss_scale is None else repr(sorted(self.loss_scale.get_config().items()))
+            return (self.optimizer, repr(sorted(hyper.items())), self.loss, self.loss_scale, scaling, self._settings(),
                     self.bucket_mb, self.gradient_sum_dtype, self._strategies())
         # every kind reads the weights where their layouts put them: a strategy changed (parallel='auto'
         # timed at fit's first steps) moved them to new matrices
@@ -318,8 +320,7 @@ class Training:
         # optimizer itself) or a layer's settings: a step recorded before would replay the old ones
         # silently, or read momentum buffers its optimizer freed, so the key is taken again after such
         # hooks (only where some callback may change them: the key reads every layer's config)
-        rekey = any(cb.changes_settings and type(cb).on_batch_end is not cbs.Callback.on_batch_end
-                    for cb in hooks)
+        rekey = any(cb.hooks_batch_end() for cb in hooks)
         for b in range(skip, len(sizes)):
             size = sizes[b]
             if trial is not None:
