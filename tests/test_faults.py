@@ -36,7 +36,7 @@ FAULT_JOB = """
         while call.rank != 0 and time.monotonic() - t0 < 30:
             time.sleep(0.01)
         return []
-
+{kernels}
     dmath.init(device="cpu")
     pids = dispatch("test_pids")[1]
     print("PIDS", *pids, flush=True)
@@ -92,7 +92,7 @@ def _seconds_after_signal(out, ended):
 @pytest.mark.parametrize("busy", [False, True], ids=["idle", "busy"])
 def test_signal_to_a_worker_ends_the_job(tmp_path, sig, busy):
     rank = 1 if busy else 2
-    rc, out, err, _ = run_job(tmp_path, FAULT_JOB.format(body=SIGNAL_BODY.format(busy=busy, rank=rank, sig=sig)),
+    rc, out, err, _ = run_job(tmp_path, FAULT_JOB.format(kernels="", body=SIGNAL_BODY.format(busy=busy, rank=rank, sig=sig)),
                               DMATH_TIMEOUT_S=str(TIMEOUT_S))
     ended = time.monotonic()
     pids = _pids(out)
@@ -114,7 +114,7 @@ def test_signal_to_a_worker_ends_the_job(tmp_path, sig, busy):
 
 def test_master_interrupted_inside_a_command_refuses_to_go_on(tmp_path):
     """Ctrl-C on the master while it waits on busy workers, caught by the program: no hang later."""
-    rc, out, err, seconds = run_job(tmp_path, FAULT_JOB.format(body="""
+    rc, out, err, seconds = run_job(tmp_path, FAULT_JOB.format(kernels="", body="""
     dispatch("test_busy")
     signal.setitimer(signal.ITIMER_REAL, 0.5)
     signal.signal(signal.SIGALRM, lambda *_: os.kill(os.getpid(), signal.SIGINT))
@@ -136,7 +136,7 @@ def test_master_interrupted_inside_a_command_refuses_to_go_on(tmp_path):
 
 
 def test_a_second_master_thread_is_refused_and_the_runtime_goes_on(tmp_path):
-    rc, out, err, _ = run_job(tmp_path, FAULT_JOB.format(body="""
+    rc, out, err, _ = run_job(tmp_path, FAULT_JOB.format(kernels="", body="""
     def _refused(fn):
         try:
             fn()
@@ -177,27 +177,17 @@ def test_bad_timeout_setting_is_refused_on_every_rank(tmp_path):
 
 
 
-CRASH_JOB = """
-    import ctypes, os, time
-    import dmath
-    from dmath.runtime import kernel
-    from dmath.ops.base import dispatch
-    from dmath.comm.control import gather_objects
-
-    @kernel("test_pids")
-    def _pids(call):
-        call.result = gather_objects(call.world, os.getpid())
-        return []
+CRASH_KERNEL = """
+    import ctypes
 
     @kernel("test_native_crash")
     def _native_crash(call):
         if call.rank == 1:
             ctypes.string_at(0)          # a read of address 0 in native code: SIGSEGV, as a crashing library
         return []
+"""
 
-    dmath.init(device="cpu")
-    print("PIDS", *dispatch("test_pids")[1], flush=True)
-    a = dmath.ones((6, 4), layout=dmath.ColBlock())
+CRASH_BODY = """
     print("SIGNAL_AT", time.monotonic(), flush=True)
     try:
         dispatch("test_native_crash")
@@ -212,7 +202,7 @@ def test_a_crash_in_native_code_prints_the_rank_s_python_stack(tmp_path):
     """A worker killed by SIGSEGV inside a kernel (as cuDNN, NCCL or the driver would crash): the job ends
     non-zero within the bound, and the dead rank's stderr names the Python call that was running
     (faulthandler, which dmath.init enables), not only mpiexec's "exited on signal 11"."""
-    rc, out, err, _ = run_job(tmp_path, CRASH_JOB, DMATH_TIMEOUT_S=str(TIMEOUT_S))
+    rc, out, err, _ = run_job(tmp_path, FAULT_JOB.format(kernels=CRASH_KERNEL, body=CRASH_BODY), DMATH_TIMEOUT_S=str(TIMEOUT_S))
     ended = time.monotonic()
     assert rc != 0, f"the job exited 0 after a worker's crash\n{out}\n{err}"
     assert "NO ERROR RAISED" not in out

@@ -5,6 +5,7 @@
     ZeroPadding2D
 """
 from ..errors import ConfigError
+from ..registry import register_into
 from .base import Context, Layer, Weight
 from .conv import Conv2D, Pool2D
 from .core import Activation, Dense, Dropout, Flatten, Input, Output, Reshape
@@ -26,13 +27,7 @@ def register(cls):
     class registered in the loading program (model files hold settings, never code). A name of the
     library's layers cannot be taken; registering another class under a name registered before
     replaces it (a class defined again, as in a notebook)."""
-    if not (isinstance(cls, type) and issubclass(cls, Layer)) or cls is Layer:
-        raise ConfigError(f"register takes a subclass of dnn.layers.Layer, got {cls!r}")
-    name = cls.__name__
-    if name in BUILT_IN and BUILT_IN[name] is not cls:
-        raise ConfigError(f"register: {name!r} is the name of a dnn layer; give your layer class another name")
-    KINDS[name] = cls
-    return cls
+    return register_into(KINDS, BUILT_IN, Layer, "dnn.layers.Layer", "layer", cls)
 
 
 def from_config(config):

@@ -11,6 +11,7 @@ import math
 import numbers
 
 from ..errors import ConfigError
+from ..registry import register_into
 
 
 class Schedule:
@@ -117,13 +118,7 @@ def register(cls):
     loading program registers the class too. Saving a model whose schedule is not registered is
     refused (`check_saveable`): the file could not be loaded. A name of the library's schedules cannot
     be taken; registering another class under a name registered before replaces it."""
-    if not (isinstance(cls, type) and issubclass(cls, Schedule)) or cls is Schedule:
-        raise ConfigError(f"register takes a subclass of dnn.optim.schedules.Schedule, got {cls!r}")
-    name = cls.__name__
-    if name in BUILT_IN and BUILT_IN[name] is not cls:
-        raise ConfigError(f"register: {name!r} is the name of a dnn schedule; give your schedule class another name")
-    _KINDS[name] = cls
-    return cls
+    return register_into(_KINDS, BUILT_IN, Schedule, "dnn.optim.schedules.Schedule", "schedule", cls)
 
 
 def check_saveable(schedule):
