@@ -32,6 +32,8 @@ class Initializer:
         return self.make(tuple(shape), dtype, layout, max(int(fan_in), 1), max(int(fan_out), 1))
 
     def make(self, shape, dtype, layout, fan_in, fan_out):
+        """The initial dmath matrix of `shape`, `dtype` and `layout` (draw it with dmath.random, so the
+        values are the same at every worker count); fan_in and fan_out (at least 1) scale it."""
         raise NotImplementedError
 
     def get_config(self):

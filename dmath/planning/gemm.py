@@ -426,5 +426,7 @@ def describe(plan, shapes, dtype):
                  f"per worker")
     others = sorted(((c.seconds, st) for st, c in plan.considered if st != s), key=lambda t: t[0])
     for secs, st in others[:4]:
-        lines.append(f"  (alternative {st.name}{'' if st.grid is None else ' ' + str(st.grid)}: {secs * 1e3:.3f} ms)")
+        # candidates of one name differ by their operands' layouts (two 'local' ones read alike before)
+        lines.append(f"  (alternative {st.name}{'' if st.grid is None else ' ' + str(st.grid)}, op(A) as "
+                     f"{_short(st.a)}, op(B) as {_short(st.b)}: {secs * 1e3:.3f} ms)")
     return "\n".join(lines)

@@ -50,13 +50,19 @@ class Function:
     takes_gradient_terms = False
 
     def infer(self, *inputs):
+        """(shape, dtype, sample_shape) of the output for the input nodes, when the node is built (so a
+        misfit raises where the network is written); default: the first input's."""
         first = inputs[0]
         return first.shape, first.dtype, first.sample_shape
 
     def forward(self, *xs):
+        """The output matrix from the input matrices (dmath commands; keep on `self` what backward needs
+        beyond xs and y)."""
         raise NotImplementedError
 
     def backward(self, xs, y, gy, needs):
+        """The gradients of the inputs from the output's gradient `gy`: a list with one entry per input,
+        None where `needs[k]` is False (input k needs no gradient). xs and y are the values of forward."""
         raise NotImplementedError
 
     def saves_input(self, k):

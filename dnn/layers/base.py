@@ -211,6 +211,10 @@ class Layer:
 
     # ---- shapes and building -------------------------------------------------
     def output_shape(self, sample_shape):
+        """The sample shape of the output for inputs of `sample_shape` (a tuple, or a list of them for a
+        layer called on a list); raise ShapeError for inputs the layer cannot take. Called when the
+        layer is called on symbolic tensors, before anything is built (override it; default: the
+        input's shape)."""
         return sample_shape
 
     def build(self, sample_shape, param_dtype):
@@ -314,6 +318,10 @@ class Layer:
 
     # ---- graph building ----------------------------------------------------------
     def forward(self, x, ctx):
+        """The layer's graph nodes on input node `x` (a list for a list input): return the output node,
+        made from `dnn.functional`/`dnn.ops` functions of x and of the weights' nodes (ctx gives them:
+        `ctx.param(self.kernel)`, and `ctx.training`). Override it; it is called once per program
+        built (a fit's step, an evaluation), never per sample."""
         raise NotImplementedError
 
     def __call__(self, x, ctx=None):
@@ -330,6 +338,8 @@ class Layer:
     # ---- weights -------------------------------------------------------------------
     @property
     def trainable(self):
+        """Whether fit trains the layer's weights (True or False; a frozen BatchNorm also normalises with
+        its running statistics)."""
         return self._trainable
 
     @trainable.setter
@@ -348,6 +358,8 @@ class Layer:
         return sum(math.prod(w.public_shape) for w in self.weights if w.trainable)
 
     def get_weights(self):
+        """The weights as NumPy arrays, in their public shapes and the layer's order (kernel, then bias;
+        BatchNorm: gamma, beta, running mean and variance)."""
         return [w.numpy() for w in self.weights]
 
     def set_weights(self, arrays):
@@ -365,6 +377,7 @@ class Layer:
         return [w.checked(a, finite) for w, a in zip(self.weights, arrays)]
 
     def write_checked(self, arrays):
+        """Write arrays that `checked_weights` accepted, one per weight, in order."""
         for w, a in zip(self.weights, arrays):
             w.write(a)
 

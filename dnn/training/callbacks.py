@@ -44,19 +44,22 @@ class Callback:
         return getattr(hook, "__func__", hook) is not Callback.on_batch_end
 
     def on_train_begin(self, logs=None):
-        pass
+        """Before the first epoch of a fit."""
 
     def on_epoch_begin(self, epoch, logs=None):
-        pass
+        """Before epoch `epoch` (counted from fit's initial_epoch)."""
 
     def on_batch_end(self, batch, logs=None):
-        pass
+        """After step `batch` of the epoch; logs hold the batch's size (reading the running loss drains
+        the workers: see TerminateOnNaN's check_every). A setting changed here applies from the next
+        step (see hooks_batch_end)."""
 
     def on_epoch_end(self, epoch, logs=None):
-        pass
+        """After epoch `epoch`; logs hold its metrics (loss, accuracy, val_*): set
+        `self.model.stop_training = True` to end the fit here."""
 
     def on_train_end(self, logs=None):
-        pass
+        """After the last epoch (also after a stop)."""
 
     def epoch_end_reads(self):
         """(1, 1) dmath matrices whose values this callback needs at every epoch's end (default:
