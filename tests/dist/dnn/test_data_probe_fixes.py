@@ -1,0 +1,40 @@
+"""Regression tests of a hostile-use probe of dnn.data (probe 35c): each test names what was wrong."""
+import numpy as np
+import pytest
+
+import dmath
+import dnn
+from dnn.data import DataError
+
+
+def test_csv_byte_order_mark_is_not_part_of_the_first_field(tmp_path):
+    """A UTF-8 BOM (as spreadsheet programs write) made a first data row 'mixed' (DataError) and the
+    first header name unfindable by label_column."""
+    p = tmp_path / "bom.csv"
+    p.write_bytes("\ufeffa,b,c\n4,5,6\n".encode("utf-8"))
+    x, y = dnn.data.read_csv(str(p), label_column="a")
+    assert y.tolist() == [4] and x.tolist() == [[5.0, 6.0]]
+    p.write_bytes("\ufeff1,2\n3,4\n".encode("utf-8"))
+    x, _ = dnn.data.read_csv(str(p))
+    assert x.tolist() == [[1.0, 2.0], [3.0, 4.0]]
+
+
+def test_csv_names_the_token_that_overflows_and_underscored_digits(tmp_path):
+    p = tmp_path / "big.csv"
+    p.write_text("1e400,2\n3,4\n")
+    with pytest.raises(DataError, match=r"line 1, column 0: non-finite value '1e400' \(beyond float64"):
+        dnn.data.read_csv(str(p), dtype="float64")
+    p.write_text("1,2\n3_000,4\n")        # Python's float() takes it, NumPy's reader does not
+    with pytest.raises(DataError, match=r"line 2, column 0: '3_000' is not a number"):
+        dnn.data.read_csv(str(p))
+
+
+def test_labels_beyond_2_53_are_refused_not_wrapped():
+    """uint64 labels past 2**63 became negative int64 labels without a word (2**64 - 1 -> -1)."""
+    x = np.zeros((2, 3))
+    with pytest.raises(DataError, match="beyond 2\\*\\*53"):
+        dnn.data.Dataset(x, np.array([2 ** 64 - 1, 1], dtype=np.uint64))
+    with pytest.raises(DataError, match="beyond 2\\*\\*53"):
+        dnn.data.Dataset(x, np.array([2 ** 60 + 1, 1], dtype=np.int64))
+    ds = dnn.data.Dataset(x, np.array([2 ** 53, 1], dtype=np.uint64))
+    assert ds.label_range == (1, 2 ** 53)
