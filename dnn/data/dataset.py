@@ -530,6 +530,10 @@ def _samples(x):
         raise DataError(f"Dataset: x must hold at least one sample, got shape {x.shape}")
     if x.ndim == 1:
         x = x[:, None]
+    if x.dtype.kind == "b":
+        # (binary features are 0 and 1, as torch.as_tensor(x).float() and Keras read them; they were refused
+        # as "not real numbers")
+        x = x.astype(np.uint8)
     if x.dtype.kind not in "iuf":
         raise DataError(f"Dataset: samples must be real numbers, got dtype {x.dtype}")
     if x.dtype.kind == "f":

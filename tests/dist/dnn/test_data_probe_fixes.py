@@ -38,3 +38,45 @@ def test_labels_beyond_2_53_are_refused_not_wrapped():
         dnn.data.Dataset(x, np.array([2 ** 60 + 1, 1], dtype=np.int64))
     ds = dnn.data.Dataset(x, np.array([2 ** 53, 1], dtype=np.uint64))
     assert ds.label_range == (1, 2 ** 53)
+
+
+def test_bool_samples_are_zeros_and_ones():
+    """Binary features were refused as 'not real numbers' (torch and Keras read them as 0 and 1)."""
+    x = np.array([[True, False], [False, True], [True, True]])
+    ds = dnn.data.Dataset(x, np.array([0, 1, 1]))
+    assert ds.x.to_numpy().tolist() == x.astype(float).tolist()
+
+
+def complex_result(x, streams, xp):
+    """A batch_transform returning complex values (its imaginary part was dropped with only NumPy's
+    ComplexWarning)."""
+    return x.astype(xp.complex128) * 1j
+
+
+def _source(tmp_path, transform=None):
+    import json
+    from PIL import Image
+    from dnn.data import decode
+    for name in ("a/1.png", "b/1.png"):
+        (tmp_path / name).parent.mkdir(exist_ok=True)
+        Image.fromarray(np.full((5, 5, 3), 7, np.uint8)).save(tmp_path / name)
+    d = {"root": str(tmp_path), "files": ["a/1.png", "b/1.png"], "labels": [0, 1], "image_size": [4, 4],
+         "resize_size": 5, "crop_scale": [0.08, 1.0], "crop_ratio": [0.75, 1.33], "flip": True, "on_error": "skip",
+         "batch_transform": transform, "decoder": "auto"}
+    return decode.FolderSource(json.dumps(d).encode())
+
+
+def test_batch_transform_returning_complex_values_is_refused(tmp_path):
+    src = _source(tmp_path, f"{__name__}:complex_result")
+    x = np.ones((2, 3, 4, 4))
+    with pytest.raises(DataError, match="dtype complex128; it must return real numbers"):
+        src.finish(x, np.arange(2), np)
+    assert (x == 1).all()
+
+
+def test_a_class_with_no_readable_file_is_named_with_its_files(tmp_path):
+    """'no file of class 0 can be decoded (1 tried)' named neither the files nor why."""
+    src = _source(tmp_path)
+    (tmp_path / "a/1.png").unlink()
+    with pytest.warns(RuntimeWarning), pytest.raises(DataError, match=r"class 0 .*'a/1.png'.*FileNotFoundError"):
+        src._decoded(0)
