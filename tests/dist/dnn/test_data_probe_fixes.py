@@ -80,3 +80,14 @@ def test_a_class_with_no_readable_file_is_named_with_its_files(tmp_path):
     (tmp_path / "a/1.png").unlink()
     with pytest.warns(RuntimeWarning), pytest.raises(DataError, match=r"class 0 .*'a/1.png'.*FileNotFoundError"):
         src._decoded(0)
+
+
+@pytest.mark.parametrize("x, dtype", [(np.full((2, 2), 1e6), "float16"), (np.full((2, 2), 300), "int8"),
+                                      (np.full((2, 2), np.nan), "int32"), (np.full((2, 2), 1e300), "float32")])
+def test_data_loader_refuses_conversions_that_change_values(x, dtype):
+    """DataLoader(dtype=) turned 1e6 into inf as float16 and wrapped 300 to 44 as int8 (NumPy's warning only)."""
+    for prefetch in (0, 2):
+        with pytest.raises(DataError, match="would change them silently"):
+            list(dnn.data.DataLoader(x, batch_size=2, dtype=dtype, prefetch=prefetch))
+    ok = list(dnn.data.DataLoader(np.full((2, 2), 3.0), batch_size=2, dtype=dtype))
+    assert ok[0][0].dtype == np.dtype(dtype) and (ok[0][0] == 3).all()
