@@ -22,6 +22,11 @@ def _fields(line, delimiter):
 
 
 def _is_number(text):
+    """Whether NumPy's reader takes `text` as a number: Python's float() takes digits grouped by
+    underscores ('1_000') as well, which NumPy refuses (the error then fell back to NumPy's own
+    message, with a 0-based row)."""
+    if "_" in text:
+        return False
     try:
         float(text)
     except ValueError:
@@ -53,6 +58,8 @@ def parse_csv(text, what="CSV data", label_column=None, delimiter=",", header="a
                         f"got {delimiter!r}")
     if header not in ("auto", True, False) or type(header) not in (str, bool):
         raise DataError(f"{what}: header must be 'auto', True or False, got {header!r}")
+    if text.startswith("\ufeff"):       # a byte-order mark (see read_csv)
+        text = text[1:]
     rows = [(k + 1, line) for k, line in enumerate(text.splitlines()) if line.strip()]
     if not rows:
         raise DataError(f"{what}: no data")
@@ -78,7 +85,10 @@ def parse_csv(text, what="CSV data", label_column=None, delimiter=",", header="a
     bad = np.argwhere(~np.isfinite(data))
     if bad.size:
         r, c = bad[0]
-        raise DataError(f"{what}: line {rows[r][0]}, column {c}: non-finite value {data[r, c]}")
+        # (the token as written: '1e400' overflows float64 to inf, and "non-finite value inf" hid which)
+        token = _fields(rows[r][1], delimiter)[c]
+        why = " (beyond float64's range)" if np.isinf(data[r, c]) and "inf" not in token.lower() else ""
+        raise DataError(f"{what}: line {rows[r][0]}, column {c}: non-finite value {token!r}{why}")
     if names is not None and len(names) != data.shape[1]:
         raise DataError(f"{what}: the header names {len(names)} column(s), the data rows have {data.shape[1]}")
     if label_column is None:
@@ -150,7 +160,9 @@ def read_csv(path, label_column=None, delimiter=",", header="auto", dtype="float
     path = checked_path(path, "read_csv")
     raw = read_bytes(path)
     try:
-        text = raw.decode("utf-8")
+        # (utf-8-sig: a byte-order mark, as spreadsheet programs write, is no part of the first field: it
+        # made a first data row "mixed" and the first header name unfindable by label_column)
+        text = raw.decode("utf-8-sig")
         return parse_csv(text, path, label_column, delimiter, header, dtype)
     except UnicodeDecodeError as exc:
         raise DataError(f"{path}: not a text file ({exc})") from exc

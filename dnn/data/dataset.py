@@ -530,6 +530,10 @@ def _samples(x):
         raise DataError(f"Dataset: x must hold at least one sample, got shape {x.shape}")
     if x.ndim == 1:
         x = x[:, None]
+    if x.dtype.kind == "b":
+        # (binary features are 0 and 1, as torch.as_tensor(x).float() and Keras read them; they were refused
+        # as "not real numbers")
+        x = x.astype(np.uint8)
     if x.dtype.kind not in "iuf":
         raise DataError(f"Dataset: samples must be real numbers, got dtype {x.dtype}")
     if x.dtype.kind == "f":
@@ -618,6 +622,12 @@ def _targets(y, n):
     # one whole number per sample, (n,) or (n, 1) (Keras' sparse labels), is a class label; whole floats
     # only up to 2**53 (beyond, they are not exact integers, and past 2**63 int64 would wrap them)
     flat = y.reshape(n) if y.ndim == 2 and y.shape[1] == 1 else y
+    if flat.ndim == 1 and flat.dtype.kind in "iu" and n and max(-int(flat.min()), int(flat.max())) > 2 ** 53:
+        # (uint64 labels past 2**63 became negative as int64, silently: 2**64 - 1 was label -1; int64 ones
+        # past 2**53 met dmath's DTypeError, which suggested rounding them)
+        k = int(np.argmax(np.abs(flat.astype(np.float64))))
+        raise DataError(f"Dataset: label {int(flat[k])} at index {k} is beyond 2**53, the largest whole number "
+                        f"a target is stored exactly as (float64); class labels are 0..classes-1")
     if flat.ndim == 1 and (flat.dtype.kind in "iub" or (n and np.all(np.isfinite(flat)) and np.all(np.mod(flat, 1) == 0)
                                                       and np.all(np.abs(flat) <= 2.0 ** 53))):
         labels = flat.astype(np.int64)

@@ -205,7 +205,9 @@ class FolderSource:
                 except Exception as exc:        # Pillow raises OSError, ValueError, SyntaxError, ...
                     self._failed(i, path, exc)
             i = lo + (i - lo + 1) % (hi - lo)
-        raise DataError(f"{self.root}: no file of class {label} can be decoded ({hi - lo} tried)")
+        raise DataError(f"{self.root}: no file of class {label} can be decoded ({hi - lo} tried: "
+                        f"{', '.join(repr(f) for f in self.files[lo:min(hi, lo + 3)])}{', ...' if hi - lo > 3 else ''}"
+                        f"; {self.bad.get(lo, '')})")
 
     def _failed(self, i, path, exc):
         why = f"{type(exc).__name__}: {exc}"
@@ -236,6 +238,13 @@ class FolderSource:
                     raise DataError(f"ImageFolder: batch_transform returned an array of shape "
                                     f"{getattr(y, 'shape', type(y).__name__)}; it must return None (x changed "
                                     f"in place) or an array of the batch's shape {x.shape}")
+                # (a complex result lost its imaginary part in the assignment with only NumPy's ComplexWarning,
+                # and an object array of numbers or strings failed deep in the assignment)
+                kind = getattr(getattr(y, "dtype", None), "kind", None)
+                if kind not in ("b", "i", "u", "f"):
+                    raise DataError(f"ImageFolder: batch_transform returned an array of dtype "
+                                    f"{getattr(y, 'dtype', '?')}; it must return real numbers (the batch is "
+                                    f"{x.dtype})")
                 x[...] = y
         return apply
 

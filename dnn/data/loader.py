@@ -40,6 +40,37 @@ def _bool(value, what):
     return value
 
 
+def _converted(xb, dtype):
+    """The batch xb as `dtype`, refusing values the conversion would not keep: a finite value beyond a
+    float dtype's range (1e6 became inf as float16, with only NumPy's RuntimeWarning) and, for an integer
+    dtype, NaN, infinity or a value outside its range (300 wrapped to 44 as int8)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        out = xb.astype(dtype, copy=False)
+    if xb.dtype.kind not in "biuf" or out is xb:
+        return out
+    wide = xb.reshape(len(xb), -1)
+    if dtype.kind == "f" and xb.dtype.kind == "f":
+        bad = np.isfinite(wide) & ~np.isfinite(out.reshape(len(xb), -1))
+        what = f"beyond {dtype}'s range"
+    elif dtype.kind == "f":
+        bad = np.abs(wide.astype(np.float64)) > np.finfo(dtype).max
+        what = f"beyond {dtype}'s range"
+    elif dtype.kind in "iu":
+        info = np.iinfo(dtype)
+        if xb.dtype.kind == "f":
+            bad = ~np.isfinite(wide) | (wide < info.min) | (wide > info.max)
+        else:
+            bad = (wide < info.min) | (wide > info.max)
+        what = f"NaN, infinite or outside {dtype}'s range {info.min}..{info.max}"
+    else:
+        return out
+    rows = np.flatnonzero(bad.any(axis=1))
+    if rows.size:
+        raise DataError(f"DataLoader: {rows.size} sample(s) of a batch hold values {what} (converting {xb.dtype} to "
+                        f"{dtype} would change them silently); pass another dtype= or scale the data")
+    return out
+
+
 class DataLoader:
     """Iterate over (x_batch, y_batch) numpy pairs, one epoch per iteration.
 
@@ -136,7 +167,7 @@ class DataLoader:
         xb = self.x[idx]
         if self.dtype is not None:
             try:
-                xb = xb.astype(self.dtype, copy=False)
+                xb = _converted(xb, self.dtype)
             except (TypeError, ValueError) as exc:      # e.g. a text value that is no number
                 raise DataError(f"DataLoader: a batch of x ({xb.dtype}) cannot be converted to {self.dtype}: "
                                 f"{exc}") from exc
