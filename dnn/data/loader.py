@@ -168,6 +168,8 @@ class DataLoader:
         if self.dtype is not None:
             try:
                 xb = _converted(xb, self.dtype)
+            except DataError:
+                raise                                   # values the conversion would change: said already
             except (TypeError, ValueError) as exc:      # e.g. a text value that is no number
                 raise DataError(f"DataLoader: a batch of x ({xb.dtype}) cannot be converted to {self.dtype}: "
                                 f"{exc}") from exc
