@@ -26,6 +26,7 @@ naming the file.
 import io
 import json
 import os
+import re
 import threading
 import warnings
 
@@ -122,6 +123,10 @@ def as_rgb(img, path):
     return img.convert("RGB")
 
 
+#: how Pillow's errors name an in-memory buffer
+_BUFFER_NAME = re.compile(r"<_io\.BytesIO object at 0x[0-9a-fA-F]+>")
+
+
 class FolderSource:
     """One worker's reader of an image folder (see the module docstring)."""
 
@@ -210,7 +215,9 @@ class FolderSource:
                         f"; {self.bad.get(lo, '')})")
 
     def _failed(self, i, path, exc):
-        why = f"{type(exc).__name__}: {exc}"
+        # (Pillow names the buffer it was given, '<_io.BytesIO object at 0x...>': a reason that changed from
+        # run to run and said nothing of the file)
+        why = _BUFFER_NAME.sub("the file's bytes", f"{type(exc).__name__}: {exc}")
         if self.on_error == "raise":
             raise DataError(f"{path}: cannot be decoded ({why}); ImageFolder(on_error='skip') skips such "
                             f"files") from exc
