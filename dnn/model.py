@@ -742,12 +742,10 @@ def _check_names(layers):
     if twice:
         which = "; ".join(f"{name!r} names {len(group)} layers ({', '.join(type(x).__name__ for x in group)})"
                           for name, group in twice.items())
-        fix = "ive the layers names of their own when you create them (L.Dense(3, name='encoder_out'))"
-        if any(x.auto_named for group in twice.values() for x in group):
-            fix = "Layers named automatically by separate models ('dense_1' in each) collide when combined: g" + fix
-        else:
-            fix = "G" + fix
-        raise ConfigError(f"layer names must be unique within a model: {which}. {fix}")
+        why = ("Layers named automatically by separate models ('dense_1' in each) collide when combined: "
+               if any(x.auto_named for group in twice.values() for x in group) else "")
+        raise ConfigError(f"layer names must be unique within a model: {which}. {why}Give the layers names of "
+                          f"their own when you create them (L.Dense(3, name='encoder_out'))")
 
 
 def _loss_weights(weights, n):

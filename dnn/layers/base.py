@@ -106,26 +106,6 @@ class Context:
         return self._casts.get(id(var), var)
 
 
-class Checked:
-    """A layer setting checked whenever it is set: by the constructor and by an assignment between
-    fits alike (`check(value)` returns the value to keep or raises ConfigError). A plain attribute
-    took a bad value assigned after construction (BatchNorm's eps = -1, Dropout's p = 2) as it was;
-    the recorded steps are keyed on the layer's get_config(), so a good one takes effect at the next
-    fit, evaluate or predict."""
-
-    def __init__(self, check):
-        self.check = check
-
-    def __set_name__(self, owner, name):
-        self.slot = "_" + name
-
-    def __get__(self, obj, owner=None):
-        return self if obj is None else getattr(obj, self.slot)
-
-    def __set__(self, obj, value):
-        setattr(obj, self.slot, self.check(value))
-
-
 class Layer:
     """Base of the layers.
 

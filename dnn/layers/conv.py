@@ -4,11 +4,12 @@ import numbers
 import dmath
 from dmath.planning import conv as window
 
+from ..checked import Checked
 from ..errors import ConfigError, ShapeError
 from ..ops import Conv2D as ConvFn, Pool2D as PoolFn, activation as make_activation
 from ..ops.conv import window_errors
 from ..ops.join import pad
-from .base import Checked, Layer
+from .base import Layer
 from .core import _check_activation, _init_config
 
 

@@ -5,12 +5,13 @@ import numbers
 import numpy as np
 
 from .. import parallel as par
+from ..checked import Checked
 from ..errors import ConfigError, ShapeError
 from ..graph.node import int_tuple
 from ..ops import Dropout as DropoutFn, Reshape as ReshapeFn, activation as make_activation, linear
 from ..ops.activation import ACTIVATIONS
 from ..ops.dropout import new_counter
-from .base import Checked, Layer
+from .base import Layer
 
 
 def _sample_shape(shape):

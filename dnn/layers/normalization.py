@@ -5,10 +5,11 @@ import numpy as np
 
 import dmath
 
+from ..checked import Checked
 from ..errors import ConfigError
 from ..ops import BatchNorm as BatchNormFn
 from ..ops.normalization import check_training_batch
-from .base import Checked, Layer
+from .base import Layer
 from .core import counter_value
 
 

@@ -17,6 +17,7 @@ import numpy as np
 
 import dmath
 
+from ..checked import Checked
 from ..errors import ConfigError
 
 #: the float32 range a scale is held in: the smallest normal value up to the largest finite one (a
@@ -54,15 +55,6 @@ def _growth_interval(value):
     return int(value)
 
 
-def _checked(name, check):
-    """A setting checked by `check` at every assignment, the constructor's included, kept in `_<name>`:
-    a value assigned between fits obeys the constructor's rules (it is part of the training step's
-    key, so the next step is recorded with it)."""
-    attr = "_" + name
-    return property(lambda self: getattr(self, attr), lambda self, value: setattr(self, attr, check(value)),
-                    doc=f"{name}, checked as the constructor's argument")
-
-
 class DynamicLossScale:
     """The loss scale and its update rule; `scale` and `good_steps` are (1, 1) float32 matrices.
 
@@ -72,10 +64,10 @@ class DynamicLossScale:
     before the scaler's first use, when its scale is made).
     """
 
-    init_scale = _checked("init_scale", _init_scale)
-    growth_factor = _checked("growth_factor", _growth_factor)
-    backoff_factor = _checked("backoff_factor", _backoff_factor)
-    growth_interval = _checked("growth_interval", _growth_interval)
+    init_scale = Checked(_init_scale)
+    growth_factor = Checked(_growth_factor)
+    backoff_factor = Checked(_backoff_factor)
+    growth_interval = Checked(_growth_interval)
 
     def __init__(self, init_scale=2.0 ** 15, growth_factor=2.0, backoff_factor=0.5, growth_interval=2000):
         # every argument checked before any is stored: a refused call leaves nothing half made
