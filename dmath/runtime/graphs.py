@@ -257,8 +257,7 @@ class CapturedProgram:
     the graph's pool starts as one free block of that size, which the capture's allocations split
     and its frees merge again, an arena; without it, each size the step asks for first becomes a
     block of its own and later sizes split those (AlexNet's step at 2 GPUs: a 936 MB pool without
-    the arena, 750 MB with it). The arena serves the capture stream; side streams (below) take
-    blocks of their own.
+    the arena, 750 MB with it). The arena serves every stream of the capture (streams.py).
     streams: the program's StreamPlan (streams.py), or None: every step on the capture stream.
     """
 
@@ -288,11 +287,23 @@ class CapturedProgram:
         lanes = Capture(rt, program, streams, self.stream, owner) \
             if streams is not None and 1 < streams.streams <= streams_allowed() else None
 
+        main = self.stream
+
         def malloc(size):
-            mem = pool.malloc(size)
+            if lanes is None:
+                mem = pool.malloc(size)
+            else:
+                # every block from the capture stream's free list (CuPy keeps one per current stream):
+                # a block one stream frees may serve another, which then waits for its last uses
+                # (streams.MemoryOrder), so the graph's pool is about one stream's size
+                if owner.capture_lane:
+                    with main:
+                        mem = pool.malloc(size)
+                else:
+                    mem = pool.malloc(size)
+                if mem.ptr:
+                    lanes.allocated(mem.ptr, mem.mem.size)
             peak[0] = max(peak[0], pool.used_bytes())
-            if lanes is not None:
-                lanes.allocated(mem.ptr)        # the stream whose free list the block goes back to
             return mem
         if reserve:
             # the step-by-step runs' temporaries are cached in the shared pool, which the graph's own

@@ -40,39 +40,39 @@ of the setting pass at 1 and 2 GPUs. Two causes of earlier differences were
 found and fixed: a side stream's cuDNN workspace made inside the first
 capture (now made before it), and the inputs of a step that leaves
 side-stream work (a background all-reduce sends from its Partial input's
-buffer) going back to a free list before that work had read them. The
-setting defaults to 1: more streams hold more memory (side streams take
-blocks of their own) for a few percent (GoogLeNet 1.05x, Inception v3 1.04x
-float16 on one H100).
+buffer) going back to a free list before that work had read them.
 
-Memory. A buffer freed inside the capture goes back to the CuPy pool's free
-list of the stream it was allocated on (CuPy keeps free blocks per stream), and
-the next allocation on that stream may take it: ordered after everything that
-stream did, but not after what other streams do. So before the capture drops a
-shard (a step's frees, the program's tail, or an output given a new shard),
-`Capture` makes the stream that allocated each of its blocks wait for the last
-step of every other stream that read or wrote that block; the allocation, and
-so any reuse, is issued later on that stream. Blocks are known by their
-allocation address; which stream allocated one is noted by the capture's
-allocator (graphs.py). Views are covered because uses are counted per block,
-whatever handle made them: a block shared by two handles goes back when the
-second is dropped, and by then the allocating stream has waited for every use
-through either. Temporaries a kernel allocates and frees inside one step are
-used on its stream only, which is stream-ordered as before; caches a kernel
-fills from its signature are filled by the recording run, before any capture.
-The libraries' shared scratch buffers are one per stream ("lane") during such a
+Memory. CuPy's pool keeps a free list per stream: a block freed by one stream
+would be taken again only by that stream, so a capture on four streams held
+up to four streams' worth of free blocks (Inception v3 at batch 1024 on one
+H100: 69 GB in the graph's pool against ~41 GB on one stream, out of memory).
+So the capture's allocator takes every block from the capture stream's free
+list (graphs.py), whichever stream asks, and a block freed by one stream may
+serve the next allocation of another. That is safe once the taking stream
+waits for every other stream's last use of the memory it gets: `MemoryOrder`
+keeps, per address range of the capture's pool, the last step of each stream
+that used it (the step that allocated it, and every step that read or wrote
+a shard living in it); an allocation overlapping ranges of earlier blocks
+(freed since: the pool gives out free memory only, split or merged) returns
+those steps, and the taking stream waits for their events before the kernel
+that writes the new block. Views are covered because uses are noted per
+allocated block, whatever handle reached it. Temporaries a kernel allocates
+and frees inside one step count as used by that step on its stream. The
+waits make branches that reuse each other's memory partly ordered: the
+price of a graph about one stream's size. Caches a kernel fills from its
+signature are filled by the recording run, before any capture. The
+libraries' shared scratch buffers are one per stream ("lane") during such a
 capture: cuBLAS's capture workspaces (dmath.gpu.blas) and cuDNN's workspace
-(dmath.gpu.cudnn), so that two concurrent library calls never share one. The
-side streams take blocks of their own (the capture's arena serves the capture
-stream), so a graph on several streams may hold more memory than on one.
+(dmath.gpu.cudnn), so that two concurrent library calls never share one.
 Side-stream work a step leaves running (a background all-reduce) counts as a
 use of the step's outputs and of its inputs (it may send from an input's
-buffer): every later step that uses them, and the stream that allocated their
-blocks before it reuses them, waits for it.
+buffer): every later step that uses them waits for it, and so does the
+stream that next takes their memory.
 
 Step-by-step runs (the first replay, every replay off the GPU or out of a
 graph) are unchanged.
 """
+import bisect
 from typing import NamedTuple
 
 from .. import settings
@@ -246,37 +246,85 @@ def blocks(shard):
     return out
 
 
-class MemoryOrder:
-    """Which stream must wait for which step before a freed block may be reused (pure bookkeeping).
+class Span(NamedTuple):
+    """A byte range of the capture's pool up to `end`, the last step of each stream that used it
+    ({lane: step}; NOW: that stream's position when the range is next taken), and side-stream
+    events still using it."""
+    end: int
+    uses: dict
+    events: tuple = ()
 
-    `allocated(block, lane)` notes the stream whose pool free list a block goes back to;
-    `accessed(block, lane, step)` notes a step's use; `release(block)` gives the (lane, step)
-    waits that order every access on other streams before the allocating stream's later work,
-    leaving out those an earlier wait of that lane covers. Blocks not allocated in the capture
-    belong to lane 0 (the capture stream: nothing in the capture allocates from their pool).
+
+#: a use on a stream outside any step (an allocation between steps): ordered by an event recorded on
+#: that stream when the range is taken again
+NOW = float("inf")
+
+
+class MemoryOrder:
+    """Which earlier steps an allocation inside a capture on several streams must wait for (pure
+    bookkeeping of address ranges).
+
+    Every block of the capture comes from one free list (the capture stream's), so a block one
+    stream freed may be taken by another. `allocated(ptr, size, lane, step)` is told of every new
+    block; the ranges of earlier blocks it overlaps were freed since (the pool gives out free memory
+    only), and the new block's stream must wait for every other stream's last use of them. It
+    returns those waits, [(other lane, step)], less the ones an earlier wait of that lane covers, and
+    the side-stream events still using the ranges. `accessed(ptr, lane, step)` notes a step's use of
+    the block allocated at `ptr` (blocks from outside the capture are never reused inside it: not
+    tracked); `add_events(ptr, events)` notes side-stream work still using it; `followed(lane, other,
+    step)` notes a wait the plan issued.
     """
 
     def __init__(self):
-        self.owner = {}         # block -> lane that allocated it
-        self.last = {}          # block -> {lane: last step there that used it}
+        self.starts = []        # sorted starts of the spans (disjoint)
+        self.spans = {}         # start -> Span
         self.waited = {}        # (lane, other lane) -> newest step of the other lane already waited for
 
-    def allocated(self, block, lane):
-        self.owner[block] = lane
-        self.last.pop(block, None)          # a new allocation at that address: earlier uses are ordered
-
-    def accessed(self, block, lane, step):
-        self.last.setdefault(block, {})[lane] = step
-
-    def release(self, block):
-        lane = self.owner.get(block, 0)
+    def allocated(self, ptr, size, lane, step):
+        starts, spans = self.starts, self.spans
+        end = ptr + max(int(size), 1)
+        lo = bisect.bisect_right(starts, ptr) - 1
+        if lo < 0 or spans[starts[lo]].end <= ptr:
+            lo += 1
+        hi = bisect.bisect_left(starts, end)
+        need, events, kept = {}, [], []
+        for s in starts[lo:hi]:
+            span = spans.pop(s)
+            for other, t in span.uses.items():
+                if other != lane and t > need.get(other, -1):
+                    need[other] = t
+            events += [e for e in span.events if not any(e is x for x in events)]
+            if s < ptr:                 # what the new block leaves of a range keeps its uses
+                spans[s] = Span(ptr, span.uses, span.events)
+                kept.append(s)
+            if span.end > end:
+                spans[end] = Span(span.end, dict(span.uses), span.events)
+                kept.append(end)
+        spans[ptr] = Span(end, {lane: step})
+        starts[lo:hi] = sorted(kept + [ptr])
         waits = []
-        for other, step in sorted(self.last.get(block, {}).items()):
-            if other == lane or self.waited.get((lane, other), -1) >= step:
-                continue
+        for other, t in sorted(need.items()):
+            if t != NOW:
+                if self.waited.get((lane, other), -1) >= t:
+                    continue
+                self.waited[(lane, other)] = t
+            waits.append((other, t))
+        return waits, events
+
+    def accessed(self, ptr, lane, step):
+        span = self.spans.get(ptr)
+        if span is not None:
+            span.uses[lane] = step      # (steps come in order: the newest is the last)
+
+    def add_events(self, ptr, events):
+        span = self.spans.get(ptr)
+        if span is not None and events:
+            self.spans[ptr] = span._replace(events=span.events + tuple(
+                e for e in events if not any(e is x for x in span.events)))
+
+    def followed(self, lane, other, step):
+        if self.waited.get((lane, other), -1) < step:
             self.waited[(lane, other)] = step
-            waits.append((lane, step))
-        return waits
 
 
 class Capture:
@@ -304,6 +352,7 @@ class Capture:
         # orders one stream of several, not every reader's
         self.side = {}
         self.side_waited = {}       # (lane, id(event)) -> event: waits issued (the event kept alive)
+        self.step = None            # the step being issued (None: between steps)
 
     def _mark(self, lane):
         # (no timing: an event the graph's edges are made of, nothing reads its time)
@@ -311,9 +360,18 @@ class Capture:
         lane.record(event)
         return event
 
-    def allocated(self, ptr):
-        """The capture's allocator saw a new block at `ptr` on the current lane."""
-        self.order.allocated(ptr, self.owner.capture_lane)
+    def allocated(self, ptr, size):
+        """The capture's allocator gave out the block [ptr, ptr + size) to the current lane (from the
+        capture stream's free list, whatever the lane): that lane waits for the last use, on every
+        other stream, of what was there before (`MemoryOrder`)."""
+        lane = self.owner.capture_lane
+        step = NOW if self.step is None else self.step
+        waits, events = self.order.allocated(ptr, size, lane, step)
+        target = self.lanes[lane]
+        for other, t in waits:
+            target.wait_event(self._mark(self.lanes[other]) if t == NOW else self.events[t])
+        if events:
+            self._wait_side(lane, events)
 
     def run(self):
         """Issue the program on the plan's streams; every side stream is joined back at the end."""
@@ -329,6 +387,7 @@ class Capture:
                 lane = lanes[s]
                 for j in self.plan.waits[i]:
                     lane.wait_event(events[j])
+                    self.order.followed(s, self.plan.stream[j], j)
                 entry = rt.entries[step.sig_id]
                 k = len(entry.inputs)
                 # the shards the step finds: what it reads, and what its outputs held before (an output
@@ -338,7 +397,7 @@ class Capture:
                     side = self.side.get(id(found[h]))
                     if side is not None:
                         self._wait_side(s, side[1])
-                owner.capture_lane = s
+                owner.capture_lane, self.step = s, i
                 mark = traffic_mark()
                 if s:
                     with lane:
@@ -346,7 +405,7 @@ class Capture:
                 else:                   # the capture stream is current already (not entered twice)
                     rt._execute(entry, step.handles[:k], step.handles[k:], step.scalars)
                 events[i] = self._mark(lane)
-                owner.capture_lane = 0
+                owner.capture_lane, self.step = 0, None
                 if s and traffic_mark() != mark:
                     # a collective on a side stream could meet the other ranks' in another order: the
                     # capture is refused rather than risk a hang (the plan said this step does not talk)
@@ -361,7 +420,7 @@ class Capture:
                     left += self._note_side(shard)
                     before = found[h]
                     if before is not None and before is not shard:
-                        self._order_release(before)     # replaced: released when `found` goes
+                        self._release(before)           # replaced: released when `found` goes
                 if left:
                     # that work may read the step's inputs as well: a background all-reduce sends
                     # straight from a Partial input's buffer (collectives.allreduce_start's src). So the
@@ -372,7 +431,7 @@ class Capture:
                 del found
             self.free(self.program.tail)
         finally:
-            owner.capture_lane = 0
+            owner.capture_lane, self.step = 0, None
             self.side.clear()
             main = lanes[0]
             for lane in lanes[1:]:
@@ -405,25 +464,22 @@ class Capture:
                 self.side_waited[key] = e
                 self.lanes[lane].wait_event(e)
 
-    def _order_release(self, shard):
-        """Make the stream that allocated each block of `shard` wait for the block's last use on every
-        other stream (the side stream's too), before the block may go back to that stream's free list."""
-        lanes, events = self.lanes, self.events
+    def _release(self, shard):
+        """`shard` is being dropped: side-stream work still using it (noted by `_note_side` or
+        `_add_side`) is noted on its blocks, for whichever stream takes them next to wait for."""
         side = self.side.pop(id(shard), None)
-        for b in blocks(shard):
-            if side is not None:
-                self._wait_side(self.order.owner.get(b, 0), side[1])
-            for lane, step in self.order.release(b):
-                lanes[lane].wait_event(events[step])
+        if side is not None:
+            for b in blocks(shard):
+                self.order.add_events(b, side[1])
 
     def free(self, handles):
-        """Drop `handles` as the runtime does, first ordering their blocks' reuse (`_order_release`;
-        the module docstring says why)."""
+        """Drop `handles` as the runtime does, first noting the side-stream work still using their
+        blocks (`_release`; the module docstring says why)."""
         if not handles:
             return
         table = self.rt.table
         for h in handles:
             shard = table.get(h) if h >= 0 else None
             if shard is not None:
-                self._order_release(shard)
+                self._release(shard)
         self.rt._free(handles)      # (with the capture stream current: a pending shard settles there)

@@ -176,26 +176,38 @@ def test_plan_argument_errors():
 
 
 def test_memory_order_waits_for_other_streams_before_reuse():
+    from dmath.runtime.streams import NOW
     order = MemoryOrder()
-    order.allocated(100, 1)             # block 100 made on stream 1 by step 3
-    order.accessed(100, 1, 3)
+    assert order.allocated(100, 10, 1, 3) == ([], [])      # [100, 110) made on stream 1 by step 3
     order.accessed(100, 0, 5)           # read on stream 0 (step 5) and stream 2 (steps 6, 8)
     order.accessed(100, 2, 6)
     order.accessed(100, 2, 8)
-    # freed: stream 1, whose free list it joins, waits for the last use on each other stream
-    assert order.release(100) == [(1, 5), (1, 8)]
-    # a view of it freed later, no new use: nothing more to wait for
-    assert order.release(100) == []
-    # reused on stream 1 and read on stream 2 at step 9: a wait at the next free
-    order.allocated(100, 1)
-    order.accessed(100, 2, 9)
-    assert order.release(100) == [(1, 9)]
-    # a block used on its own stream only needs nothing; one from outside the capture is stream 0's
-    order.allocated(200, 2)
-    order.accessed(200, 2, 10)
-    assert order.release(200) == []
-    order.accessed(300, 3, 11)
-    assert order.release(300) == [(0, 11)]
+    # freed; part of it taken by stream 1 at step 9: it waits for the last use on each other stream
+    assert order.allocated(104, 4, 1, 9) == ([(0, 5), (2, 8)], [])
+    # what is left of the old block keeps its uses; stream 1 waited for them already
+    assert order.allocated(100, 4, 1, 10) == ([], [])
+    # stream 2 takes the three ranges merged: it waits for stream 1's last use (step 10) and stream
+    # 0's; its own stream's uses need no wait
+    assert order.allocated(100, 10, 2, 11) == ([(0, 5), (1, 10)], [])
+    # a block used on its own stream only needs nothing; one from outside the capture is not tracked
+    assert order.allocated(200, 8, 2, 12) == ([], [])
+    order.accessed(200, 2, 13)
+    order.accessed(300, 3, 14)
+    assert order.allocated(200, 8, 2, 15) == ([], [])
+    assert order.allocated(300, 8, 1, 16) == ([], [])
+    # a wait the plan issued covers later needs (stream 0's use), not the others (stream 1's)
+    order.accessed(300, 0, 17)
+    order.followed(3, 0, 18)
+    assert order.allocated(300, 8, 3, 19) == ([(1, 16)], [])
+    # side-stream work still using a block: whoever takes it waits for that work's events too
+    order.add_events(300, ["e1", "e2"])
+    order.add_events(300, ["e1"])
+    assert order.allocated(296, 20, 3, 20) == ([], ["e1", "e2"])
+    # a block allocated between steps: taken by another stream, it waits for that stream's position then
+    assert order.allocated(400, 8, 0, NOW) == ([], [])
+    assert order.allocated(400, 8, 1, 21) == ([(0, NOW)], [])
+    assert order.starts == sorted(order.spans) and all(
+        order.spans[a].end <= b for a, b in zip(order.starts, order.starts[1:]))
 
 
 # ---- the capture on streams, with CUDA's streams and events replaced by a recording fake ----------
@@ -252,7 +264,9 @@ class _Entry:
 
 
 class _Runtime:
-    """Runs steps by logging (step, current stream); outputs get new blocks 'allocated' there."""
+    """Runs steps by logging (step, current stream); outputs get blocks 'allocated' first, from one
+    free list (the last block freed is taken first, as a pool would), and the blocks each step
+    touched are noted (log.touched, for `check_reuse`)."""
 
     def __init__(self, program, log):
         import types
@@ -260,23 +274,66 @@ class _Runtime:
         self.backend = types.SimpleNamespace(xp=types.SimpleNamespace(
             cuda=types.SimpleNamespace(Stream=_Stream, Event=_Event)))
         self.next_ptr = 1000
+        self.free_ptrs = []
+        log.touched = {}
         for step in program.steps:
             self.entries.setdefault(step.sig_id, _Entry(step.sig_id))
 
     def _execute(self, entry, ins, outs, scalars):
         stream = self.log.current[-1]
-        stream.done += 1
-        self.log.items.append(("run", stream.id, tuple(ins), tuple(outs)))
+        replaced, made = [], []
         for h in outs:
             if h not in ins:
-                self.next_ptr += 1
-                self.capture.allocated(self.next_ptr)
-                self.table[h] = _Shard(self.next_ptr)
+                if self.free_ptrs:
+                    ptr = self.free_ptrs.pop()
+                else:
+                    self.next_ptr += 1
+                    ptr = self.next_ptr
+                self.capture.allocated(ptr, 1)      # (its waits are issued before the kernel)
+                old = self.table.get(h)
+                if old is not None:
+                    replaced.append(old.pieces[0].data.mem.ptr)
+                self.table[h] = _Shard(ptr)
+                made.append(ptr)
+        stream.done += 1
+        touched = [self.table[h].pieces[0].data.mem.ptr for h in list(ins) + list(outs)]
+        self.log.touched[len(self.log.items)] = (touched, made)
+        self.log.items.append(("run", stream.id, tuple(ins), tuple(outs)))
+        self.free_ptrs += replaced          # (dropped after the step, as the capture's `found`)
 
     def _free(self, handles):
         for h in handles:
-            self.table.pop(h, None)
+            shard = self.table.pop(h, None)
+            if shard is not None:
+                self.free_ptrs.append(shard.pieces[0].data.mem.ptr)
             self.log.items.append(("free", h))
+
+
+def check_reuse(log):
+    """Every step that takes a block must follow, through stream order and waits, every earlier use
+    of that memory on any other stream (side-stream work included): vector clocks over the log."""
+    clock, hist, uses, checked = {}, {}, {}, 0
+    for k, item in enumerate(log.items):
+        if item[0] == "wait":
+            _, sid, (other, pos) = item
+            c = clock.setdefault(sid, {})
+            for s, v in hist.get(other, [{}])[pos].items():
+                c[s] = max(c.get(s, 0), v)
+        elif item[0] in ("run", "side"):
+            sid = item[1]
+            c = clock.setdefault(sid, {})
+            touched, made = log.touched[k]
+            for ptr in made:
+                for s, pos in uses.get(ptr, ()):
+                    assert s == sid or c.get(s, 0) >= pos, \
+                        f"item {k} on stream {sid} takes block {ptr} before use {pos} on stream {s} is done"
+                    checked += 1
+            h = hist.setdefault(sid, [{}])
+            c[sid] = len(h)
+            h.append(dict(c))
+            for ptr in touched:
+                uses.setdefault(ptr, []).append((sid, c[sid]))
+    return checked
 
 
 def test_the_capture_follows_the_plan_orders_frees_and_joins_every_stream():
@@ -289,11 +346,12 @@ def test_the_capture_follows_the_plan_orders_frees_and_joins_every_stream():
     # input 1 -> three branches (2; 3 -> 4; 5) -> concatenation 6, which frees the branch outputs
     # (sig_id = number of inputs, for the fake entries)
     steps = (Step(0, (1,), (), ()), Step(1, (1, 2), (), ()), Step(1, (1, 3), (), ()), Step(1, (3, 4), (), ()),
-             Step(1, (1, 5), (), ()), Step(3, (2, 4, 5, 6), (), ()), Step(1, (6, 7), (), (2, 3, 4, 5)))
+             Step(1, (1, 5), (), ()), Step(3, (2, 4, 5, 6), (), ()), Step(1, (6, 7), (), (2, 3, 4, 5)),
+             Step(1, (1, 8), (), ()), Step(1, (1, 9), (), ()))
     program = Program(steps, (6,))
     uses = [StepUse(s.handles[:s.sig_id], s.handles[s.sig_id:], s.frees) for s in steps]
     splan = plan(uses, 4)
-    assert splan.stream == (0, 0, 1, 1, 2, 0, 0)
+    assert splan.stream == (0, 0, 1, 1, 2, 0, 0, 3, 1)
     rt = _Runtime(program, log)
     main = _Stream()
     owner = types.SimpleNamespace(capture_lane=0)
@@ -306,12 +364,15 @@ def test_the_capture_follows_the_plan_orders_frees_and_joins_every_stream():
     # the side streams start after the capture stream's fork point, and join it at the end
     waits = [item for item in log.items if item[0] == "wait"]
     assert waits[0][1] == lanes[1] and waits[1][1] == lanes[2] and waits[0][2] == (lanes[0], 0)
-    assert {w[2][0] for w in waits[-2:]} == {lanes[1], lanes[2]} and all(w[1] == lanes[0] for w in waits[-2:])
-    # the branch outputs 4 (stream 1) and 5 (stream 2) were read by the concatenation on stream 0:
-    # freeing them makes streams 1 and 2 wait for the concatenation before they allocate again
-    at_free = log.items.index(("free", 2))
-    before = [w for w in log.items[:at_free] if w[0] == "wait" and w[1] in (lanes[1], lanes[2])]
-    assert (("wait", lanes[1], (lanes[0], 3)) in before) and (("wait", lanes[2], (lanes[0], 3)) in before)
+    assert {w[2][0] for w in waits[-3:]} == set(lanes[1:]) and all(w[1] == lanes[0] for w in waits[-3:])
+    # the branch outputs were freed. Step 7 (stream 3) takes the block of 4 (made on stream 1, read by
+    # the concatenation, stream 0's third step) and waits for both first; step 8 (stream 1) takes the
+    # block of 3, which only stream 1 used: no wait
+    run7 = log.items.index(("run", lanes[3], (1,), (8,)))
+    assert {("wait", lanes[3], (lanes[0], 3)), ("wait", lanes[3], (lanes[1], 2))} <= set(log.items[:run7])
+    run8 = log.items.index(("run", lanes[1], (1,), (9,)))
+    assert log.items[run7 + 1:run8] == []
+    assert check_reuse(log) > 0
     assert owner.capture_lane == 0
 
 
@@ -440,7 +501,11 @@ class _SidedRuntime(_Runtime):
                 p.wait()
         super()._execute(entry, ins, outs, scalars)
         if tuple(outs) in self.background:
+            # the all-reduce reads the inputs' blocks and writes the outputs' on the side stream
             self.side.done += 1
+            touched = [self.table[h].pieces[0].data.mem.ptr for h in list(ins) + list(outs)]
+            self.log.touched[len(self.log.items)] = (touched, [])
+            self.log.items.append(("side", self.side.id))
             event = _Event()
             self.side.record(event)
             shared = _Pending(event)
@@ -490,8 +555,8 @@ def test_every_stream_that_reads_a_background_sum_waits_for_the_side_stream():
 
 def test_an_input_the_side_stream_reads_is_not_reused_before_it_is_done():
     """A background all-reduce sends from its Partial input's buffer (collectives.allreduce_start's
-    src): when that input, made on another stream, is freed, its block's stream waits for the side
-    stream before the block goes back (a race found by reading; without the wait this test fails)."""
+    src): when that input, made on another stream, is freed, the stream that takes its block next
+    waits for the side stream (a race found by reading; without the wait this test fails)."""
     from dmath.runtime.protocol import Step
     # 1 -> 10 (stream 0) and 1 -> 2 (a gradient, on a side stream); 2 summed in the background into 3 on
     # the capture stream; 3 -> 4 (the update); 10, 4 -> 5, which frees 2
@@ -499,9 +564,44 @@ def test_an_input_the_side_stream_reads_is_not_reused_before_it_is_done():
              Step(1, (3, 4), (), ()), Step(2, (10, 4, 5), (), (2,)))
     log, splan, lanes, side_event = _capture_sided(steps, (3, 4, 5, 10), 3, {(3,)})
     assert splan.stream[2] != 0 and splan.stream[3] == 0
-    at_free = log.items.index(("free", 2))
-    # the block of 2 was allocated on the gradient's stream: it waits for the side stream first
-    assert ("wait", lanes[splan.stream[2]], side_event) in log.items[:at_free], log.items
+    # the last step takes the block of 2 for its output: its stream waits for the side stream first
+    lane = lanes[splan.stream[5]]
+    run = log.items.index(("run", lane, (10, 4), (5,)))
+    assert ("wait", lane, side_event) in log.items[:run], log.items
+    assert check_reuse(log) > 0
+
+
+def test_random_captures_take_freed_blocks_only_after_their_uses():
+    """Random branchy programs with frees (their blocks reused by whichever stream allocates next) and
+    background sums: every block taken is ordered after its earlier uses on other streams."""
+    from dmath.runtime.protocol import Step
+    rng = random.Random(11)
+    checked = 0
+    for trial in range(60):
+        steps, live, h = [Step(0, (1,), (), ())], [1], 2
+        for _ in range(rng.randrange(4, 30)):
+            ins = tuple(rng.sample(live, min(len(live), rng.randrange(1, 3))))
+            steps.append(Step(len(ins), ins + (h,), (), ()))
+            live.append(h)
+            h += 1
+        # free each handle (but the input) a random number of steps after its last use
+        last = {}
+        for k, st in enumerate(steps):
+            for x in st.handles:
+                last[x] = k
+        frees = {}
+        for x, k in last.items():
+            at = k + 1 + rng.randrange(0, 3)
+            if x != 1 and at < len(steps):
+                frees.setdefault(at, []).append(x)
+        steps = tuple(st._replace(frees=tuple(frees.get(k, ()))) for k, st in enumerate(steps))
+        freed = {x for xs in frees.values() for x in xs}
+        tail = tuple(x for x in range(1, h) if x not in freed)
+        background = {st.handles[st.sig_id:] for st in steps[1:] if rng.random() < 0.2}
+        talks = rng.randrange(1, len(steps))
+        log, _, _, _ = _capture_sided(steps, tail, talks, background)
+        checked += check_reuse(log)
+    assert checked > 200
 
 
 def test_a_gone_graphs_pool_lives_while_its_blocks_are_in_use():
