@@ -121,10 +121,10 @@ VARIABLES = (
              "0 or 1", _flag, True, "cuda_graphs"),
     Variable("DMATH_GRAPH_COLLECTIVES", "1", "0: never capture NCCL collectives into a CUDA graph",
              "0 or 1", _flag, True, "graph_collectives"),
-    Variable("DMATH_GRAPH_STREAMS", "1", "the most CUDA streams a captured plan runs its independent steps "
-             "on (branches of a network side by side); 1: one stream (more streams hold more memory)",
+    Variable("DMATH_GRAPH_STREAMS", "4", "the most CUDA streams a captured plan runs its independent steps "
+             "on (branches of a network side by side); 1: one stream",
              "a whole number from 1 to 8", _whole(1, 8),
-             1, "graph_streams"),
+             4, "graph_streams"),
     Variable("DMATH_GPU_DECODE_ORDER", "overlap", "image folders decoded on the GPU (nvImageCodec): 'overlap' "
              "(a batch decoded on the read-ahead thread beside the running step) or 'serial' (decoded on the "
              "device between the previous step and the batch's own kernels, the host waiting for neither; "

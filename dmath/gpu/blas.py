@@ -297,16 +297,16 @@ def _check(status, what):
         raise RuntimeError(f"cuBLAS {what} failed with status {status} during a CUDA graph capture")
 
 
-def prepare_capture():
+def prepare_capture(lanes=1):
     """Make the workspaces that this device's cuBLAS handle uses in captured products; call before a
-    capture begins.
+    capture on `lanes` streams begins.
 
     No allocation may happen while a stream is captured, and cuBLAS would
     otherwise allocate its workspace on first use. `_captured_calls` hands
     one to the handle after each SetStream (which resets it): the workspace
     of the capture's current stream ("lane", dmath.memory.capture_lane), one
-    per stream that DMATH_GRAPH_STREAMS allows, since products on different
-    streams of a capture may run at once; on one stream no two do.
+    per stream of the capture (kept for later captures), since products on
+    different streams of a capture may run at once; on one stream no two do.
     Idempotent; GPU only.
     """
     import cupy
@@ -315,7 +315,7 @@ def prepare_capture():
     if spaces is None:
         _libcublas()
         spaces = _CAPTURE[handle] = []
-    while len(spaces) < max(1, settings.current.graph_streams):
+    while len(spaces) < max(1, int(lanes)):
         spaces.append(cupy.cuda.runtime.malloc(_WORKSPACE_BYTES))     # outside every pool: kept for good
 
 

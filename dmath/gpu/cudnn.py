@@ -376,9 +376,10 @@ def shared_workspace(nbytes, lane=0):
     return ws
 
 
-def prepare_lanes():
-    """Before a capture: every side stream's workspace that DMATH_GRAPH_STREAMS allows, as large as the
-    shared one (the largest a convolution of the recording runs asked for), made now.
+def prepare_lanes(lanes=1):
+    """Before a capture on `lanes` streams: each side stream's workspace, as large as the shared one
+    (the largest a convolution of the recording runs asked for), made now (a capture on one stream,
+    a chain's, makes none).
 
     Made inside a capture instead, a side stream's workspace took a block of the capture's memory
     that the graph also handed to buffers of other streams: the first capture on several streams
@@ -389,7 +390,7 @@ def prepare_lanes():
     main = _state.get("workspace")
     if main is None:
         return
-    for lane in range(1, max(1, settings.current.graph_streams)):
+    for lane in range(1, max(1, int(lanes))):
         shared_workspace(int(main.size), lane)
 
 

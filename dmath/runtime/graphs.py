@@ -278,14 +278,15 @@ class CapturedProgram:
                 s.settle()
         self.pool = xp.cuda.MemoryPool()
         self.stream = xp.cuda.Stream(non_blocking=True)
-        prepare_capture()                       # e.g. cuBLAS may not allocate its workspace mid-capture
+        # (a plan made for more streams than the setting allows now is captured on one: the libraries'
+        # per-stream workspaces are made for the setting)
+        on_lanes = streams is not None and 1 < streams.streams <= streams_allowed()
+        # e.g. cuBLAS may not allocate its workspace mid-capture; one scratch buffer per stream used
+        prepare_capture(streams.streams if on_lanes else 1)
         owner = memory.pool.current()
         owner.capture_refs = []                 # buffers the kernels share between steps (a workspace)
         pool, peak = self.pool, [0]
-        # (a plan made for more streams than the setting allows now is captured on one: the libraries'
-        # per-stream workspaces are made for the setting)
-        lanes = Capture(rt, program, streams, self.stream, owner) \
-            if streams is not None and 1 < streams.streams <= streams_allowed() else None
+        lanes = Capture(rt, program, streams, self.stream, owner) if on_lanes else None
 
         main = self.stream
 

@@ -143,15 +143,16 @@ def generic(name):
 
 
 def capture_hook(fn):
-    """Have `fn()` run before every CUDA-graph capture (a library's one-time setup); returns fn."""
+    """Have `fn(lanes)` run before every CUDA-graph capture (a library's one-time setup; `lanes`: the
+    streams the capture will issue on, each of which may need its own scratch); returns fn."""
     CAPTURE_HOOKS[fn] = None
     return fn
 
 
-def prepare_capture():
-    """Run every capture hook (graphs.py, before a capture begins)."""
+def prepare_capture(lanes=1):
+    """Run every capture hook (graphs.py, before a capture on `lanes` streams begins)."""
     for fn in CAPTURE_HOOKS:
-        fn()
+        fn(lanes)
 
 
 def capturable(entry):

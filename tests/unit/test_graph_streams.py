@@ -115,8 +115,8 @@ def test_a_chain_stays_on_one_stream():
 
 
 def test_the_setting():
-    assert settings.read({}).graph_streams == 1
-    assert settings.read({"DMATH_GRAPH_STREAMS": "4"}).graph_streams == 4
+    assert settings.read({}).graph_streams == 4
+    assert settings.read({"DMATH_GRAPH_STREAMS": "1"}).graph_streams == 1
     for bad in ("0", "9", "two", "-1"):
         with pytest.raises(settings.SettingError, match="DMATH_GRAPH_STREAMS"):
             settings.read({"DMATH_GRAPH_STREAMS": bad})
@@ -398,8 +398,9 @@ def test_cudnn_keeps_one_workspace_per_stream(monkeypatch):
 
 def test_cudnn_side_workspaces_are_made_before_the_capture(monkeypatch):
     """A side stream's workspace allocated inside the first capture shared memory with the graph's other
-    buffers (GoogLeNet's losses differed on that capture only): the capture hook makes one per allowed
-    stream beforehand, as large as the shared workspace; a capture then finds them and allocates none."""
+    buffers (GoogLeNet's losses differed on that capture only): the capture hook makes one per stream
+    of the capture beforehand, as large as the shared workspace; a capture then finds them and
+    allocates none. A capture on one stream (a chain's plan) makes none."""
     import types
 
     import numpy as np
@@ -410,19 +411,17 @@ def test_cudnn_side_workspaces_are_made_before_the_capture(monkeypatch):
     made = []
     monkeypatch.setattr(cudnn, "memory", types.SimpleNamespace(empty=lambda *a: made.append(a) or np.empty(*a)))
     assert cudnn.prepare_lanes in registry.CAPTURE_HOOKS          # registered by dmath.ops.nn.conv
-    monkeypatch.setattr(cudnn.settings, "current", types.SimpleNamespace(graph_streams=3))
-    cudnn.prepare_lanes()
+    cudnn.prepare_lanes(3)
     assert made == []                      # no convolution recorded yet: nothing to size them by
     cudnn.shared_workspace(100)
-    cudnn.prepare_lanes()
+    cudnn.prepare_lanes(3)
     lanes = [cudnn._state[("lane", k)] for k in (1, 2)]
     assert [w.size for w in lanes] == [100, 100] and ("lane", 3) not in cudnn._state
     made.clear()
-    cudnn.prepare_lanes()                  # idempotent
+    cudnn.prepare_lanes(3)                 # idempotent
     assert made == [] and [cudnn.shared_workspace(60, lane=k) for k in (1, 2)] == lanes
-    monkeypatch.setattr(cudnn.settings, "current", types.SimpleNamespace(graph_streams=1))
     monkeypatch.setattr(cudnn, "_state", {"workspace": np.empty(10)})
-    cudnn.prepare_lanes()
+    cudnn.prepare_lanes(1)
     assert list(cudnn._state) == ["workspace"]
 
 

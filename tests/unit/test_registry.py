@@ -52,11 +52,12 @@ def test_a_backend_only_op_has_no_generic_fallback():
 def test_capture_hooks_run_once_each_in_order(monkeypatch):
     monkeypatch.setattr(registry, "CAPTURE_HOOKS", {})    # not the library hooks (cuBLAS needs a GPU)
     ran = []
-    first = registry.capture_hook(lambda: ran.append(1))
+    first = registry.capture_hook(lambda lanes: ran.append((1, lanes)))
     registry.capture_hook(first)                 # registering twice runs it once
-    registry.capture_hook(lambda: ran.append(2))
+    registry.capture_hook(lambda lanes: ran.append((2, lanes)))
     registry.prepare_capture()
-    assert ran == [1, 2]
+    registry.prepare_capture(3)                  # each is told the streams of the capture
+    assert ran == [(1, 1), (2, 1), (1, 3), (2, 3)]
 
 
 def test_every_public_elementwise_function_is_one_definition():

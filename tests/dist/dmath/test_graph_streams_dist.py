@@ -18,12 +18,13 @@ SHAPE = (48, 40)
 
 @pytest.fixture
 def streams():
-    """Every rank plans the plans defined next on up to 4 streams; back to one at the end."""
+    """Every rank plans the plans defined next on up to 4 streams; back to the setting's value at the end."""
     gc.collect()
     dmath.stats()                   # (earlier tests' plans dropped: the counts below are this test's)
+    before = dmath.settings.current.graph_streams
     dispatch("test_graph_streams", scalars=[4])
     yield
-    dispatch("test_graph_streams", scalars=[1])
+    dispatch("test_graph_streams", scalars=[before])
 
 
 def test_independent_chains_replay_exactly_on_streams(streams):

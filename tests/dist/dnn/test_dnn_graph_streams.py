@@ -21,9 +21,10 @@ def _set_streams(n):
 
 @pytest.fixture
 def streams():
-    """Set the streams of the plans defined next on every rank; back to one at the end."""
+    """Set the streams of the plans defined next on every rank; back to the setting's value at the end."""
+    before = dmath.settings.current.graph_streams
     yield _set_streams
-    _set_streams(1)
+    _set_streams(before)
 
 
 def _inception_like(dtype):
