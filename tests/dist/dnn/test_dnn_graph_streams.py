@@ -3,6 +3,8 @@ dmath/runtime/streams.py): every rank plans the recorded programs of a branchy m
 streams, and training with streams gives the losses and weights of training without them (on a GPU,
 where the captured graphs follow the plans: an Inception-like model and GoogLeNet). Runs at every
 worker count."""
+import gc
+
 import numpy as np
 import pytest
 
@@ -48,6 +50,8 @@ def _googlenet(dtype):
 
 def _train(build, n_streams, x, y, set_streams):
     """(losses, weights, per-rank stats with the model alive) of a model trained from seed 7."""
+    gc.collect()
+    dmath.stats()       # (earlier models' graphs dropped on the workers: the stats below are this one's)
     set_streams(n_streams)
     dmath.random.seed(7)
     model = build()
