@@ -125,6 +125,11 @@ VARIABLES = (
              "on (branches of a network side by side); 1: one stream",
              "a whole number from 1 to 8", _whole(1, 8),
              4, "graph_streams"),
+    Variable("DMATH_GRAPH_STREAMS_MEMORY", "shared", "where the streams of a captured plan take their memory: "
+             "'shared' (one free list: the graph holds about one stream's memory; a stream that takes memory "
+             "another used waits for that use) or 'own' (a free list per stream: no such waits between "
+             "branches, up to one stream's free blocks more per stream)",
+             "'shared' or 'own'", _choice("shared", "own"), "shared", "graph_streams_memory"),
     Variable("DMATH_GPU_DECODE_ORDER", "overlap", "image folders decoded on the GPU (nvImageCodec): 'overlap' "
              "(a batch decoded on the read-ahead thread beside the running step) or 'serial' (decoded on the "
              "device between the previous step and the batch's own kernels, the host waiting for neither; "

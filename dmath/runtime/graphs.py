@@ -289,15 +289,17 @@ class CapturedProgram:
         lanes = Capture(rt, program, streams, self.stream, owner) if on_lanes else None
 
         main = self.stream
+        shared = settings.current.graph_streams_memory == "shared"
 
         def malloc(size):
             if lanes is None:
                 mem = pool.malloc(size)
             else:
-                # every block from the capture stream's free list (CuPy keeps one per current stream):
-                # a block one stream frees may serve another, which then waits for its last uses
-                # (streams.MemoryOrder), so the graph's pool is about one stream's size
-                if owner.capture_lane:
+                # shared: every block from the capture stream's free list (CuPy keeps one per current
+                # stream): a block one stream frees may serve another, which then waits for its last
+                # uses (streams.MemoryOrder), so the graph's pool is about one stream's size. own: the
+                # current stream's list (its reuse waits for the other streams' uses all the same)
+                if owner.capture_lane and shared:
                     with main:
                         mem = pool.malloc(size)
                 else:

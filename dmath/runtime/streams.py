@@ -52,8 +52,9 @@ would be taken again only by that stream, so a capture on four streams held
 up to four streams' worth of free blocks (Inception v3 at batch 1024 on one
 H100: 69 GB in the graph's pool against ~41 GB on one stream, out of memory).
 So the capture's allocator takes every block from the capture stream's free
-list (graphs.py), whichever stream asks, and a block freed by one stream may
-serve the next allocation of another. That is safe once the taking stream
+list (graphs.py; DMATH_GRAPH_STREAMS_MEMORY=shared, the default), whichever
+stream asks, and a block freed by one stream may serve the next allocation of
+another. That is safe once the taking stream
 waits for every other stream's last use of the memory it gets: `MemoryOrder`
 keeps, per address range of the capture's pool, the last step of each stream
 that used it (the step that allocated it, and every step that read or wrote
@@ -64,7 +65,10 @@ that writes the new block. Views are covered because uses are noted per
 allocated block, whatever handle reached it. Temporaries a kernel allocates
 and frees inside one step count as used by that step on its stream. The
 waits make branches that reuse each other's memory partly ordered: the
-price of a graph about one stream's size. Caches a kernel fills from its
+price of a graph about one stream's size. With `own` each stream allocates
+from its own list (CuPy's way): the same waits keep a block a stream takes
+back after the other streams' uses of it, but no stream takes another's
+memory, so branches never wait for each other's blocks, for more memory. Caches a kernel fills from its
 signature are filled by the recording run, before any capture. The
 libraries' shared scratch buffers are one per stream ("lane") during such a
 capture: cuBLAS's capture workspaces (dmath.gpu.blas) and cuDNN's workspace
