@@ -213,8 +213,9 @@ class Dispatch:
             except BaseException as exc:  # noqa: B036 - see _share_failed
                 self._share_failed(exc, op)
         if recorder is not None:
+            live = self.ledger.live
             recorder.command(sig_id, tuple(zip(in_handles, in_metas)), out_handles, out_handles_new, scalars,
-                             frees, result is not None)
+                             frees, result is not None, [live.get(h) for h in out_handles_new])
         return out_handles, result
 
     def _drop_signatures(self):

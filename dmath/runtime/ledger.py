@@ -9,8 +9,12 @@ an OutOfMemoryError, after which the runtime goes on. "Fit" means within the
 worker's capacity, the memory its kernels compute in as `dmath.init` measured
 it (free device memory on a GPU, the worker's share of the host's available
 memory on the CPU backend), and within `dmath.memory.set_limit` when one is
-set. Temporaries, communication buffers and replica copies are not in this
-account; the pool on each worker enforces the limit on everything it holds.
+set. A plan replay makes its block's temporaries again without a command for
+each: `admit_transient` checks, before the replay is sent, that as many of
+them as were alive at once in the recording fit beside the live matrices
+(plans.Recorder.temporaries_peak). A kernel's own temporaries, communication
+buffers and replica copies are not in this account; the pool on each worker
+enforces the limit on everything it holds.
 
 The cost per command is a dictionary lookup per signature and, per new
 matrix, one insertion and an addition per worker. The check itself is one
@@ -159,18 +163,36 @@ class Ledger:
             self._set_room()
         return entry[0]
 
+    def admit_transient(self, what, need):
+        """Refuse (OutOfMemoryError) work that allocates `need` bytes per worker beside the live matrices
+        and frees them again (a plan replay's temporaries) when they would not fit on some worker."""
+        if self.ceiling is None or max(need) <= self.room:
+            return
+        self._set_room()
+        for r, n in enumerate(need):
+            if self.held[r] + n > self.ceiling[r]:
+                held = self.held[r]
+                cap, fix = self._cap_and_fix(r)
+                raise OutOfMemoryError(
+                    f"{what}: its temporaries need {n:,} bytes on worker {r} at once (as when it was "
+                    f"recorded), beside the {held:,} bytes of live matrices it holds; {cap}. Nothing was "
+                    f"sent: {fix}.")
+
+    def _cap_and_fix(self, rank):
+        """(what bounds worker `rank`'s memory, what the user may do), for a refusal's text."""
+        if self.limit is not None and self.limit == self.ceiling[rank]:
+            return (f"its memory limit is {self.limit:,} bytes (dmath.memory.set_limit)",
+                    "delete matrices you no longer need or raise the limit")
+        return (f"the memory it computes in had {self.capacity[rank]:,} bytes for matrices when "
+                f"dmath.init measured it",
+                "delete matrices you no longer need, use more workers, or a layout that splits "
+                "the matrix (RowBlock, Block2D) instead of replicating it")
+
     def _refusal(self, op, metas, rank, need):
         what = ", ".join(f"{m.shape} {m.dtype}" for m in metas)
         held = self.held[rank]
         by_limit = self.limit is not None and self.limit == self.ceiling[rank]
-        if by_limit:
-            cap = f"its memory limit is {self.limit:,} bytes (dmath.memory.set_limit)"
-            fix = "delete matrices you no longer need or raise the limit"
-        else:
-            cap = (f"the memory it computes in had {self.capacity[rank]:,} bytes for matrices when "
-                   f"dmath.init measured it")
-            fix = ("delete matrices you no longer need, use more workers, or a layout that splits "
-                   "the matrix (RowBlock, Block2D) instead of replicating it")
+        cap, fix = self._cap_and_fix(rank)
         text = (f"{op}: the new matrix ({what}) needs {need:,} bytes on worker {rank}, which holds "
                 f"{held:,} bytes of live matrices; {cap}. Nothing was allocated: {fix}.")
         if _reporter is not None and by_limit:

@@ -39,14 +39,17 @@ class Recorder:
         self.created = set()     # handles made in the block
         self.live = set()        # made in the block and not freed yet
         self.freed_inputs = set()
+        self.made = []           # per step: the handles it made
+        self.shares = {}         # handle made in the block -> its bytes per worker (the ledger's Shares)
 
-    def command(self, sig_id, inputs, out_handles, new_handles, scalars, frees, returned):
+    def command(self, sig_id, inputs, out_handles, new_handles, scalars, frees, returned, shares=()):
         """Note one command sent inside the block.
 
         inputs: its (handle, Meta) pairs; out_handles: every output (in-place
         ones repeat an input); new_handles: the outputs it made; frees: the
         handles freed with it (only those made in the block belong to the
-        plan: earlier garbage is freed once, now).
+        plan: earlier garbage is freed once, now); shares: each new handle's
+        bytes per worker (None: outside the pools' account).
         """
         own = tuple(h for h in frees if h in self.live)
         self.live.difference_update(own)
@@ -56,6 +59,10 @@ class Recorder:
                 self.inputs[h] = m
         self.created.update(new_handles)
         self.live.update(new_handles)
+        self.made.append(tuple(new_handles))
+        for h, s in zip(new_handles, shares):
+            if s is not None:
+                self.shares[h] = s
         handles = tuple(h for h, _ in inputs) + tuple(out_handles)
         self.steps.append(protocol.Step(sig_id, handles, tuple(scalars), own))
         self.returns.append(bool(returned))
@@ -70,6 +77,26 @@ class Recorder:
         self.live.difference_update(tail)
         self.freed_inputs.update(h for h in pending if h in self.inputs)
         return protocol.Program(tuple(self.steps), tail)
+
+    def temporaries_peak(self):
+        """Per worker, the most bytes of the block's temporaries (made and freed inside it) alive at
+        once, in program order: what a replay allocates beside the live matrices (after `finish`)."""
+        shares, outputs = self.shares, self.live
+        if not shares:
+            return ()
+        n = len(next(iter(shares.values())))
+        cur, peak = [0] * n, [0] * n
+        for step, made in zip(self.steps, self.made):
+            for h in step.frees:
+                s = shares.get(h)
+                if s is not None and h not in outputs:
+                    cur = [a - b for a, b in zip(cur, s)]
+            for h in made:
+                s = shares.get(h)
+                if s is not None and h not in outputs:
+                    cur = [a + b for a, b in zip(cur, s)]
+                    peak = [max(a, b) for a, b in zip(peak, cur)]
+        return tuple(peak) if any(peak) else ()
 
 
 class Plan:
@@ -89,6 +116,7 @@ class Plan:
         self._outputs = frozenset()
         self._dead_inputs = set()
         self._dead_outputs = set()
+        self._temporaries = ()       # per worker: the bytes of temporaries a replay holds at once
         self.steps = 0
 
     # ---- recording --------------------------------------------------------------
@@ -118,6 +146,7 @@ class Plan:
         self._state = "ready"
         self.steps = len(program.steps)
         self._returns = tuple(rec.returns)
+        self._temporaries = rec.temporaries_peak()
         self._inputs = dict(rec.inputs)
         self._outputs = frozenset(rec.live)
         # every matrix a replay writes: the master's replica ledger forgets their copies at each replay
@@ -144,7 +173,9 @@ class Plan:
         (scalar reductions such as `M.sum()` or `M.norm()`, `M.get()`,
         `M.to_numpy()`); Python computations on them in the block are not
         part of the plan. Raises PlanError, before anything is sent, when an
-        input matrix of the plan has been freed.
+        input matrix of the plan has been freed, and OutOfMemoryError when
+        the plan's temporaries (as many as were alive at once when it was
+        recorded) no longer fit beside the live matrices on some worker.
         """
         if self._state != "ready":
             raise PlanError({
@@ -161,6 +192,9 @@ class Plan:
                             f"the matrices it recorded, so keep every input referenced (write new values "
                             f"into it with Matrix.assign())")
         rt = self._rt
+        if self._temporaries:
+            # (before anything is sent: a worker out of memory inside a replay would end the job)
+            rt.ledger.admit_transient(f"replaying {self!r}", self._temporaries)
         results = rt.replay_plan(self.id)
         for h in self._writes:
             rt.replicas.written(h)

@@ -460,3 +460,36 @@ def test_no_graph_for_plans_with_uncapturable_steps():
         (got,) = plan.replay()
     assert _graphs() == graphs
     np.testing.assert_allclose(got, s, rtol=1e-5)
+
+
+def test_a_replay_whose_temporaries_no_longer_fit_is_refused_before_it_is_sent():
+    """A replay makes its block's temporaries again: when matrices made since leave no room for them
+    under the limit, the replay is refused on the master (nothing sent, the runtime goes on) instead of
+    a worker running out of memory inside it (a hostile-use probe: that ended the job)."""
+    shape = (64 * dmath.num_workers(), 512)
+    xv = values(shape, 21)
+    x = make(xv, dmath.RowBlock(), "float64")
+    with dmath.record() as plan:
+        t = x * 2.0                     # temporaries: x's size each, two alive at once
+        u = t + 1.0
+        del t
+        y = (u * u).sum()
+        del u
+    assert plan._temporaries and max(plan._temporaries) >= 2 * x.nbytes // dmath.num_workers()
+    piece = max(plan._temporaries)
+    try:
+        filler = [make(xv, dmath.RowBlock(), "float64") for _ in range(3)]
+        # a limit that holds the live matrices and half the temporaries, not all of them
+        held = max(s["matrices"] for s in dmath.memory.stats())
+        dmath.memory.set_limit(int(held + piece // 2))
+        with pytest.raises(dmath.OutOfMemoryError, match=r"replaying dmath.Plan.*temporaries need"):
+            plan.replay()
+        # nothing was sent: the runtime goes on, and with room again the replay runs
+        np.testing.assert_allclose(x.sum(), xv.sum(), rtol=1e-12)
+        del filler
+        dmath.memory.set_limit(None)
+        (total,) = plan.replay()
+        np.testing.assert_allclose(total, ((2 * xv + 1.0) ** 2).sum(), rtol=1e-12)
+    finally:
+        dmath.memory.set_limit(None)
+    del y
