@@ -147,6 +147,7 @@ class FolderSource:
         self.first = np.searchsorted(self.labels, np.arange(int(self.labels.max()) + 2))
         self.lock = threading.Lock()
         self.bad = {}              # index -> why it could not be decoded (this worker's finds)
+        self.bad_stamp = {}        # index -> the file's (size, mtime) when it failed: a changed file is tried again
 
     # ---- the host stage ------------------------------------------------------------------------
     def sample(self, index, stream, random, seed, out):
@@ -189,7 +190,7 @@ class FolderSource:
         only a whole JPEG file goes to the GPU (SOI at the start, EOI at the end: a truncated one goes to
         the host, whose decoder refuses it the way on_error says) that this worker has not found
         undecodable already."""
-        if index in self.bad:
+        if index in self.bad and not self._repaired(index):
             return None
         try:
             data = read_regular(os.path.join(self.root, self.files[index]), IMAGE_FILE_BYTES)
@@ -203,7 +204,7 @@ class FolderSource:
         lo, hi = int(self.first[label]), int(self.first[label + 1])
         i = index
         for _ in range(hi - lo):
-            if i not in self.bad:
+            if i not in self.bad or self._repaired(i):
                 path = os.path.join(self.root, self.files[i])
                 try:
                     return decode_rgb(path, self.decoder)
@@ -221,12 +222,33 @@ class FolderSource:
         if self.on_error == "raise":
             raise DataError(f"{path}: cannot be decoded ({why}); ImageFolder(on_error='skip') skips such "
                             f"files") from exc
+        stamp = self._stamp(i)
         with self.lock:
             new = i not in self.bad
             self.bad[i] = why
+            self.bad_stamp[i] = stamp
         if new:
             warnings.warn(f"{path}: cannot be decoded ({why}); skipped (the next image of its class takes "
                           f"its place)", RuntimeWarning, stacklevel=2)
+
+    def _stamp(self, i):
+        """File `i`'s (size, modification time), or None when it cannot be read."""
+        try:
+            st = os.stat(os.path.join(self.root, self.files[i]))
+        except OSError:
+            return None
+        return st.st_size, st.st_mtime_ns
+
+    def _repaired(self, i):
+        """Whether file `i`, found undecodable, has changed since (then it is tried again: a file
+        repaired during training was skipped for good on the worker that had met it)."""
+        stamp = self._stamp(i)
+        if stamp is None or stamp == self.bad_stamp.get(i):
+            return False
+        with self.lock:
+            self.bad.pop(i, None)
+            self.bad_stamp.pop(i, None)
+        return True
 
     # ---- the device stage ----------------------------------------------------------------------
     @property

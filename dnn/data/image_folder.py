@@ -426,8 +426,10 @@ class ImageFolder(Dataset):
                  f" ({why}); places {list(self.places)}"]
         for rep in reports:
             for p in rep["pipelines"]:
+                lo, hi = p["rows"]
+                rows = f"rows {lo}..{hi - 1}" if hi > lo else "no rows"     # (a worker with none: 'rows 0..-1')
                 lines.append(
-                    f"  worker {rep['rank']} rows {p['rows'][0]}..{p['rows'][1] - 1} "
+                    f"  worker {rep['rank']} {rows} "
                     f"({'training' if p['random'] else 'evaluation'}, {p['dtype']}): {p['threads']} threads"
                     f"{' (tuned)' if p['threads_tuned'] else ''}, place {p['place']!r}"
                     f"{' (tuned)' if p['place_tuned'] else ''}: {PLACE_WORDS.get(p['place'], '?')}; per batch: "

@@ -337,6 +337,44 @@ def test_corrupt_truncated_and_non_image_files_are_skipped_and_counted(bad_root)
     assert "skipped files: 3" in f.explain()
 
 
+def test_a_file_repaired_after_it_was_skipped_is_read_again(tmp_path):
+    """A worker that found a file undecodable tried it again only in a new process: a file repaired
+    during training stayed skipped on that worker (a hostile-use probe). A changed file is read again."""
+    r = make_folder(tmp_path / "repair", per_class=4, seed=3)
+    good = r / "ant" / "img01.jpg"
+    broken = r / "ant" / "img00x.jpg"
+    broken.write_bytes(os.urandom(300))
+    f = dnn.data.ImageFolder(r, image_size=8, train=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        batch(f, len(f), False)
+    assert set(f.skipped()) == {"ant/img00x.jpg"}
+    broken.write_bytes(good.read_bytes())      # repaired (another size: a changed file)
+    got, _ = batch(f, len(f), False, epoch=1)
+    assert f.skipped() == {}
+    i = f.files.index("ant/img00x.jpg")
+    np.testing.assert_allclose(got[i], ref_eval(good, 8, 9), rtol=1e-12, atol=1e-12)
+    # the GPU decoder's source (encoded()) hands a repaired JPEG to the GPU again
+    import json
+    src = decode.FolderSource(json.dumps(dict(
+        root=str(r), files=["ant/img00x.jpg"], labels=[0], image_size=[8, 8], resize_size=9,
+        crop_scale=[0.08, 1.0], crop_ratio=[0.75, 4 / 3], flip=True, on_error="skip")).encode())
+    broken.write_bytes(os.urandom(300))
+    assert src.encoded(0) is None
+    with pytest.warns(RuntimeWarning, match="skipped"), pytest.raises(DataError, match="no file of class 0"):
+        src._decoded(0)
+    assert src.encoded(0) is None and 0 in src.bad
+    broken.write_bytes(good.read_bytes())
+    assert src.encoded(0) == good.read_bytes() and not src.bad
+    # a worker given no rows says so (it read 'rows 0..-1')
+    g = dnn.data.ImageFolder(r, image_size=8, train=False)
+    batch(g, 2, False)
+    text = g.explain()
+    assert "..-1" not in text
+    if dmath.num_workers() > 2:
+        assert "no rows" in text, text
+
+
 def test_on_error_raise_refuses_non_images_on_the_master(bad_root):
     with pytest.raises(DataError, match="notes.txt"):
         dnn.data.ImageFolder(bad_root, on_error="raise")
