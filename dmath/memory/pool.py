@@ -91,6 +91,17 @@ class HostPool:
         self.in_use = self.cached = self.high_water = 0
         self.peak_in_use = 0     # the most bytes in use at once (torch's max_memory_allocated)
         self.new_allocs = self.reused_allocs = 0
+        self.window_peak = None  # while a window is open (open_window): the most bytes in use so far
+
+    def open_window(self):
+        """Start measuring the most bytes in use at once (close_window() returns it)."""
+        self._file_returned()
+        self.window_peak = self.in_use
+
+    def close_window(self):
+        """The most bytes in use at once since open_window() (0: no window open)."""
+        peak, self.window_peak = self.window_peak, None
+        return peak or 0
 
     # ---- allocation ---------------------------------------------------------
     def empty(self, shape, dtype):
@@ -117,6 +128,8 @@ class HostPool:
         self.in_use += size
         if self.in_use > self.peak_in_use:
             self.peak_in_use = self.in_use
+        if self.window_peak is not None and self.in_use > self.window_peak:
+            self.window_peak = self.in_use
         # The lease: a ctypes view of the block that holds the block and is the base
         # numpy keeps for every array made from the one returned (numpy collapses
         # chains of views only through ndarrays). It dies with the last of them.
@@ -233,6 +246,7 @@ class CudaPool:
         self.graph_peaks = {}        # id(owner) -> the most bytes its graph's buffers held at once
         self.retired_pools = []      # pools of graphs gone whose blocks arrays still use (`_drop_graph_pool`)
         self.used_peak = None        # while measure_peak() runs: the most device bytes in use so far
+        self.window_peak = None      # while a window is open (open_window): the most device bytes in use
         self.footprint = 0           # the device pool's total bytes when last seen (see _malloc)
         self._unified_freed = []
         self._specs = {}             # (shape, dtype) -> (bytes, numpy dtype) of a non-empty array (`empty`)
@@ -268,7 +282,18 @@ class CudaPool:
             self.peak_in_use = used
         if self.used_peak is not None:
             self.used_peak = max(self.used_peak, used)
+        if self.window_peak is not None and used > self.window_peak:
+            self.window_peak = used
         return mem
+
+    def open_window(self):
+        """Start measuring the most device bytes in use at once (close_window() returns it)."""
+        self.window_peak = self.device.used_bytes()
+
+    def close_window(self):
+        """The most device bytes in use at once since open_window() (0: no window open)."""
+        peak, self.window_peak = self.window_peak, None
+        return peak or 0
 
     def measure_peak(self, run):
         """(run()'s result, the most bytes its allocations added to those in use at once)."""

@@ -15,7 +15,7 @@ from ..errors import OutOfMemoryError, PlanError
 from ..gpu import cudnn
 from ..memory import kinds, replicas
 from ..runtime import Shard, define, is_initialized, runtime
-from ..runtime import ledger
+from ..runtime import ledger, plans
 from .base import dispatch, meta
 
 
@@ -26,6 +26,7 @@ class ReleaseArgs(NamedTuple):
 
 SET_LIMIT = define("memory_set_limit")
 STATS = define("memory_stats")
+WINDOW = define("memory_window")
 RELEASE = define("memory_release", ReleaseArgs)
 DEVICE_FREE = define("memory_device_free")
 AVAILABLE = define("memory_available")
@@ -59,6 +60,25 @@ def _set_limit(call):
 def _stats(call):
     call.result = gather_objects(call.world, memory.local_stats())
     return []
+
+
+@WINDOW.kernel()
+def _window(call):
+    """scalars[0] 1: every worker starts measuring the most bytes its pool holds in use at once; 0: each
+    reports that peak (a recorded block's: runtime/plans.py)."""
+    pool = memory.pool.current()
+    if call.scalars[0]:
+        pool.open_window()
+    else:
+        call.result = gather_objects(call.world, int(pool.close_window()))
+    return []
+
+
+def _memory_window(start):
+    """plans.set_memory_window's hook: open the workers' windows, or close them and return each one's
+    peak of bytes in use (a list indexed by rank)."""
+    result = dispatch("memory_window", scalars=(1 if start else 0,))[1]
+    return None if start else list(result)
 
 
 def _release_all(rt, graphs=True):
@@ -155,6 +175,7 @@ def _report(rank):
 
 memory.set_command_hook(_Commands)
 ledger.set_refusal_reporter(_report)
+plans.set_memory_window(_memory_window)
 
 
 # ---- memory kinds ---------------------------------------------------------------------

@@ -199,19 +199,24 @@ class Dispatch:
         self.last_command = oom.LastCommand(op, self.ctl.seq, out_handles_new, bool(in_place))
         if frees:
             self._free(frees)
-        if careful:
-            self.last_command.careful = True
-            result = self._careful_share(entry, in_handles, out_handles, scalars, payload, op)
-        else:
-            try:
-                if self.batching and entry.local:
-                    t0 = _perf_counter()
-                    result = self._execute(entry, in_handles, out_handles, scalars, payload)
-                    entry.share_s = _perf_counter() - t0      # whether the next one may be queued
-                else:
-                    result = self._execute(entry, in_handles, out_handles, scalars, payload)
-            except BaseException as exc:  # noqa: B036 - see _share_failed
-                self._share_failed(exc, op)
+        try:
+            if careful:
+                self.last_command.careful = True
+                result = self._careful_share(entry, in_handles, out_handles, scalars, payload, op)
+            else:
+                try:
+                    if self.batching and entry.local:
+                        t0 = _perf_counter()
+                        result = self._execute(entry, in_handles, out_handles, scalars, payload)
+                        entry.share_s = _perf_counter() - t0      # whether the next one may be queued
+                    else:
+                        result = self._execute(entry, in_handles, out_handles, scalars, payload)
+                except BaseException as exc:  # noqa: B036 - see _share_failed
+                    self._share_failed(exc, op)
+        except BaseException:
+            if recorder is not None and frees:
+                recorder.failed(frees)      # (the workers freed them with the command all the same)
+            raise
         if recorder is not None:
             live = self.ledger.live
             recorder.command(sig_id, tuple(zip(in_handles, in_metas)), out_handles, out_handles_new, scalars,
@@ -318,8 +323,11 @@ class Dispatch:
         self._define(plan_id, program)
         return plan_id
 
-    def replay_plan(self, plan_id):
-        """Run plan `plan_id` on every rank: one REPLAY frame. Returns the master's result of every step."""
+    def replay_plan(self, plan_id, need=(), plan=None):
+        """Run plan `plan_id` on every rank: one REPLAY frame. Returns the master's result of every step.
+
+        need: the bytes per worker the replay allocates at once beside the live matrices, admitted by
+        the ledger first (OutOfMemoryError, nothing sent, when it does not fit); plan: for the message."""
         self.check_usable()
         self.check_failures()
         if self.recorder is not None:
@@ -328,6 +336,9 @@ class Dispatch:
             raise PlanError(f"plan {plan_id} is not defined (closed?)")
         if self.released_elsewhere:
             self._take_released_elsewhere()
+        if need:
+            # (after the matrices released on other threads are taken: they may make the room)
+            self.ledger.admit_transient(f"replaying {plan!r}" if plan is not None else "a plan replay", need)
         frees = self._take_frees()
         message, total = protocol.encode(protocol.REPLAY, plan_id, frees=frees)
         self._send(message, total, "a plan replay")

@@ -173,10 +173,12 @@ class Ledger:
             if self.held[r] + n > self.ceiling[r]:
                 held = self.held[r]
                 cap, fix = self._cap_and_fix(r)
+                short = held + n - self.ceiling[r]
                 raise OutOfMemoryError(
-                    f"{what}: its temporaries need {n:,} bytes on worker {r} at once (as when it was "
-                    f"recorded), beside the {held:,} bytes of live matrices it holds; {cap}. Nothing was "
-                    f"sent: {fix}.")
+                    f"{what}: it needs {n:,} bytes at once on worker {r} (what its commands held at once "
+                    f"when it was recorded: temporaries, outputs made again, the kernels' scratch), beside "
+                    f"the {held:,} bytes of live matrices it holds; {cap}, {short:,} bytes short. Nothing "
+                    f"was sent: {fix}.")
 
     def _cap_and_fix(self, rank):
         """(what bounds worker `rank`'s memory, what the user may do), for a refusal's text."""

@@ -28,6 +28,20 @@ from ..errors import PlanError
 from . import protocol
 from .lifecycle import runtime
 
+_window = None
+
+
+def set_memory_window(fn):
+    """`fn(True)` opens every worker's memory window (the most bytes in use at once from now on);
+    `fn(False)` closes them and returns each one's peak, a list indexed by rank.
+
+    dmath.ops.storage registers it (it runs a command, which this layer cannot name). A record block
+    measures what its commands held at once on every worker, temporaries, outputs, kernels' scratch,
+    communication buffers and replica copies included: what a replay may need again.
+    """
+    global _window
+    _window = fn
+
 
 class Recorder:
     """The master's bookkeeping while a block is recorded (pure: no communication)."""
@@ -41,6 +55,7 @@ class Recorder:
         self.freed_inputs = set()
         self.made = []           # per step: the handles it made
         self.shares = {}         # handle made in the block -> its bytes per worker (the ledger's Shares)
+        self.carried = []        # frees of block-made handles sent with a command that failed
 
     def command(self, sig_id, inputs, out_handles, new_handles, scalars, frees, returned, shares=()):
         """Note one command sent inside the block.
@@ -51,7 +66,8 @@ class Recorder:
         plan: earlier garbage is freed once, now); shares: each new handle's
         bytes per worker (None: outside the pools' account).
         """
-        own = tuple(h for h in frees if h in self.live)
+        own = tuple(self.carried) + tuple(h for h in frees if h in self.live)
+        self.carried = []
         self.live.difference_update(own)
         self.freed_inputs.update(h for h in frees if h in self.inputs)
         for h, m in inputs:
@@ -67,20 +83,30 @@ class Recorder:
         self.steps.append(protocol.Step(sig_id, handles, tuple(scalars), own))
         self.returns.append(bool(returned))
 
+    def failed(self, frees):
+        """A command sent in the block with `frees` failed (refused for memory and undone): it is not
+        part of the plan, but the workers freed those handles; the next recorded step frees them in a
+        replay (else a temporary freed with it became an output a replay made again, never freed)."""
+        own = [h for h in frees if h in self.live]
+        self.live.difference_update(own)
+        self.carried += own
+
     def finish(self, pending):
         """The Program, given the master's pending frees at the end of the block.
 
         Temporaries released but not yet freed become the program's tail; what
         is still live is the plan's outputs (`self.live` afterwards).
         """
-        tail = tuple(h for h in pending if h in self.live)
+        tail = tuple(self.carried) + tuple(h for h in pending if h in self.live)
+        self.carried = []
         self.live.difference_update(tail)
         self.freed_inputs.update(h for h in pending if h in self.inputs)
         return protocol.Program(tuple(self.steps), tail)
 
     def temporaries_peak(self):
-        """Per worker, the most bytes of the block's temporaries (made and freed inside it) alive at
-        once, in program order: what a replay allocates beside the live matrices (after `finish`)."""
+        """Per worker, the most bytes a replay of the block allocates at once beside the live matrices,
+        from the matrices alone (after `finish`): its temporaries (made and freed inside it) alive at
+        once, plus at each step the outputs it makes again (the old ones are dropped after it)."""
         shares, outputs = self.shares, self.live
         if not shares:
             return ()
@@ -91,11 +117,14 @@ class Recorder:
                 s = shares.get(h)
                 if s is not None and h not in outputs:
                     cur = [a - b for a, b in zip(cur, s)]
+            now = list(cur)
             for h in made:
                 s = shares.get(h)
-                if s is not None and h not in outputs:
-                    cur = [a + b for a, b in zip(cur, s)]
-                    peak = [max(a, b) for a, b in zip(peak, cur)]
+                if s is not None:
+                    now = [a + b for a, b in zip(now, s)]
+                    if h not in outputs:
+                        cur = [a + b for a, b in zip(cur, s)]
+            peak = [max(a, b) for a, b in zip(peak, now)]
         return tuple(peak) if any(peak) else ()
 
 
@@ -116,7 +145,8 @@ class Plan:
         self._outputs = frozenset()
         self._dead_inputs = set()
         self._dead_outputs = set()
-        self._temporaries = ()       # per worker: the bytes of temporaries a replay holds at once
+        self._temporaries = ()       # per worker: the bytes a replay allocates at once (what it needs)
+        self._held_before = ()
         self.steps = 0
 
     # ---- recording --------------------------------------------------------------
@@ -128,6 +158,11 @@ class Plan:
         if rt.recorder is not None:
             raise PlanError("dmath.record() blocks cannot be nested: the inner block would be recorded "
                             "into the outer plan and replayed twice")
+        if _window is not None:
+            _window(True)           # (before the recorder: this command is not part of the plan)
+        # the live matrices now: a replay needs what the block held at once on each worker beyond them
+        # (what else was in use then, replica copies or a kernel's cache, counts as needed again)
+        self._held_before = rt.ledger.per_worker()
         self._recorder = rt.recorder = Recorder()
         self._state = "recording"
         return self
@@ -140,13 +175,20 @@ class Plan:
         if kind is not None:
             # the commands already sent ran as usual; nothing was sent about the plan
             self._state = "discarded"
+            self._close_window()
             return False
         program = rec.finish(rt.pending_frees)
         self.id = rt.define_plan(program)
         self._state = "ready"
         self.steps = len(program.steps)
         self._returns = tuple(rec.returns)
-        self._temporaries = rec.temporaries_peak()
+        # what a replay needs at once per worker: what the block's commands held at once on each worker
+        # (measured: kernels' scratch and communication buffers included), at least its matrices' count
+        peaks = self._close_window()
+        held = tuple(max(0, p - h) for p, h in zip(peaks, self._held_before)) if peaks else ()
+        counted = rec.temporaries_peak() or (0,) * len(held)
+        need = tuple(max(a, b) for a, b in zip(held, counted)) if held else counted
+        self._temporaries = need if any(need) else ()
         self._inputs = dict(rec.inputs)
         self._outputs = frozenset(rec.live)
         # every matrix a replay writes: the master's replica ledger forgets their copies at each replay
@@ -158,6 +200,15 @@ class Plan:
         for h in self._outputs:
             rt.watch(h, self)
         return False
+
+    def _close_window(self):
+        """The workers' memory windows closed; their peaks (None without the hook or a runtime)."""
+        if _window is None or self._rt.closed or self._rt.broken is not None:
+            return None
+        try:
+            return _window(False)
+        except Exception:  # noqa: BLE001 - a measurement: the plan works without it (counted needs)
+            return None
 
     def handle_released(self, handle):
         """The runtime's notice that a matrix this plan uses was collected."""
@@ -174,8 +225,9 @@ class Plan:
         `M.to_numpy()`); Python computations on them in the block are not
         part of the plan. Raises PlanError, before anything is sent, when an
         input matrix of the plan has been freed, and OutOfMemoryError when
-        the plan's temporaries (as many as were alive at once when it was
-        recorded) no longer fit beside the live matrices on some worker.
+        what its commands held at once when it was recorded (temporaries,
+        outputs made again, the kernels' scratch) no longer fits beside the
+        live matrices on some worker.
         """
         if self._state != "ready":
             raise PlanError({
@@ -192,10 +244,9 @@ class Plan:
                             f"the matrices it recorded, so keep every input referenced (write new values "
                             f"into it with Matrix.assign())")
         rt = self._rt
-        if self._temporaries:
-            # (before anything is sent: a worker out of memory inside a replay would end the job)
-            rt.ledger.admit_transient(f"replaying {self!r}", self._temporaries)
-        results = rt.replay_plan(self.id)
+        # (its memory is admitted before anything is sent: a worker out of memory inside a replay would
+        # end the job)
+        results = rt.replay_plan(self.id, self._temporaries, self)
         for h in self._writes:
             rt.replicas.written(h)
         if self._dead_outputs:
