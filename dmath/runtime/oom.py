@@ -159,7 +159,10 @@ def verdict(rt, refused):
         reason = (f"worker(s) {', '.join(map(str, silent))} did not answer within {AGREE_S:g} s: they are "
                   f"inside {last.op!r}, waiting for a worker that left it")
     elif last.in_place:
-        reason = f"{last.op!r} writes an operand in place, which some workers had written and some had not"
+        # (with one worker no other worker is involved: its kernel may have written part of the operand)
+        reason = (f"{last.op!r} writes an operand in place, which some workers had written and some had not"
+                  if rt.world.size > 1 else
+                  f"{last.op!r} writes an operand in place and may have written part of it before the refusal")
     elif not refused:
         reason = f"a worker left {last.op!r} but none says it was refused an allocation"
     elif not _out_on_device(rt):
