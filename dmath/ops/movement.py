@@ -270,8 +270,10 @@ def _remap_into(call):
     target, src = call.inputs
     same = call.entry.cache.get("same")
     if same is None:    # (compared once per plan entry: a distribution may hold many pieces)
-        same = call.entry.cache["same"] = (src.dist == target.dist and not src.dist.partial
-                                           and src.dtype == target.dtype)
+        # (a Partial source into the same Partial distribution: each worker's addend goes to itself, what
+        # the remap would do by adding it to a -0.0 buffer: the same bits, through a scratch buffer that
+        # an in-place command, never careful, could be refused: dnn's metrics reset under a tight limit)
+        same = call.entry.cache["same"] = (src.dist == target.dist and src.dtype == target.dtype)
     xp = backend.current().xp
     if same and not any(t is not p and xp.may_share_memory(t, p) for t, p in zip(target.pieces, src.pieces)):
         # each piece copied straight into its place (the remap's copy would be a second one; a source

@@ -316,3 +316,24 @@ def test_available_is_each_workers_share():
         assert all(f <= 64 << 20 for f in dmath.memory.available())
     finally:
         dmath.memory.set_limit(None)
+
+
+def test_assigning_a_partial_matrix_to_one_of_its_layout_needs_no_scratch():
+    """`a.assign(b)` of two Partial matrices of one layout copies each worker's addend into place: it
+    went through the remap's scratch buffer, which an in-place command could be refused under a tight
+    limit, ending the job (dnn's metrics reset at every epoch; a hostile-use probe)."""
+    import numpy as np
+    a = dmath.zeros((3, 2), "float64", layout=dmath.Partial())
+    b = dmath.from_numpy(np.arange(6.0).reshape(3, 2), layout=dmath.Partial())
+    held = max(d["matrices"] for d in dmath.memory.stats())
+    dmath.memory.clear()
+    try:
+        dmath.memory.set_limit(held + 128)
+        a.assign(b)
+    finally:
+        dmath.memory.set_limit(None)
+    np.testing.assert_array_equal(a.to_numpy(), np.arange(6.0).reshape(3, 2))
+    # the bits of every addend too: -0.0 stays -0.0 (the remap added each addend to a -0.0 buffer)
+    z = dmath.from_numpy(np.full((3, 2), -0.0), layout=dmath.Partial())
+    a.assign(z)
+    assert np.signbit(a.to_numpy()).all()
