@@ -79,11 +79,14 @@ class HostPool:
     """Size-class free lists of host byte blocks (one per process on the CPU backend)."""
 
     is_device = False
+    #: whether close_window() counts only the window's own blocks (a block made before it and freed
+    #: meanwhile lowers the base): the master adds back nothing
+    window_exact = True
 
     def __init__(self):
         self.limit = None
         self._free = {}          # size class -> [(block, its address)]
-        self._leases = {}        # id(weakref to a lease) -> (weakref, block, address, size)
+        self._leases = {}        # id(weakref to a lease) -> (weakref, block, address, size, serial)
         self._returned = []      # lease entries whose last array died, not yet filed
         self._types = {}         # size class -> lease type
         self._requests = {}      # (shape, dtype) as asked -> `_request`'s answer
@@ -91,17 +94,22 @@ class HostPool:
         self.in_use = self.cached = self.high_water = 0
         self.peak_in_use = 0     # the most bytes in use at once (torch's max_memory_allocated)
         self.new_allocs = self.reused_allocs = 0
-        self.window_peak = None  # while a window is open (open_window): the most bytes in use so far
+        self.serial = 0          # allocations so far (a lease's serial tells whether a window made it)
+        self.window_serial = None  # while a window is open (open_window): the serial it opened at
+        self.window_base = 0     # the bytes in use of blocks made before the window and still in use
+        self.window_peak = 0     # the most bytes the window's own blocks held at once
 
     def open_window(self):
-        """Start measuring the most bytes in use at once (close_window() returns it)."""
+        """Start measuring the most bytes in use at once by blocks allocated from now on;
+        close_window() returns it. (Exact: a block made before and freed meanwhile does not hide it.)"""
         self._file_returned()
-        self.window_peak = self.in_use
+        self.window_serial, self.window_base, self.window_peak = self.serial, self.in_use, 0
 
     def close_window(self):
-        """The most bytes in use at once since open_window() (0: no window open)."""
-        peak, self.window_peak = self.window_peak, None
-        return peak or 0
+        """The most bytes the blocks allocated since open_window() held at once (0: no window open)."""
+        self._file_returned()
+        opened, self.window_serial = self.window_serial, None
+        return 0 if opened is None else self.window_peak
 
     # ---- allocation ---------------------------------------------------------
     def empty(self, shape, dtype):
@@ -128,15 +136,16 @@ class HostPool:
         self.in_use += size
         if self.in_use > self.peak_in_use:
             self.peak_in_use = self.in_use
-        if self.window_peak is not None and self.in_use > self.window_peak:
-            self.window_peak = self.in_use
+        self.serial += 1
+        if self.window_serial is not None and self.in_use - self.window_base > self.window_peak:
+            self.window_peak = self.in_use - self.window_base
         # The lease: a ctypes view of the block that holds the block and is the base
         # numpy keeps for every array made from the one returned (numpy collapses
         # chains of views only through ndarrays). It dies with the last of them.
         lease = lease_type.from_address(address)
         lease.block = block
         ref = weakref.ref(lease, self._on_dead)
-        self._leases[id(ref)] = (ref, block, address, size)
+        self._leases[id(ref)] = (ref, block, address, size, self.serial)
         return np.ndarray(shape, dtype, lease)
 
     def _request(self, shape, dtype):
@@ -170,8 +179,10 @@ class HostPool:
     def _file_returned(self):
         returned, free = self._returned, self._free
         while returned:
-            _, block, address, size = returned.pop()
+            _, block, address, size, serial = returned.pop()
             self.in_use -= size
+            if self.window_serial is not None and serial <= self.window_serial:
+                self.window_base -= size        # made before the window: no longer in its base
             self.cached += size
             blocks = free.get(size)
             if blocks is None:
@@ -228,6 +239,10 @@ class CudaPool:
     allocations count both pools; the byte counts are the device pool's.
     """
 
+    #: close_window() measures the peak above the bytes in use when it opened (CuPy's frees are not
+    #: seen one by one): a block made before and freed meanwhile hides that much of the window's own
+    window_exact = False
+
     is_device = True
     _UNIT = 512      # CuPy rounds device allocations to this many bytes
 
@@ -246,6 +261,7 @@ class CudaPool:
         self.graph_peaks = {}        # id(owner) -> the most bytes its graph's buffers held at once
         self.retired_pools = []      # pools of graphs gone whose blocks arrays still use (`_drop_graph_pool`)
         self.used_peak = None        # while measure_peak() runs: the most device bytes in use so far
+        self.window_base = 0
         self.window_peak = None      # while a window is open (open_window): the most device bytes in use
         self.footprint = 0           # the device pool's total bytes when last seen (see _malloc)
         self._unified_freed = []
@@ -287,13 +303,13 @@ class CudaPool:
         return mem
 
     def open_window(self):
-        """Start measuring the most device bytes in use at once (close_window() returns it)."""
-        self.window_peak = self.device.used_bytes()
+        """Start measuring the most device bytes in use at once; close_window() says how many above now."""
+        self.window_base = self.window_peak = self.device.used_bytes()
 
     def close_window(self):
-        """The most device bytes in use at once since open_window() (0: no window open)."""
+        """The most device bytes in use at once since open_window(), less those in use then (0: none)."""
         peak, self.window_peak = self.window_peak, None
-        return peak or 0
+        return 0 if peak is None else max(0, peak - self.window_base)
 
     def measure_peak(self, run):
         """(run()'s result, the most bytes its allocations added to those in use at once)."""

@@ -100,6 +100,10 @@ class ReplicaCache:
         self.bytes -= e.nbytes
         return e.nbytes
 
+    def local_bytes(self, block_bytes):
+        """The bytes this worker's copies take in its pool (`block_bytes(n)`: the pool's block for n)."""
+        return sum(block_bytes(a.nbytes) for e in self._entries.values() for a in e.pieces)
+
     def stats(self):
         return {"cache_hits": self.hits, "cache_misses": self.misses, "cache_bytes_saved": self.bytes_saved,
                 "cache_bytes": self.bytes, "cache_entries": len(self._entries),

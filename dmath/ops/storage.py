@@ -64,21 +64,35 @@ def _stats(call):
 
 @WINDOW.kernel()
 def _window(call):
-    """scalars[0] 1: every worker starts measuring the most bytes its pool holds in use at once; 0: each
-    reports that peak (a recorded block's: runtime/plans.py)."""
+    """scalars[0] 1: every worker starts measuring the most bytes its pool's new blocks hold at once; 0:
+    each reports (that peak, whether it is exact (pool.window_exact), the bytes in use now, those of its
+    replica copies) for a recorded block; 2: every worker drops its replica copies (before a replay
+    they might not leave room for) (runtime/plans.py)."""
     pool = memory.pool.current()
-    if call.scalars[0]:
+    if call.scalars[0] == 2:
+        replicas.cache.clear()
+        call.rt.replicas.clear()     # (the master's ledger of those copies; unused on other ranks)
+    elif call.scalars[0]:
         pool.open_window()
     else:
-        call.result = gather_objects(call.world, int(pool.close_window()))
+        grown = int(pool.close_window())
+        copies = replicas.cache.local_bytes(memory.block_bytes)
+        call.result = gather_objects(call.world, (grown, bool(pool.window_exact),
+                                                  int(memory.local_stats()["in_use"]), int(copies)))
     return []
 
 
 def _memory_window(start):
-    """plans.set_memory_window's hook: open the workers' windows, or close them and return each one's
-    peak of bytes in use (a list indexed by rank)."""
+    """plans.set_memory_hooks' window: open the workers' windows, or close them and return each one's
+    (peak of its new blocks, whether exact, bytes in use, bytes of replica copies), a list by rank."""
     result = dispatch("memory_window", scalars=(1 if start else 0,))[1]
     return None if start else list(result)
+
+
+def _drop_copies():
+    """plans.set_memory_hooks' drop_copies: every worker drops its replica copies (a cache: the next
+    GEMM that wants one makes it again)."""
+    dispatch("memory_window", scalars=(2,))
 
 
 def _release_all(rt, graphs=True):
@@ -175,7 +189,7 @@ def _report(rank):
 
 memory.set_command_hook(_Commands)
 ledger.set_refusal_reporter(_report)
-plans.set_memory_window(_memory_window)
+plans.set_memory_hooks(_memory_window, _drop_copies)
 
 
 # ---- memory kinds ---------------------------------------------------------------------

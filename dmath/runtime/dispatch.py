@@ -338,7 +338,9 @@ class Dispatch:
             self._take_released_elsewhere()
         if need:
             # (after the matrices released on other threads are taken: they may make the room)
-            self.ledger.admit_transient(f"replaying {plan!r}" if plan is not None else "a plan replay", need)
+            self.ledger.admit_transient(f"replaying {plan!r}" if plan is not None else "a plan replay", need,
+                                        "what its commands held at once when it was recorded: temporaries, "
+                                        "outputs made again, the kernels' scratch")
         frees = self._take_frees()
         message, total = protocol.encode(protocol.REPLAY, plan_id, frees=frees)
         self._send(message, total, "a plan replay")

@@ -93,6 +93,8 @@ class Handles:
             self.released_elsewhere.append(handle)
             return
         self.pending_frees.append(handle)
+        if self.recorder is not None:
+            self.recorder.releasing(handle, self.ledger.live)
         self.ledger.release(handle)
         self.replicas.written(handle)
         if self.poisoned:

@@ -163,9 +163,16 @@ class Ledger:
             self._set_room()
         return entry[0]
 
-    def admit_transient(self, what, need):
+    def fits(self, need, extra=0):
+        """Whether `need` bytes per worker, and `extra` more on each, fit beside the live matrices."""
+        if self.ceiling is None:
+            return True
+        return all(h + n + extra <= c for h, n, c in zip(self.held, need, self.ceiling))
+
+    def admit_transient(self, what, need, why=""):
         """Refuse (OutOfMemoryError) work that allocates `need` bytes per worker beside the live matrices
-        and frees them again (a plan replay's temporaries) when they would not fit on some worker."""
+        and frees them again (a plan replay's temporaries, an in-place remap's scratch) when they would
+        not fit on some worker; `why`: what the need is made of, for the message."""
         if self.ceiling is None or max(need) <= self.room:
             return
         self._set_room()
@@ -175,10 +182,9 @@ class Ledger:
                 cap, fix = self._cap_and_fix(r)
                 short = held + n - self.ceiling[r]
                 raise OutOfMemoryError(
-                    f"{what}: it needs {n:,} bytes at once on worker {r} (what its commands held at once "
-                    f"when it was recorded: temporaries, outputs made again, the kernels' scratch), beside "
-                    f"the {held:,} bytes of live matrices it holds; {cap}, {short:,} bytes short. Nothing "
-                    f"was sent: {fix}.")
+                    f"{what}: it needs {n:,} bytes at once on worker {r}{f' ({why})' if why else ''}, "
+                    f"beside the {held:,} bytes of live matrices it holds; {cap}, {short:,} bytes short. "
+                    f"Nothing was sent: {fix}.")
 
     def _cap_and_fix(self, rank):
         """(what bounds worker `rank`'s memory, what the user may do), for a refusal's text."""

@@ -29,18 +29,23 @@ from . import protocol
 from .lifecycle import runtime
 
 _window = None
+_drop_copies = None
 
 
-def set_memory_window(fn):
-    """`fn(True)` opens every worker's memory window (the most bytes in use at once from now on);
-    `fn(False)` closes them and returns each one's peak, a list indexed by rank.
+def set_memory_hooks(window, drop_copies):
+    """`window(True)` opens every worker's memory window (the most bytes its blocks allocated from now on
+    hold at once); `window(False)` closes them and returns, a list indexed by rank, each one's (that
+    peak, whether it is exact (else it is the peak above what was in use at the start, which blocks
+    made before and freed meanwhile lower), bytes in use now, bytes of its replica copies).
+    `drop_copies()` has every worker drop its replica copies.
 
-    dmath.ops.storage registers it (it runs a command, which this layer cannot name). A record block
-    measures what its commands held at once on every worker, temporaries, outputs, kernels' scratch,
-    communication buffers and replica copies included: what a replay may need again.
+    dmath.ops.storage registers them (they run commands, which this layer cannot name). A record block
+    measures what its commands held at once on every worker beyond what was in use at its start:
+    temporaries, outputs, kernels' scratch, communication buffers and replica copies it made: what a
+    replay may need again.
     """
-    global _window
-    _window = fn
+    global _window, _drop_copies
+    _window, _drop_copies = window, drop_copies
 
 
 class Recorder:
@@ -56,6 +61,7 @@ class Recorder:
         self.made = []           # per step: the handles it made
         self.shares = {}         # handle made in the block -> its bytes per worker (the ledger's Shares)
         self.carried = []        # frees of block-made handles sent with a command that failed
+        self.freed_before = ()   # per worker: bytes of matrices made before the block and freed in it
 
     def command(self, sig_id, inputs, out_handles, new_handles, scalars, frees, returned, shares=()):
         """Note one command sent inside the block.
@@ -82,6 +88,14 @@ class Recorder:
         handles = tuple(h for h, _ in inputs) + tuple(out_handles)
         self.steps.append(protocol.Step(sig_id, handles, tuple(scalars), own))
         self.returns.append(bool(returned))
+
+    def releasing(self, handle, live):
+        """Matrix `handle` is released during the block (`live`: the ledger's shares, before): one made
+        before the block is noted in `freed_before`."""
+        s = live.get(handle) if handle not in self.created else None
+        if s:
+            self.freed_before = tuple(a + b for a, b in zip(self.freed_before, s)) \
+                if self.freed_before else tuple(s)
 
     def failed(self, frees):
         """A command sent in the block with `frees` failed (refused for memory and undone): it is not
@@ -146,7 +160,6 @@ class Plan:
         self._dead_inputs = set()
         self._dead_outputs = set()
         self._temporaries = ()       # per worker: the bytes a replay allocates at once (what it needs)
-        self._held_before = ()
         self.steps = 0
 
     # ---- recording --------------------------------------------------------------
@@ -160,9 +173,6 @@ class Plan:
                             "into the outer plan and replayed twice")
         if _window is not None:
             _window(True)           # (before the recorder: this command is not part of the plan)
-        # the live matrices now: a replay needs what the block held at once on each worker beyond them
-        # (what else was in use then, replica copies or a kernel's cache, counts as needed again)
-        self._held_before = rt.ledger.per_worker()
         self._recorder = rt.recorder = Recorder()
         self._state = "recording"
         return self
@@ -184,10 +194,9 @@ class Plan:
         self._returns = tuple(rec.returns)
         # what a replay needs at once per worker: what the block's commands held at once on each worker
         # (measured: kernels' scratch and communication buffers included), at least its matrices' count
-        peaks = self._close_window()
-        held = tuple(max(0, p - h) for p, h in zip(peaks, self._held_before)) if peaks else ()
-        counted = rec.temporaries_peak() or (0,) * len(held)
-        need = tuple(max(a, b) for a, b in zip(held, counted)) if held else counted
+        need = self._measured_need(rec)
+        counted = rec.temporaries_peak() or (0,) * len(need or ())
+        need = tuple(max(a, b) for a, b in zip(need, counted)) if need else counted
         self._temporaries = need if any(need) else ()
         self._inputs = dict(rec.inputs)
         self._outputs = frozenset(rec.live)
@@ -200,6 +209,21 @@ class Plan:
         for h in self._outputs:
             rt.watch(h, self)
         return False
+
+    def _measured_need(self, rec):
+        """Per worker, the bytes a replay needs beside the live matrices, from the window (None without):
+        what the block's new blocks held at once (where the pool cannot tell a block made before the
+        block and freed inside it, which lowered what was in use and hid that much of the block's own,
+        those matrices are added back), plus what the pool holds in use besides matrices and replica
+        copies (kernels' caches, a cuDNN workspace: there at a replay too, and not in the master's
+        account of matrices; replica copies are dropped before a replay they might not leave room for)."""
+        got = self._close_window()
+        if not got:
+            return None
+        freed = rec.freed_before or (0,) * len(got)
+        held = self._rt.ledger.per_worker()
+        return tuple(grown + (0 if exact else f) + max(0, in_use - copies - h)
+                     for (grown, exact, in_use, copies), f, h in zip(got, freed, held))
 
     def _close_window(self):
         """The workers' memory windows closed; their peaks (None without the hook or a runtime)."""
@@ -244,9 +268,15 @@ class Plan:
                             f"the matrices it recorded, so keep every input referenced (write new values "
                             f"into it with Matrix.assign())")
         rt = self._rt
+        need = self._temporaries
+        if need and _drop_copies is not None and not rt.ledger.fits(need, extra=rt.replicas.budget()):
+            # the workers' replica copies are outside the master's account of matrices (and a replay
+            # makes some it never hears of): where the cache, full, might not leave the replay room,
+            # every worker drops its copies first (one small command; only that close to the ceiling)
+            _drop_copies()
         # (its memory is admitted before anything is sent: a worker out of memory inside a replay would
         # end the job)
-        results = rt.replay_plan(self.id, self._temporaries, self)
+        results = rt.replay_plan(self.id, need, self)
         for h in self._writes:
             rt.replicas.written(h)
         if self._dead_outputs:

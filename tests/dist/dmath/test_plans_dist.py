@@ -608,3 +608,53 @@ def test_a_replay_counts_matrices_released_on_another_thread():
         dmath.memory.set_limit(None)
     np.testing.assert_allclose(v, 2 * xv.sum(), rtol=1e-11)
     del s
+
+
+def test_a_replays_need_is_what_its_block_allocated():
+    """The need is what the block's own allocations held at once: a replica copy kept from before the
+    block no longer inflates it (it was 5-17x the real peak), and a matrix made before the block and
+    freed inside it no longer hides the block's scratch (a replay admitted on that ended the job). On
+    the CPU pool the measure is exact: the peak of an unlimited replay."""
+    P = dmath.num_workers()
+    xv = values((64 * P + (3 if P > 1 else 0), 96), 35)
+    x = make(xv, dmath.RowBlock(), "float64")
+    big = make(values((256 * P, 512), 36), dmath.RowBlock(), "float64")
+    big.replicate()                                   # a replica copy, in use while the block records
+    old = dmath.zeros((1024 * P, 512), "float64", layout=dmath.RowBlock())
+    with dmath.record() as plan:
+        del old                                       # freed with the block's first command
+        t = x.remap(dmath.ColBlock())
+        s = t.sum()
+        del t
+    gc.collect()
+    dmath.memory.clear()
+    held = _held()
+    dmath.reset_stats()
+    plan.replay()
+    real = [p["allocated"] - h for p, h in zip(dmath.memory.peak(), held)]
+    assert list(plan._temporaries) == real
+    del s, big
+
+
+def test_replica_copies_made_after_recording_do_not_end_a_replay():
+    """A replica copy a GEMM kept after the block was recorded takes memory the master's account of
+    matrices does not see: a replay admitted at the bound ended the job (a hostile-use probe). Near
+    the ceiling every worker drops its copies first."""
+    P = dmath.num_workers()
+    xv, wv = values((256 * P, 512), 37), values((512, 256), 38)
+    x = make(xv, dmath.RowBlock(), "float64")
+    with dmath.record() as plan:
+        t = x * 2.0
+        s = t.sum()
+        del t
+    w = make(wv, dmath.RowBlock(), "float64")
+    y = x @ w                   # keeps a copy of w on every worker
+    del y
+    held = _held()
+    try:
+        dmath.memory.set_limit(max(h + n for h, n in zip(held, plan._temporaries)))
+        (v,) = plan.replay()
+    finally:
+        dmath.memory.set_limit(None)
+    np.testing.assert_allclose(v, 2 * xv.sum(), rtol=1e-11)
+    del s
