@@ -10,9 +10,9 @@ worker's capacity, the memory its kernels compute in as `dmath.init` measured
 it (free device memory on a GPU, the worker's share of the host's available
 memory on the CPU backend), and within `dmath.memory.set_limit` when one is
 set. A plan replay makes its block's temporaries again without a command for
-each: `admit_transient` checks, before the replay is sent, that as many of
-them as were alive at once in the recording fit beside the live matrices
-(plans.Recorder.temporaries_peak). A kernel's own temporaries, communication
+each: `admit_transient` checks, before the replay is sent, that what the
+block's own allocations held at once while it was recorded (measured by every
+worker's pool, runtime/plans.py) fits beside the live matrices. A kernel's own temporaries, communication
 buffers and replica copies are not in this account; the pool on each worker
 enforces the limit on everything it holds.
 
