@@ -6,6 +6,7 @@ from ..comm.control import gather_objects
 from ..runtime import define
 from ..runtime.profiler import clear_cprofile
 from .base import dispatch
+from .storage import not_recorded
 
 STATS = define("stats")
 RESET_STATS = define("reset_stats")
@@ -14,6 +15,7 @@ SYNC = define("sync")
 
 def stats():
     """Per-worker counters since init or the last reset_stats(), a list indexed by rank."""
+    not_recorded("dmath.stats()")
     return dispatch("stats")[1]
 
 
@@ -31,6 +33,7 @@ def synchronize():
 
 def reset_stats():
     """Zero every worker's counters."""
+    not_recorded("dmath.reset_stats()")
     dispatch("reset_stats")
 
 

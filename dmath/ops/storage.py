@@ -133,6 +133,14 @@ def _available(call):
     return []
 
 
+def not_recorded(name):
+    """PlanError inside a dmath.record() block for `name`, a call whose answer is the master's (a replay
+    would run its command again and return the workers' raw answer, or drop caches at every step)."""
+    if runtime().recorder is not None:
+        raise PlanError(f"{name} cannot be recorded into a plan: a replay would run it again, its answer "
+                        f"lost; call it outside the record block")
+
+
 class _Commands:
     """What dmath.memory's public functions run once dmath is initialised (see set_command_hook)."""
 
@@ -160,6 +168,7 @@ class _Commands:
 
     @staticmethod
     def stats():
+        not_recorded("dmath.memory.stats()")
         per_worker = dispatch("memory_stats")[1]
         for d, held in zip(per_worker, runtime().ledger.per_worker()):
             d["matrices"] = held
@@ -167,6 +176,7 @@ class _Commands:
 
     @staticmethod
     def available():
+        not_recorded("dmath.memory.available()")
         free = dispatch("memory_available")[1]
         ledger = runtime().ledger
         if ledger.limit is None:
@@ -175,6 +185,7 @@ class _Commands:
 
     @staticmethod
     def clear(graphs=True):
+        not_recorded("dmath.memory.clear()")
         return [released for released, _ in dispatch("memory_release", static=RELEASE.static(graphs=graphs))[1]]
 
 

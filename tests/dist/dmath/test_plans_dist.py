@@ -658,3 +658,21 @@ def test_replica_copies_made_after_recording_do_not_end_a_replay():
         dmath.memory.set_limit(None)
     np.testing.assert_allclose(v, 2 * xv.sum(), rtol=1e-11)
     del s
+
+
+@pytest.mark.parametrize("call", ["memory.stats", "memory.available", "memory.clear", "memory.peak", "stats",
+                                  "reset_stats"])
+def test_calls_answered_on_the_master_are_not_recorded(call):
+    """dmath.memory.stats()/available()/clear()/peak() and dmath.stats()/reset_stats() inside a record
+    block were recorded: every replay ran them again (a clear dropped every cache at each step) and
+    gave the workers' raw answers back (a hostile-use probe). Refused like set_limit."""
+    x = make(values(SHAPE, 39), dmath.RowBlock(), "float64")
+    fn = dmath
+    for part in call.split("."):
+        fn = getattr(fn, part)
+    with pytest.raises(dmath.PlanError, match="cannot be recorded"):
+        with dmath.record():
+            y = x * 2.0
+            fn()
+    assert fn() is None or isinstance(fn(), list)          # outside a block they answer
+    np.testing.assert_allclose(y.to_numpy(), 2 * values(SHAPE, 39), rtol=1e-12)
