@@ -27,6 +27,7 @@ class ReleaseArgs(NamedTuple):
 SET_LIMIT = define("memory_set_limit")
 STATS = define("memory_stats")
 WINDOW = define("memory_window")
+DROP_COPIES = define("memory_drop_copies")
 RELEASE = define("memory_release", ReleaseArgs)
 DEVICE_FREE = define("memory_device_free")
 AVAILABLE = define("memory_available")
@@ -66,13 +67,9 @@ def _stats(call):
 def _window(call):
     """scalars[0] 1: every worker starts measuring the most bytes its pool's new blocks hold at once; 0:
     each reports (that peak, whether it is exact (pool.window_exact), the bytes in use now, those of its
-    replica copies) for a recorded block; 2: every worker drops its replica copies (before a replay
-    they might not leave room for) (runtime/plans.py)."""
+    replica copies) for a recorded block (runtime/plans.py)."""
     pool = memory.pool.current()
-    if call.scalars[0] == 2:
-        replicas.cache.clear()
-        call.rt.replicas.clear()     # (the master's ledger of those copies; unused on other ranks)
-    elif call.scalars[0]:
+    if call.scalars[0]:
         pool.open_window()
     else:
         grown = int(pool.close_window())
@@ -89,10 +86,18 @@ def _memory_window(start):
     return None if start else list(result)
 
 
+@DROP_COPIES.kernel()
+def _drop_copies_kernel(call):
+    """Every worker drops its replica copies (before a replay they might not leave room for)."""
+    replicas.cache.clear()
+    call.rt.replicas.clear()     # (the master's ledger of those copies; unused on other ranks)
+    return []
+
+
 def _drop_copies():
     """plans.set_memory_hooks' drop_copies: every worker drops its replica copies (a cache: the next
     GEMM that wants one makes it again)."""
-    dispatch("memory_window", scalars=(2,))
+    dispatch("memory_drop_copies")
 
 
 def _release_all(rt, graphs=True):

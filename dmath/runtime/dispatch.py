@@ -218,9 +218,8 @@ class Dispatch:
                 recorder.failed(frees)      # (the workers freed them with the command all the same)
             raise
         if recorder is not None:
-            live = self.ledger.live
             recorder.command(sig_id, tuple(zip(in_handles, in_metas)), out_handles, out_handles_new, scalars,
-                             frees, result is not None, [live.get(h) for h in out_handles_new])
+                             frees, result is not None)
         return out_handles, result
 
     def _drop_signatures(self):

@@ -292,20 +292,17 @@ class CapturedProgram:
         shared = settings.current.graph_streams_memory == "shared"
 
         def malloc(size):
-            if lanes is None:
-                mem = pool.malloc(size)
-            else:
-                # shared: every block from the capture stream's free list (CuPy keeps one per current
-                # stream): a block one stream frees may serve another, which then waits for its last
-                # uses (streams.MemoryOrder), so the graph's pool is about one stream's size. own: the
-                # current stream's list (its reuse waits for the other streams' uses all the same)
-                if owner.capture_lane and shared:
-                    with main:
-                        mem = pool.malloc(size)
-                else:
+            # shared: a side stream's block from the capture stream's free list (CuPy keeps one per
+            # current stream): a block one stream frees may serve another, which then waits for its
+            # last uses (streams.MemoryOrder), so the graph's pool is about one stream's size. own: the
+            # current stream's list (its reuse waits for the other streams' uses all the same)
+            if shared and lanes is not None and owner.capture_lane:
+                with main:
                     mem = pool.malloc(size)
-                if mem.ptr:
-                    lanes.allocated(mem.ptr, mem.mem.size)
+            else:
+                mem = pool.malloc(size)
+            if lanes is not None and mem.ptr:
+                lanes.allocated(mem.ptr, mem.mem.size)
             peak[0] = max(peak[0], pool.used_bytes())
             return mem
         if reserve:

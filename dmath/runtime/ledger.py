@@ -165,26 +165,24 @@ class Ledger:
 
     def fits(self, need, extra=0):
         """Whether `need` bytes per worker, and `extra` more on each, fit beside the live matrices."""
-        if self.ceiling is None:
-            return True
+        if self.ceiling is None or max(need) + extra <= self.room:
+            return True             # (far from the ceilings: no worker looked at)
+        self._set_room()
         return all(h + n + extra <= c for h, n, c in zip(self.held, need, self.ceiling))
 
     def admit_transient(self, what, need, why=""):
         """Refuse (OutOfMemoryError) work that allocates `need` bytes per worker beside the live matrices
         and frees them again (a plan replay's temporaries, an in-place remap's scratch) when they would
         not fit on some worker; `why`: what the need is made of, for the message."""
-        if self.ceiling is None or max(need) <= self.room:
+        if self.fits(need):
             return
-        self._set_room()
-        for r, n in enumerate(need):
-            if self.held[r] + n > self.ceiling[r]:
-                held = self.held[r]
-                cap, fix = self._cap_and_fix(r)
-                short = held + n - self.ceiling[r]
-                raise OutOfMemoryError(
-                    f"{what}: it needs {n:,} bytes at once on worker {r}{f' ({why})' if why else ''}, "
-                    f"beside the {held:,} bytes of live matrices it holds; {cap}, {short:,} bytes short. "
-                    f"Nothing was sent: {fix}.")
+        r, n = next((r, n) for r, n in enumerate(need) if self.held[r] + n > self.ceiling[r])
+        held = self.held[r]
+        cap, fix = self._cap_and_fix(r)
+        raise OutOfMemoryError(
+            f"{what}: it needs {n:,} bytes at once on worker {r}{f' ({why})' if why else ''}, beside the "
+            f"{held:,} bytes of live matrices it holds; {cap}, {held + n - self.ceiling[r]:,} bytes short. "
+            f"Nothing was sent: {fix}.")
 
     def _cap_and_fix(self, rank):
         """(what bounds worker `rank`'s memory, what the user may do), for a refusal's text."""

@@ -40,9 +40,8 @@ def set_memory_hooks(window, drop_copies):
     `drop_copies()` has every worker drop its replica copies.
 
     dmath.ops.storage registers them (they run commands, which this layer cannot name). A record block
-    measures what its commands held at once on every worker beyond what was in use at its start:
-    temporaries, outputs, kernels' scratch, communication buffers and replica copies it made: what a
-    replay may need again.
+    measures what its commands' allocations held at once on every worker: temporaries, outputs,
+    kernels' scratch, communication buffers and replica copies it made: what a replay may need again.
     """
     global _window, _drop_copies
     _window, _drop_copies = window, drop_copies
@@ -58,19 +57,16 @@ class Recorder:
         self.created = set()     # handles made in the block
         self.live = set()        # made in the block and not freed yet
         self.freed_inputs = set()
-        self.made = []           # per step: the handles it made
-        self.shares = {}         # handle made in the block -> its bytes per worker (the ledger's Shares)
         self.carried = []        # frees of block-made handles sent with a command that failed
         self.freed_before = ()   # per worker: bytes of matrices made before the block and freed in it
 
-    def command(self, sig_id, inputs, out_handles, new_handles, scalars, frees, returned, shares=()):
+    def command(self, sig_id, inputs, out_handles, new_handles, scalars, frees, returned):
         """Note one command sent inside the block.
 
         inputs: its (handle, Meta) pairs; out_handles: every output (in-place
         ones repeat an input); new_handles: the outputs it made; frees: the
         handles freed with it (only those made in the block belong to the
-        plan: earlier garbage is freed once, now); shares: each new handle's
-        bytes per worker (None: outside the pools' account).
+        plan: earlier garbage is freed once, now).
         """
         own = tuple(self.carried) + tuple(h for h in frees if h in self.live)
         self.carried = []
@@ -81,10 +77,6 @@ class Recorder:
                 self.inputs[h] = m
         self.created.update(new_handles)
         self.live.update(new_handles)
-        self.made.append(tuple(new_handles))
-        for h, s in zip(new_handles, shares):
-            if s is not None:
-                self.shares[h] = s
         handles = tuple(h for h, _ in inputs) + tuple(out_handles)
         self.steps.append(protocol.Step(sig_id, handles, tuple(scalars), own))
         self.returns.append(bool(returned))
@@ -117,30 +109,6 @@ class Recorder:
         self.freed_inputs.update(h for h in pending if h in self.inputs)
         return protocol.Program(tuple(self.steps), tail)
 
-    def temporaries_peak(self):
-        """Per worker, the most bytes a replay of the block allocates at once beside the live matrices,
-        from the matrices alone (after `finish`): its temporaries (made and freed inside it) alive at
-        once, plus at each step the outputs it makes again (the old ones are dropped after it)."""
-        shares, outputs = self.shares, self.live
-        if not shares:
-            return ()
-        n = len(next(iter(shares.values())))
-        cur, peak = [0] * n, [0] * n
-        for step, made in zip(self.steps, self.made):
-            for h in step.frees:
-                s = shares.get(h)
-                if s is not None and h not in outputs:
-                    cur = [a - b for a, b in zip(cur, s)]
-            now = list(cur)
-            for h in made:
-                s = shares.get(h)
-                if s is not None:
-                    now = [a + b for a, b in zip(now, s)]
-                    if h not in outputs:
-                        cur = [a + b for a, b in zip(cur, s)]
-            peak = [max(a, b) for a, b in zip(peak, now)]
-        return tuple(peak) if any(peak) else ()
-
 
 class Plan:
     """A recorded sequence of dmath operations; made by `dmath.record()`.
@@ -159,7 +127,7 @@ class Plan:
         self._outputs = frozenset()
         self._dead_inputs = set()
         self._dead_outputs = set()
-        self._temporaries = ()       # per worker: the bytes a replay allocates at once (what it needs)
+        self._need = ()              # per worker: the bytes a replay allocates at once beside the matrices
         self.steps = 0
 
     # ---- recording --------------------------------------------------------------
@@ -193,11 +161,9 @@ class Plan:
         self.steps = len(program.steps)
         self._returns = tuple(rec.returns)
         # what a replay needs at once per worker: what the block's commands held at once on each worker
-        # (measured: kernels' scratch and communication buffers included), at least its matrices' count
+        # (measured: temporaries, outputs, kernels' scratch and communication buffers)
         need = self._measured_need(rec)
-        counted = rec.temporaries_peak() or (0,) * len(need or ())
-        need = tuple(max(a, b) for a, b in zip(need, counted)) if need else counted
-        self._temporaries = need if any(need) else ()
+        self._need = need if need and any(need) else ()
         self._inputs = dict(rec.inputs)
         self._outputs = frozenset(rec.live)
         # every matrix a replay writes: the master's replica ledger forgets their copies at each replay
@@ -268,7 +234,7 @@ class Plan:
                             f"the matrices it recorded, so keep every input referenced (write new values "
                             f"into it with Matrix.assign())")
         rt = self._rt
-        need = self._temporaries
+        need = self._need
         if need and _drop_copies is not None and not rt.ledger.fits(need, extra=rt.replicas.budget()):
             # the workers' replica copies are outside the master's account of matrices (and a replay
             # makes some it never hears of): where the cache, full, might not leave the replay room,

@@ -475,8 +475,8 @@ def test_a_replay_whose_temporaries_no_longer_fit_is_refused_before_it_is_sent()
         del t
         y = (u * u).sum()
         del u
-    assert plan._temporaries and max(plan._temporaries) >= 2 * x.nbytes // dmath.num_workers()
-    piece = max(plan._temporaries)
+    assert plan._need and max(plan._need) >= 2 * x.nbytes // dmath.num_workers()
+    piece = max(plan._need)
     try:
         filler = [make(xv, dmath.RowBlock(), "float64") for _ in range(3)]
         # a limit that holds the live matrices and half the temporaries, not all of them
@@ -521,7 +521,7 @@ def test_a_replay_is_admitted_for_all_it_holds_at_once(case):
             t = x @ w
             y = dmath.relu(t).sum()
             del t
-    need = plan._temporaries
+    need = plan._need
     assert need and len(need) == P
     expect = {"output": lambda: 2 * xv, "remap": lambda: xv.sum(),
               "gemm": lambda: np.maximum(xv @ wv, 0).sum()}[case]()
@@ -599,7 +599,7 @@ def test_a_replay_counts_matrices_released_on_another_thread():
     held = _held()
     box = [dmath.zeros((64 * P, 512), "float64", layout=dmath.RowBlock())]
     try:
-        dmath.memory.set_limit(int(max(h + n for h, n in zip(held, plan._temporaries))))
+        dmath.memory.set_limit(int(max(h + n for h, n in zip(held, plan._need))))
         th = threading.Thread(target=box.clear)
         th.start()
         th.join()
@@ -632,7 +632,7 @@ def test_a_replays_need_is_what_its_block_allocated():
     dmath.reset_stats()
     plan.replay()
     real = [p["allocated"] - h for p, h in zip(dmath.memory.peak(), held)]
-    assert list(plan._temporaries) == real
+    assert list(plan._need) == real
     del s, big
 
 
@@ -652,7 +652,7 @@ def test_replica_copies_made_after_recording_do_not_end_a_replay():
     del y
     held = _held()
     try:
-        dmath.memory.set_limit(max(h + n for h, n in zip(held, plan._temporaries)))
+        dmath.memory.set_limit(max(h + n for h, n in zip(held, plan._need)))
         (v,) = plan.replay()
     finally:
         dmath.memory.set_limit(None)
